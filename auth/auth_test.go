@@ -1,0 +1,118 @@
+package auth
+
+import (
+	"crypto/rand"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+func pair(t *testing.T, dialSecret, listenSecret []byte) (dialErr, listenErr error) {
+	t.Helper()
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	done := make(chan error, 1)
+	go func() { done <- Handshake(b, listenSecret, Listener, 2*time.Second) }()
+	dialErr = Handshake(a, dialSecret, Dialer, 2*time.Second)
+	if dialErr != nil {
+		a.Close()
+	}
+	listenErr = <-done
+	return
+}
+
+func TestHandshake(t *testing.T) {
+	tests := []struct {
+		name         string
+		dial, listen string
+		wantOK       bool
+	}{
+		{"same secret", "s3cret", "s3cret", true},
+		{"different secret", "s3cret", "other", false},
+		{"prefix secret", "s3cre", "s3cret", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			de, le := pair(t, []byte(tc.dial), []byte(tc.listen))
+			if tc.wantOK && (de != nil || le != nil) {
+				t.Fatalf("want success, got dialer %v, listener %v", de, le)
+			}
+			if !tc.wantOK && de == nil && le == nil {
+				t.Fatal("handshake with wrong secret succeeded on both ends")
+			}
+			if !tc.wantOK && le != nil && !errors.Is(le, ErrDenied) && !strings.Contains(le.Error(), "proof") {
+				t.Errorf("listener error %v does not say the peer was denied", le)
+			}
+		})
+	}
+}
+
+func TestRejectsGarbageAndSilence(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	go func() {
+		junk := make([]byte, 200)
+		rand.Read(junk)
+		b.Write(junk)
+		buf := make([]byte, 512)
+		b.Read(buf)
+	}()
+	if err := Handshake(a, []byte("x"), Listener, time.Second); !errors.Is(err, ErrDenied) {
+		t.Errorf("random bytes: got %v, want ErrDenied", err)
+	}
+
+	c, d := net.Pipe()
+	defer c.Close()
+	defer d.Close()
+	start := time.Now()
+	if err := Handshake(c, []byte("x"), Listener, 100*time.Millisecond); err == nil {
+		t.Error("silent peer passed")
+	}
+	if time.Since(start) > 2*time.Second {
+		t.Error("handshake ignored its timeout")
+	}
+}
+
+func TestReflectionRejected(t *testing.T) {
+	// A peer that mirrors everything we send must not pass: roles differ.
+	a, b := net.Pipe()
+	defer a.Close()
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := b.Read(buf)
+			if err != nil {
+				return
+			}
+			b.Write(buf[:n])
+		}
+	}()
+	if err := Handshake(a, []byte("x"), Dialer, time.Second); err == nil {
+		t.Error("reflected handshake accepted")
+	}
+}
+
+func FuzzHandshakeListener(f *testing.F) {
+	f.Add([]byte(magic + strings.Repeat("n", nonceLen) + strings.Repeat("p", 32)))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		a, b := net.Pipe()
+		defer a.Close()
+		go func() {
+			b.Write(data)
+			buf := make([]byte, 512)
+			for {
+				if _, err := b.Read(buf); err != nil {
+					return
+				}
+			}
+		}()
+		if err := Handshake(a, []byte("fuzz-secret"), Listener, 200*time.Millisecond); err == nil {
+			t.Fatalf("bytes %x authenticated without the secret", data)
+		}
+		b.Close()
+	})
+}

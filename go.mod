@@ -1,0 +1,3 @@
+module github.com/kolo-dl/kolo
+
+go 1.26

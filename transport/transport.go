@@ -1,0 +1,112 @@
+// Package transport defines how ranks move bytes: the Comm interface that every collective algorithm
+// is written against, the Messenger interface the engine negotiates over, and the errors both report.
+//
+// Implementations live in sub-packages: tcp (between hosts), shm (ranks of one host), inmem (tests),
+// and the routing Comm in this package that picks one per peer. This package must not know about
+// tensors, ops or the engine: it moves bytes between numbered ranks and says who failed.
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Comm is a reliable, ordered, point-to-point byte stream between every pair of ranks of a group.
+//
+// Stream semantics: the bytes of successive Sends from a to b arrive, in order, at successive Recvs
+// of b from a; message boundaries are not kept, so both sides must agree on lengths (collectives
+// always do). A Comm is used by one goroutine at a time (the engine executes one op at a time);
+// implementations need not be safe for concurrent calls except where a method says so.
+//
+// Every call ends when ctx is done; the error then wraps ctx.Err(). When a peer is lost (its
+// process died, its connection broke) every call involving it fails with a *PeerError.
+type Comm interface {
+	// Rank is this process's index in the group, in [0, Size()).
+	Rank() int
+	// Size is the number of ranks in the group.
+	Size() int
+	// Send transmits all of b to peer. It returns once b may be reused; it may return before the
+	// peer has received the data (buffered), but must not require the peer to be receiving for
+	// sends of up to MinBuffered bytes.
+	Send(ctx context.Context, peer int, b []byte) error
+	// Recv fills all of b with the next len(b) bytes from peer.
+	Recv(ctx context.Context, peer int, b []byte) error
+	// SendRecv sends sb to `to` while receiving len(rb) bytes from `from`, concurrently, so that
+	// rings and pairwise exchanges of any size never deadlock. to and from may be equal. Either
+	// buffer may be empty. sb and rb must not overlap.
+	SendRecv(ctx context.Context, to int, sb []byte, from int, rb []byte) error
+	// Close releases the Comm's resources. Pending calls fail.
+	Close() error
+}
+
+// MinBuffered is the number of bytes every Comm accepts in a Send without the peer receiving.
+// Algorithms that send a small message before receiving (barrier, tree fan-out headers) rely on it.
+const MinBuffered = 64 << 10
+
+// Msg is one framed control message received from a peer.
+type Msg struct {
+	From int
+	Body []byte
+}
+
+// Messenger carries the engine's small framed control messages (negotiation requests, responses,
+// abort notices) between ranks. Unlike Comm it keeps message boundaries and delivers messages from
+// all peers through one channel, so the engine can wait on "anything from anyone".
+//
+// SendMsg is safe for concurrent use. Messages from one sender arrive in the order sent.
+type Messenger interface {
+	// SendMsg sends body to peer as one message. It may buffer; body may be reused on return.
+	SendMsg(ctx context.Context, peer int, body []byte) error
+	// Inbox delivers messages from every peer. When a peer is lost, the Messenger delivers one
+	// Msg{From: peer, Body: nil} and Lost reports the cause. The channel is closed by Close.
+	Inbox() <-chan Msg
+	// Lost returns the error that ended communication with peer, or nil if it is healthy.
+	Lost(peer int) error
+	Close() error
+}
+
+// ErrClosed is returned by calls on a Comm or Messenger after Close.
+var ErrClosed = errors.New("transport closed")
+
+// ErrPeerLost is the sentinel every *PeerError matches with errors.Is.
+var ErrPeerLost = errors.New("peer lost")
+
+// PeerError says which peer failed and why. Errors from Comm and Messenger methods that are caused
+// by a peer (connection reset, EOF, a dead process) are *PeerError so that the engine can name the
+// lost rank in the error every other rank reports.
+type PeerError struct {
+	Rank int    // the peer's rank in the group that reported it
+	Host string // the peer's host, when known
+	Op   string // what was being done: "send", "recv", "connect", ...
+	Err  error
+}
+
+func (e *PeerError) Error() string {
+	host := ""
+	if e.Host != "" {
+		host = " on " + e.Host
+	}
+	return fmt.Sprintf("rank %d%s lost during %s: %v", e.Rank, host, e.Op, e.Err)
+}
+
+func (e *PeerError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrPeerLost) true for every *PeerError.
+func (e *PeerError) Is(target error) bool { return target == ErrPeerLost }
+
+// Shared is an optional capability of a Comm whose ranks all share one memory segment (the shm
+// transport, or inmem in tests). Collectives check for it with a type assertion and then reduce
+// directly in the peers' slots instead of streaming bytes through Send/Recv.
+type Shared interface {
+	// Slot returns rank r's data slot, mapped in this process. Every slot has the same length,
+	// fixed for the life of the Comm (allocated once, never re-faulted per op); callers chunk
+	// larger buffers. A rank may write only its own slot; it may read any slot after a Barrier
+	// that followed the owner's writes.
+	Slot(r int) []byte
+	// Barrier returns once every rank of the group has entered the same Barrier (the n-th call on
+	// each rank matches the n-th call on the others). It orders memory: writes before Barrier on
+	// any rank are visible to reads after it on every rank. It fails with a *PeerError when a rank
+	// is lost and with ctx's error when ctx ends.
+	Barrier(ctx context.Context) error
+}
