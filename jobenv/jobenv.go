@@ -1,0 +1,140 @@
+// Package jobenv is the contract between whatever starts a worker (kolo run, and later mpirun or
+// Slurm) and the worker itself: the environment variable names, how a Job is written into an
+// environment, and how a worker reads its Job back.
+//
+// It is pure: Encode and Decode work on plain maps so every launch mode is a table test. It must not
+// start processes or open connections.
+package jobenv
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Variable names. The HOROVOD_* spellings of the same values are also written so that existing
+// scripts that read them keep working.
+const (
+	Rank       = "KOLO_RANK"
+	Size       = "KOLO_SIZE"
+	LocalRank  = "KOLO_LOCAL_RANK"
+	LocalSize  = "KOLO_LOCAL_SIZE"
+	CrossRank  = "KOLO_CROSS_RANK"
+	CrossSize  = "KOLO_CROSS_SIZE"
+	Hostname   = "KOLO_HOSTNAME"
+	Rendezvous = "KOLO_RENDEZVOUS_ADDR"
+	JobID      = "KOLO_JOB_ID"
+	Secret     = "KOLO_SECRET" // never on a command line: environment of a local exec or ssh stdin
+)
+
+var horovodNames = map[string]string{
+	Rank:      "HOROVOD_RANK",
+	Size:      "HOROVOD_SIZE",
+	LocalRank: "HOROVOD_LOCAL_RANK",
+	LocalSize: "HOROVOD_LOCAL_SIZE",
+	CrossRank: "HOROVOD_CROSS_RANK",
+	CrossSize: "HOROVOD_CROSS_SIZE",
+	Hostname:  "HOROVOD_HOSTNAME",
+}
+
+// Job is everything a worker needs to join its job, except the secret (read separately).
+type Job struct {
+	Rank, Size           int
+	LocalRank, LocalSize int
+	CrossRank, CrossSize int
+	Hostname             string // groups ranks into hosts: ranks with the same Hostname share memory
+	Rendezvous           string // host:port of the rendezvous store
+	JobID                string // unique per job; names shared-memory segments and guards against stale peers
+}
+
+// Single is the world of one process with no launcher: it needs no rendezvous.
+func Single(hostname string) Job {
+	return Job{Size: 1, LocalSize: 1, CrossSize: 1, Hostname: hostname}
+}
+
+// Encode returns the variables that describe j, with both KOLO_* and HOROVOD_* names.
+func Encode(j Job) map[string]string {
+	m := map[string]string{
+		Rank:       strconv.Itoa(j.Rank),
+		Size:       strconv.Itoa(j.Size),
+		LocalRank:  strconv.Itoa(j.LocalRank),
+		LocalSize:  strconv.Itoa(j.LocalSize),
+		CrossRank:  strconv.Itoa(j.CrossRank),
+		CrossSize:  strconv.Itoa(j.CrossSize),
+		Hostname:   j.Hostname,
+		Rendezvous: j.Rendezvous,
+		JobID:      j.JobID,
+	}
+	for k, h := range horovodNames {
+		m[h] = m[k]
+	}
+	return m
+}
+
+// Present reports whether env carries a kolo job (as opposed to a plain single process).
+func Present(env map[string]string) bool {
+	_, ok := env[Rendezvous]
+	return ok
+}
+
+// Decode reads a Job written by Encode and checks it for consistency; errors name the variable.
+func Decode(env map[string]string) (Job, error) {
+	var j Job
+	ints := []struct {
+		name string
+		dst  *int
+	}{
+		{Rank, &j.Rank}, {Size, &j.Size}, {LocalRank, &j.LocalRank}, {LocalSize, &j.LocalSize},
+		{CrossRank, &j.CrossRank}, {CrossSize, &j.CrossSize},
+	}
+	for _, v := range ints {
+		s, ok := env[v.name]
+		if !ok {
+			return Job{}, fmt.Errorf("environment: %s is not set (is this process started by kolo run?)", v.name)
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			return Job{}, fmt.Errorf("environment: %s=%q is not an integer", v.name, s)
+		}
+		*v.dst = n
+	}
+	j.Hostname = env[Hostname]
+	j.Rendezvous = env[Rendezvous]
+	j.JobID = env[JobID]
+	if err := j.Validate(); err != nil {
+		return Job{}, fmt.Errorf("environment: %w", err)
+	}
+	return j, nil
+}
+
+// Validate checks that the numbers describe a possible placement.
+func (j Job) Validate() error {
+	switch {
+	case j.Size < 1:
+		return fmt.Errorf("size %d < 1", j.Size)
+	case j.Rank < 0 || j.Rank >= j.Size:
+		return fmt.Errorf("rank %d outside [0, %d)", j.Rank, j.Size)
+	case j.LocalSize < 1 || j.LocalSize > j.Size:
+		return fmt.Errorf("local size %d outside [1, %d]", j.LocalSize, j.Size)
+	case j.LocalRank < 0 || j.LocalRank >= j.LocalSize:
+		return fmt.Errorf("local rank %d outside [0, %d)", j.LocalRank, j.LocalSize)
+	case j.CrossSize < 1 || j.CrossRank < 0 || j.CrossRank >= j.CrossSize:
+		return fmt.Errorf("cross rank %d / cross size %d inconsistent", j.CrossRank, j.CrossSize)
+	case j.Size > 1 && j.Rendezvous == "":
+		return fmt.Errorf("size %d but no rendezvous address (%s)", j.Size, Rendezvous)
+	case j.Hostname == "":
+		return fmt.Errorf("no hostname (%s)", Hostname)
+	}
+	return nil
+}
+
+// FromEnviron converts os.Environ()-style "K=V" entries into a map.
+func FromEnviron(environ []string) map[string]string {
+	m := make(map[string]string, len(environ))
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}

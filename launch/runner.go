@@ -1,0 +1,379 @@
+package launch
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Worker is one process to start for one rank.
+type Worker struct {
+	Slot Slot
+	Argv []string // program and its arguments, untouched
+	Env  []string // complete environment ("K=V"), including the job contract and the secret
+	Dir  string   // working directory ("" = the launcher's)
+}
+
+// Process is a started worker. Starters other than the local one (ssh) return their own.
+type Process interface {
+	Stdout() io.Reader
+	Stderr() io.Reader
+	// Wait blocks until the process ends and returns its exit status.
+	Wait() Exit
+	// Signal delivers sig to the worker and everything it started.
+	Signal(sig syscall.Signal) error
+}
+
+// Starter starts a Worker somewhere (locally, over ssh, ...).
+type Starter interface {
+	Start(ctx context.Context, w Worker) (Process, error)
+}
+
+// Exit describes how a worker ended.
+type Exit struct {
+	Code   int            // exit code; -1 when killed by a signal or never started
+	Signal syscall.Signal // non-zero when killed by a signal
+	Err    error          // the process could not be started or waited for
+}
+
+// Failed reports whether the worker ended unsuccessfully.
+func (e Exit) Failed() bool { return e.Code != 0 || e.Signal != 0 || e.Err != nil }
+
+// ShellCode is the exit status a shell would report: the code, or 128+signal.
+func (e Exit) ShellCode() int {
+	switch {
+	case e.Signal != 0:
+		return 128 + int(e.Signal)
+	case e.Code > 0:
+		return e.Code
+	case e.Err != nil || e.Code < 0:
+		return 1
+	}
+	return 0
+}
+
+func (e Exit) String() string {
+	switch {
+	case e.Err != nil:
+		return e.Err.Error()
+	case e.Signal != 0:
+		return fmt.Sprintf("killed by signal %d (%v)", int(e.Signal), e.Signal)
+	}
+	return fmt.Sprintf("exited with code %d", e.Code)
+}
+
+// Result is the outcome of one rank.
+type Result struct {
+	Slot       Slot
+	Exit       Exit
+	StderrTail []string // last lines the rank wrote to stderr
+	Ended      time.Time
+	Stopped    bool // the runner stopped it because another rank failed or the job was cancelled
+}
+
+// Runner starts workers, streams their output and stops them all when one fails.
+type Runner struct {
+	Starter     Starter
+	Stdout      io.Writer     // prefixed stdout of every rank
+	Stderr      io.Writer     // prefixed stderr of every rank
+	GracePeriod time.Duration // between SIGTERM and SIGKILL when stopping; default 3 s
+	OutputDir   string        // if set, also write rank.N/stdout and rank.N/stderr there
+	Timestamps  bool          // prefix each line with the time
+	TailLines   int           // stderr lines kept per rank for the summary; default 20
+}
+
+// Run starts every worker and waits for all of them. When one fails (or ctx ends) the others
+// get SIGTERM and, after GracePeriod, SIGKILL. It returns the results in rank order and the
+// first failure (by time of exit), or nil if every rank succeeded.
+func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) {
+	grace := r.GracePeriod
+	if grace <= 0 {
+		grace = 3 * time.Second
+	}
+	tail := r.TailLines
+	if tail <= 0 {
+		tail = 20
+	}
+	out := &lineWriter{w: r.Stdout, ts: r.Timestamps}
+	errw := &lineWriter{w: r.Stderr, ts: r.Timestamps}
+
+	results := make([]Result, len(workers))
+	procs := make([]Process, len(workers))
+	type ended struct {
+		i    int
+		exit Exit
+	}
+	done := make(chan ended, len(workers))
+	var streams sync.WaitGroup
+	tails := make([]*tailBuffer, len(workers))
+
+	for i, w := range workers {
+		results[i].Slot = w.Slot
+		tails[i] = &tailBuffer{max: tail}
+		p, err := r.Starter.Start(ctx, w)
+		if err != nil {
+			done <- ended{i, Exit{Code: -1, Err: fmt.Errorf("start rank %d on %s: %w", w.Slot.Rank, w.Slot.Host, err)}}
+			continue
+		}
+		procs[i] = p
+		files, err := r.rankFiles(w.Slot.Rank)
+		if err != nil {
+			slog.Warn("cannot write per-rank output", "rank", w.Slot.Rank, "err", err)
+		}
+		streams.Add(2)
+		go func() {
+			defer streams.Done()
+			pump(p.Stdout(), out, fmt.Sprintf("[%d]<stdout>:", w.Slot.Rank), files[0], nil)
+		}()
+		go func() {
+			defer streams.Done()
+			pump(p.Stderr(), errw, fmt.Sprintf("[%d]<stderr>:", w.Slot.Rank), files[1], tails[i])
+		}()
+		go func() { done <- ended{i, p.Wait()} }()
+	}
+
+	var first *Result
+	stopping := false
+	var killTimer <-chan time.Time
+	stop := func() {
+		if stopping {
+			return
+		}
+		stopping = true
+		for i, p := range procs {
+			if p != nil && results[i].Ended.IsZero() {
+				results[i].Stopped = true
+				_ = p.Signal(syscall.SIGTERM)
+			}
+		}
+		killTimer = time.After(grace)
+	}
+	ctxDone := ctx.Done()
+	for remaining := len(workers); remaining > 0; {
+		select {
+		case e := <-done:
+			remaining--
+			results[e.i].Exit = e.exit
+			results[e.i].Ended = time.Now()
+			if e.exit.Failed() && first == nil && !results[e.i].Stopped {
+				first = &results[e.i]
+				stop()
+			}
+		case <-ctxDone:
+			ctxDone = nil
+			stop()
+		case <-killTimer:
+			killTimer = nil
+			for i, p := range procs {
+				if p != nil && results[i].Ended.IsZero() {
+					_ = p.Signal(syscall.SIGKILL)
+				}
+			}
+		}
+	}
+	streams.Wait()
+	for i := range results {
+		results[i].StderrTail = tails[i].lines()
+	}
+	if first == nil && ctx.Err() == nil {
+		return results, nil
+	}
+	if first == nil { // cancelled: report the cancellation rather than a rank
+		return results, nil
+	}
+	return results, first
+}
+
+func (r *Runner) rankFiles(rank int) ([2]io.Writer, error) {
+	var files [2]io.Writer
+	if r.OutputDir == "" {
+		return files, nil
+	}
+	dir := filepath.Join(r.OutputDir, fmt.Sprintf("rank.%d", rank))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return files, err
+	}
+	for i, name := range []string{"stdout", "stderr"} {
+		f, err := os.Create(filepath.Join(dir, name))
+		if err != nil {
+			return files, err
+		}
+		files[i] = f // closed when the process exits (pump returns) via closer below
+	}
+	return files, nil
+}
+
+// pump copies whole lines from r to w with a prefix, and to file and tail when set.
+func pump(r io.Reader, w *lineWriter, prefix string, file io.Writer, tail *tailBuffer) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	for {
+		line, err := br.ReadString('\n')
+		if line != "" {
+			if !strings.HasSuffix(line, "\n") {
+				line += "\n"
+			}
+			w.writeLine(prefix, line)
+			if file != nil {
+				io.WriteString(file, line)
+			}
+			if tail != nil {
+				tail.add(strings.TrimRight(line, "\n"))
+			}
+		}
+		if err != nil {
+			if c, ok := file.(io.Closer); ok {
+				c.Close()
+			}
+			if c, ok := r.(io.Closer); ok {
+				c.Close()
+			}
+			return
+		}
+	}
+}
+
+// lineWriter serialises whole lines from many ranks so output never interleaves mid-line.
+type lineWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+	ts bool
+}
+
+func (l *lineWriter) writeLine(prefix, line string) {
+	if l.w == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ts {
+		io.WriteString(l.w, time.Now().Format("Mon Jan 2 15:04:05 2006")+":")
+	}
+	io.WriteString(l.w, prefix+line)
+}
+
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	buf []string
+}
+
+func (t *tailBuffer) add(s string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, s)
+	if len(t.buf) > t.max {
+		t.buf = t.buf[len(t.buf)-t.max:]
+	}
+}
+
+func (t *tailBuffer) lines() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]string(nil), t.buf...)
+}
+
+// Summary renders the report the launcher prints when a job fails: the first failing rank, its
+// host, how it ended and its last stderr lines, then how every other rank ended.
+func Summary(results []Result, first *Result) string {
+	var b strings.Builder
+	if first == nil {
+		return ""
+	}
+	fmt.Fprintf(&b, "kolo run: rank %d on %s %s (the first rank to fail).\n", first.Slot.Rank, first.Slot.Host, first.Exit)
+	if len(first.StderrTail) > 0 {
+		fmt.Fprintf(&b, "Last lines of rank %d's stderr:\n", first.Slot.Rank)
+		for _, l := range first.StderrTail {
+			fmt.Fprintf(&b, "    %s\n", l)
+		}
+	}
+	var others []string
+	for i := range results {
+		r := &results[i]
+		if r == first {
+			continue
+		}
+		how := r.Exit.String()
+		if r.Stopped {
+			how = "stopped by the launcher (" + how + ")"
+		}
+		others = append(others, fmt.Sprintf("rank %d on %s: %s", r.Slot.Rank, r.Slot.Host, how))
+	}
+	if len(others) > 0 {
+		fmt.Fprintf(&b, "Other ranks: %s\n", strings.Join(others, "; "))
+	}
+	return b.String()
+}
+
+// LocalStarter runs workers as child processes of the launcher, each in its own process group so
+// that stopping a rank also stops whatever it started (no orphans).
+type LocalStarter struct{}
+
+type localProcess struct {
+	cmd            *exec.Cmd
+	stdout, stderr io.ReadCloser
+}
+
+func (LocalStarter) Start(ctx context.Context, w Worker) (Process, error) {
+	if len(w.Argv) == 0 {
+		return nil, errors.New("no command to run")
+	}
+	cmd := exec.Command(w.Argv[0], w.Argv[1:]...)
+	cmd.Env = w.Env
+	cmd.Dir = w.Dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// Our own pipes rather than StdoutPipe: Wait closes those at exit and can drop a rank's last
+	// lines, which are exactly the lines the failure summary needs.
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = outW, errW
+	err = cmd.Start()
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		return nil, err
+	}
+	return &localProcess{cmd: cmd, stdout: outR, stderr: errR}, nil
+}
+
+func (p *localProcess) Stdout() io.Reader { return p.stdout }
+func (p *localProcess) Stderr() io.Reader { return p.stderr }
+
+func (p *localProcess) Signal(sig syscall.Signal) error {
+	// Negative pid: the whole process group the worker leads.
+	return syscall.Kill(-p.cmd.Process.Pid, sig)
+}
+
+func (p *localProcess) Wait() Exit {
+	err := p.cmd.Wait()
+	if err == nil {
+		return Exit{Code: 0}
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return Exit{Code: -1, Signal: ws.Signal()}
+		}
+		return Exit{Code: ee.ExitCode()}
+	}
+	return Exit{Code: -1, Err: err}
+}

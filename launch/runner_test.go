@@ -1,0 +1,146 @@
+package launch
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// syncBuffer is a bytes.Buffer safe for the runner's concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func shWorkers(scripts ...string) []Worker {
+	ws := make([]Worker, len(scripts))
+	for i, s := range scripts {
+		ws[i] = Worker{
+			Slot: Slot{Rank: i, Size: len(scripts), Host: "localhost", LocalRank: i, LocalSize: len(scripts)},
+			Argv: []string{"/bin/sh", "-c", s},
+			Env:  os.Environ(),
+		}
+	}
+	return ws
+}
+
+func TestRunAllSucceed(t *testing.T) {
+	var out, errOut syncBuffer
+	r := &Runner{Starter: LocalStarter{}, Stdout: &out, Stderr: &errOut}
+	results, first := r.Run(context.Background(), shWorkers("echo hello; echo partial-line | tr -d '\\n'", "echo world >&2"))
+	if first != nil {
+		t.Fatalf("unexpected failure: %+v", first)
+	}
+	for _, want := range []string{"[0]<stdout>:hello\n", "[0]<stdout>:partial-line\n"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("stdout %q lacks %q", out.String(), want)
+		}
+	}
+	if !strings.Contains(errOut.String(), "[1]<stderr>:world\n") {
+		t.Errorf("stderr %q lacks prefixed line", errOut.String())
+	}
+	if len(results) != 2 || results[0].Exit.Failed() || results[1].Exit.Failed() {
+		t.Errorf("results %+v", results)
+	}
+}
+
+func TestRunFailureStopsOthers(t *testing.T) {
+	var out, errOut syncBuffer
+	r := &Runner{Starter: LocalStarter{}, Stdout: &out, Stderr: &errOut, GracePeriod: time.Second}
+	start := time.Now()
+	results, first := r.Run(context.Background(), shWorkers(
+		"sleep 60",
+		"echo 'Traceback: ValueError: bad batch' >&2; sleep 0.2; exit 7",
+		"trap '' TERM; sleep 60", // ignores SIGTERM: must be SIGKILLed after the grace period
+	))
+	elapsed := time.Since(start)
+	if first == nil || first.Slot.Rank != 1 || first.Exit.ShellCode() != 7 {
+		t.Fatalf("first failure = %+v, want rank 1 exit 7", first)
+	}
+	if elapsed > 5*time.Second {
+		t.Errorf("stopping took %v, want < 5s", elapsed)
+	}
+	if !results[0].Stopped || results[0].Exit.Signal != syscall.SIGTERM {
+		t.Errorf("rank 0: %+v, want stopped by SIGTERM", results[0])
+	}
+	if results[2].Exit.Signal != syscall.SIGKILL {
+		t.Errorf("rank 2: %+v, want SIGKILL after grace", results[2])
+	}
+	sum := Summary(results, first)
+	for _, want := range []string{"rank 1 on localhost exited with code 7", "ValueError: bad batch", "rank 0 on localhost: stopped by the launcher"} {
+		if !strings.Contains(sum, want) {
+			t.Errorf("summary lacks %q:\n%s", want, sum)
+		}
+	}
+}
+
+func TestRunSignalledRank(t *testing.T) {
+	r := &Runner{Starter: LocalStarter{}, GracePeriod: time.Second}
+	_, first := r.Run(context.Background(), shWorkers("sleep 60", "kill -9 $$"))
+	if first == nil || first.Slot.Rank != 1 || first.Exit.Signal != syscall.SIGKILL || first.Exit.ShellCode() != 137 {
+		t.Fatalf("first = %+v, want rank 1 killed by SIGKILL (137)", first)
+	}
+}
+
+func TestRunCancelStopsEverything(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Runner{Starter: LocalStarter{}, GracePeriod: time.Second}
+	time.AfterFunc(300*time.Millisecond, cancel)
+	start := time.Now()
+	// The grandchild (sleep in background) must die too: its process group is signalled.
+	results, first := r.Run(ctx, shWorkers("sleep 60 & wait", "sleep 60"))
+	if time.Since(start) > 4*time.Second {
+		t.Fatalf("cancel took %v", time.Since(start))
+	}
+	if first != nil {
+		t.Errorf("cancel reported as rank failure: %+v", first)
+	}
+	for _, r := range results {
+		if !r.Stopped {
+			t.Errorf("rank %d not marked stopped", r.Slot.Rank)
+		}
+	}
+}
+
+func TestRunOutputDir(t *testing.T) {
+	dir := t.TempDir()
+	r := &Runner{Starter: LocalStarter{}, OutputDir: dir}
+	r.Run(context.Background(), shWorkers("echo out0; echo err0 >&2", "echo out1"))
+	for rank, want := range map[int]string{0: "out0\n", 1: "out1\n"} {
+		b, err := os.ReadFile(fmt.Sprintf("%s/rank.%d/stdout", dir, rank))
+		if err != nil || string(b) != want {
+			t.Errorf("rank %d stdout file = %q, %v; want %q", rank, b, err, want)
+		}
+	}
+	if b, _ := os.ReadFile(dir + "/rank.0/stderr"); string(b) != "err0\n" {
+		t.Errorf("rank 0 stderr file = %q", b)
+	}
+}
+
+func TestRunStartFailure(t *testing.T) {
+	ws := shWorkers("sleep 60")
+	ws = append(ws, Worker{Slot: Slot{Rank: 1, Host: "localhost"}, Argv: []string{"/nonexistent/prog"}})
+	r := &Runner{Starter: LocalStarter{}, GracePeriod: time.Second}
+	_, first := r.Run(context.Background(), ws)
+	if first == nil || first.Slot.Rank != 1 || !strings.Contains(first.Exit.String(), "/nonexistent/prog") {
+		t.Fatalf("first = %+v, want rank 1 start failure naming the program", first)
+	}
+}
