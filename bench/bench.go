@@ -1,0 +1,251 @@
+// Package bench measures kolo's collectives the way nccl-tests does (size, count, median time,
+// algorithm bandwidth, bus bandwidth) with warm buffers, and renders the table or JSON.
+//
+// It runs inside an initialised kolo process (one per rank); the kolo CLI starts the ranks. It must
+// not start processes itself.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kolo-dl/kolo"
+	"github.com/kolo-dl/kolo/dtype"
+	"github.com/kolo-dl/kolo/engine"
+)
+
+// Ops lists the collectives bench can measure.
+var Ops = []string{"allreduce", "allgather", "broadcast", "alltoall", "reducescatter"}
+
+// Config is one benchmark run.
+type Config struct {
+	Op     string
+	Sizes  []int64 // bytes per rank's input
+	DType  dtype.DType
+	Iters  int
+	Warmup int
+	Check  bool
+}
+
+// Result is one row of the table.
+type Result struct {
+	Bytes     int64   `json:"bytes"`
+	Count     int64   `json:"count"`
+	MedianUS  float64 `json:"median_us"`
+	AlgBW     float64 `json:"algbw_GBps"`
+	BusBW     float64 `json:"busbw_GBps"`
+	CheckedOK *bool   `json:"check_ok,omitempty"`
+}
+
+// Report is the JSON document --json writes.
+type Report struct {
+	Op      string   `json:"op"`
+	NP      int      `json:"np"`
+	DType   string   `json:"dtype"`
+	Iters   int      `json:"iters"`
+	Results []Result `json:"results"`
+}
+
+// ParseSizes reads "4,4KiB,256KiB,4MiB,64MiB".
+func ParseSizes(s string) ([]int64, error) {
+	var out []int64
+	for _, f := range strings.Split(s, ",") {
+		if strings.TrimSpace(f) == "" {
+			continue
+		}
+		n, err := engine.ParseBytes(f)
+		if err != nil {
+			return nil, fmt.Errorf("size %q: %w", f, err)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no sizes in %q", s)
+	}
+	return out, nil
+}
+
+// busFactor converts algorithm bandwidth to bus bandwidth (nccl-tests' definitions).
+func busFactor(op string, n int) float64 {
+	if n <= 1 {
+		return 1
+	}
+	f := float64(n-1) / float64(n)
+	switch op {
+	case "allreduce":
+		return 2 * f
+	case "allgather", "reducescatter", "alltoall":
+		return f
+	}
+	return 1 // broadcast
+}
+
+// Run measures every size on this rank; every rank must call it with the same Config. Timing is
+// the median over iterations of one blocking op, each starting together after a barrier-free
+// warm-up (back-to-back ops keep ranks aligned, as nccl-tests does).
+func Run(ctx context.Context, cfg Config) ([]Result, error) {
+	if cfg.Iters <= 0 {
+		cfg.Iters = 20
+	}
+	if cfg.Warmup <= 0 {
+		cfg.Warmup = 3
+	}
+	n := kolo.Size()
+	rank := kolo.Rank()
+	es := int64(cfg.DType.Size())
+	var results []Result
+	for _, size := range cfg.Sizes {
+		count := size / es
+		in := make([]byte, count*es)
+		fill(in, cfg.DType, rank)
+		var t kolo.Tensor
+		mk := func() kolo.Tensor {
+			// allgather/alltoall/reducescatter need a row dimension: rows of one element.
+			return kolo.Tensor{Data: in, DType: cfg.DType, Shape: []int64{count}}
+		}
+		t = mk()
+		if cfg.Op == "alltoall" || cfg.Op == "reducescatter" {
+			// keep dim 0 divisible by n so every rank gets the same share
+			c := count / int64(n) * int64(n)
+			t = kolo.Tensor{Data: in[:c*es], DType: cfg.DType, Shape: []int64{c}}
+		}
+		if err := kolo.Barrier(ctx); err != nil {
+			return nil, err
+		}
+		times := make([]float64, 0, cfg.Iters)
+		for it := 0; it < cfg.Warmup+cfg.Iters; it++ {
+			name := fmt.Sprintf("bench.%s.%d", cfg.Op, size)
+			start := time.Now()
+			var err error
+			switch cfg.Op {
+			case "allreduce":
+				err = kolo.Allreduce(ctx, name, t, kolo.Sum)
+			case "allgather":
+				_, err = kolo.Allgather(ctx, name, t)
+			case "broadcast":
+				err = kolo.Broadcast(ctx, name, t, 0)
+			case "alltoall":
+				_, _, err = kolo.Alltoall(ctx, name, t, nil)
+			case "reducescatter":
+				_, err = kolo.ReduceScatter(ctx, name, t, kolo.Sum)
+			default:
+				return nil, fmt.Errorf("unknown op %q (want one of %v)", cfg.Op, Ops)
+			}
+			el := time.Since(start)
+			if err != nil {
+				return nil, fmt.Errorf("%s of %d bytes, iteration %d: %w", cfg.Op, size, it, err)
+			}
+			if it >= cfg.Warmup {
+				times = append(times, float64(el.Nanoseconds())/1e3)
+			}
+		}
+		sort.Float64s(times)
+		med := times[len(times)/2]
+		r := Result{Bytes: int64(len(t.Data)), Count: int64(len(t.Data)) / es, MedianUS: med}
+		if med > 0 {
+			r.AlgBW = float64(r.Bytes) / (med * 1e3)
+			r.BusBW = r.AlgBW * busFactor(cfg.Op, n)
+		}
+		if cfg.Check {
+			ok, err := check(ctx, cfg, t.Shape[0], rank, n)
+			if err != nil {
+				return nil, err
+			}
+			r.CheckedOK = &ok
+		}
+		results = append(results, r)
+	}
+	return results, nil
+}
+
+// fill writes small integers so sums are exact in every dtype.
+func fill(b []byte, t dtype.DType, rank int) {
+	r := rand.New(rand.NewPCG(uint64(rank), 7))
+	for i := 0; i < len(b); i++ {
+		b[i] = byte(r.IntN(4))
+	}
+	_ = t
+}
+
+// check runs one allreduce/broadcast/allgather on known values and verifies the result.
+func check(ctx context.Context, cfg Config, rows int64, rank, n int) (bool, error) {
+	if cfg.DType != dtype.Float32 {
+		return true, nil // exactness checks are table tests' job; bench checks the float32 path
+	}
+	vals := make([]float32, rows)
+	for i := range vals {
+		vals[i] = float32(rank + 1)
+	}
+	t := kolo.Of(vals)
+	name := fmt.Sprintf("bench.check.%s.%d", cfg.Op, rows)
+	switch cfg.Op {
+	case "allreduce":
+		if err := kolo.Allreduce(ctx, name, t, kolo.Sum); err != nil {
+			return false, err
+		}
+		want := float32(n * (n + 1) / 2)
+		for _, v := range vals {
+			if v != want {
+				return false, nil
+			}
+		}
+	case "broadcast":
+		if err := kolo.Broadcast(ctx, name, t, 0); err != nil {
+			return false, err
+		}
+		for _, v := range vals {
+			if v != 1 {
+				return false, nil
+			}
+		}
+	default:
+		return true, nil
+	}
+	return true, nil
+}
+
+// Print renders results as the nccl-tests-style table.
+func Print(w io.Writer, cfg Config, np int, results []Result) {
+	fmt.Fprintf(w, "# kolo bench %s  np=%d  dtype=%v  iters=%d  (median per op, warm buffers)\n", cfg.Op, np, cfg.DType, cfg.Iters)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "size\tcount\tmedian us\talgbw GB/s\tbusbw GB/s\tcheck\t")
+	for _, r := range results {
+		chk := "-"
+		if r.CheckedOK != nil {
+			chk = map[bool]string{true: "ok", false: "FAIL"}[*r.CheckedOK]
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2f\t%.2f\t%s\t\n", HumanBytes(r.Bytes), r.Count, r.MedianUS, r.AlgBW, r.BusBW, chk)
+	}
+	tw.Flush()
+}
+
+// WriteJSON writes the --json report.
+func WriteJSON(path string, cfg Config, np int, results []Result) error {
+	b, err := json.MarshalIndent(Report{Op: cfg.Op, NP: np, DType: cfg.DType.String(), Iters: cfg.Iters, Results: results}, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// HumanBytes prints 4096 as "4KiB".
+func HumanBytes(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return strconv.FormatInt(n>>30, 10) + "GiB"
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return strconv.FormatInt(n>>20, 10) + "MiB"
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return strconv.FormatInt(n>>10, 10) + "KiB"
+	}
+	return strconv.FormatInt(n, 10) + "B"
+}

@@ -1,0 +1,136 @@
+package engine
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config holds the engine's knobs. Zero values mean the defaults (Horovod's where it has one).
+type Config struct {
+	FusionBytes   int64         // fuse ready tensors up to this many bytes; default 128 MiB
+	CycleTime     time.Duration // how long to gather more ready tensors before negotiating; default 0 (negotiate at once)
+	CacheCapacity int           // response cache entries; default 1024; 0 after defaults disables
+	StallWarning  time.Duration // report ops some ranks have not submitted after this; default 60 s
+	StallShutdown time.Duration // fail such ops after this; default 0 (never)
+	StallCheck    bool          // default true
+	Hierarchical  bool          // two-level allreduce when several hosts each run several ranks
+	SetupTimeout  time.Duration // connecting to peers; default 60 s
+	ShutdownWait  time.Duration // how long Shutdown waits for the other ranks; default 30 s
+}
+
+// DefaultConfig is what a job gets without any setting.
+func DefaultConfig() Config {
+	return Config{
+		FusionBytes:   128 << 20,
+		CacheCapacity: 1024,
+		StallWarning:  60 * time.Second,
+		StallCheck:    true,
+		SetupTimeout:  60 * time.Second,
+		ShutdownWait:  30 * time.Second,
+	}
+}
+
+// ConfigFromEnv applies KOLO_* settings (and the HOROVOD_* spellings, which lose to KOLO_*) to
+// DefaultConfig. Unparseable values are errors naming the variable, never silently ignored.
+func ConfigFromEnv(getenv func(string) string) (Config, error) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	c := DefaultConfig()
+	get := func(name string) (string, string) {
+		for _, k := range []string{"KOLO_" + name, "HOROVOD_" + name} {
+			if v := strings.TrimSpace(getenv(k)); v != "" {
+				return k, v
+			}
+		}
+		return "", ""
+	}
+	var errs []string
+	bytesVar := func(name string, dst *int64) {
+		if k, v := get(name); k != "" {
+			n, err := parseBytes(v)
+			if err != nil {
+				errs = append(errs, fmt.Sprintf("%s=%q: %v", k, v, err))
+				return
+			}
+			*dst = n
+		}
+	}
+	intVar := func(name string, dst *int) {
+		if k, v := get(name); k != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				errs = append(errs, fmt.Sprintf("%s=%q: want a non-negative integer", k, v))
+				return
+			}
+			*dst = n
+		}
+	}
+	// durVar accepts Go durations ("5ms") or a bare number in unit (Horovod's convention).
+	durVar := func(name string, unit time.Duration, dst *time.Duration) {
+		if k, v := get(name); k != "" {
+			if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 {
+				*dst = time.Duration(f * float64(unit))
+				return
+			}
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 {
+				errs = append(errs, fmt.Sprintf("%s=%q: want a duration", k, v))
+				return
+			}
+			*dst = d
+		}
+	}
+	boolVar := func(name string, dst *bool) {
+		if k, v := get(name); k != "" {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				errs = append(errs, fmt.Sprintf("%s=%q: want true/false/1/0", k, v))
+				return
+			}
+			*dst = b
+		}
+	}
+	bytesVar("FUSION_THRESHOLD", &c.FusionBytes)
+	durVar("CYCLE_TIME", time.Millisecond, &c.CycleTime)
+	intVar("CACHE_CAPACITY", &c.CacheCapacity)
+	durVar("STALL_CHECK_TIME_SECONDS", time.Second, &c.StallWarning)
+	durVar("STALL_SHUTDOWN_TIME_SECONDS", time.Second, &c.StallShutdown)
+	var disable bool
+	boolVar("STALL_CHECK_DISABLE", &disable)
+	c.StallCheck = !disable
+	boolVar("HIERARCHICAL_ALLREDUCE", &c.Hierarchical)
+	durVar("START_TIMEOUT", time.Second, &c.SetupTimeout)
+	if len(errs) > 0 {
+		return c, fmt.Errorf("engine settings: %s", strings.Join(errs, "; "))
+	}
+	return c, nil
+}
+
+// parseBytes accepts plain byte counts and KiB/MiB/GiB (also K/M/G, KB/MB/GB as powers of 2).
+func parseBytes(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	mult := int64(1)
+	upper := strings.ToUpper(s)
+	for _, u := range []struct {
+		suffix string
+		m      int64
+	}{{"KIB", 1 << 10}, {"MIB", 1 << 20}, {"GIB", 1 << 30}, {"KB", 1 << 10}, {"MB", 1 << 20}, {"GB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1}} {
+		if strings.HasSuffix(upper, u.suffix) {
+			mult = u.m
+			s = strings.TrimSpace(s[:len(s)-len(u.suffix)])
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || f < 0 {
+		return 0, fmt.Errorf("want a byte count like 67108864 or 64MiB")
+	}
+	return int64(f * float64(mult)), nil
+}
+
+// ParseBytes is parseBytes for flags and benchmarks.
+func ParseBytes(s string) (int64, error) { return parseBytes(s) }

@@ -1,0 +1,41 @@
+package engine
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigFromEnv(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		want func(Config) bool
+		err  string
+	}{
+		{"defaults", nil, func(c Config) bool { return c.FusionBytes == 128<<20 && c.CacheCapacity == 1024 && c.StallCheck }, ""},
+		{"kolo bytes", map[string]string{"KOLO_FUSION_THRESHOLD": "64MiB"}, func(c Config) bool { return c.FusionBytes == 64<<20 }, ""},
+		{"horovod plain", map[string]string{"HOROVOD_FUSION_THRESHOLD": "1048576"}, func(c Config) bool { return c.FusionBytes == 1<<20 }, ""},
+		{"kolo wins", map[string]string{"KOLO_CACHE_CAPACITY": "5", "HOROVOD_CACHE_CAPACITY": "9"}, func(c Config) bool { return c.CacheCapacity == 5 }, ""},
+		{"cycle ms", map[string]string{"HOROVOD_CYCLE_TIME": "2.5"}, func(c Config) bool { return c.CycleTime == 2500*time.Microsecond }, ""},
+		{"stall", map[string]string{"KOLO_STALL_CHECK_TIME_SECONDS": "5", "KOLO_STALL_SHUTDOWN_TIME_SECONDS": "20s"},
+			func(c Config) bool { return c.StallWarning == 5*time.Second && c.StallShutdown == 20*time.Second }, ""},
+		{"stall disable", map[string]string{"HOROVOD_STALL_CHECK_DISABLE": "1"}, func(c Config) bool { return !c.StallCheck }, ""},
+		{"bad bytes", map[string]string{"KOLO_FUSION_THRESHOLD": "lots"}, nil, `KOLO_FUSION_THRESHOLD="lots"`},
+		{"bad int", map[string]string{"HOROVOD_CACHE_CAPACITY": "-3"}, nil, "HOROVOD_CACHE_CAPACITY"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := ConfigFromEnv(func(k string) string { return tc.env[k] })
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err = %v, want %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || !tc.want(c) {
+				t.Fatalf("config %+v, err %v", c, err)
+			}
+		})
+	}
+}

@@ -1,0 +1,410 @@
+// Package engine is kolo's background loop: it takes ops that user threads submit by name, has the
+// coordinator (rank 0) match them across ranks, fuses ready tensors into one buffer, runs the
+// collectives and completes the handles.
+//
+// The matching logic itself is the pure state machine in engine/negotiate; this package feeds it
+// (requests in, responses out), moves its messages and acts on what it decides. It must not
+// implement collective algorithms (package collective) or move bytes itself (package transport).
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/kolo-dl/kolo/engine/negotiate"
+	"github.com/kolo-dl/kolo/transport"
+)
+
+// Group is the set of connected ranks the engine runs on (world.World provides it).
+type Group struct {
+	Rank, Size int
+	Hosts      []string            // Hosts[r], for error messages
+	Comm       transport.Comm      // all ranks
+	Messenger  transport.Messenger // all ranks
+	Local      transport.Comm      // ranks of this host (may be Shared)
+	LocalRanks []int               // job ranks of Local
+	Cross      transport.Comm      // same local rank across hosts; nil if not homogeneous
+	Abort      func(error)         // make every local wait fail (shared memory); may be nil
+}
+
+// ErrShutdown is returned for ops submitted after Shutdown or pending when it ran.
+var ErrShutdown = errors.New("kolo engine has been shut down")
+
+// Engine is one rank's background loop.
+type Engine struct {
+	cfg Config
+	g   Group
+
+	mu      sync.Mutex
+	queue   []*entry
+	closed  bool
+	fatal   error
+	wake    chan struct{}
+	stopped chan struct{}
+
+	// Loop-owned state (only the loop goroutine touches these).
+	pending map[string]*entry // submitted on this rank, not yet executed
+	coord   *negotiate.Coordinator
+	cache   *negotiate.Cache
+	exec    *executor
+	joined  bool
+}
+
+// entry is one op submitted on this rank.
+type entry struct {
+	req negotiate.Request
+	in  []byte // input bytes
+	out []byte // output bytes (nil when the engine allocates: allgather, alltoall, reducescatter)
+	h   *Handle
+}
+
+// New starts the engine on a connected group.
+func New(cfg Config, g Group) *Engine {
+	def := DefaultConfig()
+	if cfg.FusionBytes <= 0 {
+		cfg.FusionBytes = def.FusionBytes
+	}
+	if cfg.StallWarning <= 0 {
+		cfg.StallWarning = def.StallWarning
+	}
+	if cfg.ShutdownWait <= 0 {
+		cfg.ShutdownWait = def.ShutdownWait
+	}
+	e := &Engine{
+		cfg:     cfg,
+		g:       g,
+		wake:    make(chan struct{}, 1),
+		stopped: make(chan struct{}),
+		pending: map[string]*entry{},
+		cache:   negotiate.NewCache(cfg.CacheCapacity),
+		exec:    newExecutor(g, cfg),
+	}
+	if g.Rank == 0 {
+		e.coord = negotiate.NewCoordinator(negotiate.Config{
+			Size:          g.Size,
+			FusionBytes:   cfg.FusionBytes,
+			CacheCapacity: cfg.CacheCapacity,
+			StallWarning:  stallWarning(cfg),
+			StallShutdown: cfg.StallShutdown,
+		})
+	}
+	go e.loop()
+	return e
+}
+
+func stallWarning(cfg Config) time.Duration {
+	if !cfg.StallCheck {
+		return 0
+	}
+	return cfg.StallWarning
+}
+
+// Enqueue submits one op. in and out are the caller's buffers and must stay untouched until the
+// handle completes. The handle fails at once if the op is malformed or the engine is down.
+func (e *Engine) Enqueue(req negotiate.Request, in, out []byte) *Handle {
+	h := newHandle(req.Name)
+	if err := validate(req, in, out, e.g.Size); err != nil {
+		h.finish(err)
+		return h
+	}
+	e.mu.Lock()
+	switch {
+	case e.fatal != nil:
+		err := e.fatal
+		e.mu.Unlock()
+		h.finish(err)
+		return h
+	case e.closed:
+		e.mu.Unlock()
+		h.finish(ErrShutdown)
+		return h
+	}
+	e.queue = append(e.queue, &entry{req: req, in: in, out: out, h: h})
+	e.mu.Unlock()
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+	return h
+}
+
+// Err returns the error that stopped the engine, if any.
+func (e *Engine) Err() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.fatal
+}
+
+func (e *Engine) loop() {
+	defer close(e.stopped)
+	var tick *time.Ticker
+	var tickC <-chan time.Time
+	if e.coord != nil && stallWarning(e.cfg) > 0 {
+		tick = time.NewTicker(min(time.Second, stallWarning(e.cfg)/4+time.Millisecond))
+		defer tick.Stop()
+		tickC = tick.C
+	}
+	inbox := e.g.Messenger.Inbox()
+	for {
+		select {
+		case <-e.wake:
+		case m, ok := <-inbox:
+			if !ok {
+				e.fail(fmt.Errorf("rank %d: control channel closed", e.g.Rank))
+				return
+			}
+			if !e.handleMsg(m) {
+				return
+			}
+		case now := <-tickC:
+			e.tick(now)
+		}
+		if e.cfg.CycleTime > 0 {
+			time.Sleep(e.cfg.CycleTime)
+		}
+		if !e.drainQueue() {
+			return
+		}
+		// Take whatever else already arrived before deciding, so one decision covers it.
+		for more := true; more; {
+			select {
+			case m, ok := <-inbox:
+				if !ok || !e.handleMsg(m) {
+					return
+				}
+			default:
+				more = false
+			}
+		}
+		if e.coord != nil && !e.decide() {
+			return
+		}
+	}
+}
+
+// drainQueue moves newly submitted ops into pending and tells the coordinator about them.
+// It returns false when the loop must end.
+func (e *Engine) drainQueue() bool {
+	e.mu.Lock()
+	q := e.queue
+	e.queue = nil
+	closed := e.closed
+	e.mu.Unlock()
+	if len(q) > 0 {
+		reqs := make([]negotiate.Request, 0, len(q))
+		for _, en := range q {
+			if _, dup := e.pending[en.req.Name]; dup {
+				en.h.finish(fmt.Errorf("rank %d: %s %q submitted again before the first one completed; names must be unique among in-flight ops", e.g.Rank, en.req.Kind, en.req.Name))
+				continue
+			}
+			e.pending[en.req.Name] = en
+			reqs = append(reqs, en.req)
+		}
+		if e.coord != nil {
+			e.coord.Submit(time.Now(), 0, reqs...)
+		} else if len(reqs) > 0 {
+			msg := negotiate.EncodeRequests(e.g.Rank, e.cache, reqs)
+			if err := e.g.Messenger.SendMsg(context.Background(), 0, msg); err != nil {
+				e.fail(fmt.Errorf("rank %d: send requests to coordinator (rank 0): %w", e.g.Rank, err))
+				return false
+			}
+		}
+	}
+	if closed && len(e.pending) == 0 {
+		return false
+	}
+	return true
+}
+
+// handleMsg acts on one control message. It returns false when the loop must end.
+func (e *Engine) handleMsg(m transport.Msg) bool {
+	if m.Body == nil {
+		err := e.g.Messenger.Lost(m.From)
+		if err == nil {
+			err = &transport.PeerError{Rank: m.From, Host: e.host(m.From), Op: "control", Err: errors.New("connection closed")}
+		}
+		e.fail(e.lostError(m.From, err))
+		return false
+	}
+	msg, err := negotiate.Decode(m.Body)
+	if err != nil {
+		e.fail(fmt.Errorf("rank %d: malformed control message from rank %d: %w", e.g.Rank, m.From, err))
+		return false
+	}
+	switch {
+	case msg.Abort != nil:
+		e.fail(fmt.Errorf("%s", msg.Abort.Reason))
+		return false
+	case msg.Requests != nil && e.coord != nil:
+		reqs, err := msg.Requests.Resolve(e.coordCache())
+		if err != nil {
+			e.coord.Reject(m.From, err)
+		}
+		e.coord.Submit(time.Now(), m.From, reqs...)
+	case msg.Responses != nil && e.coord == nil:
+		for _, r := range msg.Responses {
+			if !e.execute(r) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// decide (coordinator only) broadcasts and executes whatever became ready.
+func (e *Engine) decide() bool {
+	resps := e.coord.Ready()
+	if len(resps) == 0 {
+		return true
+	}
+	body := negotiate.EncodeResponses(resps)
+	for r := 1; r < e.g.Size; r++ {
+		if err := e.g.Messenger.SendMsg(context.Background(), r, body); err != nil {
+			e.fail(e.lostError(r, err))
+			return false
+		}
+	}
+	for _, r := range resps {
+		if !e.execute(r) {
+			return false
+		}
+	}
+	return true
+}
+
+func (e *Engine) tick(now time.Time) {
+	resps, stalls := e.coord.Tick(now)
+	for _, s := range stalls {
+		slog.Warn("stalled op: some ranks submitted it, others did not",
+			"op", s.Name, "missing_ranks", s.Missing, "ready_ranks", s.Ready, "waited", s.Since.Round(time.Second))
+	}
+	_ = resps // Tick's error responses are also returned by Ready.
+}
+
+// execute runs one response on this rank. It returns false when the loop must end.
+func (e *Engine) execute(r negotiate.Response) bool {
+	e.cache.Learn(r)
+	entries := make([]*entry, len(r.Names))
+	for i, n := range r.Names {
+		entries[i] = e.pending[n]
+		delete(e.pending, n)
+	}
+	if r.Error != "" {
+		err := &OpError{Msg: r.Error}
+		for _, en := range entries {
+			if en != nil {
+				en.h.finish(err)
+			}
+		}
+		return true
+	}
+	err := e.exec.run(context.Background(), r, entries)
+	if err == nil {
+		for _, en := range entries {
+			if en != nil {
+				en.h.finish(nil)
+			}
+		}
+		return true
+	}
+	// A failed collective leaves peers mid-protocol: the job cannot go on.
+	e.fail(err)
+	return false
+}
+
+func (e *Engine) host(r int) string {
+	if r >= 0 && r < len(e.g.Hosts) {
+		return e.g.Hosts[r]
+	}
+	return ""
+}
+
+// lostError names the lost rank and its host.
+func (e *Engine) lostError(r int, err error) error {
+	var pe *transport.PeerError
+	if errors.As(err, &pe) {
+		if pe.Host == "" {
+			pe.Host = e.host(pe.Rank)
+		}
+		return fmt.Errorf("rank %d: %w", e.g.Rank, pe)
+	}
+	return fmt.Errorf("rank %d: rank %d (%s) lost: %w", e.g.Rank, r, e.host(r), err)
+}
+
+// fail stops the engine: every pending and future op gets err, peers are told, local waits abort.
+func (e *Engine) fail(err error) {
+	e.mu.Lock()
+	if e.fatal == nil {
+		e.fatal = err
+	}
+	err = e.fatal
+	q := e.queue
+	e.queue = nil
+	e.mu.Unlock()
+	slog.Error("kolo engine stopped", "rank", e.g.Rank, "err", err)
+	// Tell everyone why, so ranks blocked on us report the root cause, not "rank N lost".
+	body := negotiate.EncodeAbort(err.Error())
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	for r := 0; r < e.g.Size; r++ {
+		if r != e.g.Rank && e.g.Messenger.Lost(r) == nil {
+			_ = e.g.Messenger.SendMsg(ctx, r, body)
+		}
+	}
+	cancel()
+	if e.g.Abort != nil {
+		e.g.Abort(err)
+	}
+	for _, en := range e.pending {
+		en.h.finish(err)
+	}
+	e.pending = map[string]*entry{}
+	for _, en := range q {
+		en.h.finish(err)
+	}
+}
+
+// OpError is an op that failed by negotiation (mismatch, stall) while the job goes on.
+type OpError struct{ Msg string }
+
+func (e *OpError) Error() string { return e.Msg }
+
+// shutdownName is the barrier every rank passes on the way out.
+const shutdownName = "kolo.shutdown"
+
+// Shutdown waits (up to Config.ShutdownWait) until every rank reaches Shutdown, so that no rank
+// tears down connections another rank still needs, then stops the loop. Ops still pending fail
+// with ErrShutdown.
+func (e *Engine) Shutdown(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.ShutdownWait)
+	defer cancel()
+	var err error
+	if e.Err() == nil && e.g.Size > 1 {
+		h := e.Enqueue(negotiate.Request{Name: shutdownName, Kind: negotiate.Barrier}, nil, nil)
+		if werr := h.Wait(ctx); werr != nil {
+			err = fmt.Errorf("rank %d: shutdown: waiting for every rank to reach shutdown: %w", e.g.Rank, werr)
+		}
+	}
+	e.mu.Lock()
+	e.closed = true
+	e.mu.Unlock()
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+	select {
+	case <-e.stopped:
+	case <-ctx.Done():
+	}
+	e.mu.Lock()
+	q := e.queue
+	e.queue = nil
+	e.mu.Unlock()
+	for _, en := range q {
+		en.h.finish(ErrShutdown)
+	}
+	return err
+}

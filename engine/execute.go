@@ -1,0 +1,370 @@
+package engine
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/kolo-dl/kolo/collective"
+	"github.com/kolo-dl/kolo/dtype"
+	"github.com/kolo-dl/kolo/engine/negotiate"
+	"github.com/kolo-dl/kolo/reduce"
+	"github.com/kolo-dl/kolo/transport"
+)
+
+// executor runs negotiated responses on this rank. It owns the fusion buffer, allocated once and
+// grown to the largest group seen (fresh pages are slow to fault on these machines: never free it).
+type executor struct {
+	g      Group
+	cfg    Config
+	fusion []byte
+	single bool // every rank is on this host: use the host group (shared memory) for everything
+}
+
+func newExecutor(g Group, cfg Config) *executor {
+	return &executor{g: g, cfg: cfg, single: len(g.LocalRanks) == g.Size && g.Local != nil}
+}
+
+// comm is the group to run non-hierarchical collectives on.
+func (x *executor) comm() transport.Comm {
+	if x.single {
+		return x.g.Local
+	}
+	return x.g.Comm
+}
+
+func (x *executor) buffer(n int) []byte {
+	if cap(x.fusion) < n {
+		x.fusion = make([]byte, n)
+	}
+	return x.fusion[:n]
+}
+
+func elems(shape []int64) int64 {
+	n := int64(1)
+	for _, d := range shape {
+		n *= d
+	}
+	return n
+}
+
+func rowElems(shape []int64) int64 {
+	if len(shape) == 0 {
+		return 1
+	}
+	return elems(shape[1:])
+}
+
+func (x *executor) run(ctx context.Context, r negotiate.Response, entries []*entry) error {
+	var err error
+	switch r.Kind {
+	case negotiate.Allreduce:
+		err = x.allreduce(ctx, r, entries)
+	case negotiate.Broadcast:
+		err = x.broadcast(ctx, r, entries)
+	case negotiate.Allgather:
+		for i := range r.Names {
+			if err = x.allgather(ctx, r, i, entries[i]); err != nil {
+				break
+			}
+		}
+	case negotiate.Alltoall:
+		for i := range r.Names {
+			if err = x.alltoall(ctx, r, i, entries[i]); err != nil {
+				break
+			}
+		}
+	case negotiate.ReduceScatter:
+		for i := range r.Names {
+			if err = x.reducescatter(ctx, r, i, entries[i]); err != nil {
+				break
+			}
+		}
+	case negotiate.Barrier:
+		err = collective.Barrier(ctx, x.comm())
+	case negotiate.Join:
+		// Completion only; the engine finishes the join handle.
+	default:
+		err = fmt.Errorf("unknown response kind %v", r.Kind)
+	}
+	if err != nil {
+		return fmt.Errorf("rank %d: %s %s: %w", x.g.Rank, r.Kind, quoteNames(r.Names), err)
+	}
+	return nil
+}
+
+func quoteNames(names []string) string {
+	if len(names) == 1 {
+		return fmt.Sprintf("%q", names[0])
+	}
+	if len(names) > 4 {
+		return fmt.Sprintf("%q and %d more (fused)", names[:4], len(names)-4)
+	}
+	return fmt.Sprintf("%q (fused)", names)
+}
+
+func (x *executor) reduceAll(ctx context.Context, buf []byte, t dtype.DType, op reduce.Op) error {
+	if x.g.Size == 1 {
+		return nil
+	}
+	if x.cfg.Hierarchical && x.g.Cross != nil && x.g.Local != nil && x.g.Local.Size() > 1 && !x.single {
+		return collective.HierarchicalAllreduce(ctx, x.g.Local, x.g.Cross, buf, t, op, nil)
+	}
+	return collective.Allreduce(ctx, x.comm(), buf, t, op, nil)
+}
+
+func postScale(r negotiate.Response, size int) float64 {
+	f := r.PostScale
+	if f == 0 {
+		f = 1
+	}
+	if r.Average {
+		f /= float64(size)
+	}
+	return f
+}
+
+func (x *executor) allreduce(ctx context.Context, r negotiate.Response, entries []*entry) error {
+	t, op := r.DType, reduce.Op(r.ReduceOp)
+	es := int64(t.Size())
+	var buf []byte
+	fused := len(entries) != 1 || entries[0] == nil
+	if !fused {
+		en := entries[0]
+		buf = en.out
+		if len(en.in) > 0 && &en.in[0] != &en.out[0] {
+			copy(en.out, en.in)
+		}
+	} else {
+		var total int64
+		for _, s := range r.Shapes {
+			total += elems(s) * es
+		}
+		buf = x.buffer(int(total))
+		off := int64(0)
+		for i, en := range entries {
+			n := elems(r.Shapes[i]) * es
+			if en != nil {
+				copy(buf[off:off+n], en.in)
+			} else {
+				fillIdentity(buf[off:off+n], t, op) // this rank joined: contribute nothing
+			}
+			off += n
+		}
+	}
+	if r.PreScale != 0 && r.PreScale != 1 {
+		reduce.Scale(t, buf, r.PreScale)
+	}
+	if err := x.reduceAll(ctx, buf, t, op); err != nil {
+		return err
+	}
+	if f := postScale(r, x.g.Size); f != 1 {
+		reduce.Scale(t, buf, f)
+	}
+	if fused {
+		off := int64(0)
+		for i, en := range entries {
+			n := elems(r.Shapes[i]) * es
+			if en != nil {
+				copy(en.out, buf[off:off+n])
+			}
+			off += n
+		}
+	}
+	return nil
+}
+
+func (x *executor) broadcast(ctx context.Context, r negotiate.Response, entries []*entry) error {
+	es := int64(r.DType.Size())
+	root := x.g.Rank == r.Root
+	if len(entries) == 1 && entries[0] != nil {
+		en := entries[0]
+		if root && len(en.in) > 0 && &en.in[0] != &en.out[0] {
+			copy(en.out, en.in)
+		}
+		if x.g.Size == 1 {
+			return nil
+		}
+		return collective.Broadcast(ctx, x.comm(), en.out, r.Root, nil)
+	}
+	var total int64
+	for _, s := range r.Shapes {
+		total += elems(s) * es
+	}
+	buf := x.buffer(int(total))
+	if root {
+		off := int64(0)
+		for i, en := range entries {
+			n := elems(r.Shapes[i]) * es
+			copy(buf[off:off+n], en.in)
+			off += n
+		}
+	}
+	if x.g.Size > 1 {
+		if err := collective.Broadcast(ctx, x.comm(), buf, r.Root, nil); err != nil {
+			return err
+		}
+	}
+	off := int64(0)
+	for i, en := range entries {
+		n := elems(r.Shapes[i]) * es
+		if en != nil {
+			copy(en.out, buf[off:off+n])
+		}
+		off += n
+	}
+	return nil
+}
+
+func (x *executor) allgather(ctx context.Context, r negotiate.Response, i int, en *entry) error {
+	rb := rowElems(r.Shapes[i]) * int64(r.DType.Size())
+	counts := make([]int, x.g.Size)
+	total := 0
+	for rank, rows := range r.Dim0[i] {
+		counts[rank] = int(rows * rb)
+		total += counts[rank]
+	}
+	out := make([]byte, total)
+	var send []byte
+	if en != nil {
+		send = en.in
+	}
+	if len(send) != counts[x.g.Rank] {
+		return fmt.Errorf("input has %d bytes, negotiation expected %d", len(send), counts[x.g.Rank])
+	}
+	if x.g.Size == 1 {
+		copy(out, send)
+	} else if err := collective.Allgather(ctx, x.comm(), send, out, counts); err != nil {
+		return err
+	}
+	if en != nil {
+		en.h.output = out
+	}
+	return nil
+}
+
+func (x *executor) alltoall(ctx context.Context, r negotiate.Response, i int, en *entry) error {
+	rb := rowElems(r.Shapes[i]) * int64(r.DType.Size())
+	n, me := x.g.Size, x.g.Rank
+	sendCounts := make([]int, n)
+	recvCounts := make([]int, n)
+	recvRows := make([]int64, n)
+	total := 0
+	for p := 0; p < n; p++ {
+		sendCounts[p] = int(r.Splits[me][p] * rb)
+		recvRows[p] = r.Splits[p][me]
+		recvCounts[p] = int(recvRows[p] * rb)
+		total += recvCounts[p]
+	}
+	out := make([]byte, total)
+	var send []byte
+	if en != nil {
+		send = en.in
+	}
+	if x.g.Size == 1 {
+		copy(out, send)
+	} else if err := collective.Alltoall(ctx, x.comm(), send, sendCounts, out, recvCounts); err != nil {
+		return err
+	}
+	if en != nil {
+		en.h.output = out
+		en.h.recvSplits = recvRows
+	}
+	return nil
+}
+
+// ShareRows is how Horovod splits dim 0 for reducescatter: ranks below d0 % n get one extra row.
+func ShareRows(d0 int64, n int) []int64 {
+	rows := make([]int64, n)
+	for r := range rows {
+		rows[r] = d0 / int64(n)
+		if int64(r) < d0%int64(n) {
+			rows[r]++
+		}
+	}
+	return rows
+}
+
+func (x *executor) reducescatter(ctx context.Context, r negotiate.Response, i int, en *entry) error {
+	t, op := r.DType, reduce.Op(r.ReduceOp)
+	es := int64(t.Size())
+	shape := r.Shapes[i]
+	rb := rowElems(shape) * es
+	rows := ShareRows(shape[0], x.g.Size)
+	counts := make([]int, x.g.Size)
+	for p, n := range rows {
+		counts[p] = int(n * rb)
+	}
+	send := x.buffer(int(elems(shape) * es))
+	if en != nil {
+		copy(send, en.in) // never scale or reduce into the caller's input
+	} else {
+		fillIdentity(send, t, op)
+	}
+	if r.PreScale != 0 && r.PreScale != 1 {
+		reduce.Scale(t, send, r.PreScale)
+	}
+	out := make([]byte, counts[x.g.Rank])
+	if x.g.Size == 1 {
+		copy(out, send)
+	} else if err := collective.ReduceScatter(ctx, x.comm(), send, out, counts, t, op); err != nil {
+		return err
+	}
+	if f := postScale(r, x.g.Size); f != 1 {
+		reduce.Scale(t, out, f)
+	}
+	if en != nil {
+		en.h.output = out
+	}
+	return nil
+}
+
+// fillIdentity fills buf with op's identity so a joined rank changes nothing: 0 for sum, 1 for
+// product, the type's largest value for min and its smallest for max.
+func fillIdentity(buf []byte, t dtype.DType, op reduce.Op) {
+	if op == reduce.Sum || len(buf) == 0 {
+		clear(buf)
+		return
+	}
+	one := identity(t, op)
+	for i := 0; i < len(buf); i += len(one) {
+		copy(buf[i:], one)
+	}
+}
+
+func identity(t dtype.DType, op reduce.Op) []byte {
+	b := make([]byte, t.Size())
+	le := binary.LittleEndian
+	switch t {
+	case dtype.Uint8:
+		b[0] = map[reduce.Op]byte{reduce.Prod: 1, reduce.Min: 0xff, reduce.Max: 0}[op]
+	case dtype.Int8:
+		b[0] = byte(map[reduce.Op]int8{reduce.Prod: 1, reduce.Min: math.MaxInt8, reduce.Max: math.MinInt8}[op])
+	case dtype.Int32:
+		le.PutUint32(b, uint32(map[reduce.Op]int32{reduce.Prod: 1, reduce.Min: math.MaxInt32, reduce.Max: math.MinInt32}[op]))
+	case dtype.Int64:
+		le.PutUint64(b, uint64(map[reduce.Op]int64{reduce.Prod: 1, reduce.Min: math.MaxInt64, reduce.Max: math.MinInt64}[op]))
+	case dtype.Float32:
+		le.PutUint32(b, math.Float32bits(float32(floatIdentity(op))))
+	case dtype.Float64:
+		le.PutUint64(b, math.Float64bits(floatIdentity(op)))
+	case dtype.Float16:
+		le.PutUint16(b, map[reduce.Op]uint16{reduce.Prod: 0x3c00, reduce.Min: 0x7c00, reduce.Max: 0xfc00}[op])
+	case dtype.BFloat16:
+		le.PutUint16(b, map[reduce.Op]uint16{reduce.Prod: 0x3f80, reduce.Min: 0x7f80, reduce.Max: 0xff80}[op])
+	}
+	return b
+}
+
+func floatIdentity(op reduce.Op) float64 {
+	switch op {
+	case reduce.Prod:
+		return 1
+	case reduce.Min:
+		return math.Inf(1)
+	case reduce.Max:
+		return math.Inf(-1)
+	}
+	return 0
+}

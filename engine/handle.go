@@ -1,0 +1,71 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+)
+
+// Handle is the future of one submitted op: Wait, Poll, Err. Safe for concurrent use.
+type Handle struct {
+	done       chan struct{}
+	once       sync.Once
+	err        error
+	output     []byte  // allgather/alltoall: the engine-allocated result
+	recvSplits []int64 // alltoall: rows received from each rank
+	joinLast   int     // join: the last rank to join
+	name       string
+}
+
+func newHandle(name string) *Handle { return &Handle{done: make(chan struct{}), name: name} }
+
+func (h *Handle) finish(err error) {
+	h.once.Do(func() {
+		h.err = err
+		close(h.done)
+	})
+}
+
+// Name is the op's name as negotiated.
+func (h *Handle) Name() string { return h.name }
+
+// Done is closed when the op has completed (successfully or not).
+func (h *Handle) Done() <-chan struct{} { return h.done }
+
+// Poll reports whether the op has completed.
+func (h *Handle) Poll() bool {
+	select {
+	case <-h.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Wait blocks until the op completes or ctx ends, and returns the op's error.
+func (h *Handle) Wait(ctx context.Context) error {
+	select {
+	case <-h.done:
+		return h.err
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for %q: %w", h.name, ctx.Err())
+	}
+}
+
+// Err returns the op's error once it completed (nil before).
+func (h *Handle) Err() error {
+	if !h.Poll() {
+		return nil
+	}
+	return h.err
+}
+
+// Output is the result buffer of ops whose output size is known only after negotiation
+// (allgather, alltoall). Valid after a successful Wait.
+func (h *Handle) Output() []byte { return h.output }
+
+// RecvSplits is, for alltoall, the number of dim-0 rows received from each rank.
+func (h *Handle) RecvSplits() []int64 { return h.recvSplits }
+
+// JoinLast is, for join, the rank that joined last.
+func (h *Handle) JoinLast() int { return h.joinLast }

@@ -1,0 +1,469 @@
+// Package kolo is the public Go API of kolo, a distributed data-parallel training system: Init joins
+// the job the launcher (kolo run, mpirun or Slurm) started this process in, and the collectives
+// (Allreduce, Allgather, Broadcast, Alltoall, ReduceScatter, Barrier, Join) run across every rank,
+// matched by name, fused and executed by the background engine.
+//
+// Each collective has a blocking form taking a context and an Async form returning a *Handle. A
+// process without a launcher environment is a world of size 1. This package is a thin layer over
+// the engine: it must not contain negotiation or transport logic.
+package kolo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/kolo-dl/kolo/auth"
+	"github.com/kolo-dl/kolo/dtype"
+	"github.com/kolo-dl/kolo/engine"
+	"github.com/kolo-dl/kolo/engine/negotiate"
+	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/reduce"
+	"github.com/kolo-dl/kolo/world"
+)
+
+// Version is kolo's version; the launcher and the library check they match.
+const Version = "0.1.0"
+
+// Op is a reduction.
+type Op int
+
+// The reductions, numbered as horovod.torch numbers them (Average=0, Sum=1, Adasum=2, Min=3,
+// Max=4, Product=5) so the C ABI can pass them through.
+const (
+	Average Op = 0
+	Sum     Op = 1
+	Min     Op = 3
+	Max     Op = 4
+	Product Op = 5
+)
+
+func (o Op) String() string {
+	switch o {
+	case Average:
+		return "average"
+	case Sum:
+		return "sum"
+	case Min:
+		return "min"
+	case Max:
+		return "max"
+	case Product:
+		return "product"
+	}
+	return fmt.Sprintf("op(%d)", int(o))
+}
+
+// ErrNotInitialized is returned by every call before Init or after Shutdown.
+var ErrNotInitialized = errors.New("kolo is not initialized: call kolo.Init first")
+
+type state struct {
+	job    jobenv.Job
+	world  *world.World
+	engine *engine.Engine
+	names  *namer
+}
+
+var (
+	mu  sync.Mutex
+	cur *state
+)
+
+// Option adjusts Init.
+type Option func(*initOptions)
+
+type initOptions struct {
+	env    func(string) string
+	world  world.Options
+	engine *engine.Config
+}
+
+// WithEngineConfig overrides the engine settings read from the environment.
+func WithEngineConfig(c engine.Config) Option { return func(o *initOptions) { o.engine = &c } }
+
+// WithWorldOptions sets connection options (timeouts, streams, shared memory).
+func WithWorldOptions(w world.Options) Option { return func(o *initOptions) { o.world = w } }
+
+// Init joins the job described by the environment. Calling it twice is an error.
+func Init(opts ...Option) error {
+	mu.Lock()
+	defer mu.Unlock()
+	if cur != nil {
+		return errors.New("kolo.Init called twice")
+	}
+	o := initOptions{env: os.Getenv}
+	for _, f := range opts {
+		f(&o)
+	}
+	env := jobenv.FromEnviron(os.Environ())
+	var job jobenv.Job
+	if jobenv.Present(env) {
+		var err error
+		if job, err = jobenv.Decode(env); err != nil {
+			return fmt.Errorf("kolo.Init: %w", err)
+		}
+	} else {
+		hn, _ := os.Hostname()
+		job = jobenv.Single(hn)
+	}
+	cfg := engine.DefaultConfig()
+	if o.engine != nil {
+		cfg = *o.engine
+	} else {
+		var err error
+		if cfg, err = engine.ConfigFromEnv(o.env); err != nil {
+			return fmt.Errorf("kolo.Init: %w", err)
+		}
+	}
+	var secret []byte
+	if job.Size > 1 {
+		var ok bool
+		if secret, ok = auth.SecretFromEnv(); !ok {
+			return fmt.Errorf("kolo.Init: rank %d: no job secret in %s (workers must be started by kolo run, or given the job's secret)", job.Rank, auth.SecretEnv)
+		}
+	}
+	if o.world.Timeout == 0 {
+		o.world.Timeout = cfg.SetupTimeout
+	}
+	w, err := world.Connect(context.Background(), job, secret, o.world)
+	if err != nil {
+		return fmt.Errorf("kolo.Init: %w", err)
+	}
+	e := engine.New(cfg, engine.Group{
+		Rank: job.Rank, Size: job.Size, Hosts: w.Hosts, Comm: w.Comm, Messenger: w.Messenger,
+		Local: w.Local, LocalRanks: w.LocalRanks, Cross: w.Cross, Abort: w.Abort,
+	})
+	cur = &state{job: job, world: w, engine: e, names: newNamer()}
+	return nil
+}
+
+// Shutdown waits until every rank reaches Shutdown (so no rank leaves while others still need it),
+// then stops the engine and closes connections.
+func Shutdown() error {
+	mu.Lock()
+	s := cur
+	cur = nil
+	mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	err := s.engine.Shutdown(context.Background())
+	if cerr := s.world.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// IsInitialized reports whether Init has run (and Shutdown has not).
+func IsInitialized() bool {
+	mu.Lock()
+	defer mu.Unlock()
+	return cur != nil
+}
+
+func get() (*state, error) {
+	mu.Lock()
+	defer mu.Unlock()
+	if cur == nil {
+		return nil, ErrNotInitialized
+	}
+	return cur, nil
+}
+
+func jobOr(f func(jobenv.Job) int) int {
+	s, err := get()
+	if err != nil {
+		return -1
+	}
+	return f(s.job)
+}
+
+// Rank is this process's index in the job, or -1 before Init.
+func Rank() int { return jobOr(func(j jobenv.Job) int { return j.Rank }) }
+
+// Size is the number of ranks, or -1 before Init.
+func Size() int { return jobOr(func(j jobenv.Job) int { return j.Size }) }
+
+// LocalRank is the index among the ranks of this host.
+func LocalRank() int { return jobOr(func(j jobenv.Job) int { return j.LocalRank }) }
+
+// LocalSize is the number of ranks on this host.
+func LocalSize() int { return jobOr(func(j jobenv.Job) int { return j.LocalSize }) }
+
+// CrossRank is this host's index among the hosts that run a rank with this LocalRank.
+func CrossRank() int { return jobOr(func(j jobenv.Job) int { return j.CrossRank }) }
+
+// CrossSize is the number of hosts that run a rank with this LocalRank.
+func CrossSize() int { return jobOr(func(j jobenv.Job) int { return j.CrossSize }) }
+
+// Tensor is a dense, contiguous, row-major array of Shape (in elements) and DType held in Data.
+type Tensor struct {
+	Data  []byte
+	DType dtype.DType
+	Shape []int64
+}
+
+// NumElements is the product of Shape (1 for a scalar).
+func (t Tensor) NumElements() int64 {
+	n := int64(1)
+	for _, d := range t.Shape {
+		n *= d
+	}
+	return n
+}
+
+func (t Tensor) check(what string) error {
+	if !t.DType.Valid() {
+		return fmt.Errorf("%s: invalid dtype %v", what, t.DType)
+	}
+	for _, d := range t.Shape {
+		if d < 0 {
+			return fmt.Errorf("%s: negative dimension in shape %v", what, t.Shape)
+		}
+	}
+	if want := t.NumElements() * int64(t.DType.Size()); int64(len(t.Data)) != want {
+		return fmt.Errorf("%s: shape %v of %v needs %d bytes, data has %d", what, t.Shape, t.DType, want, len(t.Data))
+	}
+	return nil
+}
+
+// OpOption adjusts one collective.
+type OpOption func(*negotiate.Request)
+
+// Prescale multiplies the input by f before reducing.
+func Prescale(f float64) OpOption { return func(r *negotiate.Request) { r.PreScale *= f } }
+
+// Postscale multiplies the result by f after reducing.
+func Postscale(f float64) OpOption { return func(r *negotiate.Request) { r.PostScale *= f } }
+
+// Handle is the future of an async collective.
+type Handle struct {
+	h     *engine.Handle
+	out   Tensor // where the result lands (allreduce, broadcast) or its dtype/shape template
+	kind  negotiate.OpKind
+	size  int
+	early error
+}
+
+// Wait blocks until the op completes or ctx ends.
+func (h *Handle) Wait(ctx context.Context) error {
+	if h.early != nil {
+		return h.early
+	}
+	return h.h.Wait(ctx)
+}
+
+// Poll reports whether the op completed.
+func (h *Handle) Poll() bool { return h.early != nil || h.h.Poll() }
+
+// Err is the op's error once complete.
+func (h *Handle) Err() error {
+	if h.early != nil {
+		return h.early
+	}
+	return h.h.Err()
+}
+
+// Tensor is the op's result: for allreduce and broadcast the output tensor given at submission;
+// for allgather, alltoall and reducescatter a new tensor. Valid after a successful Wait.
+func (h *Handle) Tensor() Tensor {
+	switch h.kind {
+	case negotiate.Allgather, negotiate.Alltoall, negotiate.ReduceScatter:
+		data := h.h.Output()
+		t := Tensor{Data: data, DType: h.out.DType, Shape: append([]int64(nil), h.out.Shape...)}
+		row := int64(t.DType.Size())
+		for _, d := range t.Shape[1:] {
+			row *= d
+		}
+		if len(t.Shape) > 0 && row > 0 {
+			t.Shape[0] = int64(len(data)) / row
+		}
+		return t
+	}
+	return h.out
+}
+
+// RecvSplits is, for alltoall, the number of rows received from each rank.
+func (h *Handle) RecvSplits() []int64 { return h.h.RecvSplits() }
+
+// JoinLast is, for Join, the last rank to join.
+func (h *Handle) JoinLast() int { return h.h.JoinLast() }
+
+func failed(err error) *Handle { return &Handle{early: err} }
+
+func submit(kind negotiate.OpKind, name string, in, out Tensor, op Op, root int, splits []int64, opts []OpOption) *Handle {
+	s, err := get()
+	if err != nil {
+		return failed(err)
+	}
+	if err := in.check(fmt.Sprintf("%s %q input", kind, name)); err != nil {
+		return failed(err)
+	}
+	if name == "" {
+		name = s.names.next(kind, in.DType, in.Shape)
+	}
+	req := negotiate.Request{
+		Name: name, Kind: kind, DType: in.DType, Shape: append([]int64(nil), in.Shape...),
+		Root: root, PreScale: 1, PostScale: 1, Splits: splits,
+	}
+	if kind == negotiate.Allreduce || kind == negotiate.ReduceScatter {
+		switch op {
+		case Sum, Average:
+			req.ReduceOp = uint8(reduce.Sum)
+		case Min:
+			req.ReduceOp = uint8(reduce.Min)
+		case Max:
+			req.ReduceOp = uint8(reduce.Max)
+		case Product:
+			req.ReduceOp = uint8(reduce.Prod)
+		default:
+			return failed(fmt.Errorf("%s %q: unsupported reduction %v", kind, name, op))
+		}
+		if op == Average {
+			req.Average = true
+		}
+	}
+	for _, f := range opts {
+		f(&req)
+	}
+	if math.IsNaN(req.PreScale) || math.IsNaN(req.PostScale) {
+		return failed(fmt.Errorf("%s %q: NaN scale factor", kind, name))
+	}
+	var outBytes []byte
+	if kind == negotiate.Allreduce || kind == negotiate.Broadcast {
+		if err := out.check(fmt.Sprintf("%s %q output", kind, name)); err != nil {
+			return failed(err)
+		}
+		if len(out.Data) != len(in.Data) || out.DType != in.DType {
+			return failed(fmt.Errorf("%s %q: output (%d bytes of %v) does not match input (%d bytes of %v)", kind, name, len(out.Data), out.DType, len(in.Data), in.DType))
+		}
+		outBytes = out.Data
+	} else {
+		out = Tensor{DType: in.DType, Shape: in.Shape}
+	}
+	return &Handle{h: s.engine.Enqueue(req, in.Data, outBytes), out: out, kind: kind, size: s.job.Size}
+}
+
+// AllreduceAsync reduces in across ranks into out (which may be in itself).
+func AllreduceAsync(name string, in, out Tensor, op Op, opts ...OpOption) *Handle {
+	return submit(negotiate.Allreduce, name, in, out, op, 0, nil, opts)
+}
+
+// Allreduce reduces t in place across ranks.
+func Allreduce(ctx context.Context, name string, t Tensor, op Op, opts ...OpOption) error {
+	return AllreduceAsync(name, t, t, op, opts...).Wait(ctx)
+}
+
+// AllgatherAsync concatenates every rank's t along dim 0 (dim 0 may differ per rank).
+func AllgatherAsync(name string, t Tensor) *Handle {
+	if len(t.Shape) == 0 {
+		return failed(fmt.Errorf("allgather %q: needs a tensor with at least one dimension", name))
+	}
+	return submit(negotiate.Allgather, name, t, Tensor{}, Sum, 0, nil, nil)
+}
+
+// Allgather is the blocking AllgatherAsync.
+func Allgather(ctx context.Context, name string, t Tensor) (Tensor, error) {
+	h := AllgatherAsync(name, t)
+	if err := h.Wait(ctx); err != nil {
+		return Tensor{}, err
+	}
+	return h.Tensor(), nil
+}
+
+// BroadcastAsync copies root's t into t on every rank.
+func BroadcastAsync(name string, t Tensor, root int) *Handle {
+	return submit(negotiate.Broadcast, name, t, t, Sum, root, nil, nil)
+}
+
+// Broadcast is the blocking BroadcastAsync.
+func Broadcast(ctx context.Context, name string, t Tensor, root int) error {
+	return BroadcastAsync(name, t, root).Wait(ctx)
+}
+
+// AlltoallAsync sends splits[r] rows (dim 0) of t to rank r, in rank order, and receives the rows
+// every rank sends here. nil splits means an equal split (dim 0 must divide by Size).
+func AlltoallAsync(name string, t Tensor, splits []int64) *Handle {
+	if len(t.Shape) == 0 {
+		return failed(fmt.Errorf("alltoall %q: needs a tensor with at least one dimension", name))
+	}
+	return submit(negotiate.Alltoall, name, t, Tensor{}, Sum, 0, splits, nil)
+}
+
+// Alltoall is the blocking AlltoallAsync; it returns the received tensor and rows per source rank.
+func Alltoall(ctx context.Context, name string, t Tensor, splits []int64) (Tensor, []int64, error) {
+	h := AlltoallAsync(name, t, splits)
+	if err := h.Wait(ctx); err != nil {
+		return Tensor{}, nil, err
+	}
+	return h.Tensor(), h.RecvSplits(), nil
+}
+
+// ReduceScatterAsync reduces t across ranks and leaves rank r with its share of dim 0 (ranks
+// below dim0 % Size get one extra row, as Horovod splits).
+func ReduceScatterAsync(name string, t Tensor, op Op, opts ...OpOption) *Handle {
+	if len(t.Shape) == 0 {
+		return failed(fmt.Errorf("reducescatter %q: needs a tensor with at least one dimension", name))
+	}
+	return submit(negotiate.ReduceScatter, name, t, Tensor{}, op, 0, nil, opts)
+}
+
+// ReduceScatter is the blocking ReduceScatterAsync.
+func ReduceScatter(ctx context.Context, name string, t Tensor, op Op, opts ...OpOption) (Tensor, error) {
+	h := ReduceScatterAsync(name, t, op, opts...)
+	if err := h.Wait(ctx); err != nil {
+		return Tensor{}, err
+	}
+	return h.Tensor(), nil
+}
+
+// BarrierAsync completes when every rank has called Barrier.
+func BarrierAsync() *Handle {
+	return submit(negotiate.Barrier, "", Tensor{DType: dtype.Uint8, Shape: []int64{0}}, Tensor{}, Sum, 0, nil, nil)
+}
+
+// Barrier blocks until every rank has called Barrier.
+func Barrier(ctx context.Context) error { return BarrierAsync().Wait(ctx) }
+
+// JoinAsync says this rank has no more data: other ranks' allreduces go on with this rank
+// contributing zeros, until every rank has joined. JoinLast then gives the last rank to join.
+func JoinAsync() *Handle {
+	return submit(negotiate.Join, "", Tensor{DType: dtype.Uint8, Shape: []int64{0}}, Tensor{}, Sum, 0, nil, nil)
+}
+
+// Join is the blocking JoinAsync; it returns the last rank to join.
+func Join(ctx context.Context) (int, error) {
+	h := JoinAsync()
+	if err := h.Wait(ctx); err != nil {
+		return -1, err
+	}
+	return h.JoinLast(), nil
+}
+
+// namer gives unnamed ops names that agree across ranks: a name is derived from what the op is
+// (kind, dtype, shape) and how many such ops this rank submitted before, never from a global
+// counter that drifts when ranks submit other ops in different orders (horovod#2640).
+type namer struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func newNamer() *namer { return &namer{n: map[string]int{}} }
+
+func (n *namer) next(kind negotiate.OpKind, t dtype.DType, shape []int64) string {
+	sig := fmt.Sprintf("%s.%v.%v", kind, t, shape)
+	if kind == negotiate.Barrier || kind == negotiate.Join {
+		sig = kind.String()
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	i := n.n[sig]
+	n.n[sig] = i + 1
+	return fmt.Sprintf("%s#%d", sig, i)
+}
+
+var _ = time.Second

@@ -1,0 +1,289 @@
+// Package world connects one worker process to the rest of its job: it meets the other ranks at the
+// rendezvous, opens the shared-memory group of its host, dials TCP to the ranks of other hosts, and
+// hands the engine one routed group plus the host-local and cross-host sub-groups that hierarchical
+// algorithms use.
+//
+// It owns connection set-up and tear-down only. It must not run collectives or know about tensors.
+package world
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/rendezvous"
+	"github.com/kolo-dl/kolo/transport"
+	"github.com/kolo-dl/kolo/transport/inmem"
+	"github.com/kolo-dl/kolo/transport/shm"
+	"github.com/kolo-dl/kolo/transport/tcp"
+)
+
+// Options tune set-up. Zero values mean the defaults.
+type Options struct {
+	Timeout      time.Duration // for the whole set-up (rendezvous, attach, connect); default 60 s
+	TCPStreams   int           // data connections per remote peer; default 2
+	ShmSlotBytes int           // per-rank shared slot; default 8 MiB
+	ShmDir       string        // default /dev/shm
+	ListenAddr   string        // default "0.0.0.0:0"
+	NoShm        bool          // force TCP even between ranks of one host
+}
+
+// World is this process's view of the job once connected.
+type World struct {
+	Job   jobenv.Job
+	Hosts []string // Hosts[r] = host name of rank r
+
+	Comm       transport.Comm      // every rank of the job
+	Messenger  transport.Messenger // every rank of the job
+	Local      transport.Comm      // ranks of this host, in rank order (shared memory when possible)
+	Cross      transport.Comm      // one rank per host with this LocalRank; nil unless every host has the same number of ranks
+	LocalRanks []int               // job ranks of Local, in order
+
+	closers []func() error
+	shm     *shm.Group
+}
+
+// Connect builds the World of job. A job of size 1 needs no rendezvous.
+func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*World, error) {
+	if opt.Timeout <= 0 {
+		opt.Timeout = 60 * time.Second
+	}
+	if opt.TCPStreams <= 0 {
+		opt.TCPStreams = 2
+	}
+	if opt.ShmSlotBytes <= 0 {
+		opt.ShmSlotBytes = 8 << 20
+	}
+	if opt.ListenAddr == "" {
+		opt.ListenAddr = "0.0.0.0:0"
+	}
+	ctx, cancel := context.WithTimeout(ctx, opt.Timeout)
+	defer cancel()
+
+	if job.Size == 1 {
+		ep := inmem.New(1)[0]
+		return &World{Job: job, Hosts: []string{job.Hostname}, Comm: ep, Messenger: ep, Local: ep,
+			LocalRanks: []int{0}, closers: []func() error{ep.Close}}, nil
+	}
+	w := &World{Job: job}
+	ok := false
+	defer func() {
+		if !ok {
+			w.Close()
+		}
+	}()
+
+	rv, err := rendezvous.Dial(ctx, job.Rendezvous, secret)
+	if err != nil {
+		return nil, fmt.Errorf("rank %d: reach rendezvous %s: %w", job.Rank, job.Rendezvous, err)
+	}
+	w.closers = append(w.closers, rv.Close)
+
+	ln, err := tcp.Listen(opt.ListenAddr, secret)
+	if err != nil {
+		return nil, fmt.Errorf("rank %d: listen for peers: %w", job.Rank, err)
+	}
+	w.closers = append(w.closers, ln.Close)
+	addr, err := publicAddr(rv.LocalAddr(), ln.Addr())
+	if err != nil {
+		return nil, fmt.Errorf("rank %d: %w", job.Rank, err)
+	}
+
+	// Every rank publishes where it listens and which host it is on, then reads everyone's.
+	me := fmt.Sprintf("%s|%s|%s", addr, job.Hostname, bootID())
+	if err := rv.Set(ctx, key(job, "rank", job.Rank), []byte(me)); err != nil {
+		return nil, fmt.Errorf("rank %d: publish address: %w", job.Rank, err)
+	}
+	addrs := make([]string, job.Size)
+	w.Hosts = make([]string, job.Size)
+	boots := make([]string, job.Size)
+	for r := 0; r < job.Size; r++ {
+		v, err := rv.Get(ctx, key(job, "rank", r))
+		if err != nil {
+			return nil, fmt.Errorf("rank %d: wait for rank %d to publish its address: %w", job.Rank, r, err)
+		}
+		parts := strings.SplitN(string(v), "|", 3)
+		if len(parts) != 3 {
+			return nil, fmt.Errorf("rank %d: malformed address record of rank %d: %q", job.Rank, r, v)
+		}
+		addrs[r], w.Hosts[r], boots[r] = parts[0], parts[1], parts[2]
+	}
+
+	// Ranks with the same host name share memory. Check the launcher's numbers agree.
+	var local []int
+	for r, h := range w.Hosts {
+		if h == job.Hostname {
+			local = append(local, r)
+			if boots[r] != boots[job.Rank] {
+				return nil, fmt.Errorf("ranks %d and %d both claim host %q but run on different machines (boot ids differ); give each machine a distinct host name", job.Rank, r, h)
+			}
+		}
+	}
+	w.LocalRanks = local
+	if len(local) != job.LocalSize || local[job.LocalRank] != job.Rank {
+		return nil, fmt.Errorf("rank %d: launcher says local rank %d of %d on %q, but ranks %v published that host", job.Rank, job.LocalRank, job.LocalSize, job.Hostname, local)
+	}
+
+	links := make([]transport.Link, job.Size)
+	var remote []int
+	isLocal := map[int]int{}
+	for i, r := range local {
+		isLocal[r] = i
+	}
+	for r := range job.Size {
+		if _, ok := isLocal[r]; !ok || opt.NoShm {
+			if r != job.Rank {
+				remote = append(remote, r)
+			}
+		}
+	}
+
+	if len(local) > 1 && !opt.NoShm {
+		g, err := shm.Open(ctx, shm.Config{
+			Name:      segmentName(job),
+			Rank:      job.LocalRank,
+			Size:      job.LocalSize,
+			SlotBytes: opt.ShmSlotBytes,
+			Dir:       opt.ShmDir,
+			Timeout:   opt.Timeout,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("rank %d: open shared memory for host %s: %w", job.Rank, job.Hostname, err)
+		}
+		w.shm = g
+		w.closers = append(w.closers, g.Close)
+		for i, r := range local {
+			links[r] = transport.Link{Comm: g.Comm(), Messenger: g.Messenger(), Peer: i}
+		}
+		w.Local = g.Comm()
+	}
+
+	if len(remote) > 0 {
+		m, err := tcp.Connect(ctx, ln, tcp.Config{
+			Rank: job.Rank, Size: job.Size, Peers: remote, Addrs: addrs, Hosts: w.Hosts,
+			Secret: secret, JobID: job.JobID, Streams: opt.TCPStreams, ConnectTimeout: opt.Timeout,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("rank %d: connect to ranks on other hosts: %w", job.Rank, err)
+		}
+		w.closers = append(w.closers, m.Close)
+		for _, r := range remote {
+			links[r] = transport.Link{Comm: m.Comm(), Messenger: m.Messenger(), Peer: r}
+		}
+	}
+
+	route := transport.NewRoute(job.Rank, links)
+	w.closers = append(w.closers, route.Close)
+	w.Comm, w.Messenger = route, route
+	if w.Local == nil {
+		w.Local, err = transport.Sub(route, local)
+		if err != nil {
+			return nil, err
+		}
+	}
+	if cross := crossGroup(w.Hosts, job); cross != nil && len(cross) > 1 {
+		w.Cross, err = transport.Sub(route, cross)
+		if err != nil {
+			return nil, err
+		}
+	}
+	// The store is no longer needed once the mesh is up; leaving it open would only hold a socket.
+	ok = true
+	return w, nil
+}
+
+// Abort makes every blocked shared-memory wait on this host fail, so that ranks waiting on a
+// rank that is itself waiting on a lost peer do not hang.
+func (w *World) Abort(err error) {
+	if w.shm != nil {
+		w.shm.Abort(err)
+	}
+}
+
+// Close tears down every connection, last opened first.
+func (w *World) Close() error {
+	var errs []error
+	for i := len(w.closers) - 1; i >= 0; i-- {
+		if err := w.closers[i](); err != nil && !errors.Is(err, transport.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	w.closers = nil
+	return errors.Join(errs...)
+}
+
+// crossGroup returns, when every host runs the same number of ranks, the ranks that share this
+// rank's local rank, one per host in host order; otherwise nil.
+func crossGroup(hosts []string, job jobenv.Job) []int {
+	order := []string{}
+	byHost := map[string][]int{}
+	for r, h := range hosts {
+		if _, ok := byHost[h]; !ok {
+			order = append(order, h)
+		}
+		byHost[h] = append(byHost[h], r)
+	}
+	n := len(byHost[order[0]])
+	for _, h := range order {
+		if len(byHost[h]) != n {
+			return nil
+		}
+	}
+	var cross []int
+	for _, h := range order {
+		cross = append(cross, byHost[h][job.LocalRank])
+	}
+	return cross
+}
+
+// publicAddr combines the IP this process uses to reach the rendezvous (so peers on other hosts
+// can route to it) with the port of the peer listener.
+func publicAddr(toRendezvous, listener net.Addr) (string, error) {
+	ta, ok1 := toRendezvous.(*net.TCPAddr)
+	la, ok2 := listener.(*net.TCPAddr)
+	if !ok1 || !ok2 {
+		return "", fmt.Errorf("unexpected address types %T, %T", toRendezvous, listener)
+	}
+	return net.JoinHostPort(ta.IP.String(), strconv.Itoa(la.Port)), nil
+}
+
+func key(job jobenv.Job, kind string, r int) string {
+	return fmt.Sprintf("world/%s/%d", kind, r)
+}
+
+var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9_.-]`)
+
+// segmentName is unique per job and host and safe as a file name.
+func segmentName(job jobenv.Job) string {
+	h := sha256.Sum256([]byte(job.JobID + "\x00" + job.Rendezvous))
+	host := unsafeChars.ReplaceAllString(job.Hostname, "_")
+	if len(host) > 40 {
+		host = host[:40]
+	}
+	return "kolo-" + hex.EncodeToString(h[:6]) + "-" + host
+}
+
+func bootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		hn, _ := os.Hostname()
+		return hn
+	}
+	return strings.TrimSpace(string(b))
+}
+
+var _ = filepath.Join
+var _ = sort.Ints
+var _ = slog.Info
