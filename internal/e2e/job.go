@@ -1,0 +1,146 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kolo-dl/kolo/auth"
+	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/launch"
+	"github.com/kolo-dl/kolo/rendezvous"
+)
+
+// WorkerEnv is set in a re-executed test binary to the scenario it must run as a rank.
+const WorkerEnv = "KOLO_E2E_SCENARIO"
+
+// Main is called from a test package's TestMain: in a worker it runs the scenario and exits.
+func Main() {
+	if s := os.Getenv(WorkerEnv); s != "" {
+		if err := Run(s); err != nil {
+			fmt.Fprintln(os.Stderr, "E2E-FAIL:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+}
+
+// Output collects a job's output safely across the runner's goroutines.
+type Output struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (o *Output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.Write(p)
+}
+
+func (o *Output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.String()
+}
+
+// Job is one launched test job.
+type Job struct {
+	Results        []launch.Result
+	First          *launch.Result
+	Stdout, Stderr *Output
+	Elapsed        time.Duration
+}
+
+// Host places ranks: Name is the host name ranks report (groups shared memory), Wrap is prepended
+// to the worker's argv (e.g. "ip netns exec h1") to run it somewhere else.
+type Host struct {
+	Name  string
+	Slots int
+	Wrap  []string
+}
+
+// Options adjust Launch. Zero values are the defaults.
+type Options struct {
+	Env       map[string]string // extra environment for every rank
+	Listen    string            // rendezvous listen address (default 127.0.0.1:0)
+	Advertise string            // host ranks dial to reach the rendezvous (default: Listen's)
+	Grace     time.Duration     // SIGTERM-to-SIGKILL grace when a rank fails (default 2 s)
+}
+
+// Launch runs scenario on the hosts' slots by re-executing this test binary, with a rendezvous
+// served from this process.
+func Launch(t testing.TB, scenario string, hosts []Host, np int, o Options) *Job {
+	t.Helper()
+	env, listen, advertise := o.Env, o.Listen, o.Advertise
+	if o.Grace <= 0 {
+		o.Grace = 2 * time.Second
+	}
+	secret, err := auth.NewSecret()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := rendezvous.NewServer([]byte(secret))
+	if listen == "" {
+		listen = "127.0.0.1:0"
+	}
+	addr, err := srv.Listen(listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if advertise == "" {
+		advertise = addr.String()
+	} else {
+		_, port, _ := splitHostPort(addr.String())
+		advertise = advertise + ":" + port
+	}
+	lh := make([]launch.Host, len(hosts))
+	wrap := map[string][]string{}
+	for i, h := range hosts {
+		lh[i] = launch.Host{Name: h.Name, Slots: h.Slots}
+		wrap[h.Name] = h.Wrap
+	}
+	slots, err := launch.Plan(lh, np)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobID := launch.NewJobID()
+	workers := make([]launch.Worker, len(slots))
+	for i, s := range slots {
+		e := append(os.Environ(), WorkerEnv+"="+scenario, jobenv.Secret+"="+secret)
+		for k, v := range jobenv.Encode(jobenv.Job{Rank: s.Rank, Size: s.Size, LocalRank: s.LocalRank,
+			LocalSize: s.LocalSize, CrossRank: s.CrossRank, CrossSize: s.CrossSize, Hostname: s.Host,
+			Rendezvous: advertise, JobID: jobID}) {
+			e = append(e, k+"="+v)
+		}
+		for k, v := range env {
+			e = append(e, k+"="+v)
+		}
+		argv := append(append([]string(nil), wrap[s.Host]...), os.Args[0], "-test.run=^$")
+		workers[i] = launch.Worker{Slot: s, Argv: argv, Env: e}
+	}
+	job := &Job{Stdout: &Output{}, Stderr: &Output{}}
+	r := &launch.Runner{Starter: launch.LocalStarter{}, Stdout: job.Stdout, Stderr: job.Stderr, GracePeriod: o.Grace}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	start := time.Now()
+	job.Results, job.First = r.Run(ctx, workers)
+	job.Elapsed = time.Since(start)
+	return job
+}
+
+// LocalHosts is one host, this machine, with np slots.
+func LocalHosts(np int) []Host { return []Host{{Name: "localhost", Slots: np}} }
+
+func splitHostPort(s string) (string, string, error) {
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == ':' {
+			return s[:i], s[i+1:], nil
+		}
+	}
+	return "", "", fmt.Errorf("no port in %q", s)
+}

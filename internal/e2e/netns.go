@@ -1,0 +1,87 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// Netns is a set of network namespaces joined by a bridge: several "hosts" on one machine, each with
+// its own address, so TCP between ranks crosses veth links for real.
+type Netns struct {
+	Bridge  string
+	Gateway string   // the bridge's address, reachable from every namespace
+	Names   []string // namespace names, one per host
+	Addrs   []string
+}
+
+func ip(args ...string) error {
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// NewNetns creates n hosts, or skips the test where namespaces cannot be made (not root, no ip).
+// Everything it creates is removed by t.Cleanup.
+func NewNetns(t testing.TB, n int) *Netns {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("network namespaces need root")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("no ip command (apt-get install iproute2)")
+	}
+	id := os.Getpid() % 10000
+	subnet := 100 + os.Getpid()%150
+	ns := &Netns{Bridge: fmt.Sprintf("kbr%d", id), Gateway: fmt.Sprintf("10.77.%d.254", subnet)}
+	cleanup := func() {
+		for _, name := range ns.Names {
+			exec.Command("ip", "netns", "del", name).Run()
+		}
+		exec.Command("ip", "link", "del", ns.Bridge).Run()
+	}
+	t.Cleanup(cleanup)
+	steps := [][]string{
+		{"link", "add", ns.Bridge, "type", "bridge"},
+		{"addr", "add", ns.Gateway + "/24", "dev", ns.Bridge},
+		{"link", "set", ns.Bridge, "up"},
+	}
+	for _, s := range steps {
+		if err := ip(s...); err != nil {
+			t.Skipf("cannot create a bridge here: %v", err)
+		}
+	}
+	for h := 1; h <= n; h++ {
+		name := fmt.Sprintf("k%dh%d", id, h)
+		veth := fmt.Sprintf("kv%dh%d", id, h)
+		addr := fmt.Sprintf("10.77.%d.%d", subnet, h)
+		ns.Names = append(ns.Names, name)
+		ns.Addrs = append(ns.Addrs, addr)
+		for _, s := range [][]string{
+			{"netns", "add", name},
+			{"link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", name},
+			{"link", "set", veth, "master", ns.Bridge, "up"},
+			{"-n", name, "addr", "add", addr + "/24", "dev", "eth0"},
+			{"-n", name, "link", "set", "eth0", "up"},
+			{"-n", name, "link", "set", "lo", "up"},
+		} {
+			if err := ip(s...); err != nil {
+				t.Fatalf("netns host %d: %v", h, err)
+			}
+		}
+	}
+	return ns
+}
+
+// Hosts places slots[i] ranks in namespace i; each namespace is a host named after its address.
+func (ns *Netns) Hosts(slots ...int) []Host {
+	hosts := make([]Host, len(slots))
+	for i, s := range slots {
+		hosts[i] = Host{Name: ns.Addrs[i], Slots: s, Wrap: []string{"ip", "netns", "exec", ns.Names[i]}}
+	}
+	return hosts
+}
