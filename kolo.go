@@ -133,10 +133,14 @@ func Init(opts ...Option) error {
 	if err != nil {
 		return fmt.Errorf("kolo.Init: %w", err)
 	}
-	e := engine.New(cfg, engine.Group{
+	e, err := engine.New(cfg, engine.Group{
 		Rank: job.Rank, Size: job.Size, Hosts: w.Hosts, Comm: w.Comm, Messenger: w.Messenger,
 		Local: w.Local, LocalRanks: w.LocalRanks, Cross: w.Cross, Abort: w.Abort,
 	})
+	if err != nil {
+		w.Close()
+		return fmt.Errorf("kolo.Init: %w", err)
+	}
 	cur = &state{job: job, world: w, engine: e, names: newNamer()}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -48,10 +49,14 @@ type Engine struct {
 
 	// Loop-owned state (only the loop goroutine touches these).
 	pending map[string]*entry // submitted on this rank, not yet executed
+	joining *entry            // this rank's Join, until every rank has joined
 	coord   *negotiate.Coordinator
 	cache   *negotiate.Cache
 	exec    *executor
-	joined  bool
+	msgBuf  []byte
+	// leaving is set once the shutdown barrier has been negotiated: every rank has reached
+	// Shutdown, so a peer closing its connections from then on is expected, not a failure.
+	leaving bool
 }
 
 // entry is one op submitted on this rank.
@@ -63,7 +68,7 @@ type entry struct {
 }
 
 // New starts the engine on a connected group.
-func New(cfg Config, g Group) *Engine {
+func New(cfg Config, g Group) (*Engine, error) {
 	def := DefaultConfig()
 	if cfg.FusionBytes <= 0 {
 		cfg.FusionBytes = def.FusionBytes
@@ -74,31 +79,44 @@ func New(cfg Config, g Group) *Engine {
 	if cfg.ShutdownWait <= 0 {
 		cfg.ShutdownWait = def.ShutdownWait
 	}
+	// Horovod's convention: a capacity of 0 disables the cache; negotiate wants a negative number.
+	capacity := cfg.CacheCapacity
+	if capacity <= 0 {
+		capacity = -1
+	}
+	cache, err := negotiate.NewCache(g.Rank, g.Size, capacity)
+	if err != nil {
+		return nil, err
+	}
 	e := &Engine{
 		cfg:     cfg,
 		g:       g,
 		wake:    make(chan struct{}, 1),
 		stopped: make(chan struct{}),
 		pending: map[string]*entry{},
-		cache:   negotiate.NewCache(cfg.CacheCapacity),
+		cache:   cache,
 		exec:    newExecutor(g, cfg),
 	}
 	if g.Rank == 0 {
-		e.coord = negotiate.NewCoordinator(negotiate.Config{
+		e.coord, err = negotiate.NewCoordinator(negotiate.Config{
 			Size:          g.Size,
 			FusionBytes:   cfg.FusionBytes,
-			CacheCapacity: cfg.CacheCapacity,
+			CacheCapacity: capacity,
 			StallWarning:  stallWarning(cfg),
 			StallShutdown: cfg.StallShutdown,
 		})
+		if err != nil {
+			return nil, err
+		}
 	}
 	go e.loop()
-	return e
+	return e, nil
 }
 
+// stallWarning is the Coordinator's setting: negative disables the inspector.
 func stallWarning(cfg Config) time.Duration {
-	if !cfg.StallCheck {
-		return 0
+	if !cfg.StallCheck || cfg.StallWarning <= 0 {
+		return -1
 	}
 	return cfg.StallWarning
 }
@@ -161,7 +179,9 @@ func (e *Engine) loop() {
 				return
 			}
 		case now := <-tickC:
-			e.tick(now)
+			if !e.tick(now) {
+				return
+			}
 		}
 		if e.cfg.CycleTime > 0 {
 			time.Sleep(e.cfg.CycleTime)
@@ -196,7 +216,20 @@ func (e *Engine) drainQueue() bool {
 	e.mu.Unlock()
 	if len(q) > 0 {
 		reqs := make([]negotiate.Request, 0, len(q))
+		join := false
 		for _, en := range q {
+			switch {
+			case en.req.Kind == negotiate.Join:
+				if e.joining != nil {
+					en.h.finish(fmt.Errorf("rank %d: join called again before the first join completed", e.g.Rank))
+					continue
+				}
+				e.joining, join = en, true
+				continue
+			case e.joining != nil:
+				en.h.finish(fmt.Errorf("rank %d: %s %q submitted after this rank called join", e.g.Rank, en.req.Kind, en.req.Name))
+				continue
+			}
 			if _, dup := e.pending[en.req.Name]; dup {
 				en.h.finish(fmt.Errorf("rank %d: %s %q submitted again before the first one completed; names must be unique among in-flight ops", e.g.Rank, en.req.Kind, en.req.Name))
 				continue
@@ -204,13 +237,20 @@ func (e *Engine) drainQueue() bool {
 			e.pending[en.req.Name] = en
 			reqs = append(reqs, en.req)
 		}
-		if e.coord != nil {
-			e.coord.Submit(time.Now(), 0, reqs...)
-		} else if len(reqs) > 0 {
-			msg := negotiate.EncodeRequests(e.g.Rank, e.cache, reqs)
-			if err := e.g.Messenger.SendMsg(context.Background(), 0, msg); err != nil {
-				e.fail(fmt.Errorf("rank %d: send requests to coordinator (rank 0): %w", e.g.Rank, err))
-				return false
+		if len(reqs) > 0 || join {
+			b := &negotiate.Batch{Join: join}
+			e.cache.Compact(b, reqs...)
+			if e.coord != nil {
+				if err := e.coord.SubmitBatch(time.Now(), b); err != nil {
+					e.fail(fmt.Errorf("rank 0: %w", err))
+					return false
+				}
+			} else {
+				e.msgBuf = negotiate.EncodeBatch(e.msgBuf[:0], b)
+				if err := e.g.Messenger.SendMsg(context.Background(), 0, e.msgBuf); err != nil {
+					e.fail(e.lostError(0, fmt.Errorf("send requests to the coordinator: %w", err)))
+					return false
+				}
 			}
 		}
 	}
@@ -222,6 +262,9 @@ func (e *Engine) drainQueue() bool {
 
 // handleMsg acts on one control message. It returns false when the loop must end.
 func (e *Engine) handleMsg(m transport.Msg) bool {
+	if m.Body == nil && e.leaving {
+		return false
+	}
 	if m.Body == nil {
 		err := e.g.Messenger.Lost(m.From)
 		if err == nil {
@@ -230,64 +273,101 @@ func (e *Engine) handleMsg(m transport.Msg) bool {
 		e.fail(e.lostError(m.From, err))
 		return false
 	}
-	msg, err := negotiate.Decode(m.Body)
-	if err != nil {
+	malformed := func(err error) bool {
 		e.fail(fmt.Errorf("rank %d: malformed control message from rank %d: %w", e.g.Rank, m.From, err))
 		return false
 	}
+	kind, err := negotiate.PeekKind(m.Body)
+	if err != nil {
+		return malformed(err)
+	}
 	switch {
-	case msg.Abort != nil:
-		e.fail(fmt.Errorf("%s", msg.Abort.Reason))
-		return false
-	case msg.Requests != nil && e.coord != nil:
-		reqs, err := msg.Requests.Resolve(e.coordCache())
+	case kind == negotiate.MsgAbort:
+		a, err := negotiate.DecodeAbort(m.Body)
 		if err != nil {
-			e.coord.Reject(m.From, err)
+			return malformed(err)
 		}
-		e.coord.Submit(time.Now(), m.From, reqs...)
-	case msg.Responses != nil && e.coord == nil:
-		for _, r := range msg.Responses {
-			if !e.execute(r) {
+		e.fail(errors.New(a.Reason))
+		return false
+	case kind == negotiate.MsgBatch && e.coord != nil:
+		b, err := negotiate.DecodeBatch(m.Body)
+		if err != nil {
+			return malformed(err)
+		}
+		if b.Rank != m.From {
+			return malformed(fmt.Errorf("batch claims rank %d", b.Rank))
+		}
+		if err := e.coord.SubmitBatch(time.Now(), b); err != nil {
+			e.fail(fmt.Errorf("rank 0: %w", err))
+			return false
+		}
+	case kind == negotiate.MsgResponses && e.coord == nil:
+		resps, err := negotiate.DecodeResponses(m.Body)
+		if err != nil {
+			return malformed(err)
+		}
+		for i := range resps {
+			if !e.execute(&resps[i]) {
 				return false
 			}
 		}
+	default:
+		return malformed(fmt.Errorf("unexpected message kind %d on rank %d", kind, e.g.Rank))
 	}
 	return true
 }
 
 // decide (coordinator only) broadcasts and executes whatever became ready.
-func (e *Engine) decide() bool {
-	resps := e.coord.Ready()
+func (e *Engine) decide() bool { return e.publish(e.coord.Ready()) }
+
+// publish (coordinator only) sends responses to every rank, then executes them here.
+func (e *Engine) publish(resps []negotiate.Response) bool {
 	if len(resps) == 0 {
 		return true
 	}
-	body := negotiate.EncodeResponses(resps)
-	for r := 1; r < e.g.Size; r++ {
-		if err := e.g.Messenger.SendMsg(context.Background(), r, body); err != nil {
-			e.fail(e.lostError(r, err))
-			return false
+	if e.g.Size > 1 {
+		e.msgBuf = negotiate.EncodeResponses(e.msgBuf[:0], resps)
+		for r := 1; r < e.g.Size; r++ {
+			if err := e.g.Messenger.SendMsg(context.Background(), r, e.msgBuf); err != nil {
+				e.fail(e.lostError(r, err))
+				return false
+			}
 		}
 	}
-	for _, r := range resps {
-		if !e.execute(r) {
+	for i := range resps {
+		if !e.execute(&resps[i]) {
 			return false
 		}
 	}
 	return true
 }
 
-func (e *Engine) tick(now time.Time) {
+// tick runs the stall inspector (coordinator only) and publishes the ops it gave up on.
+func (e *Engine) tick(now time.Time) bool {
 	resps, stalls := e.coord.Tick(now)
 	for _, s := range stalls {
-		slog.Warn("stalled op: some ranks submitted it, others did not",
-			"op", s.Name, "missing_ranks", s.Missing, "ready_ranks", s.Ready, "waited", s.Since.Round(time.Second))
+		slog.Warn("kolo: stalled op: "+s.String(), "rank", e.g.Rank)
 	}
-	_ = resps // Tick's error responses are also returned by Ready.
+	return e.publish(resps)
 }
 
 // execute runs one response on this rank. It returns false when the loop must end.
-func (e *Engine) execute(r negotiate.Response) bool {
-	e.cache.Learn(r)
+func (e *Engine) execute(r *negotiate.Response) bool {
+	if err := e.cache.Learn(r); err != nil {
+		e.fail(err)
+		return false
+	}
+	if r.Kind == negotiate.Barrier && r.Error == "" && slices.Contains(r.Names, shutdownName) {
+		e.leaving = true
+	}
+	if r.Kind == negotiate.Join && r.Error == "" {
+		if e.joining != nil {
+			e.joining.h.joinLast = r.LastJoined
+			e.joining.h.finish(nil)
+			e.joining = nil
+		}
+		return true
+	}
 	entries := make([]*entry, len(r.Names))
 	for i, n := range r.Names {
 		entries[i] = e.pending[n]
@@ -302,7 +382,7 @@ func (e *Engine) execute(r negotiate.Response) bool {
 		}
 		return true
 	}
-	err := e.exec.run(context.Background(), r, entries)
+	err := e.exec.run(context.Background(), *r, entries)
 	if err == nil {
 		for _, en := range entries {
 			if en != nil {
@@ -310,6 +390,15 @@ func (e *Engine) execute(r negotiate.Response) bool {
 			}
 		}
 		return true
+	}
+	if e.leaving {
+		// Every rank reached Shutdown; a peer that already left is not an error.
+		for _, en := range entries {
+			if en != nil {
+				en.h.finish(nil)
+			}
+		}
+		return false
 	}
 	// A failed collective leaves peers mid-protocol: the job cannot go on.
 	e.fail(err)
@@ -347,7 +436,7 @@ func (e *Engine) fail(err error) {
 	e.mu.Unlock()
 	slog.Error("kolo engine stopped", "rank", e.g.Rank, "err", err)
 	// Tell everyone why, so ranks blocked on us report the root cause, not "rank N lost".
-	body := negotiate.EncodeAbort(err.Error())
+	body := negotiate.EncodeAbort(nil, negotiate.Abort{Rank: e.g.Rank, Reason: err.Error()})
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	for r := 0; r < e.g.Size; r++ {
 		if r != e.g.Rank && e.g.Messenger.Lost(r) == nil {
@@ -362,6 +451,10 @@ func (e *Engine) fail(err error) {
 		en.h.finish(err)
 	}
 	e.pending = map[string]*entry{}
+	if e.joining != nil {
+		e.joining.h.finish(err)
+		e.joining = nil
+	}
 	for _, en := range q {
 		en.h.finish(err)
 	}

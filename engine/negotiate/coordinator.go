@@ -1,0 +1,660 @@
+package negotiate
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Batch is what one rank sends the Coordinator in one message: the ops it submitted since its last
+// Batch, in full or as cache ids, and whether it then joined.
+type Batch struct {
+	// Rank is the sender.
+	Rank int
+	// Seen is the Seq of the last Response the sender had learned (its Cache.Seen) when it looked
+	// up Cached: it tells the Coordinator what each id meant to the sender.
+	Seen uint64
+	// Requests are ops sent in full.
+	Requests []Request
+	// Cached are ops sent as cache ids. The wire keeps them as a set (ascending), not in order.
+	Cached []uint32
+	// Join: the sender called Join after submitting the above.
+	Join bool
+}
+
+// Coordinator is the negotiation state machine rank 0 runs. It is not safe for concurrent use: the
+// engine calls it from one goroutine. Errors in what ranks submit become error Responses; methods
+// return an error only when the caller broke the contract (a rank out of range).
+type Coordinator struct {
+	cfg  Config
+	size int
+
+	// pending ops, in creation order (head first) for deterministic scans. Each is found by name
+	// either in byName or, cheaper, through the live cache entry for its name (entry.pending).
+	head, tail *op
+	byName     map[string]*op
+	count      int
+	pool       []*op
+
+	ready      []*item // resolved, in readiness order, waiting for Ready
+	groups     map[int64]*groupState
+	groupOrder []*groupState
+
+	joined      []bool
+	joinedCount int
+
+	seq   uint64   // Seq of the last Response emitted
+	seen  []uint64 // per rank: the largest Seen reported
+	cache coordCache
+
+	used []bool // scratch for Ready
+}
+
+// op is one name waiting for submissions. Ops are pooled: the steady state allocates none.
+type op struct {
+	name      string
+	kind      OpKind // as first submitted, for messages before negotiation
+	group     int64
+	groupSize int
+	since     time.Time
+	lastWarn  time.Time
+	warned    bool
+	prev      *op
+	next      *op
+	inMap     bool
+	hint      *cacheEntry // the live entry whose pending field points here
+
+	present []bool
+	n       int
+	via     []*cacheEntry // per rank: the entry a cached submission named
+	reqs    []Request     // per rank: full submissions (allocated on first use)
+	hasFull bool          // reqs holds something to clear
+	first   *cacheEntry
+	allSame bool // every submission so far named first
+	err     string
+}
+
+// item is a resolved op (or Join) waiting to be fused and emitted.
+type item struct {
+	sig       *opSig
+	entry     *cacheEntry // every rank sent this entry's id
+	kind      OpKind
+	group     int64
+	groupSize int
+
+	joined []int // joined ranks that did not submit
+
+	err      string
+	names    []string
+	cacheIDs []uint32 // unknown-cache-id errors
+
+	isJoin     bool
+	lastJoined int
+}
+
+// groupState collects the members of one Group until all are ready.
+type groupState struct {
+	id        int64
+	size      int
+	held      []*item
+	accounted int // members resolved, ready or failed
+	failed    string
+	since     time.Time
+	lastWarn  time.Time
+	warned    bool
+	done      bool
+}
+
+// NewCoordinator makes the Coordinator for cfg.Size ranks.
+func NewCoordinator(cfg Config) (*Coordinator, error) {
+	if cfg.Size < 1 {
+		return nil, fmt.Errorf("negotiate: coordinator for %d ranks: need at least 1", cfg.Size)
+	}
+	cfg = cfg.withDefaults()
+	return &Coordinator{
+		cfg:    cfg,
+		size:   cfg.Size,
+		byName: map[string]*op{},
+		groups: map[int64]*groupState{},
+		joined: make([]bool, cfg.Size),
+		seen:   make([]uint64, cfg.Size),
+		cache:  newCoordCache(cfg.CacheCapacity),
+	}, nil
+}
+
+// Pending is the number of ops some but not all ranks have submitted.
+func (c *Coordinator) Pending() int { return c.count }
+
+// Submit takes full requests from rank (with no news of what it has learned: see SubmitBatch).
+func (c *Coordinator) Submit(now time.Time, rank int, reqs ...Request) error {
+	return c.SubmitBatch(now, &Batch{Rank: rank, Seen: c.seenOf(rank), Requests: reqs})
+}
+
+// SubmitCached takes ops rank sent as cache ids, looked up after it had learned seen Responses.
+func (c *Coordinator) SubmitCached(now time.Time, rank int, seen uint64, ids ...uint32) error {
+	return c.SubmitBatch(now, &Batch{Rank: rank, Seen: seen, Cached: ids})
+}
+
+func (c *Coordinator) seenOf(rank int) uint64 {
+	if rank >= 0 && rank < c.size {
+		return c.seen[rank]
+	}
+	return 0
+}
+
+// SubmitBatch takes everything in one rank's message: full requests, then cached ids, then Join.
+func (c *Coordinator) SubmitBatch(now time.Time, b *Batch) error {
+	if b.Rank < 0 || b.Rank >= c.size {
+		return fmt.Errorf("negotiate: batch from rank %d of %d ranks: rank out of range", b.Rank, c.size)
+	}
+	if b.Seen > c.seq {
+		return fmt.Errorf("negotiate: batch from rank %d says it learned response %d, but only %d were sent", b.Rank, b.Seen, c.seq)
+	}
+	if b.Seen > c.seen[b.Rank] {
+		c.seen[b.Rank] = b.Seen
+	}
+	for i := range b.Requests {
+		c.submitFull(now, b.Rank, &b.Requests[i])
+	}
+	for _, id := range b.Cached {
+		c.submitCached(now, b.Rank, b.Seen, id)
+	}
+	if b.Join {
+		c.join(now, b.Rank)
+	}
+	return nil
+}
+
+// find returns the pending op for name, if any.
+func (c *Coordinator) find(name string) *op {
+	if o := c.byName[name]; o != nil {
+		return o
+	}
+	if e := c.cache.byName[name]; e != nil {
+		return e.pending
+	}
+	return nil
+}
+
+// newOp starts collecting submissions for name; hint is the live cache entry for name, if any.
+func (c *Coordinator) newOp(now time.Time, name string, kind OpKind, hint *cacheEntry) *op {
+	var o *op
+	if n := len(c.pool); n > 0 {
+		o = c.pool[n-1]
+		c.pool = c.pool[:n-1]
+	} else {
+		o = &op{present: make([]bool, c.size), via: make([]*cacheEntry, c.size)}
+	}
+	o.name, o.kind, o.since = name, kind, now
+	if hint != nil {
+		o.hint = hint
+		hint.pending = o
+	} else {
+		c.byName[name] = o
+		o.inMap = true
+	}
+	o.prev = c.tail
+	if c.tail != nil {
+		c.tail.next = o
+	} else {
+		c.head = o
+	}
+	c.tail = o
+	c.count++
+	return o
+}
+
+func (c *Coordinator) removeOp(o *op) {
+	if o.prev != nil {
+		o.prev.next = o.next
+	} else {
+		c.head = o.next
+	}
+	if o.next != nil {
+		o.next.prev = o.prev
+	} else {
+		c.tail = o.prev
+	}
+	if o.inMap {
+		delete(c.byName, o.name)
+	}
+	if o.hint != nil && o.hint.pending == o {
+		o.hint.pending = nil
+	}
+	c.count--
+}
+
+func (c *Coordinator) recycle(o *op) {
+	clear(o.present)
+	clear(o.via)
+	if o.hasFull {
+		clear(o.reqs)
+	}
+	*o = op{present: o.present, via: o.via, reqs: o.reqs}
+	c.pool = append(c.pool, o)
+}
+
+func (c *Coordinator) submitFull(now time.Time, rank int, r *Request) {
+	o := c.find(r.Name)
+	if o == nil {
+		o = c.newOp(now, r.Name, r.Kind, c.cache.byName[r.Name])
+		o.group, o.groupSize = r.Group, r.GroupSize
+	}
+	if c.mark(o, rank) {
+		if o.reqs == nil {
+			o.reqs = make([]Request, c.size)
+		}
+		o.reqs[rank] = *r
+		o.hasFull = true
+		o.allSame = false
+		c.maybeComplete(now, o)
+	}
+}
+
+func (c *Coordinator) submitCached(now time.Time, rank int, seen uint64, id uint32) {
+	e := c.cache.resolve(id, seen)
+	if e == nil {
+		c.route(now, &item{
+			err: fmt.Sprintf("rank %d sent cache id %d, which stood for no op after the %d responses it had learned (its cache disagrees with the coordinator's)",
+				rank, id, seen),
+			cacheIDs: []uint32{id},
+		})
+		return
+	}
+	var o *op
+	if e.live {
+		o = e.pending
+		if o == nil {
+			o = c.newOp(now, e.sig.name, e.sig.kind, e)
+		}
+	} else if o = c.find(e.sig.name); o == nil {
+		o = c.newOp(now, e.sig.name, e.sig.kind, c.cache.byName[e.sig.name])
+	}
+	if o.n == 0 {
+		o.group, o.groupSize = e.sig.group, e.sig.groupSize
+		o.first, o.allSame = e, true
+	} else if e != o.first {
+		o.allSame = false
+	}
+	if c.mark(o, rank) {
+		o.via[rank] = e
+		c.maybeComplete(now, o)
+	}
+}
+
+// mark records rank's submission of o, or o's error if rank already submitted it.
+func (c *Coordinator) mark(o *op, rank int) bool {
+	if o.present[rank] {
+		if o.err == "" {
+			o.err = fmt.Sprintf("%s %q: duplicate name: rank %d submitted it again before it completed", o.kind, o.name, rank)
+		}
+		return false
+	}
+	if c.joined[rank] && o.err == "" {
+		o.err = fmt.Sprintf("%s %q: rank %d submitted it after joining", o.kind, o.name, rank)
+	}
+	o.present[rank] = true
+	o.n++
+	return true
+}
+
+// maybeComplete resolves o once every rank has submitted it or joined.
+func (c *Coordinator) maybeComplete(now time.Time, o *op) {
+	n := o.n
+	if c.joinedCount > 0 {
+		for r, j := range c.joined {
+			if j && !o.present[r] {
+				n++
+			}
+		}
+	}
+	if n == c.size {
+		c.resolve(now, o)
+	}
+}
+
+// resolve negotiates a complete op and queues the result.
+func (c *Coordinator) resolve(now time.Time, o *op) {
+	c.removeOp(o)
+	it := &item{kind: o.kind, group: o.group, groupSize: o.groupSize}
+	switch {
+	case o.err != "":
+		it.err, it.names = o.err, []string{o.name}
+	case o.allSame && c.joinedCount == 0:
+		// Every rank sent the same cache id: the signature was negotiated before, unchanged.
+		it.sig, it.entry = o.first.sig, o.first
+		it.group, it.groupSize = it.sig.group, it.sig.groupSize
+	default:
+		var present, absent []int
+		for r := 0; r < c.size; r++ {
+			if o.present[r] {
+				present = append(present, r)
+			} else {
+				absent = append(absent, r)
+			}
+		}
+		if o.reqs == nil {
+			o.reqs = make([]Request, c.size)
+		}
+		for _, r := range present {
+			if e := o.via[r]; e != nil {
+				o.reqs[r] = e.sig.requestFor(r)
+				o.hasFull = true
+			}
+		}
+		first := &o.reqs[present[0]]
+		it.kind, it.group, it.groupSize = first.Kind, first.Group, first.GroupSize
+		sig, err := negotiate(o.name, c.size, o.reqs, present, absent)
+		if err != "" {
+			it.err, it.names = err, []string{o.name}
+		} else {
+			it.sig, it.joined = sig, absent
+			it.group, it.groupSize = sig.group, sig.groupSize
+		}
+	}
+	c.recycle(o)
+	c.route(now, it)
+}
+
+// route queues a resolved item, holding grouped ops back until their whole group is resolved.
+func (c *Coordinator) route(now time.Time, it *item) {
+	if it.group == 0 || it.groupSize < 1 || it.isJoin {
+		c.ready = append(c.ready, it)
+		return
+	}
+	g := c.groups[it.group]
+	if g == nil {
+		g = &groupState{id: it.group, size: it.groupSize, since: now}
+		c.groups[it.group] = g
+		c.groupOrder = append(c.groupOrder, g)
+	}
+	g.accounted++
+	switch {
+	case g.failed != "":
+		c.ready = append(c.ready, &item{kind: it.kind, names: it.itemNames(),
+			err: fmt.Sprintf("%s %q: its group %d failed: %s", it.kind, it.itemNames()[0], g.id, g.failed)})
+	case it.err != "":
+		c.failGroup(g, it.kind, it.err, it.itemNames())
+	default:
+		if it.sig.groupSize != g.size {
+			c.failGroup(g, it.kind, fmt.Sprintf("%s %q: group %d: declared with %d members, but another member declared %d",
+				it.kind, it.sig.name, g.id, it.sig.groupSize, g.size), []string{it.sig.name})
+			break
+		}
+		g.held = append(g.held, it)
+		if len(g.held) == 1 {
+			g.since = now
+		}
+	}
+	if g.accounted >= g.size && g.size > 0 {
+		if g.failed == "" {
+			c.ready = append(c.ready, g.held...)
+		}
+		g.done, g.held = true, nil
+		delete(c.groups, g.id)
+	}
+}
+
+func (it *item) itemNames() []string {
+	if it.sig != nil {
+		return []string{it.sig.name}
+	}
+	return it.names
+}
+
+// failGroup fails the held members of g, and the next ones when they come, with msg.
+func (c *Coordinator) failGroup(g *groupState, kind OpKind, msg string, names []string) {
+	all := make([]string, 0, len(g.held)+len(names))
+	for _, h := range g.held {
+		all = append(all, h.sig.name)
+	}
+	all = append(all, names...)
+	c.ready = append(c.ready, &item{kind: kind, names: all, err: msg})
+	g.failed, g.held = msg, nil
+}
+
+// Join records that rank will submit nothing more until every rank has joined. Ops every other
+// rank submits become ready without it (its executor contributes zeros, or nothing); when the last
+// rank joins, a Join Response names it and the joined set starts empty again. Joining twice is a
+// no-op.
+func (c *Coordinator) Join(now time.Time, rank int) error {
+	if rank < 0 || rank >= c.size {
+		return fmt.Errorf("negotiate: join from rank %d of %d ranks: rank out of range", rank, c.size)
+	}
+	c.join(now, rank)
+	return nil
+}
+
+func (c *Coordinator) join(now time.Time, rank int) {
+	if c.joined[rank] {
+		return
+	}
+	c.joined[rank] = true
+	c.joinedCount++
+	for o := c.head; o != nil; {
+		next := o.next
+		c.maybeComplete(now, o)
+		o = next
+	}
+	if c.joinedCount == c.size {
+		c.ready = append(c.ready, &item{kind: Join, isJoin: true, lastJoined: rank})
+		clear(c.joined)
+		c.joinedCount = 0
+	}
+}
+
+// Tick runs the stall inspector at time now, then returns Ready(): the error Responses of ops it
+// gave up on come out in stream order with everything else.
+func (c *Coordinator) Tick(now time.Time) ([]Response, []Stall) {
+	var stalls []Stall
+	warn, shut := c.cfg.StallWarning, c.cfg.StallShutdown
+	due := func(since, last time.Time, warned bool) bool {
+		return warn > 0 && now.Sub(since) >= warn && (!warned || now.Sub(last) >= warn)
+	}
+	for o := c.head; o != nil; {
+		next := o.next
+		waited := now.Sub(o.since)
+		fatal := shut > 0 && waited >= shut
+		if fatal || due(o.since, o.lastWarn, o.warned) {
+			s := Stall{Name: o.name, Kind: o.kind, Since: waited, Fatal: fatal}
+			for r := 0; r < c.size; r++ {
+				switch {
+				case o.present[r]:
+					s.Ready = append(s.Ready, r)
+				case !c.joined[r]:
+					s.Missing = append(s.Missing, r)
+				}
+			}
+			stalls = append(stalls, s)
+			o.warned, o.lastWarn = true, now
+			if fatal {
+				if o.err == "" {
+					o.err = fmt.Sprintf("%s %q: %s never submitted it within %v (submitted by %s)",
+						o.kind, o.name, rankWord(s.Missing), shut, rankWord(s.Ready))
+				}
+				c.resolve(now, o)
+			}
+		}
+		o = next
+	}
+	live := c.groupOrder[:0]
+	for _, g := range c.groupOrder {
+		if g.done || g.failed != "" {
+			continue
+		}
+		live = append(live, g)
+		if len(g.held) == 0 {
+			continue
+		}
+		waited := now.Sub(g.since)
+		fatal := shut > 0 && waited >= shut
+		if !fatal && !due(g.since, g.lastWarn, g.warned) {
+			continue
+		}
+		h := g.held[0].sig
+		stalls = append(stalls, Stall{Name: h.name, Kind: h.kind, Since: waited, Fatal: fatal,
+			Reason: fmt.Sprintf("group %d has %d of %d members ready on every rank", g.id, len(g.held), g.size)})
+		g.warned, g.lastWarn = true, now
+		if fatal {
+			c.failGroup(g, h.kind, fmt.Sprintf("%s %q: group %d: only %d of %d members were ready on every rank within %v",
+				h.kind, h.name, g.id, len(g.held), g.size, shut), nil)
+		}
+	}
+	clear(c.groupOrder[len(live):])
+	c.groupOrder = live
+	return c.Ready(), stalls
+}
+
+// Ready returns the Responses resolved since the last call, in stream order: ops in the order they
+// became ready, each fused with later compatible ones (same kind, dtype, reduce op, scale
+// factors, root, group and joined ranks) while the group stays within FusionBytes, first fit.
+// Allreduce, Allgather, Broadcast and ReduceScatter fuse; Alltoall, Barrier and errors go alone.
+func (c *Coordinator) Ready() []Response {
+	items := c.ready
+	if len(items) == 0 {
+		return nil
+	}
+	if cap(c.used) < len(items) {
+		c.used = make([]bool, len(items))
+	}
+	used := c.used[:len(items)]
+	clear(used)
+	out := make([]Response, 0, 1)
+	var members []*item
+	for i, it := range items {
+		if used[i] {
+			continue
+		}
+		used[i] = true
+		switch {
+		case it.err != "":
+			c.seq++
+			out = append(out, Response{Seq: c.seq, Kind: it.kind, Names: it.names, Error: it.err, CacheIDs: it.cacheIDs})
+			continue
+		case it.isJoin:
+			c.seq++
+			out = append(out, Response{Seq: c.seq, Kind: Join, LastJoined: it.lastJoined})
+			continue
+		}
+		members = append(members[:0], it)
+		if c.fuses(it.sig.kind) {
+			total := it.sig.bytes
+			for j := i + 1; j < len(items); j++ {
+				o := items[j]
+				if used[j] || o.sig == nil || !sameFusionKey(it, o) {
+					continue
+				}
+				if it.sig.group == 0 && satAdd(total, o.sig.bytes) > c.cfg.FusionBytes {
+					continue
+				}
+				total = satAdd(total, o.sig.bytes)
+				used[j] = true
+				members = append(members, o)
+			}
+		}
+		out = append(out, c.emit(members))
+	}
+	clear(items)
+	c.ready = items[:0]
+	return out
+}
+
+func (c *Coordinator) fuses(k OpKind) bool {
+	return c.cfg.FusionBytes > 0 && (k == Allreduce || k == Allgather || k == Broadcast || k == ReduceScatter)
+}
+
+func sameFusionKey(a, b *item) bool {
+	x, y := a.sig, b.sig
+	return x.kind == y.kind && x.dtype == y.dtype && x.reduceOp == y.reduceOp && x.average == y.average &&
+		x.pre == y.pre && x.post == y.post && x.root == y.root && x.group == y.group &&
+		x.groupSize == y.groupSize && slices.Equal(a.joined, b.joined)
+}
+
+// emit assigns the next Seq to one fused group and settles its cache ids.
+func (c *Coordinator) emit(members []*item) Response {
+	c.seq++
+	s0 := members[0].sig
+	n := len(members)
+	r := Response{Seq: c.seq, Kind: s0.kind, DType: s0.dtype, ReduceOp: s0.reduceOp, Average: s0.average,
+		PreScale: s0.pre, PostScale: s0.post, Root: s0.root, Group: s0.group, GroupSize: s0.groupSize,
+		Joined: members[0].joined, Names: make([]string, n), Shapes: make([][]int64, n)}
+	if s0.kind == Allgather {
+		r.Dim0 = make([][]int64, n)
+	}
+	if s0.kind == Alltoall {
+		r.Splits = s0.splits
+	}
+	var ids []uint32
+	fromCache := c.cache.enabled()
+	if fromCache {
+		ids = make([]uint32, n)
+	}
+	anyID := false
+	for i, it := range members {
+		s := it.sig
+		r.Names[i], r.Shapes[i] = s.name, s.shape
+		if r.Dim0 != nil {
+			r.Dim0[i] = s.dim0
+		}
+		if ids == nil {
+			continue
+		}
+		var hit bool
+		ids[i], hit = c.cacheFor(it, &r)
+		fromCache = fromCache && hit
+		anyID = anyID || ids[i] != NoCacheID
+	}
+	if anyID {
+		r.CacheIDs = ids
+	}
+	r.FromCache = fromCache && anyID
+	return r
+}
+
+// cacheFor returns the id that stands for it's signature after Response r, and whether every rank
+// already held it; new ids and evictions are recorded in r.
+func (c *Coordinator) cacheFor(it *item, r *Response) (uint32, bool) {
+	s := it.sig
+	if s.partial {
+		return NoCacheID, false
+	}
+	if e := it.entry; e != nil && e.live {
+		c.cache.touch(e, r.Seq)
+		return e.id, true
+	}
+	if e := c.cache.byName[s.name]; e != nil {
+		if sigEqual(e.sig, s) {
+			c.cache.touch(e, r.Seq)
+			return e.id, true
+		}
+		c.evict(e, r)
+	}
+	if c.cache.live >= c.cache.capacity {
+		if v := c.cache.tail; v != nil && v.touched != r.Seq {
+			c.evict(v, r)
+		}
+	}
+	return c.cache.assign(s, r.Seq, c.minSeen), false
+}
+
+// evict drops e from the cache in Response r; an op still collecting submissions for e's name
+// moves to byName, where full requests will find it.
+func (c *Coordinator) evict(e *cacheEntry, r *Response) {
+	if o := e.pending; o != nil {
+		o.hint = nil
+		if !o.inMap {
+			c.byName[o.name] = o
+			o.inMap = true
+		}
+	}
+	c.cache.evict(e, r.Seq)
+	r.Evict = append(r.Evict, e.id)
+}
+
+func (c *Coordinator) minSeen() uint64 {
+	m := c.seq
+	for _, s := range c.seen {
+		m = min(m, s)
+	}
+	return m
+}
