@@ -21,6 +21,7 @@ type Options struct {
 	Env          []string          // -x NAME or NAME=VALUE
 	EngineEnv    map[string]string // tuning flags translated to KOLO_* variables for workers
 	Command      []string
+	PlainOutput  bool // no rank prefixes on output lines (kolo bench)
 }
 
 // multiFlag collects repeated flags (-x A -x B=1).

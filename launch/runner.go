@@ -90,6 +90,7 @@ type Runner struct {
 	OutputDir   string        // if set, also write rank.N/stdout and rank.N/stderr there
 	Timestamps  bool          // prefix each line with the time
 	TailLines   int           // stderr lines kept per rank for the summary; default 20
+	Plain       bool          // no rank prefix on output lines (kolo bench prints rank 0's table)
 }
 
 // Run starts every worker and waits for all of them. When one fails (or ctx ends) the others
@@ -133,11 +134,11 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 		streams.Add(2)
 		go func() {
 			defer streams.Done()
-			pump(p.Stdout(), out, fmt.Sprintf("[%d]<stdout>:", w.Slot.Rank), files[0], nil)
+			pump(p.Stdout(), out, r.prefix(w.Slot.Rank, "stdout"), files[0], nil)
 		}()
 		go func() {
 			defer streams.Done()
-			pump(p.Stderr(), errw, fmt.Sprintf("[%d]<stderr>:", w.Slot.Rank), files[1], tails[i])
+			pump(p.Stderr(), errw, r.prefix(w.Slot.Rank, "stderr"), files[1], tails[i])
 		}()
 		go func() { done <- ended{i, p.Wait()} }()
 	}
@@ -192,6 +193,14 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 		return results, nil
 	}
 	return results, first
+}
+
+// prefix is horovodrun's "[1]<stdout>:" marker.
+func (r *Runner) prefix(rank int, stream string) string {
+	if r.Plain {
+		return ""
+	}
+	return fmt.Sprintf("[%d]<%s>:", rank, stream)
 }
 
 func (r *Runner) rankFiles(rank int) ([2]io.Writer, error) {

@@ -70,7 +70,7 @@ func benchCmd(args []string) int {
 			return 1
 		}
 		argv := append([]string{self, "bench"}, args...)
-		code, err := runJob(ctx, &launch.Options{NP: *np, Command: argv, EngineEnv: map[string]string{}})
+		code, err := runJob(ctx, &launch.Options{NP: *np, Command: argv, EngineEnv: map[string]string{}, PlainOutput: true})
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "kolo bench: %v\n", err)
 		}

@@ -80,6 +80,7 @@ func runJob(ctx context.Context, opts *launch.Options) (int, error) {
 		Stderr:     os.Stderr,
 		OutputDir:  opts.OutputDir,
 		Timestamps: opts.Timestamps,
+		Plain:      opts.PlainOutput,
 	}
 	results, first := runner.Run(ctx, workers)
 	if first != nil {

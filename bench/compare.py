@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Side-by-side allreduce benchmark: kolo, torch.distributed with Gloo, and OpenMPI (mpi4py), same
+sizes, same machine, one run, one table with ratios.
+
+    python3 bench/compare.py --np 2 --sizes 4,4KiB,256KiB,4MiB,64MiB
+
+Every peer is timed the same way (median wall time of one blocking allreduce after warm-up, warm
+buffers, float32 sum). A peer that is not installed is reported as missing, not silently skipped.
+Glibc is told to keep freed memory (MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_) for every peer, so
+that none of them pays to fault fresh pages per op.
+"""
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PY = "/usr/bin/python3"
+
+MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "1000000000000"}
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def run(cmd, env=None, timeout=900):
+    e = dict(os.environ)
+    e.update(MALLOC_ENV)
+    if env:
+        e.update(env)
+    p = subprocess.run(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}")
+    return p.stdout
+
+
+def bench_kolo(args, out):
+    kolo = os.path.join(ROOT, "bin", "kolo")
+    run([kolo, "bench", "allreduce", "-np", str(args.np), "--sizes", args.sizes, "--iters", str(args.iters),
+         "--json", out])
+
+
+def bench_gloo(args, out):
+    port = free_port()
+    procs = []
+    for r in range(args.np):
+        env = dict(os.environ, **MALLOC_ENV, RANK=str(r), WORLD_SIZE=str(args.np), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([PY, os.path.join(HERE, "peers", "gloo_allreduce.py"), "--sizes", args.sizes,
+                                       "--iters", str(args.iters), "--json", out],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=900)[0] for p in procs]
+    for r, p in enumerate(procs):
+        if p.returncode != 0:
+            raise RuntimeError(f"gloo rank {r} failed:\n{logs[r][-3000:]}")
+
+
+def bench_mpi(args, out):
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        raise RuntimeError("mpirun not found (apt-get install openmpi-bin python3-mpi4py)")
+    run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(args.np), PY,
+         os.path.join(HERE, "peers", "mpi_allreduce.py"), "--sizes", args.sizes, "--iters", str(args.iters),
+         "--json", out], env={"OMPI_MCA_rmaps_base_oversubscribe": "1"})
+
+
+def human(n):
+    for unit, m in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= m and n % m == 0:
+            return f"{n // m}{unit}"
+    return f"{n}B"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--sizes", default="4,4KiB,256KiB,4MiB,64MiB")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--json", help="write the combined table as JSON here")
+    args = p.parse_args()
+
+    tmp = tempfile.mkdtemp(prefix="kolo-compare-")
+    peers = [("kolo", bench_kolo), ("gloo", bench_gloo), ("openmpi", bench_mpi)]
+    data, missing = {}, {}
+    for name, fn in peers:
+        out = os.path.join(tmp, name + ".json")
+        try:
+            fn(args, out)
+            with open(out) as f:
+                data[name] = {r["bytes"]: r for r in json.load(f)["results"]}
+        except Exception as e:  # a missing peer is reported, the others still run
+            missing[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
+    print(f"# allreduce float32 sum, np={args.np}, median of {args.iters} ops, warm buffers; "
+          f"busbw = algbw x 2(n-1)/n; ratios > 1 mean kolo is faster")
+    hdr = ["size", "kolo us", "gloo us", "mpi us", "kolo busbw", "gloo busbw", "mpi busbw", "kolo/gloo", "kolo/mpi"]
+    rows = []
+    for nbytes in sorted(data.get("kolo", {})):
+        k = data["kolo"][nbytes]
+        g = data.get("gloo", {}).get(nbytes)
+        m = data.get("openmpi", {}).get(nbytes)
+
+        def ratio(peer):
+            if not peer or k["median_us"] <= 0:
+                return "-"
+            return f"{peer['median_us'] / k['median_us']:.2f}x"
+
+        rows.append([human(nbytes), f"{k['median_us']:.1f}",
+                     f"{g['median_us']:.1f}" if g else "-", f"{m['median_us']:.1f}" if m else "-",
+                     f"{k['busbw_GBps']:.2f}", f"{g['busbw_GBps']:.2f}" if g else "-",
+                     f"{m['busbw_GBps']:.2f}" if m else "-", ratio(g), ratio(m)])
+    widths = [max(len(str(r[i])) for r in rows + [hdr]) for i in range(len(hdr))]
+    print("  ".join(h.rjust(w) for h, w in zip(hdr, widths)))
+    for r in rows:
+        print("  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
+    for name, why in missing.items():
+        print(f"# {name}: not measured: {why}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"np": args.np, "results": data, "missing": missing}, f, indent=2)
+    return 0 if "kolo" in data else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Shared timing loop for the peer benchmarks: the same sizes, iterations and statistics as
+`kolo bench` (median of per-op wall times after warm-up, warm buffers), written as kolo's JSON."""
+import json
+import statistics
+import time
+
+BUS = {
+    "allreduce": lambda n: 2 * (n - 1) / n,
+    "allgather": lambda n: (n - 1) / n,
+    "reducescatter": lambda n: (n - 1) / n,
+    "alltoall": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+}
+
+
+def parse_size(s):
+    s = s.strip()
+    for suffix, mult in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1)):
+        if s.endswith(suffix):
+            return int(float(s[: -len(suffix)]) * mult)
+    return int(s)
+
+
+def measure(op_name, nranks, sizes, iters, warmup, make_buffer, run_once, barrier):
+    """make_buffer(nbytes) -> buffer; run_once(buffer) runs one op; barrier() aligns ranks."""
+    results = []
+    for nbytes in sizes:
+        buf = make_buffer(nbytes)
+        barrier()
+        times = []
+        for it in range(warmup + iters):
+            t0 = time.perf_counter()
+            run_once(buf)
+            dt = time.perf_counter() - t0
+            if it >= warmup:
+                times.append(dt * 1e6)
+        med = statistics.median(times)
+        algbw = nbytes / (med * 1e3) if med > 0 else 0.0
+        results.append({
+            "bytes": nbytes,
+            "count": nbytes // 4,
+            "median_us": med,
+            "algbw_GBps": algbw,
+            "busbw_GBps": algbw * (BUS[op_name](nranks) if nranks > 1 else 1.0),
+        })
+    return results
+
+
+def write(path, op_name, nranks, iters, results):
+    with open(path, "w") as f:
+        json.dump({"op": op_name, "np": nranks, "dtype": "float32", "iters": iters,
+                   "results": results}, f, indent=2)
