@@ -18,18 +18,20 @@ import (
 func negotiate(name string, size int, reqs []Request, present, absent []int) (*opSig, string) {
 	first := &reqs[present[0]]
 	kind := first.Kind
-	prefix := fmt.Sprintf("%s %q: ", kind, name)
 	fail := func(format string, args ...any) (*opSig, string) {
-		return nil, prefix + fmt.Sprintf(format, args...)
+		return nil, fmt.Sprintf("%s %q: ", kind, name) + fmt.Sprintf(format, args...)
 	}
-	if v := tally(present, func(r int) string { return reqs[r].Kind.String() }); len(v) > 1 {
+	// The tallies below build the error message; they run only when this cheap comparison has
+	// found a disagreement.
+	agreed := allAgree(reqs, present)
+	if v := tallyIf(!agreed, present, func(r int) string { return reqs[r].Kind.String() }); len(v) > 1 {
 		return fail("mismatched ops: %s", describe(v))
 	}
 	if kind == InvalidOp || kind > Barrier {
 		return fail("not an op a rank can submit")
 	}
 	s := &opSig{name: name, kind: kind}
-	if v := tally(present, func(r int) string {
+	if v := tallyIf(!agreed, present, func(r int) string {
 		if reqs[r].Group == 0 {
 			return "no group"
 		}
@@ -48,7 +50,7 @@ func negotiate(name string, size int, reqs []Request, present, absent []int) (*o
 		return s, ""
 	}
 
-	if v := tally(present, func(r int) string { return reqs[r].DType.String() }); len(v) > 1 {
+	if v := tallyIf(!agreed, present, func(r int) string { return reqs[r].DType.String() }); len(v) > 1 {
 		return fail("mismatched dtypes: %s", describe(v))
 	}
 	if !first.DType.Valid() {
@@ -66,12 +68,12 @@ func negotiate(name string, size int, reqs []Request, present, absent []int) (*o
 		if len(scalars) > 0 {
 			return fail("%s sent a scalar: %s needs at least one dimension", rankWord(scalars), kind)
 		}
-		if v := tally(present, func(r int) string {
+		if v := tallyIf(!agreed, present, func(r int) string {
 			return freeDim0Shape(reqs[r].Shape) + " " + reqs[r].DType.String()
 		}); len(v) > 1 {
 			return fail("mismatched shapes (all dims but the first must agree): %s", describe(v))
 		}
-	} else if v := tally(present, func(r int) string {
+	} else if v := tallyIf(!agreed, present, func(r int) string {
 		return formatShape(reqs[r].Shape) + " " + reqs[r].DType.String()
 	}); len(v) > 1 {
 		return fail("mismatched shapes: %s", describe(v))
@@ -87,7 +89,7 @@ func negotiate(name string, size int, reqs []Request, present, absent []int) (*o
 	}
 
 	if usesReduce(kind) {
-		if v := tally(present, func(r int) string { return ReduceOpName(reqs[r].ReduceOp, reqs[r].Average) }); len(v) > 1 {
+		if v := tallyIf(!agreed, present, func(r int) string { return ReduceOpName(reqs[r].ReduceOp, reqs[r].Average) }); len(v) > 1 {
 			return fail("mismatched reduce ops: %s", describe(v))
 		}
 		if first.ReduceOp < ReduceSum || first.ReduceOp > ReduceProd {
@@ -96,7 +98,7 @@ func negotiate(name string, size int, reqs []Request, present, absent []int) (*o
 		if first.Average && first.ReduceOp != ReduceSum {
 			return fail("average needs reduce op sum, not %s", ReduceOpName(first.ReduceOp, false))
 		}
-		if v := tally(present, func(r int) string {
+		if v := tallyIf(!agreed, present, func(r int) string {
 			return fmt.Sprintf("prescale %g postscale %g", scale(reqs[r].PreScale), scale(reqs[r].PostScale))
 		}); len(v) > 1 {
 			return fail("mismatched scale factors: %s", describe(v))
@@ -106,7 +108,7 @@ func negotiate(name string, size int, reqs []Request, present, absent []int) (*o
 	}
 
 	if kind == Broadcast {
-		if v := tally(present, func(r int) string { return fmt.Sprintf("root %d", reqs[r].Root) }); len(v) > 1 {
+		if v := tallyIf(!agreed, present, func(r int) string { return fmt.Sprintf("root %d", reqs[r].Root) }); len(v) > 1 {
 			return fail("mismatched roots: %s", describe(v))
 		}
 		if first.Root < 0 || first.Root >= size {
@@ -212,4 +214,45 @@ func freeDim0Shape(shape []int64) string {
 		return "[*]"
 	}
 	return "[* " + t[1:]
+}
+
+// tallyIf is tally when the ranks may disagree, and nothing (no allocation) when they cannot.
+func tallyIf(disagree bool, ranks []int, key func(r int) string) []vote {
+	if !disagree {
+		return nil
+	}
+	return tally(ranks, key)
+}
+
+// allAgree reports whether every rank in present sent the same values for everything the
+// tallies in negotiate compare: the common case, checked without building strings.
+func allAgree(reqs []Request, present []int) bool {
+	a := &reqs[present[0]]
+	for _, r := range present[1:] {
+		b := &reqs[r]
+		if b.Kind != a.Kind || b.Group != a.Group || (a.Group != 0 && b.GroupSize != a.GroupSize) {
+			return false
+		}
+		if !usesData(a.Kind) {
+			continue
+		}
+		if b.DType != a.DType {
+			return false
+		}
+		if varyDim0(a.Kind) {
+			if len(a.Shape) != len(b.Shape) || (len(a.Shape) > 0 && !slices.Equal(a.Shape[1:], b.Shape[1:])) {
+				return false
+			}
+		} else if !slices.Equal(a.Shape, b.Shape) {
+			return false
+		}
+		if usesReduce(a.Kind) && (b.ReduceOp != a.ReduceOp || b.Average != a.Average ||
+			scale(b.PreScale) != scale(a.PreScale) || scale(b.PostScale) != scale(a.PostScale)) {
+			return false
+		}
+		if a.Kind == Broadcast && b.Root != a.Root {
+			return false
+		}
+	}
+	return true
 }

@@ -25,6 +25,17 @@ type Batch struct {
 // Coordinator is the negotiation state machine rank 0 runs. It is not safe for concurrent use: the
 // engine calls it from one goroutine. Errors in what ranks submit become error Responses; methods
 // return an error only when the caller broke the contract (a rank out of range).
+//
+// An op is checked when it is complete (every rank submitted it or joined), not as soon as two
+// ranks disagree: reporting early would fail the op on the ranks that had submitted and leave the
+// latecomers waiting on a name nobody else will submit again. A rank submitting a name it already
+// has pending, or submitting after joining, is likewise reported when the op completes. Once a
+// Response (result or error) for a name is out, the name is free: a later submission starts anew.
+//
+// The engine's contract: every rank's engine (rank 0's too) keeps a Cache, sends Batches stamped
+// by Cache.Compact, and passes every Response, in Seq order, to Cache.Learn before executing it.
+// Rank 0 calls SubmitBatch for each Batch it receives and Tick (or Ready) after each, or at least
+// every cycle, and sends what they return to every rank.
 type Coordinator struct {
 	cfg  Config
 	size int
@@ -37,6 +48,7 @@ type Coordinator struct {
 	pool       []*op
 
 	ready      []*item // resolved, in readiness order, waiting for Ready
+	itemPool   []*item
 	groups     map[int64]*groupState
 	groupOrder []*groupState
 
@@ -64,15 +76,25 @@ type op struct {
 	inMap     bool
 	hint      *cacheEntry // the live entry whose pending field points here
 
-	present []bool
+	sent    []uint8 // per rank: subAbsent, subFull, ...
 	n       int
-	via     []*cacheEntry // per rank: the entry a cached submission named
+	via     []*cacheEntry // per rank: the entry a subOther submission named
 	reqs    []Request     // per rank: full submissions (allocated on first use)
 	hasFull bool          // reqs holds something to clear
+	hasVia  bool          // via holds something to clear
 	first   *cacheEntry
 	allSame bool // every submission so far named first
 	err     string
 }
+
+// How a rank submitted an op. The common case, every rank sending the same cache id, writes one
+// byte per rank and no pointers.
+const (
+	subAbsent uint8 = iota
+	subFull         // in op.reqs
+	subFirst        // as the id of op.first
+	subOther        // as the id of op.via[rank]
+)
 
 // item is a resolved op (or Join) waiting to be fused and emitted.
 type item struct {
@@ -183,7 +205,7 @@ func (c *Coordinator) newOp(now time.Time, name string, kind OpKind, hint *cache
 		o = c.pool[n-1]
 		c.pool = c.pool[:n-1]
 	} else {
-		o = &op{present: make([]bool, c.size), via: make([]*cacheEntry, c.size)}
+		o = &op{sent: make([]uint8, c.size), via: make([]*cacheEntry, c.size)}
 	}
 	o.name, o.kind, o.since = name, kind, now
 	if hint != nil {
@@ -225,12 +247,19 @@ func (c *Coordinator) removeOp(o *op) {
 }
 
 func (c *Coordinator) recycle(o *op) {
-	clear(o.present)
-	clear(o.via)
+	clear(o.sent)
+	if o.hasVia {
+		clear(o.via)
+	}
 	if o.hasFull {
 		clear(o.reqs)
 	}
-	*o = op{present: o.present, via: o.via, reqs: o.reqs}
+	// Field by field: a whole-struct assignment costs a bulk write barrier per op while the GC runs.
+	o.name, o.err = "", ""
+	o.kind, o.group, o.groupSize, o.n = 0, 0, 0, 0
+	o.since, o.lastWarn, o.warned = time.Time{}, time.Time{}, false
+	o.prev, o.next, o.hint, o.first = nil, nil, nil, nil
+	o.inMap, o.allSame, o.hasFull, o.hasVia = false, false, false, false
 	c.pool = append(c.pool, o)
 }
 
@@ -240,7 +269,7 @@ func (c *Coordinator) submitFull(now time.Time, rank int, r *Request) {
 		o = c.newOp(now, r.Name, r.Kind, c.cache.byName[r.Name])
 		o.group, o.groupSize = r.Group, r.GroupSize
 	}
-	if c.mark(o, rank) {
+	if c.mark(o, rank, subFull) {
 		if o.reqs == nil {
 			o.reqs = make([]Request, c.size)
 		}
@@ -270,21 +299,25 @@ func (c *Coordinator) submitCached(now time.Time, rank int, seen uint64, id uint
 	} else if o = c.find(e.sig.name); o == nil {
 		o = c.newOp(now, e.sig.name, e.sig.kind, c.cache.byName[e.sig.name])
 	}
+	how := subFirst
 	if o.n == 0 {
 		o.group, o.groupSize = e.sig.group, e.sig.groupSize
 		o.first, o.allSame = e, true
 	} else if e != o.first {
 		o.allSame = false
+		how = subOther
 	}
-	if c.mark(o, rank) {
-		o.via[rank] = e
+	if c.mark(o, rank, how) {
+		if how == subOther {
+			o.via[rank], o.hasVia = e, true
+		}
 		c.maybeComplete(now, o)
 	}
 }
 
 // mark records rank's submission of o, or o's error if rank already submitted it.
-func (c *Coordinator) mark(o *op, rank int) bool {
-	if o.present[rank] {
+func (c *Coordinator) mark(o *op, rank int, how uint8) bool {
+	if o.sent[rank] != subAbsent {
 		if o.err == "" {
 			o.err = fmt.Sprintf("%s %q: duplicate name: rank %d submitted it again before it completed", o.kind, o.name, rank)
 		}
@@ -293,7 +326,7 @@ func (c *Coordinator) mark(o *op, rank int) bool {
 	if c.joined[rank] && o.err == "" {
 		o.err = fmt.Sprintf("%s %q: rank %d submitted it after joining", o.kind, o.name, rank)
 	}
-	o.present[rank] = true
+	o.sent[rank] = how
 	o.n++
 	return true
 }
@@ -303,7 +336,7 @@ func (c *Coordinator) maybeComplete(now time.Time, o *op) {
 	n := o.n
 	if c.joinedCount > 0 {
 		for r, j := range c.joined {
-			if j && !o.present[r] {
+			if j && o.sent[r] == subAbsent {
 				n++
 			}
 		}
@@ -316,7 +349,14 @@ func (c *Coordinator) maybeComplete(now time.Time, o *op) {
 // resolve negotiates a complete op and queues the result.
 func (c *Coordinator) resolve(now time.Time, o *op) {
 	c.removeOp(o)
-	it := &item{kind: o.kind, group: o.group, groupSize: o.groupSize}
+	var it *item
+	if n := len(c.itemPool); n > 0 {
+		it = c.itemPool[n-1]
+		c.itemPool = c.itemPool[:n-1]
+	} else {
+		it = new(item)
+	}
+	it.kind, it.group, it.groupSize = o.kind, o.group, o.groupSize
 	switch {
 	case o.err != "":
 		it.err, it.names = o.err, []string{o.name}
@@ -327,7 +367,7 @@ func (c *Coordinator) resolve(now time.Time, o *op) {
 	default:
 		var present, absent []int
 		for r := 0; r < c.size; r++ {
-			if o.present[r] {
+			if o.sent[r] != subAbsent {
 				present = append(present, r)
 			} else {
 				absent = append(absent, r)
@@ -337,11 +377,14 @@ func (c *Coordinator) resolve(now time.Time, o *op) {
 			o.reqs = make([]Request, c.size)
 		}
 		for _, r := range present {
-			if e := o.via[r]; e != nil {
-				o.reqs[r] = e.sig.requestFor(r)
-				o.hasFull = true
+			switch o.sent[r] {
+			case subFirst:
+				o.reqs[r] = o.first.sig.requestFor(r)
+			case subOther:
+				o.reqs[r] = o.via[r].sig.requestFor(r)
 			}
 		}
+		o.hasFull = true
 		first := &o.reqs[present[0]]
 		it.kind, it.group, it.groupSize = first.Kind, first.Group, first.GroupSize
 		sig, err := negotiate(o.name, c.size, o.reqs, present, absent)
@@ -459,7 +502,7 @@ func (c *Coordinator) Tick(now time.Time) ([]Response, []Stall) {
 			s := Stall{Name: o.name, Kind: o.kind, Since: waited, Fatal: fatal}
 			for r := 0; r < c.size; r++ {
 				switch {
-				case o.present[r]:
+				case o.sent[r] != subAbsent:
 					s.Ready = append(s.Ready, r)
 				case !c.joined[r]:
 					s.Missing = append(s.Missing, r)
@@ -554,7 +597,11 @@ func (c *Coordinator) Ready() []Response {
 		}
 		out = append(out, c.emit(members))
 	}
-	clear(items)
+	for i, it := range items {
+		*it = item{}
+		c.itemPool = append(c.itemPool, it)
+		items[i] = nil
+	}
 	c.ready = items[:0]
 	return out
 }

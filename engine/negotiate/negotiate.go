@@ -249,6 +249,7 @@ func (c Config) withDefaults() Config {
 	if c.CacheCapacity == 0 {
 		c.CacheCapacity = DefaultCacheCapacity
 	}
+	c.CacheCapacity = min(c.CacheCapacity, MaxCacheIDs/2)
 	if c.StallWarning == 0 {
 		c.StallWarning = DefaultStallWarning
 	}
