@@ -311,6 +311,7 @@ func (e *Engine) handleMsg(m transport.Msg) bool {
 				return false
 			}
 		}
+		return e.reportSeen()
 	default:
 		return malformed(fmt.Errorf("unexpected message kind %d on rank %d", kind, e.g.Rank))
 	}
@@ -338,6 +339,30 @@ func (e *Engine) publish(resps []negotiate.Response) bool {
 		if !e.execute(&resps[i]) {
 			return false
 		}
+	}
+	return e.reportSeen()
+}
+
+// reportSeen tells the coordinator how far a joined rank has read the response stream. A joined
+// rank submits nothing, so without this its Seen would stop and evicted cache ids would never be
+// reused.
+func (e *Engine) reportSeen() bool {
+	if e.joining == nil || e.leaving {
+		return true
+	}
+	b := &negotiate.Batch{}
+	e.cache.Compact(b)
+	if e.coord != nil {
+		if err := e.coord.SubmitBatch(time.Now(), b); err != nil {
+			e.fail(fmt.Errorf("rank 0: %w", err))
+			return false
+		}
+		return true
+	}
+	e.msgBuf = negotiate.EncodeBatch(e.msgBuf[:0], b)
+	if err := e.g.Messenger.SendMsg(context.Background(), 0, e.msgBuf); err != nil {
+		e.fail(e.lostError(0, fmt.Errorf("send to the coordinator: %w", err)))
+		return false
 	}
 	return true
 }
