@@ -1,0 +1,273 @@
+package engine
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kolo-dl/kolo/dtype"
+	"github.com/kolo-dl/kolo/engine/negotiate"
+	"github.com/kolo-dl/kolo/reduce"
+	"github.com/kolo-dl/kolo/transport"
+	"github.com/kolo-dl/kolo/transport/inmem"
+)
+
+// cluster is n engines in one process over the in-memory transport.
+type cluster struct {
+	eps     []*inmem.Endpoint
+	engines []*Engine
+}
+
+func newCluster(t *testing.T, n int, cfg Config) *cluster {
+	t.Helper()
+	c := &cluster{eps: inmem.New(n)}
+	ranks := make([]int, n)
+	hosts := make([]string, n)
+	for i := range ranks {
+		ranks[i], hosts[i] = i, "memhost"
+	}
+	for r := 0; r < n; r++ {
+		e, err := New(cfg, Group{Rank: r, Size: n, Hosts: hosts, Comm: c.eps[r], Messenger: c.eps[r],
+			Local: c.eps[r], LocalRanks: ranks})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.engines = append(c.engines, e)
+	}
+	t.Cleanup(func() {
+		var wg sync.WaitGroup
+		for _, e := range c.engines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				e.Shutdown(ctx)
+			}()
+		}
+		wg.Wait()
+		for _, ep := range c.eps {
+			ep.Close()
+		}
+	})
+	return c
+}
+
+func f32(vals ...float32) []byte {
+	b := make([]byte, 4*len(vals))
+	for i, v := range vals {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+	}
+	return b
+}
+
+func getF32(b []byte) []float32 {
+	out := make([]float32, len(b)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return out
+}
+
+func allreduceReq(name string, n int) negotiate.Request {
+	return negotiate.Request{Name: name, Kind: negotiate.Allreduce, DType: dtype.Float32, Shape: []int64{int64(n)}, ReduceOp: uint8(reduce.Sum)}
+}
+
+func waitCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// Ranks submit the same tensors in opposite orders; every result is the sum, and tensors fused.
+func TestAllreduceAnyOrderFused(t *testing.T) {
+	const n, tensors = 3, 20
+	c := newCluster(t, n, DefaultConfig())
+	ctx := waitCtx(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for r := 0; r < n; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			bufs := make([][]byte, tensors)
+			hs := make([]*Handle, tensors)
+			for k := 0; k < tensors; k++ {
+				i := k
+				if r%2 == 1 {
+					i = tensors - 1 - k
+				}
+				bufs[i] = f32(float32(r+1), float32(i))
+				hs[i] = c.engines[r].Enqueue(allreduceReq(fmt.Sprintf("t%d", i), 2), bufs[i], bufs[i])
+			}
+			for i, h := range hs {
+				if err := h.Wait(ctx); err != nil {
+					errs <- err
+					return
+				}
+				got := getF32(bufs[i])
+				if got[0] != n*(n+1)/2 || got[1] != float32(n*i) {
+					errs <- fmt.Errorf("rank %d tensor %d: got %v", r, i, got)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func TestMismatchFailsOpEverywhere(t *testing.T) {
+	const n = 3
+	c := newCluster(t, n, DefaultConfig())
+	ctx := waitCtx(t)
+	hs := make([]*Handle, n)
+	for r := 0; r < n; r++ {
+		size := 4
+		if r == 2 {
+			size = 5
+		}
+		buf := make([]byte, 4*size)
+		hs[r] = c.engines[r].Enqueue(allreduceReq("w", size), buf, buf)
+	}
+	for r, h := range hs {
+		err := h.Wait(ctx)
+		var oe *OpError
+		if !errors.As(err, &oe) || !strings.Contains(err.Error(), `"w"`) || !strings.Contains(err.Error(), "rank 2") {
+			t.Errorf("rank %d: err = %v, want an OpError naming \"w\" and rank 2", r, err)
+		}
+	}
+	// The job goes on.
+	for r := 0; r < n; r++ {
+		buf := f32(1)
+		hs[r] = c.engines[r].Enqueue(allreduceReq("after", 1), buf, buf)
+	}
+	for r, h := range hs {
+		if err := h.Wait(ctx); err != nil {
+			t.Errorf("rank %d after mismatch: %v", r, err)
+		}
+	}
+}
+
+func TestLocalValidation(t *testing.T) {
+	c := newCluster(t, 1, DefaultConfig())
+	e := c.engines[0]
+	buf := make([]byte, 8)
+	cases := []struct {
+		req  negotiate.Request
+		in   []byte
+		want string
+	}{
+		{negotiate.Request{Kind: negotiate.Allreduce, DType: dtype.Float32, Shape: []int64{2}}, buf, "need a name"},
+		{allreduceReq("x", 3), buf, "needs 12 bytes, input has 8"},
+		{negotiate.Request{Name: "b", Kind: negotiate.Broadcast, DType: dtype.Float32, Shape: []int64{2}, Root: 4}, buf, "root 4 outside"},
+		{negotiate.Request{Name: "a", Kind: negotiate.Alltoall, DType: dtype.Float32, Shape: []int64{2}, Splits: []int64{1, 1}}, buf, "2 splits for 1 ranks"},
+	}
+	for _, tc := range cases {
+		err := e.Enqueue(tc.req, tc.in, tc.in).Wait(waitCtx(t))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: err %v, want %q", tc.req, err, tc.want)
+		}
+	}
+}
+
+func TestDuplicateInFlightName(t *testing.T) {
+	c := newCluster(t, 2, DefaultConfig())
+	buf1, buf2 := f32(1), f32(2)
+	h1 := c.engines[0].Enqueue(allreduceReq("dup", 1), buf1, buf1)
+	h2 := c.engines[0].Enqueue(allreduceReq("dup", 1), buf2, buf2)
+	if err := h2.Wait(waitCtx(t)); err == nil || !strings.Contains(err.Error(), "submitted again") {
+		t.Fatalf("second in-flight op with the same name: %v", err)
+	}
+	b := f32(5)
+	h3 := c.engines[1].Enqueue(allreduceReq("dup", 1), b, b)
+	if err := errors.Join(h1.Wait(waitCtx(t)), h3.Wait(waitCtx(t))); err != nil {
+		t.Fatal(err)
+	}
+	if got := getF32(buf1)[0]; got != 6 {
+		t.Errorf("got %v, want 6", got)
+	}
+}
+
+// A rank that dies mid-job: every other rank's pending op fails quickly, naming it.
+func TestLostRankFailsPendingOps(t *testing.T) {
+	const n = 3
+	c := newCluster(t, n, DefaultConfig())
+	ctx := waitCtx(t)
+	// Ranks 0 and 1 submit; rank 2 dies instead.
+	hs := make([]*Handle, 2)
+	for r := 0; r < 2; r++ {
+		buf := f32(1)
+		hs[r] = c.engines[r].Enqueue(allreduceReq("x", 1), buf, buf)
+	}
+	time.Sleep(20 * time.Millisecond)
+	c.eps[2].Kill(errors.New("killed by test"))
+	for r, h := range hs {
+		start := time.Now()
+		err := h.Wait(ctx)
+		if err == nil || !errors.Is(err, transport.ErrPeerLost) && !strings.Contains(err.Error(), "rank 2") {
+			t.Errorf("rank %d: err = %v, want rank 2 lost", r, err)
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Errorf("rank %d took %v", r, time.Since(start))
+		}
+	}
+	// Later ops fail at once with the same cause.
+	buf := f32(1)
+	if err := c.engines[0].Enqueue(allreduceReq("y", 1), buf, buf).Wait(ctx); err == nil || !strings.Contains(err.Error(), "rank 2") {
+		t.Errorf("op after the loss: %v", err)
+	}
+}
+
+func TestStallShutdown(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.StallWarning = 100 * time.Millisecond
+	cfg.StallShutdown = 300 * time.Millisecond
+	c := newCluster(t, 2, cfg)
+	buf := f32(1)
+	err := c.engines[0].Enqueue(allreduceReq("never", 1), buf, buf).Wait(waitCtx(t))
+	if err == nil || !strings.Contains(err.Error(), "rank 1") || !strings.Contains(err.Error(), "never") {
+		t.Fatalf("err = %v, want a stall error naming rank 1", err)
+	}
+}
+
+func TestJoinContributesNothing(t *testing.T) {
+	const n = 3
+	c := newCluster(t, n, DefaultConfig())
+	ctx := waitCtx(t)
+	jh := c.engines[0].Enqueue(negotiate.Request{Name: "join", Kind: negotiate.Join}, nil, nil)
+	var wg sync.WaitGroup
+	for r := 1; r < n; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := f32(float32(r))
+			if err := c.engines[r].Enqueue(allreduceReq("g", 1), buf, buf).Wait(ctx); err != nil {
+				t.Error(err)
+				return
+			}
+			if got := getF32(buf)[0]; got != 3 { // 1 + 2; the joined rank adds nothing
+				t.Errorf("rank %d: got %v, want 3", r, got)
+			}
+			if err := c.engines[r].Enqueue(negotiate.Request{Name: "join", Kind: negotiate.Join}, nil, nil).Wait(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := jh.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if last := jh.JoinLast(); last != 1 && last != 2 {
+		t.Errorf("last joined = %d", last)
+	}
+}
