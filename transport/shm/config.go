@@ -1,0 +1,219 @@
+// Package shm is the transport among the ranks of one host: one shared-memory segment per host,
+// created once for the job by local rank 0, mapped by every local rank and pre-faulted at Open, so
+// that no operation ever pays for fresh pages. It provides a transport.Comm (with the
+// transport.Shared capability: per-rank slots and a barrier) and a transport.Messenger, built from
+// single-producer single-consumer byte rings, atomics on the mapping and futex waits.
+//
+// Waits spin for a few microseconds and then sleep on a futex with a short timeout, checking on
+// every wake-up the caller's context, an abort word in the segment, and whether the peer process is
+// still alive, so a killed rank makes its peers fail within a fraction of a second rather than hang.
+//
+// This package must not know about tensors, ops or the engine, and must not talk to other hosts:
+// it moves bytes between local ranks and says which one failed. The segment file is unlinked as
+// soon as every rank has attached, so a crash never leaks /dev/shm space.
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/kolo-dl/kolo/transport"
+)
+
+// Config describes one host's segment. Every local rank must pass the same Name, Size and sizes.
+type Config struct {
+	// Name is the segment file's name under Dir, unique per job and host, e.g. "kolo-<jobid>-<host>".
+	Name string
+	// Rank is this process's local rank in [0, Size); Size is the number of ranks on this host.
+	Rank, Size int
+	// SlotBytes is the size of each rank's transport.Shared slot (default 8 MiB, rounded up to 4 KiB).
+	SlotBytes int
+	// RingBytes is the size of the stream ring of each ordered pair for Send/Recv (default 1 MiB,
+	// rounded up to 4 KiB, at least transport.MinBuffered).
+	RingBytes int
+	// MsgRingBytes is the size of the Messenger ring of each ordered pair (default 64 KiB, at least
+	// 4 KiB). Longer messages are streamed through it in pieces.
+	MsgRingBytes int
+	// Timeout bounds Open: how long rank 0 waits for the others to attach and they wait for the
+	// segment to appear (default 30 s).
+	Timeout time.Duration
+	// Dir holds the segment file (default /dev/shm).
+	Dir string
+	// Spin is how long a wait spins before it sleeps on a futex (negative: never spin). The default
+	// is 5 µs when the host has a CPU for every local rank and no spinning otherwise: spinning buys
+	// latency only while the peer runs at the same time; with more ranks than cores it burns the
+	// time the peer needs (on the 2-core VM, 8 ranks' Barrier took twice as long with it).
+	Spin time.Duration
+}
+
+const (
+	defaultSlotBytes    = 8 << 20
+	defaultRingBytes    = 1 << 20
+	defaultMsgRingBytes = 64 << 10
+	defaultTimeout      = 30 * time.Second
+	defaultDir          = "/dev/shm"
+	defaultSpin         = 5 * time.Microsecond
+	pageBytes           = 4096
+	minMsgRingBytes     = pageBytes
+	maxRanks            = 4096
+)
+
+// ErrAborted is matched (errors.Is) by every error caused by some rank calling Group.Abort.
+var ErrAborted = errors.New("shm group aborted")
+
+// normalize fills defaults and checks cfg; every rank computes the same layout from the same config.
+func (cfg Config) normalize() (Config, error) {
+	if cfg.Name == "" || strings.ContainsRune(cfg.Name, '/') || cfg.Name == "." || cfg.Name == ".." {
+		return cfg, fmt.Errorf("shm: segment name %q must be a non-empty file name without '/'", cfg.Name)
+	}
+	if cfg.Size < 1 || cfg.Size > maxRanks {
+		return cfg, fmt.Errorf("shm: segment %q: size %d out of range [1, %d]", cfg.Name, cfg.Size, maxRanks)
+	}
+	if cfg.Rank < 0 || cfg.Rank >= cfg.Size {
+		return cfg, fmt.Errorf("shm: segment %q: rank %d out of range [0, %d)", cfg.Name, cfg.Rank, cfg.Size)
+	}
+	if cfg.SlotBytes < 0 || cfg.RingBytes < 0 || cfg.MsgRingBytes < 0 {
+		return cfg, fmt.Errorf("shm: segment %q: negative size (slot %d, ring %d, msg ring %d)",
+			cfg.Name, cfg.SlotBytes, cfg.RingBytes, cfg.MsgRingBytes)
+	}
+	if cfg.SlotBytes == 0 {
+		cfg.SlotBytes = defaultSlotBytes
+	}
+	if cfg.RingBytes == 0 {
+		cfg.RingBytes = defaultRingBytes
+	}
+	if cfg.MsgRingBytes == 0 {
+		cfg.MsgRingBytes = defaultMsgRingBytes
+	}
+	cfg.SlotBytes = roundUp(cfg.SlotBytes, pageBytes)
+	cfg.RingBytes = roundUp(max(cfg.RingBytes, transport.MinBuffered), pageBytes)
+	cfg.MsgRingBytes = roundUp(max(cfg.MsgRingBytes, minMsgRingBytes), pageBytes)
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = defaultTimeout
+	}
+	if cfg.Dir == "" {
+		cfg.Dir = defaultDir
+	}
+	if cfg.Spin == 0 {
+		cfg.Spin = defaultSpin
+		if cfg.Size > runtime.NumCPU() {
+			cfg.Spin = -1
+		}
+	}
+	return cfg, nil
+}
+
+func roundUp(n, to int) int { return (n + to - 1) / to * to }
+
+// SegmentBytes is the size of the segment Open will create for cfg (after defaults), so a caller
+// can compare it with the free space of /dev/shm first (containers default to 64 MiB) and say what
+// to change. It returns 0 for a config Open would reject.
+func SegmentBytes(cfg Config) int64 {
+	n, err := cfg.normalize()
+	if err != nil {
+		return 0
+	}
+	return newLayout(n).total
+}
+
+// Segment layout. Everything is at a fixed offset computed from the config, so no offsets are
+// stored; the header records the sizes and every rank checks them against its own config.
+//
+//	global header (one page): identity, ready word, attach count, abort word and reason, barrier
+//	per-rank blocks (rankBlockBytes each): pid, state, barrier arrivals, futex doorbells
+//	ring controls (ringCtlBytes each): tail and head, on separate cache lines; data rings, then msg rings
+//	slots, data rings, msg rings: each page-aligned
+const (
+	cacheLine = 64
+
+	// global header fields
+	offMagic        = 0
+	offVersion      = 8
+	offSize         = 12
+	offSlotBytes    = 16
+	offRingBytes    = 24
+	offMsgRingBytes = 32
+	offTotal        = 40
+	offCreatorPid   = 48
+	offCreatorStart = 56
+	offReady        = 1 * cacheLine
+	offCreatorPidNS = offReady + 8 // pid namespace of the creator: its pid means nothing in another
+	offAttached     = 2 * cacheLine
+	offAbort        = 3 * cacheLine // uint32: 0, or 1 once the reason is written
+	offAbortRank    = offAbort + 4  // uint32: aborting rank + 1 (claimed by CAS before the reason is written)
+	offAbortLen     = offAbort + 8  // uint32
+	offAbortReason  = 4 * cacheLine
+	abortReasonMax  = 4 * cacheLine
+	offBarArrivals  = 8 * cacheLine  // uint64: total Barrier arrivals of all ranks
+	offBarGen       = 9 * cacheLine  // uint32 futex word, bumped when a barrier completes
+	offBarWaiters   = 10 * cacheLine // uint32: ranks asleep on offBarGen
+	globalBytes     = pageBytes
+
+	// per-rank block fields
+	rankBlockBytes    = 8 * cacheLine
+	rPid              = 0
+	rStart            = 8  // process start time in clock ticks since boot, to tell a reused pid
+	rState            = 16 // uint32 bits, see state*
+	rPidNS            = 24 // pid namespace inode: a peer in another namespace cannot be checked by pid
+	rBarArrived       = 1 * cacheLine
+	rCommBell         = 2 * cacheLine // futex word the rank's Comm calls sleep on
+	rCommWaiters      = 3 * cacheLine
+	rMsgBell          = 4 * cacheLine // futex word the rank's Messenger reader sleeps on
+	rMsgWaiters       = 5 * cacheLine
+	rMsgSpaceBell     = 6 * cacheLine // futex word the rank's SendMsg calls sleep on for ring space
+	rMsgSpaceWaiters  = 7 * cacheLine
+	ringCtlBytes      = 2 * cacheLine
+	ctlTail           = 0
+	ctlHead           = cacheLine
+	segmentMagic      = 0x314d48534f4c4f4b // "KOLOSHM1" little-endian
+	segmentVersion    = 1
+	stateAttached     = 1
+	stateCommClosed   = 2
+	stateMsgClosed    = 4
+	headerReadyMarker = 1
+)
+
+type layout struct {
+	size, pairs                          int
+	slotBytes, ringBytes, msgRingBytes   int
+	rankBlocks, ringCtls, msgCtls        int
+	slots, rings, msgRings, total, hdrSz int64
+}
+
+func newLayout(cfg Config) layout {
+	l := layout{size: cfg.Size, pairs: cfg.Size * (cfg.Size - 1),
+		slotBytes: cfg.SlotBytes, ringBytes: cfg.RingBytes, msgRingBytes: cfg.MsgRingBytes}
+	l.rankBlocks = globalBytes
+	l.ringCtls = l.rankBlocks + l.size*rankBlockBytes
+	l.msgCtls = l.ringCtls + l.pairs*ringCtlBytes
+	l.hdrSz = int64(roundUp(l.msgCtls+l.pairs*ringCtlBytes, pageBytes))
+	l.slots = l.hdrSz
+	l.rings = l.slots + int64(l.size)*int64(l.slotBytes)
+	l.msgRings = l.rings + int64(l.pairs)*int64(l.ringBytes)
+	l.total = l.msgRings + int64(l.pairs)*int64(l.msgRingBytes)
+	return l
+}
+
+// pair numbers the ordered pair src->dst (src != dst) densely: no ring from a rank to itself.
+func (l layout) pair(src, dst int) int {
+	if dst > src {
+		dst--
+	}
+	return src*(l.size-1) + dst
+}
+
+func (l layout) rankBlock(r int) int64 { return int64(l.rankBlocks + r*rankBlockBytes) }
+func (l layout) ringCtl(src, dst int) int64 {
+	return int64(l.ringCtls + l.pair(src, dst)*ringCtlBytes)
+}
+func (l layout) msgCtl(src, dst int) int64 { return int64(l.msgCtls + l.pair(src, dst)*ringCtlBytes) }
+func (l layout) slot(r int) int64          { return l.slots + int64(r)*int64(l.slotBytes) }
+func (l layout) ring(src, dst int) int64 {
+	return l.rings + int64(l.pair(src, dst))*int64(l.ringBytes)
+}
+func (l layout) msgRing(src, dst int) int64 {
+	return l.msgRings + int64(l.pair(src, dst))*int64(l.msgRingBytes)
+}

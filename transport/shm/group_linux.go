@@ -1,0 +1,532 @@
+//go:build linux
+
+package shm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/kolo-dl/kolo/transport"
+)
+
+// How often a sleeping wait wakes up to check its context, the abort word and its peers' processes.
+// It bounds how long a killed peer goes unnoticed.
+const (
+	checkEvery       = 50 * time.Millisecond
+	readerCheckEvery = 100 * time.Millisecond
+)
+
+var errPeerClosed = errors.New("peer closed its shm transport")
+
+// Group is this rank's attachment to the host's segment. Comm and Messenger are views of it; Close
+// releases it.
+type Group struct {
+	cfg    Config
+	lay    layout
+	path   string
+	rank   int
+	size   int
+	pids   []int    // every rank's pid, from the header
+	starts []uint64 // every rank's process start time, to tell a reused pid
+	procs  []bool   // whether a rank's process can be checked from here (same pid namespace)
+
+	// mu guards the mapping against Close: every operation holds it shared while it touches mem,
+	// and the mapping is released under the exclusive lock once Comm and Messenger are both closed.
+	mu       sync.RWMutex
+	mem      []byte
+	released bool
+
+	commClosed atomic.Bool
+	msgClosed  atomic.Bool
+	closeMu    sync.Mutex // serialises closing the two halves
+
+	abortErr atomic.Pointer[error] // cached once the abort word is seen
+
+	comm *comm
+	msgr *messenger
+}
+
+// Open attaches this rank to the host's segment: rank 0 creates it, the others wait for it, and
+// every rank returns once all Size ranks have attached (rank 0 then unlinks the file). It fails
+// after cfg.Timeout or when ctx ends, saying which segment and which ranks were missing.
+func Open(ctx context.Context, cfg Config) (*Group, error) {
+	cfg, err := cfg.normalize()
+	if err != nil {
+		return nil, err
+	}
+	lay := newLayout(cfg)
+	if lay.total > int64(^uint(0)>>1) {
+		return nil, fmt.Errorf("shm: segment %q of %d bytes does not fit this address space", cfg.Name, lay.total)
+	}
+	path := filepath.Join(cfg.Dir, cfg.Name)
+	begin := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+
+	var mem []byte
+	if cfg.Rank == 0 {
+		mem, err = create(path, lay)
+	} else {
+		mem, err = attach(ctx, begin, path, cfg, lay)
+	}
+	if err != nil {
+		return nil, err
+	}
+	g := &Group{cfg: cfg, lay: lay, path: path, rank: cfg.Rank, size: cfg.Size, mem: mem}
+	if err := g.join(ctx, begin); err != nil {
+		if g.rank == 0 {
+			g.abort(fmt.Sprintf("rank 0 gave up waiting for ranks to attach: %v", err))
+			if uerr := os.Remove(path); uerr != nil && !errors.Is(uerr, os.ErrNotExist) {
+				slog.Warn("shm: cannot remove segment after a failed open", "path", path, "err", uerr)
+			}
+		}
+		syscall.Munmap(mem)
+		return nil, err
+	}
+	g.comm = newComm(g)
+	g.msgr = newMessenger(g)
+	return g, nil
+}
+
+// create makes the segment file exclusively, reserves all its memory (so a full /dev/shm fails
+// here with a message instead of a SIGBUS on some later page fault), maps it and writes the header,
+// the ready word last.
+func create(path string, lay layout) ([]byte, error) {
+	fd, err := syscall.Open(path, syscall.O_RDWR|syscall.O_CREAT|syscall.O_EXCL|syscall.O_CLOEXEC, 0o600)
+	if errors.Is(err, syscall.EEXIST) {
+		return nil, fmt.Errorf("shm: segment %s already exists: left by a crashed job, or another job uses the same name; remove it if no job is running: %w", path, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("shm: create segment %s: %w", path, err)
+	}
+	defer syscall.Close(fd)
+	fail := func(err error) ([]byte, error) {
+		syscall.Unlink(path)
+		return nil, err
+	}
+	err = syscall.Fallocate(fd, 0, 0, lay.total)
+	if errors.Is(err, syscall.EOPNOTSUPP) || errors.Is(err, syscall.ENOSYS) {
+		err = syscall.Ftruncate(fd, lay.total)
+	}
+	if err != nil {
+		var st syscall.Statfs_t
+		free := "unknown"
+		if syscall.Statfs(filepath.Dir(path), &st) == nil {
+			free = fmt.Sprintf("%d MiB", int64(st.Bavail)*int64(st.Bsize)>>20)
+		}
+		return fail(fmt.Errorf("shm: segment %s needs %d MiB but %s has %s free (a container's /dev/shm is 64 MiB unless raised, e.g. docker run --shm-size=1g; or lower SlotBytes/RingBytes): %w",
+			path, (lay.total+(1<<20)-1)>>20, filepath.Dir(path), free, err))
+	}
+	mem, err := syscall.Mmap(fd, 0, int(lay.total), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		return fail(fmt.Errorf("shm: map segment %s (%d bytes): %w", path, lay.total, err))
+	}
+	start, _, _ := procStat(os.Getpid())
+	*u64(mem, offMagic) = segmentMagic
+	*u32(mem, offVersion) = segmentVersion
+	*u32(mem, offSize) = uint32(lay.size)
+	*u64(mem, offSlotBytes) = uint64(lay.slotBytes)
+	*u64(mem, offRingBytes) = uint64(lay.ringBytes)
+	*u64(mem, offMsgRingBytes) = uint64(lay.msgRingBytes)
+	*u64(mem, offTotal) = uint64(lay.total)
+	*u64(mem, offCreatorPid) = uint64(os.Getpid())
+	*u64(mem, offCreatorStart) = start
+	*u64(mem, offCreatorPidNS) = pidNamespace()
+	atomic.StoreUint32(u32(mem, offReady), headerReadyMarker)
+	return mem, nil
+}
+
+// attach waits for rank 0's segment to exist and be ready, maps it and checks that it was made
+// for the same config.
+func attach(ctx context.Context, begin time.Time, path string, cfg Config, lay layout) ([]byte, error) {
+	why := "the file does not exist"
+	for delay := time.Millisecond; ; delay = min(2*delay, 20*time.Millisecond) {
+		mem, err := tryAttach(path, lay)
+		if err == nil {
+			return mem, nil
+		}
+		var notYet errNotYet
+		if !errors.As(err, &notYet) {
+			return nil, err
+		}
+		why = string(notYet)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("shm: rank %d: segment %s not ready after %v: %s (is local rank 0 running with the same segment name?): %w",
+				cfg.Rank, path, time.Since(begin).Round(time.Millisecond), why, context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
+
+type errNotYet string
+
+func (e errNotYet) Error() string { return string(e) }
+
+func tryAttach(path string, lay layout) ([]byte, error) {
+	fd, err := syscall.Open(path, syscall.O_RDWR|syscall.O_CLOEXEC, 0)
+	if errors.Is(err, syscall.ENOENT) {
+		return nil, errNotYet("the file does not exist")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("shm: open segment %s: %w", path, err)
+	}
+	defer syscall.Close(fd)
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("shm: stat segment %s: %w", path, err)
+	}
+	if st.Size < globalBytes {
+		return nil, errNotYet("rank 0 is still creating it")
+	}
+	mem, err := syscall.Mmap(fd, 0, int(st.Size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("shm: map segment %s (%d bytes): %w", path, st.Size, err)
+	}
+	if err := checkHeader(path, mem, lay, st.Size); err != nil {
+		syscall.Munmap(mem)
+		return nil, err
+	}
+	return mem, nil
+}
+
+func checkHeader(path string, mem []byte, lay layout, fileSize int64) error {
+	if atomic.LoadUint32(u32(mem, offReady)) != headerReadyMarker {
+		return errNotYet("rank 0 has not initialised it yet")
+	}
+	if *u64(mem, offMagic) != segmentMagic || *u32(mem, offVersion) != segmentVersion {
+		return fmt.Errorf("shm: %s is not a kolo shm segment of version %d", path, segmentVersion)
+	}
+	got := fmt.Sprintf("size=%d slot=%d ring=%d msgring=%d bytes=%d", *u32(mem, offSize), *u64(mem, offSlotBytes),
+		*u64(mem, offRingBytes), *u64(mem, offMsgRingBytes), *u64(mem, offTotal))
+	want := fmt.Sprintf("size=%d slot=%d ring=%d msgring=%d bytes=%d", lay.size, lay.slotBytes, lay.ringBytes,
+		lay.msgRingBytes, lay.total)
+	if got != want || fileSize != lay.total {
+		return fmt.Errorf("shm: segment %s was created for %s (file %d bytes), but this rank is configured for %s: every local rank must use the same config",
+			path, got, fileSize, want)
+	}
+	pid, start := int(*u64(mem, offCreatorPid)), *u64(mem, offCreatorStart)
+	if !samePidNS(*u64(mem, offCreatorPidNS)) {
+		return nil
+	}
+	if err := processGone(pid, start); err != nil {
+		return fmt.Errorf("shm: segment %s is stale: its creator is gone (%v); remove it if no job is running", path, err)
+	}
+	return nil
+}
+
+// join claims this rank's block, maps every page, counts this rank in and waits for the others.
+func (g *Group) join(ctx context.Context, begin time.Time) error {
+	state := g.u32(g.lay.rankBlock(g.rank) + rState)
+	if !atomic.CompareAndSwapUint32(state, 0, stateAttached) {
+		pid := atomic.LoadUint64(g.u64(g.lay.rankBlock(g.rank) + rPid))
+		return fmt.Errorf("shm: segment %s: local rank %d is already attached (pid %d): two processes were given the same local rank",
+			g.path, g.rank, pid)
+	}
+	start, _, _ := procStat(os.Getpid())
+	atomic.StoreUint64(g.u64(g.lay.rankBlock(g.rank)+rStart), start)
+	atomic.StoreUint64(g.u64(g.lay.rankBlock(g.rank)+rPidNS), pidNamespace())
+	atomic.StoreUint64(g.u64(g.lay.rankBlock(g.rank)+rPid), uint64(os.Getpid()))
+	populate(g.mem)
+	attached := g.u32(offAttached)
+	atomic.AddUint32(attached, 1)
+
+	creator, creatorStart := int(*g.u64(offCreatorPid)), *g.u64(offCreatorStart)
+	checkCreator := g.rank != 0 && samePidNS(*g.u64(offCreatorPidNS))
+	for delay := 100 * time.Microsecond; atomic.LoadUint32(attached) < uint32(g.size); delay = min(2*delay, 5*time.Millisecond) {
+		if err := g.aborted(); err != nil {
+			return fmt.Errorf("shm: rank %d: segment %s: %w", g.rank, g.path, err)
+		}
+		if checkCreator {
+			if err := processGone(creator, creatorStart); err != nil {
+				return fmt.Errorf("shm: rank %d: segment %s: local rank 0 is gone (%v)", g.rank, g.path, err)
+			}
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			atomic.OrUint32(state, stateCommClosed|stateMsgClosed)
+			return fmt.Errorf("shm: rank %d: segment %s: only %d of %d ranks attached after %v (missing local ranks %v): %w",
+				g.rank, g.path, atomic.LoadUint32(attached), g.size, time.Since(begin).Round(time.Millisecond), g.missingRanks(), context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+	if g.rank == 0 {
+		if err := os.Remove(g.path); err != nil {
+			slog.Warn("shm: cannot unlink segment after all ranks attached; it stays in /dev/shm until removed",
+				"path", g.path, "err", err)
+		}
+	}
+	g.pids = make([]int, g.size)
+	g.starts = make([]uint64, g.size)
+	g.procs = make([]bool, g.size)
+	for r := range g.size {
+		g.pids[r] = int(atomic.LoadUint64(g.u64(g.lay.rankBlock(r) + rPid)))
+		g.starts[r] = atomic.LoadUint64(g.u64(g.lay.rankBlock(r) + rStart))
+		g.procs[r] = samePidNS(atomic.LoadUint64(g.u64(g.lay.rankBlock(r) + rPidNS)))
+		if !g.procs[r] {
+			slog.Warn("shm: local rank runs in another pid namespace; its death is noticed only through its state word or the caller's deadline",
+				"segment", g.path, "rank", r, "pid", g.pids[r])
+		}
+	}
+	return nil
+}
+
+// samePidNS reports whether a pid recorded by a process in namespace ns can be checked from here.
+func samePidNS(ns uint64) bool {
+	mine := pidNamespace()
+	return ns == 0 || mine == 0 || ns == mine
+}
+
+func (g *Group) missingRanks() []int {
+	var missing []int
+	for r := range g.size {
+		if atomic.LoadUint32(g.u32(g.lay.rankBlock(r)+rState))&stateAttached == 0 {
+			missing = append(missing, r)
+		}
+	}
+	return missing
+}
+
+// Comm returns the stream transport over the segment. The value also implements transport.Shared.
+// Closing it closes only the Comm half; the segment is released when both halves are closed.
+func (g *Group) Comm() transport.Comm { return g.comm }
+
+// Messenger returns the framed-message transport over the segment; its reader goroutine runs from
+// Open until the Messenger (or the Group) is closed.
+func (g *Group) Messenger() transport.Messenger { return g.msgr }
+
+// Abort makes every current and future Comm call and Barrier of every rank of the segment fail
+// with an error that matches ErrAborted and carries err's text: the engine calls it when some rank
+// is lost, so ranks waiting on each other here do not wait for their own timeouts. The first Abort
+// wins. The Messenger is not affected: it is how ranks may still tell each other why.
+func (g *Group) Abort(err error) {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	if g.released {
+		return
+	}
+	g.abort(err.Error())
+}
+
+func (g *Group) abort(reason string) {
+	if !atomic.CompareAndSwapUint32(g.u32(offAbortRank), 0, uint32(g.rank)+1) {
+		return
+	}
+	if len(reason) > abortReasonMax {
+		reason = reason[:abortReasonMax]
+	}
+	n := copy(g.mem[offAbortReason:offAbortReason+abortReasonMax], reason)
+	atomic.StoreUint32(g.u32(offAbortLen), uint32(n))
+	atomic.StoreUint32(g.u32(offAbort), 1)
+	for r := range g.size {
+		g.bell(r, rCommBell).kick()
+	}
+	g.barrierBell().kick()
+}
+
+// aborted returns the abort error once some rank has aborted the segment.
+func (g *Group) aborted() error {
+	if atomic.LoadUint32(g.u32(offAbort)) == 0 {
+		return nil
+	}
+	if p := g.abortErr.Load(); p != nil {
+		return *p
+	}
+	rank := int(atomic.LoadUint32(g.u32(offAbortRank))) - 1
+	n := min(int(atomic.LoadUint32(g.u32(offAbortLen))), abortReasonMax)
+	err := fmt.Errorf("%w by local rank %d: %s", ErrAborted, rank, g.mem[offAbortReason:offAbortReason+n])
+	g.abortErr.Store(&err)
+	return err
+}
+
+// Close closes the Comm and the Messenger and unmaps the segment. Slots returned by Slot must not
+// be used afterwards.
+func (g *Group) Close() error {
+	g.closeHalf(stateCommClosed)
+	g.closeHalf(stateMsgClosed)
+	return nil
+}
+
+// closeHalf closes the Comm (stateCommClosed) or the Messenger (stateMsgClosed): it tells the peers
+// through the state word, wakes everything that may sleep on this half (peers and this process),
+// and unmaps the segment once both halves are closed.
+func (g *Group) closeHalf(bit uint32) {
+	g.closeMu.Lock()
+	defer g.closeMu.Unlock()
+	local := &g.commClosed
+	if bit == stateMsgClosed {
+		local = &g.msgClosed
+	}
+	if local.Swap(true) {
+		return
+	}
+	if bit == stateMsgClosed {
+		g.msgr.beginStop()
+	}
+	g.mu.RLock()
+	atomic.OrUint32(g.u32(g.lay.rankBlock(g.rank)+rState), bit)
+	for r := range g.size {
+		if bit == stateCommClosed {
+			g.bell(r, rCommBell).kick()
+		} else {
+			g.bell(r, rMsgBell).kick()
+			g.bell(r, rMsgSpaceBell).kick()
+		}
+	}
+	if bit == stateCommClosed {
+		g.barrierBell().kick()
+	}
+	g.mu.RUnlock()
+	if bit == stateMsgClosed {
+		g.msgr.endStop()
+	}
+	if g.commClosed.Load() && g.msgClosed.Load() {
+		g.mu.Lock()
+		if !g.released {
+			g.released = true
+			if err := syscall.Munmap(g.mem); err != nil {
+				slog.Warn("shm: unmap segment", "path", g.path, "err", err)
+			}
+			g.mem = nil
+		}
+		g.mu.Unlock()
+	}
+}
+
+// peerGone returns a *transport.PeerError when peer has closed the half of the transport given by
+// closedBit or, if procs, when its process has exited; nil while it looks alive.
+func (g *Group) peerGone(peer int, op string, closedBit uint32, procs bool) error {
+	if atomic.LoadUint32(g.u32(g.lay.rankBlock(peer)+rState))&closedBit != 0 {
+		return &transport.PeerError{Rank: peer, Op: op, Err: errPeerClosed}
+	}
+	if procs && g.procs[peer] {
+		if err := processGone(g.pids[peer], g.starts[peer]); err != nil {
+			return &transport.PeerError{Rank: peer, Op: op, Err: err}
+		}
+	}
+	return nil
+}
+
+func (g *Group) bell(r int, field int64) doorbell {
+	off := g.lay.rankBlock(r) + field
+	return doorbell{word: g.u32(off), waiters: g.u32(off + cacheLine)}
+}
+
+func (g *Group) barrierBell() doorbell {
+	return doorbell{word: g.u32(offBarGen), waiters: g.u32(offBarWaiters)}
+}
+
+func (g *Group) u32(off int64) *uint32 { return u32(g.mem, off) }
+func (g *Group) u64(off int64) *uint64 { return u64(g.mem, off) }
+
+func u32(mem []byte, off int64) *uint32 { return (*uint32)(unsafe.Pointer(&mem[off])) }
+func u64(mem []byte, off int64) *uint64 { return (*uint64)(unsafe.Pointer(&mem[off])) }
+
+// waiter carries one operation's waiting state across its retries: spin first, then sleep on a
+// doorbell, checking on each wake-up the local close, the abort word, the context and the peers.
+type waiter struct {
+	g       *Group
+	ctx     context.Context
+	bell    doorbell
+	closed  *atomic.Bool
+	abort   bool // whether the abort word ends this wait (Comm: yes, Messenger: no)
+	spun    bool
+	checked time.Time   // when peers' processes were last checked; zero before the first sleep
+	stop    func() bool // unregisters the context's wake-up
+}
+
+func (g *Group) newWaiter(ctx context.Context, bell doorbell, closed *atomic.Bool, abort bool) waiter {
+	return waiter{g: g, ctx: ctx, bell: bell, closed: closed, abort: abort}
+}
+
+// progressed resets the spin after the operation moved data, so the next wait spins again.
+func (w *waiter) progressed() { w.spun = false }
+
+// done releases the context registration; call it when the operation ends.
+func (w *waiter) done() {
+	if w.stop != nil {
+		w.stop()
+	}
+}
+
+// wait returns once ready() may hold, or with an error: ErrClosed, the abort error, the context's
+// error, or the peers' error from gone(procs) (which is only believed while ready() is false,
+// since a peer may write its last bytes and then close).
+func (w *waiter) wait(ready func() bool, gone func(procs bool) error) error {
+	if !w.spun {
+		w.spun = true
+		if spinUntil(ready, w.g.cfg.Spin) {
+			return nil
+		}
+	}
+	if err := w.check(ready, gone); err != nil {
+		return err
+	}
+	if w.stop == nil && w.ctx.Done() != nil {
+		g, bell := w.g, w.bell
+		w.stop = context.AfterFunc(w.ctx, func() {
+			// The operation may have ended and the segment been unmapped since: a Close in
+			// progress holds the lock and wakes every sleeper itself.
+			if g.mu.TryRLock() {
+				if !g.released {
+					bell.kick()
+				}
+				g.mu.RUnlock()
+			}
+		})
+	}
+	// Also wake for a close, an abort or the context, in case their doorbell kick came between
+	// check and sleep (sleep reads the doorbell before it evaluates this).
+	done := w.ctx.Done()
+	w.bell.sleep(func() bool {
+		if ready() || w.closed.Load() || (w.abort && atomic.LoadUint32(w.g.u32(offAbort)) != 0) {
+			return true
+		}
+		select {
+		case <-done:
+			return true
+		default:
+			return false
+		}
+	}, checkEvery)
+	return w.check(ready, gone)
+}
+
+func (w *waiter) check(ready func() bool, gone func(procs bool) error) error {
+	if w.closed.Load() {
+		return transport.ErrClosed
+	}
+	if w.abort {
+		if err := w.g.aborted(); err != nil {
+			return err
+		}
+	}
+	if err := w.ctx.Err(); err != nil {
+		return context.Cause(w.ctx)
+	}
+	now := time.Now()
+	if w.checked.IsZero() {
+		w.checked = now
+	}
+	procs := now.Sub(w.checked) >= checkEvery
+	if procs {
+		w.checked = now
+	}
+	if err := gone(procs); err != nil && !ready() {
+		return err
+	}
+	return nil
+}
