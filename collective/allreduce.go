@@ -1,0 +1,116 @@
+// Package collective holds kolo's collective algorithms (allreduce, allgather, broadcast, alltoall,
+// reduce-scatter, barrier), each written top to bottom over the small transport.Comm interface, one
+// algorithm per file, in the manner of Gloo.
+//
+// Every function is collective: all ranks of the Comm call it with consistent arguments (the same
+// lengths, counts, dtype, op, root and Tuning), and every allreduce leaves bitwise-identical bytes on
+// every rank, because data-parallel replicas that drift apart by one rounding never meet again.
+// Lengths, counts and offsets are in bytes; reductions cut buffers only at element boundaries.
+// Scratch memory comes from a small package-level pool (workspace.go), so repeated ops of one size
+// do not allocate.
+//
+// The package must not open connections, name tensors, fuse, negotiate, or log: it moves and reduces
+// the bytes it is handed, over the Comm it is handed, and says in its errors which step and which
+// peer failed.
+package collective
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kolo-dl/kolo/dtype"
+	"github.com/kolo-dl/kolo/reduce"
+	"github.com/kolo-dl/kolo/transport"
+)
+
+// Tuning picks between algorithms. A nil *Tuning, or a zero field, means the default. Every rank
+// must pass the same values, or ranks would run different algorithms and hang.
+type Tuning struct {
+	// SmallAllreduceBytes: buffers shorter than this use recursive doubling (log2 n latency
+	// steps, each moving the whole buffer); longer ones use the ring (2(n-1) steps moving 1/n
+	// each). Default DefaultSmallAllreduceBytes.
+	SmallAllreduceBytes int
+	// SmallBroadcastBytes: buffers shorter than this use a binomial tree; longer ones a pipelined
+	// chain. Default DefaultSmallBroadcastBytes.
+	SmallBroadcastBytes int
+	// NoShared makes Allreduce and Barrier ignore a transport.Shared capability.
+	NoShared bool
+}
+
+// Defaults for Tuning's zero fields; the engine's autotuner may override them per job.
+//
+// SmallAllreduceBytes: over inmem with 4 ranks on 2 cores (BenchmarkAllreduce, warm buffers,
+// 2026-11) recursive doubling and the ring cross near 16-32 KiB (4 KiB: 15 vs 29 us; 64 KiB: 74 vs
+// 63 us). A link with a higher per-message cost moves the crossover up: with TCP's ~15 us per
+// message at ~1 GB/s the cost model log2(n)(a+Sb) = 2(n-1)(a+Sb/n) puts it near 128 KiB for 4
+// ranks. 64 KiB sits between the two.
+//
+// SmallBroadcastBytes: below it the chain's n-2 extra segment hops cost more than the tree's
+// log2(n) whole-buffer hops save.
+const (
+	DefaultSmallAllreduceBytes = 64 << 10
+	DefaultSmallBroadcastBytes = 64 << 10
+)
+
+func (tun *Tuning) smallAllreduce() int {
+	if tun == nil || tun.SmallAllreduceBytes <= 0 {
+		return DefaultSmallAllreduceBytes
+	}
+	return tun.SmallAllreduceBytes
+}
+
+func (tun *Tuning) smallBroadcast() int {
+	if tun == nil || tun.SmallBroadcastBytes <= 0 {
+		return DefaultSmallBroadcastBytes
+	}
+	return tun.SmallBroadcastBytes
+}
+
+func (tun *Tuning) noShared() bool { return tun != nil && tun.NoShared }
+
+// Allreduce reduces buf in place across all ranks of c with op, leaving the same bits on every
+// rank. It uses SharedAllreduce when c's ranks share memory, otherwise recursive doubling for small
+// buffers and the ring for large ones.
+func Allreduce(ctx context.Context, c transport.Comm, buf []byte, t dtype.DType, op reduce.Op, tun *Tuning) error {
+	if err := checkReduce("allreduce", buf, t, op); err != nil {
+		return err
+	}
+	if c.Size() == 1 || len(buf) == 0 {
+		return nil
+	}
+	if !tun.noShared() {
+		if s, ok := sharedOf(c, t.Size()); ok {
+			return SharedAllreduce(ctx, c, s, buf, t, op)
+		}
+	}
+	if len(buf) < tun.smallAllreduce() {
+		return RecursiveDoublingAllreduce(ctx, c, buf, t, op)
+	}
+	return RingAllreduce(ctx, c, buf, t, op)
+}
+
+// sharedOf returns c's shared capability when it has one with slots of at least minSlot bytes. A
+// Shared whose slots are empty (a transport that has the methods but no segment) does not count.
+// Every rank decides alike: all slots of a group have one length.
+func sharedOf(c transport.Comm, minSlot int) (transport.Shared, bool) {
+	s, ok := c.(transport.Shared)
+	if !ok || len(s.Slot(c.Rank())) < max(minSlot, 1) {
+		return nil, false
+	}
+	return s, true
+}
+
+// checkReduce validates the arguments every reduction shares.
+func checkReduce(what string, buf []byte, t dtype.DType, op reduce.Op) error {
+	if !t.Valid() {
+		return fmt.Errorf("%s: invalid dtype %v", what, t)
+	}
+	if op < reduce.Sum || op > reduce.Prod {
+		return fmt.Errorf("%s: invalid reduce op %d", what, uint8(op))
+	}
+	if len(buf)%t.Size() != 0 {
+		return fmt.Errorf("%s: %d-byte buffer is not a whole number of %v elements (%d bytes each)",
+			what, len(buf), t, t.Size())
+	}
+	return nil
+}

@@ -1,0 +1,139 @@
+package tcp
+
+import (
+	"context"
+	"fmt"
+	"testing"
+)
+
+// TestNoAllocs checks the hot path: Send, Recv and SendRecv allocate nothing per call, with or
+// without a cancellable ctx.
+func TestNoAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	w := connectAll(t, 2, 2, 4096)
+	a, b := w.ms[0].Comm(), w.ms[1].Comm()
+	sb, rb := make([]byte, 20000), make([]byte, 20000)
+	sb2, rb2 := make([]byte, 20000), make([]byte, 20000)
+	cctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, ctx := range []context.Context{context.Background(), cctx} {
+		const runs = 200
+		done := make(chan error, 1)
+		go func() {
+			for range runs + 1 { // AllocsPerRun does one warm-up call
+				if err := b.SendRecv(ctx, 0, sb2, 0, rb2); err != nil {
+					done <- err
+					return
+				}
+				if err := b.Send(ctx, 0, sb2[:5000]); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+		allocs := testing.AllocsPerRun(runs, func() {
+			if err := a.SendRecv(ctx, 1, sb, 1, rb); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Recv(ctx, 1, rb[:5000]); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if allocs > 0.05 {
+			t.Errorf("ctx %v: %.2f allocations per SendRecv+Send/Recv, want 0", ctx, allocs)
+		}
+	}
+}
+
+// BenchmarkSend measures one-way throughput between 2 ranks in one process over loopback, with
+// warm buffers: rank 0 Sends, rank 1 Recvs.
+func BenchmarkSend(b *testing.B) {
+	for _, streams := range []int{1, 2, 4} {
+		w := connectAll(b, 2, streams, ChunkSize)
+		for _, size := range []int{4 << 10, 64 << 10, 1 << 20, 8 << 20, 64 << 20} {
+			b.Run(fmt.Sprintf("streams=%d/size=%s", streams, human(size)), func(b *testing.B) {
+				sb, rb := make([]byte, size), make([]byte, size)
+				for i := range sb {
+					sb[i], rb[i] = byte(i), byte(i)
+				}
+				ctx := context.Background()
+				done := make(chan error, 1)
+				go func() {
+					for range b.N {
+						if err := w.ms[1].Comm().Recv(ctx, 0, rb); err != nil {
+							done <- err
+							return
+						}
+					}
+					done <- nil
+				}()
+				b.SetBytes(int64(size))
+				b.ResetTimer()
+				for range b.N {
+					if err := w.ms[0].Comm().Send(ctx, 1, sb); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := <-done; err != nil {
+					b.Fatal(err)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkPingPong measures the round trip of a small message, the latency floor of a collective.
+func BenchmarkPingPong(b *testing.B) {
+	w := connectAll(b, 2, 2, ChunkSize)
+	cctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, c := range []struct {
+		name string
+		ctx  context.Context
+	}{{"background", context.Background()}, {"cancellable", cctx}} {
+		b.Run(c.name, func(b *testing.B) {
+			ping, pong := make([]byte, 8), make([]byte, 8)
+			done := make(chan error, 1)
+			go func() {
+				for range b.N {
+					if err := w.ms[1].Comm().Recv(c.ctx, 0, pong); err != nil {
+						done <- err
+						return
+					}
+					if err := w.ms[1].Comm().Send(c.ctx, 0, pong); err != nil {
+						done <- err
+						return
+					}
+				}
+				done <- nil
+			}()
+			for range b.N {
+				if err := w.ms[0].Comm().Send(c.ctx, 1, ping); err != nil {
+					b.Fatal(err)
+				}
+				if err := w.ms[0].Comm().Recv(c.ctx, 1, ping); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}
+
+func human(n int) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%dMiB", n>>20)
+	case n >= 1<<10:
+		return fmt.Sprintf("%dKiB", n>>10)
+	}
+	return fmt.Sprint(n)
+}

@@ -1,0 +1,395 @@
+package tcp
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/kolo-dl/kolo/auth"
+)
+
+const (
+	// HandshakeTimeout bounds auth plus hello on an accepted connection.
+	HandshakeTimeout = 5 * time.Second
+	// earlyTTL is how long an authenticated connection may wait for its Connect to start.
+	earlyTTL = 2 * time.Minute
+	// maxEarly bounds the connections parked before any Connect claims them.
+	maxEarly = 4096
+	// ackTimeout bounds writing the few bytes of an ack.
+	ackTimeout = 5 * time.Second
+)
+
+// Socket tuning, applied to both ends of every connection.
+const (
+	sockBuf        = 4 << 20
+	keepAliveIdle  = 5 * time.Second
+	keepAliveIntvl = time.Second
+	keepAliveCount = 5
+	// DefaultUserTimeout is TCP_USER_TIMEOUT on control connections.
+	DefaultUserTimeout = 10 * time.Second
+)
+
+// tune makes a connection fit for bulk transfer and quick to notice a dead peer; all best effort.
+//
+// Keepalive probes an idle connection. TCP_USER_TIMEOUT (set on control connections only, by
+// newMesh) bounds how long sent data may stay unacknowledged, which catches a host that vanished
+// while we were sending. It is not set on data connections because Linux also applies it to a
+// live peer that is merely not reading (zero window): a rank stalled for longer than the timeout
+// would lose its data connections. The control lane is always drained by its reader, and losing
+// it marks the whole peer lost, data connections included.
+func tune(c *net.TCPConn) {
+	c.SetNoDelay(true)
+	c.SetReadBuffer(sockBuf)
+	c.SetWriteBuffer(sockBuf)
+	c.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: keepAliveIdle, Interval: keepAliveIntvl, Count: keepAliveCount})
+}
+
+// Listener accepts the connections peers dial to this rank. It authenticates each one and reads its
+// hello in the background, then hands it to the Connect that is waiting for it (or parks it until
+// that Connect starts: peers may dial before this rank gets there).
+type Listener struct {
+	ln               *net.TCPListener
+	secret           []byte
+	log              *slog.Logger
+	handshakeTimeout time.Duration
+	done             chan struct{} // closed by Close
+
+	mu      sync.Mutex
+	closed  bool
+	regs    map[regKey]*registration
+	early   []earlyConn
+	pending map[net.Conn]struct{} // accepted, not yet routed: closed by Close
+	wg      sync.WaitGroup
+}
+
+type regKey struct {
+	job  string
+	rank int
+}
+
+// registration is one Connect waiting for the connections its lower-ranked peers dial.
+type registration struct {
+	key     regKey
+	size    int
+	streams int
+	expect  map[int]bool    // ranks that dial this one
+	got     map[connID]bool // claimed by an accepted hello
+	active  bool            // false once Connect stopped listening on ch
+	ch      chan arrival
+}
+
+type connID struct {
+	peer   int
+	lane   lane
+	stream int
+}
+
+type arrival struct {
+	id   connID
+	conn *net.TCPConn
+}
+
+type earlyConn struct {
+	conn *net.TCPConn
+	h    hello
+	at   time.Time
+}
+
+// Listen opens a Listener on addr (e.g. "0.0.0.0:0") that admits only peers knowing secret.
+func Listen(addr string, secret []byte) (*Listener, error) {
+	return listen(addr, secret, slog.Default(), HandshakeTimeout)
+}
+
+func listen(addr string, secret []byte, log *slog.Logger, handshakeTimeout time.Duration) (*Listener, error) {
+	if len(secret) == 0 {
+		return nil, errors.New("tcp transport: listen: empty job secret")
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("tcp transport: listen on %s: %w", addr, err)
+	}
+	l := &Listener{
+		ln:               ln.(*net.TCPListener),
+		secret:           append([]byte(nil), secret...),
+		log:              log,
+		handshakeTimeout: handshakeTimeout,
+		done:             make(chan struct{}),
+		regs:             map[regKey]*registration{},
+		pending:          map[net.Conn]struct{}{},
+	}
+	l.wg.Add(1)
+	go l.accept()
+	return l, nil
+}
+
+// Addr is the address the Listener is bound to.
+func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
+
+// Close stops accepting and closes every connection not yet handed to a Connect. Meshes already
+// formed are not affected.
+func (l *Listener) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	close(l.done)
+	err := l.ln.Close()
+	for c := range l.pending {
+		c.Close()
+	}
+	for _, e := range l.early {
+		e.conn.Close()
+	}
+	l.early = nil
+	l.mu.Unlock()
+	l.wg.Wait()
+	return err
+}
+
+func (l *Listener) accept() {
+	defer l.wg.Done()
+	backoff := 5 * time.Millisecond
+	for {
+		c, err := l.ln.AcceptTCP()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of descriptors and the like: keep the process alive and retry.
+			l.log.Warn("tcp transport: accept failed", "addr", l.ln.Addr().String(), "err", err)
+			time.Sleep(backoff)
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 5 * time.Millisecond
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			c.Close()
+			return
+		}
+		l.pending[c] = struct{}{}
+		l.wg.Add(1)
+		l.mu.Unlock()
+		// Auth runs beside the accept loop so that a silent peer cannot stall it.
+		go l.admit(c)
+	}
+}
+
+func (l *Listener) reject(c *net.TCPConn, why string, err error) {
+	l.log.Warn("tcp transport: rejected connection", "remote", c.RemoteAddr().String(), "why", why, "err", err)
+	c.Close()
+}
+
+// admit authenticates c, reads its hello and routes it.
+func (l *Listener) admit(c *net.TCPConn) {
+	defer l.wg.Done()
+	tune(c)
+	if err := auth.Handshake(c, l.secret, auth.Listener, l.handshakeTimeout); err != nil {
+		l.unpend(c)
+		l.reject(c, "authentication", err)
+		return
+	}
+	c.SetReadDeadline(time.Now().Add(l.handshakeTimeout))
+	h, err := readHello(c)
+	c.SetReadDeadline(time.Time{})
+	if err != nil {
+		l.unpend(c)
+		l.reject(c, "hello", err)
+		return
+	}
+	l.route(c, h)
+}
+
+func (l *Listener) unpend(c net.Conn) {
+	l.mu.Lock()
+	delete(l.pending, c)
+	l.mu.Unlock()
+}
+
+// route hands an authenticated connection to its registration, parks it until one appears, or
+// rejects it when a different job or rank is connecting here.
+func (l *Listener) route(c *net.TCPConn, h hello) {
+	l.mu.Lock()
+	delete(l.pending, c)
+	if l.closed {
+		l.mu.Unlock()
+		c.Close()
+		return
+	}
+	reg := l.regs[regKey{h.job, h.to}]
+	if reg == nil {
+		if len(l.regs) > 0 {
+			why := l.mismatchLocked(h)
+			l.mu.Unlock()
+			l.refuse(c, h, why)
+			return
+		}
+		l.purgeLocked(time.Now())
+		if len(l.early) >= maxEarly {
+			l.mu.Unlock()
+			l.refuse(c, h, fmt.Sprintf("%d connections already wait for a Connect", maxEarly))
+			return
+		}
+		l.early = append(l.early, earlyConn{conn: c, h: h, at: time.Now()})
+		l.mu.Unlock()
+		return
+	}
+	why := reg.claimLocked(h)
+	l.mu.Unlock()
+	if why != "" {
+		l.refuse(c, h, why)
+		return
+	}
+	l.deliver(reg, c, h)
+}
+
+func (l *Listener) mismatchLocked(h hello) string {
+	for k := range l.regs {
+		if k.job != h.job {
+			return fmt.Sprintf("job id mismatch: rank %d here is in job %q, the dialer (rank %d) in job %q", k.rank, k.job, h.from, h.job)
+		}
+		return fmt.Sprintf("dialer (rank %d) meant rank %d, but rank %d listens here", h.from, h.to, k.rank)
+	}
+	return "no Connect is waiting"
+}
+
+func (l *Listener) purgeLocked(now time.Time) {
+	kept := l.early[:0]
+	for _, e := range l.early {
+		if now.Sub(e.at) > earlyTTL {
+			l.wg.Add(1) // under l.mu with l.closed false: Close has not begun waiting
+			go func() {
+				defer l.wg.Done()
+				l.refuse(e.conn, e.h, fmt.Sprintf("no Connect for job %q rank %d claimed it within %s", e.h.job, e.h.to, earlyTTL))
+			}()
+			continue
+		}
+		kept = append(kept, e)
+	}
+	clear(l.early[len(kept):])
+	l.early = kept
+}
+
+// claimLocked checks a hello against the registration and reserves its slot; it returns why the
+// connection is refused, or "".
+func (r *registration) claimLocked(h hello) string {
+	id := connID{peer: h.from, lane: h.lane, stream: h.stream}
+	switch {
+	case !r.active:
+		return "the Connect it was meant for has finished"
+	case h.size != r.size:
+		return fmt.Sprintf("group size mismatch: %d here, %d at the dialer (rank %d)", r.size, h.size, h.from)
+	case h.streams != r.streams:
+		return fmt.Sprintf("streams mismatch: %d here, %d at the dialer (rank %d)", r.streams, h.streams, h.from)
+	case !r.expect[h.from]:
+		return fmt.Sprintf("rank %d is not expected to dial rank %d", h.from, r.key.rank)
+	case r.got[id]:
+		return fmt.Sprintf("duplicate %v stream %d from rank %d", h.lane, h.stream, h.from)
+	}
+	r.got[id] = true
+	return ""
+}
+
+// refuse tells the dialer why (so its Connect fails with the reason instead of timing out) and logs.
+func (l *Listener) refuse(c *net.TCPConn, h hello, why string) {
+	c.SetWriteDeadline(time.Now().Add(ackTimeout))
+	c.Write(appendAck(nil, why))
+	l.reject(c, fmt.Sprintf("rank %d of job %q: %s", h.from, h.job, why), errRejected)
+}
+
+// deliver acks a claimed connection and passes it to the registration's Connect.
+func (l *Listener) deliver(reg *registration, c *net.TCPConn, h hello) {
+	id := connID{peer: h.from, lane: h.lane, stream: h.stream}
+	c.SetWriteDeadline(time.Now().Add(ackTimeout))
+	_, err := c.Write(appendAck(nil, ""))
+	c.SetWriteDeadline(time.Time{})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil || !reg.active {
+		delete(reg.got, id) // the dialer retries this slot
+		c.Close()
+		return
+	}
+	reg.ch <- arrival{id: id, conn: c} // sized for every expected connection: never blocks
+}
+
+// register announces that Connect for (job, rank) now waits for the connections dialed by the
+// ranks in expect, and hands it any of them that arrived early. Parked connections of another job
+// or rank are refused: they are a stale job's ranks or misaddressed.
+func (l *Listener) register(key regKey, size, streams int, expect []int) (*registration, error) {
+	reg := &registration{
+		key:     key,
+		size:    size,
+		streams: streams,
+		expect:  map[int]bool{},
+		got:     map[connID]bool{},
+		active:  true,
+		ch:      make(chan arrival, len(expect)*(1+streams)),
+	}
+	for _, r := range expect {
+		reg.expect[r] = true
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, fmt.Errorf("tcp transport: listener %s: %w", l.ln.Addr(), net.ErrClosed)
+	}
+	if l.regs[key] != nil {
+		l.mu.Unlock()
+		return nil, fmt.Errorf("tcp transport: a Connect for job %q rank %d is already running on listener %s", key.job, key.rank, l.ln.Addr())
+	}
+	l.regs[key] = reg
+	l.purgeLocked(time.Now())
+	type verdict struct {
+		e   earlyConn
+		why string
+	}
+	var vs []verdict
+	for _, e := range l.early {
+		why := ""
+		if (regKey{e.h.job, e.h.to}) != key {
+			why = l.mismatchLocked(e.h)
+		} else {
+			why = reg.claimLocked(e.h)
+		}
+		vs = append(vs, verdict{e, why})
+	}
+	l.early = nil
+	l.wg.Add(len(vs))
+	l.mu.Unlock()
+	for _, v := range vs {
+		go func() {
+			defer l.wg.Done()
+			if v.why != "" {
+				l.refuse(v.e.conn, v.e.h, v.why)
+			} else {
+				l.deliver(reg, v.e.conn, v.e.h)
+			}
+		}()
+	}
+	return reg, nil
+}
+
+// unregister ends a registration and closes whatever reached it that Connect did not take.
+func (l *Listener) unregister(reg *registration) {
+	l.mu.Lock()
+	reg.active = false
+	if l.regs[reg.key] == reg {
+		delete(l.regs, reg.key)
+	}
+	l.mu.Unlock()
+	for {
+		select {
+		case a := <-reg.ch:
+			a.conn.Close()
+		default:
+			return
+		}
+	}
+}

@@ -1,0 +1,463 @@
+// Package tcp is the transport between ranks on different hosts: a full mesh of authenticated TCP
+// connections among a given set of peers, exposing a data lane (transport.Comm, each peer's byte
+// stream striped over several connections so one big message uses several TCP streams) and a
+// control lane (transport.Messenger, one more connection per peer carrying framed messages).
+//
+// Every connection runs auth.Handshake before any other byte, then a hello naming the job and the
+// ranks; a connection that fails either is logged and closed while the Listener keeps serving. A
+// broken connection makes its peer lost: every call on that peer fails at once with a
+// *transport.PeerError naming the rank and host. This package must not know about tensors, ops or
+// the engine, and must not pick routes: the caller decides which peers go over TCP.
+package tcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/kolo-dl/kolo/auth"
+	"github.com/kolo-dl/kolo/transport"
+)
+
+const (
+	// DefaultStreams is the number of data connections per peer when Config.Streams is 0.
+	DefaultStreams = 2
+	// DefaultConnectTimeout bounds Connect when Config.ConnectTimeout is 0.
+	DefaultConnectTimeout = 30 * time.Second
+	// ChunkSize is the striping unit: byte k of a peer's stream travels on data connection
+	// (k / ChunkSize) % Streams. Big enough that a chunk costs few syscalls, small enough that a
+	// message of a few MiB spreads over every stream.
+	ChunkSize = 512 << 10
+	inboxCap  = 1024
+)
+
+// Config describes this rank's place in the mesh.
+type Config struct {
+	Rank, Size int
+	// Peers are the ranks to connect to; every other rank is unreachable through this mesh.
+	Peers []int
+	// Addrs[r] is "host:port" of rank r's Listener. Needed for the peers this rank dials (the ones
+	// with a higher rank: the lower rank of a pair dials the higher).
+	Addrs []string
+	// Hosts[r], optional, names rank r's host in errors ("rank 3 on node2 lost ...").
+	Hosts  []string
+	Secret []byte
+	// JobID is sent in the hello; connections of another job are refused, so a stale job's ranks
+	// cannot join.
+	JobID string
+	// Streams is the number of data connections per peer (0 means DefaultStreams). Both ends must
+	// agree. Large messages are striped across them in ChunkSize pieces.
+	Streams int
+	// ConnectTimeout bounds Connect (0 means DefaultConnectTimeout); dials are retried with backoff
+	// until then since a peer may not be listening yet.
+	ConnectTimeout time.Duration
+
+	chunk       int           // tests shrink it to exercise striping with small buffers
+	userTimeout time.Duration // tests shrink it; DefaultUserTimeout otherwise
+	log         *slog.Logger
+}
+
+func (cfg *Config) check() error {
+	if cfg.Size < 1 || cfg.Size > maxRanks {
+		return fmt.Errorf("size %d out of range", cfg.Size)
+	}
+	if cfg.Rank < 0 || cfg.Rank >= cfg.Size {
+		return fmt.Errorf("rank %d not in [0, %d)", cfg.Rank, cfg.Size)
+	}
+	if len(cfg.Secret) == 0 {
+		return errors.New("empty job secret")
+	}
+	if len(cfg.JobID) > maxJobID {
+		return fmt.Errorf("job id of %d bytes is longer than %d", len(cfg.JobID), maxJobID)
+	}
+	if cfg.Streams == 0 {
+		cfg.Streams = DefaultStreams
+	}
+	if cfg.Streams < 1 || cfg.Streams > MaxStreams {
+		return fmt.Errorf("streams %d not in [1, %d]", cfg.Streams, MaxStreams)
+	}
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = DefaultConnectTimeout
+	}
+	if cfg.chunk <= 0 {
+		cfg.chunk = ChunkSize
+	}
+	if cfg.userTimeout <= 0 {
+		cfg.userTimeout = DefaultUserTimeout
+	}
+	if cfg.log == nil {
+		cfg.log = slog.Default()
+	}
+	seen := map[int]bool{}
+	for _, p := range cfg.Peers {
+		switch {
+		case p < 0 || p >= cfg.Size:
+			return fmt.Errorf("peer %d not in [0, %d)", p, cfg.Size)
+		case p == cfg.Rank:
+			return fmt.Errorf("peer list contains this rank (%d)", p)
+		case seen[p]:
+			return fmt.Errorf("peer %d listed twice", p)
+		case p > cfg.Rank && (p >= len(cfg.Addrs) || cfg.Addrs[p] == ""):
+			return fmt.Errorf("no address for peer %d (this rank dials it)", p)
+		}
+		seen[p] = true
+	}
+	return nil
+}
+
+func (cfg *Config) host(r int) string {
+	if r < len(cfg.Hosts) {
+		return cfg.Hosts[r]
+	}
+	return ""
+}
+
+// Mesh is this rank's connections to its peers.
+type Mesh struct {
+	rank, size int
+	chunk      uint64
+	peers      []*peer // by rank; nil for ranks outside the mesh
+	log        *slog.Logger
+	inbox      chan transport.Msg
+
+	// opMu is held shared by every Comm and Messenger call, and exclusively by Close once it has
+	// closed the connections: Close returns only after every call has, and only then stops the
+	// goroutines those calls hand work to.
+	opMu   sync.RWMutex
+	closed atomic.Bool
+	quit   chan struct{}
+	once   sync.Once
+	wg     sync.WaitGroup
+}
+
+type peer struct {
+	m    *Mesh
+	rank int
+	host string
+	ctrl *net.TCPConn
+	out  dir // our stream to the peer
+	in   dir // the peer's stream to us
+	lost atomic.Pointer[transport.PeerError]
+
+	ctrlMu  sync.Mutex // one message at a time on the control connection
+	ctrlBuf []byte
+}
+
+// Connect forms the mesh: it dials the peers above this rank, waits for those below to dial in
+// through l, and returns once every connection of every peer is up, or fails naming the peer it
+// could not reach.
+func Connect(ctx context.Context, l *Listener, cfg Config) (*Mesh, error) {
+	if err := cfg.check(); err != nil {
+		return nil, fmt.Errorf("tcp transport: rank %d: bad config: %w", cfg.Rank, err)
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
+	defer cancel()
+
+	var below, above []int
+	for _, p := range cfg.Peers {
+		if p < cfg.Rank {
+			below = append(below, p)
+		} else {
+			above = append(above, p)
+		}
+	}
+	reg, err := l.register(regKey{cfg.JobID, cfg.Rank}, cfg.Size, cfg.Streams, below)
+	if err != nil {
+		return nil, fmt.Errorf("tcp transport: rank %d: %w", cfg.Rank, err)
+	}
+	defer l.unregister(reg)
+
+	perPeer := 1 + cfg.Streams
+	type dialed struct {
+		arrival
+		err error
+	}
+	dials := make(chan dialed, len(above)*perPeer)
+	var dialers sync.WaitGroup
+	for _, p := range above {
+		for i := range perPeer {
+			id := connID{peer: p, lane: laneControl}
+			if i > 0 {
+				id = connID{peer: p, lane: laneData, stream: i - 1}
+			}
+			dialers.Add(1)
+			go func() {
+				defer dialers.Done()
+				c, err := dialPeer(ctx, &cfg, id)
+				dials <- dialed{arrival{id, c}, err}
+			}()
+		}
+	}
+	conns := map[connID]*net.TCPConn{}
+	// fail tears down what was made. With err nil (ctx ended) it reports the first dial that
+	// failed, or else the first peer that never dialed in.
+	fail := func(err error) (*Mesh, error) {
+		cancel()
+		dialers.Wait()
+		close(dials)
+		for d := range dials {
+			if d.conn != nil {
+				d.conn.Close()
+			}
+			if err == nil && d.err != nil {
+				err = &transport.PeerError{Rank: d.id.peer, Host: cfg.host(d.id.peer), Op: "connect", Err: d.err}
+			}
+		}
+		for _, c := range conns {
+			c.Close()
+		}
+		if err == nil {
+			err = missing(&cfg, below, conns, time.Since(start), ctx.Err())
+		}
+		return nil, fmt.Errorf("tcp transport: rank %d: connect: %w", cfg.Rank, err)
+	}
+	for want := len(cfg.Peers) * perPeer; len(conns) < want; {
+		select {
+		case a := <-reg.ch:
+			conns[a.id] = a.conn
+		case d := <-dials:
+			if d.err != nil {
+				return fail(&transport.PeerError{Rank: d.id.peer, Host: cfg.host(d.id.peer), Op: "connect", Err: d.err})
+			}
+			conns[d.id] = d.conn
+		case <-l.done:
+			return fail(fmt.Errorf("listener %s closed", l.Addr()))
+		case <-ctx.Done():
+			return fail(nil)
+		}
+	}
+	return newMesh(&cfg, conns), nil
+}
+
+// missing names the first peer that never dialed in.
+func missing(cfg *Config, below []int, conns map[connID]*net.TCPConn, waited time.Duration, cause error) error {
+	var absent []int
+	for _, p := range below {
+		n := 0
+		for id := range conns {
+			if id.peer == p {
+				n++
+			}
+		}
+		if n < 1+cfg.Streams {
+			absent = append(absent, p)
+		}
+	}
+	if len(absent) == 0 {
+		return cause
+	}
+	return &transport.PeerError{Rank: absent[0], Host: cfg.host(absent[0]), Op: "connect",
+		Err: fmt.Errorf("waited %s for it to dial in (ranks still missing: %v): %w", waited.Round(time.Millisecond), absent, cause)}
+}
+
+// dialPeer makes one connection to a higher rank, retrying refused and broken attempts until ctx
+// ends. A wrong secret or a refused hello fails at once: retrying cannot fix them.
+func dialPeer(ctx context.Context, cfg *Config, id connID) (*net.TCPConn, error) {
+	addr := cfg.Addrs[id.peer]
+	h := hello{lane: id.lane, stream: id.stream, streams: cfg.Streams, from: cfg.Rank, to: id.peer, size: cfg.Size, job: cfg.JobID}
+	backoff := 10 * time.Millisecond
+	var lastErr error
+	hungUp := 0
+	for attempt := 1; ; attempt++ {
+		c, err := dialOnce(ctx, addr, cfg.Secret, h)
+		if err == nil {
+			return c, nil
+		}
+		if errors.Is(err, auth.ErrDenied) || errors.Is(err, errRejected) {
+			return nil, fmt.Errorf("%v connection to %s: %w", id.lane, addr, err)
+		}
+		if errors.Is(err, errHungUp) {
+			hungUp++
+		} else {
+			hungUp = 0
+		}
+		if hungUp == maxHangUps {
+			return nil, fmt.Errorf("%v connection to %s: %w (inferred: it hung up during authentication %d times in a row, last: %v)",
+				id.lane, addr, auth.ErrDenied, hungUp, err)
+		}
+		if lastErr == nil || ctx.Err() == nil {
+			lastErr = err // an attempt cut short by ctx's end says less than the one before it
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("dial %s: gave up after %d attempts, last error: %v: %w", addr, attempt, lastErr, ctx.Err())
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
+
+func dialOnce(ctx context.Context, addr string, secret []byte, h hello) (*net.TCPConn, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	c := nc.(*net.TCPConn)
+	tune(c)
+	// Handshake, hello and ack are bounded by ctx: its deadline, or its cancellation when another
+	// connection of this Connect failed.
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(aLongTimeAgo) })
+	defer stop()
+	timeout := HandshakeTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(dl))
+	}
+	if err := auth.Handshake(c, secret, auth.Dialer, timeout); err != nil {
+		c.Close()
+		if isHangUp(err) {
+			return nil, fmt.Errorf("%w: %w", errHungUp, err)
+		}
+		return nil, err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	}
+	if _, err := c.Write(appendHello(nil, h)); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("send hello: %w", err)
+	}
+	// The ack comes once the peer's Connect has claimed the connection, which may be a while.
+	if err := readAck(c); err != nil {
+		c.Close()
+		if errors.Is(err, errRejected) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("waiting for rank %d to take the connection (its Connect may not have started): %w", h.to, err)
+	}
+	if !stop() {
+		c.Close()
+		return nil, ctx.Err()
+	}
+	c.SetDeadline(time.Time{})
+	return c, nil
+}
+
+var aLongTimeAgo = time.Unix(1, 0)
+
+// errHungUp marks a handshake the listener ended by closing the connection. auth.Handshake's
+// listener side may close before its own proof is out, so a dialer with the wrong secret can see
+// EOF instead of auth.ErrDenied; a few of those in a row are taken as a denial rather than retried
+// until the timeout.
+var errHungUp = errors.New("peer hung up during authentication")
+
+const maxHangUps = 3
+
+func isHangUp(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+func newMesh(cfg *Config, conns map[connID]*net.TCPConn) *Mesh {
+	m := &Mesh{
+		rank:  cfg.Rank,
+		size:  cfg.Size,
+		chunk: uint64(cfg.chunk),
+		peers: make([]*peer, cfg.Size),
+		log:   cfg.log,
+		inbox: make(chan transport.Msg, inboxCap),
+		quit:  make(chan struct{}),
+	}
+	for _, r := range cfg.Peers {
+		p := &peer{m: m, rank: r, host: cfg.host(r), ctrl: conns[connID{peer: r, lane: laneControl}]}
+		setUserTimeout(p.ctrl, cfg.userTimeout)
+		data := make([]*net.TCPConn, cfg.Streams)
+		for s := range data {
+			data[s] = conns[connID{peer: r, lane: laneData, stream: s}]
+		}
+		p.out.init(p, true, data)
+		p.in.init(p, false, data)
+		m.peers[r] = p
+	}
+	for _, p := range m.peers {
+		if p == nil {
+			continue
+		}
+		m.wg.Add(1)
+		go p.readControl()
+		p.out.startWorkers(&m.wg)
+		p.in.startWorkers(&m.wg)
+	}
+	return m
+}
+
+// Comm returns the data lane. Its Close closes the whole Mesh.
+func (m *Mesh) Comm() transport.Comm { return (*meshComm)(m) }
+
+// Messenger returns the control lane. Its Close closes the whole Mesh.
+func (m *Mesh) Messenger() transport.Messenger { return (*messenger)(m) }
+
+// Close closes every connection; pending calls fail with transport.ErrClosed, the inbox is closed,
+// and the peers see this rank as lost.
+func (m *Mesh) Close() error {
+	m.once.Do(func() {
+		m.closed.Store(true)
+		close(m.quit)
+		for _, p := range m.peers {
+			if p != nil {
+				p.closeConns()
+			}
+		}
+		m.opMu.Lock() // every call has returned: no one hands work to the goroutines any more
+		for _, p := range m.peers {
+			if p != nil {
+				p.out.stopWorkers()
+				p.in.stopWorkers()
+			}
+		}
+		m.opMu.Unlock()
+		m.wg.Wait()
+		close(m.inbox)
+	})
+	return nil
+}
+
+func (p *peer) closeConns() {
+	p.ctrl.Close()
+	for _, c := range p.out.conns {
+		c.Close()
+	}
+}
+
+// peerFor returns the peer for a call, or why the call cannot use it.
+func (m *Mesh) peerFor(r int, op string) (*peer, error) {
+	if m.closed.Load() {
+		return nil, fmt.Errorf("rank %d: %s rank %d: %w", m.rank, op, r, transport.ErrClosed)
+	}
+	if r < 0 || r >= m.size || m.peers[r] == nil {
+		return nil, fmt.Errorf("rank %d: %s rank %d: not a peer in this tcp mesh", m.rank, op, r)
+	}
+	p := m.peers[r]
+	if pe := p.lost.Load(); pe != nil {
+		return nil, &transport.PeerError{Rank: p.rank, Host: p.host, Op: op, Err: pe.Err}
+	}
+	return p, nil
+}
+
+// markLost records the first reason communication with p ended and closes all of p's connections,
+// so that every call blocked on p fails at once. It returns the error for the caller's op.
+func (p *peer) markLost(op string, err error) error {
+	if p.m.closed.Load() {
+		return fmt.Errorf("rank %d: %s rank %d: %w", p.m.rank, op, p.rank, transport.ErrClosed)
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		err = fmt.Errorf("connection closed by peer: %w", err)
+	}
+	pe := &transport.PeerError{Rank: p.rank, Host: p.host, Op: op, Err: err}
+	if p.lost.CompareAndSwap(nil, pe) {
+		p.m.log.Warn("tcp transport: peer lost", "rank", p.m.rank, "peer", p.rank, "host", p.host, "op", op, "err", err)
+		p.closeConns()
+		return pe
+	}
+	// Someone else saw it first (their closing of the connections may be what failed us).
+	return &transport.PeerError{Rank: p.rank, Host: p.host, Op: op, Err: p.lost.Load().Err}
+}

@@ -1,0 +1,86 @@
+package tcp
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func userTimeoutOf(t *testing.T, c *net.TCPConn) time.Duration {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v int
+	var gerr error
+	raw.Control(func(fd uintptr) { v, gerr = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, tcpUserTimeout) })
+	if gerr != nil {
+		t.Fatal(gerr)
+	}
+	return time.Duration(v) * time.Millisecond
+}
+
+// A rank that stops reading for longer than TCP_USER_TIMEOUT (a straggler, a long checkpoint) is
+// alive: its peers' blocked Sends must wait for it, not declare it lost. Only the control lane,
+// which is always drained, carries the user timeout.
+func TestStalledReceiverIsNotLost(t *testing.T) {
+	w := newListeners(t, 2)
+	w.ms = make([]*Mesh, 2)
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for r := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cfg := w.cfg(r, 2, ChunkSize)
+			cfg.userTimeout = 400 * time.Millisecond
+			w.ms[r], errs[r] = Connect(context.Background(), w.ls[r], cfg)
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+		defer w.ms[r].Close()
+	}
+	for _, m := range w.ms {
+		p := m.peers[1-m.rank]
+		if got := userTimeoutOf(t, p.ctrl); got != 400*time.Millisecond {
+			t.Errorf("rank %d control connection: TCP_USER_TIMEOUT %s", m.rank, got)
+		}
+		for s, c := range p.out.conns {
+			if got := userTimeoutOf(t, c); got != 0 {
+				t.Errorf("rank %d data stream %d: TCP_USER_TIMEOUT %s, want unset", m.rank, s, got)
+			}
+		}
+	}
+
+	const size = 96 << 20 // far more than the socket buffers of both streams hold
+	data := make([]byte, size)
+	for off := 0; off < size; off += len(pool) {
+		copy(data[off:], pool)
+	}
+	sent := make(chan error, 1)
+	go func() { sent <- w.ms[0].Comm().Send(context.Background(), 1, data) }()
+	time.Sleep(1500 * time.Millisecond)
+	select {
+	case err := <-sent:
+		t.Fatalf("Send finished while the receiver was not reading: %v", err)
+	default:
+	}
+	got := make([]byte, size)
+	if err := w.ms[1].Comm().Recv(context.Background(), 0, got); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatalf("Send to a stalled, live receiver: %v", err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("data differs")
+	}
+}
