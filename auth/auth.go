@@ -128,6 +128,9 @@ func Handshake(conn net.Conn, secret []byte, role Role, timeout time.Duration) e
 		return fmt.Errorf("authentication: read proof: %w", err)
 	}
 	if !hmac.Equal(got, proof(secret, peerRole, theirs, mine)) {
+		// Let our proof reach the peer before the caller closes the conn, so that a peer with the
+		// wrong secret learns it was denied (its check of our proof fails) rather than seeing EOF.
+		<-sent
 		return ErrDenied
 	}
 	if err := <-sent; err != nil {

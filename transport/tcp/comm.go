@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kolo-dl/kolo/transport"
@@ -28,11 +27,14 @@ type dir struct {
 	jobs []chan job  // per connection: work for its worker
 	done chan result // results of posted jobs, sized for one per connection
 
-	// The watcher turns ctx's end into a past deadline on this direction's connections, which is
-	// the only way to interrupt a blocked read or write.
-	arm    chan context.Context
-	disarm chan struct{}
-	fired  atomic.Bool
+	// The watcher turns ctx's end into a past deadline on this direction's connections, the only
+	// way to interrupt a blocked read or write. It waits on the Done channel of the last ctx a
+	// call used, so calls that share one ctx (the usual case) cost it no wake-up at all.
+	wmu       sync.Mutex
+	watchDone <-chan struct{} // what the watcher should wait on
+	active    bool            // a watched call is running
+	fired     bool            // the watcher interrupted the running call
+	kick      chan struct{}   // watchDone changed
 }
 
 type job struct {
@@ -54,8 +56,7 @@ func (d *dir) init(p *peer, send bool, conns []*net.TCPConn) {
 		d.jobs[s] = make(chan job, 1)
 	}
 	d.done = make(chan result, len(conns))
-	d.arm = make(chan context.Context, 1)
-	d.disarm = make(chan struct{})
+	d.kick = make(chan struct{}, 1)
 }
 
 func (d *dir) startWorkers(wg *sync.WaitGroup) {
@@ -72,26 +73,39 @@ func (d *dir) startWorkers(wg *sync.WaitGroup) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		d.watch()
+		d.watch(d.p.m.quit)
 	}()
 }
 
-// stopWorkers ends the goroutines; called by Close once no call can post any more.
+// stopWorkers ends the workers; called by Close once no call can post any more. The watcher
+// leaves on quit by itself.
 func (d *dir) stopWorkers() {
 	for _, ch := range d.jobs {
 		close(ch)
 	}
-	close(d.arm)
 }
 
-func (d *dir) watch() {
-	for ctx := range d.arm {
+func (d *dir) watch(quit <-chan struct{}) {
+	var done <-chan struct{} // nil blocks forever
+	for {
 		select {
-		case <-ctx.Done():
-			d.fired.Store(true)
-			d.setDeadline(aLongTimeAgo)
-			<-d.disarm
-		case <-d.disarm:
+		case <-done:
+			d.wmu.Lock()
+			if d.active && d.watchDone == done {
+				d.fired = true
+				d.setDeadline(aLongTimeAgo)
+			}
+			if d.watchDone == done {
+				d.watchDone = nil // closed for good: the next call must kick again
+			}
+			d.wmu.Unlock()
+			done = nil
+		case <-d.kick:
+			d.wmu.Lock()
+			done = d.watchDone
+			d.wmu.Unlock()
+		case <-quit:
+			return
 		}
 	}
 }
@@ -106,25 +120,38 @@ func (d *dir) setDeadline(t time.Time) {
 	}
 }
 
-// watchCtx arms the watcher if ctx can end; it reports whether it did.
+// watchCtx makes the watcher interrupt this direction when ctx ends; it reports whether ctx can.
 func (d *dir) watchCtx(ctx context.Context) bool {
-	if ctx.Done() == nil {
+	done := ctx.Done()
+	if done == nil {
 		return false
 	}
-	d.arm <- ctx
+	d.wmu.Lock()
+	d.active = true
+	changed := d.watchDone != done
+	d.watchDone = done
+	d.wmu.Unlock()
+	if changed {
+		select {
+		case d.kick <- struct{}{}:
+		default: // a kick is pending; the watcher reads watchDone when it takes it
+		}
+	}
 	return true
 }
 
-// unwatch disarms the watcher and reports whether ctx ended while armed (in which case the
-// connections' deadlines are restored).
+// unwatch ends the watched call and reports whether the watcher interrupted it, restoring the
+// connections' deadlines if so.
 func (d *dir) unwatch() bool {
-	d.disarm <- struct{}{}
-	if !d.fired.Load() {
-		return false
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	d.active = false
+	fired := d.fired
+	if fired {
+		d.fired = false
+		d.setDeadline(time.Time{})
 	}
-	d.fired.Store(false)
-	d.setDeadline(time.Time{})
-	return true
+	return fired
 }
 
 // span returns the connection carrying the first byte of a transfer of n bytes at the current

@@ -343,6 +343,44 @@ func TestContextCancel(t *testing.T) {
 			t.Fatalf("peer lost after a clean cancel: %v", err)
 		}
 	})
+	t.Run("shared ctx cancelled during a later call", func(t *testing.T) {
+		// The watcher keeps waiting on a ctx that several calls share: it must still fire for the
+		// call running when that ctx ends, and not for one that already finished.
+		ctx, cancel := context.WithCancel(context.Background())
+		for i := range 3 {
+			sent := make(chan error, 1)
+			go func() { sent <- b.Send(ctx, 0, payload(1, 0, 20+i, 3001)) }()
+			got := make([]byte, 3001)
+			if err := a.Recv(ctx, 1, got); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-sent; err != nil {
+				t.Fatal(err)
+			}
+			if err := check(got, 1, 0, 20+i); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.AfterFunc(50*time.Millisecond, cancel)
+		if err := a.Recv(ctx, 1, make([]byte, 10)); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Recv: %v", err)
+		}
+		// A fresh ctx on the same direction works and is not interrupted by the old one.
+		sent := make(chan error, 1)
+		go func() { sent <- b.Send(context.Background(), 0, payload(1, 0, 30, 10)) }()
+		ctx2, cancel2 := context.WithCancel(context.Background())
+		defer cancel2()
+		got := make([]byte, 10)
+		if err := a.Recv(ctx2, 1, got); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-sent; err != nil {
+			t.Fatal(err)
+		}
+		if err := check(got, 1, 0, 30); err != nil {
+			t.Fatal(err)
+		}
+	})
 	t.Run("deadline unblocks sendrecv", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		defer cancel()

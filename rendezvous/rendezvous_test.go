@@ -1,0 +1,483 @@
+package rendezvous
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kolo-dl/kolo/auth"
+)
+
+var secret = []byte("test-secret")
+
+// logSink records what the server logs so tests can check a rejection was reported once.
+type logSink struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (s *logSink) Enabled(context.Context, slog.Level) bool { return true }
+func (s *logSink) Handle(_ context.Context, r slog.Record) error {
+	s.mu.Lock()
+	s.recs = append(s.recs, r.Clone())
+	s.mu.Unlock()
+	return nil
+}
+func (s *logSink) WithAttrs([]slog.Attr) slog.Handler { return s }
+func (s *logSink) WithGroup(string) slog.Handler      { return s }
+
+// warnings returns the "remote" attribute of every warning that says msg.
+func (s *logSink) warnings(msg string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, r := range s.recs {
+		if r.Level != slog.LevelWarn || r.Message != msg {
+			continue
+		}
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "remote" {
+				out = append(out, a.Value.String())
+			}
+			return true
+		})
+	}
+	return out
+}
+
+func startServer(t *testing.T) (*Server, string, *logSink) {
+	t.Helper()
+	sink := &logSink{}
+	s := newServer(secret, slog.New(sink), 300*time.Millisecond)
+	addr, err := s.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, addr.String(), sink
+}
+
+func dial(t *testing.T, addr string) *Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, addr, secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestSetGetAddAcrossClients(t *testing.T) {
+	s, addr, _ := startServer(t)
+	a, b, c := dial(t, addr), dial(t, addr), dial(t, addr)
+	ctx := ctxT(t, 10*time.Second)
+
+	// A Get parked before the Set is answered by it.
+	got := make(chan []byte, 1)
+	errc := make(chan error, 1)
+	go func() {
+		v, err := a.Get(ctx, "job/addr/1")
+		got <- v
+		errc <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	if err := b.Set(ctx, "job/addr/1", []byte("10.0.0.2:4000")); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if v := <-got; string(v) != "10.0.0.2:4000" {
+		t.Fatalf("Get = %q", v)
+	}
+
+	// TryGet, and the in-process view of the same store.
+	if _, ok, err := c.TryGet(ctx, "nope"); ok || err != nil {
+		t.Fatalf("TryGet missing = %v, %v", ok, err)
+	}
+	if v, ok, err := c.TryGet(ctx, "job/addr/1"); !ok || err != nil || string(v) != "10.0.0.2:4000" {
+		t.Fatalf("TryGet = %q %v %v", v, ok, err)
+	}
+	if v, err := s.Get(ctx, "job/addr/1"); err != nil || string(v) != "10.0.0.2:4000" {
+		t.Fatalf("server Get = %q %v", v, err)
+	}
+	if err := s.Set("from/launcher", []byte{0, 1, 2}); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := c.Get(ctx, "from/launcher"); err != nil || !bytes.Equal(v, []byte{0, 1, 2}) {
+		t.Fatalf("client Get of launcher key = %v %v", v, err)
+	}
+
+	// Empty and large values survive the trip unchanged.
+	big := make([]byte, 5<<20+3)
+	rand.Read(big)
+	for _, v := range [][]byte{{}, {7}, big} {
+		if err := a.Set(ctx, "v", v); err != nil {
+			t.Fatal(err)
+		}
+		if w, err := b.Get(ctx, "v"); err != nil || !bytes.Equal(w, v) {
+			t.Fatalf("value of %d bytes came back as %d bytes (err %v)", len(v), len(w), err)
+		}
+	}
+
+	// Concurrent Adds from several clients: every new value handed out exactly once.
+	const per = 50
+	clients := []*Client{a, b, c}
+	seen := make(chan int64, per*len(clients)+1)
+	var wg sync.WaitGroup
+	for _, cl := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range per {
+				n, err := cl.Add(ctx, "counter", 1)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				seen <- n
+			}
+		}()
+	}
+	n, err := s.Add("counter", 1) // the launcher counts too
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen <- n
+	wg.Wait()
+	close(seen)
+	uniq := map[int64]bool{}
+	for n := range seen {
+		if uniq[n] || n < 1 || n > per*3+1 {
+			t.Fatalf("Add returned %d twice or out of range", n)
+		}
+		uniq[n] = true
+	}
+	if v, err := a.Get(ctx, "counter"); err != nil || string(v) != fmt.Sprint(per*3+1) {
+		t.Fatalf("counter = %q %v", v, err)
+	}
+	if n, err := a.Add(ctx, "counter", -10); err != nil || n != per*3+1-10 {
+		t.Fatalf("Add -10 = %d %v", n, err)
+	}
+	if _, err := a.Add(ctx, "job/addr/1", 1); err == nil || !strings.Contains(err.Error(), "not a counter") {
+		t.Fatalf("Add on a non-counter: %v", err)
+	}
+	// An Add wakes a Get parked on the counter.
+	go func() { time.Sleep(20 * time.Millisecond); b.Add(ctx, "late", 5) }()
+	if v, err := a.Get(ctx, "late"); err != nil || string(v) != "5" {
+		t.Fatalf("Get of added key = %q %v", v, err)
+	}
+}
+
+func TestLimits(t *testing.T) {
+	_, addr, _ := startServer(t)
+	c := dial(t, addr)
+	ctx := ctxT(t, 5*time.Second)
+	if err := c.Set(ctx, strings.Repeat("k", MaxKey+1), nil); err == nil {
+		t.Fatal("Set accepted a key over MaxKey")
+	}
+	if err := c.Set(ctx, "k", make([]byte, MaxValue+1)); err == nil || !strings.Contains(err.Error(), "larger") {
+		t.Fatalf("Set accepted a value over MaxValue: %v", err)
+	}
+	// The client still works after refusing locally.
+	if err := c.Set(ctx, strings.Repeat("k", MaxKey), []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestConcurrentGetsOnOneClient(t *testing.T) {
+	_, addr, _ := startServer(t)
+	c, setter := dial(t, addr), dial(t, addr)
+	ctx := ctxT(t, 10*time.Second)
+	const n = 20
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			k := fmt.Sprintf("k%d", i)
+			v, err := c.Get(ctx, k)
+			if err != nil || string(v) != "v"+k {
+				t.Errorf("Get %s = %q %v", k, v, err)
+			}
+		}()
+	}
+	// Answer them in reverse order: responses must reach the right callers.
+	for i := n - 1; i >= 0; i-- {
+		k := fmt.Sprintf("k%d", i)
+		if err := setter.Set(ctx, k, []byte("v"+k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wg.Wait()
+}
+
+func TestGetTimesOutNamingKey(t *testing.T) {
+	s, addr, _ := startServer(t)
+	c := dial(t, addr)
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := c.Get(ctx, "job7/rank/3/addr")
+	if err == nil {
+		t.Fatal("Get of a missing key returned")
+	}
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), `"job7/rank/3/addr"`) || !strings.Contains(err.Error(), addr) {
+		t.Fatalf("error %q should wrap the deadline and name the key and address", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Get took %s to time out", d)
+	}
+	// The server unparks the abandoned Get.
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		s.mu.Lock()
+		s.Store.mu.Lock()
+		n := len(s.Store.waiters)
+		s.Store.mu.Unlock()
+		s.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d keys still have parked waiters after the client gave up", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The in-process Get times out the same way.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel2()
+	if _, err := s.Get(ctx2, "other/key"); err == nil || !strings.Contains(err.Error(), `"other/key"`) {
+		t.Fatalf("in-process Get: %v", err)
+	}
+	// And the client is still usable.
+	if err := c.Set(ctxT(t, time.Second), "a", []byte("b")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRejectsBadPeersKeepsServing(t *testing.T) {
+	_, addr, sink := startServer(t)
+	good := dial(t, addr)
+	ctx := ctxT(t, 10*time.Second)
+
+	t.Run("wrong secret", func(t *testing.T) {
+		start := time.Now()
+		_, err := Dial(ctxT(t, 5*time.Second), addr, []byte("wrong"))
+		if !errors.Is(err, auth.ErrDenied) || !strings.Contains(err.Error(), addr) {
+			t.Fatalf("wrong-secret Dial: %v", err)
+		}
+		if time.Since(start) > 2*time.Second {
+			t.Fatal("wrong-secret Dial kept retrying")
+		}
+	})
+	t.Run("random bytes", func(t *testing.T) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		junk := make([]byte, 300)
+		rand.Read(junk)
+		c.Write(junk)
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		// EOF or a reset (we left bytes unread there): either way closed, not timed out.
+		if _, err := io.Copy(io.Discard, c); errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("server did not close the junk connection: %v", err)
+		}
+	})
+	t.Run("silence", func(t *testing.T) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		if _, err := io.Copy(io.Discard, c); err != nil {
+			t.Fatalf("server did not close a silent connection: %v", err)
+		}
+	})
+	// While all that went on, the good client kept working.
+	if err := good.Set(ctx, "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := dial(t, addr).Get(ctx, "k"); err != nil || string(v) != "v" {
+		t.Fatalf("Get after rejections = %q %v", v, err)
+	}
+	// Each bad connection was logged once, with its remote address.
+	deadline := time.Now().Add(2 * time.Second)
+	for len(sink.warnings("rendezvous: rejected connection")) < 3 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	w := sink.warnings("rendezvous: rejected connection")
+	// 3, or up to 2 more when the wrong-secret client saw the server hang up (auth can close
+	// before its proof is out) and retried before concluding it was denied.
+	if len(w) < 3 || len(w) > 3+maxHangUps-1 {
+		t.Fatalf("got %d rejection warnings %v, want 3", len(w), w)
+	}
+	for _, r := range w {
+		if !strings.HasPrefix(r, "127.0.0.1:") {
+			t.Errorf("warning names remote %q", r)
+		}
+	}
+}
+
+func TestServerClosedMidGet(t *testing.T) {
+	s, addr, _ := startServer(t)
+	c := dial(t, addr)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Get(context.Background(), "never")
+		errc <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	s.Close()
+	select {
+	case err := <-errc:
+		if err == nil || !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "lost") {
+			t.Fatalf("Get after server close: %v", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Get still blocked 2s after the server closed")
+	}
+	// Later calls fail at once too.
+	if err := c.Set(context.Background(), "k", nil); err == nil || !strings.Contains(err.Error(), addr) {
+		t.Fatalf("Set after server close: %v", err)
+	}
+}
+
+func TestClientCloseFailsPending(t *testing.T) {
+	_, addr, _ := startServer(t)
+	c := dial(t, addr)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Get(context.Background(), "never")
+		errc <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	c.Close()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("pending Get after Close: %v", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Get still blocked after Close")
+	}
+}
+
+func TestDialRetriesUntilServerStarts(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+
+	// Nobody listening: gives up at the deadline, naming the address and the last dial error.
+	_, err = Dial(ctxT(t, 200*time.Millisecond), addr, secret)
+	if err == nil || !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("Dial with no server: %v", err)
+	}
+
+	done := make(chan error, 1)
+	go func() {
+		c, err := Dial(ctxT(t, 5*time.Second), addr, secret)
+		if err == nil {
+			err = c.Set(context.Background(), "k", []byte("v"))
+			c.Close()
+		}
+		done <- err
+	}()
+	time.Sleep(150 * time.Millisecond)
+	s := NewServer(secret)
+	if _, err := s.Listen(addr); err != nil {
+		t.Skipf("port %s taken meanwhile: %v", addr, err)
+	}
+	defer s.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("Dial before the server started: %v", err)
+	}
+	if v, ok, _ := s.TryGet("k"); !ok || string(v) != "v" {
+		t.Fatalf("server has %q %v", v, ok)
+	}
+}
+
+func TestFrameRoundTrip(t *testing.T) {
+	tests := []frame{
+		{id: 0, verb: verbSet, key: "", value: []byte{}},
+		{id: 1, verb: verbGet, key: "a/b", value: []byte{}},
+		{id: 1<<64 - 1, verb: verbValue, key: strings.Repeat("x", MaxKey), value: bytes.Repeat([]byte{9}, 3<<20+1)},
+	}
+	for _, f := range tests {
+		wire := append(appendHeader(nil, f), f.value...)
+		g, err := readFrame(bytes.NewReader(wire))
+		if err != nil {
+			t.Fatalf("readFrame: %v", err)
+		}
+		if g.id != f.id || g.verb != f.verb || g.key != f.key || !bytes.Equal(g.value, f.value) {
+			t.Fatalf("round trip of %v frame changed it", f.verb)
+		}
+		// Every truncation is an error, never a short frame.
+		for _, cut := range []int{0, 1, headerLen, headerLen + fixedLen - 1, len(wire) - 1} {
+			if cut >= len(wire) {
+				continue
+			}
+			if _, err := readFrame(bytes.NewReader(wire[:cut])); err == nil {
+				t.Fatalf("frame cut to %d of %d bytes decoded", cut, len(wire))
+			}
+		}
+	}
+}
+
+func FuzzDecodeFrame(f *testing.F) {
+	f.Add(append(appendHeader(nil, frame{id: 3, verb: verbSet, key: "k", value: []byte("v")}), 'v'))
+	f.Add([]byte{0, 0, 0, 11, 0, 0, 0, 0, 0, 0, 0, 1, 2, 0xff, 0xff})
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r := bytes.NewReader(data)
+		fr, err := readFrame(r)
+		if err != nil {
+			return
+		}
+		if len(fr.key) > MaxKey || len(fr.value) > MaxValue {
+			t.Fatalf("decoded a frame over the limits: key %d value %d", len(fr.key), len(fr.value))
+		}
+		consumed := len(data) - r.Len()
+		if re := append(appendHeader(nil, fr), fr.value...); !bytes.Equal(re, data[:consumed]) {
+			t.Fatalf("re-encoding differs from the %d bytes consumed", consumed)
+		}
+	})
+}
+
+func FuzzDecodeBody(f *testing.F) {
+	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 1, 2, 0, 1, 'k', 'v'})
+	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 1, 2, 0x10, 1})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fr, err := decodeBody(data)
+		if err != nil {
+			return
+		}
+		if fixedLen+len(fr.key)+len(fr.value) != len(data) {
+			t.Fatalf("decoded frame accounts for %d of %d bytes", fixedLen+len(fr.key)+len(fr.value), len(data))
+		}
+	})
+}

@@ -1,0 +1,300 @@
+package rendezvous
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/kolo-dl/kolo/auth"
+)
+
+// HandshakeTimeout bounds how long an accepted connection may take to prove it knows the secret.
+const HandshakeTimeout = 5 * time.Second
+
+// Server serves a Store to authenticated Clients over TCP. The embedded Store is the launcher's
+// in-process view of the same data (s.Set, s.Get, s.Add, s.TryGet).
+type Server struct {
+	*Store
+	secret           []byte
+	log              *slog.Logger
+	handshakeTimeout time.Duration
+
+	mu     sync.Mutex
+	ln     net.Listener
+	conns  map[*serverConn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// NewServer returns a Server with an empty Store that admits only peers knowing secret.
+func NewServer(secret []byte) *Server {
+	return newServer(secret, slog.Default(), HandshakeTimeout)
+}
+
+func newServer(secret []byte, log *slog.Logger, handshakeTimeout time.Duration) *Server {
+	return &Server{
+		Store:            NewStore(),
+		secret:           append([]byte(nil), secret...),
+		log:              log,
+		handshakeTimeout: handshakeTimeout,
+		conns:            map[*serverConn]struct{}{},
+	}
+}
+
+// Listen starts serving on addr (":0" picks a port) in the background and returns the bound address.
+func (s *Server) Listen(addr string) (net.Addr, error) {
+	if len(s.secret) == 0 {
+		return nil, errors.New("rendezvous listen: empty job secret")
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("rendezvous listen on %s: %w", addr, err)
+	}
+	s.mu.Lock()
+	if s.closed || s.ln != nil {
+		s.mu.Unlock()
+		ln.Close()
+		if s.closed {
+			return nil, fmt.Errorf("rendezvous listen on %s: %w", addr, ErrClosed)
+		}
+		return nil, fmt.Errorf("rendezvous listen on %s: already listening on %s", addr, s.ln.Addr())
+	}
+	s.ln = ln
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go s.accept(ln)
+	return ln.Addr(), nil
+}
+
+func (s *Server) accept(ln net.Listener) {
+	defer s.wg.Done()
+	backoff := 5 * time.Millisecond
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of file descriptors and the like: keep serving the connections we have and retry.
+			s.log.Warn("rendezvous: accept failed", "addr", ln.Addr().String(), "err", err)
+			time.Sleep(backoff)
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 5 * time.Millisecond
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			return
+		}
+		sc := &serverConn{s: s, c: c, wake: make(chan struct{}, 1), parked: map[uint64]func() bool{}}
+		s.conns[sc] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		// The handshake runs beside the accept loop so that a silent or slow peer cannot stall it.
+		go sc.serve()
+	}
+}
+
+// Close stops listening, drops every connection (their pending calls fail) and closes the Store.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	var err error
+	if s.ln != nil {
+		err = s.ln.Close()
+	}
+	for sc := range s.conns {
+		sc.c.Close()
+	}
+	s.mu.Unlock()
+	s.Store.Close()
+	s.wg.Wait()
+	return err
+}
+
+// serverConn is one client connection: a reader that executes requests in order and a writer that
+// sends responses, so that a Set answering many parked Gets never blocks on a slow client.
+type serverConn struct {
+	s *Server
+	c net.Conn
+
+	mu     sync.Mutex
+	out    []frame
+	done   bool
+	wake   chan struct{}
+	parked map[uint64]func() bool // request id -> cancel of a parked Get
+}
+
+func (sc *serverConn) serve() {
+	defer sc.s.wg.Done()
+	defer func() {
+		sc.s.mu.Lock()
+		delete(sc.s.conns, sc)
+		sc.s.mu.Unlock()
+	}()
+	defer sc.c.Close()
+	remote := sc.c.RemoteAddr().String()
+	if err := auth.Handshake(sc.c, sc.s.secret, auth.Listener, sc.s.handshakeTimeout); err != nil {
+		sc.s.log.Warn("rendezvous: rejected connection", "remote", remote, "err", err)
+		return
+	}
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		sc.writeLoop()
+	}()
+	err := sc.readLoop()
+	if err != nil && !errors.Is(err, net.ErrClosed) {
+		sc.s.log.Warn("rendezvous: dropped connection", "remote", remote, "err", err)
+	}
+	sc.mu.Lock()
+	sc.done = true
+	parked := sc.parked
+	sc.parked = nil
+	sc.mu.Unlock()
+	for _, cancel := range parked {
+		cancel()
+	}
+	sc.c.Close()
+	select {
+	case sc.wake <- struct{}{}:
+	default:
+	}
+	<-writerDone
+}
+
+func (sc *serverConn) readLoop() error {
+	r := bufio.NewReaderSize(sc.c, 64<<10)
+	for {
+		f, err := readFrame(r)
+		if err != nil {
+			if errors.Is(err, errFrame) {
+				return err
+			}
+			return nil // EOF or a closed connection: the client went away
+		}
+		sc.handle(f)
+	}
+}
+
+func (sc *serverConn) handle(f frame) {
+	st := sc.s.Store
+	switch f.verb {
+	case verbSet:
+		if err := st.Set(f.key, f.value); err != nil {
+			sc.reply(frame{id: f.id, verb: verbError, value: []byte(err.Error())})
+			return
+		}
+		sc.reply(frame{id: f.id, verb: verbOK})
+	case verbTryGet:
+		v, ok, err := st.peek(f.key)
+		switch {
+		case err != nil:
+			sc.reply(frame{id: f.id, verb: verbError, value: []byte(err.Error())})
+		case !ok:
+			sc.reply(frame{id: f.id, verb: verbMissing})
+		default:
+			sc.reply(frame{id: f.id, verb: verbValue, value: v})
+		}
+	case verbGet:
+		id := f.id
+		// Registered under sc.mu so that fire, which removes the entry, cannot run before it exists.
+		sc.mu.Lock()
+		defer sc.mu.Unlock()
+		if sc.done {
+			return
+		}
+		v, ok, cancel, err := st.wait(f.key, func(val []byte, err error) {
+			sc.mu.Lock()
+			delete(sc.parked, id)
+			sc.mu.Unlock()
+			if err != nil {
+				sc.reply(frame{id: id, verb: verbError, value: []byte(err.Error())})
+				return
+			}
+			sc.reply(frame{id: id, verb: verbValue, value: val})
+		})
+		switch {
+		case err != nil:
+			sc.replyLocked(frame{id: id, verb: verbError, value: []byte(err.Error())})
+		case ok:
+			sc.replyLocked(frame{id: id, verb: verbValue, value: v})
+		default:
+			sc.parked[id] = cancel
+		}
+	case verbCancel:
+		sc.mu.Lock()
+		cancel := sc.parked[f.id]
+		delete(sc.parked, f.id)
+		sc.mu.Unlock()
+		if cancel != nil {
+			cancel()
+		}
+	case verbAdd:
+		if len(f.value) != 8 {
+			sc.reply(frame{id: f.id, verb: verbError, value: []byte(fmt.Sprintf("add %q: delta of %d bytes, want 8", f.key, len(f.value)))})
+			return
+		}
+		n, err := st.Add(f.key, int64(binary.BigEndian.Uint64(f.value)))
+		if err != nil {
+			sc.reply(frame{id: f.id, verb: verbError, value: []byte(err.Error())})
+			return
+		}
+		sc.reply(frame{id: f.id, verb: verbValue, value: binary.BigEndian.AppendUint64(nil, uint64(n))})
+	default:
+		sc.reply(frame{id: f.id, verb: verbError, value: []byte(fmt.Sprintf("unknown request %v", f.verb))})
+	}
+}
+
+func (sc *serverConn) reply(f frame) {
+	sc.mu.Lock()
+	sc.replyLocked(f)
+	sc.mu.Unlock()
+}
+
+func (sc *serverConn) replyLocked(f frame) {
+	if sc.done {
+		return
+	}
+	sc.out = append(sc.out, f)
+	select {
+	case sc.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (sc *serverConn) writeLoop() {
+	w := bufio.NewWriterSize(sc.c, 64<<10)
+	var hdr []byte
+	var batch []frame
+	for range sc.wake {
+		sc.mu.Lock()
+		batch, sc.out = sc.out, batch[:0]
+		done := sc.done
+		sc.mu.Unlock()
+		if done {
+			return
+		}
+		for i, f := range batch {
+			hdr = appendHeader(hdr[:0], f)
+			w.Write(hdr)
+			w.Write(f.value)
+			batch[i] = frame{} // drop the reference to a possibly large value
+		}
+		if err := w.Flush(); err != nil {
+			sc.c.Close() // the reader notices and cleans up
+			return
+		}
+	}
+}
