@@ -69,8 +69,8 @@ func (tun *Tuning) smallBroadcast() int {
 func (tun *Tuning) noShared() bool { return tun != nil && tun.NoShared }
 
 // Allreduce reduces buf in place across all ranks of c with op, leaving the same bits on every
-// rank. It uses SharedAllreduce when c's ranks share memory, otherwise recursive doubling for small
-// buffers and the ring for large ones.
+// rank. Small buffers use recursive doubling; large ones SharedAllreduce when c's ranks share
+// memory, else the ring.
 func Allreduce(ctx context.Context, c transport.Comm, buf []byte, t dtype.DType, op reduce.Op, tun *Tuning) error {
 	if err := checkReduce("allreduce", buf, t, op); err != nil {
 		return err
@@ -78,13 +78,15 @@ func Allreduce(ctx context.Context, c transport.Comm, buf []byte, t dtype.DType,
 	if c.Size() == 1 || len(buf) == 0 {
 		return nil
 	}
+	// Small buffers: one exchange per doubling step beats the shared-slot algorithm's three
+	// barriers, even over shared memory.
+	if len(buf) < tun.smallAllreduce() {
+		return RecursiveDoublingAllreduce(ctx, c, buf, t, op)
+	}
 	if !tun.noShared() {
 		if s, ok := sharedOf(c, t.Size()); ok {
 			return SharedAllreduce(ctx, c, s, buf, t, op)
 		}
-	}
-	if len(buf) < tun.smallAllreduce() {
-		return RecursiveDoublingAllreduce(ctx, c, buf, t, op)
 	}
 	return RingAllreduce(ctx, c, buf, t, op)
 }

@@ -17,12 +17,13 @@ type Link struct {
 // transports: shared memory for ranks of this host, TCP for the rest. Links[r] says how to reach
 // rank r (Links[self] is ignored).
 type Route struct {
-	rank  int
-	links []Link
-	inbox chan Msg
-	stop  chan struct{}
-	wg    sync.WaitGroup
-	once  sync.Once
+	rank   int
+	links  []Link
+	inbox  chan Msg
+	direct <-chan Msg // set when forwarding is not needed
+	stop   chan struct{}
+	wg     sync.WaitGroup
+	once   sync.Once
 }
 
 // NewRoute builds the routed group. Every distinct Messenger's inbox is forwarded into one, with
@@ -39,6 +40,20 @@ func NewRoute(rank int, links []Link) *Route {
 			back[l.Messenger] = map[int]int{}
 		}
 		back[l.Messenger][l.Peer] = g
+	}
+	// One messenger that already numbers peers as the group does (every rank on one host): hand
+	// out its inbox directly, saving a goroutine hop on every control message.
+	if len(back) == 1 {
+		for m, ranks := range back {
+			identity := true
+			for local, g := range ranks {
+				identity = identity && local == g
+			}
+			if identity {
+				r.direct = m.Inbox()
+				return r
+			}
+		}
 	}
 	for m, ranks := range back {
 		r.wg.Add(1)
@@ -130,7 +145,12 @@ func (r *Route) SendMsg(ctx context.Context, peer int, body []byte) error {
 	return renumber(l.Messenger.SendMsg(ctx, l.Peer, body), l.Peer, peer)
 }
 
-func (r *Route) Inbox() <-chan Msg { return r.inbox }
+func (r *Route) Inbox() <-chan Msg {
+	if r.direct != nil {
+		return r.direct
+	}
+	return r.inbox
+}
 
 func (r *Route) Lost(peer int) error {
 	if peer < 0 || peer >= len(r.links) || r.links[peer].Messenger == nil {
