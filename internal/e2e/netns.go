@@ -55,6 +55,17 @@ func NewNetns(t testing.TB, n int) *Netns {
 			t.Skipf("cannot create a bridge here: %v", err)
 		}
 	}
+	// Docker sets the FORWARD policy to DROP, and with bridge netfilter on that drops traffic
+	// between our namespaces too: accept what stays on our own bridge, and only that.
+	rule := []string{"FORWARD", "-i", ns.Bridge, "-o", ns.Bridge, "-j", "ACCEPT"}
+	for _, ipt := range []string{"iptables", "iptables-legacy"} {
+		if _, err := exec.LookPath(ipt); err != nil {
+			continue
+		}
+		if exec.Command(ipt, append([]string{"-I"}, rule...)...).Run() == nil {
+			t.Cleanup(func() { exec.Command(ipt, append([]string{"-D"}, rule...)...).Run() })
+		}
+	}
 	for h := 1; h <= n; h++ {
 		name := fmt.Sprintf("k%dh%d", id, h)
 		veth := fmt.Sprintf("kv%dh%d", id, h)
