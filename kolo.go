@@ -119,6 +119,9 @@ func Init(opts ...Option) error {
 			return fmt.Errorf("kolo.Init: %w", err)
 		}
 	}
+	if cfg.Spin < 0 {
+		cfg.Spin = engine.DefaultSpin(job.LocalSize)
+	}
 	var secret []byte
 	if job.Size > 1 {
 		var ok bool

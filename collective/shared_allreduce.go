@@ -37,14 +37,17 @@ func SharedAllreduce(ctx context.Context, c transport.Comm, s transport.Shared, 
 
 	for off := 0; off < len(buf); off += chunkMax {
 		chunk := buf[off:min(off+chunkMax, len(buf))]
-		copy(mine, chunk)
+		// Stage only what the other ranks reduce: this rank's own slice is read from chunk.
+		lo, hi := part(len(chunk), es, n, r)
+		copy(mine[:lo], chunk[:lo])
+		copy(mine[hi:len(chunk)], chunk[hi:])
 		if err := s.Barrier(ctx); err != nil {
 			return fmt.Errorf("shared allreduce: bytes [%d,%d): barrier after copy-in: %w", off, off+len(chunk), err)
 		}
-		lo, hi := part(len(chunk), es, n, r)
 		for q := range n {
 			srcs[q] = s.Slot(q)[lo:hi]
 		}
+		srcs[r] = chunk[lo:hi]
 		reduce.Many(t, op, mine[lo:hi], srcs...)
 		if err := s.Barrier(ctx); err != nil {
 			return fmt.Errorf("shared allreduce: bytes [%d,%d): barrier after reducing: %w", off, off+len(chunk), err)

@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -19,6 +20,16 @@ type Config struct {
 	Hierarchical  bool          // two-level allreduce when several hosts each run several ranks
 	SetupTimeout  time.Duration // connecting to peers; default 60 s
 	ShutdownWait  time.Duration // how long Shutdown waits for the other ranks; default 30 s
+	Spin          time.Duration // how long idle waits poll before parking; 0 = never (see DefaultSpin)
+}
+
+// DefaultSpin is the idle-poll budget when this host's ranks do not outnumber its cores. When they
+// do, polling only steals the core the awaited rank needs, so the default is 0.
+func DefaultSpin(localSize int) time.Duration {
+	if localSize <= runtime.NumCPU() {
+		return 50 * time.Microsecond
+	}
+	return 0
 }
 
 // DefaultConfig is what a job gets without any setting.
@@ -104,6 +115,8 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	c.StallCheck = !disable
 	boolVar("HIERARCHICAL_ALLREDUCE", &c.Hierarchical)
 	durVar("START_TIMEOUT", time.Second, &c.SetupTimeout)
+	c.Spin = -1 // unset: Init picks DefaultSpin for the host
+	durVar("SPIN_TIME", time.Microsecond, &c.Spin)
 	if len(errs) > 0 {
 		return c, fmt.Errorf("engine settings: %s", strings.Join(errs, "; "))
 	}

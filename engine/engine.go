@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -124,7 +125,7 @@ func stallWarning(cfg Config) time.Duration {
 // Enqueue submits one op. in and out are the caller's buffers and must stay untouched until the
 // handle completes. The handle fails at once if the op is malformed or the engine is down.
 func (e *Engine) Enqueue(req negotiate.Request, in, out []byte) *Handle {
-	h := newHandle(req.Name)
+	h := newHandle(req.Name, e.cfg.Spin)
 	if err := validate(req, in, out, e.g.Size); err != nil {
 		h.finish(err)
 		return h
@@ -168,6 +169,16 @@ func (e *Engine) loop() {
 	}
 	inbox := e.g.Messenger.Inbox()
 	for {
+		// Poll briefly before parking: on an idle core, the next op or message usually arrives
+		// sooner than a parked goroutine can be woken.
+		if e.cfg.Spin > 0 {
+			for deadline := time.Now().Add(e.cfg.Spin); time.Now().Before(deadline); {
+				if len(e.wake) > 0 || len(inbox) > 0 {
+					break
+				}
+				runtime.Gosched()
+			}
+		}
 		select {
 		case <-e.wake:
 		case m, ok := <-inbox:

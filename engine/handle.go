@@ -3,7 +3,9 @@ package engine
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
+	"time"
 )
 
 // Handle is the future of one submitted op: Wait, Poll, Err. Safe for concurrent use.
@@ -15,9 +17,12 @@ type Handle struct {
 	recvSplits []int64 // alltoall: rows received from each rank
 	joinLast   int     // join: the last rank to join
 	name       string
+	spin       time.Duration // how long Wait polls before it parks
 }
 
-func newHandle(name string) *Handle { return &Handle{done: make(chan struct{}), name: name} }
+func newHandle(name string, spin time.Duration) *Handle {
+	return &Handle{done: make(chan struct{}), name: name, spin: spin}
+}
 
 func (h *Handle) finish(err error) {
 	h.once.Do(func() {
@@ -42,8 +47,20 @@ func (h *Handle) Poll() bool {
 	}
 }
 
-// Wait blocks until the op completes or ctx ends, and returns the op's error.
+// Wait blocks until the op completes or ctx ends, and returns the op's error. It polls for a
+// short while first: a small op completes within microseconds, and waking a parked goroutine
+// costs more than that.
 func (h *Handle) Wait(ctx context.Context) error {
+	if h.spin > 0 {
+		for deadline := time.Now().Add(h.spin); time.Now().Before(deadline); {
+			select {
+			case <-h.done:
+				return h.err
+			default:
+				runtime.Gosched()
+			}
+		}
+	}
 	select {
 	case <-h.done:
 		return h.err
