@@ -3,8 +3,11 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"fmt"
+	"net"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -53,6 +56,7 @@ type Job struct {
 	First          *launch.Result
 	Stdout, Stderr *Output
 	Elapsed        time.Duration
+	Intrusions     int
 }
 
 // Host places ranks: Name is the host name ranks report (groups shared memory), Wrap is prepended
@@ -69,6 +73,9 @@ type Options struct {
 	Listen    string            // rendezvous listen address (default 127.0.0.1:0)
 	Advertise string            // host ranks dial to reach the rendezvous (default: Listen's)
 	Grace     time.Duration     // SIGTERM-to-SIGKILL grace when a rank fails (default 2 s)
+	// Intrude, while the job runs, connects to the rendezvous and to every rank's peer listener
+	// with the wrong secret and with random bytes; Job.Intrusions counts the connections made.
+	Intrude bool
 }
 
 // Launch runs scenario on the hosts' slots by re-executing this test binary, with a rendezvous
@@ -128,8 +135,16 @@ func Launch(t testing.TB, scenario string, hosts []Host, np int, o Options) *Job
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	start := time.Now()
+	intruded := make(chan int, 1)
+	if o.Intrude {
+		go func() { intruded <- intrude(ctx, srv, addr.String(), np) }()
+	} else {
+		intruded <- 0
+	}
 	job.Results, job.First = r.Run(ctx, workers)
 	job.Elapsed = time.Since(start)
+	cancel()
+	job.Intrusions = <-intruded
 	return job
 }
 
@@ -143,4 +158,37 @@ func splitHostPort(s string) (string, string, error) {
 		}
 	}
 	return "", "", fmt.Errorf("no port in %q", s)
+}
+
+// intrude plays a stranger on the network: once every rank has published its peer listener, it
+// connects to each listener and to the rendezvous, once sending random bytes and once running the
+// handshake with a wrong secret. It returns how many connections it made.
+func intrude(ctx context.Context, srv *rendezvous.Server, rvAddr string, np int) int {
+	targets := []string{rvAddr}
+	for r := 0; r < np; r++ {
+		v, err := srv.Get(ctx, fmt.Sprintf("world/rank/%d", r))
+		if err != nil {
+			return 0
+		}
+		targets = append(targets, strings.SplitN(string(v), "|", 2)[0])
+	}
+	made := 0
+	for _, t := range targets {
+		for _, mode := range []string{"garbage", "wrong-secret"} {
+			conn, err := net.DialTimeout("tcp", t, time.Second)
+			if err != nil {
+				continue
+			}
+			made++
+			if mode == "garbage" {
+				junk := make([]byte, 4096)
+				rand.Read(junk)
+				conn.Write(junk)
+			} else {
+				auth.Handshake(conn, []byte("not the job secret"), auth.Dialer, 2*time.Second)
+			}
+			conn.Close()
+		}
+	}
+	return made
 }

@@ -26,6 +26,23 @@ var Scenarios = map[string]func(ctx context.Context) error{
 	"stall":    stallScenario,
 	"join":     joinScenario,
 	"kill":     killScenario,
+	"steady":   steadyScenario,
+}
+
+// steadyScenario is a training-like stream of steps (the same names every step, so the response
+// cache is exercised), long enough for a test to poke the job while it runs.
+func steadyScenario(ctx context.Context) error {
+	for step := 0; step < 150; step++ {
+		var checks []check
+		for i := 0; i < 4; i++ {
+			checks = append(checks, allreduceCheck(fmt.Sprintf("steady.%d", i), 4096+i, dtype.Float32, reduceOps[1]))
+		}
+		if err := waitAll(ctx, checks); err != nil {
+			return fmt.Errorf("step %d: %w", step, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return nil
 }
 
 // Run initialises kolo, runs scenario and shuts down.
