@@ -17,7 +17,7 @@ func TestMultiHost(t *testing.T) {
 		scenario string
 		env      map[string]string
 	}{
-		{"3x2 flat", []int{2, 2, 2}, "ops", nil},
+		{"3x2 flat", []int{2, 2, 2}, "ops", map[string]string{"KOLO_HIERARCHICAL_ALLREDUCE": "0"}},
 		{"3x2 hierarchical", []int{2, 2, 2}, "ops", map[string]string{"KOLO_HIERARCHICAL_ALLREDUCE": "1"}},
 		{"2x2 hierarchical big", []int{2, 2}, "big", map[string]string{"KOLO_HIERARCHICAL_ALLREDUCE": "1"}},
 		{"uneven 2+1", []int{2, 1}, "ops", map[string]string{"KOLO_HIERARCHICAL_ALLREDUCE": "1"}},

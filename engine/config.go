@@ -17,7 +17,7 @@ type Config struct {
 	StallWarning  time.Duration // report ops some ranks have not submitted after this; default 60 s
 	StallShutdown time.Duration // fail such ops after this; default 0 (never)
 	StallCheck    bool          // default true
-	Hierarchical  bool          // two-level allreduce when several hosts each run several ranks
+	Hierarchical  bool          // two-level allreduce (shm within hosts, TCP across) where hosts run equal numbers of several ranks; default on
 	SetupTimeout  time.Duration // connecting to peers; default 60 s
 	ShutdownWait  time.Duration // how long Shutdown waits for the other ranks; default 30 s
 	Spin          time.Duration // how long idle waits poll before parking; 0 = never (see DefaultSpin)
@@ -39,6 +39,7 @@ func DefaultConfig() Config {
 		CacheCapacity: 1024,
 		StallWarning:  60 * time.Second,
 		StallCheck:    true,
+		Hierarchical:  true,
 		SetupTimeout:  60 * time.Second,
 		ShutdownWait:  30 * time.Second,
 	}

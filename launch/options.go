@@ -53,7 +53,7 @@ func ParseRunFlags(args []string, stderr io.Writer) (*Options, error) {
 	fusionMB := fs.Float64("fusion-threshold-mb", -1, "fuse tensors up to this many MiB (default 128)")
 	cycleMS := fs.Float64("cycle-time-ms", -1, "wait this long to batch ready tensors before negotiating (default 0)")
 	cacheCap := fs.Int("cache-capacity", -1, "response cache entries (default 1024)")
-	hier := fs.Bool("hierarchical-allreduce", false, "two-level allreduce: shared memory within a host, TCP across hosts")
+	hier := fs.Bool("hierarchical-allreduce", false, "two-level allreduce: shared memory within a host, TCP across hosts (on by default where hosts run equal numbers of ranks; accepted for horovodrun compatibility; -x KOLO_HIERARCHICAL_ALLREDUCE=0 turns it off)")
 	noStall := fs.Bool("no-stall-check", false, "disable the stall inspector")
 	stallWarn := fs.Float64("stall-check-warning-time-seconds", -1, "report an op some ranks have not submitted after this many seconds (default 60)")
 	stallStop := fs.Float64("stall-check-shutdown-time-seconds", -1, "fail such an op after this many seconds (default 0: never)")
