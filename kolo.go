@@ -15,7 +15,6 @@ import (
 	"math"
 	"os"
 	"sync"
-	"time"
 
 	"github.com/kolo-dl/kolo/auth"
 	"github.com/kolo-dl/kolo/dtype"
@@ -473,4 +472,3 @@ func (n *namer) next(kind negotiate.OpKind, t dtype.DType, shape []int64) string
 	return fmt.Sprintf("%s#%d", sig, i)
 }
 
-var _ = time.Second

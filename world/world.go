@@ -12,12 +12,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -103,14 +100,14 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 
 	// Every rank publishes where it listens and which host it is on, then reads everyone's.
 	me := fmt.Sprintf("%s|%s|%s", addr, job.Hostname, bootID())
-	if err := rv.Set(ctx, key(job, "rank", job.Rank), []byte(me)); err != nil {
+	if err := rv.Set(ctx, key("rank", job.Rank), []byte(me)); err != nil {
 		return nil, fmt.Errorf("rank %d: publish address: %w", job.Rank, err)
 	}
 	addrs := make([]string, job.Size)
 	w.Hosts = make([]string, job.Size)
 	boots := make([]string, job.Size)
 	for r := 0; r < job.Size; r++ {
-		v, err := rv.Get(ctx, key(job, "rank", r))
+		v, err := rv.Get(ctx, key("rank", r))
 		if err != nil {
 			return nil, fmt.Errorf("rank %d: wait for rank %d to publish its address: %w", job.Rank, r, err)
 		}
@@ -199,7 +196,6 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 			return nil, err
 		}
 	}
-	// The store is no longer needed once the mesh is up; leaving it open would only hold a socket.
 	ok = true
 	return w, nil
 }
@@ -259,7 +255,8 @@ func publicAddr(toRendezvous, listener net.Addr) (string, error) {
 	return net.JoinHostPort(ta.IP.String(), strconv.Itoa(la.Port)), nil
 }
 
-func key(job jobenv.Job, kind string, r int) string {
+// key names a rank's record in the rendezvous store; the e2e tests read it to find listeners.
+func key(kind string, r int) string {
 	return fmt.Sprintf("world/%s/%d", kind, r)
 }
 
@@ -284,6 +281,3 @@ func bootID() string {
 	return strings.TrimSpace(string(b))
 }
 
-var _ = filepath.Join
-var _ = sort.Ints
-var _ = slog.Info
