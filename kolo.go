@@ -471,4 +471,3 @@ func (n *namer) next(kind negotiate.OpKind, t dtype.DType, shape []int64) string
 	n.n[sig] = i + 1
 	return fmt.Sprintf("%s#%d", sig, i)
 }
-

@@ -280,4 +280,3 @@ func bootID() string {
 	}
 	return strings.TrimSpace(string(b))
 }
-
