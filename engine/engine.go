@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/engine/negotiate"
-	"github.com/kolo-dl/kolo/internal/ktrace"
 	"github.com/kolo-dl/kolo/transport"
 )
 
@@ -126,7 +125,6 @@ func stallWarning(cfg Config) time.Duration {
 // Enqueue submits one op. in and out are the caller's buffers and must stay untouched until the
 // handle completes. The handle fails at once if the op is malformed or the engine is down.
 func (e *Engine) Enqueue(req negotiate.Request, in, out []byte) *Handle {
-	ktrace.T(1)
 	h := newHandle(req.Name, e.cfg.Spin)
 	if err := validate(req, in, out, e.g.Size); err != nil {
 		h.finish(err)
@@ -196,7 +194,6 @@ func (e *Engine) loop() {
 				return
 			}
 		}
-		ktrace.T(2)
 		if e.cfg.CycleTime > 0 {
 			time.Sleep(e.cfg.CycleTime)
 		}
@@ -266,7 +263,6 @@ func (e *Engine) drainQueue() bool {
 					return false
 				}
 			}
-			ktrace.T(3)
 		}
 	}
 	if closed && len(e.pending) == 0 {
@@ -277,7 +273,6 @@ func (e *Engine) drainQueue() bool {
 
 // handleMsg acts on one control message. It returns false when the loop must end.
 func (e *Engine) handleMsg(m transport.Msg) bool {
-	ktrace.T(5)
 	if m.Body == nil && e.leaving {
 		return false
 	}
@@ -350,7 +345,6 @@ func (e *Engine) publish(resps []negotiate.Response) bool {
 				return false
 			}
 		}
-		ktrace.T(6)
 	}
 	for i := range resps {
 		if !e.execute(&resps[i]) {
@@ -424,7 +418,6 @@ func (e *Engine) execute(r *negotiate.Response) bool {
 		}
 		return true
 	}
-	ktrace.T(7)
 	err := e.exec.run(context.Background(), *r, entries)
 	if err == nil {
 		for _, en := range entries {
@@ -432,7 +425,6 @@ func (e *Engine) execute(r *negotiate.Response) bool {
 				en.h.finish(nil)
 			}
 		}
-		ktrace.T(8)
 		return true
 	}
 	if e.leaving {
@@ -516,7 +508,6 @@ const shutdownName = "kolo.shutdown"
 // tears down connections another rank still needs, then stops the loop. Ops still pending fail
 // with ErrShutdown.
 func (e *Engine) Shutdown(ctx context.Context) error {
-	defer ktrace.Dump(e.g.Rank)
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.ShutdownWait)
 	defer cancel()
 	var err error

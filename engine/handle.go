@@ -6,8 +6,6 @@ import (
 	"runtime"
 	"sync"
 	"time"
-
-	"github.com/kolo-dl/kolo/internal/ktrace"
 )
 
 // Handle is the future of one submitted op: Wait, Poll, Err. Safe for concurrent use.
@@ -53,7 +51,6 @@ func (h *Handle) Poll() bool {
 // short while first: a small op completes within microseconds, and waking a parked goroutine
 // costs more than that.
 func (h *Handle) Wait(ctx context.Context) error {
-	defer ktrace.T(9)
 	if h.spin > 0 {
 		for deadline := time.Now().Add(h.spin); time.Now().Before(deadline); {
 			select {
