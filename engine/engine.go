@@ -2,9 +2,12 @@
 // coordinator (rank 0) match them across ranks, fuses ready tensors into one buffer, runs the
 // collectives and completes the handles.
 //
-// The matching logic itself is the pure state machine in engine/negotiate; this package feeds it
-// (requests in, responses out), moves its messages and acts on what it decides. It must not
-// implement collective algorithms (package collective) or move bytes itself (package transport).
+// The loop runs wherever it costs least (drive.go): in the caller blocked in Handle.Wait, which
+// then needs no hand-off from another goroutine to learn that its op is done, or in a background
+// goroutine for ops nobody waits on yet. The matching logic itself is the pure state machine in
+// engine/negotiate; this package feeds it (requests in, responses out), moves its messages and acts
+// on what it decides. It must not implement collective algorithms (package collective) or move
+// bytes itself (package transport).
 package engine
 
 import (
@@ -12,9 +15,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kolo-dl/kolo/engine/negotiate"
@@ -36,7 +39,7 @@ type Group struct {
 // ErrShutdown is returned for ops submitted after Shutdown or pending when it ran.
 var ErrShutdown = errors.New("kolo engine has been shut down")
 
-// Engine is one rank's background loop.
+// Engine is one rank's loop.
 type Engine struct {
 	cfg Config
 	g   Group
@@ -45,10 +48,25 @@ type Engine struct {
 	queue   []*entry
 	closed  bool
 	fatal   error
-	wake    chan struct{}
-	stopped chan struct{}
+	driving bool // someone holds the drive token, and will take what is queued
+	kicking bool // kick is armed
+	handoff bool // the last driver left work to callers waiting to drive (see release)
 
-	// Loop-owned state (only the loop goroutine touches these).
+	drive   chan struct{} // the drive token: sending takes it, receiving gives it back
+	summon  chan struct{} // asks the background goroutine to drive
+	nudge   chan struct{} // wakes a driver asleep on the inbox channel (no Poller)
+	kick    *time.Timer   // summons the background goroutine for queued ops nobody picked up
+	waiting atomic.Int32  // callers in Handle.Wait, ready to drive: the background goroutine gives way
+	queued  atomic.Int32  // len(queue), for a sleeping driver's wake-up condition
+	stopped chan struct{} // closed when the background goroutine exits
+
+	poller transport.Poller     // the Messenger's Poller capability, if it has one
+	inbox  <-chan transport.Msg // else its Inbox
+	timer  *time.Timer          // bounds a driver's sleep on inbox (driver-owned)
+	held   *transport.Msg       // a message taken from inbox while sleeping, not yet handled
+	heldOK bool                 // held came from an open inbox
+
+	// Driver-owned state: only the holder of the drive token touches these.
 	pending map[string]*entry // submitted on this rank, not yet executed
 	joining *entry            // this rank's Join, until every rank has joined
 	coord   *negotiate.Coordinator
@@ -57,7 +75,9 @@ type Engine struct {
 	msgBuf  []byte
 	// leaving is set once the shutdown barrier has been negotiated: every rank has reached
 	// Shutdown, so a peer closing its connections from then on is expected, not a failure.
-	leaving bool
+	leaving  bool
+	ended    bool      // the loop has stopped for good (failure, or shut down)
+	nextTick time.Time // when the coordinator's stall inspector runs next
 }
 
 // entry is one op submitted on this rank.
@@ -92,11 +112,22 @@ func New(cfg Config, g Group) (*Engine, error) {
 	e := &Engine{
 		cfg:     cfg,
 		g:       g,
-		wake:    make(chan struct{}, 1),
+		drive:   make(chan struct{}, 1),
+		summon:  make(chan struct{}, 1),
+		nudge:   make(chan struct{}, 1),
+		kick:    time.NewTimer(time.Hour),
+		timer:   time.NewTimer(time.Hour),
 		stopped: make(chan struct{}),
 		pending: map[string]*entry{},
 		cache:   cache,
 		exec:    newExecutor(g, cfg),
+	}
+	e.kick.Stop()
+	e.timer.Stop()
+	if p, ok := transport.PollerOf(g.Messenger); ok {
+		e.poller = p
+	} else {
+		e.inbox = g.Messenger.Inbox()
 	}
 	if g.Rank == 0 {
 		e.coord, err = negotiate.NewCoordinator(negotiate.Config{
@@ -109,8 +140,11 @@ func New(cfg Config, g Group) (*Engine, error) {
 		if err != nil {
 			return nil, err
 		}
+		if tickEvery(cfg) > 0 {
+			e.nextTick = time.Now().Add(tickEvery(cfg))
+		}
 	}
-	go e.loop()
+	go e.background()
 	return e, nil
 }
 
@@ -122,10 +156,21 @@ func stallWarning(cfg Config) time.Duration {
 	return cfg.StallWarning
 }
 
+// tickEvery is how often the coordinator runs the stall inspector; 0 when it is off.
+func tickEvery(cfg Config) time.Duration {
+	if stallWarning(cfg) <= 0 {
+		return 0
+	}
+	return min(time.Second, stallWarning(cfg)/4+time.Millisecond)
+}
+
 // Enqueue submits one op. in and out are the caller's buffers and must stay untouched until the
 // handle completes. The handle fails at once if the op is malformed or the engine is down.
+//
+// Negotiation starts when someone drives the loop: the caller's Wait, another caller's, or the
+// background goroutine, which takes ops nobody else picked up within kickDelay.
 func (e *Engine) Enqueue(req negotiate.Request, in, out []byte) *Handle {
-	h := newHandle(req.Name, e.cfg.Spin)
+	h := newHandle(req.Name, e)
 	if err := validate(req, in, out, e.g.Size); err != nil {
 		h.finish(err)
 		return h
@@ -143,10 +188,15 @@ func (e *Engine) Enqueue(req negotiate.Request, in, out []byte) *Handle {
 		return h
 	}
 	e.queue = append(e.queue, &entry{req: req, in: in, out: out, h: h})
+	e.queued.Store(int32(len(e.queue)))
+	driving := e.driving
+	if !driving && !e.kicking {
+		e.kicking = true
+		e.kick.Reset(kickDelay)
+	}
 	e.mu.Unlock()
-	select {
-	case e.wake <- struct{}{}:
-	default:
+	if driving {
+		e.wakeDriver()
 	}
 	return h
 }
@@ -158,71 +208,15 @@ func (e *Engine) Err() error {
 	return e.fatal
 }
 
-func (e *Engine) loop() {
-	defer close(e.stopped)
-	var tick *time.Ticker
-	var tickC <-chan time.Time
-	if e.coord != nil && stallWarning(e.cfg) > 0 {
-		tick = time.NewTicker(min(time.Second, stallWarning(e.cfg)/4+time.Millisecond))
-		defer tick.Stop()
-		tickC = tick.C
-	}
-	inbox := e.g.Messenger.Inbox()
-	for {
-		// Poll briefly before parking: on an idle core, the next op or message usually arrives
-		// sooner than a parked goroutine can be woken.
-		if e.cfg.Spin > 0 {
-			for deadline := time.Now().Add(e.cfg.Spin); time.Now().Before(deadline); {
-				if len(e.wake) > 0 || len(inbox) > 0 {
-					break
-				}
-				runtime.Gosched()
-			}
-		}
-		select {
-		case <-e.wake:
-		case m, ok := <-inbox:
-			if !ok {
-				e.fail(fmt.Errorf("rank %d: control channel closed", e.g.Rank))
-				return
-			}
-			if !e.handleMsg(m) {
-				return
-			}
-		case now := <-tickC:
-			if !e.tick(now) {
-				return
-			}
-		}
-		if e.cfg.CycleTime > 0 {
-			time.Sleep(e.cfg.CycleTime)
-		}
-		if !e.drainQueue() {
-			return
-		}
-		// Take whatever else already arrived before deciding, so one decision covers it.
-		for more := true; more; {
-			select {
-			case m, ok := <-inbox:
-				if !ok || !e.handleMsg(m) {
-					return
-				}
-			default:
-				more = false
-			}
-		}
-		if e.coord != nil && !e.decide() {
-			return
-		}
-	}
-}
-
-// drainQueue moves newly submitted ops into pending and tells the coordinator about them.
-// It returns false when the loop must end.
-func (e *Engine) drainQueue() bool {
+// drainQueue moves newly submitted ops into pending and tells the coordinator about them. It
+// reports whether it took any, and returns ok == false when the loop must end.
+func (e *Engine) drainQueue() (took, ok bool) {
 	e.mu.Lock()
 	q := e.queue
-	e.queue = nil
+	if len(q) > 0 {
+		e.queue = nil
+		e.queued.Store(0)
+	}
 	closed := e.closed
 	e.mu.Unlock()
 	if len(q) > 0 {
@@ -254,21 +248,21 @@ func (e *Engine) drainQueue() bool {
 			if e.coord != nil {
 				if err := e.coord.SubmitBatch(time.Now(), b); err != nil {
 					e.fail(fmt.Errorf("rank 0: %w", err))
-					return false
+					return true, false
 				}
 			} else {
 				e.msgBuf = negotiate.EncodeBatch(e.msgBuf[:0], b)
 				if err := e.g.Messenger.SendMsg(context.Background(), 0, e.msgBuf); err != nil {
 					e.fail(e.lostError(0, fmt.Errorf("send requests to the coordinator: %w", err)))
-					return false
+					return true, false
 				}
 			}
 		}
 	}
 	if closed && len(e.pending) == 0 {
-		return false
+		return len(q) > 0, false
 	}
-	return true
+	return len(q) > 0, true
 }
 
 // handleMsg acts on one control message. It returns false when the loop must end.
@@ -520,10 +514,9 @@ func (e *Engine) Shutdown(ctx context.Context) error {
 	e.mu.Lock()
 	e.closed = true
 	e.mu.Unlock()
-	select {
-	case e.wake <- struct{}{}:
-	default:
-	}
+	// The background goroutine ends the loop; a caller driving at the moment hands it over.
+	e.summonBackground()
+	e.wakeDriver()
 	select {
 	case <-e.stopped:
 	case <-ctx.Done():
@@ -531,6 +524,7 @@ func (e *Engine) Shutdown(ctx context.Context) error {
 	e.mu.Lock()
 	q := e.queue
 	e.queue = nil
+	e.queued.Store(0)
 	e.mu.Unlock()
 	for _, en := range q {
 		en.h.finish(ErrShutdown)

@@ -22,6 +22,7 @@ import (
 type cluster struct {
 	eps     []*inmem.Endpoint
 	engines []*Engine
+	close   func(r int) // closes rank r's transport under its engine (shm clusters)
 }
 
 func newCluster(t *testing.T, n int, cfg Config) *cluster {

@@ -3,9 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"sync"
-	"time"
 )
 
 // Handle is the future of one submitted op: Wait, Poll, Err. Safe for concurrent use.
@@ -17,11 +15,11 @@ type Handle struct {
 	recvSplits []int64 // alltoall: rows received from each rank
 	joinLast   int     // join: the last rank to join
 	name       string
-	spin       time.Duration // how long Wait polls before it parks
+	e          *Engine // whose loop Wait drives
 }
 
-func newHandle(name string, spin time.Duration) *Handle {
-	return &Handle{done: make(chan struct{}), name: name, spin: spin}
+func newHandle(name string, e *Engine) *Handle {
+	return &Handle{done: make(chan struct{}), name: name, e: e}
 }
 
 func (h *Handle) finish(err error) {
@@ -47,19 +45,17 @@ func (h *Handle) Poll() bool {
 	}
 }
 
-// Wait blocks until the op completes or ctx ends, and returns the op's error. It polls for a
-// short while first: a small op completes within microseconds, and waking a parked goroutine
-// costs more than that.
+// Wait blocks until the op completes or ctx ends, and returns the op's error. While it waits it
+// runs the engine's loop itself, unless another goroutine already does (see drive.go): the op's
+// result then needs no wake-up of another goroutine to reach the caller. If ctx ends while this
+// caller is executing a collective, Wait returns once that collective is done, since abandoning it
+// half-way would leave the peers mid-protocol.
 func (h *Handle) Wait(ctx context.Context) error {
-	if h.spin > 0 {
-		for deadline := time.Now().Add(h.spin); time.Now().Before(deadline); {
-			select {
-			case <-h.done:
-				return h.err
-			default:
-				runtime.Gosched()
-			}
-		}
+	if !h.Poll() && h.e != nil {
+		h.e.await(ctx, h)
+	}
+	if h.Poll() {
+		return h.err
 	}
 	select {
 	case <-h.done:

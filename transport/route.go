@@ -20,7 +20,7 @@ type Route struct {
 	rank   int
 	links  []Link
 	inbox  chan Msg
-	direct <-chan Msg // set when forwarding is not needed
+	direct Messenger // set when forwarding is not needed: this messenger's inbox is the route's
 	stop   chan struct{}
 	wg     sync.WaitGroup
 	once   sync.Once
@@ -42,7 +42,8 @@ func NewRoute(rank int, links []Link) *Route {
 		back[l.Messenger][l.Peer] = g
 	}
 	// One messenger that already numbers peers as the group does (every rank on one host): hand
-	// out its inbox directly, saving a goroutine hop on every control message.
+	// out its inbox directly, saving a goroutine hop on every control message. Its Inbox is asked
+	// for only when the route's is, so a caller may read it through PollerOf instead.
 	if len(back) == 1 {
 		for m, ranks := range back {
 			identity := true
@@ -50,7 +51,7 @@ func NewRoute(rank int, links []Link) *Route {
 				identity = identity && local == g
 			}
 			if identity {
-				r.direct = m.Inbox()
+				r.direct = m
 				return r
 			}
 		}
@@ -147,7 +148,7 @@ func (r *Route) SendMsg(ctx context.Context, peer int, body []byte) error {
 
 func (r *Route) Inbox() <-chan Msg {
 	if r.direct != nil {
-		return r.direct
+		return r.direct.Inbox()
 	}
 	return r.inbox
 }

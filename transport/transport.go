@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Comm is a reliable, ordered, point-to-point byte stream between every pair of ranks of a group.
@@ -64,6 +65,42 @@ type Messenger interface {
 	// Lost returns the error that ended communication with peer, or nil if it is healthy.
 	Lost(peer int) error
 	Close() error
+}
+
+// Poller is an optional capability of a Messenger: its owner takes messages directly instead of
+// through Inbox, so a message costs no goroutine hand-off. The engine polls with TryRecv while it
+// spins and sleeps in Sleep when idle; with shared memory a message then wakes the sleeper itself
+// (one futex wake) rather than a reader goroutine that wakes the engine through a channel.
+//
+// A Messenger is read either through Inbox or through TryRecv, never both: a Poller delivers each
+// message once, to whichever its owner chose. Find the capability with PollerOf, which also looks
+// through a Route.
+type Poller interface {
+	// TryRecv returns the next message from any peer if one has arrived, without blocking. A lost
+	// peer is reported as Inbox reports it: one Msg{From: peer, Body: nil}, after every message it
+	// sent, with Lost saying why. err matches ErrClosed once the Messenger is closed. Calls must not
+	// overlap each other or Sleep.
+	TryRecv() (m Msg, ok bool, err error)
+	// Sleep blocks until a message may have arrived, ready() holds, Wake is called or d passes,
+	// whichever is first; it may also return for no reason. ready is evaluated after Sleep has
+	// registered as a sleeper, so a Wake that follows a change ready() sees is never lost.
+	Sleep(ready func() bool, d time.Duration)
+	// Wake makes a Sleep in progress return. Safe for concurrent use, from any goroutine, also
+	// after Close; it costs no system call when nobody sleeps.
+	Wake()
+}
+
+// PollerOf returns m's Poller capability. A Route that hands a single Messenger through (every peer
+// on one host) has the capability of that Messenger; one that merges several has none.
+func PollerOf(m Messenger) (Poller, bool) {
+	if r, ok := m.(*Route); ok {
+		if r.direct == nil {
+			return nil, false
+		}
+		m = r.direct
+	}
+	p, ok := m.(Poller)
+	return p, ok
 }
 
 // ErrClosed is returned by calls on a Comm or Messenger after Close.

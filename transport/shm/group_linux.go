@@ -304,8 +304,9 @@ func (g *Group) missingRanks() []int {
 // Closing it closes only the Comm half; the segment is released when both halves are closed.
 func (g *Group) Comm() transport.Comm { return g.comm }
 
-// Messenger returns the framed-message transport over the segment; its reader goroutine runs from
-// Open until the Messenger (or the Group) is closed.
+// Messenger returns the framed-message transport over the segment. It is also a transport.Poller;
+// read through Inbox, its reader goroutine runs from the first Inbox call until the Messenger (or
+// the Group) is closed.
 func (g *Group) Messenger() transport.Messenger { return g.msgr }
 
 // Abort makes every current and future Comm call and Barrier of every rank of the segment fail

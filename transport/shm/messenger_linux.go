@@ -14,9 +14,20 @@ import (
 
 const inboxLen = 1024
 
+// readerSpin caps the reader goroutine's spin: it spins beside the engine's loop, which spins too,
+// so it keeps to the few microseconds in which a reply usually arrives.
+const readerSpin = 5 * time.Microsecond
+
+// pollsPerClock is how many empty TryRecv calls go between readings of the clock for the peers'
+// process check.
+const pollsPerClock = 64
+
 // messenger is the Group's transport.Messenger: framed messages on their own rings (so control
-// traffic never queues behind a collective's data), read by one goroutine per rank that sleeps on
-// the rank's message doorbell, which every sender to it rings.
+// traffic never queues behind a collective's data), every sender ringing the receiver's message
+// doorbell after it publishes. It is read one of two ways, chosen by the first call: Inbox starts a
+// reader goroutine that sleeps on the doorbell and forwards into a channel; TryRecv and Sleep
+// (transport.Poller) let the owner drain the rings and sleep on the doorbell itself, which saves
+// the reader's wake-up and the channel hand-off on every message.
 type messenger struct {
 	g     *Group
 	inbox chan transport.Msg
@@ -26,9 +37,17 @@ type messenger struct {
 	send     []ringEnd
 	broken   []error // a stream left mid-frame by a cancelled SendMsg; guarded by sendLock[p]
 
-	// reading side, owned by the reader goroutine
-	recv []ringEnd
-	dec  []frameDecoder
+	// reading side, owned by the reader goroutine (Inbox) or, when polled, guarded by readMu
+	readMu  sync.Mutex
+	recv    []ringEnd
+	dec     []frameDecoder
+	polled  []transport.Msg // decoded, not yet returned by TryRecv
+	checked time.Time       // when TryRecv last checked that its peers' processes are alive
+	empties int             // TryRecv calls that found nothing since the clock was last read
+
+	mode    atomic.Int32 // readUnchosen, readInbox or readPolled
+	modeMu  sync.Mutex   // orders starting the reader against Close
+	started bool         // the reader goroutine runs; guarded by modeMu
 
 	lostMu sync.Mutex
 	lost   []error
@@ -42,7 +61,17 @@ type messenger struct {
 	stopped  chan struct{} // closed by the reader as it exits
 }
 
-var _ transport.Messenger = (*messenger)(nil)
+// How a messenger is read; the first of Inbox and TryRecv to be called decides, for good.
+const (
+	readUnchosen = iota
+	readInbox
+	readPolled
+)
+
+var (
+	_ transport.Messenger = (*messenger)(nil)
+	_ transport.Poller    = (*messenger)(nil)
+)
 
 func newMessenger(g *Group) *messenger {
 	m := &messenger{g: g, inbox: make(chan transport.Msg, inboxLen),
@@ -58,11 +87,20 @@ func newMessenger(g *Group) *messenger {
 		m.send[p] = newRingEnd(g.mem, l.msgCtl(me, p), l.msgRing(me, p), l.msgRingBytes, true, g.bell(p, rMsgBell))
 		m.recv[p] = newRingEnd(g.mem, l.msgCtl(p, me), l.msgRing(p, me), l.msgRingBytes, false, g.bell(p, rMsgSpaceBell))
 	}
-	go m.read()
 	return m
 }
 
-func (m *messenger) Inbox() <-chan transport.Msg { return m.inbox }
+// Inbox delivers every message through a channel fed by a reader goroutine, started by the first
+// call. If the messenger is already read through TryRecv, the channel stays empty until Close.
+func (m *messenger) Inbox() <-chan transport.Msg {
+	m.modeMu.Lock()
+	defer m.modeMu.Unlock()
+	if !m.stopping.Load() && m.mode.CompareAndSwap(readUnchosen, readInbox) {
+		m.started = true
+		go m.read()
+	}
+	return m.inbox
+}
 
 // Lost returns the error that ended messages from peer, or nil while it is healthy.
 func (m *messenger) Lost(peer int) error {
@@ -116,6 +154,7 @@ func (m *messenger) SendMsg(ctx context.Context, peer int, body []byte) error {
 	if frame <= r.size {
 		fits := func() bool { return r.free() >= frame }
 		for !fits() {
+			m.relieve()
 			if err := w.wait(fits, gone); err != nil {
 				return fmt.Errorf("shm: rank %d: send message of %d bytes to rank %d: %w", me, len(body), peer, err)
 			}
@@ -135,6 +174,7 @@ func (m *messenger) SendMsg(ctx context.Context, peer int, body []byte) error {
 				w.progressed()
 				continue
 			}
+			m.relieve()
 			if err := w.wait(r.writable, gone); err != nil {
 				err = fmt.Errorf("shm: rank %d: send message of %d bytes to rank %d, %d of %d frame bytes sent: %w",
 					me, len(body), peer, sent, frame, err)
@@ -170,17 +210,6 @@ func (m *messenger) read() {
 	bell := g.bell(g.rank, rMsgBell)
 	var pending []transport.Msg
 	checked := time.Now()
-	ready := func() bool {
-		if m.stopping.Load() || m.selfN.Load() > 0 {
-			return true
-		}
-		for p := range m.recv {
-			if p != g.rank && m.recv[p].data != nil && m.recv[p].readable() {
-				return true
-			}
-		}
-		return false
-	}
 	for {
 		for len(pending) > 0 {
 			select {
@@ -197,8 +226,8 @@ func (m *messenger) read() {
 		g.mu.RLock()
 		pending = m.drain(pending)
 		if len(pending) == 0 {
-			if !spinUntil(ready, g.cfg.Spin) {
-				bell.sleep(ready, readerCheckEvery)
+			if !spinUntil(m.arrived, min(g.cfg.Spin, readerSpin)) {
+				bell.sleep(m.arrived, readerCheckEvery)
 			}
 			procs := time.Since(checked) >= readerCheckEvery
 			if procs {
@@ -208,6 +237,104 @@ func (m *messenger) read() {
 		}
 		g.mu.RUnlock()
 	}
+}
+
+// arrived reports whether a message may be waiting (or the messenger is closing): the reader's and
+// Sleep's wake-up condition.
+func (m *messenger) arrived() bool {
+	if m.stopping.Load() || m.selfN.Load() > 0 {
+		return true
+	}
+	for p := range m.recv {
+		if p != m.g.rank && m.recv[p].data != nil && m.recv[p].readable() {
+			return true
+		}
+	}
+	return false
+}
+
+// TryRecv implements transport.Poller: it decodes whatever the rings hold and returns the oldest
+// message. When nothing has arrived it checks the peers, as the reader goroutine would after a
+// wake-up: their state words every time, their processes every readerCheckEvery.
+func (m *messenger) TryRecv() (transport.Msg, bool, error) {
+	g := m.g
+	if m.mode.Load() != readPolled && !m.mode.CompareAndSwap(readUnchosen, readPolled) {
+		return transport.Msg{}, false, fmt.Errorf("shm: rank %d: TryRecv on a messenger already read through Inbox", g.rank)
+	}
+	m.readMu.Lock()
+	defer m.readMu.Unlock()
+	if len(m.polled) == 0 {
+		g.mu.RLock()
+		if g.msgClosed.Load() {
+			g.mu.RUnlock()
+			return transport.Msg{}, false, fmt.Errorf("shm: rank %d: receive message: %w", g.rank, transport.ErrClosed)
+		}
+		m.polled = m.drain(m.polled[:0])
+		if len(m.polled) == 0 {
+			// A spinning caller polls every few hundred nanoseconds: reading the clock each time
+			// would be a good part of that, so it is read every pollsPerClock empty polls (or
+			// after a Sleep, which sets empties so).
+			procs := false
+			if m.empties++; m.empties >= pollsPerClock {
+				m.empties = 0
+				now := time.Now()
+				if m.checked.IsZero() {
+					m.checked = now
+				}
+				if procs = now.Sub(m.checked) >= readerCheckEvery; procs {
+					m.checked = now
+				}
+			}
+			m.polled = m.checkPeers(m.polled, procs)
+		}
+		g.mu.RUnlock()
+		if len(m.polled) == 0 {
+			return transport.Msg{}, false, nil
+		}
+	}
+	msg := m.polled[0]
+	m.polled[0] = transport.Msg{}
+	m.polled = m.polled[1:]
+	return msg, true, nil
+}
+
+// Sleep implements transport.Poller: it sleeps on this rank's message doorbell, which every sender
+// rings after it publishes, Wake rings, and Close kicks.
+func (m *messenger) Sleep(ready func() bool, d time.Duration) {
+	g := m.g
+	m.readMu.Lock()
+	defer m.readMu.Unlock()
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	if g.released || len(m.polled) > 0 {
+		return
+	}
+	g.bell(g.rank, rMsgBell).sleep(func() bool { return m.arrived() || ready() }, d)
+	m.empties = pollsPerClock // the next empty TryRecv reads the clock
+}
+
+// Wake implements transport.Poller.
+func (m *messenger) Wake() {
+	g := m.g
+	g.mu.RLock()
+	if !g.released {
+		g.bell(g.rank, rMsgBell).ring()
+	}
+	g.mu.RUnlock()
+}
+
+// relieve is for a SendMsg waiting for room in a peer's ring: when the messenger is polled, it
+// decodes what has arrived into the polled queue. The goroutine blocked in SendMsg is then usually
+// the one that would otherwise read (the engine sends from its loop), and the peer may be blocked
+// sending to this rank at the same time: without this, two long messages crossing would wait on
+// each other for ever. Draining frees the peer's ring and rings its space doorbell, so it does the
+// same for us. The caller holds g.mu shared.
+func (m *messenger) relieve() {
+	if m.mode.Load() != readPolled || !m.readMu.TryLock() {
+		return
+	}
+	m.polled = m.drain(m.polled)
+	m.readMu.Unlock()
 }
 
 // drain decodes everything now in the rings and the self queue.
@@ -280,15 +407,23 @@ func (m *messenger) markLost(pending []transport.Msg, p int, err error) []transp
 	return append(pending, transport.Msg{From: p, Body: nil})
 }
 
-// beginStop tells the reader to stop; the caller then rings the doorbell it may sleep on.
+// beginStop tells the reader, if it runs, to stop; the caller then rings the doorbell it may sleep
+// on.
 func (m *messenger) beginStop() {
+	m.modeMu.Lock()
 	m.stopping.Store(true)
+	m.modeMu.Unlock()
 	close(m.stop)
 }
 
 // endStop waits for the reader to exit and closes the inbox.
 func (m *messenger) endStop() {
-	<-m.stopped
+	m.modeMu.Lock()
+	started := m.started
+	m.modeMu.Unlock()
+	if started {
+		<-m.stopped
+	}
 	close(m.inbox)
 }
 
