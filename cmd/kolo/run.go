@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -65,8 +66,8 @@ func runJob(ctx context.Context, opts *launch.Options) (int, error) {
 		return 1, fmt.Errorf("start rendezvous: %w", err)
 	}
 	defer srv.Close()
-	_, port, _ := splitPort(addr.String())
-	rvAddr := bindHost + ":" + port
+	_, port, _ := net.SplitHostPort(addr.String())
+	rvAddr := net.JoinHostPort(bindHost, port)
 	if opts.Verbose {
 		slog.Info("rendezvous listening", "addr", rvAddr, "ranks", np)
 	}
@@ -91,13 +92,4 @@ func runJob(ctx context.Context, opts *launch.Options) (int, error) {
 		return 130, errors.New("interrupted: stopped every rank")
 	}
 	return 0, nil
-}
-
-func splitPort(hostport string) (string, string, error) {
-	for i := len(hostport) - 1; i >= 0; i-- {
-		if hostport[i] == ':' {
-			return hostport[:i], hostport[i+1:], nil
-		}
-	}
-	return "", "", fmt.Errorf("no port in %q", hostport)
 }

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/auth"
-	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
@@ -102,8 +101,8 @@ func Launch(t testing.TB, scenario string, hosts []Host, np int, o Options) *Job
 	if advertise == "" {
 		advertise = addr.String()
 	} else {
-		_, port, _ := splitHostPort(addr.String())
-		advertise = advertise + ":" + port
+		_, port, _ := net.SplitHostPort(addr.String())
+		advertise = net.JoinHostPort(advertise, port)
 	}
 	lh := make([]launch.Host, len(hosts))
 	wrap := map[string][]string{}
@@ -118,15 +117,7 @@ func Launch(t testing.TB, scenario string, hosts []Host, np int, o Options) *Job
 	jobID := launch.NewJobID()
 	workers := make([]launch.Worker, len(slots))
 	for i, s := range slots {
-		e := append(os.Environ(), WorkerEnv+"="+scenario, jobenv.Secret+"="+secret)
-		for k, v := range jobenv.Encode(jobenv.Job{Rank: s.Rank, Size: s.Size, LocalRank: s.LocalRank,
-			LocalSize: s.LocalSize, CrossRank: s.CrossRank, CrossSize: s.CrossSize, Hostname: s.Host,
-			Rendezvous: advertise, JobID: jobID}) {
-			e = append(e, k+"="+v)
-		}
-		for k, v := range env {
-			e = append(e, k+"="+v)
-		}
+		e := launch.WorkerEnv(s, advertise, jobID, secret, env, []string{WorkerEnv + "=" + scenario})
 		argv := append(append([]string(nil), wrap[s.Host]...), os.Args[0], "-test.run=^$")
 		workers[i] = launch.Worker{Slot: s, Argv: argv, Env: e}
 	}
@@ -150,15 +141,6 @@ func Launch(t testing.TB, scenario string, hosts []Host, np int, o Options) *Job
 
 // LocalHosts is one host, this machine, with np slots.
 func LocalHosts(np int) []Host { return []Host{{Name: "localhost", Slots: np}} }
-
-func splitHostPort(s string) (string, string, error) {
-	for i := len(s) - 1; i >= 0; i-- {
-		if s[i] == ':' {
-			return s[:i], s[i+1:], nil
-		}
-	}
-	return "", "", fmt.Errorf("no port in %q", s)
-}
 
 // intrude plays a stranger on the network: once every rank has published its peer listener, it
 // connects to each listener and to the rendezvous, once sending random bytes and once running the
