@@ -257,46 +257,41 @@ func (c *meshComm) Close() error { return (*Mesh)(c).Close() }
 // Send writes b to peer's stream. Pieces on the first connection go from this goroutine, the rest
 // from the connections' workers in parallel.
 func (c *meshComm) Send(ctx context.Context, peer int, b []byte) error {
-	m := (*Mesh)(c)
-	m.opMu.RLock()
-	defer m.opMu.RUnlock()
-	p, err := m.peerFor(peer, "send")
-	if err != nil || len(b) == 0 {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("rank %d: send to rank %d: %w", m.rank, peer, err)
-	}
-	d := &p.out
-	watched := d.watchCtx(ctx)
-	first, count := d.span(len(b))
-	posted := d.post(b, first, count, first)
-	n, err := d.run(first, b, d.off)
-	nw, errw := d.wait(posted)
-	cancelled := watched && d.unwatch()
-	return d.finish(ctx, "send", len(b), n+nw, firstErr(err, errw), cancelled)
+	return c.transfer(ctx, peer, b, "send")
 }
 
 // Recv fills b from peer's stream, reading the connections in parallel the same way.
 func (c *meshComm) Recv(ctx context.Context, peer int, b []byte) error {
+	return c.transfer(ctx, peer, b, "recv")
+}
+
+// transfer moves b over peer's outgoing ("send") or incoming ("recv") stripes.
+func (c *meshComm) transfer(ctx context.Context, peer int, b []byte, op string) error {
 	m := (*Mesh)(c)
 	m.opMu.RLock()
 	defer m.opMu.RUnlock()
-	p, err := m.peerFor(peer, "recv")
+	p, err := m.peerFor(peer, op)
 	if err != nil || len(b) == 0 {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("rank %d: recv from rank %d: %w", m.rank, peer, err)
+		dir := "to"
+		if op == "recv" {
+			dir = "from"
+		}
+		return fmt.Errorf("rank %d: %s %s rank %d: %w", m.rank, op, dir, peer, err)
 	}
-	d := &p.in
+	d := &p.out
+	if op == "recv" {
+		d = &p.in
+	}
 	watched := d.watchCtx(ctx)
 	first, count := d.span(len(b))
 	posted := d.post(b, first, count, first)
 	n, err := d.run(first, b, d.off)
 	nw, errw := d.wait(posted)
 	cancelled := watched && d.unwatch()
-	return d.finish(ctx, "recv", len(b), n+nw, firstErr(err, errw), cancelled)
+	return d.finish(ctx, op, len(b), n+nw, firstErr(err, errw), cancelled)
 }
 
 // SendRecv hands the whole send to the workers and receives meanwhile, so neither side of a ring
