@@ -46,35 +46,14 @@ func newShmCluster(t testing.TB, n int, cfg Config) *cluster {
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
-	ranks := make([]int, n)
-	hosts := make([]string, n)
-	for i := range ranks {
-		ranks[i], hosts[i] = i, "shmhost"
-	}
-	c := &cluster{}
+	groups := make([]Group, n)
 	for r, g := range gs {
 		if _, ok := transport.PollerOf(g.Messenger()); !ok {
 			t.Fatal("shm messenger lost its Poller capability")
 		}
-		e, err := New(cfg, Group{Rank: r, Size: n, Hosts: hosts, Comm: g.Comm(), Messenger: g.Messenger(),
-			Local: g.Comm(), LocalRanks: ranks, Abort: g.Abort})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.engines = append(c.engines, e)
+		groups[r] = Group{Comm: g.Comm(), Messenger: g.Messenger(), Local: g.Comm(), Abort: g.Abort}
 	}
-	t.Cleanup(func() {
-		var wg sync.WaitGroup
-		for _, e := range c.engines {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				e.Shutdown(ctx)
-			}()
-		}
-		wg.Wait()
+	c := startCluster(t, cfg, "shmhost", groups, func() {
 		for _, g := range gs {
 			g.Close()
 		}

@@ -27,20 +27,31 @@ type cluster struct {
 
 func newCluster(t *testing.T, n int, cfg Config) *cluster {
 	t.Helper()
-	c := &cluster{eps: inmem.New(n)}
+	eps := inmem.New(n)
+	groups := make([]Group, n)
+	for r, ep := range eps {
+		groups[r] = Group{Comm: ep, Messenger: ep, Local: ep}
+	}
+	c := startCluster(t, cfg, "memhost", groups, func() {
+		for _, ep := range eps {
+			ep.Close()
+		}
+	})
+	c.eps = eps
+	return c
+}
+
+// startCluster starts one engine per group (filling in rank, size, hosts and local ranks: all on
+// one host) and, at cleanup, shuts them all down together and then runs closeAll.
+func startCluster(t testing.TB, cfg Config, host string, groups []Group, closeAll func()) *cluster {
+	t.Helper()
+	n := len(groups)
 	ranks := make([]int, n)
 	hosts := make([]string, n)
 	for i := range ranks {
-		ranks[i], hosts[i] = i, "memhost"
+		ranks[i], hosts[i] = i, host
 	}
-	for r := 0; r < n; r++ {
-		e, err := New(cfg, Group{Rank: r, Size: n, Hosts: hosts, Comm: c.eps[r], Messenger: c.eps[r],
-			Local: c.eps[r], LocalRanks: ranks})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.engines = append(c.engines, e)
-	}
+	c := &cluster{}
 	t.Cleanup(func() {
 		var wg sync.WaitGroup
 		for _, e := range c.engines {
@@ -53,10 +64,16 @@ func newCluster(t *testing.T, n int, cfg Config) *cluster {
 			}()
 		}
 		wg.Wait()
-		for _, ep := range c.eps {
-			ep.Close()
-		}
+		closeAll()
 	})
+	for r, g := range groups {
+		g.Rank, g.Size, g.Hosts, g.LocalRanks = r, n, hosts, ranks
+		e, err := New(cfg, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.engines = append(c.engines, e)
+	}
 	return c
 }
 
