@@ -446,10 +446,11 @@ func (e *Engine) host(r int) string {
 func (e *Engine) lostError(r int, err error) error {
 	var pe *transport.PeerError
 	if errors.As(err, &pe) {
-		if pe.Host == "" {
-			pe.Host = e.host(pe.Rank)
+		named := *pe // the transport may hand the same error to other callers: do not edit it
+		if named.Host == "" {
+			named.Host = e.host(named.Rank)
 		}
-		return fmt.Errorf("rank %d: %w", e.g.Rank, pe)
+		return fmt.Errorf("rank %d: %w", e.g.Rank, &named)
 	}
 	return fmt.Errorf("rank %d: rank %d (%s) lost: %w", e.g.Rank, r, e.host(r), err)
 }
