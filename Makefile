@@ -2,18 +2,31 @@
 GO      ?= go
 BIN     := bin
 # Packages whose concurrency the race detector must check.
-RACE_PKGS := ./engine/... ./transport/... ./collective/... ./rendezvous/... ./launch/...
+RACE_PKGS := ./engine/... ./timeline/... ./transport/... ./collective/... ./rendezvous/... ./launch/... ./bootstrap/...
+PYTHON  ?= /usr/bin/python3
+# The engine as the Python package loads it (capi/), and the kolo command a wheel ships beside it.
+PYLIB   := python/kolo/lib
 
-.PHONY: help build demo test test-race lint bench clean
+.PHONY: help build lib wheel demo test test-python test-deploy test-race lint bench clean docker-e2e
 
 help:
 	@echo "make demo   - build kolo and train the example on 4 local ranks"
 	@echo "make test   - everything CI runs: lint, unit, race, multi-process tests"
 	@echo "make bench  - kolo bench allreduce side by side with the peers (see docs/benchmarks.md)"
+	@echo "make lib    - build the engine library for the Python package ($(PYLIB)/libkolo.so)"
+	@echo "make wheel  - dist/kolo-*.whl: kolo.torch, the engine and the kolo command (no Go needed to install)"
+	@echo "make docker-e2e - build the image, train on 2 containers x 2 ranks, kill one, SSH variant (docs/containers.md)"
 
 build:
 	$(GO) build -o $(BIN)/kolo ./cmd/kolo
 	$(GO) build -o $(BIN)/softmax ./examples/softmax
+
+lib:
+	$(GO) build -buildmode=c-shared -o $(PYLIB)/libkolo.so ./capi
+	CGO_ENABLED=0 $(GO) build -o $(PYLIB)/kolo ./cmd/kolo
+
+wheel:
+	$(PYTHON) -m pip wheel --no-build-isolation --no-deps -w dist .
 
 demo: build
 	$(BIN)/kolo run -np 4 $(BIN)/softmax
@@ -26,9 +39,23 @@ lint:
 test: lint
 	$(GO) test -count=1 ./...
 	$(GO) test -count=1 -race $(RACE_PKGS)
+	$(MAKE) test-python
+	$(MAKE) test-deploy
+
+# Every Python test starts real ranks with bin/kolo run; test_wheel.py builds and installs a wheel.
+test-python: build lib
+	$(PYTHON) -m pytest -q python/tests
+
+# Structure of the Kubernetes, compose and apptainer files that CI cannot run (docs/containers.md).
+test-deploy:
+	$(PYTHON) -m unittest discover -s deploy -p 'test_*.py'
+
+# Needs a Docker engine; builds images from source (see docs/containers.md for its duration).
+docker-e2e:
+	deploy/docker-e2e.sh
 
 bench: build
 	/usr/bin/python3 bench/compare.py --np 2 --sizes 4,4KiB,256KiB,4MiB,64MiB
 
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) $(PYLIB) build dist

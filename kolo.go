@@ -12,21 +12,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"log/slog"
 	"math"
 	"os"
 	"sync"
 
-	"github.com/kolo-dl/kolo/auth"
+	"github.com/kolo-dl/kolo/bootstrap"
 	"github.com/kolo-dl/kolo/dtype"
 	"github.com/kolo-dl/kolo/engine"
 	"github.com/kolo-dl/kolo/engine/negotiate"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/reduce"
+	"github.com/kolo-dl/kolo/version"
 	"github.com/kolo-dl/kolo/world"
 )
 
 // Version is kolo's version; the launcher and the library check they match.
-const Version = "0.1.0"
+const Version = version.Version
 
 // Op is a reduction.
 type Op int
@@ -62,6 +65,7 @@ var ErrNotInitialized = errors.New("kolo is not initialized: call kolo.Init firs
 
 type state struct {
 	job    jobenv.Job
+	boot   *bootstrap.Session // rank 0 under mpirun/srun hosts the rendezvous here
 	world  *world.World
 	engine *engine.Engine
 	names  *namer
@@ -98,16 +102,12 @@ func Init(opts ...Option) error {
 	for _, f := range opts {
 		f(&o)
 	}
+	if v := o.env(jobenv.LauncherVersion); v != "" && v != Version {
+		return fmt.Errorf("kolo.Init: this process uses kolo %s but was started by kolo run %s; install one version of both (the kolo wheel carries a matching kolo command)", Version, v)
+	}
 	env := jobenv.FromEnviron(os.Environ())
-	var job jobenv.Job
-	if jobenv.Present(env) {
-		var err error
-		if job, err = jobenv.Decode(env); err != nil {
-			return fmt.Errorf("kolo.Init: %w", err)
-		}
-	} else {
-		hn, _ := os.Hostname()
-		job = jobenv.Single(hn)
+	if err := applyLogLevel(env[jobenv.LogLevel]); err != nil {
+		return fmt.Errorf("kolo.Init: %w", err)
 	}
 	cfg := engine.DefaultConfig()
 	if o.engine != nil {
@@ -118,34 +118,61 @@ func Init(opts ...Option) error {
 			return fmt.Errorf("kolo.Init: %w", err)
 		}
 	}
-	if cfg.Spin < 0 {
-		cfg.Spin = engine.DefaultSpin(job.LocalSize)
-	}
-	var secret []byte
-	if job.Size > 1 {
-		var ok bool
-		if secret, ok = auth.SecretFromEnv(); !ok {
-			return fmt.Errorf("kolo.Init: rank %d: no job secret in %s (workers must be started by kolo run, or given the job's secret)", job.Rank, auth.SecretEnv)
-		}
-	}
 	if o.world.Timeout == 0 {
 		o.world.Timeout = cfg.SetupTimeout
 	}
-	w, err := world.Connect(context.Background(), job, secret, o.world)
+	if o.world.Interface == "" {
+		o.world.Interface = o.env(jobenv.NetworkInterface)
+		if o.world.Interface == "" {
+			o.world.Interface = o.env("HOROVOD_GLOO_IFACE")
+		}
+	}
+	// kolo run, mpirun or srun: who started this process decides where the ranks meet.
+	hn, _ := os.Hostname()
+	boot, err := bootstrap.Join(context.Background(), env, hn, bootstrap.Options{Timeout: o.world.Timeout})
 	if err != nil {
 		return fmt.Errorf("kolo.Init: %w", err)
 	}
+	if cfg.Spin < 0 {
+		cfg.Spin = engine.DefaultSpin(boot.Job.LocalSize)
+	}
+	w, err := world.Connect(context.Background(), boot.Job, boot.Secret, o.world)
+	if err != nil {
+		boot.Close()
+		return fmt.Errorf("kolo.Init: %w", err)
+	}
+	job := w.Job // with the cross rank derived where the launcher could not say it
 	e, err := engine.New(cfg, engine.Group{
 		Rank: job.Rank, Size: job.Size, Hosts: w.Hosts, Comm: w.Comm, Messenger: w.Messenger,
 		Local: w.Local, LocalRanks: w.LocalRanks, Cross: w.Cross, Abort: w.Abort,
 	})
 	if err != nil {
 		w.Close()
+		boot.Close()
 		return fmt.Errorf("kolo.Init: %w", err)
 	}
-	cur = &state{job: job, world: w, engine: e, names: newNamer()}
+	cur = &state{job: job, boot: boot, world: w, engine: e, names: newNamer()}
 	return nil
 }
+
+// applyLogLevel sets the level of slog's default logger from KOLO_LOG_LEVEL (kolo run
+// --log-level), unless the program installed its own default logger, whose level is its own.
+func applyLogLevel(level string) error {
+	if level == "" {
+		return nil
+	}
+	l, err := jobenv.ParseLogLevel(level)
+	if err != nil {
+		return fmt.Errorf("%s: %w", jobenv.LogLevel, err)
+	}
+	if slog.Default().Handler() == builtinLogHandler {
+		slog.SetLogLoggerLevel(l)
+	}
+	return nil
+}
+
+// builtinLogHandler is slog's default handler before any program changes it.
+var builtinLogHandler = slog.Default().Handler()
 
 // Shutdown waits until every rank reaches Shutdown (so no rank leaves while others still need it),
 // then stops the engine and closes connections.
@@ -159,6 +186,9 @@ func Shutdown() error {
 	}
 	err := s.engine.Shutdown(context.Background())
 	if cerr := s.world.Close(); err == nil {
+		err = cerr
+	}
+	if cerr := s.boot.Close(); err == nil {
 		err = cerr
 	}
 	return err
@@ -206,6 +236,24 @@ func CrossRank() int { return jobOr(func(j jobenv.Job) int { return j.CrossRank 
 // CrossSize is the number of hosts that run a rank with this LocalRank.
 func CrossSize() int { return jobOr(func(j jobenv.Job) int { return j.CrossSize }) }
 
+// IsHomogeneous reports whether every host runs the same number of ranks (false before Init).
+func IsHomogeneous() bool {
+	s, err := get()
+	if err != nil {
+		return false
+	}
+	perHost := map[string]int{}
+	for _, h := range s.world.Hosts {
+		perHost[h]++
+	}
+	for _, n := range perHost {
+		if n != s.job.LocalSize {
+			return false
+		}
+	}
+	return true
+}
+
 // Tensor is a dense, contiguous, row-major array of Shape (in elements) and DType held in Data.
 type Tensor struct {
 	Data  []byte
@@ -222,17 +270,19 @@ func (t Tensor) NumElements() int64 {
 	return n
 }
 
-func (t Tensor) check(what string) error {
+// check reports what is inconsistent in t; callers say which tensor it is (no formatting on the
+// fast path).
+func (t Tensor) check() error {
 	if !t.DType.Valid() {
-		return fmt.Errorf("%s: invalid dtype %v", what, t.DType)
+		return fmt.Errorf("invalid dtype %v", t.DType)
 	}
 	for _, d := range t.Shape {
 		if d < 0 {
-			return fmt.Errorf("%s: negative dimension in shape %v", what, t.Shape)
+			return fmt.Errorf("negative dimension in shape %v", t.Shape)
 		}
 	}
 	if want := t.NumElements() * int64(t.DType.Size()); int64(len(t.Data)) != want {
-		return fmt.Errorf("%s: shape %v of %v needs %d bytes, data has %d", what, t.Shape, t.DType, want, len(t.Data))
+		return fmt.Errorf("shape %v of %v needs %d bytes, data has %d", t.Shape, t.DType, want, len(t.Data))
 	}
 	return nil
 }
@@ -306,11 +356,27 @@ func submit(kind negotiate.OpKind, name string, in, out Tensor, op Op, root int,
 	if err != nil {
 		return failed(err)
 	}
-	if err := in.check(fmt.Sprintf("%s %q input", kind, name)); err != nil {
+	p, err := s.prepare(kind, name, in, out, op, root, splits, opts)
+	if err != nil {
 		return failed(err)
 	}
-	if name == "" {
-		name = s.names.next(kind, in.DType, in.Shape)
+	return s.enqueue(p)
+}
+
+// prepared is an op checked and named on this rank, ready for the engine.
+type prepared struct {
+	req      negotiate.Request
+	in       []byte
+	outBytes []byte // nil when the engine allocates the result
+	out      Tensor
+}
+
+func (s *state) prepare(kind negotiate.OpKind, name string, in, out Tensor, op Op, root int, splits []int64, opts []OpOption) (prepared, error) {
+	if err := in.check(); err != nil {
+		return prepared{}, fmt.Errorf("%s %q input: %w", kind, name, err)
+	}
+	if len(in.Shape) == 0 && (kind == negotiate.Allgather || kind == negotiate.Alltoall || kind == negotiate.ReduceScatter) {
+		return prepared{}, fmt.Errorf("%s %q: needs a tensor with at least one dimension", kind, name)
 	}
 	req := negotiate.Request{
 		Name: name, Kind: kind, DType: in.DType, Shape: append([]int64(nil), in.Shape...),
@@ -327,7 +393,7 @@ func submit(kind negotiate.OpKind, name string, in, out Tensor, op Op, root int,
 		case Product:
 			req.ReduceOp = uint8(reduce.Prod)
 		default:
-			return failed(fmt.Errorf("%s %q: unsupported reduction %v", kind, name, op))
+			return prepared{}, fmt.Errorf("%s %q: unsupported reduction %v", kind, name, op)
 		}
 		if op == Average {
 			req.Average = true
@@ -336,22 +402,102 @@ func submit(kind negotiate.OpKind, name string, in, out Tensor, op Op, root int,
 	for _, f := range opts {
 		f(&req)
 	}
+	if name == "" { // after the options: names count per process set
+		name = s.names.nextIn(req.Set, kind, in.DType, in.Shape)
+		req.Name = name
+	}
 	if math.IsNaN(req.PreScale) || math.IsNaN(req.PostScale) {
-		return failed(fmt.Errorf("%s %q: NaN scale factor", kind, name))
+		return prepared{}, fmt.Errorf("%s %q: NaN scale factor", kind, name)
 	}
 	var outBytes []byte
 	if kind == negotiate.Allreduce || kind == negotiate.Broadcast {
-		if err := out.check(fmt.Sprintf("%s %q output", kind, name)); err != nil {
-			return failed(err)
+		if err := out.check(); err != nil {
+			return prepared{}, fmt.Errorf("%s %q output: %w", kind, name, err)
 		}
 		if len(out.Data) != len(in.Data) || out.DType != in.DType {
-			return failed(fmt.Errorf("%s %q: output (%d bytes of %v) does not match input (%d bytes of %v)", kind, name, len(out.Data), out.DType, len(in.Data), in.DType))
+			return prepared{}, fmt.Errorf("%s %q: output (%d bytes of %v) does not match input (%d bytes of %v)", kind, name, len(out.Data), out.DType, len(in.Data), in.DType)
 		}
 		outBytes = out.Data
 	} else {
-		out = Tensor{DType: in.DType, Shape: in.Shape}
+		out = Tensor{DType: in.DType, Shape: req.Shape}
 	}
-	return &Handle{h: s.engine.Enqueue(req, in.Data, outBytes), out: out, kind: kind, size: s.job.Size}
+	return prepared{req: req, in: in.Data, outBytes: outBytes, out: out}, nil
+}
+
+func (s *state) enqueue(p prepared) *Handle {
+	return &Handle{h: s.engine.Enqueue(p.req, p.in, p.outBytes), out: p.out, kind: p.req.Kind, size: s.job.Size}
+}
+
+// submitGroup submits ops that every rank releases together, once all of them are ready
+// everywhere, and fuses only with each other (horovod's grouped ops). If one member is malformed
+// none is submitted: the others would wait for it forever.
+func submitGroup(kind negotiate.OpKind, name string, ins, outs []Tensor, op Op, opts []OpOption) []*Handle {
+	hs := make([]*Handle, len(ins))
+	s, err := get()
+	var ps []prepared
+	if err == nil {
+		ps, err = s.prepareGroup(kind, name, ins, outs, op, opts)
+	}
+	for i := range hs {
+		if err != nil {
+			hs[i] = failed(err)
+		} else {
+			hs[i] = s.enqueue(ps[i])
+		}
+	}
+	return hs
+}
+
+// prepareGroup names member i name.i, or as an unnamed op when name is empty, and derives the
+// group's id from the members' names, so that ranks agree on it without a counter that could drift.
+func (s *state) prepareGroup(kind negotiate.OpKind, name string, ins, outs []Tensor, op Op, opts []OpOption) ([]prepared, error) {
+	if outs != nil && len(outs) != len(ins) {
+		return nil, fmt.Errorf("grouped %s %q: %d outputs for %d inputs", kind, name, len(outs), len(ins))
+	}
+	ps := make([]prepared, len(ins))
+	id := fnv.New64a()
+	for i, in := range ins {
+		member := ""
+		if name != "" {
+			member = fmt.Sprintf("%s.%d", name, i)
+		}
+		var out Tensor
+		if outs != nil {
+			out = outs[i]
+		}
+		p, err := s.prepare(kind, member, in, out, op, 0, nil, opts)
+		if err != nil {
+			return nil, fmt.Errorf("grouped %s %q, tensor %d: %w", kind, name, i, err)
+		}
+		ps[i] = p
+		id.Write([]byte(p.req.Name))
+		id.Write([]byte{0})
+	}
+	group := int64(id.Sum64()>>1) | 1 // non-zero: zero means "no group"
+	for i := range ps {
+		ps[i].req.Group, ps[i].req.GroupSize = group, len(ps)
+	}
+	return ps, nil
+}
+
+// AllreduceGroupAsync reduces ins[i] into outs[i] (which may be ins[i]) for every i, as one group
+// released together (horovod's grouped_allreduce).
+func AllreduceGroupAsync(name string, ins, outs []Tensor, op Op, opts ...OpOption) []*Handle {
+	if outs == nil {
+		outs = ins
+	}
+	return submitGroup(negotiate.Allreduce, name, ins, outs, op, opts)
+}
+
+// AllgatherGroupAsync gathers every tensor of ts as one group (horovod's grouped_allgather).
+func AllgatherGroupAsync(name string, ts []Tensor, opts ...OpOption) []*Handle {
+	return submitGroup(negotiate.Allgather, name, ts, nil, Sum, opts)
+}
+
+// ReduceScatterGroupAsync reduce-scatters every tensor of ts as one group (horovod's
+// grouped_reducescatter).
+func ReduceScatterGroupAsync(name string, ts []Tensor, op Op, opts ...OpOption) []*Handle {
+	return submitGroup(negotiate.ReduceScatter, name, ts, nil, op, opts)
 }
 
 // AllreduceAsync reduces in across ranks into out (which may be in itself).
@@ -365,44 +511,39 @@ func Allreduce(ctx context.Context, name string, t Tensor, op Op, opts ...OpOpti
 }
 
 // AllgatherAsync concatenates every rank's t along dim 0 (dim 0 may differ per rank).
-func AllgatherAsync(name string, t Tensor) *Handle {
-	if len(t.Shape) == 0 {
-		return failed(fmt.Errorf("allgather %q: needs a tensor with at least one dimension", name))
-	}
-	return submit(negotiate.Allgather, name, t, Tensor{}, Sum, 0, nil, nil)
+func AllgatherAsync(name string, t Tensor, opts ...OpOption) *Handle {
+	return submit(negotiate.Allgather, name, t, Tensor{}, Sum, 0, nil, opts)
 }
 
 // Allgather is the blocking AllgatherAsync.
-func Allgather(ctx context.Context, name string, t Tensor) (Tensor, error) {
-	h := AllgatherAsync(name, t)
+func Allgather(ctx context.Context, name string, t Tensor, opts ...OpOption) (Tensor, error) {
+	h := AllgatherAsync(name, t, opts...)
 	if err := h.Wait(ctx); err != nil {
 		return Tensor{}, err
 	}
 	return h.Tensor(), nil
 }
 
-// BroadcastAsync copies root's t into t on every rank.
-func BroadcastAsync(name string, t Tensor, root int) *Handle {
-	return submit(negotiate.Broadcast, name, t, t, Sum, root, nil, nil)
+// BroadcastAsync copies root's t into t on every rank (root is a job rank, also in a process set).
+func BroadcastAsync(name string, t Tensor, root int, opts ...OpOption) *Handle {
+	return submit(negotiate.Broadcast, name, t, t, Sum, root, nil, opts)
 }
 
 // Broadcast is the blocking BroadcastAsync.
-func Broadcast(ctx context.Context, name string, t Tensor, root int) error {
-	return BroadcastAsync(name, t, root).Wait(ctx)
+func Broadcast(ctx context.Context, name string, t Tensor, root int, opts ...OpOption) error {
+	return BroadcastAsync(name, t, root, opts...).Wait(ctx)
 }
 
 // AlltoallAsync sends splits[r] rows (dim 0) of t to rank r, in rank order, and receives the rows
-// every rank sends here. nil splits means an equal split (dim 0 must divide by Size).
-func AlltoallAsync(name string, t Tensor, splits []int64) *Handle {
-	if len(t.Shape) == 0 {
-		return failed(fmt.Errorf("alltoall %q: needs a tensor with at least one dimension", name))
-	}
-	return submit(negotiate.Alltoall, name, t, Tensor{}, Sum, 0, splits, nil)
+// every rank sends here. nil splits means an equal split (dim 0 must divide by Size). In a process
+// set, splits and the rows received are per member, in rank order.
+func AlltoallAsync(name string, t Tensor, splits []int64, opts ...OpOption) *Handle {
+	return submit(negotiate.Alltoall, name, t, Tensor{}, Sum, 0, splits, opts)
 }
 
 // Alltoall is the blocking AlltoallAsync; it returns the received tensor and rows per source rank.
-func Alltoall(ctx context.Context, name string, t Tensor, splits []int64) (Tensor, []int64, error) {
-	h := AlltoallAsync(name, t, splits)
+func Alltoall(ctx context.Context, name string, t Tensor, splits []int64, opts ...OpOption) (Tensor, []int64, error) {
+	h := AlltoallAsync(name, t, splits, opts...)
 	if err := h.Wait(ctx); err != nil {
 		return Tensor{}, nil, err
 	}
@@ -412,9 +553,6 @@ func Alltoall(ctx context.Context, name string, t Tensor, splits []int64) (Tenso
 // ReduceScatterAsync reduces t across ranks and leaves rank r with its share of dim 0 (ranks
 // below dim0 % Size get one extra row, as Horovod splits).
 func ReduceScatterAsync(name string, t Tensor, op Op, opts ...OpOption) *Handle {
-	if len(t.Shape) == 0 {
-		return failed(fmt.Errorf("reducescatter %q: needs a tensor with at least one dimension", name))
-	}
 	return submit(negotiate.ReduceScatter, name, t, Tensor{}, op, 0, nil, opts)
 }
 
@@ -427,13 +565,13 @@ func ReduceScatter(ctx context.Context, name string, t Tensor, op Op, opts ...Op
 	return h.Tensor(), nil
 }
 
-// BarrierAsync completes when every rank has called Barrier.
-func BarrierAsync() *Handle {
-	return submit(negotiate.Barrier, "", Tensor{DType: dtype.Uint8, Shape: []int64{0}}, Tensor{}, Sum, 0, nil, nil)
+// BarrierAsync completes when every rank (of the process set, with InProcessSet) has called Barrier.
+func BarrierAsync(opts ...OpOption) *Handle {
+	return submit(negotiate.Barrier, "", Tensor{DType: dtype.Uint8, Shape: []int64{0}}, Tensor{}, Sum, 0, nil, opts)
 }
 
-// Barrier blocks until every rank has called Barrier.
-func Barrier(ctx context.Context) error { return BarrierAsync().Wait(ctx) }
+// Barrier blocks until every rank (of the process set, with InProcessSet) has called Barrier.
+func Barrier(ctx context.Context, opts ...OpOption) error { return BarrierAsync(opts...).Wait(ctx) }
 
 // JoinAsync says this rank has no more data: other ranks' allreduces go on with this rank
 // contributing zeros, until every rank has joined. JoinLast then gives the last rank to join.
@@ -461,9 +599,20 @@ type namer struct {
 func newNamer() *namer { return &namer{n: map[string]int{}} }
 
 func (n *namer) next(kind negotiate.OpKind, t dtype.DType, shape []int64) string {
+	return n.nextIn(0, kind, t, shape)
+}
+
+// nextIn names an unnamed op of process set `set`.
+func (n *namer) nextIn(set int, kind negotiate.OpKind, t dtype.DType, shape []int64) string {
+	if (kind == negotiate.Allgather || kind == negotiate.Alltoall) && len(shape) > 0 {
+		shape = shape[1:] // ranks may differ in dim 0: it must not change the name
+	}
 	sig := fmt.Sprintf("%s.%v.%v", kind, t, shape)
 	if kind == negotiate.Barrier || kind == negotiate.Join {
 		sig = kind.String()
+	}
+	if set != 0 { // names are matched within a set, and its members are not all the job's ranks
+		sig = fmt.Sprintf("set%d.%s", set, sig)
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -21,6 +21,9 @@ type Config struct {
 	SetupTimeout  time.Duration // connecting to peers; default 60 s
 	ShutdownWait  time.Duration // how long Shutdown waits for the other ranks; default 30 s
 	Spin          time.Duration // how long idle waits poll before parking; 0 = never (see DefaultSpin)
+	// Timeline, when set, is where rank 0 writes a Chrome trace from the start (see StartTimeline).
+	Timeline           string
+	TimelineMarkCycles bool
 }
 
 // DefaultSpin is the idle-poll budget when this host's ranks do not outnumber its cores. When they
@@ -118,6 +121,10 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	durVar("START_TIMEOUT", time.Second, &c.SetupTimeout)
 	c.Spin = -1 // unset: Init picks DefaultSpin for the host
 	durVar("SPIN_TIME", time.Microsecond, &c.Spin)
+	if k, v := get("TIMELINE"); k != "" {
+		c.Timeline = v
+	}
+	boolVar("TIMELINE_MARK_CYCLES", &c.TimelineMarkCycles)
 	if len(errs) > 0 {
 		return c, fmt.Errorf("engine settings: %s", strings.Join(errs, "; "))
 	}

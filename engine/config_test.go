@@ -21,6 +21,11 @@ func TestConfigFromEnv(t *testing.T) {
 		{"stall", map[string]string{"KOLO_STALL_CHECK_TIME_SECONDS": "5", "KOLO_STALL_SHUTDOWN_TIME_SECONDS": "20s"},
 			func(c Config) bool { return c.StallWarning == 5*time.Second && c.StallShutdown == 20*time.Second }, ""},
 		{"stall disable", map[string]string{"HOROVOD_STALL_CHECK_DISABLE": "1"}, func(c Config) bool { return !c.StallCheck }, ""},
+		{"timeline", map[string]string{"HOROVOD_TIMELINE": "/tmp/t.json", "HOROVOD_TIMELINE_MARK_CYCLES": "1"},
+			func(c Config) bool { return c.Timeline == "/tmp/t.json" && c.TimelineMarkCycles }, ""},
+		{"kolo timeline wins", map[string]string{"KOLO_TIMELINE": "/a.json", "HOROVOD_TIMELINE": "/b.json"},
+			func(c Config) bool { return c.Timeline == "/a.json" && !c.TimelineMarkCycles }, ""},
+		{"bad bool", map[string]string{"KOLO_TIMELINE_MARK_CYCLES": "often"}, nil, "KOLO_TIMELINE_MARK_CYCLES"},
 		{"bad bytes", map[string]string{"KOLO_FUSION_THRESHOLD": "lots"}, nil, `KOLO_FUSION_THRESHOLD="lots"`},
 		{"bad int", map[string]string{"HOROVOD_CACHE_CAPACITY": "-3"}, nil, "HOROVOD_CACHE_CAPACITY"},
 	}

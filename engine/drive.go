@@ -41,7 +41,7 @@ const (
 func (e *Engine) background() {
 	defer close(e.stopped)
 	var tickC <-chan time.Time
-	if d := tickEvery(e.cfg); e.coord != nil && d > 0 {
+	if d := tickEvery(e.cfg); e.hub != nil && d > 0 {
 		t := time.NewTicker(d)
 		defer t.Stop()
 		tickC = t.C
@@ -59,9 +59,11 @@ func (e *Engine) background() {
 		if !e.tryAcquire() {
 			continue
 		}
+		e.bgDriving.Store(true)
 		if !e.ended {
 			e.serve(context.Background(), nil)
 		}
+		e.bgDriving.Store(false)
 		ended := e.ended
 		e.release()
 		if ended {
@@ -74,6 +76,9 @@ func (e *Engine) background() {
 // another goroutine drives, wait for h or for the token.
 func (e *Engine) await(ctx context.Context, h *Handle) {
 	e.waiting.Add(1)
+	if e.bgDriving.Load() {
+		e.wakeDriver() // it gives way once it sees a caller waiting; it may be asleep
+	}
 	got := e.awaitToken(ctx, h)
 	e.waiting.Add(-1)
 	if !got {
@@ -134,7 +139,7 @@ func (e *Engine) acquired() {
 func (e *Engine) release() {
 	e.mu.Lock()
 	e.driving = false
-	more := e.ended || e.closed || len(e.queue) > 0 || len(e.pending) > 0 || e.joining != nil
+	more := e.ended || e.closed || len(e.queue) > 0 || e.inflight > 0 || e.joining != nil || e.foreign > 0
 	toWaiters := more && !e.ended && !e.closed && e.waiting.Load() > 0
 	if toWaiters {
 		e.handoff = true
@@ -222,9 +227,10 @@ func (e *Engine) serve(ctx context.Context, h *Handle) {
 	}
 }
 
-// busy reports whether this rank has work that needs a driver.
+// busy reports whether this rank has work that needs a driver. Rank 0 always has while a process
+// set without it exists: it coordinates that set, and no caller of its own waits for those ops.
 func (e *Engine) busy() bool {
-	return e.queued.Load() > 0 || len(e.pending) > 0 || e.joining != nil
+	return e.queued.Load() > 0 || e.inflight > 0 || e.joining != nil || e.foreign > 0
 }
 
 // sleep waits, as the driver, until a control message arrives, an op is queued, ctx ends, the stall
@@ -239,7 +245,7 @@ func (e *Engine) sleep(ctx context.Context, h *Handle, now time.Time) {
 	}
 	if e.poller != nil {
 		e.poller.Sleep(func() bool {
-			return e.queued.Load() > 0 || ctx.Err() != nil || (h != nil && h.Poll())
+			return e.queued.Load() > 0 || ctx.Err() != nil || (h != nil && h.Poll()) || (h == nil && e.waiting.Load() > 0)
 		}, d)
 		return
 	}
@@ -286,7 +292,7 @@ func (e *Engine) step(now time.Time) bool {
 	if e.cfg.CycleTime > 0 && e.queued.Load() > 0 {
 		time.Sleep(e.cfg.CycleTime) // let more ops gather into one negotiation
 	}
-	progressed, ok := e.drainQueue()
+	progressed, ok := e.drainQueue(now)
 	if !ok {
 		e.ended = true
 		return true
@@ -307,7 +313,12 @@ func (e *Engine) step(now time.Time) bool {
 			return true
 		}
 	}
-	if e.coord == nil {
+	if progressed {
+		if tl := e.tl.Load(); tl != nil {
+			tl.Cycle()
+		}
+	}
+	if e.hub == nil {
 		return progressed
 	}
 	if !e.nextTick.IsZero() {

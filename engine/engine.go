@@ -8,6 +8,10 @@
 // engine/negotiate; this package feeds it (requests in, responses out), moves its messages and acts
 // on what it decides. It must not implement collective algorithms (package collective) or move
 // bytes itself (package transport).
+//
+// Process sets (processsets.go) are subsets of ranks that run ops among themselves; each has its
+// own negotiation (a Coordinator of the Hub on rank 0) and executes over a transport.Sub of the
+// job's Comm. The global set, id 0, is every rank.
 package engine
 
 import (
@@ -16,11 +20,13 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/kolo-dl/kolo/engine/negotiate"
+	"github.com/kolo-dl/kolo/timeline"
 	"github.com/kolo-dl/kolo/transport"
 )
 
@@ -66,13 +72,26 @@ type Engine struct {
 	held   *transport.Msg       // a message taken from inbox while sleeping, not yet handled
 	heldOK bool                 // held came from an open inbox
 
+	// bgDriving: the background goroutine holds the drive token, and a caller that starts waiting
+	// must wake it to take over.
+	bgDriving atomic.Bool
+	// tl is the running timeline, or nil: the only cost of a disabled timeline is loading it.
+	tl atomic.Pointer[timeline.Timeline]
+
+	// sets are the process sets by id, the global one (0) included. Only the driver changes the
+	// map, under mu; Enqueue reads it under mu.
+	sets     map[int]*procSet
+	global   *procSet
+	setCalls int // AddProcessSet and RemoveProcessSet calls on this rank, which name them (under mu)
+
 	// Driver-owned state: only the holder of the drive token touches these.
-	pending map[string]*entry // submitted on this rank, not yet executed
-	joining *entry            // this rank's Join, until every rank has joined
-	coord   *negotiate.Coordinator
-	cache   *negotiate.Cache
-	exec    *executor
-	msgBuf  []byte
+	inflight int    // ops submitted on this rank and not yet executed, over every set
+	joining  *entry // this rank's Join, until every rank has joined
+	hub      *negotiate.Hub
+	table    *negotiate.SetTable
+	foreign  int // (rank 0) process sets without rank 0, whose messages it must read all the time
+	outs     []outgoing
+	msgBuf   []byte
 	// leaving is set once the shutdown barrier has been negotiated: every rank has reached
 	// Shutdown, so a peer closing its connections from then on is expected, not a failure.
 	leaving  bool
@@ -83,9 +102,16 @@ type Engine struct {
 // entry is one op submitted on this rank.
 type entry struct {
 	req negotiate.Request
+	set *procSet
 	in  []byte // input bytes
 	out []byte // output bytes (nil when the engine allocates: allgather, alltoall, reducescatter)
 	h   *Handle
+}
+
+// outgoing is the requests of one process set going to the coordinator in one Batch.
+type outgoing struct {
+	ps   *procSet
+	reqs []negotiate.Request
 }
 
 // New starts the engine on a connected group.
@@ -109,6 +135,11 @@ func New(cfg Config, g Group) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	all := make([]int, g.Size)
+	for i := range all {
+		all[i] = i
+	}
+	global := &procSet{id: 0, ranks: all, rank: g.Rank, cache: cache, exec: newExecutor(g, cfg), pending: map[string]*entry{}}
 	e := &Engine{
 		cfg:     cfg,
 		g:       g,
@@ -118,9 +149,9 @@ func New(cfg Config, g Group) (*Engine, error) {
 		kick:    time.NewTimer(time.Hour),
 		timer:   time.NewTimer(time.Hour),
 		stopped: make(chan struct{}),
-		pending: map[string]*entry{},
-		cache:   cache,
-		exec:    newExecutor(g, cfg),
+		sets:    map[int]*procSet{0: global},
+		global:  global,
+		table:   negotiate.NewSetTable(g.Size),
 	}
 	e.kick.Stop()
 	e.timer.Stop()
@@ -130,7 +161,7 @@ func New(cfg Config, g Group) (*Engine, error) {
 		e.inbox = g.Messenger.Inbox()
 	}
 	if g.Rank == 0 {
-		e.coord, err = negotiate.NewCoordinator(negotiate.Config{
+		e.hub, err = negotiate.NewHub(negotiate.Config{
 			Size:          g.Size,
 			FusionBytes:   cfg.FusionBytes,
 			CacheCapacity: capacity,
@@ -142,6 +173,11 @@ func New(cfg Config, g Group) (*Engine, error) {
 		}
 		if tickEvery(cfg) > 0 {
 			e.nextTick = time.Now().Add(tickEvery(cfg))
+		}
+	}
+	if cfg.Timeline != "" {
+		if err := e.StartTimeline(cfg.Timeline, cfg.TimelineMarkCycles); err != nil {
+			return nil, err
 		}
 	}
 	go e.background()
@@ -167,11 +203,33 @@ func tickEvery(cfg Config) time.Duration {
 // Enqueue submits one op. in and out are the caller's buffers and must stay untouched until the
 // handle completes. The handle fails at once if the op is malformed or the engine is down.
 //
+// req.Set picks the process set (0: every rank); this rank must be a member. A Broadcast's Root is
+// a job rank, which must be a member too; Alltoall's Splits have one entry per member.
+//
 // Negotiation starts when someone drives the loop: the caller's Wait, another caller's, or the
 // background goroutine, which takes ops nobody else picked up within kickDelay.
 func (e *Engine) Enqueue(req negotiate.Request, in, out []byte) *Handle {
+	if strings.HasPrefix(req.Name, setChangePrefix) {
+		h := newHandle(req.Name, e)
+		h.finish(fmt.Errorf("%s %q: names starting with %q are kolo's own", req.Kind, req.Name, setChangePrefix))
+		return h
+	}
+	return e.enqueue(req, in, out)
+}
+
+func (e *Engine) enqueue(req negotiate.Request, in, out []byte) *Handle {
 	h := newHandle(req.Name, e)
-	if err := validate(req, in, out, e.g.Size); err != nil {
+	ps := e.global
+	if req.Set != 0 {
+		e.mu.Lock()
+		ps = e.sets[req.Set]
+		e.mu.Unlock()
+	}
+	err := e.admit(&req, ps)
+	if err == nil {
+		err = validate(req, in, out, len(ps.ranks))
+	}
+	if err != nil {
 		h.finish(err)
 		return h
 	}
@@ -187,7 +245,7 @@ func (e *Engine) Enqueue(req negotiate.Request, in, out []byte) *Handle {
 		h.finish(ErrShutdown)
 		return h
 	}
-	e.queue = append(e.queue, &entry{req: req, in: in, out: out, h: h})
+	e.queue = append(e.queue, &entry{req: req, set: ps, in: in, out: out, h: h})
 	e.queued.Store(int32(len(e.queue)))
 	driving := e.driving
 	if !driving && !e.kicking {
@@ -208,9 +266,10 @@ func (e *Engine) Err() error {
 	return e.fatal
 }
 
-// drainQueue moves newly submitted ops into pending and tells the coordinator about them. It
+// drainQueue moves newly submitted ops into their sets' pending ops and tells the coordinator
+// about them, one Batch per process set, in the order the sets first appear in the queue. It
 // reports whether it took any, and returns ok == false when the loop must end.
-func (e *Engine) drainQueue() (took, ok bool) {
+func (e *Engine) drainQueue(now time.Time) (took, ok bool) {
 	e.mu.Lock()
 	q := e.queue
 	if len(q) > 0 {
@@ -220,10 +279,15 @@ func (e *Engine) drainQueue() (took, ok bool) {
 	closed := e.closed
 	e.mu.Unlock()
 	if len(q) > 0 {
-		reqs := make([]negotiate.Request, 0, len(q))
+		tl := e.tl.Load()
+		outs := e.outs[:0]
 		join := false
 		for _, en := range q {
+			ps := en.set
 			switch {
+			case ps.removed:
+				en.h.finish(fmt.Errorf("rank %d: %s %q: process set %d was removed before the op started", e.g.Rank, en.req.Kind, en.req.Name, ps.id))
+				continue
 			case en.req.Kind == negotiate.Join:
 				if e.joining != nil {
 					en.h.finish(fmt.Errorf("rank %d: join called again before the first join completed", e.g.Rank))
@@ -231,38 +295,69 @@ func (e *Engine) drainQueue() (took, ok bool) {
 				}
 				e.joining, join = en, true
 				continue
-			case e.joining != nil:
+			case e.joining != nil && ps == e.global:
 				en.h.finish(fmt.Errorf("rank %d: %s %q submitted after this rank called join", e.g.Rank, en.req.Kind, en.req.Name))
 				continue
 			}
-			if _, dup := e.pending[en.req.Name]; dup {
-				en.h.finish(fmt.Errorf("rank %d: %s %q submitted again before the first one completed; names must be unique among in-flight ops", e.g.Rank, en.req.Kind, en.req.Name))
+			if _, dup := ps.pending[en.req.Name]; dup {
+				en.h.finish(fmt.Errorf("rank %d: %s %q%s submitted again before the first one completed; names must be unique among in-flight ops",
+					e.g.Rank, en.req.Kind, en.req.Name, inSet(ps.id)))
 				continue
 			}
-			e.pending[en.req.Name] = en
-			reqs = append(reqs, en.req)
+			ps.pending[en.req.Name] = en
+			e.inflight++
+			if tl != nil {
+				tl.Submitted(ps.id, en.req.Name, opLabel(en.req.Kind), e.g.Rank)
+			}
+			i := slices.IndexFunc(outs, func(o outgoing) bool { return o.ps == ps })
+			if i < 0 {
+				outs = append(outs, outgoing{ps: ps, reqs: make([]negotiate.Request, 0, len(q))})
+				i = len(outs) - 1
+			}
+			outs[i].reqs = append(outs[i].reqs, en.req)
 		}
-		if len(reqs) > 0 || join {
-			b := &negotiate.Batch{Join: join}
-			e.cache.Compact(b, reqs...)
-			if e.coord != nil {
-				if err := e.coord.SubmitBatch(time.Now(), b); err != nil {
-					e.fail(fmt.Errorf("rank 0: %w", err))
-					return true, false
-				}
-			} else {
-				e.msgBuf = negotiate.EncodeBatch(e.msgBuf[:0], b)
-				if err := e.g.Messenger.SendMsg(context.Background(), 0, e.msgBuf); err != nil {
-					e.fail(e.lostError(0, fmt.Errorf("send requests to the coordinator: %w", err)))
-					return true, false
-				}
+		if join && !slices.ContainsFunc(outs, func(o outgoing) bool { return o.ps == e.global }) {
+			outs = append(outs, outgoing{ps: e.global})
+		}
+		for _, o := range outs {
+			b := &negotiate.Batch{Set: o.ps.id, Join: join && o.ps == e.global}
+			o.ps.cache.Compact(b, o.reqs...)
+			if !e.submit(now, b) {
+				return true, false
 			}
 		}
+		clear(outs)
+		e.outs = outs[:0]
 	}
-	if closed && len(e.pending) == 0 {
+	if closed && e.inflight == 0 {
 		return len(q) > 0, false
 	}
 	return len(q) > 0, true
+}
+
+// submit hands one of this rank's Batches to the coordinator: its Hub on rank 0, else rank 0.
+func (e *Engine) submit(now time.Time, b *negotiate.Batch) bool {
+	if e.hub != nil {
+		if err := e.hub.SubmitBatch(now, e.g.Rank, b); err != nil {
+			e.fail(fmt.Errorf("rank 0: %w", err))
+			return false
+		}
+		return true
+	}
+	e.msgBuf = negotiate.EncodeBatch(e.msgBuf[:0], b)
+	if err := e.g.Messenger.SendMsg(context.Background(), 0, e.msgBuf); err != nil {
+		e.fail(e.lostError(0, fmt.Errorf("send requests to the coordinator: %w", err)))
+		return false
+	}
+	return true
+}
+
+// inSet writes " in process set N" for sets other than the global one.
+func inSet(id int) string {
+	if id == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" in process set %d", id)
 }
 
 // handleMsg acts on one control message. It returns false when the loop must end.
@@ -294,25 +389,33 @@ func (e *Engine) handleMsg(m transport.Msg) bool {
 		}
 		e.fail(errors.New(a.Reason))
 		return false
-	case kind == negotiate.MsgBatch && e.coord != nil:
+	case kind == negotiate.MsgBatch && e.hub != nil:
 		b, err := negotiate.DecodeBatch(m.Body)
 		if err != nil {
 			return malformed(err)
 		}
-		if b.Rank != m.From {
-			return malformed(fmt.Errorf("batch claims rank %d", b.Rank))
+		if e.hub.Coordinator(b.Set) == nil && e.table.Removed(b.Set) {
+			// Sent before its rank learned that the set was removed; the rank fails these ops
+			// itself when it applies the removal.
+			return true
 		}
-		if err := e.coord.SubmitBatch(time.Now(), b); err != nil {
-			e.fail(fmt.Errorf("rank 0: %w", err))
-			return false
+		if tl := e.tl.Load(); tl != nil {
+			e.timelineBatch(tl, m.From, b)
 		}
-	case kind == negotiate.MsgResponses && e.coord == nil:
-		resps, err := negotiate.DecodeResponses(m.Body)
+		if err := e.hub.SubmitBatch(time.Now(), m.From, b); err != nil {
+			return malformed(err)
+		}
+	case (kind == negotiate.MsgResponses || kind == negotiate.MsgSetResponses) && e.hub == nil:
+		set, resps, err := negotiate.DecodeSetResponses(m.Body)
 		if err != nil {
 			return malformed(err)
 		}
+		ps := e.sets[set]
+		if ps == nil || ps.rank < 0 {
+			return malformed(fmt.Errorf("responses of process set %d, which this rank is not in", set))
+		}
 		for i := range resps {
-			if !e.execute(&resps[i]) {
+			if !e.execute(ps, &resps[i]) {
 				return false
 			}
 		}
@@ -324,25 +427,47 @@ func (e *Engine) handleMsg(m transport.Msg) bool {
 }
 
 // decide (coordinator only) broadcasts and executes whatever became ready.
-func (e *Engine) decide() bool { return e.publish(e.coord.Ready()) }
+func (e *Engine) decide() bool { return e.publish(e.hub.Ready()) }
 
-// publish (coordinator only) sends responses to every rank, then executes them here.
-func (e *Engine) publish(resps []negotiate.Response) bool {
-	if len(resps) == 0 {
+// publish (coordinator only) sends each set's responses to its members, then executes, in the same
+// order, those of the sets this rank is in. Sending everything first lets the members of a later
+// set start while this rank runs an earlier one.
+func (e *Engine) publish(out []negotiate.SetResponses) bool {
+	if len(out) == 0 {
 		return true
 	}
-	if e.g.Size > 1 {
-		e.msgBuf = negotiate.EncodeResponses(e.msgBuf[:0], resps)
-		for r := 1; r < e.g.Size; r++ {
+	for i := range out {
+		sr := &out[i]
+		if len(sr.Members) == 1 && sr.Members[0] == e.g.Rank {
+			continue
+		}
+		e.msgBuf = negotiate.EncodeSetResponses(e.msgBuf[:0], sr.Set, sr.Responses)
+		for _, r := range sr.Members {
+			if r == e.g.Rank {
+				continue
+			}
 			if err := e.g.Messenger.SendMsg(context.Background(), r, e.msgBuf); err != nil {
 				e.fail(e.lostError(r, err))
 				return false
 			}
 		}
 	}
-	for i := range resps {
-		if !e.execute(&resps[i]) {
-			return false
+	for i := range out {
+		sr := &out[i]
+		ps := e.sets[sr.Set]
+		if ps.rank < 0 {
+			// Coordinated here, run by its members only.
+			if tl := e.tl.Load(); tl != nil {
+				for j := range sr.Responses {
+					tl.Done(sr.Set, sr.Responses[j].Names)
+				}
+			}
+			continue
+		}
+		for j := range sr.Responses {
+			if !e.execute(ps, &sr.Responses[j]) {
+				return false
+			}
 		}
 	}
 	return e.reportSeen()
@@ -356,64 +481,84 @@ func (e *Engine) reportSeen() bool {
 		return true
 	}
 	b := &negotiate.Batch{}
-	e.cache.Compact(b)
-	if e.coord != nil {
-		if err := e.coord.SubmitBatch(time.Now(), b); err != nil {
-			e.fail(fmt.Errorf("rank 0: %w", err))
-			return false
-		}
-		return true
-	}
-	e.msgBuf = negotiate.EncodeBatch(e.msgBuf[:0], b)
-	if err := e.g.Messenger.SendMsg(context.Background(), 0, e.msgBuf); err != nil {
-		e.fail(e.lostError(0, fmt.Errorf("send to the coordinator: %w", err)))
-		return false
-	}
-	return true
+	e.global.cache.Compact(b)
+	return e.submit(time.Now(), b)
 }
 
 // tick runs the stall inspector (coordinator only) and publishes the ops it gave up on.
 func (e *Engine) tick(now time.Time) bool {
-	resps, stalls := e.coord.Tick(now)
+	resps, stalls := e.hub.Tick(now)
 	for _, s := range stalls {
 		slog.Warn("kolo: stalled op: "+s.String(), "rank", e.g.Rank)
 	}
 	return e.publish(resps)
 }
 
-// execute runs one response on this rank. It returns false when the loop must end.
-func (e *Engine) execute(r *negotiate.Response) bool {
-	if err := e.cache.Learn(r); err != nil {
+// execute runs one response of process set ps (of which this rank is a member). It returns false
+// when the loop must end.
+func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
+	if err := ps.cache.Learn(r); err != nil {
 		e.fail(err)
 		return false
 	}
-	if r.Kind == negotiate.Barrier && r.Error == "" && slices.Contains(r.Names, shutdownName) {
-		e.leaving = true
-	}
-	if r.Kind == negotiate.Join && r.Error == "" {
-		if e.joining != nil {
-			e.joining.h.joinLast = r.LastJoined
-			e.joining.h.finish(nil)
-			e.joining = nil
+	if ps == e.global {
+		if r.Kind == negotiate.Barrier && r.Error == "" && slices.Contains(r.Names, shutdownName) {
+			e.leaving = true
 		}
-		return true
+		if r.Kind == negotiate.Join && r.Error == "" {
+			if e.joining != nil {
+				e.joining.h.joinLast = r.LastJoined
+				e.joining.h.finish(nil)
+				e.joining = nil
+			}
+			return true
+		}
+	}
+	tl := e.tl.Load()
+	if tl != nil {
+		tl.Negotiated(ps.id, r.Names, opLabel(r.Kind))
 	}
 	entries := make([]*entry, len(r.Names))
+	changes := false
 	for i, n := range r.Names {
-		entries[i] = e.pending[n]
-		delete(e.pending, n)
+		if en := ps.pending[n]; en != nil {
+			entries[i] = en
+			delete(ps.pending, n)
+			e.inflight--
+		}
+		if ps == e.global && strings.HasPrefix(n, setChangePrefix) {
+			changes = true
+			if entries[i] == nil {
+				// This rank had joined and proposed nothing; it still applies the verdict.
+				entries[i] = &entry{h: newHandle(n, nil)}
+			}
+		}
 	}
 	if r.Error != "" {
 		err := &OpError{Msg: r.Error}
+		if ps.id != 0 {
+			err.Msg = fmt.Sprintf("process set %d: %s", ps.id, r.Error)
+		}
 		for _, en := range entries {
 			if en != nil {
 				en.h.finish(err)
 			}
 		}
+		if tl != nil {
+			tl.Done(ps.id, r.Names)
+		}
 		return true
 	}
-	err := e.exec.run(context.Background(), *r, entries)
+	ps.exec.tl, ps.exec.set = tl, ps.id
+	err := ps.exec.run(context.Background(), *r, entries)
+	ps.exec.tl = nil
+	if tl != nil {
+		tl.Done(ps.id, r.Names)
+	}
 	if err == nil {
+		if changes && !e.applySetChanges(r, entries) {
+			return false
+		}
 		for _, en := range entries {
 			if en != nil {
 				en.h.finish(nil)
@@ -478,10 +623,13 @@ func (e *Engine) fail(err error) {
 	if e.g.Abort != nil {
 		e.g.Abort(err)
 	}
-	for _, en := range e.pending {
-		en.h.finish(err)
+	for _, ps := range e.sets {
+		for _, en := range ps.pending {
+			en.h.finish(err)
+		}
+		clear(ps.pending)
 	}
-	e.pending = map[string]*entry{}
+	e.inflight = 0
 	if e.joining != nil {
 		e.joining.h.finish(err)
 		e.joining = nil
@@ -529,6 +677,9 @@ func (e *Engine) Shutdown(ctx context.Context) error {
 	e.mu.Unlock()
 	for _, en := range q {
 		en.h.finish(ErrShutdown)
+	}
+	if terr := e.StopTimeline(); err == nil {
+		err = terr
 	}
 	return err
 }

@@ -10,20 +10,39 @@ import (
 	"github.com/kolo-dl/kolo/dtype"
 	"github.com/kolo-dl/kolo/engine/negotiate"
 	"github.com/kolo-dl/kolo/reduce"
+	"github.com/kolo-dl/kolo/timeline"
 	"github.com/kolo-dl/kolo/transport"
 )
 
-// executor runs negotiated responses on this rank. It owns the fusion buffer, allocated once and
-// grown to the largest group seen (fresh pages are slow to fault on these machines: never free it).
+// executor runs negotiated responses of one process set on this rank. The fusion buffer, allocated
+// once and grown to the largest group seen, is shared by every set's executor (one runs at a time;
+// fresh pages are slow to fault on these machines: never free it).
 type executor struct {
 	g      Group
 	cfg    Config
-	fusion []byte
+	fusion *[]byte
 	single bool // every rank is on this host: use the host group (shared memory) for everything
+
+	// Set by the engine around each run.
+	tl  *timeline.Timeline // nil: not recording
+	set int
 }
 
 func newExecutor(g Group, cfg Config) *executor {
-	return &executor{g: g, cfg: cfg, single: len(g.LocalRanks) == g.Size && g.Local != nil}
+	return &executor{g: g, cfg: cfg, fusion: new([]byte), single: len(g.LocalRanks) == g.Size && g.Local != nil}
+}
+
+// sub is the executor of a process set over g (its own ranks and Comm; no host or cross groups, so
+// only the message-passing algorithms), sharing x's fusion buffer.
+func (x *executor) sub(g Group) *executor {
+	return &executor{g: g, cfg: x.cfg, fusion: x.fusion}
+}
+
+// mark starts activity on r's tensors in the timeline, if one is recording.
+func (x *executor) mark(r *negotiate.Response, activity string) {
+	if x.tl != nil {
+		x.tl.Activity(x.set, r.Names, activity)
+	}
 }
 
 // comm is the group to run non-hierarchical collectives on.
@@ -35,10 +54,10 @@ func (x *executor) comm() transport.Comm {
 }
 
 func (x *executor) buffer(n int) []byte {
-	if cap(x.fusion) < n {
-		x.fusion = make([]byte, n)
+	if cap(*x.fusion) < n {
+		*x.fusion = make([]byte, n)
 	}
-	return x.fusion[:n]
+	return (*x.fusion)[:n]
 }
 
 func elems(shape []int64) int64 {
@@ -58,6 +77,9 @@ func rowElems(shape []int64) int64 {
 
 func (x *executor) run(ctx context.Context, r negotiate.Response, entries []*entry) error {
 	var err error
+	if x.tl != nil && r.Kind != negotiate.Allreduce && r.Kind != negotiate.Broadcast {
+		x.mark(&r, collectiveLabel(r.Kind))
+	}
 	switch r.Kind {
 	case negotiate.Allreduce:
 		err = x.allreduce(ctx, r, entries)
@@ -131,6 +153,7 @@ func (x *executor) allreduce(ctx context.Context, r negotiate.Response, entries 
 	var buf []byte
 	fused := len(entries) != 1 || entries[0] == nil
 	if !fused {
+		x.mark(&r, collectiveLabel(r.Kind))
 		en := entries[0]
 		buf = en.out
 		if len(en.in) > 0 && &en.in[0] != &en.out[0] {
@@ -142,6 +165,7 @@ func (x *executor) allreduce(ctx context.Context, r negotiate.Response, entries 
 			total += elems(s) * es
 		}
 		buf = x.buffer(int(total))
+		x.mark(&r, memcpyIn)
 		off := int64(0)
 		for i, en := range entries {
 			n := elems(r.Shapes[i]) * es
@@ -152,6 +176,7 @@ func (x *executor) allreduce(ctx context.Context, r negotiate.Response, entries 
 			}
 			off += n
 		}
+		x.mark(&r, collectiveLabel(r.Kind))
 	}
 	if r.PreScale != 0 && r.PreScale != 1 {
 		reduce.Scale(t, buf, r.PreScale)
@@ -163,6 +188,7 @@ func (x *executor) allreduce(ctx context.Context, r negotiate.Response, entries 
 		reduce.Scale(t, buf, f)
 	}
 	if fused {
+		x.mark(&r, memcpyOut)
 		off := int64(0)
 		for i, en := range entries {
 			n := elems(r.Shapes[i]) * es
@@ -179,6 +205,7 @@ func (x *executor) broadcast(ctx context.Context, r negotiate.Response, entries 
 	es := int64(r.DType.Size())
 	root := x.g.Rank == r.Root
 	if len(entries) == 1 && entries[0] != nil {
+		x.mark(&r, collectiveLabel(r.Kind))
 		en := entries[0]
 		if root && len(en.in) > 0 && &en.in[0] != &en.out[0] {
 			copy(en.out, en.in)
@@ -193,6 +220,7 @@ func (x *executor) broadcast(ctx context.Context, r negotiate.Response, entries 
 		total += elems(s) * es
 	}
 	buf := x.buffer(int(total))
+	x.mark(&r, memcpyIn)
 	if root {
 		off := int64(0)
 		for i, en := range entries {
@@ -201,11 +229,13 @@ func (x *executor) broadcast(ctx context.Context, r negotiate.Response, entries 
 			off += n
 		}
 	}
+	x.mark(&r, collectiveLabel(r.Kind))
 	if x.g.Size > 1 {
 		if err := collective.Broadcast(ctx, x.comm(), buf, r.Root, nil); err != nil {
 			return err
 		}
 	}
+	x.mark(&r, memcpyOut)
 	off := int64(0)
 	for i, en := range entries {
 		n := elems(r.Shapes[i]) * es

@@ -14,6 +14,7 @@ type Handle struct {
 	output     []byte  // allgather/alltoall: the engine-allocated result
 	recvSplits []int64 // alltoall: rows received from each rank
 	joinLast   int     // join: the last rank to join
+	setID      int     // AddProcessSet: the new set's id
 	name       string
 	e          *Engine // whose loop Wait drives
 }
@@ -82,3 +83,6 @@ func (h *Handle) RecvSplits() []int64 { return h.recvSplits }
 
 // JoinLast is, for join, the rank that joined last.
 func (h *Handle) JoinLast() int { return h.joinLast }
+
+// ProcessSetID is, for a successful AddProcessSetAsync, the new process set's id.
+func (h *Handle) ProcessSetID() int { return h.setID }

@@ -1,6 +1,7 @@
-// Package jobenv is the contract between whatever starts a worker (kolo run, and later mpirun or
-// Slurm) and the worker itself: the environment variable names, how a Job is written into an
-// environment, and how a worker reads its Job back.
+// Package jobenv is the contract between whatever starts a worker (kolo run, mpirun or Slurm's
+// srun) and the worker itself: the environment variable names, how a Job is written into an
+// environment, and how a worker reads its Job back, from kolo run's variables or from those
+// mpirun and srun set (launchers.go).
 //
 // It is pure: Encode and Decode work on plain maps so every launch mode is a table test. It must not
 // start processes or open connections.
@@ -25,6 +26,12 @@ const (
 	Rendezvous = "KOLO_RENDEZVOUS_ADDR"
 	JobID      = "KOLO_JOB_ID"
 	Secret     = "KOLO_SECRET" // never on a command line: environment of a local exec or ssh stdin
+	// NetworkInterface names the interface(s) whose address a worker listens on and advertises
+	// (kolo run --network-interface); HOROVOD_GLOO_IFACE is read when it is not set.
+	NetworkInterface = "KOLO_NETWORK_INTERFACE"
+	// LauncherVersion is the version of the kolo run that started the worker; Init refuses to
+	// join a job whose launcher speaks another version.
+	LauncherVersion = "KOLO_LAUNCHER_VERSION"
 )
 
 var horovodNames = map[string]string{
@@ -107,8 +114,19 @@ func Decode(env map[string]string) (Job, error) {
 	return j, nil
 }
 
-// Validate checks that the numbers describe a possible placement.
+// Validate checks that the numbers describe a possible placement and that a job of several ranks
+// has somewhere to meet. A CrossSize of 0 means "not known yet" (see Detected).
 func (j Job) Validate() error {
+	if err := j.checkNumbers(); err != nil {
+		return err
+	}
+	if j.Size > 1 && j.Rendezvous == "" {
+		return fmt.Errorf("size %d but no rendezvous address (%s)", j.Size, Rendezvous)
+	}
+	return nil
+}
+
+func (j Job) checkNumbers() error {
 	switch {
 	case j.Size < 1:
 		return fmt.Errorf("size %d < 1", j.Size)
@@ -118,10 +136,8 @@ func (j Job) Validate() error {
 		return fmt.Errorf("local size %d outside [1, %d]", j.LocalSize, j.Size)
 	case j.LocalRank < 0 || j.LocalRank >= j.LocalSize:
 		return fmt.Errorf("local rank %d outside [0, %d)", j.LocalRank, j.LocalSize)
-	case j.CrossSize < 1 || j.CrossRank < 0 || j.CrossRank >= j.CrossSize:
+	case j.CrossSize < 0 || j.CrossSize > j.Size || j.CrossRank < 0 || (j.CrossSize > 0 && j.CrossRank >= j.CrossSize):
 		return fmt.Errorf("cross rank %d / cross size %d inconsistent", j.CrossRank, j.CrossSize)
-	case j.Size > 1 && j.Rendezvous == "":
-		return fmt.Errorf("size %d but no rendezvous address (%s)", j.Size, Rendezvous)
 	case j.Hostname == "":
 		return fmt.Errorf("no hostname (%s)", Hostname)
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/version"
 )
 
 // WorkerEnv is the environment of one rank: the launcher's own environment, the job contract of
@@ -21,6 +22,7 @@ func WorkerEnv(s Slot, rendezvous, jobID, secret string, extraEnv map[string]str
 	}) {
 		env = append(env, k+"="+v)
 	}
+	env = append(env, jobenv.LauncherVersion+"="+version.Version)
 	for k, v := range extraEnv {
 		env = append(env, k+"="+v)
 	}

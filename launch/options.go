@@ -5,8 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"strings"
 	"time"
+
+	"github.com/kolo-dl/kolo/jobenv"
 )
 
 // Options is what `kolo run` was asked to do, parsed from horovodrun-compatible flags.
@@ -22,6 +25,25 @@ type Options struct {
 	EngineEnv    map[string]string // tuning flags translated to KOLO_* variables for workers
 	Command      []string
 	PlainOutput  bool // no rank prefixes on output lines (kolo bench)
+
+	// Flags that end kolo run before any launch, and settings of the launcher itself.
+	CheckBuild bool   // -cb: print what this build of kolo supports
+	Version    bool   // -v: print kolo's version
+	LogLevel   string // --log-level, also passed to workers as KOLO_LOG_LEVEL
+	ConfigFile string // --config-file, already applied to the flags
+
+	// Ranks on other hosts over ssh (launch/ssh.go).
+	SSHPort          int      // -p
+	SSHIdentityFile  string   // -i
+	SSHOptions       []string // --ssh-option, passed to ssh as -o
+	NetworkInterface string   // --network-interface: what workers and the rendezvous advertise
+
+	// No ssh: every node runs kolo run and they meet at a rendezvous (launch/node.go).
+	Rendezvous   string // --rendezvous HOST:PORT
+	NNodes       int    // --nnodes
+	NodeRank     int    // --node-rank; -1: in order of arrival
+	NprocPerNode int    // --nproc-per-node; 0: from -H localhost:N or -np / --nnodes
+	SecretFile   string // --secret-file; else KOLO_SECRET
 }
 
 // multiFlag collects repeated flags (-x A -x B=1).
@@ -42,53 +64,54 @@ func ParseRunFlags(args []string, stderr io.Writer) (*Options, error) {
 	fs.StringVar(&o.Hosts, "H", "", "hosts and slots: host1:2,host2:4 (default localhost with -np slots)")
 	fs.StringVar(&o.Hosts, "hosts", "", "same as -H")
 	fs.StringVar(&o.Hostfile, "hostfile", "", "file of 'host slots=N' lines")
-	fs.DurationVar(&o.StartTimeout, "start-timeout", 30*time.Second, "how long ranks may take to start and meet")
+	o.StartTimeout = 30 * time.Second
+	fs.Var((*seconds)(&o.StartTimeout), "start-timeout", "how long ranks may take to start and meet: seconds as horovodrun takes them (60), or a duration (90s, 2m)")
 	fs.StringVar(&o.OutputDir, "output-filename", "", "also write each rank's output to DIR/rank.N/{stdout,stderr}")
 	fs.BoolVar(&o.Verbose, "verbose", false, "log what the launcher does")
 	fs.BoolVar(&o.Timestamps, "prefix-output-with-timestamp", false, "prefix every output line with the time")
 	var env multiFlag
 	fs.Var(&env, "x", "forward an environment variable to workers: NAME or NAME=VALUE (repeatable)")
 
-	// Engine tuning flags map onto the KOLO_* variables the engine reads.
-	fusionMB := fs.Float64("fusion-threshold-mb", -1, "fuse tensors up to this many MiB (default 128)")
-	cycleMS := fs.Float64("cycle-time-ms", -1, "wait this long to batch ready tensors before negotiating (default 0)")
-	cacheCap := fs.Int("cache-capacity", -1, "response cache entries (default 1024)")
-	hier := fs.Bool("hierarchical-allreduce", false, "two-level allreduce: shared memory within a host, TCP across hosts (on by default where hosts run equal numbers of ranks; accepted for horovodrun compatibility; -x KOLO_HIERARCHICAL_ALLREDUCE=0 turns it off)")
-	noStall := fs.Bool("no-stall-check", false, "disable the stall inspector")
-	stallWarn := fs.Float64("stall-check-warning-time-seconds", -1, "report an op some ranks have not submitted after this many seconds (default 60)")
-	stallStop := fs.Float64("stall-check-shutdown-time-seconds", -1, "fail such an op after this many seconds (default 0: never)")
+	fs.IntVar(&o.SSHPort, "p", 0, "ssh port of the other hosts (default: ssh's config, else 22)")
+	fs.IntVar(&o.SSHPort, "ssh-port", 0, "same as -p")
+	fs.StringVar(&o.SSHIdentityFile, "i", "", "ssh private key for the other hosts")
+	fs.StringVar(&o.SSHIdentityFile, "ssh-identity-file", "", "same as -i")
+	var sshOpts multiFlag
+	fs.Var(&sshOpts, "ssh-option", "pass -o OPTION to ssh, e.g. StrictHostKeyChecking=accept-new (repeatable)")
+	fs.StringVar(&o.NetworkInterface, "network-interface", "", "interface(s) whose address workers and the rendezvous use, e.g. eth0 or ib0,eth0 (the first present on a host); workers get KOLO_NETWORK_INTERFACE")
+	fs.StringVar(&o.Rendezvous, "rendezvous", "", "no-ssh mode: every node runs kolo run with the same HOST:PORT and --nnodes; the node that owns HOST (or --node-rank 0) serves the rendezvous there; the job secret comes from KOLO_SECRET or --secret-file")
+	fs.IntVar(&o.NNodes, "nnodes", 0, "no-ssh mode: how many nodes (kolo run processes) the job has")
+	fs.IntVar(&o.NodeRank, "node-rank", -1, "no-ssh mode: this node's index in 0..nnodes-1, orders the ranks (give it on every node or on none; default: order of arrival)")
+	fs.IntVar(&o.NprocPerNode, "nproc-per-node", 0, "no-ssh mode: ranks this node runs (default: N of -H localhost:N, else -np divided by --nnodes)")
+	fs.StringVar(&o.SecretFile, "secret-file", "", "no-ssh mode: file holding the job secret shared by every node (default: KOLO_SECRET)")
+
+	// Tuning, timeline, autotune and log flags become KOLO_* variables of every worker (workerflags.go).
+	addWorkerFlags(fs, o.EngineEnv)
+	fs.Var(configFileFlag{fs: fs, path: &o.ConfigFile}, "config-file",
+		"YAML file with horovodrun's sections params, autotune, timeline, stall_check, logging; flags after it override it, flags before it are overridden")
+	fs.BoolVar(&o.CheckBuild, "cb", false, "print the frameworks, controllers and tensor operations this build of kolo supports, and exit")
+	fs.BoolVar(&o.CheckBuild, "check-build", false, "same as -cb")
+	fs.BoolVar(&o.Version, "v", false, "print kolo's version and exit")
+	fs.BoolVar(&o.Version, "version", false, "same as -v")
 
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	o.Env = env
+	o.SSHOptions = sshOpts
 	o.Command = fs.Args()
+	o.LogLevel = o.EngineEnv[jobenv.LogLevel]
+	if o.CheckBuild || o.Version {
+		return o, nil
+	}
 	if len(o.Command) == 0 {
 		return nil, errors.New("no command given: kolo run -np N COMMAND [ARGS...]")
 	}
 	if o.Hosts != "" && o.Hostfile != "" {
 		return nil, errors.New("-H and --hostfile are mutually exclusive")
 	}
-	if *fusionMB >= 0 {
-		o.EngineEnv["KOLO_FUSION_THRESHOLD"] = fmt.Sprintf("%d", int64(*fusionMB*(1<<20)))
-	}
-	if *cycleMS >= 0 {
-		o.EngineEnv["KOLO_CYCLE_TIME"] = fmt.Sprintf("%gms", *cycleMS)
-	}
-	if *cacheCap >= 0 {
-		o.EngineEnv["KOLO_CACHE_CAPACITY"] = fmt.Sprintf("%d", *cacheCap)
-	}
-	if *hier {
-		o.EngineEnv["KOLO_HIERARCHICAL_ALLREDUCE"] = "1"
-	}
-	if *noStall {
-		o.EngineEnv["KOLO_STALL_CHECK_DISABLE"] = "1"
-	}
-	if *stallWarn >= 0 {
-		o.EngineEnv["KOLO_STALL_CHECK_TIME_SECONDS"] = fmt.Sprintf("%g", *stallWarn)
-	}
-	if *stallStop >= 0 {
-		o.EngineEnv["KOLO_STALL_SHUTDOWN_TIME_SECONDS"] = fmt.Sprintf("%g", *stallStop)
+	if err := o.checkNodeFlags(); err != nil {
+		return nil, err
 	}
 	return o, nil
 }
@@ -105,4 +128,28 @@ func (o *Options) ResolveHosts() ([]Host, error) {
 		return nil, errors.New("-np is required (the number of ranks to start)")
 	}
 	return []Host{{Name: "localhost", Slots: o.NP}}, nil
+}
+
+// checkNodeFlags checks the no-ssh flags for consistency; the rest is checked once the nodes meet.
+func (o *Options) checkNodeFlags() error {
+	if o.Rendezvous == "" {
+		if o.NNodes != 0 || o.NodeRank >= 0 || o.NprocPerNode != 0 || o.SecretFile != "" {
+			return errors.New("--nnodes, --node-rank, --nproc-per-node and --secret-file need --rendezvous HOST:PORT")
+		}
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(o.Rendezvous); err != nil {
+		return fmt.Errorf("--rendezvous %q: want HOST:PORT: %w", o.Rendezvous, err)
+	}
+	switch {
+	case o.NNodes < 1:
+		return errors.New("--rendezvous needs --nnodes N (how many nodes run kolo run for this job)")
+	case o.NodeRank >= o.NNodes:
+		return fmt.Errorf("--node-rank %d is outside 0..%d (--nnodes %d)", o.NodeRank, o.NNodes-1, o.NNodes)
+	case o.Hostfile != "":
+		return errors.New("--hostfile cannot be used with --rendezvous: each node runs its own ranks (-H localhost:N or --nproc-per-node N)")
+	case o.NprocPerNode < 0:
+		return fmt.Errorf("--nproc-per-node %d must be positive", o.NprocPerNode)
+	}
+	return nil
 }

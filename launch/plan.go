@@ -2,8 +2,10 @@
 // workers of that plan, wiring each one to the rendezvous with the environment contract of DESIGN.md.
 //
 // Planning (this file, hosts.go, env.go) is pure data with parsers and table tests. Running processes
-// lives in runner.go. This package must not know about tensors or the engine; it only starts,
-// watches and stops processes.
+// lives in runner.go; ssh.go starts ranks on other hosts; hostjob.go is a job started from one
+// machine (locally and over ssh), node.go a job whose nodes each run kolo run and meet at a
+// rendezvous (no ssh). This package must not know about tensors or the engine; it only starts,
+// watches and stops processes and hosts the rendezvous they meet at.
 package launch
 
 import (

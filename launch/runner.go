@@ -91,6 +91,10 @@ type Runner struct {
 	Timestamps  bool          // prefix each line with the time
 	TailLines   int           // stderr lines kept per rank for the summary; default 20
 	Plain       bool          // no rank prefix on output lines (kolo bench prints rank 0's table)
+	// OnFailure, if set, is called once, in its own goroutine, with the first failing rank as soon as
+	// it has ended (its StderrTail holds what it wrote before ending): a multi-node launcher uses it
+	// to tell the other nodes to stop without waiting for this node's ranks to wind down.
+	OnFailure func(Result)
 }
 
 // Run starts every worker and waits for all of them. When one fails (or ctx ends) the others
@@ -117,12 +121,15 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 	done := make(chan ended, len(workers))
 	var streams sync.WaitGroup
 	tails := make([]*tailBuffer, len(workers))
+	drained := make([]chan struct{}, len(workers)) // closed once both of a rank's streams hit EOF
 
 	for i, w := range workers {
 		results[i].Slot = w.Slot
 		tails[i] = &tailBuffer{max: tail}
+		drained[i] = make(chan struct{})
 		p, err := r.Starter.Start(ctx, w)
 		if err != nil {
+			close(drained[i])
 			done <- ended{i, Exit{Code: -1, Err: fmt.Errorf("start rank %d on %s: %w", w.Slot.Rank, w.Slot.Host, err)}}
 			continue
 		}
@@ -132,13 +139,21 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 			slog.Warn("cannot write per-rank output", "rank", w.Slot.Rank, "err", err)
 		}
 		streams.Add(2)
+		var rankStreams sync.WaitGroup
+		rankStreams.Add(2)
 		go func() {
 			defer streams.Done()
+			defer rankStreams.Done()
 			pump(p.Stdout(), out, r.prefix(w.Slot.Rank, "stdout"), files[0], nil)
 		}()
 		go func() {
 			defer streams.Done()
+			defer rankStreams.Done()
 			pump(p.Stderr(), errw, r.prefix(w.Slot.Rank, "stderr"), files[1], tails[i])
+		}()
+		go func() {
+			rankStreams.Wait()
+			close(drained[i])
 		}()
 		go func() { done <- ended{i, p.Wait()} }()
 	}
@@ -169,6 +184,9 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 			if e.exit.Failed() && first == nil && !results[e.i].Stopped {
 				first = &results[e.i]
 				stop()
+				if r.OnFailure != nil {
+					go r.reportFailure(*first, drained[e.i], tails[e.i])
+				}
 			}
 		case <-ctxDone:
 			ctxDone = nil
@@ -193,6 +211,17 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 		return results, nil
 	}
 	return results, first
+}
+
+// reportFailure hands OnFailure the failed rank once its last output lines are in (bounded: a
+// child it left behind may hold its pipes open).
+func (r *Runner) reportFailure(res Result, drained <-chan struct{}, tail *tailBuffer) {
+	select {
+	case <-drained:
+	case <-time.After(time.Second):
+	}
+	res.StderrTail = tail.lines()
+	r.OnFailure(res)
 }
 
 // prefix is horovodrun's "[1]<stdout>:" marker.
@@ -325,14 +354,19 @@ func Summary(results []Result, first *Result) string {
 
 // LocalStarter runs workers as child processes of the launcher, each in its own process group so
 // that stopping a rank also stops whatever it started (no orphans).
-type LocalStarter struct{}
+type LocalStarter struct {
+	// Guard, if set, learns each rank's process group, so that the group dies even when the
+	// launcher is killed outright; once a rank's process ends, what it left in its group is killed.
+	Guard *OrphanGuard
+}
 
 type localProcess struct {
 	cmd            *exec.Cmd
 	stdout, stderr io.ReadCloser
+	guard          *OrphanGuard
 }
 
-func (LocalStarter) Start(ctx context.Context, w Worker) (Process, error) {
+func (l LocalStarter) Start(ctx context.Context, w Worker) (Process, error) {
 	if len(w.Argv) == 0 {
 		return nil, errors.New("no command to run")
 	}
@@ -361,7 +395,8 @@ func (LocalStarter) Start(ctx context.Context, w Worker) (Process, error) {
 		errR.Close()
 		return nil, err
 	}
-	return &localProcess{cmd: cmd, stdout: outR, stderr: errR}, nil
+	l.Guard.Add(cmd.Process.Pid)
+	return &localProcess{cmd: cmd, stdout: outR, stderr: errR, guard: l.Guard}, nil
 }
 
 func (p *localProcess) Stdout() io.Reader { return p.stdout }
@@ -374,6 +409,10 @@ func (p *localProcess) Signal(sig syscall.Signal) error {
 
 func (p *localProcess) Wait() Exit {
 	err := p.cmd.Wait()
+	if p.guard != nil {
+		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		p.guard.Remove(p.cmd.Process.Pid)
+	}
 	if err == nil {
 		return Exit{Code: 0}
 	}

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kolo-dl/kolo/internal/netif"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/rendezvous"
 	"github.com/kolo-dl/kolo/transport"
@@ -33,8 +34,12 @@ type Options struct {
 	TCPStreams   int           // data connections per remote peer; default 2
 	ShmSlotBytes int           // per-rank shared slot; default 8 MiB
 	ShmDir       string        // default /dev/shm
-	ListenAddr   string        // default "0.0.0.0:0"
+	ListenAddr   string        // default "0.0.0.0:0", or the Interface's address
 	NoShm        bool          // force TCP even between ranks of one host
+	// Interface names the network interface(s) whose address this rank listens on and advertises to
+	// its peers (comma-separated: the first one present here is used; kolo run --network-interface,
+	// KOLO_NETWORK_INTERFACE). Empty: the address this rank reaches the rendezvous from.
+	Interface string
 }
 
 // World is this process's view of the job once connected.
@@ -62,6 +67,17 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 	}
 	if opt.ShmSlotBytes <= 0 {
 		opt.ShmSlotBytes = 8 << 20
+	}
+	var ifaceIP net.IP
+	if opt.Interface != "" && job.Size > 1 {
+		ip, _, err := netif.InterfaceIP(opt.Interface)
+		if err != nil {
+			return nil, fmt.Errorf("rank %d: %w", job.Rank, err)
+		}
+		ifaceIP = ip
+		if opt.ListenAddr == "" {
+			opt.ListenAddr = net.JoinHostPort(ip.String(), "0")
+		}
 	}
 	if opt.ListenAddr == "" {
 		opt.ListenAddr = "0.0.0.0:0"
@@ -93,7 +109,11 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 		return nil, fmt.Errorf("rank %d: listen for peers: %w", job.Rank, err)
 	}
 	w.closers = append(w.closers, ln.Close)
-	addr, err := publicAddr(rv.LocalAddr(), ln.Addr())
+	toRendezvous := rv.LocalAddr()
+	if ifaceIP != nil {
+		toRendezvous = &net.TCPAddr{IP: ifaceIP}
+	}
+	addr, err := publicAddr(toRendezvous, ln.Addr())
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: %w", job.Rank, err)
 	}
@@ -116,6 +136,11 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 			return nil, fmt.Errorf("rank %d: malformed address record of rank %d: %q", job.Rank, r, v)
 		}
 		addrs[r], w.Hosts[r], boots[r] = parts[0], parts[1], parts[2]
+	}
+
+	if job.CrossSize == 0 { // the launcher (mpirun) could not say; every rank's host is known now
+		job.CrossRank, job.CrossSize = jobenv.CrossFromHosts(w.Hosts, job.Hostname, job.LocalRank)
+		w.Job = job
 	}
 
 	// Ranks with the same host name share memory. Check the launcher's numbers agree.

@@ -5,15 +5,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"syscall"
 
-	"github.com/kolo-dl/kolo/auth"
 	"github.com/kolo-dl/kolo/launch"
-	"github.com/kolo-dl/kolo/rendezvous"
 )
 
 // runCmd implements `kolo run`; it returns the process exit code.
@@ -26,6 +22,9 @@ func runCmd(args []string) int {
 		fmt.Fprintf(os.Stderr, "kolo run: %v\n", err)
 		return 2
 	}
+	if code, done := beforeLaunch(opts, os.Stdout); done { // -v, -cb (checkbuild.go)
+		return code
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	code, err := runJob(ctx, opts)
@@ -35,61 +34,11 @@ func runCmd(args []string) int {
 	return code
 }
 
-// runJob plans the job, hosts the rendezvous, starts the ranks and waits for them.
+// runJob picks the launch mode: with --rendezvous this node is one of several that each run kolo
+// run (no ssh); otherwise this launcher starts every rank, locally or over ssh.
 func runJob(ctx context.Context, opts *launch.Options) (int, error) {
-	hosts, err := opts.ResolveHosts()
-	if err != nil {
-		return 2, err
+	if opts.Rendezvous != "" {
+		return launch.RunNode(ctx, opts, os.Stdout, os.Stderr)
 	}
-	np := opts.NP
-	if np == 0 {
-		for _, h := range hosts {
-			np += h.Slots
-		}
-	}
-	slots, err := launch.Plan(hosts, np)
-	if err != nil {
-		return 2, err
-	}
-	secret, err := auth.NewSecret()
-	if err != nil {
-		return 1, err
-	}
-	srv := rendezvous.NewServer([]byte(secret))
-	bindHost := launch.RendezvousHost(slots)
-	listen := "127.0.0.1:0"
-	if bindHost != "127.0.0.1" {
-		listen = "0.0.0.0:0"
-	}
-	addr, err := srv.Listen(listen)
-	if err != nil {
-		return 1, fmt.Errorf("start rendezvous: %w", err)
-	}
-	defer srv.Close()
-	_, port, _ := net.SplitHostPort(addr.String())
-	rvAddr := net.JoinHostPort(bindHost, port)
-	if opts.Verbose {
-		slog.Info("rendezvous listening", "addr", rvAddr, "ranks", np)
-	}
-	workers, err := launch.LocalWorkers(slots, opts.Command, rvAddr, launch.NewJobID(), secret, opts.EngineEnv, opts.Env)
-	if err != nil {
-		return 2, err
-	}
-	runner := &launch.Runner{
-		Starter:    launch.LocalStarter{},
-		Stdout:     os.Stdout,
-		Stderr:     os.Stderr,
-		OutputDir:  opts.OutputDir,
-		Timestamps: opts.Timestamps,
-		Plain:      opts.PlainOutput,
-	}
-	results, first := runner.Run(ctx, workers)
-	if first != nil {
-		fmt.Fprint(os.Stderr, launch.Summary(results, first))
-		return first.Exit.ShellCode(), nil
-	}
-	if ctx.Err() != nil {
-		return 130, errors.New("interrupted: stopped every rank")
-	}
-	return 0, nil
+	return launch.RunHosts(ctx, opts, os.Stdout, os.Stderr)
 }

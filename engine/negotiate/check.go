@@ -15,7 +15,7 @@ import (
 //
 // Checks run in a fixed order (kind, group, dtype, shape, reduce op, scale factors, root, splits) and
 // the first that fails is reported: later ones would only repeat its cause.
-func negotiate(name string, size int, reqs []Request, present, absent []int) (*opSig, string) {
+func negotiate(name string, size int, reqs []Request, present, absent []int, ids jobRanks) (*opSig, string) {
 	first := &reqs[present[0]]
 	kind := first.Kind
 	fail := func(format string, args ...any) (*opSig, string) {
@@ -25,7 +25,7 @@ func negotiate(name string, size int, reqs []Request, present, absent []int) (*o
 	// found a disagreement.
 	agreed := allAgree(reqs, present)
 	if v := tallyIf(!agreed, present, func(r int) string { return reqs[r].Kind.String() }); len(v) > 1 {
-		return fail("mismatched ops: %s", describe(v))
+		return fail("mismatched ops: %s", ids.describe(v))
 	}
 	if kind == InvalidOp || kind > Barrier {
 		return fail("not an op a rank can submit")
@@ -37,7 +37,7 @@ func negotiate(name string, size int, reqs []Request, present, absent []int) (*o
 		}
 		return fmt.Sprintf("group %d of %d", reqs[r].Group, reqs[r].GroupSize)
 	}); len(v) > 1 {
-		return fail("mismatched groups: %s", describe(v))
+		return fail("mismatched groups: %s", ids.describe(v))
 	}
 	if first.Group != 0 {
 		if first.GroupSize < 1 {
@@ -51,7 +51,7 @@ func negotiate(name string, size int, reqs []Request, present, absent []int) (*o
 	}
 
 	if v := tallyIf(!agreed, present, func(r int) string { return reqs[r].DType.String() }); len(v) > 1 {
-		return fail("mismatched dtypes: %s", describe(v))
+		return fail("mismatched dtypes: %s", ids.describe(v))
 	}
 	if !first.DType.Valid() {
 		return fail("invalid dtype %v", first.DType)
@@ -66,17 +66,17 @@ func negotiate(name string, size int, reqs []Request, present, absent []int) (*o
 			}
 		}
 		if len(scalars) > 0 {
-			return fail("%s sent a scalar: %s needs at least one dimension", rankWord(scalars), kind)
+			return fail("%s sent a scalar: %s needs at least one dimension", ids.word(scalars), kind)
 		}
 		if v := tallyIf(!agreed, present, func(r int) string {
 			return freeDim0Shape(reqs[r].Shape) + " " + reqs[r].DType.String()
 		}); len(v) > 1 {
-			return fail("mismatched shapes (all dims but the first must agree): %s", describe(v))
+			return fail("mismatched shapes (all dims but the first must agree): %s", ids.describe(v))
 		}
 	} else if v := tallyIf(!agreed, present, func(r int) string {
 		return formatShape(reqs[r].Shape) + " " + reqs[r].DType.String()
 	}); len(v) > 1 {
-		return fail("mismatched shapes: %s", describe(v))
+		return fail("mismatched shapes: %s", ids.describe(v))
 	}
 	var negative []int
 	for _, r := range present {
@@ -85,12 +85,12 @@ func negotiate(name string, size int, reqs []Request, present, absent []int) (*o
 		}
 	}
 	if len(negative) > 0 {
-		return fail("negative dimension: %s", describe(tally(negative, func(r int) string { return formatShape(reqs[r].Shape) })))
+		return fail("negative dimension: %s", ids.describe(tally(negative, func(r int) string { return formatShape(reqs[r].Shape) })))
 	}
 
 	if usesReduce(kind) {
 		if v := tallyIf(!agreed, present, func(r int) string { return ReduceOpName(reqs[r].ReduceOp, reqs[r].Average) }); len(v) > 1 {
-			return fail("mismatched reduce ops: %s", describe(v))
+			return fail("mismatched reduce ops: %s", ids.describe(v))
 		}
 		if first.ReduceOp < ReduceSum || first.ReduceOp > ReduceProd {
 			return fail("unknown reduce op %s", ReduceOpName(first.ReduceOp, false))
@@ -101,21 +101,21 @@ func negotiate(name string, size int, reqs []Request, present, absent []int) (*o
 		if v := tallyIf(!agreed, present, func(r int) string {
 			return fmt.Sprintf("prescale %g postscale %g", scale(reqs[r].PreScale), scale(reqs[r].PostScale))
 		}); len(v) > 1 {
-			return fail("mismatched scale factors: %s", describe(v))
+			return fail("mismatched scale factors: %s", ids.describe(v))
 		}
 		s.reduceOp, s.average = first.ReduceOp, first.Average
 		s.pre, s.post = scale(first.PreScale), scale(first.PostScale)
 	}
 
 	if kind == Broadcast {
-		if v := tallyIf(!agreed, present, func(r int) string { return fmt.Sprintf("root %d", reqs[r].Root) }); len(v) > 1 {
-			return fail("mismatched roots: %s", describe(v))
+		if v := tallyIf(!agreed, present, func(r int) string { return fmt.Sprintf("root %d", ids.of(reqs[r].Root)) }); len(v) > 1 {
+			return fail("mismatched roots: %s", ids.describe(v))
 		}
 		if first.Root < 0 || first.Root >= size {
 			return fail("root %d out of range [0,%d)", first.Root, size)
 		}
 		if slices.Contains(absent, first.Root) {
-			return fail("root rank %d has joined", first.Root)
+			return fail("root rank %d has joined", ids.of(first.Root))
 		}
 		s.root = first.Root
 	}
@@ -133,7 +133,7 @@ func negotiate(name string, size int, reqs []Request, present, absent []int) (*o
 		s.shape[0] = total
 	case Alltoall:
 		if len(absent) > 0 {
-			return fail("not supported while %s joined", haveWord(absent))
+			return fail("not supported while %s joined", ids.have(absent))
 		}
 		s.splits = make([][]int64, size)
 		var total int64
@@ -142,20 +142,20 @@ func negotiate(name string, size int, reqs []Request, present, absent []int) (*o
 			rows := q.Shape[0]
 			switch {
 			case q.Splits == nil && rows%int64(size) != 0:
-				return fail("rank %d sent %d rows and no splits: dim 0 must divide evenly by %d ranks", r, rows, size)
+				return fail("rank %d sent %d rows and no splits: dim 0 must divide evenly by %d ranks", ids.of(r), rows, size)
 			case q.Splits == nil:
 				s.splits[r] = equalSplit(rows, size)
 			case len(q.Splits) != size:
-				return fail("rank %d sent %d splits, want one per rank (%d)", r, len(q.Splits), size)
+				return fail("rank %d sent %d splits, want one per rank (%d)", ids.of(r), len(q.Splits), size)
 			case slices.ContainsFunc(q.Splits, func(v int64) bool { return v < 0 }):
-				return fail("rank %d sent negative splits %s", r, formatShape(q.Splits))
+				return fail("rank %d sent negative splits %s", ids.of(r), formatShape(q.Splits))
 			default:
 				var sum int64
 				for _, v := range q.Splits {
 					sum = satAdd(sum, v)
 				}
 				if sum != rows {
-					return fail("rank %d sent splits %s summing to %d for %d rows", r, formatShape(q.Splits), sum, rows)
+					return fail("rank %d sent splits %s summing to %d for %d rows", ids.of(r), formatShape(q.Splits), sum, rows)
 				}
 				s.splits[r] = q.Splits
 			}
@@ -170,7 +170,9 @@ func negotiate(name string, size int, reqs []Request, present, absent []int) (*o
 	return s, ""
 }
 
-func haveWord(ranks []int) string {
+// have writes "rank 3 has" or "ranks 0,2 have", in job ranks.
+func (j jobRanks) have(ranks []int) string {
+	ranks = j.all(ranks)
 	if len(ranks) == 1 {
 		return fmt.Sprintf("rank %d has", ranks[0])
 	}
@@ -198,11 +200,11 @@ func tally(ranks []int, key func(r int) string) []vote {
 	return out
 }
 
-// describe writes "ranks 0,2 sent X; rank 1 sent Y".
-func describe(votes []vote) string {
+// describe writes "ranks 0,2 sent X; rank 1 sent Y", in job ranks.
+func (j jobRanks) describe(votes []vote) string {
 	parts := make([]string, len(votes))
 	for i, v := range votes {
-		parts[i] = rankWord(v.ranks) + " sent " + v.key
+		parts[i] = j.word(v.ranks) + " sent " + v.key
 	}
 	return strings.Join(parts, "; ")
 }

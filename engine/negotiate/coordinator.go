@@ -20,6 +20,9 @@ type Batch struct {
 	Cached []uint32
 	// Join: the sender called Join after submitting the above.
 	Join bool
+	// Set is the process set every op of the Batch belongs to (0: the global set); Rank and Seen
+	// are the sender's in that set's numbering and response stream (see Hub).
+	Set int
 }
 
 // Coordinator is the negotiation state machine rank 0 runs. It is not safe for concurrent use: the
@@ -39,6 +42,7 @@ type Batch struct {
 type Coordinator struct {
 	cfg  Config
 	size int
+	ids  jobRanks // what messages call each rank (Config.Ranks)
 
 	// pending ops, in creation order (head first) for deterministic scans. Each is found by name
 	// either in byName or, cheaper, through the live cache entry for its name (entry.pending).
@@ -132,10 +136,14 @@ func NewCoordinator(cfg Config) (*Coordinator, error) {
 	if cfg.Size < 1 {
 		return nil, fmt.Errorf("negotiate: coordinator for %d ranks: need at least 1", cfg.Size)
 	}
+	if cfg.Ranks != nil && len(cfg.Ranks) != cfg.Size {
+		return nil, fmt.Errorf("negotiate: coordinator for %d ranks given %d job ranks %v", cfg.Size, len(cfg.Ranks), cfg.Ranks)
+	}
 	cfg = cfg.withDefaults()
 	return &Coordinator{
 		cfg:    cfg,
 		size:   cfg.Size,
+		ids:    jobRanks(slices.Clone(cfg.Ranks)),
 		byName: map[string]*op{},
 		groups: map[int64]*groupState{},
 		joined: make([]bool, cfg.Size),
@@ -285,7 +293,7 @@ func (c *Coordinator) submitCached(now time.Time, rank int, seen uint64, id uint
 	if e == nil {
 		c.route(now, &item{
 			err: fmt.Sprintf("rank %d sent cache id %d, which stood for no op after the %d responses it had learned (its cache disagrees with the coordinator's)",
-				rank, id, seen),
+				c.ids.of(rank), id, seen),
 			cacheIDs: []uint32{id},
 		})
 		return
@@ -319,12 +327,12 @@ func (c *Coordinator) submitCached(now time.Time, rank int, seen uint64, id uint
 func (c *Coordinator) mark(o *op, rank int, how uint8) bool {
 	if o.sent[rank] != subAbsent {
 		if o.err == "" {
-			o.err = fmt.Sprintf("%s %q: duplicate name: rank %d submitted it again before it completed", o.kind, o.name, rank)
+			o.err = fmt.Sprintf("%s %q: duplicate name: rank %d submitted it again before it completed", o.kind, o.name, c.ids.of(rank))
 		}
 		return false
 	}
 	if c.joined[rank] && o.err == "" {
-		o.err = fmt.Sprintf("%s %q: rank %d submitted it after joining", o.kind, o.name, rank)
+		o.err = fmt.Sprintf("%s %q: rank %d submitted it after joining", o.kind, o.name, c.ids.of(rank))
 	}
 	o.sent[rank] = how
 	o.n++
@@ -387,7 +395,7 @@ func (c *Coordinator) resolve(now time.Time, o *op) {
 		o.hasFull = true
 		first := &o.reqs[present[0]]
 		it.kind, it.group, it.groupSize = first.Kind, first.Group, first.GroupSize
-		sig, err := negotiate(o.name, c.size, o.reqs, present, absent)
+		sig, err := negotiate(o.name, c.size, o.reqs, present, absent, c.ids)
 		if err != "" {
 			it.err, it.names = err, []string{o.name}
 		} else {
@@ -503,9 +511,9 @@ func (c *Coordinator) Tick(now time.Time) ([]Response, []Stall) {
 			for r := 0; r < c.size; r++ {
 				switch {
 				case o.sent[r] != subAbsent:
-					s.Ready = append(s.Ready, r)
+					s.Ready = append(s.Ready, c.ids.of(r))
 				case !c.joined[r]:
-					s.Missing = append(s.Missing, r)
+					s.Missing = append(s.Missing, c.ids.of(r))
 				}
 			}
 			stalls = append(stalls, s)

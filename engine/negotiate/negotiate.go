@@ -7,6 +7,8 @@
 // ready ops into groups up to a byte threshold, and emits Responses that rank 0 sends, in order, to
 // every rank, which executes them in exactly that order. A response cache gives each negotiated
 // signature a small id so that a steady-state step costs each rank a bit-vector, not a list of names.
+// Process sets (subsets of ranks running their own ops) each get a Coordinator of their own; rank 0
+// holds them all in a Hub (hub.go), and every rank keeps the same SetTable of them (sets.go).
 //
 // The package must stay pure (etcd-raft style): no sockets, no goroutines, no clocks (time is an
 // argument), no logging. Nothing here executes a collective or touches a tensor's bytes; the engine
@@ -129,6 +131,10 @@ type Request struct {
 	// other. Every rank must give the same Group and GroupSize.
 	Group     int64
 	GroupSize int
+	// Set is the process set the op runs in (0: the global set, every rank). The engine routes a
+	// request by it to that set's Coordinator, which sees only its own set's requests; it is not
+	// compared, cached or encoded with the request (a Batch carries its set once).
+	Set int
 }
 
 // NoCacheID in Response.CacheIDs means the tensor got no cache id (cache full or disabled, or a
@@ -204,6 +210,8 @@ type Stall struct {
 	Fatal bool
 	// Reason explains a stall that is not about missing ranks (a group short of members).
 	Reason string
+	// Set is the op's process set (0: the global set); the Hub fills it in.
+	Set int
 }
 
 func (s Stall) String() string {
@@ -211,10 +219,14 @@ func (s Stall) String() string {
 	if s.Fatal {
 		fatal = " (fatal)"
 	}
-	if s.Reason != "" {
-		return fmt.Sprintf("stall%s %s %q after %v: %s", fatal, s.Kind, s.Name, s.Since, s.Reason)
+	in := ""
+	if s.Set != 0 {
+		in = fmt.Sprintf(" in process set %d", s.Set)
 	}
-	return fmt.Sprintf("stall%s %s %q after %v: missing %s; submitted by %s", fatal, s.Kind, s.Name,
+	if s.Reason != "" {
+		return fmt.Sprintf("stall%s %s %q%s after %v: %s", fatal, s.Kind, s.Name, in, s.Since, s.Reason)
+	}
+	return fmt.Sprintf("stall%s %s %q%s after %v: missing %s; submitted by %s", fatal, s.Kind, s.Name, in,
 		s.Since, rankWord(s.Missing), rankWord(s.Ready))
 }
 
@@ -233,6 +245,11 @@ type Config struct {
 	StallWarning time.Duration
 	// StallShutdown, when positive, is how long an op may wait before it is failed.
 	StallShutdown time.Duration
+	// Ranks, for the Coordinator of a process set, is the job rank of each of its Size ranks
+	// (ascending). The Coordinator works in the set's own ranks 0..Size-1, as do its Requests and
+	// Responses (Root, Splits, Dim0, Joined); only what it writes for people (error messages and
+	// Stall's Ready and Missing) names job ranks, the processes users know. nil: the identity.
+	Ranks []int
 }
 
 // Defaults, as horovod's.
@@ -292,6 +309,31 @@ func formatRanks(ranks []int) string {
 	}
 	return b.String()
 }
+
+// jobRanks maps a Coordinator's ranks to the job ranks its messages name (Config.Ranks); nil is
+// the identity.
+type jobRanks []int
+
+func (j jobRanks) of(r int) int {
+	if r >= 0 && r < len(j) {
+		return j[r]
+	}
+	return r
+}
+
+func (j jobRanks) all(ranks []int) []int {
+	if j == nil {
+		return ranks
+	}
+	out := make([]int, len(ranks))
+	for i, r := range ranks {
+		out[i] = j.of(r)
+	}
+	return out
+}
+
+// word is rankWord in job ranks.
+func (j jobRanks) word(ranks []int) string { return rankWord(j.all(ranks)) }
 
 // rankWord writes "rank 3" or "ranks 0,2".
 func rankWord(ranks []int) string {

@@ -19,7 +19,8 @@ var rewrite = flag.Bool("rewrite", false, "rewrite testdata/*.txt with the outpu
 // TestScenarios replays every testdata/*.txt script. A script is a series of blocks: command lines
 // (and # comments), a "----" line, then the expected output up to a blank line. Commands:
 //
-//	config size=N [fusion=BYTES] [cache=N|off] [warn=DUR|off] [shutdown=DUR]   (resets everything)
+//	config size=N [fusion=BYTES] [cache=N|off] [warn=DUR|off] [shutdown=DUR] [ranks=a,b,..]
+//	                                (resets everything; ranks: a process set's job ranks)
 //	submit RANKS KIND NAME [DTYPE SHAPE] [op=sum|avg|min|max|prod] [root=N] [pre=X] [post=X]
 //	       [splits=a,b,..] [rows=a,b,..] [group=G/N] [average] [full]
 //	submit-id RANK ID [seen=N]      a raw cache id, bypassing the rank's cache
@@ -183,6 +184,8 @@ func (s *scenario) run(f []string) ([]string, error) {
 				}
 			case "shutdown":
 				cfg.StallShutdown, err = time.ParseDuration(v)
+			case "ranks":
+				cfg.Ranks, err = parseInts(v)
 			default:
 				err = fmt.Errorf("unknown config key %q", k)
 			}

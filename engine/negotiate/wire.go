@@ -27,6 +27,9 @@ const (
 	MsgBatch     MsgKind = 1 // a Batch: one rank's requests to the Coordinator
 	MsgResponses MsgKind = 2 // Responses, in stream order, from rank 0 to every rank
 	MsgAbort     MsgKind = 3 // an Abort: a rank was lost or gave up
+	// MsgSetResponses is MsgResponses of a process set other than the global one: the set id, then
+	// the same body.
+	MsgSetResponses MsgKind = 4
 )
 
 // Decoder limits.
@@ -37,7 +40,9 @@ const (
 	MaxRanks     = 1 << 20  // ranks: entries of a splits row, a Dim0 list, a joined list; rank numbers
 	MaxItems     = 1 << 20  // requests, cached ids, responses or names in one message
 	MaxCacheIDs  = 1 << 20  // the cache id space (Config.CacheCapacity is capped to half of it)
+	MaxSetID     = 1 << 30  // process set ids
 	batchJoin    = 1 << 0
+	batchSet     = 1 << 1 // a set id follows the flags (absent: the global set)
 	cachedNone   = 0
 	cachedList   = 1
 	cachedBitset = 2
@@ -84,7 +89,13 @@ func EncodeBatch(dst []byte, b *Batch) []byte {
 	if b.Join {
 		flags |= batchJoin
 	}
+	if b.Set != 0 {
+		flags |= batchSet
+	}
 	dst = append(dst, flags)
+	if b.Set != 0 {
+		dst = binary.AppendUvarint(dst, uint64(b.Set))
+	}
 	dst = binary.AppendUvarint(dst, uint64(len(b.Requests)))
 	for i := range b.Requests {
 		dst = appendRequest(dst, &b.Requests[i])
@@ -180,10 +191,13 @@ func DecodeBatch(p []byte) (*Batch, error) {
 	b.Rank = d.rank("rank")
 	b.Seen = d.uvarint("seen")
 	flags := d.byte("flags")
-	if flags&^batchJoin != 0 {
+	if flags&^(batchJoin|batchSet) != 0 {
 		d.fail("unknown batch flags %#x", flags)
 	}
 	b.Join = flags&batchJoin != 0
+	if flags&batchSet != 0 {
+		b.Set = d.setID()
+	}
 	if n := d.count("requests", MaxItems); n > 0 {
 		b.Requests = make([]Request, n)
 		for i := range b.Requests {
@@ -271,7 +285,18 @@ const (
 // EncodeResponses appends rs's message to dst. A FromCache Response travels as its cache ids (and
 // evictions) only: the receiving Cache.Learn fills in the rest.
 func EncodeResponses(dst []byte, rs []Response) []byte {
-	dst = append(dst, WireVersion, byte(MsgResponses))
+	return EncodeSetResponses(dst, 0, rs)
+}
+
+// EncodeSetResponses appends the message of rs, responses of process set `set`, to dst: a
+// MsgResponses for the global set (0), else a MsgSetResponses.
+func EncodeSetResponses(dst []byte, set int, rs []Response) []byte {
+	if set == 0 {
+		dst = append(dst, WireVersion, byte(MsgResponses))
+	} else {
+		dst = append(dst, WireVersion, byte(MsgSetResponses))
+		dst = binary.AppendUvarint(dst, uint64(set))
+	}
 	dst = binary.AppendUvarint(dst, uint64(len(rs)))
 	for i := range rs {
 		dst = appendResponse(dst, &rs[i])
@@ -369,8 +394,26 @@ func appendMatrix(dst []byte, m [][]int64) []byte {
 // DecodeResponses decodes a MsgResponses message. FromCache Responses come back with only Seq,
 // Kind, CacheIDs and Evict set: pass each to Cache.Learn, which completes them.
 func DecodeResponses(p []byte) ([]Response, error) {
+	set, rs, err := DecodeSetResponses(p)
+	if err == nil && set != 0 {
+		return nil, fmt.Errorf("negotiate: decode responses: %w: responses of process set %d where the global set's were expected", ErrMalformed, set)
+	}
+	return rs, err
+}
+
+// DecodeSetResponses decodes a MsgResponses (set 0) or MsgSetResponses message: the process set
+// and its responses, as DecodeResponses returns them.
+func DecodeSetResponses(p []byte) (int, []Response, error) {
 	d := decoder{p: p, msg: "responses"}
-	d.header(MsgResponses)
+	set := 0
+	if k, err := PeekKind(p); err == nil && k == MsgSetResponses {
+		d.header(MsgSetResponses)
+		if set = d.setID(); set == 0 && d.err == nil {
+			d.fail("set responses for the global set")
+		}
+	} else {
+		d.header(MsgResponses)
+	}
 	n := d.count("responses", MaxItems)
 	var rs []Response
 	if n > 0 {
@@ -383,9 +426,9 @@ func DecodeResponses(p []byte) ([]Response, error) {
 		d.response(&rs[i])
 	}
 	if err := d.end(); err != nil {
-		return nil, err
+		return 0, nil, err
 	}
-	return rs, nil
+	return set, rs, nil
 }
 
 func (d *decoder) response(r *Response) {
@@ -593,6 +636,15 @@ func (d *decoder) rank(what string) int {
 	v := d.uvarint(what)
 	if v >= MaxRanks {
 		d.fail("%s %d beyond %d", what, v, MaxRanks)
+		return 0
+	}
+	return int(v)
+}
+
+func (d *decoder) setID() int {
+	v := d.uvarint("process set")
+	if v >= MaxSetID {
+		d.fail("process set %d beyond %d", v, MaxSetID)
 		return 0
 	}
 	return int(v)

@@ -25,15 +25,16 @@ func ip(args ...string) error {
 	return nil
 }
 
-// NewNetns creates n hosts, or skips the test where namespaces cannot be made (not root, no ip).
+// NewNetns creates n hosts, or skips the test where namespaces cannot be made (not root, no ip;
+// fails instead under KOLO_REQUIRE_TESTBEDS=1).
 // Everything it creates is removed by t.Cleanup.
 func NewNetns(t testing.TB, n int) *Netns {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
+		Unavailable(t, "network namespaces need root")
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("no ip command (apt-get install iproute2)")
+		Unavailable(t, "no ip command (apt-get install iproute2)")
 	}
 	id := os.Getpid() % 10000
 	subnet := 100 + os.Getpid()%150
@@ -52,7 +53,7 @@ func NewNetns(t testing.TB, n int) *Netns {
 	}
 	for _, s := range steps {
 		if err := ip(s...); err != nil {
-			t.Skipf("cannot create a bridge here: %v", err)
+			Unavailable(t, "cannot create a bridge here: %v", err)
 		}
 	}
 	// Docker sets the FORWARD policy to DROP, and with bridge netfilter on that drops traffic

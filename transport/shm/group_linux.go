@@ -123,7 +123,7 @@ func create(path string, lay layout) ([]byte, error) {
 		if syscall.Statfs(filepath.Dir(path), &st) == nil {
 			free = fmt.Sprintf("%d MiB", int64(st.Bavail)*int64(st.Bsize)>>20)
 		}
-		return fail(fmt.Errorf("shm: segment %s needs %d MiB but %s has %s free (a container's /dev/shm is 64 MiB unless raised, e.g. docker run --shm-size=1g; or lower SlotBytes/RingBytes): %w",
+		return fail(fmt.Errorf("shm: segment %s needs %d MiB but %s has %s free (a container's /dev/shm is 64 MiB unless raised: run it with --ipc=host or --shm-size=1g, or in Kubernetes mount an emptyDir with medium Memory at /dev/shm): %w",
 			path, (lay.total+(1<<20)-1)>>20, filepath.Dir(path), free, err))
 	}
 	mem, err := syscall.Mmap(fd, 0, int(lay.total), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)

@@ -1,0 +1,159 @@
+package kolo
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kolo-dl/kolo/dtype"
+	"github.com/kolo-dl/kolo/engine/negotiate"
+	"github.com/kolo-dl/kolo/jobenv"
+)
+
+// Ranks may gather tensors of different dim 0: an unnamed allgather or alltoall must get the
+// same name on all of them, or the job hangs.
+func TestNamerIgnoresDim0WhereRanksMayDiffer(t *testing.T) {
+	for _, kind := range []negotiate.OpKind{negotiate.Allgather, negotiate.Alltoall} {
+		a, b := newNamer(), newNamer()
+		if x, y := a.next(kind, dtype.Float32, []int64{3, 2}), b.next(kind, dtype.Float32, []int64{5, 2}); x != y {
+			t.Errorf("%v: rank with 3 rows names it %q, rank with 5 rows %q", kind, x, y)
+		}
+		if x, y := a.next(kind, dtype.Float32, []int64{3, 2}), b.next(kind, dtype.Float32, []int64{3, 4}); x == y {
+			t.Errorf("%v: different row shapes share the name %q", kind, x)
+		}
+	}
+	n := newNamer()
+	if x, y := n.next(negotiate.Allreduce, dtype.Float32, []int64{3}), n.next(negotiate.Allreduce, dtype.Float32, []int64{5}); x == y {
+		t.Errorf("allreduce of different shapes share the name %q", x)
+	}
+}
+
+func initSingle(t *testing.T) {
+	t.Helper()
+	if err := Init(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := Shutdown(); err != nil {
+			t.Error(err)
+		}
+	})
+}
+
+func wait(t *testing.T, hs ...*Handle) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i, h := range hs {
+		if err := h.Wait(ctx); err != nil {
+			t.Fatalf("op %d: %v", i, err)
+		}
+	}
+}
+
+func TestGroups(t *testing.T) {
+	initSingle(t)
+	a, b := []float32{1, 2, 3}, []int64{4, 5}
+	outA, outB := make([]float32, 3), make([]int64, 2)
+	hs := AllreduceGroupAsync("g", []Tensor{Of(a), Of(b)}, []Tensor{Of(outA), Of(outB)}, Sum, Postscale(2))
+	wait(t, hs...)
+	if outA[2] != 6 || outB[1] != 10 {
+		t.Errorf("grouped allreduce ×2 of %v, %v gave %v, %v", a, b, outA, outB)
+	}
+	hs = AllgatherGroupAsync("", []Tensor{Of(a, 3, 1), Of(b)})
+	wait(t, hs...)
+	if got := As[float32](hs[0].Tensor()); len(got) != 3 || got[1] != 2 || hs[0].Tensor().Shape[1] != 1 {
+		t.Errorf("grouped allgather: %v %v", got, hs[0].Tensor().Shape)
+	}
+	hs = ReduceScatterGroupAsync("rs", []Tensor{Of(a)}, Average)
+	wait(t, hs...)
+	if got := As[float32](hs[0].Tensor()); len(got) != 3 || got[0] != 1 {
+		t.Errorf("grouped reducescatter: %v", got)
+	}
+
+	// One malformed member fails every member before any reaches the engine: the others would
+	// otherwise wait for it on every rank.
+	bad := Tensor{Data: make([]byte, 3), DType: dtype.Float32, Shape: []int64{1}}
+	hs = AllreduceGroupAsync("bad", []Tensor{Of(a), bad}, nil, Sum)
+	for i, h := range hs {
+		if err := h.Wait(context.Background()); err == nil || !strings.Contains(err.Error(), "tensor 1") {
+			t.Errorf("member %d of a group with a malformed tensor: err = %v", i, err)
+		}
+	}
+}
+
+func TestGroupIDsAgreeAcrossRanks(t *testing.T) {
+	// Two "ranks" (fresh namers) submitting the same unnamed group derive the same names, and so
+	// the same group id; a different group gets another id.
+	ids := func(s *state, shapes ...[]int64) (names []string, group int64) {
+		ins := make([]Tensor, len(shapes))
+		for i, sh := range shapes {
+			ins[i] = Tensor{Data: make([]byte, 4*elemCount(sh)), DType: dtype.Float32, Shape: sh}
+		}
+		ps, err := s.prepareGroup(negotiate.Allreduce, "", ins, ins, Sum, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range ps {
+			names = append(names, p.req.Name)
+			if p.req.Group != ps[0].req.Group || p.req.GroupSize != len(ps) {
+				t.Fatalf("members disagree: %+v", p.req)
+			}
+		}
+		return names, ps[0].req.Group
+	}
+	r0, r1 := &state{names: newNamer()}, &state{names: newNamer()}
+	n0, g0 := ids(r0, []int64{2}, []int64{3})
+	n1, g1 := ids(r1, []int64{2}, []int64{3})
+	if g0 != g1 || strings.Join(n0, ",") != strings.Join(n1, ",") || g0 == 0 {
+		t.Errorf("ranks disagree: %v %d vs %v %d", n0, g0, n1, g1)
+	}
+	if _, g2 := ids(r0, []int64{2}, []int64{3}); g2 == g0 {
+		t.Errorf("the next group got the same id %d", g2)
+	}
+}
+
+func elemCount(shape []int64) int64 {
+	n := int64(1)
+	for _, d := range shape {
+		n *= d
+	}
+	return n
+}
+
+func TestInitRefusesAnotherLauncherVersion(t *testing.T) {
+	t.Setenv(jobenv.LauncherVersion, "0.0.1-other")
+	err := Init()
+	if err == nil {
+		Shutdown()
+		t.Fatal("Init accepted a launcher of another version")
+	}
+	for _, want := range []string{Version, "0.0.1-other", "kolo run"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	t.Setenv(jobenv.LauncherVersion, Version)
+	initSingle(t)
+	if !IsHomogeneous() || Size() != 1 {
+		t.Errorf("single process: homogeneous %v size %d", IsHomogeneous(), Size())
+	}
+}
+
+// The per-op cost of the API and engine without any peer (what every op pays on top of the
+// network); the C ABI adds a few hundred nanoseconds per call.
+func BenchmarkAllreduceSingleRank(b *testing.B) {
+	if err := Init(); err != nil {
+		b.Fatal(err)
+	}
+	defer Shutdown()
+	x := []float32{1}
+	t := Of(x)
+	ctx := context.Background()
+	for b.Loop() {
+		if err := AllreduceAsync("lat", t, t, Sum).Wait(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Allreduce latency from Python: kolo.torch (hvd.allreduce_) side by side with torch.distributed
+on Gloo, and kolo's Go API (`kolo bench`) as the floor the binding adds to. Same machine, same
+sizes, one run, one table with ratios.
+
+    make build lib && /usr/bin/python3 bench/python_latency.py --np 2 --sizes 4 --rounds 5
+
+Each round runs every peer once (in turn, so that machine noise hits them alike) and takes the
+median per-op wall time of --iters ops after warm-up; the table shows, per peer, the median over
+rounds and the best round (on a shared machine, the best round is the one other work disturbed
+least). Float32 sum, warm buffers.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import compare  # noqa: E402  (run, bench_gloo, human, MALLOC_ENV, PY)
+
+KOLO = os.path.join(ROOT, "bin", "kolo")
+
+
+def bench_kolo_torch(args, out):
+    compare.run([KOLO, "run", "-np", str(args.np), compare.PY, os.path.join(HERE, "peers", "kolo_torch_allreduce.py"),
+                 "--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup), "--json", out],
+                env={"PYTHONPATH": os.path.join(ROOT, "python"), "OMP_NUM_THREADS": "1"})
+
+
+def bench_kolo_go(args, out):
+    compare.run([KOLO, "bench", "allreduce", "-np", str(args.np), "--sizes", args.sizes,
+                 "--iters", str(args.iters), "--json", out])
+
+
+def bench_gloo(args, out):
+    compare.bench_gloo(args, out)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--sizes", default="4")
+    p.add_argument("--iters", type=int, default=2000)
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", help="write the per-round medians as JSON here")
+    args = p.parse_args()
+
+    peers = [("kolo.torch", bench_kolo_torch), ("gloo", bench_gloo), ("kolo Go", bench_kolo_go)]
+    rounds = {name: {} for name, _ in peers}  # name -> bytes -> [median per round]
+    missing = {}
+    tmp = tempfile.mkdtemp(prefix="kolo-pylat-")
+    for rnd in range(args.rounds):
+        for name, fn in peers:
+            if name in missing:
+                continue
+            out = os.path.join(tmp, "%s-%d.json" % (name.replace(" ", "_"), rnd))
+            try:
+                fn(args, out)
+                with open(out) as f:
+                    for r in json.load(f)["results"]:
+                        rounds[name].setdefault(r["bytes"], []).append(r["median_us"])
+            except Exception as e:  # a missing peer is reported, the others still run
+                missing[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
+
+    def med(name, nbytes):
+        v = rounds[name].get(nbytes)
+        return statistics.median(v) if v else None
+
+    def best(name, nbytes):
+        v = rounds[name].get(nbytes)
+        return min(v) if v else None
+
+    print("# allreduce float32 sum from Python, np=%d, median per op of %d ops; median and best of %d "
+          "rounds; gloo/kolo.torch > 1 means kolo.torch is faster" % (args.np, args.iters, args.rounds))
+    hdr = ["size", "kolo.torch us", "gloo us", "kolo Go us", "gloo/kolo.torch", "binding cost us",
+           "best: kolo.torch", "gloo", "kolo Go"]
+    rows = []
+    fmt = lambda x: "%.1f" % x if x else "-"  # noqa: E731
+    for nbytes in sorted(rounds["kolo.torch"]):
+        k, g, go = med("kolo.torch", nbytes), med("gloo", nbytes), med("kolo Go", nbytes)
+        rows.append([compare.human(nbytes), fmt(k), fmt(g), fmt(go), "%.2fx" % (g / k) if g else "-",
+                     "%.1f" % (k - go) if go else "-", fmt(best("kolo.torch", nbytes)), fmt(best("gloo", nbytes)),
+                     fmt(best("kolo Go", nbytes))])
+    widths = [max(len(str(r[i])) for r in rows + [hdr]) for i in range(len(hdr))]
+    print("  ".join(h.rjust(w) for h, w in zip(hdr, widths)))
+    for r in rows:
+        print("  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
+    for name in rounds:
+        for nbytes, v in sorted(rounds[name].items()):
+            print("# %s %s per round: %s" % (name, compare.human(nbytes), " ".join("%.1f" % x for x in v)))
+    for name, why in missing.items():
+        print("# %s: not measured: %s" % (name, why))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"np": args.np, "rounds": rounds, "missing": missing}, f, indent=2)
+    return 0 if rounds["kolo.torch"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

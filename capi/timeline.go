@@ -1,0 +1,24 @@
+package main
+
+/*
+#include <stdint.h>
+*/
+import "C"
+
+import "github.com/kolo-dl/kolo"
+
+// kolo_start_timeline starts writing a Chrome trace to the pathLen bytes at path
+// (kolo.StartTimeline: rank 0 writes it unless the path contains {rank}); markCycles non-zero adds
+// cycle markers. 0, or -1 with the reason in kolo_last_error.
+//
+//export kolo_start_timeline
+func kolo_start_timeline(path *C.char, pathLen C.int, markCycles C.int) C.int {
+	return setLastErr(kolo.StartTimeline(goName(path, pathLen), markCycles != 0))
+}
+
+// kolo_stop_timeline finishes the timeline's file. 0, or -1 with the reason in kolo_last_error.
+//
+//export kolo_stop_timeline
+func kolo_stop_timeline() C.int {
+	return setLastErr(kolo.StopTimeline())
+}

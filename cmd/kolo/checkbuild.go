@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/kolo-dl/kolo"
+	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/launch"
+)
+
+// beforeLaunch handles what kolo run does before (or instead of) launching: -v, -cb, and the
+// launcher's own log level. done means kolo run ends with code.
+func beforeLaunch(opts *launch.Options, stdout io.Writer) (code int, done bool) {
+	if opts.LogLevel != "" {
+		if l, err := jobenv.ParseLogLevel(opts.LogLevel); err == nil {
+			slog.SetLogLoggerLevel(l)
+		}
+	}
+	switch {
+	case opts.Version:
+		fmt.Fprintln(stdout, "kolo", kolo.Version)
+		return 0, true
+	case opts.CheckBuild:
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		fmt.Fprint(stdout, formatCheckBuild(probeBuild(ctx)))
+		return 0, true
+	}
+	return 0, false
+}
+
+// buildInfo is what this installation of kolo can do, found out by probing, not assumed.
+type buildInfo struct {
+	Version       string
+	PyTorch       bool   // a python3 imports kolo.torch and the engine library is there
+	PyTorchDetail string // per interpreter probed: which one, and why not or which library
+	SharedMemory  bool   // Linux with a /dev/shm directory
+}
+
+// checkbox lines in horovodrun --check-build's layout.
+func formatCheckBuild(b buildInfo) string {
+	box := func(ok bool) string {
+		if ok {
+			return "[X]"
+		}
+		return "[ ]"
+	}
+	var s strings.Builder
+	fmt.Fprintf(&s, "kolo v%s:\n\n", b.Version)
+	fmt.Fprintf(&s, "Available Frameworks:\n")
+	fmt.Fprintf(&s, "    [ ] TensorFlow\n    %s PyTorch\n    [ ] MXNet\n    [X] Go (github.com/kolo-dl/kolo)\n\n", box(b.PyTorch))
+	fmt.Fprintf(&s, "Available Controllers:\n")
+	fmt.Fprintf(&s, "    [ ] MPI\n    [ ] Gloo\n    [X] kolo (TCP rendezvous; runs under kolo run, mpirun and srun)\n\n")
+	fmt.Fprintf(&s, "Available Tensor Operations:\n")
+	fmt.Fprintf(&s, "    [ ] NCCL\n    [ ] DDL\n    [ ] CCL\n    [ ] MPI\n    [ ] Gloo\n")
+	fmt.Fprintf(&s, "    %s shared memory (ranks of one host)\n    [X] TCP (ranks of different hosts)\n", box(b.SharedMemory))
+	if b.PyTorchDetail != "" {
+		fmt.Fprintf(&s, "\nPyTorch: %s\n", b.PyTorchDetail)
+	}
+	return s.String()
+}
+
+func probeBuild(ctx context.Context) buildInfo {
+	b := buildInfo{Version: kolo.Version}
+	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() && runtime.GOOS == "linux" {
+		b.SharedMemory = true
+	}
+	var details []string
+	for _, py := range pythons() {
+		ok, detail := probePyTorch(ctx, py)
+		b.PyTorch = b.PyTorch || ok
+		details = append(details, detail)
+	}
+	b.PyTorchDetail = strings.Join(details, "\n         ")
+	return b
+}
+
+// pythons are the interpreters a training script would most likely run under: python3 on PATH
+// and the system's.
+func pythons() []string {
+	var out []string
+	if p, err := exec.LookPath("python3"); err == nil {
+		out = append(out, p)
+	}
+	if _, err := os.Stat("/usr/bin/python3"); err == nil && (len(out) == 0 || out[0] != "/usr/bin/python3") {
+		out = append(out, "/usr/bin/python3")
+	}
+	return out
+}
+
+// probePython imports the binding the way a training script does and checks that the engine
+// library it would load exists.
+const probePython = `import os, kolo, kolo.torch, kolo._lib as l
+p = l.library_path()
+print(kolo.__version__, p, os.path.exists(p))`
+
+func probePyTorch(ctx context.Context, python string) (ok bool, detail string) {
+	out, err := exec.CommandContext(ctx, python, "-c", probePython).CombinedOutput()
+	text := strings.TrimSpace(string(out))
+	if err != nil {
+		lines := strings.Split(text, "\n")
+		return false, fmt.Sprintf("%s cannot import kolo.torch: %s", python, lines[len(lines)-1])
+	}
+	var version, lib, exists string
+	fmt.Sscan(lastLine(text), &version, &lib, &exists)
+	if exists != "True" {
+		return false, fmt.Sprintf("%s imports kolo.torch %s, but its engine library %s is missing", python, version, lib)
+	}
+	return true, fmt.Sprintf("%s imports kolo.torch %s (engine library %s)", python, version, lib)
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kolo-dl/kolo"
+	"github.com/kolo-dl/kolo/launch"
+)
+
+func TestFormatCheckBuild(t *testing.T) {
+	tests := []struct {
+		name string
+		info buildInfo
+		want []string
+		not  []string
+	}{
+		{"binding present", buildInfo{Version: "0.1.0", PyTorch: true, SharedMemory: true},
+			[]string{"kolo v0.1.0:", "Available Frameworks:", "    [X] PyTorch", "    [ ] TensorFlow", "Available Controllers:",
+				"    [X] kolo (TCP rendezvous", "    [ ] MPI", "    [ ] Gloo", "Available Tensor Operations:", "    [ ] NCCL",
+				"    [X] shared memory", "    [X] TCP"},
+			[]string{"[X] NCCL", "[X] MPI", "[X] Gloo", "[X] TensorFlow"}},
+		{"no binding, no /dev/shm", buildInfo{Version: "0.1.0", PyTorchDetail: "python3 cannot import kolo.torch: ModuleNotFoundError"},
+			[]string{"    [ ] PyTorch", "    [ ] shared memory", "PyTorch: python3 cannot import kolo.torch"},
+			[]string{"[X] PyTorch", "[X] shared memory"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			out := formatCheckBuild(tc.info)
+			for _, w := range tc.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
+				}
+			}
+			for _, n := range tc.not {
+				if strings.Contains(out, n) {
+					t.Errorf("output has %q:\n%s", n, out)
+				}
+			}
+		})
+	}
+}
+
+// The probe tells the truth about a python that lacks the binding, one that has it without its
+// library, and one that has both (fake interpreters standing in for python3).
+func TestProbePyTorch(t *testing.T) {
+	dir := t.TempDir()
+	fake := func(name, script string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("#!/bin/sh\n"+script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	lib := filepath.Join(dir, "libkolo.so")
+	os.WriteFile(lib, nil, 0o644)
+	tests := []struct {
+		name, script string
+		ok           bool
+		detail       string
+	}{
+		{"missing", "echo \"ModuleNotFoundError: No module named 'kolo'\" >&2; exit 1", false, "cannot import kolo.torch: ModuleNotFoundError"},
+		{"no library", "echo 0.1.0 /nowhere/libkolo.so False", false, "engine library /nowhere/libkolo.so is missing"},
+		{"present", "echo 0.1.0 " + lib + " True", true, "imports kolo.torch 0.1.0"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ok, detail := probePyTorch(context.Background(), fake(tc.name, tc.script))
+			if ok != tc.ok || !strings.Contains(detail, tc.detail) {
+				t.Errorf("probe = %v %q, want %v %q", ok, detail, tc.ok, tc.detail)
+			}
+		})
+	}
+}
+
+// The probe against the real python3 agrees with whether it can import kolo.torch: a check that
+// the probe script itself works (it runs only where python3 exists).
+func TestProbeRealPython(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/python3"); err != nil {
+		t.Skip("no /usr/bin/python3")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ok, detail := probePyTorch(ctx, "/usr/bin/python3")
+	if ok && !strings.Contains(detail, kolo.Version) {
+		t.Errorf("probe says present but names no version: %q", detail)
+	}
+	if !ok && !strings.Contains(detail, "kolo") {
+		t.Errorf("probe failed without saying why: %q", detail)
+	}
+	t.Logf("python3: ok=%v %s", ok, detail)
+}
+
+func TestBeforeLaunch(t *testing.T) {
+	var b strings.Builder
+	if code, done := beforeLaunch(&launch.Options{Version: true}, &b); !done || code != 0 || b.String() != "kolo "+kolo.Version+"\n" {
+		t.Errorf("-v: %d %v %q", code, done, b.String())
+	}
+	if _, done := beforeLaunch(&launch.Options{Command: []string{"prog"}}, &b); done {
+		t.Error("a launch ended before launching")
+	}
+}

@@ -1,0 +1,185 @@
+//go:build linux
+
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kolo-dl/kolo/dtype"
+	"github.com/kolo-dl/kolo/engine/negotiate"
+)
+
+// traceRows reads a trace and returns, per row label, its span events ("B NAME" and "E") and the
+// names of its instant events, in file order.
+func traceRows(t *testing.T, path string) (spans, instants map[string][]string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var evs []struct {
+		Name string         `json:"name"`
+		Ph   string         `json:"ph"`
+		Pid  int            `json:"pid"`
+		Args map[string]any `json:"args"`
+	}
+	if err := json.Unmarshal(data, &evs); err != nil {
+		t.Fatalf("trace is not a JSON array: %v", err)
+	}
+	label := map[int]string{0: "(global)"}
+	spans, instants = map[string][]string{}, map[string][]string{}
+	for _, e := range evs {
+		switch e.Ph {
+		case "M":
+			if e.Name == "process_name" {
+				label[e.Pid], _ = e.Args["name"].(string)
+			}
+		case "i":
+			instants[label[e.Pid]] = append(instants[label[e.Pid]], e.Name)
+		case "B":
+			spans[label[e.Pid]] = append(spans[label[e.Pid]], "B "+e.Name)
+		case "E":
+			spans[label[e.Pid]] = append(spans[label[e.Pid]], "E")
+		}
+	}
+	return spans, instants
+}
+
+func TestTimelineOfKnownOps(t *testing.T) {
+	c := newCluster(t, 2, DefaultConfig())
+	ctx := waitCtx(t)
+	path := filepath.Join(t.TempDir(), "timeline.json")
+	for _, e := range c.engines {
+		if err := e.StartTimeline(path, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c.engines[1].tl.Load() != nil {
+		t.Fatal("rank 1 records a timeline without {rank} in its path")
+	}
+	ids := addSets(t, c, []int{1})
+	every(t, c, func(r int, e *Engine) error {
+		// A group of two allreduces: released together and fused, so the phases are known.
+		var hs []*Handle
+		for _, name := range []string{"g.a", "g.b"} {
+			req := allreduceReq(name, 2)
+			req.Group, req.GroupSize = 5, 2
+			buf := f32(1, 2)
+			hs = append(hs, e.Enqueue(req, buf, buf))
+		}
+		bc := f32(3)
+		hs = append(hs, e.Enqueue(negotiate.Request{Name: "bc", Kind: negotiate.Broadcast, DType: dtype.Float32, Shape: []int64{1}, Root: 1}, bc, bc))
+		if r == 1 { // a set without rank 0: rank 0 coordinates it but does not run it
+			buf := f32(1)
+			hs = append(hs, e.Enqueue(inSetReq(allreduceReq("solo", 1), ids[0]), buf, buf))
+		}
+		for _, h := range hs {
+			if err := h.Wait(ctx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	for _, e := range c.engines {
+		if err := e.StopTimeline(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spans, instants := traceRows(t, path)
+	fusedAllreduce := []string{"B NEGOTIATE_ALLREDUCE", "E", "B ALLREDUCE", "B QUEUE", "E", "B MEMCPY_IN_FUSION_BUFFER", "E",
+		"B KOLO_ALLREDUCE", "E", "B MEMCPY_OUT_FUSION_BUFFER", "E", "E"}
+	for _, name := range []string{"g.a", "g.b"} {
+		if !slices.Equal(spans[name], fusedAllreduce) {
+			t.Errorf("%s: %v\nwant %v", name, spans[name], fusedAllreduce)
+		}
+		if got := slices.Sorted(slices.Values(instants[name])); !slices.Equal(got, []string{"rank 0", "rank 1"}) {
+			t.Errorf("%s: instants %v, want each rank's submission", name, got)
+		}
+	}
+	if want := []string{"B NEGOTIATE_BROADCAST", "E", "B BROADCAST", "B QUEUE", "E", "B KOLO_BROADCAST", "E", "E"}; !slices.Equal(spans["bc"], want) {
+		t.Errorf("bc: %v\nwant %v", spans["bc"], want)
+	}
+	solo := "solo (process set 1)"
+	if want := []string{"B NEGOTIATE_ALLREDUCE", "E"}; !slices.Equal(spans[solo], want) || !slices.Equal(instants[solo], []string{"rank 1"}) {
+		t.Errorf("%s: %v %v", solo, spans[solo], instants[solo])
+	}
+	if !slices.Contains(instants["(global)"], "CYCLE_START") {
+		t.Error("no cycle markers")
+	}
+}
+
+// With {rank} in the path every rank records its own file, and tensors a rank runs show up there.
+func TestTimelinePerRank(t *testing.T) {
+	c := newCluster(t, 2, DefaultConfig())
+	ctx := waitCtx(t)
+	dir := t.TempDir()
+	for _, e := range c.engines {
+		if err := e.StartTimeline(filepath.Join(dir, "tl.{rank}.json"), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	for _, e := range c.engines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := f32(1)
+			if err := e.Enqueue(allreduceReq("w", 1), buf, buf).Wait(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	for r, e := range c.engines {
+		if err := e.StopTimeline(); err != nil {
+			t.Fatal(err)
+		}
+		spans, _ := traceRows(t, filepath.Join(dir, "tl."+string(rune('0'+r))+".json"))
+		if !slices.Contains(spans["w"], "B KOLO_ALLREDUCE") {
+			t.Errorf("rank %d's trace: %v", r, spans)
+		}
+		if strings.Contains(strings.Join(spans["(global)"], ","), "CYCLE") {
+			t.Errorf("rank %d marked cycles", r)
+		}
+	}
+}
+
+// BenchmarkTimelineOverhead is BenchmarkBlockingAllreduce (no spinning) with the timeline off and
+// on: what recording costs per op.
+func BenchmarkTimelineOverhead(b *testing.B) {
+	for _, on := range []bool{false, true} {
+		b.Run(map[bool]string{false: "off", true: "on"}[on], func(b *testing.B) {
+			c := newShmCluster(b, 2, DefaultConfig())
+			if on {
+				if err := c.engines[0].StartTimeline(filepath.Join(b.TempDir(), "t.json"), true); err != nil {
+					b.Fatal(err)
+				}
+				defer c.engines[0].StopTimeline()
+			}
+			ctx := context.Background()
+			var wg sync.WaitGroup
+			b.ResetTimer()
+			for r, e := range c.engines {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					buf := f32(float32(r))
+					for range b.N {
+						if err := e.Enqueue(allreduceReq("bench", 1), buf, buf).Wait(ctx); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+		})
+	}
+}

@@ -1,0 +1,48 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+
+	"github.com/kolo-dl/kolo"
+)
+
+// ExpectEnv tells the "launcher" scenario the placement to expect: size,localSize,crossSize.
+const ExpectEnv = "KOLO_E2E_EXPECT"
+
+func init() { Scenarios["launcher"] = launcherScenario }
+
+// launcherScenario runs in ranks that mpirun or srun started with no kolo run: it checks that the
+// rank kolo took is the launcher's, that the placement is the expected one, then runs every op
+// against the reference (opsScenario) and says so on stdout.
+func launcherScenario(ctx context.Context) error {
+	if _, ok := os.LookupEnv("KOLO_RANK"); ok {
+		return fmt.Errorf("KOLO_RANK is set: this scenario must run under mpirun or srun, not kolo run")
+	}
+	want := -1
+	for _, k := range []string{"OMPI_COMM_WORLD_RANK", "SLURM_PROCID"} {
+		if v, ok := os.LookupEnv(k); ok {
+			want, _ = strconv.Atoi(v)
+			break
+		}
+	}
+	if kolo.Rank() != want {
+		return fmt.Errorf("kolo.Rank() = %d, launcher says %d", kolo.Rank(), want)
+	}
+	var size, localSize, crossSize int
+	if _, err := fmt.Sscanf(os.Getenv(ExpectEnv), "%d,%d,%d", &size, &localSize, &crossSize); err != nil {
+		return fmt.Errorf("%s=%q: %v", ExpectEnv, os.Getenv(ExpectEnv), err)
+	}
+	if kolo.Size() != size || kolo.LocalSize() != localSize || kolo.CrossSize() != crossSize ||
+		kolo.LocalRank() != kolo.Rank()%localSize || kolo.CrossRank() != 0 {
+		return fmt.Errorf("placement rank %d local %d/%d cross %d/%d; want size %d, local size %d, cross size %d",
+			kolo.Rank(), kolo.LocalRank(), kolo.LocalSize(), kolo.CrossRank(), kolo.CrossSize(), size, localSize, crossSize)
+	}
+	if err := opsScenario(ctx); err != nil {
+		return err
+	}
+	fmt.Printf("LAUNCHER-OK rank=%d size=%d\n", kolo.Rank(), kolo.Size())
+	return nil
+}

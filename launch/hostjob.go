@@ -1,0 +1,197 @@
+package launch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+
+	"github.com/kolo-dl/kolo/auth"
+	"github.com/kolo-dl/kolo/internal/netif"
+	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/rendezvous"
+)
+
+// Exit codes of kolo run other than a failing rank's own.
+const (
+	ExitUsage       = 2   // bad flags or an impossible plan
+	ExitInterrupted = 130 // Ctrl-C (or SIGTERM): every rank was stopped
+)
+
+// RunHosts runs the job of -np/-H/--hostfile: ranks of this machine as child processes, ranks of
+// other hosts over ssh (after checking every host answers, within --start-timeout), all meeting at
+// a rendezvous served from this process. It returns the launcher's exit code (0, the first failing
+// rank's, ExitInterrupted, ExitUsage, or 1) and an error to print, if any; the failure summary is
+// already written to stderr.
+func RunHosts(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int, error) {
+	hosts, err := opts.ResolveHosts()
+	if err != nil {
+		return ExitUsage, err
+	}
+	np := opts.NP
+	if np == 0 {
+		for _, h := range hosts {
+			np += h.Slots
+		}
+	}
+	slots, err := Plan(hosts, np)
+	if err != nil {
+		return ExitUsage, err
+	}
+	var remote []string
+	seen := map[string]bool{}
+	for _, s := range slots {
+		if !seen[s.Host] && !IsLocal(s.Host) {
+			remote = append(remote, s.Host)
+		}
+		seen[s.Host] = true
+	}
+	listen, advertise, err := rendezvousAddrs(slots, remote, opts.NetworkInterface)
+	if err != nil {
+		return ExitUsage, err
+	}
+
+	ssh := &SSHStarter{
+		Port: opts.SSHPort, IdentityFile: opts.SSHIdentityFile, Options: opts.SSHOptions,
+		ConnectTimeout: connectTimeout(opts.StartTimeout), Forward: opts.Env,
+	}
+	if len(remote) > 0 {
+		if opts.Verbose {
+			slog.Info("checking ssh to every host", "hosts", remote)
+		}
+		cctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
+		err := ssh.Check(cctx, remote)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ExitInterrupted, errors.New("interrupted while checking ssh to the hosts")
+			}
+			return 1, fmt.Errorf("cannot start ranks over ssh:\n%w", err)
+		}
+	}
+
+	secret, err := auth.NewSecret()
+	if err != nil {
+		return 1, err
+	}
+	srv := rendezvous.NewServer([]byte(secret))
+	addr, err := srv.Listen(listen)
+	if err != nil {
+		return 1, fmt.Errorf("start rendezvous: %w", err)
+	}
+	defer srv.Close()
+	_, port, _ := net.SplitHostPort(addr.String())
+	if opts.Verbose {
+		slog.Info("rendezvous listening", "addr", addr.String(), "ranks", np, "hosts", len(seen))
+	}
+	extra := workerExtraEnv(opts)
+	jobID := NewJobID()
+	workers := make([]Worker, len(slots))
+	for i, s := range slots {
+		rv := net.JoinHostPort(advertise[s.Host], port)
+		workers[i] = Worker{Slot: s, Argv: opts.Command, Env: WorkerEnv(s, rv, jobID, secret, extra, opts.Env)}
+	}
+	guard := startGuard()
+	defer guard.Close()
+	runner := &Runner{
+		Starter:    HostStarter{Local: LocalStarter{Guard: guard}, Remote: ssh},
+		Stdout:     stdout,
+		Stderr:     stderr,
+		OutputDir:  opts.OutputDir,
+		Timestamps: opts.Timestamps,
+		Plain:      opts.PlainOutput,
+	}
+	results, first := runner.Run(ctx, workers)
+	if first != nil && ctx.Err() != nil && errors.Is(first.Exit.Err, ctx.Err()) {
+		first = nil // a rank that was still waiting to start when Ctrl-C came did not fail
+	}
+	if first != nil {
+		fmt.Fprint(stderr, Summary(results, first))
+		return first.Exit.ShellCode(), nil
+	}
+	if ctx.Err() != nil {
+		return ExitInterrupted, errors.New("interrupted: stopped every rank")
+	}
+	return 0, nil
+}
+
+// workerExtraEnv is the engine tuning of opts plus the network interface workers must use.
+func workerExtraEnv(opts *Options) map[string]string {
+	extra := make(map[string]string, len(opts.EngineEnv)+1)
+	for k, v := range opts.EngineEnv {
+		extra[k] = v
+	}
+	if opts.NetworkInterface != "" {
+		extra[jobenv.NetworkInterface] = opts.NetworkInterface
+	}
+	return extra
+}
+
+// connectTimeout leaves ssh room to say why it failed before --start-timeout ends the check.
+func connectTimeout(start time.Duration) time.Duration {
+	return max(time.Second, start-time.Second)
+}
+
+// rendezvousAddrs says where the launcher's rendezvous listens and, per host of the plan, the IP
+// that host's workers dial: the --network-interface address; loopback when every rank is local;
+// otherwise the address this machine reaches each remote host from (so a namespace or a second
+// network gets an address it can route to, not a name only this machine resolves). Local ranks
+// of a job that spans hosts advertise themselves from the address they dial, so they get the one
+// of the first remote host.
+func rendezvousAddrs(slots []Slot, remote []string, iface string) (listen string, advertise map[string]string, err error) {
+	advertise = map[string]string{}
+	if iface != "" {
+		ip, _, err := netif.InterfaceIP(iface)
+		if err != nil {
+			return "", nil, fmt.Errorf("--network-interface: %w", err)
+		}
+		for _, s := range slots {
+			advertise[s.Host] = ip.String()
+		}
+		return net.JoinHostPort(ip.String(), "0"), advertise, nil
+	}
+	if len(remote) == 0 {
+		for _, s := range slots {
+			advertise[s.Host] = "127.0.0.1"
+		}
+		return "127.0.0.1:0", advertise, nil
+	}
+	fallback := ""
+	for _, h := range remote {
+		ip, err := netif.SourceIP(h)
+		if err != nil {
+			// ssh may know the host by a name only its config resolves: give the workers our name.
+			hn, herr := os.Hostname()
+			if herr != nil {
+				return "", nil, fmt.Errorf("no address for %s to reach this machine at: %v; and no host name: %w", h, err, herr)
+			}
+			slog.Warn("cannot tell which address of this machine host reaches; giving its workers this machine's name (use --network-interface to choose)", "host", h, "err", err, "name", hn)
+			advertise[h] = hn
+		} else {
+			advertise[h] = ip.String()
+		}
+		if fallback == "" {
+			fallback = advertise[h]
+		}
+	}
+	for _, s := range slots {
+		if _, ok := advertise[s.Host]; !ok {
+			advertise[s.Host] = fallback
+		}
+	}
+	return ":0", advertise, nil
+}
+
+// startGuard starts an OrphanGuard, or returns nil (no guard) where sh cannot be started.
+func startGuard() *OrphanGuard {
+	g, err := StartOrphanGuard()
+	if err != nil {
+		slog.Warn("ranks' children may outlive a killed launcher", "err", err)
+		return nil
+	}
+	return g
+}

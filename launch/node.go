@@ -1,0 +1,859 @@
+package launch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kolo-dl/kolo/auth"
+	"github.com/kolo-dl/kolo/internal/netif"
+	"github.com/kolo-dl/kolo/rendezvous"
+)
+
+// No-ssh mode: every node of the job runs `kolo run --rendezvous HOST:PORT --nnodes N ...` itself
+// (a container, a Kubernetes pod, a batch system's per-node step), the way torchrun does. The node
+// that owns HOST serves the rendezvous; every node registers there, waits for the others, computes
+// the same plan and starts its own ranks. A failure anywhere is published there and stops every
+// node's ranks; at the end every node prints the same summary and exits with the same code.
+//
+// Keys the launchers use in the rendezvous store (workers use world/...):
+//
+//	launch/job            the job id, set by the serving node
+//	launch/arrived        counter handing out node ranks in order of arrival
+//	launch/claim/I        counter: more than 1 means two nodes claim node rank I
+//	launch/node/I         node I's nodeInfo
+//	launch/stopn          counter: the first node to stop the job sets launch/stop
+//	launch/stop           why the job is being stopped (stopRecord)
+//	launch/beat/I         node I's heartbeat counter, watched by the serving node
+//	launch/done/I         how node I's ranks ended (doneRecord)
+//	launch/finished       counter of nodes that have read every done record
+const (
+	keyJob      = "launch/job"
+	keyArrived  = "launch/arrived"
+	keyStopN    = "launch/stopn"
+	keyStop     = "launch/stop"
+	keyFinished = "launch/finished"
+)
+
+func keyClaim(i int) string { return "launch/claim/" + strconv.Itoa(i) }
+func keyNode(i int) string  { return "launch/node/" + strconv.Itoa(i) }
+func keyBeat(i int) string  { return "launch/beat/" + strconv.Itoa(i) }
+func keyDone(i int) string  { return "launch/done/" + strconv.Itoa(i) }
+
+// Timings of the node protocol. Variables so that tests can shorten them.
+var (
+	beatInterval = time.Second
+	// nodeSilence is how long the serving node waits for a node's heartbeat before declaring the
+	// node lost and stopping the job.
+	nodeSilence = 10 * time.Second
+	// stoppedNodesWait bounds how long, once the job is being stopped, a node waits for the
+	// others to report how their ranks ended (they need the grace period to stop them).
+	stoppedNodesWait = 10 * time.Second
+	// finishWait bounds how long the serving node keeps the rendezvous up for the others to read
+	// the outcome after it has read it.
+	finishWait = 5 * time.Second
+)
+
+// nodeInfo is what a node registers.
+type nodeInfo struct {
+	Index    int    `json:"index"`
+	Hostname string `json:"hostname"`
+	Slots    int    `json:"slots"`
+	NP       int    `json:"np,omitempty"` // -np asked for on that node, 0 if none
+	NNodes   int    `json:"nnodes"`
+	IP       string `json:"ip"` // the address it reaches the rendezvous from
+}
+
+// rankRecord is one rank's Result in a form that crosses the wire.
+type rankRecord struct {
+	Slot    Slot     `json:"slot"`
+	Code    int      `json:"code"`
+	Signal  int      `json:"signal,omitempty"`
+	Err     string   `json:"err,omitempty"`
+	Stopped bool     `json:"stopped,omitempty"`
+	Ended   int64    `json:"ended"` // unix nanoseconds: failures on different nodes are ordered by it
+	Tail    []string `json:"tail,omitempty"`
+}
+
+func recordOf(r Result) rankRecord {
+	rec := rankRecord{Slot: r.Slot, Code: r.Exit.Code, Signal: int(r.Exit.Signal), Stopped: r.Stopped, Tail: r.StderrTail}
+	if r.Exit.Err != nil {
+		rec.Err = r.Exit.Err.Error()
+	}
+	if !r.Ended.IsZero() {
+		rec.Ended = r.Ended.UnixNano()
+	}
+	return rec
+}
+
+func (rec rankRecord) result() Result {
+	r := Result{Slot: rec.Slot, Exit: Exit{Code: rec.Code, Signal: syscall.Signal(rec.Signal)}, Stopped: rec.Stopped, StderrTail: rec.Tail}
+	if rec.Err != "" {
+		r.Exit.Err = errors.New(rec.Err)
+	}
+	if rec.Ended != 0 {
+		r.Ended = time.Unix(0, rec.Ended)
+	}
+	return r
+}
+
+// Reasons a job is stopped.
+const (
+	stopFailed      = "failed"
+	stopInterrupted = "interrupted"
+	stopLost        = "lost"
+	stopError       = "error" // a node could not start its ranks
+)
+
+// stopRecord says why the job is being stopped and by whom.
+type stopRecord struct {
+	Reason string      `json:"reason"`
+	Node   int         `json:"node"`
+	Host   string      `json:"host"`
+	Rank   *rankRecord `json:"rank,omitempty"` // the failed rank, for stopFailed
+	Detail string      `json:"detail,omitempty"`
+}
+
+// doneRecord is how one node's ranks ended.
+type doneRecord struct {
+	Node   int          `json:"node"`
+	Host   string       `json:"host"`
+	Lost   string       `json:"lost,omitempty"` // set by the serving node for a node that went silent
+	Ranks  []rankRecord `json:"ranks"`
+	Failed bool         `json:"failed,omitempty"`
+}
+
+// NodeSecret is the secret every node of a no-ssh job shares: --secret-file, else KOLO_SECRET (or
+// HOROVOD_SECRET_KEY).
+func NodeSecret(o *Options) ([]byte, error) {
+	if o.SecretFile != "" {
+		return auth.ReadSecretFile(o.SecretFile)
+	}
+	if s, ok := auth.SecretFromEnv(); ok {
+		return s, nil
+	}
+	return nil, fmt.Errorf("no job secret: with --rendezvous every node must share one; set %s (e.g. from a Kubernetes Secret) or --secret-file PATH", auth.SecretEnv)
+}
+
+// nodeSlots is how many ranks this node runs.
+func (o *Options) nodeSlots() (int, error) {
+	switch {
+	case o.NprocPerNode > 0:
+		return o.NprocPerNode, nil
+	case o.Hosts != "":
+		hosts, err := ParseHosts(o.Hosts)
+		if err != nil {
+			return 0, err
+		}
+		if len(hosts) != 1 || !IsLocal(hosts[0].Name) {
+			return 0, fmt.Errorf("with --rendezvous each node starts only its own ranks: -H names this node only (-H localhost:N), got %q", o.Hosts)
+		}
+		return hosts[0].Slots, nil
+	case o.NP > 0:
+		if o.NP%o.NNodes != 0 {
+			return 0, fmt.Errorf("-np %d does not split evenly over --nnodes %d: give each node --nproc-per-node", o.NP, o.NNodes)
+		}
+		return o.NP / o.NNodes, nil
+	}
+	return 0, errors.New("say how many ranks this node runs: --nproc-per-node N, -H localhost:N, or -np TOTAL (split evenly over --nnodes)")
+}
+
+// RunNode runs this node's part of a no-ssh job (see the comment at the top of this file). It
+// returns the job's exit code (the same on every node: 0, the first failing rank's,
+// ExitInterrupted, ExitUsage, or 1) and an error to print, if any; the failure summary is already
+// written to stderr.
+func RunNode(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int, error) {
+	secret, err := NodeSecret(opts)
+	if err != nil {
+		return ExitUsage, err
+	}
+	slots, err := opts.nodeSlots()
+	if err != nil {
+		return ExitUsage, err
+	}
+	n := &node{opts: opts, secret: secret, slots: slots, stdout: stdout, stderr: stderr,
+		stopped: make(chan struct{}), lost: make(chan struct{})}
+	defer n.close()
+	if code, err := n.meet(ctx); err != nil {
+		n.abandon(err)
+		if ctx.Err() != nil {
+			return ExitInterrupted, fmt.Errorf("interrupted while the nodes met: %w", err)
+		}
+		return code, err
+	}
+	return n.run(ctx)
+}
+
+type node struct {
+	opts           *Options
+	secret         []byte
+	slots          int
+	stdout, stderr io.Writer
+
+	srv   *rendezvous.Server // when this node serves the rendezvous
+	rv    *rendezvous.Client
+	port  string
+	jobID string
+	index int
+	infos []nodeInfo
+	names []string // host name of each node in the plan (unique)
+
+	registered bool // this node's registration is in the store
+
+	mu       sync.Mutex
+	stop     *stopRecord   // first stop seen
+	stopped  chan struct{} // closed when stop is set
+	lostErr  error         // the rendezvous connection is gone
+	lost     chan struct{} // closed when lostErr is set
+	stopSent bool
+}
+
+func (n *node) close() {
+	if n.rv != nil {
+		n.rv.Close()
+	}
+	if n.srv != nil {
+		n.srv.Close()
+	}
+}
+
+// meet serves or reaches the rendezvous, registers this node and waits (within --start-timeout)
+// for the others.
+func (n *node) meet(ctx context.Context) (int, error) {
+	o := n.opts
+	host, port, _ := net.SplitHostPort(o.Rendezvous)
+	n.port = port
+	ctx, cancel := context.WithTimeout(ctx, o.StartTimeout)
+	defer cancel()
+
+	if n.shouldServe(host) {
+		srv := rendezvous.NewServer(n.secret)
+		_, err := srv.Listen(net.JoinHostPort("", port))
+		switch {
+		case err == nil:
+			n.srv = srv
+			rec, _ := json.Marshal(map[string]string{"id": NewJobID()})
+			srv.Set(keyJob, rec)
+			if o.Verbose {
+				slog.Info("serving the rendezvous", "port", port)
+			}
+		case errors.Is(err, syscall.EADDRINUSE):
+			// Another node on this machine serves it (or a stranger holds the port: the
+			// handshake below says so).
+			if o.Verbose {
+				slog.Info("rendezvous port in use here; joining as a client", "port", port)
+			}
+		default:
+			return 1, fmt.Errorf("serve the rendezvous on port %s: %w", port, err)
+		}
+	}
+	dial := o.Rendezvous
+	if n.srv != nil {
+		dial = net.JoinHostPort("127.0.0.1", port)
+	}
+	rv, err := rendezvous.Dial(ctx, dial, n.secret)
+	if err != nil {
+		return 1, fmt.Errorf("reach the rendezvous at %s: %w", o.Rendezvous, err)
+	}
+	n.rv = rv
+	var job struct{ ID string }
+	v, err := rv.Get(ctx, keyJob)
+	if err == nil {
+		err = json.Unmarshal(v, &job)
+	}
+	if err != nil {
+		return 1, fmt.Errorf("read the job id at %s: %w", o.Rendezvous, err)
+	}
+	n.jobID = job.ID
+
+	if code, err := n.register(ctx); err != nil {
+		return code, err
+	}
+	n.registered = true
+	// A node that gives up while the others wait says why (see abandon).
+	waitCtx, stopWaiting := context.WithCancelCause(ctx)
+	defer stopWaiting(nil)
+	go func() {
+		v, err := rv.Get(waitCtx, keyStop)
+		var rec stopRecord
+		if err == nil && json.Unmarshal(v, &rec) == nil {
+			stopWaiting(fmt.Errorf("node %d (%s) gave up: %s", rec.Node, rec.Host, rec.Detail))
+		}
+	}()
+	n.infos = make([]nodeInfo, o.NNodes)
+	for i := range o.NNodes {
+		v, err := rv.Get(waitCtx, keyNode(i))
+		if err != nil {
+			switch cause := context.Cause(waitCtx); {
+			case ctx.Err() != nil:
+				return 1, n.arrivalError(i)
+			case cause != nil && !errors.Is(cause, context.Canceled):
+				return 1, cause
+			}
+			return 1, fmt.Errorf("waiting for node %d at %s (did its node give up?): %w", i, o.Rendezvous, err)
+		}
+		if err := json.Unmarshal(v, &n.infos[i]); err != nil {
+			return 1, fmt.Errorf("node %d's registration: %w", i, err)
+		}
+	}
+	return n.checkInfos()
+}
+
+// abandon, when this node fails before the job starts, tells the nodes still waiting why; the
+// serving node keeps the rendezvous up for a moment so that they can read it.
+func (n *node) abandon(err error) {
+	if n.rv == nil || n.lostRendezvous() != nil {
+		return
+	}
+	if n.registered {
+		hn, _ := os.Hostname()
+		n.publishStop(stopRecord{Reason: stopError, Node: n.index, Host: hn, Detail: err.Error()})
+	}
+	if n.srv == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		n.rv.Add(ctx, keyFinished, 1) // read and leaving: the serving node need not wait for us
+		cancel()
+		return
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		waiting := 0
+		for i := range n.opts.NNodes {
+			if _, ok, _ := n.srv.TryGet(keyNode(i)); ok && i != n.index {
+				waiting++
+			}
+		}
+		v, _, _ := n.srv.TryGet(keyFinished)
+		if c, _ := strconv.Atoi(string(v)); c >= waiting {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// shouldServe: HOST is this machine, or this is node rank 0 and HOST does not resolve (yet: a
+// Kubernetes service name before its endpoints exist).
+func (n *node) shouldServe(host string) bool {
+	if netif.IsThisMachine(host) {
+		return true
+	}
+	if n.opts.NodeRank != 0 {
+		return false
+	}
+	_, err := net.LookupHost(host)
+	return err != nil
+}
+
+func (n *node) register(ctx context.Context) (int, error) {
+	o, rv := n.opts, n.rv
+	if o.NodeRank >= 0 {
+		n.index = o.NodeRank
+	} else {
+		a, err := rv.Add(ctx, keyArrived, 1)
+		if err != nil {
+			return 1, fmt.Errorf("register at %s: %w", o.Rendezvous, err)
+		}
+		if a > int64(o.NNodes) {
+			return ExitUsage, fmt.Errorf("%d nodes have joined the rendezvous at %s already (--nnodes %d): is another job using it?", a-1, o.Rendezvous, o.NNodes)
+		}
+		n.index = int(a - 1)
+	}
+	c, err := rv.Add(ctx, keyClaim(n.index), 1)
+	if err != nil {
+		return 1, fmt.Errorf("register at %s: %w", o.Rendezvous, err)
+	}
+	if c > 1 {
+		return ExitUsage, fmt.Errorf("node rank %d is taken by another node (give --node-rank to every node or to none)", n.index)
+	}
+	hn, err := os.Hostname()
+	if err != nil {
+		return 1, fmt.Errorf("this node's host name: %w", err)
+	}
+	ip := ""
+	if ta, ok := rv.LocalAddr().(*net.TCPAddr); ok {
+		ip = ta.IP.String()
+	}
+	info, _ := json.Marshal(nodeInfo{Index: n.index, Hostname: hn, Slots: n.slots, NP: o.NP, NNodes: o.NNodes, IP: ip})
+	if err := rv.Set(ctx, keyNode(n.index), info); err != nil {
+		return 1, fmt.Errorf("register at %s: %w", o.Rendezvous, err)
+	}
+	if o.Verbose {
+		slog.Info("registered", "node", n.index, "of", o.NNodes, "host", hn, "slots", n.slots)
+	}
+	return 0, nil
+}
+
+// arrivalError says, after --start-timeout, which nodes came and which did not.
+func (n *node) arrivalError(waitingFor int) error {
+	o := n.opts
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var here, missing []string
+	for i := range o.NNodes {
+		v, ok, err := n.rv.TryGet(ctx, keyNode(i))
+		var info nodeInfo
+		if err == nil && ok && json.Unmarshal(v, &info) == nil {
+			here = append(here, fmt.Sprintf("node %d on %s (%d ranks)", i, info.Hostname, info.Slots))
+		} else {
+			missing = append(missing, strconv.Itoa(i))
+		}
+	}
+	if len(missing) == 0 {
+		missing = []string{strconv.Itoa(waitingFor)}
+	}
+	return fmt.Errorf("waited %s (--start-timeout) at %s for %d nodes: %d arrived (%s); no sign of node %s",
+		o.StartTimeout, o.Rendezvous, o.NNodes, len(here), strings.Join(here, ", "), strings.Join(missing, ", "))
+}
+
+// checkInfos checks that the nodes agree on the job and names each node's host uniquely.
+func (n *node) checkInfos() (int, error) {
+	me := n.infos[n.index]
+	count := map[string]int{}
+	for i, info := range n.infos {
+		if info.NNodes != me.NNodes {
+			return ExitUsage, fmt.Errorf("node %d on %s was started with --nnodes %d, this node with %d", i, info.Hostname, info.NNodes, me.NNodes)
+		}
+		if info.NP != 0 && me.NP != 0 && info.NP != me.NP {
+			return ExitUsage, fmt.Errorf("node %d on %s was started with -np %d, this node with -np %d", i, info.Hostname, info.NP, me.NP)
+		}
+		count[info.Hostname]++
+	}
+	// Two containers can share a host name; each node must still be its own host in the plan.
+	n.names = make([]string, len(n.infos))
+	for i, info := range n.infos {
+		n.names[i] = info.Hostname
+		if count[info.Hostname] > 1 {
+			n.names[i] = fmt.Sprintf("%s-node%d", info.Hostname, i)
+		}
+	}
+	return 0, nil
+}
+
+// plan is the job's rank plan, the same on every node.
+func (n *node) plan() ([]Slot, error) {
+	hosts := make([]Host, len(n.infos))
+	total, np := 0, 0
+	for i, info := range n.infos {
+		hosts[i] = Host{Name: n.names[i], Slots: info.Slots}
+		total += info.Slots
+		if info.NP != 0 {
+			np = info.NP
+		}
+	}
+	if np == 0 {
+		np = total
+	}
+	return Plan(hosts, np)
+}
+
+// workerRendezvous is the address this node's workers dial. A worker advertises to its peers the
+// address it reaches the rendezvous from, so on the serving node it must not be loopback when
+// other nodes exist.
+func (n *node) workerRendezvous() (string, error) {
+	if n.srv == nil {
+		return n.opts.Rendezvous, nil
+	}
+	if n.opts.NetworkInterface != "" {
+		ip, _, err := netif.InterfaceIP(n.opts.NetworkInterface)
+		if err != nil {
+			return "", fmt.Errorf("--network-interface: %w", err)
+		}
+		return net.JoinHostPort(ip.String(), n.port), nil
+	}
+	if len(n.infos) == 1 {
+		return net.JoinHostPort("127.0.0.1", n.port), nil
+	}
+	host, _, _ := net.SplitHostPort(n.opts.Rendezvous)
+	if ips, err := net.LookupIP(host); err == nil && len(ips) > 0 && !ips[0].IsLoopback() {
+		return n.opts.Rendezvous, nil
+	}
+	// HOST is loopback here (Debian maps the host name to 127.0.1.1): use the address this machine
+	// reaches another node from.
+	for i, info := range n.infos {
+		if i == n.index || info.IP == "" {
+			continue
+		}
+		if ip, err := netif.SourceIP(info.IP); err == nil && !ip.IsLoopback() {
+			return net.JoinHostPort(ip.String(), n.port), nil
+		}
+	}
+	return n.opts.Rendezvous, nil
+}
+
+// run starts this node's ranks, stops them when any node stops the job, and reports the outcome.
+func (n *node) run(ctx context.Context) (int, error) {
+	myHost := n.names[n.index]
+	slots, err := n.plan()
+	if err == nil {
+		var rvAddr string
+		if rvAddr, err = n.workerRendezvous(); err == nil {
+			return n.runRanks(ctx, slots, rvAddr)
+		}
+	}
+	// The others have started their ranks: stop them too.
+	n.publishStop(stopRecord{Reason: stopError, Node: n.index, Host: myHost, Detail: err.Error()})
+	return ExitUsage, err
+}
+
+func (n *node) runRanks(ctx context.Context, slots []Slot, rvAddr string) (int, error) {
+	o := n.opts
+	myHost := n.names[n.index]
+	extra := workerExtraEnv(o)
+	var workers []Worker
+	for _, s := range slots {
+		if s.Host == myHost {
+			workers = append(workers, Worker{Slot: s, Argv: o.Command, Env: WorkerEnv(s, rvAddr, n.jobID, string(n.secret), extra, o.Env)})
+		}
+	}
+	if o.Verbose {
+		slog.Info("starting this node's ranks", "node", n.index, "host", myHost, "ranks", len(workers), "size", len(slots), "rendezvous", rvAddr)
+	}
+
+	runCtx, cancelRun := context.WithCancel(context.Background())
+	defer cancelRun()
+	bg, cancelBg := context.WithCancel(context.Background())
+	var bgDone sync.WaitGroup
+	defer func() {
+		cancelBg()
+		bgDone.Wait()
+	}()
+	bgDone.Add(3)
+	go func() { defer bgDone.Done(); n.watchStop(bg, cancelRun) }()
+	go func() { defer bgDone.Done(); n.heartbeat(bg) }()
+	go func() {
+		defer bgDone.Done()
+		select {
+		case <-ctx.Done():
+			cancelRun()
+			n.publishStop(stopRecord{Reason: stopInterrupted, Node: n.index, Host: myHost})
+		case <-bg.Done():
+		}
+	}()
+	if n.srv != nil {
+		bgDone.Add(1)
+		go func() { defer bgDone.Done(); n.watchNodes(bg) }()
+	}
+
+	guard := startGuard()
+	defer guard.Close()
+	runner := &Runner{
+		Starter: LocalStarter{Guard: guard}, Stdout: n.stdout, Stderr: n.stderr,
+		OutputDir: o.OutputDir, Timestamps: o.Timestamps, Plain: o.PlainOutput,
+		OnFailure: func(r Result) {
+			rec := recordOf(r)
+			n.publishStop(stopRecord{Reason: stopFailed, Node: n.index, Host: myHost, Rank: &rec})
+		},
+	}
+	results, first := runner.Run(runCtx, workers)
+
+	done := doneRecord{Node: n.index, Host: myHost, Failed: first != nil}
+	for _, r := range results {
+		if !r.Exit.Failed() || r.Stopped {
+			r.StderrTail = nil // only a failed rank's tail is shown
+		}
+		done.Ranks = append(done.Ranks, recordOf(r))
+	}
+	if n.lostRendezvous() == nil {
+		b, _ := json.Marshal(done)
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := n.rv.Set(sctx, keyDone(n.index), b)
+		cancel()
+		if err != nil {
+			n.setLost(err)
+		}
+	}
+	if err := n.lostRendezvous(); err != nil {
+		return n.reportLost(results, first, err)
+	}
+	dones := n.collectDones()
+	if err := n.lostRendezvous(); err != nil {
+		return n.reportLost(results, first, err)
+	}
+	all, firstAll, code, note := outcome(dones, n.currentStop(), n.names)
+	reported := 0
+	for _, d := range dones {
+		if d != nil && d.Lost == "" {
+			reported++
+		}
+	}
+	n.finish(reported)
+	if firstAll != nil {
+		fmt.Fprint(n.stderr, Summary(all, firstAll))
+	}
+	if note != "" {
+		return code, errors.New(note)
+	}
+	return code, nil
+}
+
+// publishStop tells every node to stop, once per node; the first node's record is the one all see.
+func (n *node) publishStop(rec stopRecord) {
+	n.mu.Lock()
+	if n.stopSent || n.lostErr != nil {
+		n.mu.Unlock()
+		return
+	}
+	n.stopSent = true
+	n.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := n.rv.Add(ctx, keyStopN, 1)
+	if err != nil {
+		n.setLost(err)
+		return
+	}
+	if c > 1 {
+		return // another node is already stopping the job
+	}
+	b, _ := json.Marshal(rec)
+	if err := n.rv.Set(ctx, keyStop, b); err != nil {
+		n.setLost(err)
+	}
+}
+
+// watchStop waits for any node's stop record and stops this node's ranks.
+func (n *node) watchStop(ctx context.Context, stopRanks func()) {
+	v, err := n.rv.Get(ctx, keyStop)
+	if err != nil {
+		if ctx.Err() == nil {
+			n.setLost(err)
+			stopRanks()
+		}
+		return
+	}
+	var rec stopRecord
+	if err := json.Unmarshal(v, &rec); err != nil {
+		rec = stopRecord{Reason: "unreadable stop record: " + err.Error(), Node: -1}
+	}
+	n.mu.Lock()
+	if n.stop == nil {
+		n.stop = &rec
+		close(n.stopped)
+	}
+	n.mu.Unlock()
+	stopRanks()
+}
+
+// heartbeat lets the serving node tell a silent node from a busy one.
+func (n *node) heartbeat(ctx context.Context) {
+	if n.srv != nil {
+		return
+	}
+	t := time.NewTicker(beatInterval)
+	defer t.Stop()
+	for {
+		bctx, cancel := context.WithTimeout(ctx, beatInterval)
+		_, err := n.rv.Add(bctx, keyBeat(n.index), 1)
+		cancel()
+		if err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+			n.setLost(err)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// watchNodes, on the serving node, declares a node that stopped beating (and has not reported its
+// ranks' end) lost: it stops the job and reports the node's end in its place.
+func (n *node) watchNodes(ctx context.Context) {
+	type seen struct {
+		beat string
+		at   time.Time
+	}
+	last := make([]seen, len(n.infos))
+	start := time.Now()
+	for i := range last {
+		last[i].at = start
+	}
+	t := time.NewTicker(beatInterval / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for i := range n.infos {
+			if i == n.index {
+				continue
+			}
+			if _, ok, _ := n.srv.TryGet(keyDone(i)); ok {
+				continue
+			}
+			v, _, _ := n.srv.TryGet(keyBeat(i))
+			if string(v) != last[i].beat {
+				last[i] = seen{beat: string(v), at: time.Now()}
+				continue
+			}
+			if time.Since(last[i].at) < nodeSilence {
+				continue
+			}
+			why := fmt.Sprintf("node %d on %s stopped answering the rendezvous (no heartbeat for %s)", i, n.names[i], nodeSilence)
+			b, _ := json.Marshal(doneRecord{Node: i, Host: n.names[i], Lost: why})
+			n.srv.Set(keyDone(i), b)
+			n.publishStop(stopRecord{Reason: stopLost, Node: i, Host: n.names[i], Detail: why})
+		}
+	}
+}
+
+func (n *node) setLost(err error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.lostErr == nil {
+		n.lostErr = err
+		close(n.lost)
+	}
+}
+
+func (n *node) lostRendezvous() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.lostErr
+}
+
+func (n *node) currentStop() *stopRecord {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.stop
+}
+
+// reportLost ends a node that lost the rendezvous: its own ranks are stopped; what the others did
+// is unknown.
+func (n *node) reportLost(results []Result, first *Result, err error) (int, error) {
+	msg := fmt.Sprintf("lost the rendezvous at %s (%v): stopped this node's ranks; the other nodes' ranks are not known here", n.opts.Rendezvous, err)
+	if first != nil {
+		fmt.Fprint(n.stderr, Summary(results, first))
+		return first.Exit.ShellCode(), errors.New(msg)
+	}
+	return 1, errors.New(msg)
+}
+
+// collectDones reads every node's done record. While the job runs it waits as long as the others
+// run; once the job is being stopped (or the rendezvous is gone) only stoppedNodesWait more.
+func (n *node) collectDones() []*doneRecord {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-n.stopped:
+		case <-n.lost:
+			cancel()
+			return
+		case <-ctx.Done():
+			return
+		}
+		select {
+		case <-time.After(stoppedNodesWait):
+			cancel()
+		case <-n.lost:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	dones := make([]*doneRecord, len(n.infos))
+	for i := range n.infos {
+		v, err := n.rv.Get(ctx, keyDone(i))
+		if err != nil {
+			if ctx.Err() == nil {
+				n.setLost(err)
+				cancel()
+			}
+			continue
+		}
+		var d doneRecord
+		if json.Unmarshal(v, &d) == nil {
+			dones[i] = &d
+		}
+	}
+	return dones
+}
+
+// finish acknowledges the outcome; the serving node keeps the rendezvous up until the nodes that
+// reported have read it too (bounded by finishWait).
+func (n *node) finish(reported int) {
+	ctx, cancel := context.WithTimeout(context.Background(), finishWait)
+	defer cancel()
+	if _, err := n.rv.Add(ctx, keyFinished, 1); err != nil || n.srv == nil {
+		return
+	}
+	for ctx.Err() == nil {
+		v, _, _ := n.srv.TryGet(keyFinished)
+		if c, _ := strconv.Atoi(string(v)); c >= reported {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// outcome turns every node's report into the job's results, the first rank to fail (the earliest
+// end among ranks that failed on their own, on any node), the exit code and a note on what else went
+// wrong (a node interrupted, lost or silent).
+func outcome(dones []*doneRecord, stop *stopRecord, names []string) (results []Result, first *Result, code int, note string) {
+	var missing, lost []string
+	for i, d := range dones {
+		switch {
+		case d == nil:
+			missing = append(missing, fmt.Sprintf("node %d (%s)", i, names[i]))
+		case d.Lost != "":
+			lost = append(lost, d.Lost)
+		}
+		if d != nil {
+			for _, r := range d.Ranks {
+				results = append(results, r.result())
+			}
+		}
+	}
+	if stop != nil && stop.Reason == stopFailed && stop.Rank != nil {
+		// The failed rank's node may be the one that did not report.
+		found := false
+		for _, r := range results {
+			found = found || r.Slot.Rank == stop.Rank.Slot.Rank
+		}
+		if !found {
+			results = append(results, stop.Rank.result())
+		}
+	}
+	sort.Slice(results, func(a, b int) bool { return results[a].Slot.Rank < results[b].Slot.Rank })
+	for i := range results {
+		r := &results[i]
+		if !r.Exit.Failed() || r.Stopped {
+			continue
+		}
+		if first == nil || r.Ended.Before(first.Ended) {
+			first = r
+		}
+	}
+	var notes []string
+	switch {
+	case first != nil:
+		code = first.Exit.ShellCode()
+	case stop != nil && stop.Reason == stopInterrupted:
+		notes = append(notes, fmt.Sprintf("interrupted on node %d (%s): stopped every rank", stop.Node, stop.Host))
+		code = ExitInterrupted
+	case stop != nil && stop.Reason != stopLost:
+		notes = append(notes, fmt.Sprintf("job stopped by node %d (%s): %s", stop.Node, stop.Host, stop.Detail))
+		code = 1
+	case stop != nil || len(missing) > 0 || len(lost) > 0:
+		code = 1
+	}
+	notes = append(notes, lost...)
+	if len(missing) > 0 {
+		notes = append(notes, "no report from "+strings.Join(missing, ", ")+": how their ranks ended is unknown")
+	}
+	return results, first, code, strings.Join(notes, "\n")
+}

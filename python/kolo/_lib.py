@@ -1,0 +1,239 @@
+"""Loads libkolo.so, the Go engine built with -buildmode=c-shared, and wraps its C ABI (capi/).
+
+Framework-free: tensors are raw pointers here, the torch layer (kolo.torch.mpi_ops) turns tensors
+into them. Three rules shape this module:
+
+* A process forked after the engine started (a DataLoader worker with the fork start method) must
+  never call into Go: the runtime's threads did not survive the fork, and anything that needs its
+  scheduler hangs. The fork hook below swaps the library for an object whose every use raises
+  KoloForkError. The topology (rank, size, ...) is cached in Python and keeps working there.
+* ctypes releases the GIL for each call, but Python handles signals only between calls: waits are
+  slices of WAIT_SLICE_US in a Python loop, so Ctrl-C interrupts a hung collective promptly. An op
+  that completes within a slice returns at once.
+* Errors of ops become KoloInternalError (HorovodInternalError is the same class), what
+  horovod.torch raises and what elastic training scripts catch.
+"""
+
+import atexit
+import ctypes
+import os
+import sys
+
+LIBRARY_ENV = "KOLO_LIBRARY"  # path of libkolo.so, to use another build than the package's
+WAIT_SLICE_US = 50000
+
+
+class KoloInternalError(RuntimeError):
+    """A collective failed in the engine: a rank left or failed, ranks disagreed on an op, or the
+    job was shut down. The message names the op, the ranks involved and what each sent."""
+
+
+HorovodInternalError = KoloInternalError
+
+
+class KoloForkError(RuntimeError):
+    """kolo was called in a process forked from one that had started the engine."""
+
+
+def library_path():
+    """Where the engine library is loaded from: $KOLO_LIBRARY, else the package's lib/."""
+    return os.environ.get(LIBRARY_ENV) or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "lib", "libkolo.so")
+
+
+class _Unavailable(object):
+    """Stands in for the library where it must not be called; any use raises."""
+
+    def __init__(self, make_error):
+        self._make_error = make_error
+
+    def __getattr__(self, name):
+        raise self._make_error()
+
+
+def _not_initialized():
+    return ValueError("kolo has not been initialized; use hvd.init().")
+
+
+# C is the loaded library (ctypes.CDLL) once init() has run; callers use C.kolo_... directly, so
+# that the fork hook can replace it.
+C = _Unavailable(_not_initialized)
+_lib = None         # the CDLL, once loaded (it is never unloaded: Go cannot be)
+_loaded_pid = None  # the process that loaded it
+_topology = None    # (rank, size, local_rank, local_size, cross_rank, cross_size, homogeneous)
+
+_i, _i64, _d, _p, _s = ctypes.c_int, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p, ctypes.c_char_p
+_SIGNATURES = {
+    "kolo_version": (_i, [_s, _i]),
+    "kolo_last_error": (_i, [_s, _i]),
+    "kolo_init": (_i, []),
+    "kolo_shutdown": (_i, []),
+    "kolo_is_initialized": (_i, []),
+    "kolo_rank": (_i, []),
+    "kolo_size": (_i, []),
+    "kolo_local_rank": (_i, []),
+    "kolo_local_size": (_i, []),
+    "kolo_cross_rank": (_i, []),
+    "kolo_cross_size": (_i, []),
+    "kolo_is_homogeneous": (_i, []),
+    # kind, name, name length, in, out, dtype, shape (packed int64), ndim, op, root, prescale,
+    # postscale, splits (packed int64 or None), number of splits, process set id
+    "kolo_enqueue": (_i64, [_i, _s, _i, _p, _p, _i, _s, _i, _i, _i, _d, _d, _s, _i, _i]),
+    # kind, name, name length, n, ins, outs, dtypes, shapes, ndims, op, prescale, postscale,
+    # process set id, handles (out)
+    "kolo_enqueue_group": (_i, [_i, _s, _i, _i, _p, _p, _p, _p, _p, _i, _d, _d, _i, _p]),
+    "kolo_poll": (_i, [_i64]),
+    "kolo_wait": (_i, [_i64, _i64, _i]),
+    "kolo_error": (_i, [_i64, _s, _i]),
+    "kolo_result": (_i64, [_i64, _p, _i]),
+    "kolo_result_copy": (_i64, [_i64, _p, _i64]),
+    "kolo_recv_splits": (_i, [_i64, _p, _i]),
+    "kolo_join_last": (_i, [_i64]),
+    "kolo_release": (None, [_i64]),
+    "kolo_handles": (_i, []),
+}
+
+# Handle status, as kolo_poll and kolo_wait return it.
+UNKNOWN, PENDING, OK, FAILED = -1, 0, 1, 2
+
+
+def _string(fn, *args):
+    """Calls fn(*args, buf, cap), which returns the length it needs, with a large enough buffer."""
+    n = 512
+    while True:
+        buf = ctypes.create_string_buffer(n)
+        need = fn(*args, buf, n)
+        if need < n:
+            return buf.value.decode("utf-8", "replace")
+        n = need + 1
+
+
+def _fork_error():
+    return KoloForkError(
+        "kolo: this process (pid %d) was forked from pid %d after it started kolo's engine, and a "
+        "forked child cannot call into it (the Go runtime's threads do not survive fork). Run "
+        "collectives in the parent only; DataLoader workers may read hvd.rank()/hvd.size(). If a "
+        "child needs kolo, start it with multiprocessing's 'spawn' or 'forkserver' method."
+        % (os.getpid(), _loaded_pid))
+
+
+def _after_fork_in_child():
+    global C
+    if _lib is not None:
+        C = _Unavailable(_fork_error)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _forked():
+    return _lib is not None and os.getpid() != _loaded_pid
+
+
+def _load():
+    global _lib, _loaded_pid, C
+    if _lib is not None:
+        if _forked():
+            raise _fork_error()
+        return _lib
+    path = library_path()
+    if not os.path.exists(path):
+        raise ImportError(
+            "kolo: engine library not found at %s. Build it with `make lib` in a kolo checkout "
+            "(needs Go), install a kolo wheel, or point %s at a libkolo.so." % (path, LIBRARY_ENV))
+    lib = ctypes.CDLL(path)
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    from kolo import __version__
+    have = _string(lib.kolo_version)
+    if have != __version__:
+        raise ImportError(
+            "kolo: the engine library %s is version %s but the Python package is %s; rebuild it "
+            "(`make lib`) or reinstall kolo" % (path, have, __version__))
+    _lib, _loaded_pid = lib, os.getpid()
+    C = lib
+    return lib
+
+
+def library_version():
+    """The version of the engine library (loading it if needed)."""
+    return _string(_load().kolo_version)
+
+
+def init():
+    """Joins the job (idempotent, as Horovod's init is)."""
+    global _topology
+    lib = _load()
+    if lib.kolo_is_initialized():
+        return
+    if lib.kolo_init() != 0:
+        raise KoloInternalError(_string(lib.kolo_last_error))
+    _topology = (lib.kolo_rank(), lib.kolo_size(), lib.kolo_local_rank(), lib.kolo_local_size(),
+                 lib.kolo_cross_rank(), lib.kolo_cross_size(), lib.kolo_is_homogeneous() == 1)
+
+
+def shutdown():
+    """Waits for every rank to reach shutdown, then leaves the job. A no-op when not initialized."""
+    global _topology
+    if _topology is None or _lib is None:
+        return
+    if _forked():
+        raise _fork_error()
+    _topology = None
+    if _lib.kolo_shutdown() != 0:
+        raise KoloInternalError(_string(_lib.kolo_last_error))
+
+
+def _shutdown_at_exit():
+    if _topology is None or _forked():
+        return
+    if getattr(sys, "last_value", None) is not None:
+        # Exiting on an uncaught exception: the shutdown barrier would wait for ranks that are
+        # themselves waiting on this one. Leave at once, so the launcher sees this rank fail
+        # first and names its error, and peers see it lost now rather than after the timeout.
+        return
+    try:
+        shutdown()
+    except Exception as e:  # the process is exiting: report, do not mask its real exit status
+        sys.stderr.write("kolo: shutdown at exit: %s\n" % e)
+
+
+atexit.register(_shutdown_at_exit)
+
+
+def is_initialized():
+    return _topology is not None
+
+
+def topology():
+    """(rank, size, local_rank, local_size, cross_rank, cross_size, homogeneous); ValueError
+    before init. Cached, so it also answers in forked children."""
+    if _topology is None:
+        raise _not_initialized()
+    return _topology
+
+
+def error(h):
+    """The error text of a failed op."""
+    return _string(C.kolo_error, h)
+
+
+def wait(h, release=0):
+    """Waits for handle h in slices, so that signals are handled; returns OK or FAILED. With
+    release, a handle that completed successfully is released."""
+    kolo_wait = C.kolo_wait
+    st = kolo_wait(h, WAIT_SLICE_US, release)
+    while st == PENDING:
+        st = kolo_wait(h, WAIT_SLICE_US, release)
+    if st == UNKNOWN:
+        raise ValueError("kolo: unknown handle %d (already synchronized or released?)" % h)
+    return st
+
+
+def take_error(h):
+    """The KoloInternalError of failed handle h, which it releases."""
+    msg = error(h)
+    C.kolo_release(h)
+    return KoloInternalError(msg)

@@ -1,0 +1,244 @@
+"""kolo.run: run a Python function on np ranks and return every rank's result, like horovod.run.
+
+The driver pickles (function, args, kwargs), starts ``kolo run -np N python -c <worker>`` with the
+pickle in the environment, and reads each rank's pickled return value (or exception) back from a
+marker line on that rank's stdout, so nothing needs a filesystem shared between hosts.
+
+Functions are pickled by reference (module and name) unless cloudpickle is installed. A function
+defined in the driver script itself works the way multiprocessing's spawn mode does: each worker
+imports the script under the name ``__mp_main__``, so the script must start its work under
+``if __name__ == "__main__":``. Lambdas and closures need cloudpickle.
+"""
+
+import base64
+import io
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import traceback
+
+try:
+    import cloudpickle as _pickler
+except ImportError:  # pragma: no cover - depends on the installation
+    _pickler = pickle
+
+_PAYLOAD_ENV = "KOLO_RUN_PAYLOAD"
+_MARKER = "\x1ekolo.run:"
+# Linux limits one environment string to 128 KiB; leave room for the name.
+_MAX_PAYLOAD = 120 << 10
+_PREFIX = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:")
+_FIRST_FAILED = re.compile(r"kolo run: rank (\d+) on \S+ .*\(the first rank to fail\)")
+
+
+def _kolo_binary():
+    """Finds the kolo launcher: $KOLO_BIN, kolo/bin/kolo in the package, bin/kolo of the source
+    tree this package is in, then PATH."""
+    if os.environ.get("KOLO_BIN"):
+        return os.environ["KOLO_BIN"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (os.path.join(here, "bin", "kolo"),  # inside an installed package
+                      os.path.join(here, os.pardir, os.pardir, "bin", "kolo")):  # source tree
+        if os.access(candidate, os.X_OK):
+            return os.path.normpath(candidate)
+    found = shutil.which("kolo")
+    if found:
+        return found
+    raise RuntimeError("kolo.run: cannot find the kolo launcher: set KOLO_BIN, put kolo on PATH, "
+                       "or build it with `make build` in the source tree")
+
+
+def _main_path():
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return os.path.abspath(path) if path else None
+
+
+def _encode_payload(func, args, kwargs):
+    if getattr(func, "__module__", None) == "__main__" and _pickler is pickle and not _main_path():
+        raise ValueError("kolo.run: %r is defined in an interactive session; without cloudpickle "
+                         "the function must live in a module or script file" % (func,))
+    try:
+        blob = _pickler.dumps((func, tuple(args), dict(kwargs or {})))
+    except Exception as e:
+        raise ValueError("kolo.run: cannot pickle the function or its arguments (%s); define it "
+                         "at module level, or install cloudpickle for lambdas and closures"
+                         % e) from e
+    outer = pickle.dumps({"sys_path": list(sys.path), "main": _main_path(), "blob": blob})
+    payload = base64.b64encode(outer).decode("ascii")
+    if len(payload) > _MAX_PAYLOAD:
+        raise ValueError("kolo.run: the pickled function and arguments take %d bytes, more than "
+                         "the %d an environment variable may hold; pass large data through files"
+                         % (len(payload), _MAX_PAYLOAD))
+    return payload
+
+
+def run(func, args=(), kwargs=None, np=1, hosts=None, hostfile=None, env=None, executable=None,
+        verbose=False, start_timeout=None, output_filename=None, extra_args=()):
+    """Runs func(*args, **kwargs) on np ranks and returns the list of results, by rank.
+
+    hosts ("h1:2,h2:2") and hostfile are passed to kolo run; env (a dict) is added to the workers'
+    environment; executable is the Python to run (default: this one); start_timeout is in seconds;
+    extra_args are more kolo run flags (e.g. ["--fusion-threshold-mb", "32"]). If any rank raises
+    or dies, every rank is stopped and RuntimeError names the first rank that failed, with its
+    traceback.
+    """
+    payload = _encode_payload(func, args, kwargs)
+    cmd = [_kolo_binary(), "run", "-np", str(int(np))]
+    if hosts:
+        cmd += ["-H", hosts]
+    if hostfile:
+        cmd += ["--hostfile", hostfile]
+    if verbose:
+        cmd += ["--verbose"]
+    if start_timeout is not None:
+        cmd += ["--start-timeout", "%gs" % start_timeout]
+    if output_filename:
+        cmd += ["--output-filename", output_filename]
+    child_env = dict(os.environ)
+    child_env.update({k: str(v) for k, v in (env or {}).items()})
+    child_env[_PAYLOAD_ENV] = payload
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        [pkg_root] + [p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    forward = [_PAYLOAD_ENV, "PYTHONPATH"] + sorted((env or {}).keys())
+    for name in forward:
+        cmd += ["-x", name]
+    cmd += list(extra_args)
+    cmd += [executable or sys.executable, "-c", "from kolo.runner import _worker_main; _worker_main()"]
+
+    results, errors, stderr_tail = {}, {}, []
+    proc = subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, errors="replace")
+
+    def read_stdout():
+        for line in proc.stdout:
+            i = line.find(_MARKER)
+            if i < 0:
+                sys.stdout.write(line)
+                continue
+            before = line[:i]
+            if _PREFIX.sub("", before):  # output the rank printed without a newline
+                sys.stdout.write(before + "\n")
+            kind, rank, data = line[i + len(_MARKER):].strip().split(":", 2)
+            # Decoded after the job: a thread that raised here would stop draining the pipe.
+            (results if kind == "ok" else errors)[int(rank)] = data
+        sys.stdout.flush()
+
+    def read_stderr():
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            stderr_tail.append(line)
+            del stderr_tail[:-200]
+        sys.stderr.flush()
+
+    readers = [threading.Thread(target=read_stdout, daemon=True),
+               threading.Thread(target=read_stderr, daemon=True)]
+    for t in readers:
+        t.start()
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()  # kolo run stops every rank on SIGTERM
+        proc.wait()
+        raise
+    finally:
+        for t in readers:
+            t.join()
+    if code != 0 or errors:
+        raise _failure(code, {r: _loads(d) for r, d in errors.items()}, "".join(stderr_tail))
+    missing = [r for r in range(int(np)) if r not in results]
+    if missing:
+        raise RuntimeError("kolo.run: the job succeeded but ranks %s returned no result" % missing)
+    return [_loads(results[r]) for r in range(int(np))]
+
+
+class _DriverUnpickler(pickle.Unpickler):
+    """Resolves classes the workers knew as __mp_main__.X (defined in the driver script) to the
+    driver's __main__.X."""
+
+    def find_class(self, module, name):
+        if module == "__mp_main__":
+            module = "__main__"
+        return super().find_class(module, name)
+
+
+def _loads(data):
+    return _DriverUnpickler(io.BytesIO(base64.b64decode(data))).load()
+
+
+def _failure(code, errors, stderr):
+    m = _FIRST_FAILED.search(stderr)
+    first = int(m.group(1)) if m else (min(errors) if errors else None)
+    if first in errors:
+        err = errors[first]
+        exc = None
+        if err.get("exception"):
+            try:
+                exc = _DriverUnpickler(io.BytesIO(err["exception"])).load()
+            except Exception:
+                exc = None
+        e = RuntimeError("kolo.run: rank %d raised %s\n%s" % (first, err["summary"],
+                                                            err["traceback"].rstrip()))
+        e.rank = first
+        if exc is not None:
+            e.__cause__ = exc
+        return e
+    summary = stderr.strip().splitlines()[-3:] if stderr.strip() else []
+    e = RuntimeError("kolo.run: the job failed (kolo run exit status %d)%s" % (
+        code, (": " + " | ".join(summary)) if summary else ""))
+    e.rank = first
+    return e
+
+
+def _emit(kind, value):
+    rank = os.environ.get("KOLO_RANK", os.environ.get("HOROVOD_RANK", "0"))
+    data = base64.b64encode(pickle.dumps(value)).decode("ascii")
+    sys.stdout.flush()
+    # Through the file descriptor, so it is one write even if sys.stdout was replaced.
+    os.write(1, ("%s%s:%s:%s\n" % (_MARKER, kind, rank, data)).encode("ascii"))
+
+
+def _load_main(path):
+    """Imports the driver script as __mp_main__ so functions pickled as __main__.f resolve."""
+    import runpy
+    import types
+    module = types.ModuleType("__mp_main__")
+    module.__dict__.update(runpy.run_path(path, run_name="__mp_main__"))
+    sys.modules["__main__"] = sys.modules["__mp_main__"] = module
+
+
+def _worker_main():
+    payload = os.environ.get(_PAYLOAD_ENV)
+    if not payload:
+        sys.exit("kolo.runner: %s is not set; this entry point is started by kolo.run"
+                 % _PAYLOAD_ENV)
+    outer = pickle.loads(base64.b64decode(payload))
+    for p in reversed(outer["sys_path"]):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    try:
+        if outer["main"] and os.path.exists(outer["main"]):
+            _load_main(outer["main"])
+        func, args, kwargs = pickle.loads(outer["blob"])
+        result = func(*args, **kwargs)
+    except BaseException as e:  # report SystemExit and KeyboardInterrupt too, then fail
+        tb = traceback.format_exc()
+        sys.stderr.write(tb)
+        try:
+            exc = pickle.dumps(e)
+        except Exception:
+            exc = None
+        _emit("err", {"summary": "%s: %s" % (type(e).__name__, e), "traceback": tb,
+                      "exception": exc})
+        sys.stderr.flush()
+        os._exit(1)
+    try:
+        _emit("ok", result)
+    except Exception as e:
+        sys.stderr.write("kolo.run: rank result cannot be pickled: %s\n" % e)
+        sys.stderr.flush()
+        os._exit(1)

@@ -1,0 +1,768 @@
+"""horovod.torch's collectives on kolo's Go engine.
+
+Tensors reach the engine as data_ptr() pointers through ctypes (kolo._lib): nothing here links
+against libtorch, so one build of the engine serves every torch version. An async op returns an
+integer handle, as Horovod's do; the handle map keeps the op's tensors alive until synchronize()
+(the engine reads and writes them meanwhile). Names, signatures and results follow horovod.torch
+0.28; where kolo differs it says so in the docstring.
+
+Tensors the engine cannot address directly are staged: a non-contiguous tensor goes through a
+contiguous copy, a CUDA tensor through host memory (correct, not fast), and in-place ops copy the
+result back into the caller's tensor at synchronize().
+"""
+
+import ctypes
+import struct
+import warnings
+
+import torch
+
+from kolo import _lib
+from kolo._lib import HorovodInternalError, KoloInternalError  # noqa: F401 (re-exported)
+from kolo.torch.process_sets import ProcessSet, global_process_set  # noqa: F401 (re-exported)
+
+try:  # compression.py is optional: without it allreduce has no compression argument default
+    from kolo.torch.compression import Compression
+except ImportError:  # pragma: no cover - only while the package is being assembled
+    Compression = None
+
+# Reduction ops, with horovod's values.
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+
+# Op kinds, as the C ABI numbers them.
+_ALLREDUCE, _ALLGATHER, _BROADCAST, _ALLTOALL, _REDUCESCATTER, _BARRIER, _JOIN = 1, 2, 3, 4, 5, 6, 7
+
+# torch dtypes the engine has, with the C ABI's dtype numbers (dtype/dtype.go).
+_DTYPES = {
+    torch.uint8: 1,
+    torch.int8: 2,
+    torch.int32: 3,
+    torch.int64: 4,
+    torch.float16: 5,
+    torch.bfloat16: 6,
+    torch.float32: 7,
+    torch.float64: 8,
+}
+
+_CPU = torch.device("cpu")
+
+# Ops whose result needs nothing from the engine once they complete.
+_NO_RESULT_IN_ENGINE = frozenset((_ALLREDUCE, _BROADCAST, _BARRIER))
+
+# handle -> _Op or _Group: what synchronize() needs, and the tensors the engine is using.
+_handle_map = {}
+
+
+# ----------------------------------------------------------------------------------------------
+# Basics
+
+def init(comm=None, process_sets=None):
+    """Joins the job that `kolo run` (or mpirun/srun) started this process in. Idempotent.
+
+    comm (an MPI communicator or a list of ranks in Horovod) is not supported: kolo's job is the
+    set of processes its launcher started."""
+    if comm is not None:
+        raise NotImplementedError("kolo.torch.init(comm=...): kolo does not run on MPI communicators; "
+                                  "the job is what `kolo run` started")
+    _lib.init()
+    if process_sets:
+        from kolo.torch import process_sets as _ps
+        setup = getattr(_ps, "_init_process_sets", None)
+        if setup is None:
+            raise NotImplementedError("init(process_sets=...): only the global process set is available")
+        setup(process_sets)
+
+
+def shutdown():
+    """Waits until every rank reaches shutdown, then leaves the job."""
+    _lib.shutdown()
+
+
+def is_initialized():
+    return _lib.is_initialized()
+
+
+def size():
+    """Number of ranks in the job."""
+    return _lib.topology()[1]
+
+
+def rank():
+    """This process's rank in the job."""
+    return _lib.topology()[0]
+
+
+def local_size():
+    """Number of ranks on this host."""
+    return _lib.topology()[3]
+
+
+def local_rank():
+    """This process's index among the ranks of its host."""
+    return _lib.topology()[2]
+
+
+def cross_size():
+    """Number of hosts that run a rank with this process's local rank."""
+    return _lib.topology()[5]
+
+
+def cross_rank():
+    """This host's index among the hosts that run a rank with this local rank."""
+    return _lib.topology()[4]
+
+
+def is_homogeneous():
+    """Whether every host runs the same number of ranks."""
+    return _lib.topology()[6]
+
+
+# What this build has: no MPI, Gloo, NCCL, DDL, oneCCL, CUDA or ROCm code. CUDA tensors work,
+# staged through host memory.
+def mpi_threads_supported():
+    _lib.topology()  # raises before init, as Horovod's does
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def mpi_built():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def gloo_built():
+    return False
+
+
+def nccl_built():
+    return 0
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False
+
+
+# ----------------------------------------------------------------------------------------------
+# Submission
+
+_SHAPE_STRUCTS = [struct.Struct("=%dq" % n) for n in range(9)]
+
+
+def _pack_int64s(values):
+    n = len(values)
+    s = _SHAPE_STRUCTS[n] if n < len(_SHAPE_STRUCTS) else struct.Struct("=%dq" % n)
+    return s.pack(*values)
+
+
+def _dtype_of(tensor):
+    dt = _DTYPES.get(tensor.dtype)
+    if dt is None:
+        raise ValueError("Tensor type %s is not supported by kolo (supported: %s)"
+                         % (tensor.dtype, ", ".join(str(t).replace("torch.", "") for t in _DTYPES)))
+    return dt
+
+
+def _name_arg(name):
+    if name is None or name == "":
+        return None, 0
+    b = name.encode("utf-8") if isinstance(name, str) else bytes(name)
+    return b, len(b)
+
+
+def _reduce_op(op, average):
+    """Horovod's handling of the deprecated average argument; Adasum is not implemented."""
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed",
+                      DeprecationWarning)
+        op = Average if average else Sum
+    elif op is None:
+        op = Average
+    if op == Adasum:
+        raise NotImplementedError("Adasum is not implemented in kolo; use op=Average or op=Sum")
+    if op not in (Average, Sum, Min, Max, Product):
+        raise ValueError("unknown reduction op %r (want Average, Sum, Min, Max or Product)" % (op,))
+    return op
+
+
+def _process_set_id(process_set):
+    psid = process_set.process_set_id
+    if psid is None:
+        raise ValueError("process set %s is not registered (add_process_set)" % (process_set,))
+    return psid
+
+
+class _Op(object):
+    """One submitted op: its handle, the tensors the engine uses, and how to build the result."""
+
+    __slots__ = ("h", "kind", "inp", "out", "dest", "device", "splits_like")
+
+    def result(self):
+        kind = self.kind
+        if kind == _ALLREDUCE or kind == _BROADCAST:
+            if self.dest is not None:  # in place on a tensor the engine could not address
+                with torch.no_grad():
+                    self.dest.copy_(self.out)
+                return self.dest
+            return self.out if self.device is None else self.out.to(self.device)
+        if kind == _ALLGATHER or kind == _REDUCESCATTER:
+            return self._fetch()
+        if kind == _ALLTOALL:
+            out = self._fetch()
+            n = _lib.C.kolo_recv_splits(self.h, None, 0)
+            buf = (ctypes.c_int64 * max(n, 0))()
+            _lib.C.kolo_recv_splits(self.h, buf, n)
+            dt = self.splits_like.dtype if self.splits_like is not None else torch.int32
+            return out, torch.tensor(list(buf), dtype=dt)
+        if kind == _JOIN:
+            return _lib.C.kolo_join_last(self.h)
+        return None
+
+    def _fetch(self):
+        """The engine-allocated result of allgather, alltoall or reducescatter, copied out."""
+        nd = self.inp.dim()
+        shape = (ctypes.c_int64 * nd)()
+        nbytes = _lib.C.kolo_result(self.h, shape, nd)
+        if nbytes < 0:
+            raise KoloInternalError("kolo: result of handle %d is not available" % self.h)
+        out = torch.empty(tuple(shape), dtype=self.inp.dtype)
+        if nbytes and _lib.C.kolo_result_copy(self.h, out.data_ptr(), nbytes) != nbytes:
+            raise KoloInternalError("kolo: copying the result of handle %d failed" % self.h)
+        return out if self.device is None else out.to(self.device)
+
+
+class _Group(object):
+    """The ops of one grouped call; its handle is its first op's."""
+
+    __slots__ = ("ops",)
+
+    def __init__(self, ops):
+        self.ops = ops
+
+
+def _stage(kind, tensor, inplace):
+    """Builds the _Op for tensor: the buffers the engine reads (inp) and writes (out).
+
+    The engine needs contiguous host memory: a CUDA tensor is copied to the host (and its result
+    back to its device), a non-contiguous one to a contiguous copy; in place, the result is then
+    copied into the caller's tensor (dest) at synchronize."""
+    o = _Op()
+    o.kind = kind
+    o.dest = o.device = o.splits_like = None
+    if tensor.is_cpu:
+        inp = tensor if tensor.is_contiguous() else tensor.contiguous()
+    else:
+        inp = tensor.detach().to(_CPU).contiguous()
+        o.device = tensor.device
+    out = None
+    if kind == _ALLREDUCE or kind == _BROADCAST:
+        if inplace:
+            out = inp
+            if inp is not tensor:
+                o.dest, o.device = tensor, None
+        elif inp is tensor:
+            out = torch.empty_like(inp)
+        else:
+            out = inp  # already a private copy
+    o.inp, o.out = inp, out
+    return o
+
+
+def _enqueue(kind, tensor, inplace, name, op=Sum, root=0, prescale_factor=1.0,
+             postscale_factor=1.0, splits=None, process_set=global_process_set):
+    dt = _dtype_of(tensor)
+    o = _stage(kind, tensor, inplace)
+    inp, out = o.inp, o.out
+    nm, nlen = _name_arg(name)
+    sp, nsp = None, 0
+    if splits is not None:
+        if isinstance(splits, torch.Tensor):
+            o.splits_like = splits
+            splits = splits.tolist()
+        splits = [int(s) for s in splits]
+        sp, nsp = _pack_int64s(splits), len(splits)
+    shape = inp.shape
+    h = _lib.C.kolo_enqueue(kind, nm, nlen, inp.data_ptr(), out.data_ptr() if out is not None else None,
+                            dt, _pack_int64s(shape), len(shape), op, root, prescale_factor,
+                            postscale_factor, sp, nsp, _process_set_id(process_set))
+    if h < 0:
+        raise _lib.take_error(-h)
+    o.h = h
+    _handle_map[h] = o
+    return h
+
+
+def _enqueue_group(kind, tensors, inplace, name, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
+                   process_set=global_process_set):
+    tensors = list(tensors)
+    n = len(tensors)
+    if n == 0:
+        raise ValueError("grouped ops need at least one tensor")
+    dts = [_dtype_of(t) for t in tensors]
+    ops = [_stage(kind, t, inplace) for t in tensors]
+    ins = (ctypes.c_void_p * n)(*[o.inp.data_ptr() for o in ops])
+    outs = None
+    if kind == _ALLREDUCE:
+        outs = (ctypes.c_void_p * n)(*[o.out.data_ptr() for o in ops])
+    shapes = [d for o in ops for d in o.inp.shape]
+    shape_arr = (ctypes.c_int64 * max(len(shapes), 1))(*shapes)
+    ndims = (ctypes.c_int * n)(*[o.inp.dim() for o in ops])
+    handles = (ctypes.c_int64 * n)()
+    nm, nlen = _name_arg(name)
+    rc = _lib.C.kolo_enqueue_group(kind, nm, nlen, n, ins, outs, (ctypes.c_int * n)(*dts), shape_arr,
+                                   ndims, op, prescale_factor, postscale_factor,
+                                   _process_set_id(process_set), handles)
+    if rc != 0:
+        err = None
+        for h in handles:
+            if h < 0 and err is None:
+                err = _lib.take_error(-h)
+            else:
+                _lib.C.kolo_release(abs(h))
+        raise err or KoloInternalError("kolo: grouped op failed")
+    for o, h in zip(ops, handles):
+        o.h = h
+    _handle_map[handles[0]] = _Group(ops)
+    return handles[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Completion
+
+def poll(handle):
+    """Whether the op of handle has completed; synchronize() then returns without blocking."""
+    entry = _handle_map.get(handle)
+    if entry is None:
+        raise ValueError("kolo: unknown handle %r (already synchronized?)" % (handle,))
+    ops = entry.ops if isinstance(entry, _Group) else (entry,)
+    return all(_lib.C.kolo_poll(o.h) != _lib.PENDING for o in ops)
+
+
+def synchronize(handle):
+    """Waits for the op of handle and returns its result: the output tensor; for grouped ops a
+    list; for alltoall (output, received_splits); for join the last rank to join. Raises
+    HorovodInternalError if the op failed. An unknown handle returns None, as in Horovod."""
+    entry = _handle_map.get(handle)
+    if entry is None:
+        return None
+    if entry.__class__ is _Op and entry.kind in _NO_RESULT_IN_ENGINE:
+        # The common case (an allreduce or broadcast): the wait releases the handle on success.
+        st = _lib.wait(entry.h, 1)  # KeyboardInterrupt keeps the entry: the engine may still write
+        del _handle_map[handle]
+        if st == _lib.FAILED:
+            raise _lib.take_error(entry.h)
+        return entry.result()
+    ops = entry.ops if entry.__class__ is _Group else (entry,)
+    failed = [o for o in ops if _lib.wait(o.h) == _lib.FAILED]
+    del _handle_map[handle]
+    try:
+        if failed:
+            raise KoloInternalError(_lib.error(failed[0].h))
+        if isinstance(entry, _Group):
+            return [o.result() for o in ops]
+        return entry.result()
+    finally:
+        for o in ops:
+            _lib.C.kolo_release(o.h)
+
+
+# ----------------------------------------------------------------------------------------------
+# Allreduce
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set):
+    """Starts reducing tensor across ranks into a new tensor; the input is not modified."""
+    op = _reduce_op(op, average)
+    return _enqueue(_ALLREDUCE, tensor, False, name, op, 0, prescale_factor, postscale_factor, None,
+                    process_set)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set):
+    """Starts reducing tensor across ranks in place."""
+    op = _reduce_op(op, average)
+    return _enqueue(_ALLREDUCE, tensor, True, name, op, 0, prescale_factor, postscale_factor, None,
+                    process_set)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=global_process_set):
+    """Reduces tensor across ranks in place and returns it."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+                                        process_set))
+
+
+class HorovodAllreduce(torch.autograd.Function):
+    """Allreduce with autograd: the gradient is the same allreduce of the output's gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.average = average
+        ctx.op = op
+        ctx.prescale_factor = prescale_factor
+        ctx.postscale_factor = postscale_factor
+        ctx.process_set = process_set
+        return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
+                                           process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return (allreduce(grad_output, average=ctx.average, op=ctx.op, prescale_factor=ctx.prescale_factor,
+                          postscale_factor=ctx.postscale_factor, process_set=ctx.process_set),
+                None, None, None, None, None, None)
+
+
+def _compress(compression, tensor):
+    if compression is None:
+        return tensor, None
+    return compression.compress(tensor)
+
+
+def _decompress(compression, tensor, ctx):
+    if compression is None:
+        return tensor
+    return compression.decompress(tensor, ctx)
+
+
+_NO_COMPRESSION = Compression.none if Compression is not None else None
+
+
+def allreduce(tensor, average=None, name=None, compression=_NO_COMPRESSION, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Returns tensor reduced across ranks (Average by default); differentiable."""
+    t, ctx = _compress(compression, tensor)
+    out = HorovodAllreduce.apply(t, average, name, op, prescale_factor, postscale_factor, process_set)
+    return _decompress(compression, out, ctx)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set):
+    """Starts reducing every tensor of the list into new tensors, as one group that every rank
+    releases together (member i is named name.i)."""
+    op = _reduce_op(op, average)
+    return _enqueue_group(_ALLREDUCE, tensors, False, name, op, prescale_factor, postscale_factor,
+                          process_set)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    """grouped_allreduce_async, in place."""
+    op = _reduce_op(op, average)
+    return _enqueue_group(_ALLREDUCE, tensors, True, name, op, prescale_factor, postscale_factor,
+                          process_set)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    """Reduces every tensor of the list in place, as one group; returns the list."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+class HorovodGroupedAllreduce(torch.autograd.Function):
+    """Grouped allreduce with autograd."""
+
+    @staticmethod
+    def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.average = average
+        ctx.op = op
+        ctx.prescale_factor = prescale_factor
+        ctx.postscale_factor = postscale_factor
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_allreduce_async(list(tensors), average, name, op, prescale_factor,
+                                                         postscale_factor, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_output):
+        grads = grouped_allreduce(list(grad_output), average=ctx.average, op=ctx.op,
+                                  prescale_factor=ctx.prescale_factor, postscale_factor=ctx.postscale_factor,
+                                  process_set=ctx.process_set)
+        return (None, None, None, None, None, None) + tuple(grads)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=_NO_COMPRESSION, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Returns every tensor of the list reduced across ranks, as one group; differentiable."""
+    pairs = [_compress(compression, t) for t in tensors]
+    outs = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set,
+                                         *[p[0] for p in pairs])
+    return [_decompress(compression, t, p[1]) for t, p in zip(outs, pairs)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Allgather
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Starts concatenating every rank's tensor along dim 0 (which may differ across ranks)."""
+    return _enqueue(_ALLGATHER, tensor, False, name, process_set=process_set)
+
+
+class HorovodAllgather(torch.autograd.Function):
+    """Allgather with autograd: the gradient is this rank's slice of the averaged gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        out = synchronize(allgather_async(tensor, name, process_set))  # raises for a scalar
+        ctx.dim = tensor.shape[0]
+        ctx.process_set = process_set
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_reduced = allreduce(grad_output, average=True, process_set=ctx.process_set)
+        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int32), process_set=ctx.process_set)
+        r = ctx.process_set.rank()
+        offset = int(dims[:r].sum()) if r else 0
+        return grad_reduced.narrow(0, offset, ctx.dim), None, None
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Returns every rank's tensor concatenated along dim 0; differentiable."""
+    return HorovodAllgather.apply(tensor, name, process_set)
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """Starts allgathering every tensor of the list, as one group."""
+    return _enqueue_group(_ALLGATHER, tensors, False, name, process_set=process_set)
+
+
+class HorovodGroupedAllgather(torch.autograd.Function):
+    """Grouped allgather with autograd (each tensor as HorovodAllgather)."""
+
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        outs = tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+        ctx.dims = [t.shape[0] for t in tensors]
+        ctx.process_set = process_set
+        return outs
+
+    @staticmethod
+    def backward(ctx, *grad_output):
+        grads = grouped_allreduce(list(grad_output), average=True, process_set=ctx.process_set)
+        dims = allgather(torch.tensor([ctx.dims], dtype=torch.int64), process_set=ctx.process_set)
+        r = ctx.process_set.rank()
+        out = []
+        for i, g in enumerate(grads):
+            offset = int(dims[:r, i].sum()) if r else 0
+            out.append(g.narrow(0, offset, ctx.dims[i]))
+        return (None, None) + tuple(out)
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """Returns the allgather of every tensor of the list, as one group; differentiable."""
+    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
+
+
+# ----------------------------------------------------------------------------------------------
+# Broadcast
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts copying root_rank's tensor into a new tensor on every rank."""
+    return _enqueue(_BROADCAST, tensor, False, name, root=root_rank, process_set=process_set)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts copying root_rank's tensor into tensor on every rank."""
+    return _enqueue(_BROADCAST, tensor, True, name, root=root_rank, process_set=process_set)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """Copies root_rank's tensor into tensor on every rank and returns it."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+class HorovodBroadcast(torch.autograd.Function):
+    """Broadcast with autograd: the root gets the averaged gradient, other ranks zero."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank = root_rank
+        ctx.process_set = process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_reduced = allreduce(grad_output, average=True, process_set=ctx.process_set)
+        if rank() != ctx.root_rank:
+            grad_reduced *= 0
+        return grad_reduced, None, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """Returns root_rank's tensor on every rank; differentiable."""
+    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+
+
+# ----------------------------------------------------------------------------------------------
+# Alltoall
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Starts sending splits[r] rows (dim 0) of tensor to rank r and receiving what every rank
+    sends here; without splits dim 0 is split evenly. synchronize() returns (output,
+    received_splits)."""
+    return _enqueue(_ALLTOALL, tensor, False, name, splits=splits, process_set=process_set)
+
+
+class HorovodAlltoall(torch.autograd.Function):
+    """Alltoall with autograd: the gradient goes back along the way the rows came."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        output, received_splits = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.process_set = process_set
+        ctx.recvsplits = received_splits
+        if splits is None:
+            return output
+        ctx.mark_non_differentiable(received_splits)
+        return output, received_splits
+
+    @staticmethod
+    def backward(ctx, grad_output, *dead_gradients):
+        grad, _ = alltoall(grad_output.contiguous(), splits=ctx.recvsplits, process_set=ctx.process_set)
+        return grad, None, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Returns the rows every rank sent here; with splits, (output, received_splits)."""
+    return HorovodAlltoall.apply(tensor, splits, name, process_set)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reducescatter
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
+    """Starts reducing tensor across ranks, each rank keeping its share of dim 0 (the first
+    dim0 % size ranks get one extra row). kolo also accepts Min, Max and Product."""
+    op = _reduce_op(op, None)
+    return _enqueue(_REDUCESCATTER, tensor, False, name, op, 0, prescale_factor, postscale_factor,
+                    process_set=process_set)
+
+
+def _scatter_grad_scale(op, process_set, prescale_factor, postscale_factor):
+    scale = prescale_factor * postscale_factor
+    if op == Average:
+        scale /= process_set.size()
+    return scale
+
+
+class HorovodReducescatter(torch.autograd.Function):
+    """Reducescatter with autograd (Average and Sum): each input row's gradient is the gradient of
+    the output row it went into, gathered from the rank that holds it, scaled as the forward was."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+        ctx.op = op
+        ctx.process_set = process_set
+        ctx.scale = (prescale_factor, postscale_factor)
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                               postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        if ctx.op not in (Average, Sum):
+            raise NotImplementedError("reducescatter gradients exist for Average and Sum only")
+        grad = allgather(grad_output.contiguous(), process_set=ctx.process_set)
+        scale = _scatter_grad_scale(ctx.op, ctx.process_set, *ctx.scale)
+        if scale != 1:
+            grad = grad * scale
+        return grad, None, None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=_NO_COMPRESSION, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Returns this rank's share of the reduction of tensor across ranks; differentiable."""
+    t, ctx = _compress(compression, tensor)
+    out = HorovodReducescatter.apply(t, name, op, process_set, prescale_factor, postscale_factor)
+    return _decompress(compression, out, ctx)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    """Starts reduce-scattering every tensor of the list, as one group."""
+    op = _reduce_op(op, None)
+    return _enqueue_group(_REDUCESCATTER, tensors, False, name, op, prescale_factor, postscale_factor,
+                          process_set)
+
+
+class HorovodGroupedReducescatter(torch.autograd.Function):
+    """Grouped reducescatter with autograd (each tensor as HorovodReducescatter)."""
+
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        ctx.op = op
+        ctx.process_set = process_set
+        ctx.scale = (prescale_factor, postscale_factor)
+        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, process_set,
+                                                             prescale_factor, postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grad_output):
+        if ctx.op not in (Average, Sum):
+            raise NotImplementedError("reducescatter gradients exist for Average and Sum only")
+        grads = grouped_allgather([g.contiguous() for g in grad_output], process_set=ctx.process_set)
+        scale = _scatter_grad_scale(ctx.op, ctx.process_set, *ctx.scale)
+        if scale != 1:
+            grads = [g * scale for g in grads]
+        return (None, None, None, None, None) + tuple(grads)
+
+
+def grouped_reducescatter(tensors, name=None, compression=_NO_COMPRESSION, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Returns this rank's share of the reduction of every tensor of the list, as one group."""
+    pairs = [_compress(compression, t) for t in tensors]
+    outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor,
+                                             *[p[0] for p in pairs])
+    return [_decompress(compression, t, p[1]) for t, p in zip(outs, pairs)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Barrier and join
+
+def barrier(process_set=global_process_set):
+    """Returns once every rank has called barrier."""
+    h = _lib.C.kolo_enqueue(_BARRIER, None, 0, None, None, 0, None, 0, 0, 0, 1.0, 1.0, None, 0,
+                            _process_set_id(process_set))
+    if h < 0:
+        raise _lib.take_error(-h)
+    o = _Op()
+    o.h, o.kind = h, _BARRIER
+    _handle_map[h] = o
+    synchronize(h)
+
+
+def join(device=-1):
+    """Says this rank has no more data; other ranks' allreduces go on with it contributing
+    nothing until every rank has joined. Returns the last rank to join. device is accepted for
+    Horovod compatibility (kolo needs no device for the zeros it contributes)."""
+    h = _lib.C.kolo_enqueue(_JOIN, None, 0, None, None, 0, None, 0, 0, 0, 1.0, 1.0, None, 0, 0)
+    if h < 0:
+        raise _lib.take_error(-h)
+    o = _Op()
+    o.h, o.kind = h, _JOIN
+    _handle_map[h] = o
+    return synchronize(h)

@@ -1,0 +1,177 @@
+"""kolo.torch's ops and basics, each test in real processes (ranks started by bin/kolo run).
+
+    make lib build && /usr/bin/python3 -m pytest python/tests/test_ops.py
+
+Needs bin/kolo and python/kolo/lib/libkolo.so (`make lib build`); tests fail, not skip, without
+them.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+KOLO = os.path.join(ROOT, "bin", "kolo")
+LIB = os.path.join(ROOT, "python", "kolo", "lib", "libkolo.so")
+PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+
+def env():
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.path.join(ROOT, "python")
+    e.pop("KOLO_LAUNCHER_VERSION", None)
+    for k in list(e):
+        if k.startswith(("KOLO_RANK", "KOLO_SIZE", "HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_", "PMI_", "SLURM_")):
+            del e[k]
+    return e
+
+
+def run(cmd, timeout=300, extra=None):
+    assert os.path.exists(KOLO) and os.path.exists(LIB), "run `make lib build` first"
+    e = env()
+    e.update(extra or {})
+    p = subprocess.run(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    return p.returncode, p.stdout
+
+
+@pytest.mark.parametrize("np", [1, 2, 3])
+def test_every_op(np):
+    rc, out = run([KOLO, "run", "-np", str(np), PY, os.path.join(HERE, "ops_worker.py")])
+    assert rc == 0, out
+    for scenario in ("allreduce", "grouped", "allgather", "broadcast", "alltoall", "reducescatter",
+                     "autograd", "errors", "barrier_join", "leaks"):
+        assert "ok " + scenario in out, out
+
+
+def test_ctrl_c_interrupts_a_hung_collective():
+    rc, out = run([KOLO, "run", "-np", "2", PY, os.path.join(HERE, "interrupt_worker.py")], timeout=120)
+    assert rc == 0 and "ok interrupted" in out, out
+
+
+def single(code, extra=None, timeout=120):
+    """Runs code in a fresh interpreter without a launcher (a job of one rank)."""
+    return run([PY, "-c", textwrap.dedent(code)], timeout=timeout, extra=extra)
+
+
+def test_before_init():
+    rc, out = single("""
+        import torch, kolo.torch as hvd
+        assert not hvd.is_initialized()
+        for f in (hvd.rank, hvd.size, hvd.local_rank, lambda: hvd.allreduce(torch.ones(1))):
+            try:
+                f()
+                raise SystemExit("no error before init")
+            except ValueError as e:
+                assert "hvd.init()" in str(e), e
+        hvd.init(); hvd.init()  # idempotent, as Horovod's
+        assert hvd.is_initialized() and hvd.size() == 1 and hvd.rank() == 0
+        hvd.shutdown()
+        assert not hvd.is_initialized()
+        print("ok")
+    """)
+    assert rc == 0 and "ok" in out, out
+
+
+def test_forked_child_gets_a_clear_error():
+    rc, out = single("""
+        import os, torch, kolo.torch as hvd
+        hvd.init()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                assert hvd.rank() == 0 and hvd.size() == 1  # cached: works in the child
+                hvd.allreduce(torch.ones(1))
+            except hvd.KoloForkError as e:
+                code = 0 if "forked" in str(e) else 2
+            except BaseException:
+                code = 3
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(status) == 0, status
+        assert hvd.allreduce(torch.ones(1)).item() == 1  # the parent is unaffected
+        print("ok")
+    """)
+    assert rc == 0 and "ok" in out, out
+
+
+def test_launcher_version_mismatch_is_refused():
+    rc, out = single("""
+        import kolo, kolo.torch as hvd
+        try:
+            hvd.init()
+            raise SystemExit("init accepted another launcher version")
+        except hvd.HorovodInternalError as e:
+            assert "9.9.9" in str(e) and kolo.__version__ in str(e), e
+        print("ok")
+    """, extra={"KOLO_LAUNCHER_VERSION": "9.9.9"})
+    assert rc == 0 and "ok" in out, out
+
+
+def test_library_matches_package():
+    rc, out = single("""
+        import kolo
+        from kolo import _lib
+        assert _lib.library_version() == kolo.__version__
+        print("ok")
+    """)
+    assert rc == 0 and "ok" in out, out
+
+
+def test_cuda_tensors_are_staged():
+    rc, out = single("""
+        import torch, kolo.torch as hvd
+        if not torch.cuda.is_available():
+            print("skip: no CUDA"); raise SystemExit(0)
+        hvd.init()
+        x = torch.arange(6.0, device="cuda")
+        y = hvd.allreduce(x, op=hvd.Sum)
+        assert y.is_cuda and torch.equal(y.cpu(), torch.arange(6.0))
+        z = x.clone(); hvd.allreduce_(z, op=hvd.Sum)
+        assert z.is_cuda and torch.equal(z, x)
+        g = hvd.allgather(x.view(3, 2))
+        assert g.is_cuda and g.shape == (3, 2)
+        print("ok")
+    """)
+    if "skip: no CUDA" in out:
+        pytest.skip("no CUDA device")
+    assert rc == 0 and "ok" in out, out
+
+
+def test_init_shutdown_init():
+    code = textwrap.dedent("""
+        import torch, kolo.torch as hvd
+        for i in range(3):
+            hvd.init()
+            y = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="x")
+            assert y[0].item() == hvd.size(), y
+            hvd.shutdown()
+        print("ok reinit", flush=True)
+    """)
+    rc, out = run([KOLO, "run", "-np", "2", PY, "-c", code], timeout=120)
+    assert rc == 0 and out.count("ok reinit") == 2, out
+
+
+def test_dataloader_workers_forked_after_init():
+    # DataLoader workers fork after the engine started; they read hvd.rank() (cached), never call
+    # into Go, and the parent's collectives go on.
+    code = textwrap.dedent("""
+        import torch, kolo.torch as hvd
+        from torch.utils.data import DataLoader, Dataset
+        hvd.init()
+        class D(Dataset):
+            def __len__(self): return 64
+            def __getitem__(self, i): return torch.tensor([float(i + hvd.rank())])
+        tot = torch.zeros(1)
+        for epoch in range(2):
+            for b in DataLoader(D(), batch_size=8, num_workers=2):
+                tot += hvd.allreduce(b.sum(0), op=hvd.Sum, name="b")
+        assert tot.item() == 2 * (2 * sum(range(64)) + 64), tot
+        print("ok loader", flush=True)
+    """)
+    rc, out = run([KOLO, "run", "-np", "2", PY, "-c", code], timeout=180)
+    assert rc == 0 and out.count("ok loader") == 2, out

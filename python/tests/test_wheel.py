@@ -1,0 +1,54 @@
+"""The wheel is all a user needs: build it, install it offline into a fresh venv (no Go, no
+compiler, no checkout on the path), and run a 2-rank allreduce with the wheel's own `kolo run`.
+
+    /usr/bin/python3 -m pytest python/tests/test_wheel.py
+"""
+
+import glob
+import os
+import subprocess
+import sys
+import textwrap
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+SCRIPT = textwrap.dedent("""
+    import torch, kolo, kolo.torch as hvd
+    hvd.init()
+    x = torch.full((3,), float(hvd.rank() + 1))
+    y = hvd.allreduce(x, op=hvd.Sum, name="wheel")
+    assert torch.equal(y, torch.full((3,), 3.0)), y
+    print("rank", hvd.rank(), "of", hvd.size(), "ok from", kolo.__file__, flush=True)
+    hvd.shutdown()
+""")
+
+
+def sh(cmd, cwd, env=None, timeout=900):
+    p = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout)
+    assert p.returncode == 0, "%s failed (%d):\n%s" % (" ".join(cmd), p.returncode, p.stdout[-4000:])
+    return p.stdout
+
+
+def test_wheel_installs_and_runs(tmp_path):
+    wheels = tmp_path / "wheels"
+    sh([PY, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(wheels), ROOT], cwd=ROOT)
+    [whl] = glob.glob(str(wheels / "kolo-*.whl"))
+    assert whl.endswith("-py3-none-linux_x86_64.whl") or "-py3-none-" in whl, whl
+
+    venv = tmp_path / "venv"
+    sh([PY, "-m", "venv", "--system-site-packages", str(venv)], cwd=str(tmp_path))  # torch from the system
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "KOLO_", "HOROVOD_"))}
+    # No Go on the path: the installed package must not need it.
+    env["PATH"] = "%s:/usr/bin:/bin" % (venv / "bin")
+    sh([str(venv / "bin" / "pip"), "install", "--no-index", "--no-deps", whl], cwd=str(tmp_path), env=env)
+
+    (tmp_path / "job.py").write_text(SCRIPT)
+    out = sh([str(venv / "bin" / "kolo"), "run", "-np", "2", str(venv / "bin" / "python"), "job.py"],
+             cwd=str(tmp_path), env=env, timeout=300)
+    assert out.count(" ok from ") == 2, out
+    assert str(venv) in out and ROOT + "/python" not in out, "kolo was not imported from the venv:\n" + out
+    version = sh([str(venv / "bin" / "kolo"), "version"], cwd=str(tmp_path), env=env)
+    assert version.split()[-1] in whl, version

@@ -1,0 +1,39 @@
+"""A training loop that goes wrong on purpose, for test_training.py:
+
+    bin/kolo run -np 2 /usr/bin/python3 python/tests/training_failure_worker.py MODE
+
+MODE raise: rank 1 raises ValueError in its third step while rank 0 trains on (and blocks in
+    optimizer.step() waiting for rank 1's gradients).
+MODE hang: rank 1 stops submitting after two steps (sleeps); rank 0 blocks in
+    optimizer.step() -> synchronize(). Rank 0 prints "blocked in synchronize" first, so the test
+    knows when to press Ctrl-C.
+"""
+
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+import kolo.torch as hvd  # noqa: E402
+
+mode = sys.argv[1]
+hvd.init()
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = torch.nn.Linear(10, 2)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                               named_parameters=model.named_parameters())
+for step in range(1000):
+    if hvd.rank() == 1 and step == 2:
+        if mode == "raise":
+            raise ValueError("rank 1 hit a bad batch at step %d" % step)
+        time.sleep(3600)
+    opt.zero_grad()
+    F.cross_entropy(model(torch.randn(4, 10)), torch.randint(0, 2, (4,))).backward()
+    if hvd.rank() == 0 and step == 2:
+        print("blocked in synchronize pid=%d" % os.getpid(), flush=True)
+    opt.step()
+print("FAIL: rank %d finished training" % hvd.rank(), flush=True)
