@@ -7,7 +7,7 @@ PYTHON  ?= /usr/bin/python3
 # The engine as the Python package loads it (capi/), and the kolo command a wheel ships beside it.
 PYLIB   := python/kolo/lib
 
-.PHONY: help build lib wheel demo test test-python test-deploy test-race lint bench clean docker-e2e
+.PHONY: help deps build lib wheel demo test test-python test-deploy test-race lint bench clean docker-e2e
 
 help:
 	@echo "make demo   - build kolo and train the example on 4 local ranks"
@@ -16,6 +16,10 @@ help:
 	@echo "make lib    - build the engine library for the Python package ($(PYLIB)/libkolo.so)"
 	@echo "make wheel  - dist/kolo-*.whl: kolo.torch, the engine and the kolo command (no Go needed to install)"
 	@echo "make docker-e2e - build the image, train on 2 containers x 2 ranks, kill one, SSH variant (docs/containers.md)"
+
+# Debian packages the demo and the tests use (PyTorch, OpenMPI, sshd, Slurm, the example's data).
+deps:
+	scripts/deps.sh
 
 build:
 	$(GO) build -o $(BIN)/kolo ./cmd/kolo
@@ -36,7 +40,7 @@ lint:
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 
-test: lint
+test: deps lint
 	$(GO) test -count=1 ./...
 	$(GO) test -count=1 -race $(RACE_PKGS)
 	$(MAKE) test-python
