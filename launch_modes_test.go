@@ -137,6 +137,8 @@ func (l *launcher) output() string {
 	return fmt.Sprintf("stdout:\n%s\nstderr:\n%s", l.stdout.String(), l.stderr.String())
 }
 
+var loopingLine = regexp.MustCompile(`(?m)<stdout>:looping pid=(\d+)`)
+
 var startedLine = regexp.MustCompile(`(?m)<stdout>:started pid=(\d+) child=(\d+)`)
 
 // sleeper is a rank that reports its pid and its child's and waits; rank fail does what failure
@@ -399,6 +401,36 @@ func TestNoSSHLaunch(t *testing.T) {
 			}
 		}
 		checkNoOrphans(t, ns, nil, outputs(ls)...)
+	})
+
+	// A node vanishing mid-job (its launcher and ranks killed, as when a container dies): the
+	// others' ranks fail on the lost peers, and the serving node must not then wait out the full
+	// heartbeat silence before ending the job.
+	t.Run("worker node lost", func(t *testing.T) {
+		ls := nodes(t, "--nproc-per-node", "1", "-x", e2e.WorkerEnv+"=loop", self, "-test.run=^$")
+		for _, l := range ls {
+			l.waitOutput(t, loopingLine, 1, 30*time.Second)
+		}
+		pids := loopingLine.FindAllStringSubmatch(ls[1].stdout.String(), -1)
+		killedAt := time.Now()
+		ls[1].cmd.Process.Kill()
+		if len(pids) == 1 {
+			pid, _ := strconv.Atoi(pids[0][1])
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		for _, i := range []int{0, 2} {
+			l := ls[i]
+			if code := l.wait(t, 20*time.Second); code == 0 {
+				t.Errorf("node %d: exit 0 after node 1 was killed\n%s", i, l.output())
+			}
+			if !strings.Contains(l.stderr.String(), "node1") {
+				t.Errorf("node %d does not name the lost host node1:\n%s", i, l.stderr.String())
+			}
+		}
+		if d := time.Since(killedAt); d > 8*time.Second {
+			t.Errorf("the job ended %s after node 1 was killed, want < 8 s", d)
+		}
+		checkNoOrphans(t, ns, nil)
 	})
 
 	t.Run("rendezvous host lost", func(t *testing.T) {

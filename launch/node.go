@@ -57,6 +57,8 @@ var (
 	// nodeSilence is how long the serving node waits for a node's heartbeat before declaring the
 	// node lost and stopping the job.
 	nodeSilence = 10 * time.Second
+	// stoppingSilence replaces nodeSilence once the job is being stopped.
+	stoppingSilence = 3 * time.Second
 	// stoppedNodesWait bounds how long, once the job is being stopped, a node waits for the
 	// others to report how their ranks ended (they need the grace period to stop them).
 	stoppedNodesWait = 10 * time.Second
@@ -700,10 +702,19 @@ func (n *node) watchNodes(ctx context.Context) {
 				last[i] = seen{beat: string(v), at: time.Now()}
 				continue
 			}
-			if time.Since(last[i].at) < nodeSilence {
+			limit := nodeSilence
+			select {
+			case <-n.stopped:
+				// The job is stopping already (often because this node's ranks saw that one's
+				// vanish): a live node keeps beating while its ranks stop, so a few missed beats
+				// are enough, and waiting the full silence would only delay the exit.
+				limit = min(limit, stoppingSilence)
+			default:
+			}
+			if time.Since(last[i].at) < limit {
 				continue
 			}
-			why := fmt.Sprintf("node %d on %s stopped answering the rendezvous (no heartbeat for %s)", i, n.names[i], nodeSilence)
+			why := fmt.Sprintf("node %d on %s stopped answering the rendezvous (no heartbeat for %s)", i, n.names[i], limit)
 			b, _ := json.Marshal(doneRecord{Node: i, Host: n.names[i], Lost: why})
 			n.srv.Set(keyDone(i), b)
 			n.publishStop(stopRecord{Reason: stopLost, Node: i, Host: n.names[i], Detail: why})

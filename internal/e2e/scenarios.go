@@ -27,6 +27,20 @@ var Scenarios = map[string]func(ctx context.Context) error{
 	"join":     joinScenario,
 	"kill":     killScenario,
 	"steady":   steadyScenario,
+	"loop":     loopScenario,
+}
+
+// loopScenario allreduces until an op fails (a test kills part of the job) and returns that error.
+// It prints "looping pid=P" once the job is connected.
+func loopScenario(ctx context.Context) error {
+	fmt.Printf("looping pid=%d\n", os.Getpid())
+	buf := make([]float32, 1024)
+	for i := 0; ; i++ {
+		if err := kolo.Allreduce(ctx, "loop", kolo.Of(buf), kolo.Sum); err != nil {
+			return fmt.Errorf("step %d: %w", i, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // steadyScenario is a training-like stream of steps (the same names every step, so the response
