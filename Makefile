@@ -7,10 +7,11 @@ PYTHON  ?= /usr/bin/python3
 # The engine as the Python package loads it (capi/), and the kolo command a wheel ships beside it.
 PYLIB   := python/kolo/lib
 
-.PHONY: help deps build lib wheel demo test test-python test-deploy test-race lint bench clean docker-e2e
+.PHONY: help deps demo-go build lib wheel demo test test-python test-deploy test-race lint bench clean docker-e2e
 
 help:
-	@echo "make demo   - build kolo and train the example on 4 local ranks"
+	@echo "make demo   - build kolo and train a CNN on Fashion-MNIST with kolo.torch on 2 local ranks"
+	@echo "make demo-go - the Go example: softmax regression on 4 local ranks"
 	@echo "make test   - everything CI runs: lint, unit, race, multi-process tests"
 	@echo "make bench  - kolo bench allreduce side by side with the peers (see docs/benchmarks.md)"
 	@echo "make lib    - build the engine library for the Python package ($(PYLIB)/libkolo.so)"
@@ -32,7 +33,12 @@ lib:
 wheel:
 	$(PYTHON) -m pip wheel --no-build-isolation --no-deps -w dist .
 
-demo: build
+# The PyTorch example (examples/pytorch_mnist.py): a CNN on Fashion-MNIST, 2 ranks, ~2 minutes here.
+demo: deps build lib
+	PYTHONPATH=python $(BIN)/kolo run -np 2 $(PYTHON) examples/pytorch_mnist.py
+
+# The Go example: softmax regression on generated data, 4 ranks, no Python.
+demo-go: build
 	$(BIN)/kolo run -np 4 $(BIN)/softmax
 
 lint:

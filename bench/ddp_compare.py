@@ -45,15 +45,20 @@ def worker(args):
     import torch.nn.functional as F
     torch.set_num_threads(1)
     rank, size = 0, 1
-    if args.worker == "kolo":
+    if args.worker in ("kolo", "nocomm"):
         sys.path.insert(0, os.path.join(ROOT, "python"))
         import kolo.torch as hvd
         hvd.init()
         rank, size = hvd.rank(), hvd.size()
         model, x, y = build(args, torch)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        if args.worker == "kolo":
+            groups = args.groups or None
+            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                           groups=groups)
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        # nocomm: the ranks train side by side without exchanging anything (the barriers only
+        # line up the timing), the ceiling that contention for cores and memory leaves.
         barrier = hvd.barrier
     elif args.worker == "ddp":
         import torch.distributed as dist
@@ -113,7 +118,7 @@ def free_port():
 
 def measure(setup, args, batch):
     common = ["--batch", str(batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
-              "--mlp-sizes", args.mlp_sizes]
+              "--mlp-sizes", args.mlp_sizes, "--groups", str(args.groups)]
     me = os.path.abspath(__file__)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if setup == "single":
@@ -132,13 +137,13 @@ def measure(setup, args, batch):
 
 def driver(args):
     batches = [int(b) for b in args.batches.split(",")]
-    setups = ["single", "kolo", "ddp"]
+    setups = ["single", "nocomm", "kolo", "ddp"]
     rates = {(b, s): [] for b in batches for s in setups}
     phases = {(b, s): [] for b in batches for s in setups}
     for r in range(args.repeats):
         for b in batches:
             # Rotate the order so no setup always runs first after the machine was idle.
-            order = setups[r % 3:] + setups[:r % 3]
+            order = setups[r % len(setups):] + setups[:r % len(setups)]
             for s in order:
                 res = measure(s, args, b)
                 rates[(b, s)].append(res["samples_per_sec"])
@@ -150,10 +155,10 @@ def driver(args):
                 phases[(b, s)].append(res)
     med = {k: statistics.median(v) for k, v in rates.items()}
     lines = [
-        "| batch/rank | 1 process | kolo DistributedOptimizer, %d ranks | DDP (Gloo), %d ranks "
-        "| kolo / DDP (range over repeats) | kolo scaling efficiency | DDP scaling efficiency |"
-        % (args.np, args.np),
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| batch/rank | 1 process | %d processes, no communication | kolo DistributedOptimizer, "
+        "%d ranks | DDP (Gloo), %d ranks | kolo / DDP (range over repeats) "
+        "| kolo scaling efficiency | DDP scaling efficiency |" % (args.np, args.np, args.np),
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for b in batches:
         one, k, d = med[(b, "single")], med[(b, "kolo")], med[(b, "ddp")]
@@ -163,8 +168,9 @@ def driver(args):
             return "%.1f (%.1f-%.1f)" % (med[(b, s)], min(v), max(v))
         # Ratios within one repeat compare runs minutes apart, not a quiet one with a busy one.
         paired = [kv / dv for kv, dv in zip(rates[(b, "kolo")], rates[(b, "ddp")])]
-        lines.append("| %d | %s | %s | %s | %.2fx (%.2f-%.2f) | %.2f | %.2f |" % (
-            b, cell("single"), cell("kolo"), cell("ddp"), k / d, min(paired), max(paired),
+        lines.append("| %d | %s | %s | %s | %s | %.2fx (%.2f-%.2f) | %.2f | %.2f |" % (
+            b, cell("single"), cell("nocomm"), cell("kolo"), cell("ddp"), k / d, min(paired),
+            max(paired),
             k / (args.np * one), d / (args.np * one)))
     lines += ["", "| batch/rank | setup | ms/step | forward | backward | optimizer step "
               "| rank 0 CPU ms/step |", "|---:|---|---:|---:|---:|---:|---:|"]
@@ -184,7 +190,10 @@ def driver(args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--worker", choices=["single", "kolo", "ddp"], help="(internal) run one job")
+    p.add_argument("--worker", choices=["single", "nocomm", "kolo", "ddp"],
+                   help="(internal) run one job")
+    p.add_argument("--groups", type=int, default=0,
+                   help="DistributedOptimizer groups= for the kolo setup (0: one per gradient)")
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--batches", default="16,64", help="batch sizes per rank")
     p.add_argument("--batch", type=int, default=16, help="(worker) batch size per rank")

@@ -21,8 +21,8 @@ import pytest
 from test_ops import HERE, KOLO, PY, ROOT, env, run
 
 SCENARIOS = ["optimizer", "optimizer_adam", "backward_passes", "fp16", "bf16", "groups",
-             "predivide_and_sum", "misuse", "unused_parameter", "skip_synchronize", "broadcast",
-             "sync_batch_norm", "dataloader_fork"]
+             "predivide_and_sum", "sparse", "misuse", "unused_parameter", "skip_synchronize",
+             "broadcast", "sync_batch_norm", "dataloader_fork"]
 MNIST = "/usr/share/datasets/fashion-mnist"
 
 
@@ -121,6 +121,12 @@ def test_ctrl_c_to_a_rank_in_synchronize():
     assert re.search(r"rank 0 on localhost (exited|killed by signal 2).*the first rank to fail", out), out
     time.sleep(0.5)
     assert _leftovers(token) == [], out
+
+
+def test_step_again_after_ctrl_c():
+    rc, out = run([KOLO, "run", "-np", "2", PY, os.path.join(HERE, "training_failure_worker.py"),
+                   "retry"], timeout=120)
+    assert rc == 0 and "ok retry" in out, out
 
 
 def _driver(code, timeout=180):

@@ -4,6 +4,7 @@
 
 MODE raise: rank 1 raises ValueError in its third step while rank 0 trains on (and blocks in
     optimizer.step() waiting for rank 1's gradients).
+MODE retry: rank 0 is interrupted in step() and calls step() again, which completes.
 MODE hang: rank 1 stops submitting after two steps (sleeps); rank 0 blocks in
     optimizer.step() -> synchronize(). Rank 0 prints "blocked in synchronize" first, so the test
     knows when to press Ctrl-C.
@@ -21,6 +22,32 @@ import kolo.torch as hvd  # noqa: E402
 
 mode = sys.argv[1]
 hvd.init()
+if mode == "retry":
+    # Ctrl-C while step() waits leaves the optimizer usable: calling step() again finishes.
+    import signal
+    import threading
+    torch.manual_seed(0)
+    model = torch.nn.Linear(10, 2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    for step in range(4):
+        if hvd.rank() == 1 and step == 2:
+            time.sleep(3)  # rank 0 is interrupted while it waits for this rank's gradients
+        opt.zero_grad()
+        model(torch.ones(4, 10) * (hvd.rank() + step)).sum().backward()
+        if hvd.rank() == 0 and step == 2:
+            threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+            try:
+                opt.step()
+                raise SystemExit("FAIL: step() was not interrupted")
+            except KeyboardInterrupt:
+                pass
+        opt.step()
+    every = hvd.allgather(torch.cat([p.detach().reshape(-1) for p in model.parameters()])[None])
+    assert torch.equal(every[0], every[1]), every
+    if hvd.rank() == 0:
+        print("ok retry", flush=True)
+    sys.exit(0)
 torch.set_num_threads(1)
 torch.manual_seed(0)
 model = torch.nn.Linear(10, 2)

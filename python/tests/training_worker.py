@@ -132,6 +132,35 @@ def scenario_predivide_and_sum():
     assert_close(got, want, "op=Sum", rtol=1e-5, atol=1e-6)
 
 
+def scenario_sparse():
+    """Sparse embedding gradients, reduced by gathering indices and values, and densified."""
+    size, rank = hvd.size(), hvd.rank()
+    for as_dense in (False, True):
+        def make():
+            torch.manual_seed(9)
+            return nn.Sequential(nn.Embedding(20, 4, sparse=True), nn.Flatten(), nn.Linear(8, 3))
+        model, ref = make(), make()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
+                                       named_parameters=model.named_parameters(),
+                                       sparse_as_dense=as_dense)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+        for step in range(3):
+            g = torch.Generator()
+            g.manual_seed(50 + step)
+            x = torch.randint(0, 20, (LOCAL_BATCH * size, 2), generator=g)
+            y = torch.randint(0, 3, (LOCAL_BATCH * size,), generator=g)
+            mine = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
+            opt.zero_grad()
+            F.cross_entropy(model(x[mine]), y[mine]).backward()
+            opt.step()
+            ref_opt.zero_grad()
+            F.cross_entropy(ref(x), y).backward()
+            ref_opt.step()
+        what = "sparse_as_dense=%s" % as_dense
+        same_on_every_rank(list(model.parameters()), what)
+        assert_close(list(model.parameters()), list(ref.parameters()), what, 1e-5, 1e-6)
+
+
 def scenario_unused_parameter():
     """A parameter that gets no gradient on some ranks (its hook never fires) is still reduced,
     in synchronize(), so no rank waits for it forever."""
