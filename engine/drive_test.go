@@ -348,24 +348,28 @@ func BenchmarkBlockingAllreduce(b *testing.B) {
 		b.Run(fmt.Sprintf("4B/spin=%v", spin), func(b *testing.B) {
 			cfg := DefaultConfig()
 			cfg.Spin = spin
-			c := newShmCluster(b, 2, cfg)
-			ctx := context.Background()
-			var wg sync.WaitGroup
-			b.ResetTimer()
-			for r, e := range c.engines {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					buf := f32(float32(r))
-					for range b.N {
-						if err := e.Enqueue(allreduceReq("bench", 1), buf, buf).Wait(ctx); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				}()
-			}
-			wg.Wait()
+			benchAllreduces(b, newShmCluster(b, 2, cfg))
 		})
 	}
+}
+
+// benchAllreduces times b.N blocking 4-byte allreduces on every rank of c at once.
+func benchAllreduces(b *testing.B, c *cluster) {
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	for r, e := range c.engines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := f32(float32(r))
+			for range b.N {
+				if err := e.Enqueue(allreduceReq("bench", 1), buf, buf).Wait(ctx); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }

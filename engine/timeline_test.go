@@ -3,7 +3,6 @@
 package engine
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -163,23 +162,7 @@ func BenchmarkTimelineOverhead(b *testing.B) {
 				}
 				defer c.engines[0].StopTimeline()
 			}
-			ctx := context.Background()
-			var wg sync.WaitGroup
-			b.ResetTimer()
-			for r, e := range c.engines {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					buf := f32(float32(r))
-					for range b.N {
-						if err := e.Enqueue(allreduceReq("bench", 1), buf, buf).Wait(ctx); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				}()
-			}
-			wg.Wait()
+			benchAllreduces(b, c)
 		})
 	}
 }

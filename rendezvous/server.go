@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/auth"
+	"github.com/kolo-dl/kolo/internal/accept"
 )
 
 // HandshakeTimeout bounds how long an accepted connection may take to prove it knows the secret.
@@ -73,25 +74,11 @@ func (s *Server) Listen(addr string) (net.Addr, error) {
 
 func (s *Server) accept(ln net.Listener) {
 	defer s.wg.Done()
-	backoff := 5 * time.Millisecond
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			// Out of file descriptors and the like: keep serving the connections we have and retry.
-			s.log.Warn("rendezvous: accept failed", "addr", ln.Addr().String(), "err", err)
-			time.Sleep(backoff)
-			backoff = min(2*backoff, time.Second)
-			continue
-		}
-		backoff = 5 * time.Millisecond
+	accept.Loop(ln, s.log, "rendezvous", func(c net.Conn) bool {
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
-			c.Close()
-			return
+			return false
 		}
 		sc := &serverConn{s: s, c: c, wake: make(chan struct{}, 1), parked: map[uint64]func() bool{}}
 		s.conns[sc] = struct{}{}
@@ -99,7 +86,8 @@ func (s *Server) accept(ln net.Listener) {
 		s.mu.Unlock()
 		// The handshake runs beside the accept loop so that a silent or slow peer cannot stall it.
 		go sc.serve()
-	}
+		return true
+	})
 }
 
 // Close stops listening, drops every connection (their pending calls fail) and closes the Store.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/auth"
+	"github.com/kolo-dl/kolo/internal/accept"
 )
 
 const (
@@ -153,32 +154,19 @@ func (l *Listener) Close() error {
 
 func (l *Listener) accept() {
 	defer l.wg.Done()
-	backoff := 5 * time.Millisecond
-	for {
-		c, err := l.ln.AcceptTCP()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			// Out of descriptors and the like: keep the process alive and retry.
-			l.log.Warn("tcp transport: accept failed", "addr", l.ln.Addr().String(), "err", err)
-			time.Sleep(backoff)
-			backoff = min(2*backoff, time.Second)
-			continue
-		}
-		backoff = 5 * time.Millisecond
+	accept.Loop(l.ln, l.log, "tcp transport", func(c net.Conn) bool {
 		l.mu.Lock()
 		if l.closed {
 			l.mu.Unlock()
-			c.Close()
-			return
+			return false
 		}
 		l.pending[c] = struct{}{}
 		l.wg.Add(1)
 		l.mu.Unlock()
 		// Auth runs beside the accept loop so that a silent peer cannot stall it.
-		go l.admit(c)
-	}
+		go l.admit(c.(*net.TCPConn))
+		return true
+	})
 }
 
 func (l *Listener) reject(c *net.TCPConn, why string, err error) {
