@@ -135,6 +135,13 @@ func Init(opts ...Option) error {
 	}
 	if cfg.Spin < 0 {
 		cfg.Spin = engine.DefaultSpin(boot.Job.LocalSize)
+		cfg.Yields = engine.DefaultYields(boot.Job.LocalSize)
+	} else if o.world.ShmSpin == 0 {
+		// KOLO_SPIN_TIME given: the shared-memory waits follow it (0 there means the default).
+		o.world.ShmSpin = cfg.Spin
+		if cfg.Spin == 0 {
+			o.world.ShmSpin = -1
+		}
 	}
 	w, err := world.Connect(context.Background(), boot.Job, boot.Secret, o.world)
 	if err != nil {
@@ -192,6 +199,19 @@ func Shutdown() error {
 		err = cerr
 	}
 	return err
+}
+
+// Abort tells every rank that this one has failed outside kolo, and why: this rank's pending and
+// later ops fail with err, and so do the other ranks', with err's text, instead of waiting for
+// this process to vanish and reporting "rank N lost". Call it before exiting on an error the
+// program cannot recover from (the Python binding calls it for an uncaught exception). The job
+// stays initialized; Shutdown still releases it. Without Init it does nothing.
+func Abort(err error) {
+	s, gerr := get()
+	if gerr != nil || err == nil {
+		return
+	}
+	s.engine.Abort(err)
 }
 
 // IsInitialized reports whether Init has run (and Shutdown has not).

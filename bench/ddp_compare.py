@@ -15,7 +15,6 @@ Worker mode (what the jobs run): --worker single|kolo|ddp.
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PY = "/usr/bin/python3"
+
+from compare import free_port  # noqa: E402  (bench/compare.py, beside this script)
 
 
 def build(args, torch):
@@ -108,14 +109,6 @@ def worker(args):
         torch.distributed.destroy_process_group()
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def measure(setup, args, batch):
     common = ["--batch", str(batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
               "--mlp-sizes", args.mlp_sizes, "--groups", str(args.groups)]
@@ -128,7 +121,7 @@ def measure(setup, args, batch):
                "--worker", setup, "--port", str(free_port())] + common
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=1800)
-    for line in p.stdout.splitlines():
+    for line in p.stdout.splitlines() if p.returncode == 0 else ():  # a failed job has no result
         i = line.find("RESULT ")
         if i >= 0:
             return json.loads(line[i + len("RESULT "):])

@@ -33,11 +33,7 @@ def bench_kolo_torch(args, out):
 
 def bench_kolo_go(args, out):
     compare.run([KOLO, "bench", "allreduce", "-np", str(args.np), "--sizes", args.sizes,
-                 "--iters", str(args.iters), "--json", out])
-
-
-def bench_gloo(args, out):
-    compare.bench_gloo(args, out)
+                 "--iters", str(args.iters), "--warmup", str(args.warmup), "--json", out])
 
 
 def main():
@@ -50,7 +46,7 @@ def main():
     p.add_argument("--json", help="write the per-round medians as JSON here")
     args = p.parse_args()
 
-    peers = [("kolo.torch", bench_kolo_torch), ("gloo", bench_gloo), ("kolo Go", bench_kolo_go)]
+    peers = [("kolo.torch", bench_kolo_torch), ("gloo", compare.bench_gloo), ("kolo Go", bench_kolo_go)]
     rounds = {name: {} for name, _ in peers}  # name -> bytes -> [median per round]
     missing = {}
     tmp = tempfile.mkdtemp(prefix="kolo-pylat-")

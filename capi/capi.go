@@ -22,6 +22,7 @@ package main
 import "C"
 
 import (
+	"errors"
 	"sync"
 	"unsafe"
 
@@ -88,6 +89,18 @@ func kolo_init() C.int {
 //export kolo_shutdown
 func kolo_shutdown() C.int {
 	return setLastErr(kolo.Shutdown())
+}
+
+// kolo_abort tells every rank that this one failed, with reason (len bytes, not NUL-terminated),
+// so that their ops fail with it rather than with "rank N lost" (kolo.Abort).
+//
+//export kolo_abort
+func kolo_abort(reason *C.char, length C.int) {
+	msg := C.GoStringN(reason, length)
+	if msg == "" {
+		msg = "aborted"
+	}
+	kolo.Abort(errors.New(msg))
 }
 
 //export kolo_is_initialized

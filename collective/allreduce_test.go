@@ -24,7 +24,10 @@ var allreduceAlgos = []struct {
 }{
 	{"ring", []inmem.Option{inmem.WithoutShared()}, plainComm, RingAllreduce},
 	{"recursive-doubling", []inmem.Option{inmem.WithoutShared()}, plainComm, RecursiveDoublingAllreduce},
-	{"shared", nil, nil, sharedRun},
+	// Slots of 3 MiB: rounds of sharedChunkBytes, smaller than the slot.
+	{"shared", []inmem.Option{inmem.WithSlotBytes(3 << 20)}, nil, sharedRun},
+	// More ranks than CPUs: rounds as large as the slot.
+	{"shared-oversubscribed", []inmem.Option{inmem.WithSlotBytes(2 << 20), inmem.WithOversubscribed()}, nil, sharedRun},
 	// Slots of 100 bytes hold 12 float64s or 50 halves: many chunks, and slices that do not divide.
 	{"shared-small-slots", []inmem.Option{inmem.WithSlotBytes(100)}, nil, sharedRun},
 	{"auto-shared", nil, nil, autoRun(nil)},
@@ -150,7 +153,7 @@ func TestAllreduceLarge(t *testing.T) {
 		t.Skip("large buffers in -short mode")
 	}
 	const elems32 = 3<<20/4 + 5 // ~3 MiB of float32, not a multiple of any rank count
-	for _, algo := range allreduceAlgos[:3] {
+	for _, algo := range allreduceAlgos[:4] {
 		for _, n := range []int{3, 8} {
 			t.Run(fmt.Sprintf("%s/n=%d", algo.name, n), func(t *testing.T) {
 				rng := rand.New(rand.NewPCG(uint64(n), 3))

@@ -59,7 +59,8 @@ func (d *dyingComm) SendRecv(ctx context.Context, to int, sb []byte, from int, r
 // dyingShared also counts barriers.
 type dyingShared struct{ *dyingComm }
 
-func (d dyingShared) Slot(r int) []byte { return d.ep.Slot(r) }
+func (d dyingShared) Slot(r int) []byte    { return d.ep.Slot(r) }
+func (d dyingShared) Oversubscribed() bool { return d.ep.Oversubscribed() }
 func (d dyingShared) Barrier(ctx context.Context) error {
 	if err := d.tick(); err != nil {
 		return err

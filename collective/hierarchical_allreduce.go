@@ -64,14 +64,18 @@ func hierarchicalShared(ctx context.Context, local transport.Comm, s transport.S
 
 	for off := 0; off < len(buf); off += chunkMax {
 		chunk := buf[off:min(off+chunkMax, len(buf))]
-		copy(mine, chunk)
+		// Stage what the other ranks reduce, streamed because another core reads it (see
+		// reduce.StreamCopy); this rank's own slice is read from chunk.
+		lo, hi := part(len(chunk), es, n, r)
+		reduce.StreamCopy(mine[:lo], chunk[:lo])
+		reduce.StreamCopy(mine[hi:len(chunk)], chunk[hi:])
 		if err := s.Barrier(ctx); err != nil {
 			return fmt.Errorf("hierarchical allreduce: bytes [%d,%d): local barrier after copy-in: %w", off, off+len(chunk), err)
 		}
-		lo, hi := part(len(chunk), es, n, r)
 		for q := range n {
 			srcs[q] = s.Slot(q)[lo:hi]
 		}
+		srcs[r] = chunk[lo:hi]
 		reduce.Many(t, op, mine[lo:hi], srcs...)
 		// No barrier needed before the cross phase: it touches only this rank's own slice.
 		if err := Allreduce(ctx, cross, mine[lo:hi], t, op, tun); err != nil {

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -42,5 +43,19 @@ func TestConfigFromEnv(t *testing.T) {
 				t.Fatalf("config %+v, err %v", c, err)
 			}
 		})
+	}
+}
+
+// Yielding instead of sleeping is the default only where ranks outnumber cores, as not spinning is.
+func TestDefaultYieldsFollowsOversubscription(t *testing.T) {
+	cpus := runtime.NumCPU()
+	if got := DefaultYields(cpus); got != 0 {
+		t.Errorf("DefaultYields(%d) on %d CPUs = %d, want 0", cpus, cpus, got)
+	}
+	if got := DefaultYields(cpus + 1); got <= 0 {
+		t.Errorf("DefaultYields(%d) on %d CPUs = %d, want > 0", cpus+1, cpus, got)
+	}
+	if DefaultSpin(cpus+1) != 0 {
+		t.Errorf("DefaultSpin(%d) on %d CPUs = %v, want 0 (yields replace spinning)", cpus+1, cpus, DefaultSpin(cpus+1))
 	}
 }

@@ -21,7 +21,8 @@ package engine
 import (
 	"context"
 	"fmt"
-	"runtime"
+	"github.com/kolo-dl/kolo/internal/spin"
+	"sync/atomic"
 	"time"
 
 	"github.com/kolo-dl/kolo/transport"
@@ -94,7 +95,7 @@ func (e *Engine) await(ctx context.Context, h *Handle) {
 // awaitToken spins for the token (or h) for up to Config.Spin, then blocks. It reports whether it
 // took the token.
 func (e *Engine) awaitToken(ctx context.Context, h *Handle) bool {
-	for start := time.Now(); ; runtime.Gosched() {
+	for start := time.Now(); ; pause() {
 		if e.tryAcquire() {
 			return true
 		}
@@ -114,6 +115,20 @@ func (e *Engine) awaitToken(ctx context.Context, h *Handle) bool {
 	}
 	return false
 }
+
+// pause is one beat of a spin: a short busy wait, not runtime.Gosched. A goroutine that entered Go
+// from a foreign thread (the Python binding's calls through cgo) is locked to that thread, and
+// Gosched there hands the thread's P to another thread and puts this one to sleep until the
+// scheduler hands it back: two futex calls and two context switches per beat. Measured through
+// the Python binding, 2 ranks: ~2.8 context switches per 4-byte allreduce and a 20 us floor.
+func pause() {
+	for i := 0; i < 32; i++ {
+		spinSink.Add(1)
+	}
+}
+
+// spinSink gives pause's loop a side effect the compiler keeps.
+var spinSink atomic.Uint32
 
 func (e *Engine) tryAcquire() bool {
 	select {
@@ -198,6 +213,7 @@ func (e *Engine) serve(ctx context.Context, h *Handle) {
 		}
 	}()
 	last := time.Now() // the last progress: spinning is worth it only shortly after
+	yields := 0        // sched_yields since the last progress, when not spinning
 	for {
 		now := time.Now()
 		progressed := e.step(now)
@@ -212,13 +228,19 @@ func (e *Engine) serve(ctx context.Context, h *Handle) {
 			return
 		}
 		if progressed {
-			last = now
+			last, yields = now, 0
 			continue
 		}
 		if now.Sub(last) < e.cfg.Spin {
-			runtime.Gosched()
+			pause()
 			continue
 		}
+		if yields < e.cfg.Yields {
+			yields++
+			spin.Yield()
+			continue
+		}
+		yields = 0
 		if stopWake == nil && e.poller != nil && ctx.Done() != nil {
 			stopWake = context.AfterFunc(ctx, e.poller.Wake)
 		}

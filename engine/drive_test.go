@@ -239,10 +239,13 @@ func TestStallInspectorWhileDriving(t *testing.T) {
 
 // A rank whose transport closes under it: the other ranks' waiting callers fail quickly, naming it.
 func TestLostRankFailsDriver(t *testing.T) {
-	for _, spin := range []time.Duration{0, 30 * time.Microsecond} {
-		t.Run(fmt.Sprintf("spin=%v", spin), func(t *testing.T) {
+	for _, tc := range []struct {
+		spin   time.Duration
+		yields int
+	}{{0, 0}, {0, 32}, {30 * time.Microsecond, 0}} {
+		t.Run(fmt.Sprintf("spin=%v/yields=%d", tc.spin, tc.yields), func(t *testing.T) {
 			cfg := DefaultConfig()
-			cfg.Spin = spin
+			cfg.Spin, cfg.Yields = tc.spin, tc.yields
 			c := newShmCluster(t, 3, cfg)
 			ctx := waitCtx(t)
 			errs := make(chan error, 2)

@@ -575,8 +575,15 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 		}
 		return false
 	}
-	// A failed collective leaves peers mid-protocol: the job cannot go on.
+	// A failed collective leaves peers mid-protocol: the job cannot go on. The op's own handles are
+	// no longer pending anywhere, so fail does not see them: finish them here, or their callers
+	// wait forever.
 	e.fail(err)
+	for _, en := range entries {
+		if en != nil {
+			en.h.finish(e.Err())
+		}
+	}
 	return false
 }
 
@@ -600,18 +607,9 @@ func (e *Engine) lostError(r int, err error) error {
 	return fmt.Errorf("rank %d: rank %d (%s) lost: %w", e.g.Rank, r, e.host(r), err)
 }
 
-// fail stops the engine: every pending and future op gets err, peers are told, local waits abort.
-func (e *Engine) fail(err error) {
-	e.mu.Lock()
-	if e.fatal == nil {
-		e.fatal = err
-	}
-	err = e.fatal
-	q := e.queue
-	e.queue = nil
-	e.mu.Unlock()
-	slog.Error("kolo engine stopped", "rank", e.g.Rank, "err", err)
-	// Tell everyone why, so ranks blocked on us report the root cause, not "rank N lost".
+// tellPeers sends every reachable peer why this rank stops, so that ranks blocked on it report the
+// root cause rather than "rank N lost", and aborts the local shared-memory waits.
+func (e *Engine) tellPeers(err error) {
 	body := negotiate.EncodeAbort(nil, negotiate.Abort{Rank: e.g.Rank, Reason: err.Error()})
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	for r := 0; r < e.g.Size; r++ {
@@ -623,6 +621,67 @@ func (e *Engine) fail(err error) {
 	if e.g.Abort != nil {
 		e.g.Abort(err)
 	}
+}
+
+// Abort stops the engine because its user failed outside kolo (an uncaught Python exception, an
+// error the program gives up on): every pending and future op here fails with err, and every
+// peer's with err's text, so ranks blocked on this one say why instead of "rank N lost". It
+// returns once the peers have been told, within about a second. Aborting an engine that has
+// already stopped or shut down does nothing.
+func (e *Engine) Abort(err error) {
+	e.mu.Lock()
+	done := e.fatal != nil || e.closed
+	e.mu.Unlock()
+	if done {
+		return
+	}
+	// Take the drive token, as a waiting caller does, so that fail runs as the driver; a driver
+	// that does not give way within abortWait is busy in a collective with peers, which the
+	// abort notice and the shared-memory abort end.
+	ctx, cancel := context.WithTimeout(context.Background(), abortWait)
+	defer cancel()
+	e.waiting.Add(1)
+	e.wakeDriver()
+	var got bool
+	select {
+	case e.drive <- struct{}{}:
+		e.acquired()
+		got = true
+	case <-ctx.Done():
+	}
+	e.waiting.Add(-1)
+	if !got {
+		// The driver's collective ends when the peers abort theirs; it then fails every
+		// handle here itself.
+		slog.Error("kolo engine aborting", "rank", e.g.Rank, "err", err)
+		e.tellPeers(err)
+		return
+	}
+	if !e.ended {
+		e.fail(err)
+		e.ended = true // the loop stops, as after every other fatal error
+	}
+	e.release()
+}
+
+// abortWait bounds how long Abort waits for the driver to give way.
+const abortWait = 500 * time.Millisecond
+
+// fail stops the engine: every pending and future op gets err, peers are told, local waits abort.
+func (e *Engine) fail(err error) {
+	e.mu.Lock()
+	if e.fatal != nil {
+		// Already stopped, peers told and every handle then known finished; later ones are
+		// refused at Enqueue. A peer's echo of our own abort lands here.
+		e.mu.Unlock()
+		return
+	}
+	e.fatal = err
+	q := e.queue
+	e.queue = nil
+	e.mu.Unlock()
+	slog.Error("kolo engine stopped", "rank", e.g.Rank, "err", err)
+	e.tellPeers(err)
 	for _, ps := range e.sets {
 		for _, en := range ps.pending {
 			en.h.finish(err)

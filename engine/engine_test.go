@@ -289,3 +289,176 @@ func TestJoinContributesNothing(t *testing.T) {
 		t.Errorf("last joined = %d", last)
 	}
 }
+
+// Tensors of at least unfusedBytes are reduced in place beside the fused small ones: values,
+// scaling and a joined rank's (absent) contribution come out as if everything were fused.
+func TestAllreduceLargeTensorsBesideFused(t *testing.T) {
+	sizes := []int{3, 300_000, 5, unfusedBytes / 4, unfusedBytes/4 - 1} // float32 elements
+	for _, tc := range []struct {
+		name   string
+		joined bool // rank 0 joins instead of submitting
+	}{{"average with pre- and postscale", false}, {"sum with a joined rank", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			const n = 3
+			c := newCluster(t, n, DefaultConfig())
+			ctx := waitCtx(t)
+			var jh *Handle
+			if tc.joined {
+				jh = c.engines[0].Enqueue(negotiate.Request{Name: "join", Kind: negotiate.Join}, nil, nil)
+			}
+			var wg sync.WaitGroup
+			for r := range n {
+				if tc.joined && r == 0 {
+					continue
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					bufs := make([][]byte, len(sizes))
+					hs := make([]*Handle, len(sizes))
+					for i, k := range sizes {
+						vals := make([]float32, k)
+						for j := range vals {
+							vals[j] = float32(r+1) * float32(j%7+1)
+						}
+						bufs[i] = f32(vals...)
+						req := allreduceReq(fmt.Sprintf("t%d", i), k)
+						if !tc.joined {
+							req.Average, req.PreScale, req.PostScale = true, 2, 0.5
+						}
+						hs[i] = c.engines[r].Enqueue(req, bufs[i], bufs[i])
+					}
+					for i, h := range hs {
+						if err := h.Wait(ctx); err != nil {
+							t.Errorf("rank %d, tensor %d: %v", r, i, err)
+							return
+						}
+						got := getF32(bufs[i])
+						for j, v := range got {
+							// Rank r sends (r+1)x: prescaled by 2, averaged and halved, 1x+2x+3x gives 2x;
+							// summed without rank 0 (joined), 2x+3x.
+							want := float32(2 * (j%7 + 1))
+							if tc.joined {
+								want = float32(5 * (j%7 + 1))
+							}
+							if v != want {
+								t.Errorf("rank %d, tensor %d (%d elements), element %d: got %v, want %v", r, i, sizes[i], j, v, want)
+								return
+							}
+						}
+					}
+					if tc.joined {
+						if err := c.engines[r].Enqueue(negotiate.Request{Name: "join", Kind: negotiate.Join}, nil, nil).Wait(ctx); err != nil {
+							t.Error(err)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			if jh != nil {
+				if err := jh.Wait(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// Abort (a rank's program failed outside kolo) fails this rank's pending and later ops and every
+// peer's waiting ones, all with the aborting rank's reason.
+func TestAbortTellsPeersWhy(t *testing.T) {
+	const n = 3
+	c := newCluster(t, n, DefaultConfig())
+	ctx := waitCtx(t)
+	reason := "rank 0 raised ValueError: bad batch at step 2"
+	mine := c.engines[0].Enqueue(allreduceReq("other", 1), f32(1), f32(0)) // pending: no peer submits "other"
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for r := 1; r < n; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := f32(1)
+			errs <- c.engines[r].Enqueue(allreduceReq("g", 1), buf, buf).Wait(ctx)
+		}()
+	}
+	time.Sleep(50 * time.Millisecond) // let the peers block in negotiation
+	start := time.Now()
+	c.engines[0].Abort(errors.New(reason))
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err == nil || !strings.Contains(err.Error(), reason) {
+			t.Errorf("peer's op: err = %v, want one carrying %q", err, reason)
+		}
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("peers failed %v after the abort", took)
+	}
+	if err := mine.Wait(ctx); err == nil || !strings.Contains(err.Error(), reason) {
+		t.Errorf("aborting rank's pending op: err = %v", err)
+	}
+	buf := f32(1)
+	if err := c.engines[0].Enqueue(allreduceReq("later", 1), buf, buf).Wait(ctx); err == nil || !strings.Contains(err.Error(), reason) {
+		t.Errorf("aborting rank's later op: err = %v", err)
+	}
+	c.engines[0].Abort(errors.New("a second abort changes nothing"))
+	if err := c.engines[0].Err(); err == nil || !strings.Contains(err.Error(), reason) {
+		t.Errorf("Err() = %v after a second Abort", err)
+	}
+}
+
+// brokenComm negotiates normally (the Messenger is separate) but fails every data transfer, as a
+// transport does whose peer died between negotiation and the collective.
+type brokenComm struct{ transport.Comm }
+
+func (b brokenComm) Send(ctx context.Context, peer int, p []byte) error {
+	return &transport.PeerError{Rank: peer, Op: "send", Err: errors.New("injected: connection reset")}
+}
+
+func (b brokenComm) Recv(ctx context.Context, peer int, p []byte) error {
+	return &transport.PeerError{Rank: peer, Op: "recv", Err: errors.New("injected: connection reset")}
+}
+
+func (b brokenComm) SendRecv(ctx context.Context, to int, sb []byte, from int, rb []byte) error {
+	return &transport.PeerError{Rank: to, Op: "sendrecv", Err: errors.New("injected: connection reset")}
+}
+
+// A collective that fails after negotiation fails the handles of the ops it was running (they are
+// no longer pending anywhere), instead of leaving their callers waiting forever.
+func TestCollectiveFailureFailsItsOwnHandles(t *testing.T) {
+	const n = 2
+	eps := inmem.New(n, inmem.WithoutShared())
+	groups := make([]Group, n)
+	for r, ep := range eps {
+		groups[r] = Group{Comm: ep.Comm(), Messenger: ep, Local: ep.Comm()}
+	}
+	groups[0].Comm, groups[0].Local = brokenComm{eps[0].Comm()}, brokenComm{eps[0].Comm()}
+	c := startCluster(t, DefaultConfig(), "memhost", groups, func() {
+		for _, ep := range eps {
+			ep.Close()
+		}
+	})
+	ctx := waitCtx(t)
+	peer := make(chan error, 1)
+	go func() {
+		buf := f32(1, 2, 3)
+		peer <- c.engines[1].Enqueue(allreduceReq("g", 3), buf, buf).Wait(ctx)
+	}()
+	buf := f32(1, 2, 3)
+	err := c.engines[0].Enqueue(allreduceReq("g", 3), buf, buf).Wait(ctx)
+	if err == nil || !strings.Contains(err.Error(), "injected") {
+		t.Fatalf("rank 0: err = %v, want the collective's failure", err)
+	}
+	// Rank 1 is inside the same collective, blocked on rank 0, which would now exit: its own
+	// in-flight op must fail too once rank 0's transport goes, not wait forever.
+	eps[0].Close()
+	select {
+	case err := <-peer:
+		if err == nil {
+			t.Fatal("rank 1's op succeeded")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("rank 1's op still waits 5 s after rank 0 went")
+	}
+}

@@ -147,37 +147,91 @@ func postScale(r negotiate.Response, size int) float64 {
 	return f
 }
 
+// unfusedBytes: a tensor at least this large is reduced in place, on its own, even when its
+// response fuses it with others. Fusion amortises per-op latency, which a tensor this size does not
+// feel (each collective call costs microseconds), while copying it into the fusion buffer and back
+// costs two more passes over memory: for a 23 MB MLP's gradients at 2 ranks, 4.5 ms of a ~9 ms
+// step of allreduces. The choice depends on the response's shapes only, so every rank makes it.
+const unfusedBytes = 1 << 20
+
 func (x *executor) allreduce(ctx context.Context, r negotiate.Response, entries []*entry) error {
-	t, op := r.DType, reduce.Op(r.ReduceOp)
+	t := r.DType
 	es := int64(t.Size())
-	var buf []byte
-	fused := len(entries) != 1 || entries[0] == nil
-	if !fused {
+	if len(entries) == 1 && entries[0] != nil {
 		x.mark(&r, collectiveLabel(r.Kind))
-		en := entries[0]
-		buf = en.out
-		if len(en.in) > 0 && &en.in[0] != &en.out[0] {
-			copy(en.out, en.in)
+		return x.reduceInPlace(ctx, r, entries[0])
+	}
+	var fused []int // indices of the tensors that go through the fusion buffer
+	var total int64
+	for i, shape := range r.Shapes {
+		if n := elems(shape) * es; n < unfusedBytes {
+			fused = append(fused, i)
+			total += n
 		}
-	} else {
-		var total int64
-		for _, s := range r.Shapes {
-			total += elems(s) * es
-		}
-		buf = x.buffer(int(total))
-		x.mark(&r, memcpyIn)
-		off := int64(0)
+	}
+	if len(fused) < len(entries) {
+		x.mark(&r, collectiveLabel(r.Kind))
 		for i, en := range entries {
 			n := elems(r.Shapes[i]) * es
-			if en != nil {
-				copy(buf[off:off+n], en.in)
-			} else {
-				fillIdentity(buf[off:off+n], t, op) // this rank joined: contribute nothing
+			if n < unfusedBytes {
+				continue
 			}
-			off += n
+			var err error
+			if en != nil {
+				err = x.reduceInPlace(ctx, r, en)
+			} else { // this rank joined: contribute nothing, from scratch
+				buf := x.buffer(int(n))
+				fillIdentity(buf, t, reduce.Op(r.ReduceOp))
+				err = x.reduceScaled(ctx, r, buf)
+			}
+			if err != nil {
+				return err
+			}
 		}
-		x.mark(&r, collectiveLabel(r.Kind))
 	}
+	if len(fused) == 0 {
+		return nil
+	}
+	buf := x.buffer(int(total))
+	x.mark(&r, memcpyIn)
+	off := int64(0)
+	for _, i := range fused {
+		n := elems(r.Shapes[i]) * es
+		if en := entries[i]; en != nil {
+			copy(buf[off:off+n], en.in)
+		} else {
+			fillIdentity(buf[off:off+n], t, reduce.Op(r.ReduceOp)) // this rank joined: contribute nothing
+		}
+		off += n
+	}
+	x.mark(&r, collectiveLabel(r.Kind))
+	if err := x.reduceScaled(ctx, r, buf); err != nil {
+		return err
+	}
+	x.mark(&r, memcpyOut)
+	off = 0
+	for _, i := range fused {
+		n := elems(r.Shapes[i]) * es
+		if en := entries[i]; en != nil {
+			copy(en.out, buf[off:off+n])
+		}
+		off += n
+	}
+	return nil
+}
+
+// reduceInPlace reduces one tensor in its output buffer, without the fusion buffer.
+func (x *executor) reduceInPlace(ctx context.Context, r negotiate.Response, en *entry) error {
+	if len(en.in) > 0 && &en.in[0] != &en.out[0] {
+		copy(en.out, en.in)
+	}
+	return x.reduceScaled(ctx, r, en.out)
+}
+
+// reduceScaled applies r's prescale, reduces buf across the group, and applies r's postscale (and
+// the division of an average).
+func (x *executor) reduceScaled(ctx context.Context, r negotiate.Response, buf []byte) error {
+	t, op := r.DType, reduce.Op(r.ReduceOp)
 	if r.PreScale != 0 && r.PreScale != 1 {
 		reduce.Scale(t, buf, r.PreScale)
 	}
@@ -186,17 +240,6 @@ func (x *executor) allreduce(ctx context.Context, r negotiate.Response, entries 
 	}
 	if f := postScale(r, x.g.Size); f != 1 {
 		reduce.Scale(t, buf, f)
-	}
-	if fused {
-		x.mark(&r, memcpyOut)
-		off := int64(0)
-		for i, en := range entries {
-			n := elems(r.Shapes[i]) * es
-			if en != nil {
-				copy(en.out, buf[off:off+n])
-			}
-			off += n
-		}
 	}
 	return nil
 }

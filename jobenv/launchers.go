@@ -87,7 +87,7 @@ func fromOpenMPI(env map[string]string, hostname string) (Job, error) {
 	if id == "" {
 		return Job{}, fmt.Errorf("no job id (PMIX_NAMESPACE, OMPI_MCA_ess_base_jobid): set %s to one value for every rank (mpirun -x %s=...)", JobID, JobID)
 	}
-	if !has(env, JobID) {
+	if firstSet(env, JobID) == "" {
 		id = "mpirun-" + id
 	}
 	j.JobID = safeID(id)
@@ -152,7 +152,7 @@ func fromSlurm(env map[string]string, hostname string) (Job, error) {
 		jobID = env["SLURM_JOBID"]
 	}
 	switch {
-	case has(env, JobID):
+	case firstSet(env, JobID) != "": // an exported but empty KOLO_JOB_ID would give every job one name
 		j.JobID = safeID(env[JobID])
 	case jobID == "":
 		return Job{}, fmt.Errorf("SLURM_JOB_ID is not set")

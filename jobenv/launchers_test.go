@@ -86,6 +86,12 @@ func TestDetect(t *testing.T) {
 		{"srun older slurm: no STEP_ variables", with(slurmEnv(0, 0, 0, "2", "2", "vm"), "SLURM_STEP_NUM_TASKS", "<unset>",
 			"SLURM_STEP_TASKS_PER_NODE", "<unset>", "SLURM_STEP_NODELIST", "<unset>", "SLURM_STEP_ID", "<unset>"), Srun,
 			Job{Rank: 0, Size: 2, LocalRank: 0, LocalSize: 2, CrossSize: 1, Hostname: "vm", JobID: "slurm-17.0"}, ""},
+		// An exported but empty KOLO_JOB_ID names nothing: the launcher's own id is used, or every
+		// such job would share one rendezvous file.
+		{"srun with an empty job id", with(slurmEnv(1, 1, 0, "2", "2", "vm"), JobID, ""), Srun,
+			Job{Rank: 1, Size: 2, LocalRank: 1, LocalSize: 2, CrossRank: 0, CrossSize: 1, Hostname: "vm", JobID: "slurm-17.0"}, ""},
+		{"mpirun with an empty job id", with(ompiEnv(0, 2, 0, 2), JobID, " "), MPIRun,
+			Job{Rank: 0, Size: 2, LocalRank: 0, LocalSize: 2, CrossSize: 1, Hostname: "me", JobID: "mpirun-1336082433"}, ""},
 		// The batch script of sbatch -n 3 has SLURM_PROCID=0 and SLURM_NTASKS=3 but is no task.
 		{"sbatch script itself", with(slurmEnv(0, 0, 0, "3", "3", "vm"), "SLURM_STEP_ID", "<unset>", "SLURM_STEPID", "<unset>"),
 			NoLauncher, Single("me"), ""},

@@ -409,8 +409,9 @@ func (p *localProcess) Signal(sig syscall.Signal) error {
 
 func (p *localProcess) Wait() Exit {
 	err := p.cmd.Wait()
+	// Whatever the rank left running in its process group goes with it, guard or not.
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 	if p.guard != nil {
-		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 		p.guard.Remove(p.cmd.Process.Pid)
 	}
 	if err == nil {

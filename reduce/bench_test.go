@@ -68,14 +68,22 @@ func encodeOne(t dtype.DType) []byte {
 
 func BenchmarkCopy(b *testing.B) {
 	b.Logf("kernel: %s (usable: %v)", Kernel(), Kernels())
+	benchCopies(b, func(dst, src []byte) { copy(dst, src) })
+}
+
+// BenchmarkStreamCopy is copy with streaming stores, in one core: it pays off only when another core
+// reads the data (collective.SharedAllreduce); here it shows what the stores cost against copy.
+func BenchmarkStreamCopy(b *testing.B) { benchCopies(b, StreamCopy) }
+
+func benchCopies(b *testing.B, cp func(dst, src []byte)) {
 	for _, n := range benchSizes {
 		b.Run(sizeName(n), func(b *testing.B) {
 			dst, src := warmBuf(0, n), ones(dtype.Uint8, warmBuf(1, n))
-			copy(dst, src)
+			cp(dst, src)
 			b.SetBytes(int64(n))
 			b.ResetTimer()
 			for b.Loop() {
-				copy(dst, src)
+				cp(dst, src)
 			}
 		})
 	}

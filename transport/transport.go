@@ -146,4 +146,8 @@ type Shared interface {
 	// any rank are visible to reads after it on every rank. It fails with a *PeerError when a rank
 	// is lost and with ctx's error when ctx ends.
 	Barrier(ctx context.Context) error
+	// Oversubscribed reports whether the group has more ranks than the host has CPUs for them,
+	// with the same answer on every rank: waits then sleep instead of spinning, so algorithms
+	// should prefer fewer, larger steps.
+	Oversubscribed() bool
 }

@@ -36,6 +36,10 @@ type Options struct {
 	ShmDir       string        // default /dev/shm
 	ListenAddr   string        // default "0.0.0.0:0", or the Interface's address
 	NoShm        bool          // force TCP even between ranks of one host
+	// ShmSpin is how long shared-memory waits spin before they sleep (shm.Config.Spin): 0 for
+	// the transport's default, negative never to spin. kolo.Init sets it from KOLO_SPIN_TIME, so
+	// one knob governs every spin of a rank.
+	ShmSpin time.Duration
 	// Interface names the network interface(s) whose address this rank listens on and advertises to
 	// its peers (comma-separated: the first one present here is used; kolo run --network-interface,
 	// KOLO_NETWORK_INTERFACE). Empty: the address this rank reaches the rendezvous from.
@@ -180,6 +184,7 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 			SlotBytes: opt.ShmSlotBytes,
 			Dir:       opt.ShmDir,
 			Timeout:   opt.Timeout,
+			Spin:      opt.ShmSpin,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("rank %d: open shared memory for host %s: %w", job.Rank, job.Hostname, err)

@@ -1,5 +1,6 @@
 """Shared timing loop for the peer benchmarks: the same sizes, iterations and statistics as
 `kolo bench` (median of per-op wall times after warm-up, warm buffers), written as kolo's JSON."""
+import argparse
 import json
 import statistics
 import time
@@ -11,6 +12,18 @@ BUS = {
     "alltoall": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
 }
+
+
+def parse_args():
+    """The command line every peer takes: --sizes, --iters, --warmup, --json."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--sizes", required=True)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--json", required=True)
+    a = p.parse_args()
+    a.sizes = [parse_size(s) for s in a.sizes.split(",")]
+    return a
 
 
 def parse_size(s):

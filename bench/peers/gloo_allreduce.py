@@ -1,6 +1,5 @@
 """torch.distributed (Gloo) allreduce timed like `kolo bench`. Started once per rank by
 bench/compare.py with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set."""
-import argparse
 import os
 import sys
 
@@ -12,16 +11,11 @@ import common  # noqa: E402
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--sizes", required=True)
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--json", required=True)
-    a = p.parse_args()
+    a = common.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
-    sizes = [common.parse_size(s) for s in a.sizes.split(",")]
+    sizes = a.sizes
     res = common.measure(
         "allreduce", n, sizes, a.iters, a.warmup,
         make_buffer=lambda nb: torch.ones(max(nb // 4, 1), dtype=torch.float32),

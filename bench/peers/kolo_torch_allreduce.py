@@ -1,6 +1,5 @@
 """kolo.torch (the Python binding) allreduce timed like `kolo bench`: hvd.allreduce_ on a float32
 tensor, in place, from Python. Started by bench/python_latency.py under `kolo run`."""
-import argparse
 import os
 import sys
 
@@ -14,15 +13,10 @@ import kolo.torch as hvd  # noqa: E402
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--sizes", required=True)
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--json", required=True)
-    a = p.parse_args()
+    a = common.parse_args()
     torch.set_num_threads(1)
     hvd.init()
-    sizes = [common.parse_size(s) for s in a.sizes.split(",")]
+    sizes = a.sizes
     res = common.measure(
         "allreduce", hvd.size(), sizes, a.iters, a.warmup,
         make_buffer=lambda nb: torch.ones(max(nb // 4, 1), dtype=torch.float32),

@@ -1,6 +1,5 @@
 """OpenMPI (mpi4py) allreduce on numpy float32 buffers, timed like `kolo bench`. Run under
 mpirun by bench/compare.py."""
-import argparse
 import os
 import sys
 
@@ -12,15 +11,10 @@ import common  # noqa: E402
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--sizes", required=True)
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--json", required=True)
-    a = p.parse_args()
+    a = common.parse_args()
     comm = MPI.COMM_WORLD
     rank, n = comm.Get_rank(), comm.Get_size()
-    sizes = [common.parse_size(s) for s in a.sizes.split(",")]
+    sizes = a.sizes
     out = {}
 
     def make(nb):

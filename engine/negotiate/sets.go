@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
-	"strings"
 )
 
 // Process sets are registered and removed collectively: every rank proposes the same SetChange,
@@ -24,21 +23,7 @@ func (c SetChange) String() string {
 	if c.Remove {
 		return fmt.Sprintf("remove process set %d", c.ID)
 	}
-	return "add process set " + formatSet(c.Ranks)
-}
-
-// formatSet writes ranks as [0 2 5].
-func formatSet(ranks []int) string {
-	var b strings.Builder
-	b.WriteByte('[')
-	for i, r := range ranks {
-		if i > 0 {
-			b.WriteByte(' ')
-		}
-		fmt.Fprintf(&b, "%d", r)
-	}
-	b.WriteByte(']')
-	return b.String()
+	return "add process set " + fmt.Sprint(c.Ranks) // [0 2 5]
 }
 
 const (

@@ -5,8 +5,13 @@ import os
 import sys
 
 
+def shipped_binary():
+    """Where a wheel (or `make lib`) puts the Go launcher: kolo/lib/kolo."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib", "kolo")
+
+
 def main():
-    exe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib", "kolo")
+    exe = shipped_binary()
     if not os.access(exe, os.X_OK):
         sys.exit("kolo: the kolo command is missing from this installation (%s); reinstall kolo, or "
                  "build it with `make lib` in a kolo checkout" % exe)

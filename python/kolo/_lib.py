@@ -17,7 +17,10 @@ into them. Three rules shape this module:
 import atexit
 import ctypes
 import os
+import re
 import sys
+import time
+import traceback
 
 LIBRARY_ENV = "KOLO_LIBRARY"  # path of libkolo.so, to use another build than the package's
 WAIT_SLICE_US = 50000
@@ -68,6 +71,7 @@ _SIGNATURES = {
     "kolo_last_error": (_i, [_s, _i]),
     "kolo_init": (_i, []),
     "kolo_shutdown": (_i, []),
+    "kolo_abort": (None, [_s, _i]),
     "kolo_is_initialized": (_i, []),
     "kolo_rank": (_i, []),
     "kolo_size": (_i, []),
@@ -172,6 +176,66 @@ def init():
         raise KoloInternalError(_string(lib.kolo_last_error))
     _topology = (lib.kolo_rank(), lib.kolo_size(), lib.kolo_local_rank(), lib.kolo_local_size(),
                  lib.kolo_cross_rank(), lib.kolo_cross_size(), lib.kolo_is_homogeneous() == 1)
+    _install_excepthook()
+
+
+def abort(reason):
+    """Tells every rank that this one failed, and why: their ops fail with reason instead of
+    "rank N lost". A no-op when not initialized."""
+    if _topology is None or _lib is None or _forked():
+        return
+    b = reason.encode("utf-8", "replace")
+    _lib.kolo_abort(b, len(b))
+
+
+_previous_excepthook = None
+
+
+def _install_excepthook():
+    """Chains sys.excepthook so that an uncaught exception on any rank reaches the others as the
+    reason their ops fail. Once per process; a hook installed later by the script still runs ours
+    if it calls the one it replaced."""
+    global _previous_excepthook
+    if _previous_excepthook is not None:
+        return
+    _previous_excepthook = sys.excepthook
+    sys.excepthook = _excepthook
+
+
+def _excepthook(tp, value, tb):
+    try:
+        # Not for Ctrl-C and exits (the launcher reports those), nor for kolo's own errors, which
+        # the engine has already told every rank about.
+        if not issubclass(tp, (KeyboardInterrupt, SystemExit, KoloInternalError)) and _topology is not None:
+            what = "".join(traceback.format_exception_only(tp, value)).strip().splitlines()
+            abort("rank %d failed: %s" % (_topology[0], what[-1] if what else tp.__name__))
+    except Exception:  # never mask the exception being reported
+        pass
+    _previous_excepthook(tp, value, tb)
+    stand_back(value)
+
+
+_REMOTE_FAILURE = re.compile(r"\brank (\d+) failed: ")
+STAND_BACK_SECONDS = 3.0
+
+
+def stand_back(exc):
+    """Called as a rank leaves on exc. If exc only says that another rank failed (its abort
+    notice), wait up to STAND_BACK_SECONDS first: that rank is leaving too, and the launcher
+    names the first rank to exit as the one that failed, with its stderr. Leaving at once would
+    often beat the real culprit and put this rank's echo of its error first. The launcher stops
+    this rank as soon as the culprit has exited."""
+    if _topology is None or not isinstance(exc, KoloInternalError):
+        return
+    m = _REMOTE_FAILURE.search(str(exc))
+    if not m or int(m.group(1)) == _topology[0]:
+        return
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(STAND_BACK_SECONDS)
+    except BaseException:  # Ctrl-C or the launcher's signal: leave now
+        pass
 
 
 def shutdown():

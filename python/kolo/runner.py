@@ -1,7 +1,8 @@
 """kolo.run: run a Python function on np ranks and return every rank's result, like horovod.run.
 
 The driver pickles (function, args, kwargs), starts ``kolo run -np N python -c <worker>`` with the
-pickle in the environment, and reads each rank's pickled return value (or exception) back from a
+pickle in the environment (or, when it is too large for one and every rank runs on this host, in a
+private temporary file), and reads each rank's pickled return value (or exception) back from a
 marker line on that rank's stdout, so nothing needs a filesystem shared between hosts.
 
 Functions are pickled by reference (module and name) unless cloudpickle is installed. A function
@@ -16,8 +17,10 @@ import os
 import pickle
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import traceback
 
@@ -27,6 +30,7 @@ except ImportError:  # pragma: no cover - depends on the installation
     _pickler = pickle
 
 _PAYLOAD_ENV = "KOLO_RUN_PAYLOAD"
+_PAYLOAD_FILE_ENV = "KOLO_RUN_PAYLOAD_FILE"
 _MARKER = "\x1ekolo.run:"
 # Linux limits one environment string to 128 KiB; leave room for the name.
 _MAX_PAYLOAD = 120 << 10
@@ -35,12 +39,13 @@ _FIRST_FAILED = re.compile(r"kolo run: rank (\d+) on \S+ .*\(the first rank to f
 
 
 def _kolo_binary():
-    """Finds the kolo launcher: $KOLO_BIN, kolo/bin/kolo in the package, bin/kolo of the source
-    tree this package is in, then PATH."""
+    """Finds the kolo launcher: $KOLO_BIN, the one shipped in the package (kolo/lib/kolo, as the
+    `kolo` command runs it), bin/kolo of the source tree this package is in, then PATH."""
     if os.environ.get("KOLO_BIN"):
         return os.environ["KOLO_BIN"]
+    from kolo import _cli
     here = os.path.dirname(os.path.abspath(__file__))
-    for candidate in (os.path.join(here, "bin", "kolo"),  # inside an installed package
+    for candidate in (_cli.shipped_binary(),  # an installed wheel, or `make lib` in a checkout
                       os.path.join(here, os.pardir, os.pardir, "bin", "kolo")):  # source tree
         if os.access(candidate, os.X_OK):
             return os.path.normpath(candidate)
@@ -68,12 +73,23 @@ def _encode_payload(func, args, kwargs):
                          "at module level, or install cloudpickle for lambdas and closures"
                          % e) from e
     outer = pickle.dumps({"sys_path": list(sys.path), "main": _main_path(), "blob": blob})
-    payload = base64.b64encode(outer).decode("ascii")
-    if len(payload) > _MAX_PAYLOAD:
-        raise ValueError("kolo.run: the pickled function and arguments take %d bytes, more than "
-                         "the %d an environment variable may hold; pass large data through files"
-                         % (len(payload), _MAX_PAYLOAD))
-    return payload
+    return base64.b64encode(outer).decode("ascii")
+
+
+def _payload_env(payload, local):
+    """The environment entry that carries payload to the workers, and a file to remove afterwards
+    (or None). An environment variable holds at most _MAX_PAYLOAD bytes; a larger payload goes
+    through a 0600 temporary file, which only ranks on this host can read."""
+    if len(payload) <= _MAX_PAYLOAD:
+        return (_PAYLOAD_ENV, payload), None
+    if not local:
+        raise ValueError("kolo.run: the pickled function and arguments take %d bytes, more than the "
+                         "%d an environment variable may hold, and the job runs on other hosts too; "
+                         "pass large data through files the hosts share" % (len(payload), _MAX_PAYLOAD))
+    fd, path = tempfile.mkstemp(prefix="kolo-run-", suffix=".payload")  # mode 0600
+    with os.fdopen(fd, "w") as f:
+        f.write(payload)
+    return (_PAYLOAD_FILE_ENV, path), path
 
 
 def run(func, args=(), kwargs=None, np=1, hosts=None, hostfile=None, env=None, executable=None,
@@ -87,6 +103,27 @@ def run(func, args=(), kwargs=None, np=1, hosts=None, hostfile=None, env=None, e
     traceback.
     """
     payload = _encode_payload(func, args, kwargs)
+    (payload_name, payload_value), payload_file = _payload_env(payload, _local_only(hosts, hostfile))
+    try:
+        return _run(payload_name, payload_value, np, hosts, hostfile, env, executable, verbose,
+                    start_timeout, output_filename, extra_args)
+    finally:
+        if payload_file:
+            os.unlink(payload_file)
+
+
+def _local_only(hosts, hostfile):
+    """Whether every rank runs on this host: no -H and no hostfile, or only local names in -H."""
+    if hostfile:
+        return False
+    if not hosts:
+        return True
+    names = [h.split(":")[0].strip() for h in hosts.split(",") if h.strip()]
+    return all(n in ("localhost", "127.0.0.1", socket.gethostname()) for n in names)
+
+
+def _run(payload_name, payload_value, np, hosts, hostfile, env, executable, verbose, start_timeout,
+         output_filename, extra_args):
     cmd = [_kolo_binary(), "run", "-np", str(int(np))]
     if hosts:
         cmd += ["-H", hosts]
@@ -100,11 +137,11 @@ def run(func, args=(), kwargs=None, np=1, hosts=None, hostfile=None, env=None, e
         cmd += ["--output-filename", output_filename]
     child_env = dict(os.environ)
     child_env.update({k: str(v) for k, v in (env or {}).items()})
-    child_env[_PAYLOAD_ENV] = payload
+    child_env[payload_name] = payload_value
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     child_env["PYTHONPATH"] = os.pathsep.join(
         [pkg_root] + [p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    forward = [_PAYLOAD_ENV, "PYTHONPATH"] + sorted((env or {}).keys())
+    forward = [payload_name, "PYTHONPATH"] + sorted((env or {}).keys())
     for name in forward:
         cmd += ["-x", name]
     cmd += list(extra_args)
@@ -213,9 +250,12 @@ def _load_main(path):
 
 def _worker_main():
     payload = os.environ.get(_PAYLOAD_ENV)
+    if not payload and os.environ.get(_PAYLOAD_FILE_ENV):
+        with open(os.environ[_PAYLOAD_FILE_ENV]) as f:
+            payload = f.read()
     if not payload:
-        sys.exit("kolo.runner: %s is not set; this entry point is started by kolo.run"
-                 % _PAYLOAD_ENV)
+        sys.exit("kolo.runner: neither %s nor %s is set; this entry point is started by kolo.run"
+                 % (_PAYLOAD_ENV, _PAYLOAD_FILE_ENV))
     outer = pickle.loads(base64.b64decode(payload))
     for p in reversed(outer["sys_path"]):
         if p not in sys.path:
@@ -228,6 +268,9 @@ def _worker_main():
     except BaseException as e:  # report SystemExit and KeyboardInterrupt too, then fail
         tb = traceback.format_exc()
         sys.stderr.write(tb)
+        if not isinstance(e, (KeyboardInterrupt, SystemExit)):
+            from kolo import _lib  # tell the other ranks why, as the exception hook would
+            _lib.abort("rank %s failed: %s: %s" % (os.environ.get("KOLO_RANK", "?"), type(e).__name__, e))
         try:
             exc = pickle.dumps(e)
         except Exception:
@@ -235,6 +278,8 @@ def _worker_main():
         _emit("err", {"summary": "%s: %s" % (type(e).__name__, e), "traceback": tb,
                       "exception": exc})
         sys.stderr.flush()
+        from kolo import _lib
+        _lib.stand_back(e)  # let the rank whose failure this echoes be the first to exit
         os._exit(1)
     try:
         _emit("ok", result)

@@ -10,7 +10,6 @@ any failure exits 1, which fails the job. Rank 0 prints "ok SCENARIO" for each s
 import os
 import sys
 import time
-import traceback
 
 import torch
 
@@ -23,12 +22,8 @@ DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torc
           torch.float32, torch.float64]
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
+from scenarios import check, failures  # noqa: E402
+import scenarios  # noqa: E402
 
 
 def close(got, want, dtype):
@@ -358,21 +353,7 @@ def main():
     want = set(sys.argv[1:])
     hvd.init()
     r, n = hvd.rank(), hvd.size()
-    for name, fn in SCENARIOS:
-        if want and name not in want:
-            continue
-        before = len(failures)
-        try:
-            fn(r, n)
-        except Exception:
-            failures.append("%s raised:\n%s" % (name, traceback.format_exc()))
-        if len(failures) == before and r == 0:
-            print("ok", name, flush=True)
-    hvd.shutdown()
-    if failures:
-        for f in failures:
-            print("rank %d FAIL: %s" % (r, f), file=sys.stderr)
-        sys.exit(1)
+    scenarios.run(SCENARIOS, r, lambda fn: fn(r, n), want)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ hvd.init(process_sets=[...]). Rank 0 prints "ok SCENARIO" per scenario passed; a
 
 import os
 import sys
-import traceback
 
 import torch
 
@@ -17,12 +16,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 import kolo.torch as hvd  # noqa: E402
 from kolo import _lib  # noqa: E402
 
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
+from scenarios import check, failures  # noqa: E402
+import scenarios  # noqa: E402
 
 
 def raises(exc, fn, want):
@@ -141,19 +136,7 @@ def main():
     r = hvd.rank()
     if hvd.size() != 3:
         sys.exit("needs 3 ranks")
-    for name, fn in SCENARIOS:
-        before = len(failures)
-        try:
-            fn(r, a, b)
-        except Exception:
-            failures.append("%s raised:\n%s" % (name, traceback.format_exc()))
-        if len(failures) == before and r == 0:
-            print("ok", name, flush=True)
-    hvd.shutdown()
-    if failures:
-        for f in failures:
-            print("rank %d FAIL: %s" % (r, f), file=sys.stderr)
-        sys.exit(1)
+    scenarios.run(SCENARIOS, r, lambda fn: fn(r, a, b))
 
 
 if __name__ == "__main__":

@@ -45,8 +45,10 @@ def test_a_rank_raising_fails_the_job_and_names_it():
     assert rc != 0, out
     assert "rank 1 on localhost exited with code 1 (the first rank to fail)" in out, out
     assert "ValueError: rank 1 hit a bad batch at step 2" in out, out
-    # Rank 0 was blocked in step() on rank 1's gradients: it fails too (or is stopped).
-    assert re.search(r"rank 0 on localhost: stopped by the launcher", out), out
+    # Rank 0 was blocked in step() on rank 1's gradients: it fails with rank 1's error, which
+    # rank 1's exception hook sent before exiting (then it exits or the launcher stops it).
+    assert "rank 0 saw: rank 1 failed: ValueError: rank 1 hit a bad batch at step 2" in out, out
+    assert re.search(r"rank 0 on localhost: (stopped by the launcher|exited with code 1)", out), out
     # Leaving at once, not after the shutdown barrier's timeout.
     assert took < 30, "the job took %.0f s to fail:\n%s" % (took, out)
 
@@ -158,6 +160,33 @@ def test_kolo_run_returns_every_ranks_result():
     """)
     assert rc == 0 and "ok run" in out, out
     assert "rank 2 says hi" in out, out
+
+
+def test_kolo_run_carries_arguments_larger_than_an_environment_variable():
+    rc, out = _driver("""
+        import glob, os, tempfile
+        import kolo
+        from kolo import runner
+
+        def size(blob):
+            import kolo.torch as hvd
+            hvd.init()
+            return len(blob) + hvd.rank()
+
+        if __name__ == "__main__":
+            blob = os.urandom(400 << 10)  # ~530 KiB once pickled and base64-encoded
+            before = set(glob.glob(os.path.join(tempfile.gettempdir(), "kolo-run-*")))
+            assert kolo.run(size, args=(blob,), np=2) == [len(blob), len(blob) + 1]
+            left = set(glob.glob(os.path.join(tempfile.gettempdir(), "kolo-run-*"))) - before
+            assert not left, left
+            try:
+                runner._payload_env("x" * (runner._MAX_PAYLOAD + 1), local=False)
+            except ValueError as e:
+                assert "other hosts" in str(e), e
+                print("ok remote refused")
+            print("ok large")
+    """)
+    assert rc == 0 and "ok large" in out and "ok remote refused" in out, out
 
 
 def test_kolo_run_raises_the_failing_ranks_error():

@@ -25,6 +25,21 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+RUN_DRIVER = """
+import kolo
+
+
+def rank():
+    import kolo.torch as hvd
+    hvd.init()
+    return hvd.rank()
+
+
+if __name__ == "__main__":
+    print("ranks", kolo.run(rank, np=2))
+"""
+
+
 def sh(cmd, cwd, env=None, timeout=900):
     p = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=timeout)
@@ -52,3 +67,9 @@ def test_wheel_installs_and_runs(tmp_path):
     assert str(venv) in out and ROOT + "/python" not in out, "kolo was not imported from the venv:\n" + out
     version = sh([str(venv / "bin" / "kolo"), "version"], cwd=str(tmp_path), env=env)
     assert version.split()[-1] in whl, version
+
+    # kolo.run from the installed package finds the launcher the wheel ships, with no kolo on PATH.
+    (tmp_path / "driver.py").write_text(RUN_DRIVER)
+    bare = dict(env, PATH="/usr/bin:/bin")
+    out = sh([str(venv / "bin" / "python"), "driver.py"], cwd=str(tmp_path), env=bare, timeout=300)
+    assert "ranks [0, 1]" in out, out

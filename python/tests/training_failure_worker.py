@@ -3,7 +3,7 @@
     bin/kolo run -np 2 /usr/bin/python3 python/tests/training_failure_worker.py MODE
 
 MODE raise: rank 1 raises ValueError in its third step while rank 0 trains on (and blocks in
-    optimizer.step() waiting for rank 1's gradients).
+    optimizer.step() waiting for rank 1's gradients); rank 0 prints the error step() raises.
 MODE retry: rank 0 is interrupted in step() and calls step() again, which completes.
 MODE hang: rank 1 stops submitting after two steps (sleeps); rank 0 blocks in
     optimizer.step() -> synchronize(). Rank 0 prints "blocked in synchronize" first, so the test
@@ -62,5 +62,9 @@ for step in range(1000):
     F.cross_entropy(model(torch.randn(4, 10)), torch.randint(0, 2, (4,))).backward()
     if hvd.rank() == 0 and step == 2:
         print("blocked in synchronize pid=%d" % os.getpid(), flush=True)
-    opt.step()
+    try:
+        opt.step()
+    except hvd.HorovodInternalError as e:
+        print("rank %d saw: %s" % (hvd.rank(), e), flush=True)
+        raise
 print("FAIL: rank %d finished training" % hvd.rank(), flush=True)

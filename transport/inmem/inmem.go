@@ -25,9 +25,10 @@ const DefaultSlotBytes = 1 << 20
 type Option func(*config)
 
 type config struct {
-	slotBytes int
-	shared    bool
-	buffer    int
+	slotBytes      int
+	shared         bool
+	buffer         int
+	oversubscribed bool
 }
 
 // WithSlotBytes sets the length of every rank's shared slot (Shared.Slot). Small slots make
@@ -38,6 +39,11 @@ func WithSlotBytes(n int) Option { return func(c *config) { c.slotBytes = n } }
 // message-passing paths: Slot then returns nil (collectives treat an empty slot as "not shared")
 // and Barrier fails. Use Endpoint.Comm for a view that does not even satisfy transport.Shared.
 func WithoutShared() Option { return func(c *config) { c.shared = false } }
+
+// WithOversubscribed makes Shared.Oversubscribed report true, so that tests run the algorithms'
+// choices for hosts with more ranks than CPUs whatever this machine has. By default it reports
+// false.
+func WithOversubscribed() Option { return func(c *config) { c.oversubscribed = true } }
 
 // WithBuffer sets how many bytes each directed pipe buffers (default transport.MinBuffered).
 // Values below transport.MinBuffered break the Comm contract; they are allowed so that tests can
@@ -57,11 +63,12 @@ func New(size int, opts ...Option) []*Endpoint {
 		cfg.buffer = 1
 	}
 	g := &group{
-		size:   size,
-		shared: cfg.shared,
-		eps:    make([]*Endpoint, size),
-		pipes:  make([][]*pipe, size),
-		gone:   make(chan struct{}),
+		size:           size,
+		shared:         cfg.shared,
+		oversubscribed: cfg.oversubscribed,
+		eps:            make([]*Endpoint, size),
+		pipes:          make([][]*pipe, size),
+		gone:           make(chan struct{}),
 	}
 	g.bar.waiting = make([]int, 0, size)
 	if cfg.shared {
@@ -97,12 +104,13 @@ func New(size int, opts ...Option) []*Endpoint {
 }
 
 type group struct {
-	size   int
-	shared bool
-	eps    []*Endpoint
-	pipes  [][]*pipe // pipes[from][to]
-	slots  [][]byte
-	bar    barrier
+	size           int
+	shared         bool
+	oversubscribed bool
+	eps            []*Endpoint
+	pipes          [][]*pipe // pipes[from][to]
+	slots          [][]byte
+	bar            barrier
 
 	// gone is closed when the first endpoint is killed or closed, so that barrier waiters (who
 	// wait on everyone, not on one peer) wake up and look at who left.

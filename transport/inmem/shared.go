@@ -22,6 +22,9 @@ func (e *Endpoint) Slot(r int) []byte {
 	return e.g.slots[r]
 }
 
+// Oversubscribed reports what WithOversubscribed set: ranks here are goroutines, so CPUs say nothing.
+func (e *Endpoint) Oversubscribed() bool { return e.g.oversubscribed }
+
 // barrier is a counting barrier whose last arrival wakes the waiters through their own one-slot
 // channels, so that a barrier allocates nothing. The mutex orders memory: every arrival's writes
 // happen before the last arrival's unlock, which happens before each waiter's re-lock.

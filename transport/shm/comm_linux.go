@@ -226,6 +226,12 @@ func (c *comm) Slot(r int) []byte {
 	return c.g.mem[off : off+n : off+n]
 }
 
+// Oversubscribed reports whether the segment has more ranks than local rank 0 had CPUs to run on
+// when it created the segment: one answer for every rank, so algorithms may choose by it.
+func (c *comm) Oversubscribed() bool {
+	return uint32(c.g.size) > atomic.LoadUint32(c.g.u32(offHostCPUs))
+}
+
 // Barrier counts arrivals in one shared counter: the n-th Barrier of every rank completes once the
 // counter reaches n*Size, and the arrival that reaches it rings the barrier's doorbell. Because no
 // rank can start barrier n+1 before barrier n completed, the counter cannot reach n*Size early.

@@ -51,6 +51,11 @@ type Config struct {
 	// a quarter of 2-rank runs on the 2-core VM settled into ~100 µs per small allreduce instead
 	// of ~10 µs.
 	Spin time.Duration
+	// Yields is how many times a wait that does not spin yields its CPU (sched_yield) before it
+	// sleeps. Left 0 with the default Spin on a host whose ranks outnumber its CPUs, it is
+	// defaultYields (see engine.DefaultYields for the measurements); an explicit negative Spin
+	// keeps it 0, for callers that want no polling at all.
+	Yields int
 }
 
 const (
@@ -60,6 +65,7 @@ const (
 	defaultTimeout      = 30 * time.Second
 	defaultDir          = "/dev/shm"
 	defaultSpin         = 50 * time.Microsecond
+	defaultYields       = 32
 	pageBytes           = 4096
 	minMsgRingBytes     = pageBytes
 	maxRanks            = 4096
@@ -105,6 +111,9 @@ func (cfg Config) normalize() (Config, error) {
 		cfg.Spin = defaultSpin
 		if cfg.Size > runtime.NumCPU() {
 			cfg.Spin = -1
+			if cfg.Yields == 0 {
+				cfg.Yields = defaultYields
+			}
 		}
 	}
 	return cfg, nil
@@ -144,7 +153,8 @@ const (
 	offCreatorPid   = 48
 	offCreatorStart = 56
 	offReady        = 1 * cacheLine
-	offCreatorPidNS = offReady + 8 // pid namespace of the creator: its pid means nothing in another
+	offCreatorPidNS = offReady + 8  // pid namespace of the creator: its pid means nothing in another
+	offHostCPUs     = offReady + 16 // uint32: CPUs the creator could run on, so every rank judges oversubscription alike
 	offAttached     = 2 * cacheLine
 	offAbort        = 3 * cacheLine // uint32: 0, or 1 once the reason is written
 	offAbortRank    = offAbort + 4  // uint32: aborting rank + 1 (claimed by CAS before the reason is written)
@@ -173,7 +183,7 @@ const (
 	ctlTail           = 0
 	ctlHead           = cacheLine
 	segmentMagic      = 0x314d48534f4c4f4b // "KOLOSHM1" little-endian
-	segmentVersion    = 1
+	segmentVersion    = 2
 	stateAttached     = 1
 	stateCommClosed   = 2
 	stateMsgClosed    = 4

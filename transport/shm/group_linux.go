@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -141,6 +142,7 @@ func create(path string, lay layout) ([]byte, error) {
 	*u64(mem, offCreatorPid) = uint64(os.Getpid())
 	*u64(mem, offCreatorStart) = start
 	*u64(mem, offCreatorPidNS) = pidNamespace()
+	*u32(mem, offHostCPUs) = uint32(runtime.NumCPU())
 	atomic.StoreUint32(u32(mem, offReady), headerReadyMarker)
 	return mem, nil
 }
@@ -469,7 +471,7 @@ func (w *waiter) done() {
 func (w *waiter) wait(ready func() bool, gone func(procs bool) error) error {
 	if !w.spun {
 		w.spun = true
-		if spinUntil(ready, w.g.cfg.Spin) {
+		if spinUntil(ready, w.g.cfg.Spin, w.g.cfg.Yields) {
 			return nil
 		}
 	}

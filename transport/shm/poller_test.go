@@ -290,3 +290,23 @@ func TestPollerLongMessagesCross(t *testing.T) {
 		})
 	}
 }
+
+// Without a spin budget a wait yields its CPU up to yields times, polling after each, then gives up
+// (to sleep); with none it polls once.
+func TestSpinUntilYields(t *testing.T) {
+	for _, tc := range []struct {
+		yields, readyAt, wantPolls int
+		want                       bool
+	}{
+		{yields: 5, readyAt: 3, wantPolls: 3, want: true},
+		{yields: 2, readyAt: 4, wantPolls: 3, want: false},
+		{yields: 0, readyAt: 2, wantPolls: 1, want: false},
+	} {
+		polls := 0
+		got := spinUntil(func() bool { polls++; return polls >= tc.readyAt }, 0, tc.yields)
+		if got != tc.want || polls != tc.wantPolls {
+			t.Errorf("yields %d, ready at poll %d: got %v after %d polls, want %v after %d",
+				tc.yields, tc.readyAt, got, polls, tc.want, tc.wantPolls)
+		}
+	}
+}

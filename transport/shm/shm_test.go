@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -627,4 +628,27 @@ func deadPid(t *testing.T) int {
 	pid := p.Pid
 	p.Wait()
 	return pid
+}
+
+// Every rank reports the oversubscription local rank 0 saw when it created the segment, whatever
+// CPUs the others may run on.
+func TestOversubscribedIsRankZerosView(t *testing.T) {
+	cpus := runtime.NumCPU()
+	for _, size := range []int{1, cpus, cpus + 1} {
+		t.Run(fmt.Sprintf("ranks=%d", size), func(t *testing.T) {
+			gs := openAll(t, testConfig(t, size))
+			for r, g := range gs {
+				if got, want := g.Comm().(transport.Shared).Oversubscribed(), size > cpus; got != want {
+					t.Errorf("rank %d: Oversubscribed() = %v with %d ranks on %d CPUs", r, got, size, cpus)
+				}
+			}
+			// Rank 0 saw one CPU: every rank must say so, not judge by its own CPUs.
+			*gs[0].u32(offHostCPUs) = 1
+			for r, g := range gs {
+				if got := g.Comm().(transport.Shared).Oversubscribed(); got != (size > 1) {
+					t.Errorf("rank %d: Oversubscribed() = %v after rank 0 recorded 1 CPU for %d ranks", r, got, size)
+				}
+			}
+		})
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/kolo-dl/kolo/internal/spin"
 	"math"
 	"os"
 	"strconv"
@@ -69,12 +70,19 @@ func (b doorbell) kick() {
 	futexWakeAll(b.word)
 }
 
-// spinUntil polls ready for up to d. It reads the clock only every 64 polls.
-func spinUntil(ready func() bool, d time.Duration) bool {
+// spinUntil polls ready for up to d, or, when d <= 0, yields the CPU between polls up to yields
+// times. It reads the clock only every 64 polls.
+func spinUntil(ready func() bool, d time.Duration, yields int) bool {
 	if ready() {
 		return true
 	}
 	if d <= 0 {
+		for range yields {
+			spin.Yield()
+			if ready() {
+				return true
+			}
+		}
 		return false
 	}
 	start := time.Now()

@@ -50,8 +50,7 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
     """Copies root_rank's tensors into every rank's tensors, in place.
 
     params is a model's state_dict(), named_parameters(), or a list of tensors. Named tensors are
-    matched across ranks by name ("broadcast." + name is not added: the engine matches by the name
-    given); unnamed ones by kind, shape and order.
+    matched across ranks by name (as "broadcast." + name); unnamed ones by kind, shape and order.
     """
     handles = []
     for name, p in _named_tensors(params, "broadcast_parameters"):

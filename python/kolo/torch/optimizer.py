@@ -77,6 +77,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if groups is None or groups == 0:
             return {}
         params = self._requires_update
+        if not params:
+            return {}
         if isinstance(groups, int):
             if groups < 0:
                 raise ValueError("groups must be a non-negative int or a list of lists of "
@@ -112,8 +114,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*ignore):
-            handle = self._handles.get(p)
-            if handle is not None and handle[0] is not None and self._allreduce_delay[p] <= 0:
+            # The delay is reset only by synchronize(): at zero this gradient was already
+            # submitted this step (alone or in its group, whose handle is not under p).
+            if self._allreduce_delay[p] <= 0:
                 raise AssertionError(
                     "gradients were computed more than backward_passes_per_step times before "
                     "the call to step(); increase backward_passes_per_step to accumulate "
