@@ -122,10 +122,10 @@ func Init(opts ...Option) error {
 		o.world.Timeout = cfg.SetupTimeout
 	}
 	if o.world.Interface == "" {
-		o.world.Interface = o.env(jobenv.NetworkInterface)
-		if o.world.Interface == "" {
-			o.world.Interface = o.env("HOROVOD_GLOO_IFACE")
-		}
+		o.world.Interface, _ = jobenv.Interface(map[string]string{
+			jobenv.NetworkInterface:        o.env(jobenv.NetworkInterface),
+			jobenv.HorovodNetworkInterface: o.env(jobenv.HorovodNetworkInterface),
+		})
 	}
 	// kolo run, mpirun or srun: who started this process decides where the ranks meet.
 	hn, _ := os.Hostname()

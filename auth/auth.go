@@ -3,8 +3,9 @@
 //
 // The handshake is mutual HMAC-SHA256 challenge-response: each side sends a fresh random nonce, then
 // each answers with HMAC(secret, label || role || its own nonce || the peer's nonce). Roles differ
-// so that a reflected answer is rejected. It must stay cheap (one round trip) and must never log,
-// print or return the secret.
+// so that a reflected answer is rejected. JobSecret is the one place that decides where a process
+// finds the secret (flag, variables, files). It must stay cheap (one round trip) and must never
+// log or print the secret, nor put it in an error.
 package auth
 
 import (
@@ -22,8 +23,16 @@ import (
 	"time"
 )
 
-// SecretEnv is the environment variable through which the launcher hands the job secret to workers.
-const SecretEnv = "KOLO_SECRET"
+// Where a job secret may come from, beside kolo run's --secret-file (see JobSecret).
+const (
+	// SecretEnv is the environment variable through which the launcher hands the job secret to
+	// workers, and through which a user may give it.
+	SecretEnv = "KOLO_SECRET"
+	// SecretFileEnv names a file holding the job secret.
+	SecretFileEnv = "KOLO_SECRET_FILE"
+	// HorovodSecretEnv is Horovod's name for the secret, read for scripts started by tools that set it.
+	HorovodSecretEnv = "HOROVOD_SECRET_KEY"
+)
 
 // ErrDenied means the peer did not prove knowledge of the secret (or sent garbage).
 var ErrDenied = errors.New("authentication failed: peer does not know the job secret")
@@ -51,15 +60,41 @@ func NewSecret() (string, error) {
 	return hex.EncodeToString(b), nil
 }
 
-// SecretFromEnv reads the job secret from KOLO_SECRET (or HOROVOD_SECRET_KEY for scripts launched by
-// tools that set it). ok is false when neither is set.
-func SecretFromEnv() (secret []byte, ok bool) {
-	for _, k := range []string{SecretEnv, "HOROVOD_SECRET_KEY"} {
-		if v := strings.TrimSpace(os.Getenv(k)); v != "" {
-			return []byte(v), true
+// JobSecret is the one place that decides where a process's job secret comes from; the launcher
+// (kolo run --rendezvous) and the workers (package bootstrap) both ask it. The first source given
+// wins:
+//
+//  1. file, the path given to kolo run --secret-file: the command line beats the environment;
+//  2. KOLO_SECRET in env: kolo run hands its workers the secret there, so it must beat a
+//     KOLO_SECRET_FILE or HOROVOD_SECRET_KEY they inherit from the user's shell;
+//  3. the file named by KOLO_SECRET_FILE in env;
+//  4. HOROVOD_SECRET_KEY in env (kolo's own names beat Horovod's, as everywhere).
+//
+// A variable that is empty or only blanks is not given. A source that is given but unusable (a file
+// that cannot be read, or holds only blanks) is an error naming the source, never a reason to fall
+// through to the next one: a wrong mount must not quietly pick another secret. With no source it
+// returns nil and no error. from names the source ("--secret-file", "KOLO_SECRET", ...) for messages.
+func JobSecret(file string, env map[string]string) (secret []byte, from string, err error) {
+	readFile := func(from, path string) ([]byte, string, error) {
+		b, err := ReadSecretFile(path) // its errors name the path
+		if err != nil {
+			return nil, from, fmt.Errorf("%s: %w", from, err)
 		}
+		return b, from, nil
 	}
-	return nil, false
+	if file != "" {
+		return readFile("--secret-file", file)
+	}
+	if v := strings.TrimSpace(env[SecretEnv]); v != "" {
+		return []byte(v), SecretEnv, nil
+	}
+	if path := strings.TrimSpace(env[SecretFileEnv]); path != "" {
+		return readFile(SecretFileEnv, path)
+	}
+	if v := strings.TrimSpace(env[HorovodSecretEnv]); v != "" {
+		return []byte(v), HorovodSecretEnv, nil
+	}
+	return nil, "", nil
 }
 
 // ReadSecretFile reads a secret from a file (trailing whitespace ignored) and refuses an empty one.

@@ -42,6 +42,10 @@ def build(args, torch):
 
 
 def worker(args):
+    if args.bind:
+        # Before torch and the Go library start their threads, which inherit this mask.
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[int(os.environ.get("KOLO_RANK", "0")) % len(cpus)]})
     import torch
     import torch.nn.functional as F
     torch.set_num_threads(1)
@@ -111,7 +115,8 @@ def worker(args):
 
 def measure(setup, args, batch):
     common = ["--batch", str(batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
-              "--mlp-sizes", args.mlp_sizes, "--groups", str(args.groups)]
+              "--mlp-sizes", args.mlp_sizes, "--groups", str(args.groups)] + (
+                  ["--bind"] if args.bind else [])
     me = os.path.abspath(__file__)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if setup == "single":
@@ -195,6 +200,9 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--mlp-sizes", default="784,2048,2048,10")
     p.add_argument("--port", type=int, default=0, help="(worker) DDP's rendezvous port")
+    p.add_argument("--bind", action="store_true",
+                   help="pin rank r (every setup, all its threads) to the r-th CPU it may use, "
+                   "as mpirun --bind-to core does")
     p.add_argument("--json", help="also write the raw rates here")
     args = p.parse_args()
     if args.worker:

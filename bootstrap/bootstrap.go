@@ -74,7 +74,7 @@ func Join(ctx context.Context, env map[string]string, hostname string, opt Optio
 	if d.Job.Size == 1 {
 		return s, nil
 	}
-	secret, err := secretFrom(env)
+	secret, _, err := auth.JobSecret("", env) // nil when the user gave none
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: %w", d.Job.Rank, err)
 	}
@@ -97,7 +97,7 @@ func Join(ctx context.Context, env map[string]string, hostname string, opt Optio
 		file = filepath.Join(dir, s.Job.JobID)
 	}
 	if s.Job.Rank == 0 {
-		err = s.host(secret, file, env[jobenv.NetworkInterface], opt.Log)
+		err = s.host(secret, file, env, opt.Log)
 	} else if given {
 		s.Secret = secret
 	} else {
@@ -114,8 +114,9 @@ func Join(ctx context.Context, env map[string]string, hostname string, opt Optio
 }
 
 // host starts the rendezvous server of the job here and, unless every rank was given its address
-// and secret, publishes them in file.
-func (s *Session) host(secret []byte, file, ifaces string, log *slog.Logger) error {
+// and secret, publishes them in file. On several hosts it advertises the address of the interface
+// env names (jobenv.Interface, as every rank reads it), else this host's name.
+func (s *Session) host(secret []byte, file string, env map[string]string, log *slog.Logger) error {
 	j := &s.Job
 	generated := secret == nil
 	if generated {
@@ -137,6 +138,7 @@ func (s *Session) host(secret []byte, file, ifaces string, log *slog.Logger) err
 	_, port, _ := net.SplitHostPort(addr.String())
 	if advertise == "" {
 		host := j.Hostname // resolvable by the other nodes under Slurm and most MPI set-ups
+		ifaces, ifaceVar := jobenv.Interface(env)
 		switch {
 		case j.LocalSize == j.Size:
 			host = "127.0.0.1"
@@ -144,7 +146,7 @@ func (s *Session) host(secret []byte, file, ifaces string, log *slog.Logger) err
 			ip, _, err := netif.InterfaceIP(ifaces)
 			if err != nil {
 				srv.Close()
-				return fmt.Errorf("rank 0: %s: %w", jobenv.NetworkInterface, err)
+				return fmt.Errorf("rank 0: %s: %w", ifaceVar, err)
 			}
 			host = ip.String()
 		}
@@ -325,24 +327,6 @@ func listenAddr(j jobenv.Job) (listen, advertise string, err error) {
 		return j.Rendezvous, j.Rendezvous, nil
 	}
 	return net.JoinHostPort("", port), j.Rendezvous, nil
-}
-
-// secretFrom reads the secret the user gave: KOLO_SECRET (HOROVOD_SECRET_KEY) or KOLO_SECRET_FILE.
-// It is nil when none is given.
-func secretFrom(env map[string]string) ([]byte, error) {
-	for _, k := range []string{jobenv.Secret, "HOROVOD_SECRET_KEY"} {
-		if v := strings.TrimSpace(env[k]); v != "" {
-			return []byte(v), nil
-		}
-	}
-	if path := strings.TrimSpace(env[jobenv.SecretFile]); path != "" {
-		b, err := auth.ReadSecretFile(path)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", jobenv.SecretFile, err)
-		}
-		return b, nil
-	}
-	return nil, nil
 }
 
 func rendezvousDir(env map[string]string) (string, error) {

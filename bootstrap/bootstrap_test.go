@@ -284,24 +284,42 @@ func TestRendezvousDir(t *testing.T) {
 	}
 }
 
-// On several hosts rank 0 advertises its host name, or the address of KOLO_NETWORK_INTERFACE.
+// On several hosts rank 0 advertises its host name, or the address of KOLO_NETWORK_INTERFACE, else
+// of Horovod's HOROVOD_GLOO_IFACE, as every other rank reads them.
 func TestJoinAdvertisesInterface(t *testing.T) {
-	dir := t.TempDir()
-	env := func(r int) map[string]string {
-		return ompi(r, 2, dir, "OMPI_COMM_WORLD_LOCAL_RANK", "0", "OMPI_COMM_WORLD_LOCAL_SIZE", "1",
-			jobenv.NetworkInterface, "nosuch0,lo")
+	tests := []struct {
+		name    string
+		vars    []string // extra variables of every rank
+		wantErr string   // of rank 0 alone, when the interface is missing
+	}{
+		{"KOLO_NETWORK_INTERFACE", []string{jobenv.NetworkInterface, "nosuch0,lo"}, ""},
+		{"HOROVOD_GLOO_IFACE", []string{jobenv.HorovodNetworkInterface, "nosuch0,lo"}, ""},
+		{"KOLO_NETWORK_INTERFACE wins", []string{jobenv.NetworkInterface, "lo", jobenv.HorovodNetworkInterface, "nosuch0"}, ""},
+		{"missing KOLO_NETWORK_INTERFACE", []string{jobenv.NetworkInterface, "nosuch0"}, jobenv.NetworkInterface},
+		{"missing HOROVOD_GLOO_IFACE", []string{jobenv.HorovodNetworkInterface, "nosuch0"}, jobenv.HorovodNetworkInterface},
 	}
-	ss, errs := joinAll(t, []map[string]string{env(0), env(1)}, 0, 20*time.Second)
-	if errs[0] != nil || errs[1] != nil {
-		t.Fatal(errs)
-	}
-	defer ss[0].Close()
-	if !strings.HasPrefix(ss[1].Job.Rendezvous, "127.0.0.1:") || ss[0].Job.CrossSize != 0 {
-		t.Errorf("rank 1 got %q (cross size %d), want lo's address and the cross rank left to the rendezvous", ss[1].Job.Rendezvous, ss[0].Job.CrossSize)
-	}
-	bad := ompi(0, 2, t.TempDir(), "OMPI_COMM_WORLD_LOCAL_SIZE", "1", jobenv.NetworkInterface, "nosuch0")
-	if _, err := Join(context.Background(), bad, "node1", Options{Log: quiet}); err == nil || !strings.Contains(err.Error(), jobenv.NetworkInterface) {
-		t.Errorf("missing interface: %v", err)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			env := func(r int) map[string]string {
+				return ompi(r, 2, dir, append([]string{"OMPI_COMM_WORLD_LOCAL_RANK", "0", "OMPI_COMM_WORLD_LOCAL_SIZE", "1"}, tc.vars...)...)
+			}
+			if tc.wantErr != "" {
+				if _, err := Join(context.Background(), env(0), "node1", Options{Log: quiet}); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Errorf("rank 0: %v, want an error naming %s", err, tc.wantErr)
+				}
+				return
+			}
+			// node1 resolves nowhere: rank 1 finds rank 0 only at the interface's address.
+			ss, errs := joinAll(t, []map[string]string{env(0), env(1)}, 0, 3*time.Second)
+			if errs[0] != nil || errs[1] != nil {
+				t.Fatal(errs)
+			}
+			defer ss[0].Close()
+			if !strings.HasPrefix(ss[1].Job.Rendezvous, "127.0.0.1:") || ss[0].Job.CrossSize != 0 {
+				t.Errorf("rank 1 got %q (cross size %d), want lo's address and the cross rank left to the rendezvous", ss[1].Job.Rendezvous, ss[0].Job.CrossSize)
+			}
+		})
 	}
 }
 

@@ -2,7 +2,11 @@
 // Python package (python/kolo/_lib.py) loads with ctypes. Every function is a thin //export over the
 // root package kolo: tensors arrive as raw pointers (torch's data_ptr()) with a dtype and shape, ops
 // come back as integer handles that the caller polls, waits on in short slices (so that Python can
-// take KeyboardInterrupt between calls) and releases.
+// take KeyboardInterrupt between calls) and releases. Joining and leaving the job (init, shutdown)
+// wait on other ranks too, so they also return handles.
+//
+// Arguments are checked before use (args.go): a bad one is the function's ordinary error, never a
+// Go panic, which would kill the host process.
 //
 // Memory rules: pointers from the caller are C memory to Go, viewed with unsafe.Slice and valid
 // until the op's handle completes (the caller keeps the tensors alive); nothing here hands a Go
@@ -23,6 +27,7 @@ import "C"
 
 import (
 	"errors"
+	"fmt"
 	"sync"
 	"unsafe"
 
@@ -31,7 +36,9 @@ import (
 
 func main() {} // required by -buildmode=c-shared; never runs
 
-// lastErr is the error of the last failed call that has no handle to carry it (init, shutdown).
+// lastErr is the error of the last failed call that has no handle to carry it: a refused
+// argument, or a failed kolo_start_timeline. It is one per process, as errno is per thread: a caller
+// reads it right after the call that failed.
 var (
 	lastErrMu sync.Mutex
 	lastErr   string
@@ -48,59 +55,81 @@ func setLastErr(err error) C.int {
 	return -1
 }
 
-// putString copies s into buf (cap bytes, NUL-terminated when it fits) and returns len(s): the
-// caller retries with a larger buffer when the result is >= cap.
-func putString(s string, buf *C.char, capacity C.int) C.int {
-	if buf != nil && capacity > 0 {
-		dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(capacity))
+// putString copies s into buf (capacity bytes, NUL-terminated when it fits) and returns len(s):
+// the caller retries with a larger buffer when the result is >= capacity. buf may be NULL with
+// capacity 0, to ask for the length.
+func putString(s string, buf *C.char, capacity C.int) (C.int, error) {
+	dst, err := cArray[byte]("buf", "capacity", unsafe.Pointer(buf), int(capacity))
+	if err != nil {
+		return -1, err
+	}
+	if len(dst) > 0 {
 		n := copy(dst[:len(dst)-1], s)
 		dst[n] = 0
 	}
-	return C.int(len(s))
+	return C.int(len(s)), nil
 }
 
-// kolo_version writes the library's version (kolo.Version) into buf.
+// kolo_version writes the library's version (kolo.Version) into buf; -1 for a bad buffer.
 //
 //export kolo_version
 func kolo_version(buf *C.char, capacity C.int) C.int {
-	return putString(kolo.Version, buf, capacity)
+	n, err := putString(kolo.Version, buf, capacity)
+	if err != nil {
+		return setLastErr(fmt.Errorf("kolo_version: %w", err))
+	}
+	return n
 }
 
-// kolo_last_error writes the error of the last failed kolo_init or kolo_shutdown into buf.
+// kolo_last_error writes the error of the last call that failed without a handle to carry it
+// (every function that returns -1 on failure sets it) into buf; -1 for a bad buffer.
 //
 //export kolo_last_error
 func kolo_last_error(buf *C.char, capacity C.int) C.int {
 	lastErrMu.Lock()
 	defer lastErrMu.Unlock()
-	return putString(lastErr, buf, capacity)
+	n, err := putString(lastErr, buf, capacity)
+	if err != nil {
+		return -1 // lastErr is what the caller is reading: leave it
+	}
+	return n
 }
 
-// kolo_init joins the job the launcher started this process in (kolo.Init). 0 on success, -1 with
-// the reason in kolo_last_error.
+// kolo_init_async starts joining the job the launcher started this process in (kolo.Init) and
+// returns a handle, as kolo_enqueue does: joining waits for the other ranks, up to the setup
+// timeout, so the caller waits on the handle in short slices (kolo_wait) and can be interrupted
+// meanwhile. Init goes on regardless: a caller that stopped waiting waits on the handle again
+// before it calls kolo_init_async or kolo_shutdown_async, which would race it.
 //
-//export kolo_init
-func kolo_init() C.int {
-	return setLastErr(kolo.Init())
+//export kolo_init_async
+func kolo_init_async() C.int64_t {
+	return issued(&op{call: startCall(func() error { return kolo.Init() })})
 }
 
-// kolo_shutdown waits for every rank to reach shutdown, then leaves the job (kolo.Shutdown).
-// Handles not yet released stay valid for kolo_error and kolo_release.
+// kolo_shutdown_async starts leaving the job (kolo.Shutdown: it waits for every rank to reach
+// shutdown, up to a timeout) and returns a handle to wait on, as kolo_init_async does. Handles not
+// yet released stay valid for kolo_error and kolo_release.
 //
-//export kolo_shutdown
-func kolo_shutdown() C.int {
-	return setLastErr(kolo.Shutdown())
+//export kolo_shutdown_async
+func kolo_shutdown_async() C.int64_t {
+	return issued(&op{call: startCall(kolo.Shutdown)})
 }
 
-// kolo_abort tells every rank that this one failed, with reason (len bytes, not NUL-terminated),
-// so that their ops fail with it rather than with "rank N lost" (kolo.Abort).
+// kolo_abort tells every rank that this one failed, with reason (length bytes, not
+// NUL-terminated), so that their ops fail with it rather than with "rank N lost" (kolo.Abort).
+// 0, or -1 with kolo_last_error for a bad argument.
 //
 //export kolo_abort
-func kolo_abort(reason *C.char, length C.int) {
-	msg := C.GoStringN(reason, length)
+func kolo_abort(reason *C.char, length C.int) C.int {
+	msg, err := cString("reason", "length", unsafe.Pointer(reason), int(length))
+	if err != nil {
+		return setLastErr(fmt.Errorf("kolo_abort: %w", err))
+	}
 	if msg == "" {
 		msg = "aborted"
 	}
 	kolo.Abort(errors.New(msg))
+	return 0
 }
 
 //export kolo_is_initialized

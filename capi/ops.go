@@ -15,7 +15,6 @@ import (
 	"unsafe"
 
 	"github.com/kolo-dl/kolo"
-	"github.com/kolo-dl/kolo/dtype"
 )
 
 // Op kinds as the C ABI numbers them: negotiate.OpKind's values.
@@ -31,25 +30,59 @@ const (
 
 // Results of kolo_poll and kolo_wait.
 const (
-	statusUnknown = -1 // no such handle (never issued, or released)
+	statusUnknown = -1 // no such handle (never issued, or released), or a refused argument
 	statusPending = 0
 	statusOK      = 1
 	statusFailed  = 2
 )
 
 // op is one entry of the handle table: an op in flight or completed, until the caller releases it.
+// Exactly one of h, err and call is set.
 type op struct {
-	h   *kolo.Handle
-	err error // the arguments were rejected here, before reaching kolo (h is nil)
+	h    *kolo.Handle
+	err  error // the arguments were rejected here, before reaching kolo
+	call *call // a blocking library call (init, shutdown) on its own goroutine
 }
 
-func (o *op) done() bool { return o.h == nil || o.h.Poll() }
+// call is a blocking kolo function running on its own goroutine, so that the caller can wait for
+// it in slices as it waits for ops.
+type call struct {
+	done chan struct{}
+	err  error // set before done closes
+}
+
+func startCall(f func() error) *call {
+	c := &call{done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		c.err = f()
+	}()
+	return c
+}
+
+func (o *op) done() bool {
+	switch {
+	case o.h != nil:
+		return o.h.Poll()
+	case o.call != nil:
+		select {
+		case <-o.call.done:
+			return true
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 func (o *op) failure() error {
-	if o.h == nil {
-		return o.err
+	switch {
+	case o.h != nil:
+		return o.h.Err()
+	case o.call != nil:
+		return o.call.err
 	}
-	return o.h.Err()
+	return o.err
 }
 
 func (o *op) status() C.int {
@@ -60,6 +93,25 @@ func (o *op) status() C.int {
 		return statusFailed
 	}
 	return statusOK
+}
+
+// wait waits up to d for o, driving the engine meanwhile when o is a collective.
+func (o *op) wait(d time.Duration) {
+	if d <= 0 || o.done() {
+		return
+	}
+	if o.call != nil {
+		t := time.NewTimer(d)
+		select {
+		case <-o.call.done:
+		case <-t.C:
+		}
+		t.Stop()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	_ = o.h.Wait(ctx) // its error, if any, is the op's (kolo_error) or the timeout (status says)
+	cancel()
 }
 
 // handles maps the integer handles the caller holds to ops. Ids start at 1 and are never reused.
@@ -77,10 +129,36 @@ func addOp(o *op) int64 {
 	return handles.next
 }
 
-func lookup(h C.int64_t) *op {
+func lookup(id int64) *op {
 	handles.Lock()
 	defer handles.Unlock()
-	return handles.m[int64(h)]
+	return handles.m[id]
+}
+
+func release(id int64) {
+	handles.Lock()
+	delete(handles.m, id)
+	handles.Unlock()
+}
+
+// errUnknownHandle says a handle was never issued or was released already.
+var errUnknownHandle = errors.New("unknown handle (never issued, or released already)")
+
+// completed is the kolo handle of op h, which must have completed successfully and be a
+// collective or process-set change (init and shutdown have no result to read).
+func completed(h C.int64_t) (*kolo.Handle, error) {
+	o := lookup(int64(h))
+	switch {
+	case o == nil:
+		return nil, fmt.Errorf("handle %d: %w", int64(h), errUnknownHandle)
+	case o.status() == statusPending:
+		return nil, fmt.Errorf("handle %d: still running", int64(h))
+	case o.status() == statusFailed:
+		return nil, fmt.Errorf("handle %d failed: %w", int64(h), o.failure())
+	case o.h == nil:
+		return nil, fmt.Errorf("handle %d has no result (it is an init or shutdown)", int64(h))
+	}
+	return o.h, nil
 }
 
 // issued returns the handle for o: negative when o failed at once (the caller raises at the call
@@ -93,146 +171,151 @@ func issued(o *op) C.int64_t {
 	return C.int64_t(id)
 }
 
-// view is the caller's memory at p as n bytes (nil p only for empty tensors).
-func view(p unsafe.Pointer, n int64) ([]byte, error) {
-	if n == 0 {
-		return []byte{}, nil
-	}
-	if p == nil {
-		return nil, fmt.Errorf("null data pointer for %d bytes", n)
-	}
-	return unsafe.Slice((*byte)(p), n), nil
-}
-
-// int64s copies n int64s from C memory: kolo keeps shapes and splits after the call returns.
-func int64s(p *C.int64_t, n C.int) []int64 {
-	if p == nil || n <= 0 {
-		return nil
-	}
-	return append([]int64(nil), unsafe.Slice((*int64)(unsafe.Pointer(p)), int(n))...)
-}
-
-// tensor builds a kolo.Tensor over the caller's memory. Malformed shapes are left for kolo's checks
-// to report, with an empty view so that no slice ever claims more memory than the tensor has.
-func tensor(p unsafe.Pointer, dt dtype.DType, shape []int64) (kolo.Tensor, error) {
-	t := kolo.Tensor{DType: dt, Shape: shape}
-	if t.Shape == nil {
-		t.Shape = []int64{}
-	}
-	n := int64(t.DType.Size())
-	for _, d := range t.Shape {
-		if d < 0 || (d > 0 && n > math.MaxInt64/d) {
-			n = 0
-			break
-		}
-		n *= d
-	}
-	if t.DType.Size() == 0 || n == 0 && t.NumElements() != 0 {
-		t.Data = []byte{}
-		return t, nil
-	}
-	var err error
-	t.Data, err = view(p, n)
-	return t, err
-}
-
 // options turns the scale factors and process set into kolo options.
-func options(prescale, postscale C.double, processSet C.int) ([]kolo.OpOption, error) {
+func options(prescale, postscale float64, processSet int) ([]kolo.OpOption, error) {
+	if err := notNegative("processSet", processSet); err != nil {
+		return nil, err
+	}
 	var opts []kolo.OpOption
 	if processSet != 0 {
-		opts = append(opts, kolo.InProcessSetID(int(processSet)))
+		opts = append(opts, kolo.InProcessSetID(processSet))
 	}
 	if prescale != 1 {
-		opts = append(opts, kolo.Prescale(float64(prescale)))
+		opts = append(opts, kolo.Prescale(prescale))
 	}
 	if postscale != 1 {
-		opts = append(opts, kolo.Postscale(float64(postscale)))
+		opts = append(opts, kolo.Postscale(postscale))
 	}
 	return opts, nil
 }
 
 // kolo_enqueue submits one op and returns its handle: positive, or negative when the op failed at
-// once (kolo_error has why; release it either way). in and out stay the caller's: they must live,
-// untouched, until the handle completes. out is used by allreduce and broadcast (it may be in);
-// allgather, alltoall and reducescatter allocate their result (kolo_result). splits (alltoall) may
-// be null for an even split. op is horovod's numbering (Average=0, Sum=1, Min=3, Max=4,
-// Product=5); name may be empty, for a name derived from what the op is.
+// once (kolo_error has why, a refused argument included; release it either way). in and out stay
+// the caller's: they must live, untouched, until the handle completes. out is used by allreduce
+// and broadcast (it may be in); allgather, alltoall and reducescatter allocate their result
+// (kolo_result). splits (alltoall) may be null for an even split. op is horovod's numbering
+// (Average=0, Sum=1, Min=3, Max=4, Product=5) and must be one of them for every kind, as root must
+// be a rank (>= 0); barrier and join read no tensor, and ignore in, out, dt and shape. name may be
+// empty, for a name derived from what the op is.
 //
 //export kolo_enqueue
 func kolo_enqueue(kind C.int, name *C.char, nameLen C.int, in, out unsafe.Pointer, dt C.int,
 	shape *C.int64_t, ndim C.int, reduceOp C.int, root C.int, prescale, postscale C.double,
 	splits *C.int64_t, nsplits C.int, processSet C.int) C.int64_t {
-	o := enqueue(int(kind), goName(name, nameLen), in, out, dt, int64s(shape, ndim), kolo.Op(reduceOp),
-		int(root), prescale, postscale, int64s(splits, nsplits), splits != nil, processSet)
-	return issued(o)
+	return issued(enqueue(enqueueArgs{
+		kind: int(kind), name: unsafe.Pointer(name), nameLen: int(nameLen), in: in, out: out,
+		dtype: int(dt), shape: unsafe.Pointer(shape), ndim: int(ndim), op: int(reduceOp), root: int(root),
+		prescale: float64(prescale), postscale: float64(postscale), splits: unsafe.Pointer(splits),
+		nsplits: int(nsplits), processSet: int(processSet),
+	}))
 }
 
-func goName(p *C.char, n C.int) string {
-	if p == nil || n <= 0 {
-		return ""
-	}
-	return C.GoStringN(p, n)
+// enqueueArgs are kolo_enqueue's arguments, unchecked, in Go types.
+type enqueueArgs struct {
+	kind                int
+	name                unsafe.Pointer
+	nameLen             int
+	in, out             unsafe.Pointer
+	dtype               int
+	shape               unsafe.Pointer
+	ndim                int
+	op, root            int
+	prescale, postscale float64
+	splits              unsafe.Pointer
+	nsplits             int
+	processSet          int
 }
 
-func enqueue(kind int, name string, in, out unsafe.Pointer, dt C.int, shape []int64, reduceOp kolo.Op,
-	root int, prescale, postscale C.double, splits []int64, haveSplits bool, processSet C.int) *op {
-	opts, err := options(prescale, postscale, processSet)
+func enqueue(a enqueueArgs) *op {
+	name, err := cString("name", "nameLen", a.name, a.nameLen)
 	if err != nil {
-		return &op{err: err}
+		return &op{err: fmt.Errorf("kolo_enqueue: %w", err)}
+	}
+	fail := func(err error) *op { return &op{err: fmt.Errorf("kolo_enqueue %q: %w", name, err)} }
+	if err := cKind("kind", a.kind); err != nil {
+		return fail(err)
+	}
+	reduceOp, err := cReduceOp("reduceOp", a.op)
+	if err != nil {
+		return fail(err)
+	}
+	if err := notNegative("root", a.root); err != nil {
+		return fail(err)
+	}
+	opts, err := options(a.prescale, a.postscale, a.processSet)
+	if err != nil {
+		return fail(err)
 	}
 	var t, o kolo.Tensor
-	if kind != kindBarrier && kind != kindJoin {
-		if t, err = tensor(in, dtype.DType(dt), shape); err != nil {
-			return &op{err: fmt.Errorf("%q input: %w", name, err)}
+	if a.kind != kindBarrier && a.kind != kindJoin {
+		dt, err := cDType("dt", a.dtype)
+		if err != nil {
+			return fail(err)
+		}
+		shape, err := cInt64s("shape", "ndim", a.shape, a.ndim)
+		if err != nil {
+			return fail(err)
+		}
+		if t, err = cTensor("in", a.in, dt, shape); err != nil {
+			return fail(err)
 		}
 		o = t
-		if out != in && (kind == kindAllreduce || kind == kindBroadcast) {
-			if o, err = tensor(out, dtype.DType(dt), shape); err != nil {
-				return &op{err: fmt.Errorf("%q output: %w", name, err)}
+		if a.out != a.in && (a.kind == kindAllreduce || a.kind == kindBroadcast) {
+			if o, err = cTensor("out", a.out, dt, shape); err != nil {
+				return fail(err)
 			}
 		}
 	}
-	switch kind {
+	var splits []int64
+	if a.kind == kindAlltoall && a.splits != nil {
+		if splits, err = cInt64s("splits", "nsplits", a.splits, a.nsplits); err != nil {
+			return fail(err)
+		}
+		if splits == nil {
+			splits = []int64{} // zero ranks' worth, which kolo rejects with a message
+		}
+	}
+	switch a.kind {
 	case kindAllreduce:
 		return &op{h: kolo.AllreduceAsync(name, t, o, reduceOp, opts...)}
 	case kindAllgather:
 		return &op{h: kolo.AllgatherAsync(name, t, opts...)}
 	case kindBroadcast:
-		if out != in && len(t.Data) > 0 {
+		if a.out != a.in && len(t.Data) > 0 {
 			copy(o.Data, t.Data) // broadcast works in place: out starts as this rank's input
 		}
-		return &op{h: kolo.BroadcastAsync(name, o, root, opts...)}
+		return &op{h: kolo.BroadcastAsync(name, o, a.root, opts...)}
 	case kindAlltoall:
-		if haveSplits && splits == nil {
-			splits = []int64{} // zero ranks' worth, which kolo rejects with a message
-		}
 		return &op{h: kolo.AlltoallAsync(name, t, splits, opts...)}
 	case kindReduceScatter:
 		return &op{h: kolo.ReduceScatterAsync(name, t, reduceOp, opts...)}
 	case kindBarrier:
 		return &op{h: kolo.BarrierAsync(opts...)}
-	case kindJoin:
-		return &op{h: kolo.JoinAsync()}
 	}
-	return &op{err: fmt.Errorf("unknown op kind %d", kind)}
+	return &op{h: kolo.JoinAsync()}
 }
 
 // kolo_enqueue_group submits n ops of one kind (allreduce, allgather or reducescatter) that every
 // rank releases together (horovod's grouped ops), writing their handles into handles[0..n). Member i
 // reads ins[i], of dtypes[i] and shape shapes[off_i .. off_i+ndims[i]) (the shapes concatenated),
 // and, for allreduce, writes outs[i]. It returns 0, or -1 when the group failed at once: then every
-// handle carries the error.
+// handle carries the error. With no handles to carry it (n negative, or handles null) it returns
+// -1 with the error in kolo_last_error.
 //
 //export kolo_enqueue_group
 func kolo_enqueue_group(kind C.int, name *C.char, nameLen C.int, n C.int, ins, outs *unsafe.Pointer,
 	dtypes *C.int, shapes *C.int64_t, ndims *C.int, reduceOp C.int, prescale, postscale C.double,
 	processSet C.int, handles *C.int64_t) C.int {
-	if n <= 0 {
-		return 0
+	dst, err := cArray[C.int64_t]("handles", "n", unsafe.Pointer(handles), int(n))
+	if err != nil {
+		return setLastErr(fmt.Errorf("kolo_enqueue_group: %w", err))
 	}
-	ops := enqueueGroup(int(kind), goName(name, nameLen), int(n), ins, outs, dtypes, shapes, ndims,
-		kolo.Op(reduceOp), prescale, postscale, processSet)
-	dst := unsafe.Slice((*C.int64_t)(unsafe.Pointer(handles)), int(n))
+	ops := enqueueGroup(groupArgs{
+		kind: int(kind), name: unsafe.Pointer(name), nameLen: int(nameLen), n: int(n),
+		ins: unsafe.Pointer(ins), outs: unsafe.Pointer(outs), dtypes: unsafe.Pointer(dtypes),
+		shapes: unsafe.Pointer(shapes), ndims: unsafe.Pointer(ndims), op: int(reduceOp),
+		prescale: float64(prescale), postscale: float64(postscale), processSet: int(processSet),
+	})
 	status := C.int(0)
 	for i, o := range ops {
 		dst[i] = issued(o)
@@ -243,63 +326,105 @@ func kolo_enqueue_group(kind C.int, name *C.char, nameLen C.int, n C.int, ins, o
 	return status
 }
 
-func enqueueGroup(kind int, name string, n int, ins, outs *unsafe.Pointer, dtypes *C.int,
-	shapes *C.int64_t, ndims *C.int, reduceOp kolo.Op, prescale, postscale C.double, processSet C.int) []*op {
-	ops := make([]*op, n)
+// groupArgs are kolo_enqueue_group's arguments, unchecked, in Go types (the handles excepted).
+type groupArgs struct {
+	kind                  int
+	name                  unsafe.Pointer
+	nameLen, n            int
+	ins, outs             unsafe.Pointer // n pointers each
+	dtypes, shapes, ndims unsafe.Pointer // n C ints, sum(ndims) int64s, n C ints
+	op                    int
+	prescale, postscale   float64
+	processSet            int
+}
+
+// enqueueGroup returns the group's n ops (n >= 0): all of them failed with one error when an
+// argument was refused, since the other members would wait for a malformed one forever.
+func enqueueGroup(a groupArgs) []*op {
+	ops := make([]*op, a.n)
+	name, err := cString("name", "nameLen", a.name, a.nameLen)
 	fail := func(err error) []*op {
 		for i := range ops {
-			ops[i] = &op{err: err}
+			ops[i] = &op{err: fmt.Errorf("kolo_enqueue_group %q: %w", name, err)}
 		}
 		return ops
 	}
-	opts, err := options(prescale, postscale, processSet)
 	if err != nil {
 		return fail(err)
 	}
-	if ins == nil || dtypes == nil || ndims == nil || (kind == kindAllreduce && outs == nil) {
-		return fail(errors.New("grouped op: null argument array"))
+	switch a.kind {
+	case kindAllreduce, kindAllgather, kindReduceScatter:
+	default:
+		if err := cKind("kind", a.kind); err != nil {
+			return fail(err)
+		}
+		return fail(&argError{"kind", a.kind, "cannot be grouped (allreduce 1, allgather 2 and reducescatter 5 can)"})
 	}
-	inPtrs := unsafe.Slice(ins, n)
+	reduceOp, err := cReduceOp("reduceOp", a.op)
+	if err != nil {
+		return fail(err)
+	}
+	opts, err := options(a.prescale, a.postscale, a.processSet)
+	if err != nil {
+		return fail(err)
+	}
+	inPtrs, err := cArray[unsafe.Pointer]("ins", "n", a.ins, a.n)
+	if err != nil {
+		return fail(err)
+	}
 	var outPtrs []unsafe.Pointer
-	if outs != nil {
-		outPtrs = unsafe.Slice(outs, n)
+	if a.kind == kindAllreduce {
+		if outPtrs, err = cArray[unsafe.Pointer]("outs", "n", a.outs, a.n); err != nil {
+			return fail(err)
+		}
 	}
-	dts := unsafe.Slice(dtypes, n)
-	nds := unsafe.Slice(ndims, n)
+	dts, err := cArray[int32]("dtypes", "n", a.dtypes, a.n)
+	if err != nil {
+		return fail(err)
+	}
+	nds, err := cArray[int32]("ndims", "n", a.ndims, a.n)
+	if err != nil {
+		return fail(err)
+	}
 	total := 0
-	for _, d := range nds {
+	for i, d := range nds {
+		if d < 0 {
+			return fail(&argError{fmt.Sprintf("ndims[%d]", i), d, "negative"})
+		}
 		total += int(d)
 	}
-	var all []int64
-	if total > 0 {
-		all = unsafe.Slice((*int64)(unsafe.Pointer(shapes)), total)
+	all, err := cInt64s("shapes", "sum of ndims", a.shapes, total)
+	if err != nil {
+		return fail(err)
 	}
-	tin := make([]kolo.Tensor, n)
-	tout := make([]kolo.Tensor, n)
+	tin := make([]kolo.Tensor, a.n)
+	tout := make([]kolo.Tensor, a.n)
 	off := 0
-	for i := range n {
-		shape := append([]int64{}, all[off:off+int(nds[i])]...)
+	for i := range a.n {
+		shape := all[off : off+int(nds[i]) : off+int(nds[i])]
 		off += int(nds[i])
-		if tin[i], err = tensor(inPtrs[i], dtype.DType(dts[i]), shape); err != nil {
-			return fail(fmt.Errorf("grouped op %q, tensor %d input: %w", name, i, err))
+		dt, err := cDType(fmt.Sprintf("dtypes[%d]", i), int(dts[i]))
+		if err != nil {
+			return fail(err)
+		}
+		if tin[i], err = cTensor(fmt.Sprintf("ins[%d]", i), inPtrs[i], dt, shape); err != nil {
+			return fail(fmt.Errorf("tensor %d: %w", i, err))
 		}
 		tout[i] = tin[i]
-		if kind == kindAllreduce && outPtrs[i] != inPtrs[i] {
-			if tout[i], err = tensor(outPtrs[i], dtype.DType(dts[i]), shape); err != nil {
-				return fail(fmt.Errorf("grouped op %q, tensor %d output: %w", name, i, err))
+		if a.kind == kindAllreduce && outPtrs[i] != inPtrs[i] {
+			if tout[i], err = cTensor(fmt.Sprintf("outs[%d]", i), outPtrs[i], dt, shape); err != nil {
+				return fail(fmt.Errorf("tensor %d: %w", i, err))
 			}
 		}
 	}
 	var hs []*kolo.Handle
-	switch kind {
+	switch a.kind {
 	case kindAllreduce:
 		hs = kolo.AllreduceGroupAsync(name, tin, tout, reduceOp, opts...)
 	case kindAllgather:
 		hs = kolo.AllgatherGroupAsync(name, tin, opts...)
 	case kindReduceScatter:
 		hs = kolo.ReduceScatterGroupAsync(name, tin, reduceOp, opts...)
-	default:
-		return fail(fmt.Errorf("grouped op %q: kind %d cannot be grouped (allreduce, allgather and reducescatter can)", name, kind))
 	}
 	for i, h := range hs {
 		ops[i] = &op{h: h}
@@ -307,72 +432,93 @@ func enqueueGroup(kind int, name string, n int, ins, outs *unsafe.Pointer, dtype
 	return ops
 }
 
+// Results of kolo_poll and kolo_wait, and every function that reads a completed op, are -1 for an
+// unknown handle or a refused argument, with why in kolo_last_error.
+
+// unknown records that h is not a handle, for kolo_last_error, and returns -1.
+func unknown(fn string, h C.int64_t) C.int {
+	return setLastErr(fmt.Errorf("%s: handle %d: %w", fn, int64(h), errUnknownHandle))
+}
+
 // kolo_poll is 1 when the op completed successfully, 2 when it failed, 0 while it runs, -1 for an
 // unknown handle.
 //
 //export kolo_poll
 func kolo_poll(h C.int64_t) C.int {
-	o := lookup(h)
+	o := lookup(int64(h))
 	if o == nil {
-		return statusUnknown
+		return unknown("kolo_poll", h)
 	}
 	return o.status()
 }
 
-// kolo_wait waits up to timeoutUS microseconds for the op, driving the engine meanwhile, and
+// kolo_wait waits up to timeoutUS microseconds (>= 0) for the op, driving the engine meanwhile, and
 // returns what kolo_poll would. Callers loop on short waits, so that a signal (Ctrl-C in Python)
-// is handled between calls; an op that completes within the wait returns at once. With release
-// set, a handle that completed successfully is released (saving a call when there is no result
-// to fetch).
+// is handled between calls; an op that completes within the wait returns at once. With releaseOK
+// set, a handle that completed successfully is released (saving a call when there is no result to
+// fetch).
 //
 //export kolo_wait
-func kolo_wait(h C.int64_t, timeoutUS C.int64_t, release C.int) C.int {
-	o := lookup(h)
+func kolo_wait(h C.int64_t, timeoutUS C.int64_t, releaseOK C.int) C.int {
+	if err := notNegative("timeoutUS", int64(timeoutUS)); err != nil {
+		return setLastErr(fmt.Errorf("kolo_wait: %w", err))
+	}
+	o := lookup(int64(h))
 	if o == nil {
-		return statusUnknown
+		return unknown("kolo_wait", h)
 	}
-	if !o.done() && timeoutUS > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(timeoutUS)*time.Microsecond)
-		_ = o.h.Wait(ctx) // its error, if any, is the op's (kolo_error) or the timeout (status says)
-		cancel()
+	d := time.Duration(math.MaxInt64)
+	if int64(timeoutUS) < int64(d/time.Microsecond) {
+		d = time.Duration(timeoutUS) * time.Microsecond
 	}
+	o.wait(d)
 	st := o.status()
-	if st == statusOK && release != 0 {
-		kolo_release(h)
+	if st == statusOK && releaseOK != 0 {
+		release(int64(h))
 	}
 	return st
 }
 
 // kolo_error writes the failed op's error into buf and returns its length (0 while the op runs
-// or when it succeeded, -1 for an unknown handle).
+// or when it succeeded, -1 for an unknown handle or a bad buffer).
 //
 //export kolo_error
 func kolo_error(h C.int64_t, buf *C.char, capacity C.int) C.int {
-	o := lookup(h)
+	o := lookup(int64(h))
 	if o == nil {
-		return statusUnknown
+		return unknown("kolo_error", h)
 	}
-	if !o.done() || o.failure() == nil {
-		return 0
+	msg := ""
+	if o.done() && o.failure() != nil {
+		msg = o.failure().Error()
 	}
-	return putString(o.failure().Error(), buf, capacity)
+	n, err := putString(msg, buf, capacity)
+	if err != nil {
+		return setLastErr(fmt.Errorf("kolo_error: %w", err))
+	}
+	return n
 }
 
 // kolo_result writes the shape of a completed allgather, alltoall or reducescatter result into
-// shape (ndim entries: the input's rank) and returns its size in bytes; -1 for an unknown handle or
-// an op not completed successfully.
+// shape (ndim entries, at least the result's rank, which is the input's; shape may be NULL with
+// ndim 0) and returns its size in bytes; -1 for an unknown handle, an op not completed
+// successfully or a bad argument.
 //
 //export kolo_result
 func kolo_result(h C.int64_t, shape *C.int64_t, ndim C.int) C.int64_t {
-	o := lookup(h)
-	if o == nil || o.status() != statusOK {
-		return -1
+	kh, err := completed(h)
+	if err != nil {
+		return C.int64_t(setLastErr(fmt.Errorf("kolo_result: %w", err)))
 	}
-	t := o.h.Tensor()
-	if shape != nil && ndim > 0 {
-		dst := unsafe.Slice((*int64)(unsafe.Pointer(shape)), int(ndim))
-		copy(dst, t.Shape)
+	t := kh.Tensor()
+	dst, err := cArray[int64]("shape", "ndim", unsafe.Pointer(shape), int(ndim))
+	if err == nil && dst != nil && len(dst) < len(t.Shape) {
+		err = &argError{"ndim", int(ndim), fmt.Sprintf("the result has %d dimensions", len(t.Shape))}
 	}
+	if err != nil {
+		return C.int64_t(setLastErr(fmt.Errorf("kolo_result: %w", err)))
+	}
+	copy(dst, t.Shape)
 	return C.int64_t(len(t.Data))
 }
 
@@ -381,34 +527,39 @@ func kolo_result(h C.int64_t, shape *C.int64_t, ndim C.int) C.int64_t {
 //
 //export kolo_result_copy
 func kolo_result_copy(h C.int64_t, dst unsafe.Pointer, nbytes C.int64_t) C.int64_t {
-	o := lookup(h)
-	if o == nil || o.status() != statusOK {
-		return -1
+	kh, err := completed(h)
+	if err != nil {
+		return C.int64_t(setLastErr(fmt.Errorf("kolo_result_copy: %w", err)))
 	}
-	data := o.h.Tensor().Data
-	if int64(len(data)) != int64(nbytes) {
-		return -1
+	data := kh.Tensor().Data
+	if int64(nbytes) != int64(len(data)) {
+		return C.int64_t(setLastErr(fmt.Errorf("kolo_result_copy: %w",
+			&argError{"nbytes", int64(nbytes), fmt.Sprintf("the result has %d bytes", len(data))})))
 	}
-	if len(data) > 0 {
-		copy(unsafe.Slice((*byte)(dst), len(data)), data)
+	out, err := cArray[byte]("dst", "nbytes", dst, len(data))
+	if err != nil {
+		return C.int64_t(setLastErr(fmt.Errorf("kolo_result_copy: %w", err)))
 	}
+	copy(out, data)
 	return nbytes
 }
 
 // kolo_recv_splits copies, for a completed alltoall, the rows received from each rank into dst
-// (up to n) and returns how many ranks there are; -1 for an unknown handle or an op not completed
-// successfully.
+// (up to n; dst may be NULL with n 0) and returns how many ranks there are; -1 for an unknown
+// handle, an op not completed successfully or a bad argument.
 //
 //export kolo_recv_splits
 func kolo_recv_splits(h C.int64_t, dst *C.int64_t, n C.int) C.int {
-	o := lookup(h)
-	if o == nil || o.status() != statusOK {
-		return -1
+	kh, err := completed(h)
+	if err != nil {
+		return setLastErr(fmt.Errorf("kolo_recv_splits: %w", err))
 	}
-	splits := o.h.RecvSplits()
-	if dst != nil && n > 0 {
-		copy(unsafe.Slice((*int64)(unsafe.Pointer(dst)), int(n)), splits)
+	out, err := cArray[int64]("dst", "n", unsafe.Pointer(dst), int(n))
+	if err != nil {
+		return setLastErr(fmt.Errorf("kolo_recv_splits: %w", err))
 	}
+	splits := kh.RecvSplits()
+	copy(out, splits)
 	return C.int(len(splits))
 }
 
@@ -416,11 +567,11 @@ func kolo_recv_splits(h C.int64_t, dst *C.int64_t, n C.int) C.int {
 //
 //export kolo_join_last
 func kolo_join_last(h C.int64_t) C.int {
-	o := lookup(h)
-	if o == nil || o.status() != statusOK {
-		return -1
+	kh, err := completed(h)
+	if err != nil {
+		return setLastErr(fmt.Errorf("kolo_join_last: %w", err))
 	}
-	return C.int(o.h.JoinLast())
+	return C.int(kh.JoinLast())
 }
 
 // kolo_release forgets a handle and the result it holds. Releasing an op still in flight is
@@ -428,11 +579,7 @@ func kolo_join_last(h C.int64_t) C.int {
 // unobserved.
 //
 //export kolo_release
-func kolo_release(h C.int64_t) {
-	handles.Lock()
-	delete(handles.m, int64(h))
-	handles.Unlock()
-}
+func kolo_release(h C.int64_t) { release(int64(h)) }
 
 // kolo_handles is the number of handles not yet released (tests check that nothing leaks).
 //

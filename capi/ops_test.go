@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"math"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -11,33 +12,38 @@ import (
 
 var errTest = errors.New("test: rejected")
 
-// tensor must never build a slice longer than the caller's memory, whatever shape it is given:
-// malformed shapes get an empty view, which kolo's checks then reject with a message.
+// cTensor must never build a slice longer than the caller's memory, whatever shape it is given:
+// malformed shapes are refused, naming the bad dimension.
 func TestTensorViews(t *testing.T) {
 	buf := make([]float32, 6)
 	p := unsafe.Pointer(&buf[0])
 	for _, tc := range []struct {
 		name      string
 		p         unsafe.Pointer
-		dt        int
 		shape     []int64
 		wantBytes int
-		wantErr   bool
+		wantErr   string
 	}{
-		{"2x3 float32", p, 7, []int64{2, 3}, 24, false},
-		{"scalar", p, 7, nil, 4, false},
-		{"empty with null pointer", nil, 7, []int64{0, 3}, 0, false},
-		{"negative dim", p, 7, []int64{-2, 3}, 0, false},
-		{"overflowing shape", p, 7, []int64{math.MaxInt64 / 2, 4}, 0, false},
-		{"invalid dtype", p, 99, []int64{2}, 0, false},
-		{"null pointer with data", nil, 7, []int64{2}, 0, true},
+		{"2x3 float32", p, []int64{2, 3}, 24, ""},
+		{"scalar", p, nil, 4, ""},
+		{"empty with null pointer", nil, []int64{0, 3}, 0, ""},
+		{"empty with a negative dim after the zero", nil, []int64{0, -3}, 0, "argument shape[1] = -3"},
+		{"negative dim", p, []int64{-2, 3}, 0, "argument shape[0] = -2"},
+		{"overflowing shape", p, []int64{math.MaxInt64 / 2, 4}, 0, "argument shape = [4611686018427387903 4]"},
+		{"null pointer with data", nil, []int64{2}, 0, "argument in = NULL"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := tensor(tc.p, dtype.DType(tc.dt), tc.shape)
-			if (err != nil) != tc.wantErr {
-				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
+			got, err := cTensor("in", tc.p, dtype.Float32, tc.shape)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
 			}
-			if err == nil && len(got.Data) != tc.wantBytes {
+			if err != nil {
+				t.Fatalf("err = %v", err)
+			}
+			if len(got.Data) != tc.wantBytes {
 				t.Errorf("view of %d bytes, want %d", len(got.Data), tc.wantBytes)
 			}
 		})

@@ -5,7 +5,12 @@ package main
 */
 import "C"
 
-import "github.com/kolo-dl/kolo"
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/kolo-dl/kolo"
+)
 
 // kolo_start_timeline starts writing a Chrome trace to the pathLen bytes at path
 // (kolo.StartTimeline: rank 0 writes it unless the path contains {rank}); markCycles non-zero adds
@@ -13,7 +18,11 @@ import "github.com/kolo-dl/kolo"
 //
 //export kolo_start_timeline
 func kolo_start_timeline(path *C.char, pathLen C.int, markCycles C.int) C.int {
-	return setLastErr(kolo.StartTimeline(goName(path, pathLen), markCycles != 0))
+	p, err := cString("path", "pathLen", unsafe.Pointer(path), int(pathLen))
+	if err != nil {
+		return setLastErr(fmt.Errorf("kolo_start_timeline: %w", err))
+	}
+	return setLastErr(kolo.StartTimeline(p, markCycles != 0))
 }
 
 // kolo_stop_timeline finishes the timeline's file. 0, or -1 with the reason in kolo_last_error.

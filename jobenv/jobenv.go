@@ -27,8 +27,10 @@ const (
 	JobID      = "KOLO_JOB_ID"
 	Secret     = "KOLO_SECRET" // never on a command line: environment of a local exec or ssh stdin
 	// NetworkInterface names the interface(s) whose address a worker listens on and advertises
-	// (kolo run --network-interface); HOROVOD_GLOO_IFACE is read when it is not set.
+	// (kolo run --network-interface); HorovodNetworkInterface is read when it is not set (Interface).
 	NetworkInterface = "KOLO_NETWORK_INTERFACE"
+	// HorovodNetworkInterface is Horovod's name for NetworkInterface.
+	HorovodNetworkInterface = "HOROVOD_GLOO_IFACE"
 	// LauncherVersion is the version of the kolo run that started the worker; Init refuses to
 	// join a job whose launcher speaks another version.
 	LauncherVersion = "KOLO_LAUNCHER_VERSION"
@@ -153,4 +155,16 @@ func FromEnviron(environ []string) map[string]string {
 		}
 	}
 	return m
+}
+
+// Interface is the network interface(s) a worker listens on and advertises (netif.InterfaceIP's
+// "ib0,eth0"): KOLO_NETWORK_INTERFACE, else HOROVOD_GLOO_IFACE; "" when neither is set. name is the
+// variable it came from, for messages.
+func Interface(env map[string]string) (ifaces, name string) {
+	for _, k := range []string{NetworkInterface, HorovodNetworkInterface} {
+		if v := strings.TrimSpace(env[k]); v != "" {
+			return v, k
+		}
+	}
+	return "", ""
 }

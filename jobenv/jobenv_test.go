@@ -51,3 +51,21 @@ func TestDecodeErrors(t *testing.T) {
 		})
 	}
 }
+
+func TestInterface(t *testing.T) {
+	tests := []struct {
+		env            map[string]string
+		want, wantName string
+	}{
+		{nil, "", ""},
+		{map[string]string{NetworkInterface: "eth0"}, "eth0", NetworkInterface},
+		{map[string]string{HorovodNetworkInterface: "ib0,eth0"}, "ib0,eth0", HorovodNetworkInterface},
+		{map[string]string{NetworkInterface: "eth0", HorovodNetworkInterface: "ib0"}, "eth0", NetworkInterface},
+		{map[string]string{NetworkInterface: " ", HorovodNetworkInterface: "ib0"}, "ib0", HorovodNetworkInterface},
+	}
+	for _, tc := range tests {
+		if got, name := Interface(tc.env); got != tc.want || name != tc.wantName {
+			t.Errorf("Interface(%v) = %q from %q, want %q from %q", tc.env, got, name, tc.want, tc.wantName)
+		}
+	}
+}

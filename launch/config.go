@@ -137,18 +137,13 @@ func unknownKey(name string, line int, key string) error {
 }
 
 // configFileFlag is --config-file: applying the file sets its flags at that point of the command
-// line, so flags given after it win and flags given before it lose.
+// line, so flags given after it win and flags given before it lose. Once applied, the file has
+// nothing more to say: its settings are in the flags.
 type configFileFlag struct {
-	fs   *flag.FlagSet
-	path *string
+	fs *flag.FlagSet
 }
 
-func (c configFileFlag) String() string {
-	if c.path == nil {
-		return ""
-	}
-	return *c.path
-}
+func (configFileFlag) String() string { return "" }
 
 func (c configFileFlag) Set(path string) error {
 	data, err := os.ReadFile(path)
@@ -164,6 +159,5 @@ func (c configFileFlag) Set(path string) error {
 			return fmt.Errorf("%s:%d: %s: %w", path, s.Line, s.Key, err)
 		}
 	}
-	*c.path = path
 	return nil
 }

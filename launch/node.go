@@ -18,6 +18,7 @@ import (
 
 	"github.com/kolo-dl/kolo/auth"
 	"github.com/kolo-dl/kolo/internal/netif"
+	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
 
@@ -35,12 +36,15 @@ import (
 //	launch/node/I         node I's nodeInfo
 //	launch/stopn          counter: the first node to stop the job sets launch/stop
 //	launch/stop           why the job is being stopped (stopRecord)
+//	launch/conflict       set by a node that found its node rank taken (conflictRecord)
 //	launch/beat/I         node I's heartbeat counter, watched by the serving node
-//	launch/done/I         how node I's ranks ended (doneRecord)
+//	launch/done/I         how node I's ranks ended (doneRecord), written once (SetIfAbsent): by
+//	                      node I, or by the serving node for a node it declared lost
 //	launch/finished       counter of nodes that have read every done record
 const (
 	keyJob      = "launch/job"
 	keyArrived  = "launch/arrived"
+	keyConflict = "launch/conflict"
 	keyStopN    = "launch/stopn"
 	keyStop     = "launch/stop"
 	keyFinished = "launch/finished"
@@ -127,6 +131,20 @@ type stopRecord struct {
 	Detail string      `json:"detail,omitempty"`
 }
 
+// conflictRecord says that a second node claimed node rank Index; it is also the error the nodes
+// still meeting fail with.
+type conflictRecord struct {
+	Index int    `json:"index"`
+	Host  string `json:"host"` // the host of the node that came second
+}
+
+// nodeRankAdvice ends every node rank conflict error.
+const nodeRankAdvice = "give --node-rank to every node, each its own, or to none"
+
+func (c conflictRecord) Error() string {
+	return fmt.Sprintf("node rank %d was claimed by two nodes (the second on %s): %s", c.Index, c.Host, nodeRankAdvice)
+}
+
 // doneRecord is how one node's ranks ended.
 type doneRecord struct {
 	Node   int          `json:"node"`
@@ -136,16 +154,17 @@ type doneRecord struct {
 	Failed bool         `json:"failed,omitempty"`
 }
 
-// NodeSecret is the secret every node of a no-ssh job shares: --secret-file, else KOLO_SECRET (or
-// HOROVOD_SECRET_KEY).
+// NodeSecret is the secret every node of a no-ssh job shares, from where auth.JobSecret says:
+// --secret-file, else KOLO_SECRET, else KOLO_SECRET_FILE, else HOROVOD_SECRET_KEY.
 func NodeSecret(o *Options) ([]byte, error) {
-	if o.SecretFile != "" {
-		return auth.ReadSecretFile(o.SecretFile)
+	secret, _, err := auth.JobSecret(o.SecretFile, jobenv.FromEnviron(os.Environ()))
+	if err != nil {
+		return nil, err
 	}
-	if s, ok := auth.SecretFromEnv(); ok {
-		return s, nil
+	if secret == nil {
+		return nil, fmt.Errorf("no job secret: with --rendezvous every node must share one; set %s (e.g. from a Kubernetes Secret) or --secret-file PATH", auth.SecretEnv)
 	}
-	return nil, fmt.Errorf("no job secret: with --rendezvous every node must share one; set %s (e.g. from a Kubernetes Secret) or --secret-file PATH", auth.SecretEnv)
+	return secret, nil
 }
 
 // nodeSlots is how many ranks this node runs.
@@ -211,6 +230,7 @@ type node struct {
 	infos []nodeInfo
 	names []string // host name of each node in the plan (unique)
 
+	claimed    bool // this node has claimed its node rank (launch/claim/I), won or not
 	registered bool // this node's registration is in the store
 
 	mu       sync.Mutex
@@ -293,11 +313,22 @@ func (n *node) meet(ctx context.Context) (int, error) {
 			stopWaiting(fmt.Errorf("node %d (%s) gave up: %s", rec.Node, rec.Host, rec.Detail))
 		}
 	}()
+	go func() {
+		// Two nodes with one node rank: the job cannot start (the one that came second says so).
+		v, err := rv.Get(waitCtx, keyConflict)
+		var rec conflictRecord
+		if err == nil && json.Unmarshal(v, &rec) == nil {
+			stopWaiting(rec)
+		}
+	}()
 	n.infos = make([]nodeInfo, o.NNodes)
 	for i := range o.NNodes {
 		v, err := rv.Get(waitCtx, keyNode(i))
 		if err != nil {
+			var conflict conflictRecord
 			switch cause := context.Cause(waitCtx); {
+			case errors.As(cause, &conflict):
+				return ExitUsage, cause
 			case ctx.Err() != nil:
 				return 1, n.arrivalError(i)
 			case cause != nil && !errors.Is(cause, context.Canceled):
@@ -330,11 +361,16 @@ func (n *node) abandon(err error) {
 	}
 	deadline := time.Now().Add(2 * time.Second)
 	for time.Now().Before(deadline) {
+		// Every other node that has claimed a node rank is waiting, the one holding this node's
+		// rank when this node came second (it may not have registered its details yet).
 		waiting := 0
 		for i := range n.opts.NNodes {
-			if _, ok, _ := n.srv.TryGet(keyNode(i)); ok && i != n.index {
-				waiting++
-			}
+			v, _, _ := n.srv.TryGet(keyClaim(i))
+			c, _ := strconv.Atoi(string(v))
+			waiting += c
+		}
+		if n.claimed {
+			waiting--
 		}
 		v, _, _ := n.srv.TryGet(keyFinished)
 		if c, _ := strconv.Atoi(string(v)); c >= waiting {
@@ -375,12 +411,18 @@ func (n *node) register(ctx context.Context) (int, error) {
 	if err != nil {
 		return 1, fmt.Errorf("register at %s: %w", o.Rendezvous, err)
 	}
-	if c > 1 {
-		return ExitUsage, fmt.Errorf("node rank %d is taken by another node (give --node-rank to every node or to none)", n.index)
-	}
+	n.claimed = true
 	hn, err := os.Hostname()
 	if err != nil {
 		return 1, fmt.Errorf("this node's host name: %w", err)
+	}
+	if c > 1 {
+		// Tell the nodes still meeting, so that they fail now, saying why, rather than wait out
+		// --start-timeout for a node that will never come. A job already running never reads it.
+		rec := conflictRecord{Index: n.index, Host: hn}
+		b, _ := json.Marshal(rec)
+		rv.SetIfAbsent(ctx, keyConflict, b) // the first conflict is the one reported
+		return ExitUsage, fmt.Errorf("node rank %d is taken by another node: %s", n.index, nodeRankAdvice)
 	}
 	ip := ""
 	if ta, ok := rv.LocalAddr().(*net.TCPAddr); ok {
@@ -544,7 +586,7 @@ func (n *node) runRanks(ctx context.Context, slots []Slot, rvAddr string) (int, 
 	}()
 	if n.srv != nil {
 		bgDone.Add(1)
-		go func() { defer bgDone.Done(); n.watchNodes(bg) }()
+		go func() { defer bgDone.Done(); n.watchNodes(bg, n.srv) }()
 	}
 
 	guard := startGuard()
@@ -569,10 +611,15 @@ func (n *node) runRanks(ctx context.Context, slots []Slot, rvAddr string) (int, 
 	if n.lostRendezvous() == nil {
 		b, _ := json.Marshal(done)
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := n.rv.Set(sctx, keyDone(n.index), b)
+		stored, err := n.rv.SetIfAbsent(sctx, keyDone(n.index), b)
 		cancel()
-		if err != nil {
+		switch {
+		case err != nil:
 			n.setLost(err)
+		case !stored:
+			// The serving node declared this node lost just before: its record is the one every
+			// node reads, so that all of them print the same outcome.
+			slog.Warn("this node was declared lost before it reported how its ranks ended", "node", n.index)
 		}
 	}
 	if err := n.lostRendezvous(); err != nil {
@@ -670,9 +717,17 @@ func (n *node) heartbeat(ctx context.Context) {
 	}
 }
 
+// servedStore is what watchNodes needs of the store this node serves (a *rendezvous.Server).
+type servedStore interface {
+	TryGet(key string) (value []byte, ok bool, err error)
+	SetIfAbsent(key string, value []byte) (stored bool, err error)
+}
+
 // watchNodes, on the serving node, declares a node that stopped beating (and has not reported its
-// ranks' end) lost: it stops the job and reports the node's end in its place.
-func (n *node) watchNodes(ctx context.Context) {
+// ranks' end) lost: it stops the job and reports the node's end in its place. The node may report
+// at that very moment: whichever record is written first stands (SetIfAbsent), and the job is
+// stopped only if it is the lost one.
+func (n *node) watchNodes(ctx context.Context, st servedStore) {
 	type seen struct {
 		beat string
 		at   time.Time
@@ -694,10 +749,10 @@ func (n *node) watchNodes(ctx context.Context) {
 			if i == n.index {
 				continue
 			}
-			if _, ok, _ := n.srv.TryGet(keyDone(i)); ok {
+			if _, ok, _ := st.TryGet(keyDone(i)); ok {
 				continue
 			}
-			v, _, _ := n.srv.TryGet(keyBeat(i))
+			v, _, _ := st.TryGet(keyBeat(i))
 			if string(v) != last[i].beat {
 				last[i] = seen{beat: string(v), at: time.Now()}
 				continue
@@ -716,8 +771,9 @@ func (n *node) watchNodes(ctx context.Context) {
 			}
 			why := fmt.Sprintf("node %d on %s stopped answering the rendezvous (no heartbeat for %s)", i, n.names[i], limit)
 			b, _ := json.Marshal(doneRecord{Node: i, Host: n.names[i], Lost: why})
-			n.srv.Set(keyDone(i), b)
-			n.publishStop(stopRecord{Reason: stopLost, Node: i, Host: n.names[i], Detail: why})
+			if stored, _ := st.SetIfAbsent(keyDone(i), b); stored {
+				n.publishStop(stopRecord{Reason: stopLost, Node: i, Host: n.names[i], Detail: why})
+			}
 		}
 	}
 }

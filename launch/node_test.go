@@ -2,13 +2,17 @@ package launch
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kolo-dl/kolo/rendezvous"
 )
 
 func freePort(t *testing.T) string {
@@ -230,5 +234,234 @@ func TestOutcome(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Two nodes given the same --node-rank: both fail at once (not after --start-timeout), each saying
+// which node rank and what to do.
+func TestRunNodeRankConflict(t *testing.T) {
+	runs := runNodes(t, background(2), func(i int, o *Options) { o.NodeRank = 0; o.NprocPerNode = 1 }, `true`)
+	var taken, claimed int
+	for i, r := range runs {
+		if r.code != ExitUsage || r.err == nil || !strings.Contains(r.err.Error(), "node rank 0") || !strings.Contains(r.err.Error(), "--node-rank") {
+			t.Errorf("node %d: code %d, %v; want %d and an error naming node rank 0 and --node-rank", i, r.code, r.err, ExitUsage)
+			continue
+		}
+		if strings.Contains(r.err.Error(), "is taken by another node") {
+			taken++
+		}
+		if strings.Contains(r.err.Error(), "was claimed by two nodes") {
+			claimed++
+		}
+		if r.elapsed > 5*time.Second {
+			t.Errorf("node %d gave up after %s (--start-timeout is 10s)", i, r.elapsed)
+		}
+	}
+	if taken != 1 || claimed != 1 {
+		t.Errorf("want one node told its rank is taken and one told of the conflict; got %d and %d", taken, claimed)
+	}
+}
+
+// shortNodeTimings makes nodes beat every 20 ms and be lost after 300 ms of silence.
+func shortNodeTimings(t *testing.T) {
+	t.Helper()
+	oldBeat, oldSilence, oldStopping := beatInterval, nodeSilence, stoppingSilence
+	beatInterval, nodeSilence, stoppingSilence = 20*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond
+	t.Cleanup(func() { beatInterval, nodeSilence, stoppingSilence = oldBeat, oldSilence, oldStopping })
+}
+
+// servingNode is node 0 of nnodes, serving a rendezvous on loopback, as it is once the nodes have
+// met; the other nodes are only names.
+func servingNode(t *testing.T, nnodes int) *node {
+	t.Helper()
+	secret := []byte("watch-test-secret")
+	srv := rendezvous.NewServer(secret)
+	addr, err := srv.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rv, err := rendezvous.Dial(ctx, addr.String(), secret)
+	if err != nil {
+		srv.Close()
+		t.Fatal(err)
+	}
+	n := &node{opts: &Options{Rendezvous: addr.String(), NNodes: nnodes}, secret: secret, srv: srv, rv: rv,
+		infos: make([]nodeInfo, nnodes), stopped: make(chan struct{}), lost: make(chan struct{})}
+	for i := range nnodes {
+		n.infos[i] = nodeInfo{Index: i, Hostname: fmt.Sprintf("host%d", i), Slots: 1, NNodes: nnodes}
+		n.names = append(n.names, n.infos[i].Hostname)
+	}
+	t.Cleanup(n.close)
+	return n
+}
+
+// watch runs n.watchNodes on st until the returned stop is called.
+func watch(n *node, st servedStore) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); n.watchNodes(ctx, st) }()
+	return func() { cancel(); <-done }
+}
+
+// The serving node declares a node that stops beating lost, in its place, and stops the job; a
+// node that keeps beating is left alone.
+func TestWatchNodesDeclaresSilentNodeLost(t *testing.T) {
+	shortNodeTimings(t)
+	n := servingNode(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	beating, stopBeating := context.WithCancel(ctx)
+	beaten := make(chan struct{})
+	defer func() { stopBeating(); <-beaten }()
+	go func(interval time.Duration) { // node 2 beats; node 1 is silent
+		defer close(beaten)
+		for beating.Err() == nil {
+			n.srv.Add(keyBeat(2), 1)
+			time.Sleep(interval)
+		}
+	}(beatInterval)
+	start := time.Now()
+	stop := watch(n, n.srv)
+	defer stop()
+	v, err := n.rv.Get(ctx, keyStop)
+	if err != nil {
+		t.Fatalf("no stop record: %v", err)
+	}
+	if waited := time.Since(start); waited < nodeSilence {
+		t.Errorf("node 1 declared lost after %s, before %s of silence", waited, nodeSilence)
+	}
+	var rec stopRecord
+	if err := json.Unmarshal(v, &rec); err != nil || rec.Reason != stopLost || rec.Node != 1 || rec.Host != "host1" ||
+		!strings.Contains(rec.Detail, "node 1 on host1 stopped answering") {
+		t.Errorf("stop record %s (%v), want node 1 lost", v, err)
+	}
+	v, ok, _ := n.srv.TryGet(keyDone(1))
+	var done doneRecord
+	if !ok || json.Unmarshal(v, &done) != nil || done.Node != 1 || !strings.Contains(done.Lost, "stopped answering") {
+		t.Errorf("node 1's done record %q, want one saying it was lost", v)
+	}
+	time.Sleep(2 * nodeSilence) // node 2, beating, stays in the job
+	if v, ok, _ := n.srv.TryGet(keyDone(2)); ok {
+		t.Errorf("node 2 kept beating but was declared lost: %s", v)
+	}
+}
+
+// staleDoneStore is a served store on which node 1's report lands just after the serving node has
+// looked for it (its TryGet of launch/done/1 answers from before the report): the moment the
+// serving node is about to declare node 1 lost.
+type staleDoneStore struct {
+	*rendezvous.Store
+	report   []byte
+	once     sync.Once
+	reported chan bool // node 1's SetIfAbsent: did its report stand?
+}
+
+func (s *staleDoneStore) TryGet(key string) ([]byte, bool, error) {
+	if key != keyDone(1) {
+		return s.Store.TryGet(key)
+	}
+	s.once.Do(func() {
+		stored, _ := s.Store.SetIfAbsent(key, s.report)
+		s.reported <- stored
+	})
+	return nil, false, nil
+}
+
+// A node that reports just as the serving node declares it lost: one record stands, the one every
+// node reads, and the job is stopped only if it is the lost one. (Writing the lost record over the
+// report made nodes disagree on how the job ended.)
+func TestWatchNodesKeepsReportRacingLostNode(t *testing.T) {
+	shortNodeTimings(t)
+	n := servingNode(t, 2)
+	report, _ := json.Marshal(doneRecord{Node: 1, Host: "host1", Ranks: []rankRecord{{Slot: Slot{Rank: 1, Host: "host1"}}}})
+	st := &staleDoneStore{Store: n.srv.Store, report: report, reported: make(chan bool, 1)}
+	stop := watch(n, st)
+	if !<-st.reported {
+		t.Fatal("node 1's report did not stand, though nothing was written before it")
+	}
+	time.Sleep(3 * nodeSilence) // node 1 is silent: the serving node tries to declare it lost
+	stop()
+	if v, _, _ := n.srv.TryGet(keyDone(1)); string(v) != string(report) {
+		t.Errorf("node 1's report was replaced by %s", v)
+	}
+	if v, ok, _ := n.srv.TryGet(keyStop); ok {
+		t.Errorf("the job was stopped for a node whose report stands: %s", v)
+	}
+}
+
+// A node that registers and then falls silent (its machine died) ends the job on the others: their
+// ranks are stopped, and they exit saying which node was lost.
+func TestRunNodeLostNode(t *testing.T) {
+	shortNodeTimings(t)
+	t.Setenv("KOLO_SECRET", "node-test-secret")
+	addr := "127.0.0.1:" + freePort(t)
+	o := &Options{Rendezvous: addr, NNodes: 2, NodeRank: 0, NprocPerNode: 1, StartTimeout: 10 * time.Second,
+		Command: []string{"/bin/sh", "-c", `sleep 30 & echo child=$!; wait`}, EngineEnv: map[string]string{}}
+	var run nodeRun
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		start := time.Now()
+		run.code, run.err = RunNode(context.Background(), o, &run.stdout, &run.stderr)
+		run.elapsed = time.Since(start)
+	}()
+	// The ghost: registers as node 1 and never beats.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ghost, err := rendezvous.Dial(ctx, addr, []byte("node-test-secret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ghost.Close()
+	info, _ := json.Marshal(nodeInfo{Index: 1, Hostname: "ghost", Slots: 1, NNodes: 2})
+	if _, err := ghost.Add(ctx, keyClaim(1), 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := ghost.Set(ctx, keyNode(1), info); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("node 0 did not notice that node 1 was lost")
+	}
+	if run.code != 1 || run.err == nil || !strings.Contains(run.err.Error(), "node 1 on ghost stopped answering the rendezvous") {
+		t.Errorf("node 0: code %d, %v; want 1 and node 1 lost\n%s", run.code, run.err, run.stderr.String())
+	}
+	pids := childPids(run.stdout.String())
+	if len(pids) != 1 {
+		t.Errorf("want node 0's rank to have started its child, got %v\n%s", pids, run.stdout.String())
+	}
+	pidsGone(t, pids)
+}
+
+// A node's secret comes from auth.JobSecret (its precedence is tested there); with none, the error
+// says how to give one.
+func TestNodeSecret(t *testing.T) {
+	for _, k := range []string{"KOLO_SECRET", "KOLO_SECRET_FILE", "HOROVOD_SECRET_KEY"} {
+		t.Setenv(k, "")
+	}
+	if _, err := NodeSecret(&Options{}); err == nil || !strings.Contains(err.Error(), "KOLO_SECRET") || !strings.Contains(err.Error(), "--secret-file") {
+		t.Errorf("no secret: %v", err)
+	}
+	file := t.TempDir() + "/secret"
+	if err := os.WriteFile(file, []byte("from-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KOLO_SECRET_FILE", file)
+	if s, err := NodeSecret(&Options{}); err != nil || string(s) != "from-file" {
+		t.Errorf("KOLO_SECRET_FILE: %q, %v", s, err)
+	}
+	t.Setenv("KOLO_SECRET", "from-env")
+	if s, err := NodeSecret(&Options{}); err != nil || string(s) != "from-env" {
+		t.Errorf("KOLO_SECRET beside KOLO_SECRET_FILE: %q, %v", s, err)
+	}
+	if s, err := NodeSecret(&Options{SecretFile: file}); err != nil || string(s) != "from-file" {
+		t.Errorf("--secret-file beside KOLO_SECRET: %q, %v", s, err)
+	}
+	if _, err := NodeSecret(&Options{SecretFile: file + ".missing"}); err == nil || !strings.Contains(err.Error(), "--secret-file") {
+		t.Errorf("missing --secret-file: %v", err)
 	}
 }

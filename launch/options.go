@@ -30,7 +30,6 @@ type Options struct {
 	CheckBuild bool   // -cb: print what this build of kolo supports
 	Version    bool   // -v: print kolo's version
 	LogLevel   string // --log-level, also passed to workers as KOLO_LOG_LEVEL
-	ConfigFile string // --config-file, already applied to the flags
 
 	// Ranks on other hosts over ssh (launch/ssh.go).
 	SSHPort          int      // -p
@@ -43,7 +42,7 @@ type Options struct {
 	NNodes       int    // --nnodes
 	NodeRank     int    // --node-rank; -1: in order of arrival
 	NprocPerNode int    // --nproc-per-node; 0: from -H localhost:N or -np / --nnodes
-	SecretFile   string // --secret-file; else KOLO_SECRET
+	SecretFile   string // --secret-file; else the environment's secret (auth.JobSecret)
 }
 
 // multiFlag collects repeated flags (-x A -x B=1).
@@ -79,15 +78,15 @@ func ParseRunFlags(args []string, stderr io.Writer) (*Options, error) {
 	var sshOpts multiFlag
 	fs.Var(&sshOpts, "ssh-option", "pass -o OPTION to ssh, e.g. StrictHostKeyChecking=accept-new (repeatable)")
 	fs.StringVar(&o.NetworkInterface, "network-interface", "", "interface(s) whose address workers and the rendezvous use, e.g. eth0 or ib0,eth0 (the first present on a host); workers get KOLO_NETWORK_INTERFACE")
-	fs.StringVar(&o.Rendezvous, "rendezvous", "", "no-ssh mode: every node runs kolo run with the same HOST:PORT and --nnodes; the node that owns HOST (or --node-rank 0) serves the rendezvous there; the job secret comes from KOLO_SECRET or --secret-file")
+	fs.StringVar(&o.Rendezvous, "rendezvous", "", "no-ssh mode: every node runs kolo run with the same HOST:PORT and --nnodes; the node that owns HOST (or --node-rank 0) serves the rendezvous there; the job secret comes from --secret-file, else KOLO_SECRET, else KOLO_SECRET_FILE")
 	fs.IntVar(&o.NNodes, "nnodes", 0, "no-ssh mode: how many nodes (kolo run processes) the job has")
 	fs.IntVar(&o.NodeRank, "node-rank", -1, "no-ssh mode: this node's index in 0..nnodes-1, orders the ranks (give it on every node or on none; default: order of arrival)")
 	fs.IntVar(&o.NprocPerNode, "nproc-per-node", 0, "no-ssh mode: ranks this node runs (default: N of -H localhost:N, else -np divided by --nnodes)")
-	fs.StringVar(&o.SecretFile, "secret-file", "", "no-ssh mode: file holding the job secret shared by every node (default: KOLO_SECRET)")
+	fs.StringVar(&o.SecretFile, "secret-file", "", "no-ssh mode: file holding the job secret shared by every node (default: KOLO_SECRET, else the file KOLO_SECRET_FILE names)")
 
 	// Tuning, timeline, autotune and log flags become KOLO_* variables of every worker (workerflags.go).
 	addWorkerFlags(fs, o.EngineEnv)
-	fs.Var(configFileFlag{fs: fs, path: &o.ConfigFile}, "config-file",
+	fs.Var(configFileFlag{fs: fs}, "config-file",
 		"YAML file with horovodrun's sections params, autotune, timeline, stall_check, logging; flags after it override it, flags before it are overridden")
 	fs.BoolVar(&o.CheckBuild, "cb", false, "print the frameworks, controllers and tensor operations this build of kolo supports, and exit")
 	fs.BoolVar(&o.CheckBuild, "check-build", false, "same as -cb")

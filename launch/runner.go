@@ -93,13 +93,15 @@ type Runner struct {
 	Plain       bool          // no rank prefix on output lines (kolo bench prints rank 0's table)
 	// OnFailure, if set, is called once, in its own goroutine, with the first failing rank as soon as
 	// it has ended (its StderrTail holds what it wrote before ending): a multi-node launcher uses it
-	// to tell the other nodes to stop without waiting for this node's ranks to wind down.
+	// to tell the other nodes to stop without waiting for this node's ranks to wind down. Run does
+	// not return before OnFailure has.
 	OnFailure func(Result)
 }
 
 // Run starts every worker and waits for all of them. When one fails (or ctx ends) the others
 // get SIGTERM and, after GracePeriod, SIGKILL. It returns the results in rank order and the
-// first failure (by time of exit), or nil if every rank succeeded.
+// first failure (by time of exit), or nil if every rank succeeded. Every goroutine it starts has
+// ended when it returns.
 func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) {
 	grace := r.GracePeriod
 	if grace <= 0 {
@@ -119,7 +121,9 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 		exit Exit
 	}
 	done := make(chan ended, len(workers))
-	var streams sync.WaitGroup
+	var streams sync.WaitGroup // the output pumps: results are complete once they are done
+	var others sync.WaitGroup  // every other goroutine started here
+	defer others.Wait()
 	tails := make([]*tailBuffer, len(workers))
 	drained := make([]chan struct{}, len(workers)) // closed once both of a rank's streams hit EOF
 
@@ -151,11 +155,16 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 			defer rankStreams.Done()
 			pump(p.Stderr(), errw, r.prefix(w.Slot.Rank, "stderr"), files[1], tails[i])
 		}()
+		others.Add(2)
 		go func() {
+			defer others.Done()
 			rankStreams.Wait()
 			close(drained[i])
 		}()
-		go func() { done <- ended{i, p.Wait()} }()
+		go func() {
+			defer others.Done()
+			done <- ended{i, p.Wait()} // never blocks: done has room for every rank
+		}()
 	}
 
 	var first *Result
@@ -185,7 +194,11 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 				first = &results[e.i]
 				stop()
 				if r.OnFailure != nil {
-					go r.reportFailure(*first, drained[e.i], tails[e.i])
+					others.Add(1)
+					go func(res Result, drained <-chan struct{}, tail *tailBuffer) {
+						defer others.Done()
+						r.reportFailure(res, drained, tail)
+					}(*first, drained[e.i], tails[e.i])
 				}
 			}
 		case <-ctxDone:

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -142,5 +145,53 @@ func TestRunStartFailure(t *testing.T) {
 	_, first := r.Run(context.Background(), ws)
 	if first == nil || first.Slot.Rank != 1 || !strings.Contains(first.Exit.String(), "/nonexistent/prog") {
 		t.Fatalf("first = %+v, want rank 1 start failure naming the program", first)
+	}
+}
+
+// fakeProcess ends with exit as soon as it is waited for; its output is out (stdout) and errOut.
+type fakeProcess struct {
+	out, errOut string
+	exit        Exit
+}
+
+func (p *fakeProcess) Stdout() io.Reader           { return strings.NewReader(p.out) }
+func (p *fakeProcess) Stderr() io.Reader           { return strings.NewReader(p.errOut) }
+func (p *fakeProcess) Wait() Exit                  { return p.exit }
+func (p *fakeProcess) Signal(syscall.Signal) error { return nil }
+
+// fakeStarter starts the fakeProcess of each rank.
+type fakeStarter map[int]*fakeProcess
+
+func (f fakeStarter) Start(_ context.Context, w Worker) (Process, error) { return f[w.Slot.Rank], nil }
+
+// Run returns only once every goroutine it started has ended, OnFailure's included: nothing it
+// started may act after the caller has moved on (a node publishing a stop after its outcome).
+func TestRunLeavesNoGoroutineBehind(t *testing.T) {
+	before := runtime.NumGoroutine()
+	var reported atomic.Bool
+	r := &Runner{
+		Starter: fakeStarter{0: {out: "ok\n"}, 1: {errOut: "boom\n", exit: Exit{Code: 3}}},
+		OnFailure: func(res Result) {
+			time.Sleep(200 * time.Millisecond) // a slow rendezvous
+			if res.Slot.Rank != 1 || len(res.StderrTail) != 1 || res.StderrTail[0] != "boom" {
+				t.Errorf("OnFailure got %+v, want rank 1 with its stderr", res)
+			}
+			reported.Store(true)
+		},
+	}
+	_, first := r.Run(context.Background(), shWorkers("", ""))
+	if first == nil || first.Slot.Rank != 1 {
+		t.Fatalf("first = %+v, want rank 1", first)
+	}
+	if !reported.Load() {
+		t.Error("Run returned while OnFailure was still running")
+	}
+	// Goroutines that have called Done may take a moment to exit; none may stay.
+	deadline := time.Now().Add(2 * time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		t.Errorf("%d goroutines before Run, %d after", before, n)
 	}
 }

@@ -172,6 +172,22 @@ func (c *Client) Set(ctx context.Context, key string, value []byte) error {
 	return nil
 }
 
+// SetIfAbsent stores value under key only if key is not set, and reports whether it did (see
+// Store.SetIfAbsent).
+func (c *Client) SetIfAbsent(ctx context.Context, key string, value []byte) (stored bool, err error) {
+	if err := checkSizes(key, value); err != nil {
+		return false, fmt.Errorf("rendezvous %s: setifabsent: %w", c.addr, err)
+	}
+	f, err := c.call(ctx, verbSetIfAbsent, key, value)
+	if err != nil {
+		return false, fmt.Errorf("rendezvous %s: setifabsent %q: %w", c.addr, key, err)
+	}
+	if f.verb != verbValue || len(f.value) != 1 || f.value[0] > 1 {
+		return false, c.unexpected("setifabsent", key, f)
+	}
+	return f.value[0] == 1, nil
+}
+
 // Get returns key's value, waiting on the server until some client sets it or ctx ends.
 func (c *Client) Get(ctx context.Context, key string) ([]byte, error) {
 	if err := checkSizes(key, nil); err != nil {

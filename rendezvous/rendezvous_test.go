@@ -481,3 +481,73 @@ func FuzzDecodeBody(f *testing.F) {
 		}
 	})
 }
+
+// Of clients (and the launcher) racing to SetIfAbsent one key, exactly one wins, every reader sees
+// its value, and a Get parked before is woken by it.
+func TestSetIfAbsentOneWinner(t *testing.T) {
+	s, addr, _ := startServer(t)
+	clients := []*Client{dial(t, addr), dial(t, addr), dial(t, addr)}
+	ctx := ctxT(t, 10*time.Second)
+	for round := range 20 {
+		key := fmt.Sprintf("once/%d", round)
+		parked := make(chan []byte, 1)
+		go func() {
+			v, err := clients[0].Get(ctx, key)
+			if err != nil {
+				t.Error(err)
+			}
+			parked <- v
+		}()
+		var wg sync.WaitGroup
+		wins := make(chan string, len(clients)+1)
+		for i, c := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				val := fmt.Sprintf("client %d", i)
+				stored, err := c.SetIfAbsent(ctx, key, []byte(val))
+				if err != nil {
+					t.Error(err)
+				}
+				if stored {
+					wins <- val
+				}
+			}()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			stored, err := s.SetIfAbsent(key, []byte("launcher"))
+			if err != nil {
+				t.Error(err)
+			}
+			if stored {
+				wins <- "launcher"
+			}
+		}()
+		wg.Wait()
+		close(wins)
+		var won []string
+		for w := range wins {
+			won = append(won, w)
+		}
+		if len(won) != 1 {
+			t.Fatalf("round %d: winners %q, want exactly one", round, won)
+		}
+		if v := <-parked; string(v) != won[0] {
+			t.Errorf("round %d: parked Get saw %q, the winner wrote %q", round, v, won[0])
+		}
+		for i, c := range clients {
+			if v, err := c.Get(ctx, key); err != nil || string(v) != won[0] {
+				t.Errorf("round %d: client %d reads %q (%v), the winner wrote %q", round, i, v, err, won[0])
+			}
+		}
+	}
+	if _, err := clients[1].SetIfAbsent(ctx, strings.Repeat("k", MaxKey+1), nil); err == nil {
+		t.Error("SetIfAbsent took an oversized key")
+	}
+	s.Close()
+	if _, err := s.SetIfAbsent("after", nil); !errors.Is(err, ErrClosed) {
+		t.Errorf("SetIfAbsent on a closed store: %v", err)
+	}
+}

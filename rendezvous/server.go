@@ -185,6 +185,17 @@ func (sc *serverConn) handle(f frame) {
 			return
 		}
 		sc.reply(frame{id: f.id, verb: verbOK})
+	case verbSetIfAbsent:
+		stored, err := st.SetIfAbsent(f.key, f.value)
+		if err != nil {
+			sc.reply(frame{id: f.id, verb: verbError, value: []byte(err.Error())})
+			return
+		}
+		ans := []byte{0}
+		if stored {
+			ans[0] = 1
+		}
+		sc.reply(frame{id: f.id, verb: verbValue, value: ans})
 	case verbTryGet:
 		v, ok, err := st.peek(f.key)
 		switch {

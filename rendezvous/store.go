@@ -1,6 +1,7 @@
 // Package rendezvous is the authenticated key-value store a job's workers meet at: the launcher hosts a
 // Server, every worker Dials it, publishes its listen address and reads its peers' (waiting until they
-// appear), and uses atomic counters for barriers and for handing out slots.
+// appear), and uses atomic counters for barriers and for handing out slots, and SetIfAbsent for
+// records that only the first of several writers may write.
 //
 // It is a meeting point, not a database or a transport: keys live in memory for the life of the job,
 // values are small (at most MaxValue), nothing is persisted, and the store gives keys no meaning
@@ -63,6 +64,34 @@ func (s *Store) set(key string, value []byte) error {
 		w.fire(value, nil)
 	}
 	return nil
+}
+
+// SetIfAbsent stores a copy of value under key only if key is not set, and reports whether it did.
+// Of callers racing to set a key this way exactly one wins, and every Get sees the winner's value:
+// the store's one compare-and-set, for records that must be written once (a later Set would still
+// replace it; callers that need write-once use SetIfAbsent for every write of the key).
+func (s *Store) SetIfAbsent(key string, value []byte) (stored bool, err error) {
+	if err := checkSizes(key, value); err != nil {
+		return false, fmt.Errorf("rendezvous setifabsent: %w", err)
+	}
+	value = append([]byte(nil), value...)
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return false, fmt.Errorf("rendezvous setifabsent %q: %w", key, ErrClosed)
+	}
+	if _, ok := s.vals[key]; ok {
+		s.mu.Unlock()
+		return false, nil
+	}
+	s.vals[key] = value
+	ws := s.waiters[key]
+	delete(s.waiters, key)
+	s.mu.Unlock()
+	for w := range ws {
+		w.fire(value, nil)
+	}
+	return true, nil
 }
 
 // TryGet returns a copy of key's value, or ok false if it is not set.

@@ -36,6 +36,8 @@ const (
 	verbTryGet verb = 3
 	verbAdd    verb = 4 // value: 8-byte delta; answer: 8-byte new value
 	verbCancel verb = 5 // abandons a parked Get with the same id; never answered
+	// verbSetIfAbsent sets the key only if it is not set; answer: a 1-byte value, 1 if it did.
+	verbSetIfAbsent verb = 6
 
 	// Responses.
 	verbOK      verb = 0x81
@@ -56,6 +58,8 @@ func (v verb) String() string {
 		return "add"
 	case verbCancel:
 		return "cancel"
+	case verbSetIfAbsent:
+		return "setifabsent"
 	case verbOK:
 		return "ok"
 	case verbValue:

@@ -9,7 +9,8 @@ into them. Three rules shape this module:
   KoloForkError. The topology (rank, size, ...) is cached in Python and keeps working there.
 * ctypes releases the GIL for each call, but Python handles signals only between calls: waits are
   slices of WAIT_SLICE_US in a Python loop, so Ctrl-C interrupts a hung collective promptly. An op
-  that completes within a slice returns at once.
+  that completes within a slice returns at once. Joining and leaving the job wait on the other
+  ranks too, so they are handles waited on the same way (_call).
 * Errors of ops become KoloInternalError (HorovodInternalError is the same class), what
   horovod.torch raises and what elastic training scripts catch.
 """
@@ -65,13 +66,16 @@ _lib = None         # the CDLL, once loaded (it is never unloaded: Go cannot be)
 _loaded_pid = None  # the process that loaded it
 _topology = None    # (rank, size, local_rank, local_size, cross_rank, cross_size, homogeneous)
 
+# The C ABI's signatures (capi/*.go, and the header `make lib` writes beside the library): the one
+# place they are declared. _load sets every one on the library; other modules call _lib.C.kolo_...
+# and declare none of their own (tests check both against the header).
 _i, _i64, _d, _p, _s = ctypes.c_int, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p, ctypes.c_char_p
 _SIGNATURES = {
     "kolo_version": (_i, [_s, _i]),
     "kolo_last_error": (_i, [_s, _i]),
-    "kolo_init": (_i, []),
-    "kolo_shutdown": (_i, []),
-    "kolo_abort": (None, [_s, _i]),
+    "kolo_init_async": (_i64, []),
+    "kolo_shutdown_async": (_i64, []),
+    "kolo_abort": (_i, [_s, _i]),
     "kolo_is_initialized": (_i, []),
     "kolo_rank": (_i, []),
     "kolo_size": (_i, []),
@@ -95,21 +99,42 @@ _SIGNATURES = {
     "kolo_join_last": (_i, [_i64]),
     "kolo_release": (None, [_i64]),
     "kolo_handles": (_i, []),
+    # process sets (kolo.torch.process_sets)
+    "kolo_add_process_set": (_i64, [_p, _i]),
+    "kolo_remove_process_set": (_i64, [_i]),
+    "kolo_process_set_id": (_i, [_i64]),
+    "kolo_process_set_ranks": (_i, [_i, _p, _i]),
+    # timeline (kolo.torch.timeline)
+    "kolo_start_timeline": (_i, [_s, _i, _i]),
+    "kolo_stop_timeline": (_i, []),
 }
 
 # Handle status, as kolo_poll and kolo_wait return it.
 UNKNOWN, PENDING, OK, FAILED = -1, 0, 1, 2
 
 
-def _string(fn, *args):
-    """Calls fn(*args, buf, cap), which returns the length it needs, with a large enough buffer."""
+_RAISE = object()
+
+
+def _string(fn, *args, failed=_RAISE):
+    """Calls fn(*args, buf, cap), which returns the length it needs, with a large enough buffer.
+    -1 (an unknown handle) returns failed, or raises ValueError with the library's reason."""
     n = 512
     while True:
         buf = ctypes.create_string_buffer(n)
         need = fn(*args, buf, n)
+        if need < 0:
+            if failed is not _RAISE:
+                return failed
+            raise ValueError("kolo: %s" % last_error())
         if need < n:
             return buf.value.decode("utf-8", "replace")
         n = need + 1
+
+
+def last_error():
+    """Why the last call into the library that returned -1 failed (capi's kolo_last_error)."""
+    return _string(C.kolo_last_error, failed="") if _lib is not None else ""
 
 
 def _fork_error():
@@ -166,16 +191,51 @@ def library_version():
     return _string(_load().kolo_version)
 
 
+# (handle, "init" or "shutdown"): a call whose wait Ctrl-C interrupted. It goes on in the engine,
+# and the next init() or shutdown() waits for it before doing anything else.
+_pending = None
+
+
+def _call(start, what):
+    """Runs a blocking engine call (init, shutdown: they wait for the other ranks) that start()
+    begins and returns a handle for, waiting for it in slices as synchronize() does, so that
+    Ctrl-C interrupts the wait. Raises KoloInternalError if the call failed."""
+    global _pending
+    h = start()
+    if h < 0:
+        raise take_error(-h)
+    _pending = (h, what)
+    err = _finish_pending()[1]
+    if err is not None:
+        raise err
+
+
+def _finish_pending():
+    """Waits (in slices) for the pending call and returns (what, its KoloInternalError or None);
+    (None, None) when there is none. KeyboardInterrupt leaves it pending."""
+    global _pending
+    if _pending is None:
+        return None, None
+    h, what = _pending
+    st = wait(h)
+    _pending = None
+    if st == FAILED:
+        return what, take_error(h)
+    C.kolo_release(h)
+    return what, None
+
+
 def init():
-    """Joins the job (idempotent, as Horovod's init is)."""
+    """Joins the job (idempotent, as Horovod's init is). Ctrl-C interrupts the wait for the other
+    ranks; joining goes on in the engine, and calling init() again waits for it."""
     global _topology
     lib = _load()
-    if lib.kolo_is_initialized():
-        return
-    if lib.kolo_init() != 0:
-        raise KoloInternalError(_string(lib.kolo_last_error))
-    _topology = (lib.kolo_rank(), lib.kolo_size(), lib.kolo_local_rank(), lib.kolo_local_size(),
-                 lib.kolo_cross_rank(), lib.kolo_cross_size(), lib.kolo_is_homogeneous() == 1)
+    _finish_pending()  # an init or shutdown that Ctrl-C interrupted: its outcome is the engine's state
+    if not lib.kolo_is_initialized():
+        _call(lib.kolo_init_async, "init")
+    if _topology is None:
+        _topology = (lib.kolo_rank(), lib.kolo_size(), lib.kolo_local_rank(), lib.kolo_local_size(),
+                     lib.kolo_cross_rank(), lib.kolo_cross_size(), lib.kolo_is_homogeneous() == 1)
     _install_excepthook()
 
 
@@ -239,15 +299,22 @@ def stand_back(exc):
 
 
 def shutdown():
-    """Waits for every rank to reach shutdown, then leaves the job. A no-op when not initialized."""
+    """Waits for every rank to reach shutdown, then leaves the job. A no-op when not initialized.
+    Ctrl-C interrupts the wait; the engine goes on leaving, and calling shutdown() (or init())
+    again waits for it."""
     global _topology
-    if _topology is None or _lib is None:
+    if _lib is None or (_topology is None and _pending is None):
         return
     if _forked():
         raise _fork_error()
     _topology = None
-    if _lib.kolo_shutdown() != 0:
-        raise KoloInternalError(_string(_lib.kolo_last_error))
+    what, err = _finish_pending()
+    if what == "shutdown":  # an interrupted shutdown, now complete
+        if err is not None:
+            raise err
+        return
+    if _lib.kolo_is_initialized():
+        _call(_lib.kolo_shutdown_async, "shutdown")
 
 
 def _shutdown_at_exit():
@@ -292,7 +359,7 @@ def wait(h, release=0):
     while st == PENDING:
         st = kolo_wait(h, WAIT_SLICE_US, release)
     if st == UNKNOWN:
-        raise ValueError("kolo: unknown handle %d (already synchronized or released?)" % h)
+        raise ValueError("kolo: %s (already synchronized or released?)" % last_error())
     return st
 
 

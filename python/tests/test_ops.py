@@ -48,8 +48,19 @@ def test_every_op(np):
 
 
 def test_ctrl_c_interrupts_a_hung_collective():
-    rc, out = run([KOLO, "run", "-np", "2", PY, os.path.join(HERE, "interrupt_worker.py")], timeout=120)
-    assert rc == 0 and "ok interrupted" in out, out
+    rc, out = run([KOLO, "run", "-np", "2", PY, os.path.join(HERE, "interrupt_worker.py"), "collective"],
+                  timeout=120)
+    assert rc == 0 and "ok interrupted allreduce" in out, out
+
+
+@pytest.mark.parametrize("call", ["shutdown", "init"])
+def test_ctrl_c_interrupts_init_and_shutdown_waiting_for_a_peer(call):
+    # Rank 0 waits in init()/shutdown() for rank 1, which comes 8 s late: Ctrl-C must interrupt
+    # the wait at once, and calling it again must finish what the engine started.
+    rc, out = run([KOLO, "run", "-np", "2", PY, os.path.join(HERE, "interrupt_worker.py"), call],
+                  timeout=120)
+    assert rc == 0 and "ok interrupted %s" % call in out, out
+    assert "ok %s rank 0" % call in out and "ok %s rank 1" % call in out, out
 
 
 def single(code, extra=None, timeout=120):

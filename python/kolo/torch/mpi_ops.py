@@ -234,10 +234,13 @@ class _Op(object):
         if kind == _ALLTOALL:
             out = self._fetch()
             n = _lib.C.kolo_recv_splits(self.h, None, 0)
-            buf = (ctypes.c_int64 * max(n, 0))()
-            _lib.C.kolo_recv_splits(self.h, buf, n)
+            if n < 0:
+                raise KoloInternalError("kolo: received splits of handle %d: %s"
+                                        % (self.h, _lib.last_error()))
+            splits = torch.empty(n, dtype=torch.int64)
+            _lib.C.kolo_recv_splits(self.h, splits.data_ptr(), n)
             dt = self.splits_like.dtype if self.splits_like is not None else torch.int32
-            return out, torch.tensor(list(buf), dtype=dt)
+            return out, splits.to(dt)
         if kind == _JOIN:
             return _lib.C.kolo_join_last(self.h)
         return None
@@ -248,10 +251,11 @@ class _Op(object):
         shape = (ctypes.c_int64 * nd)()
         nbytes = _lib.C.kolo_result(self.h, shape, nd)
         if nbytes < 0:
-            raise KoloInternalError("kolo: result of handle %d is not available" % self.h)
+            raise KoloInternalError("kolo: result of handle %d: %s" % (self.h, _lib.last_error()))
         out = torch.empty(tuple(shape), dtype=self.inp.dtype)
         if nbytes and _lib.C.kolo_result_copy(self.h, out.data_ptr(), nbytes) != nbytes:
-            raise KoloInternalError("kolo: copying the result of handle %d failed" % self.h)
+            raise KoloInternalError("kolo: copying the result of handle %d: %s"
+                                    % (self.h, _lib.last_error()))
         return out if self.device is None else out.to(self.device)
 
 
@@ -341,9 +345,9 @@ def _enqueue_group(kind, tensors, inplace, name, op=Sum, prescale_factor=1.0, po
         for h in handles:
             if h < 0 and err is None:
                 err = _lib.take_error(-h)
-            else:
+            elif h != 0:
                 _lib.C.kolo_release(abs(h))
-        raise err or KoloInternalError("kolo: grouped op failed")
+        raise err or KoloInternalError("kolo: grouped op: %s" % _lib.last_error())
     for o, h in zip(ops, handles):
         o.h = h
     _handle_map[handles[0]] = _Group(ops)

@@ -12,25 +12,11 @@ import ctypes
 
 from kolo import _lib
 
-_SIGNATURES = {
-    "kolo_add_process_set": (ctypes.c_int64, [ctypes.c_void_p, ctypes.c_int]),
-    "kolo_remove_process_set": (ctypes.c_int64, [ctypes.c_int]),
-    "kolo_process_set_id": (ctypes.c_int, [ctypes.c_int64]),
-    "kolo_process_set_ranks": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]),
-}
-
-
-def _c(name):
-    """The library's function name, with its signature set (_lib.C raises before init and in a
-    forked child)."""
-    fn = getattr(_lib.C, name)
-    fn.restype, fn.argtypes = _SIGNATURES[name]
-    return fn
-
 
 def _engine_ranks(process_set_id):
-    """The job ranks of a registered set, or None if the engine has no such set."""
-    f = _c("kolo_process_set_ranks")
+    """The job ranks of a registered set, or None if the engine has no such set. (_lib.C raises
+    before init and in a forked child.)"""
+    f = _lib.C.kolo_process_set_ranks
     n = f(process_set_id, None, 0)
     if n < 0:
         return None
@@ -96,7 +82,7 @@ def _collective(h):
         raise ValueError(_lib.take_error(-h).args[0])
     if _lib.wait(h) == _lib.FAILED:
         raise ValueError(_lib.take_error(h).args[0])
-    psid = _c("kolo_process_set_id")(h)
+    psid = _lib.C.kolo_process_set_id(h)
     _lib.C.kolo_release(h)
     return psid
 
@@ -113,7 +99,7 @@ def add_process_set(process_set):
         raise ValueError("%s is registered already" % (process_set,))
     ranks = process_set.ranks
     arr = (ctypes.c_int * max(len(ranks), 1))(*ranks)
-    process_set.process_set_id = _collective(_c("kolo_add_process_set")(arr, len(ranks)))
+    process_set.process_set_id = _collective(_lib.C.kolo_add_process_set(arr, len(ranks)))
     _by_id.setdefault(process_set.process_set_id, []).append(process_set)
     return process_set
 
@@ -125,7 +111,7 @@ def remove_process_set(process_set):
     psid = process_set.process_set_id
     if psid is None or psid == 0 or _engine_ranks(psid) is None:
         return False
-    _collective(_c("kolo_remove_process_set")(psid))
+    _collective(_lib.C.kolo_remove_process_set(psid))
     for ps in _by_id.pop(psid, [process_set]):
         ps.invalidate()
     process_set.invalidate()

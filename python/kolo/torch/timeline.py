@@ -5,28 +5,21 @@ KOLO_TIMELINE / HOROVOD_TIMELINE in the environment, records from init on. The w
 engine (timeline/, engine/timeline.go).
 """
 
-import ctypes
 import os
 
 from kolo import _lib
-
-
-def _c(name, restype, argtypes):
-    fn = getattr(_lib.C, name)  # raises before init and in a forked child
-    fn.restype, fn.argtypes = restype, argtypes
-    return fn
 
 
 def start_timeline(file_path, mark_cycles=False):
     """Starts writing the timeline to file_path (replacing a running one); mark_cycles adds a
     marker for each engine cycle. Call it on every rank; only rank 0 writes."""
     path = os.fsencode(file_path)
-    fn = _c("kolo_start_timeline", ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int])
-    if fn(path, len(path), 1 if mark_cycles else 0) != 0:
-        raise ValueError(_lib._string(_lib.C.kolo_last_error))
+    # _lib.C raises before init and in a forked child
+    if _lib.C.kolo_start_timeline(path, len(path), 1 if mark_cycles else 0) != 0:
+        raise ValueError(_lib.last_error())
 
 
 def stop_timeline():
     """Finishes the timeline's file (shutdown does too)."""
-    if _c("kolo_stop_timeline", ctypes.c_int, [])() != 0:
-        raise ValueError(_lib._string(_lib.C.kolo_last_error))
+    if _lib.C.kolo_stop_timeline() != 0:
+        raise ValueError(_lib.last_error())
