@@ -42,10 +42,10 @@ def build(args, torch):
 
 
 def worker(args):
-    if args.bind:
-        # Before torch and the Go library start their threads, which inherit this mask.
-        cpus = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cpus[int(os.environ.get("KOLO_RANK", "0")) % len(cpus)]})
+    if args.bind and args.worker == "single":
+        # The one-process baseline on one CPU, as kolo run --bind-to core places rank 0 when the
+        # ranks fill the machine; set before torch starts threads, which inherit it.
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     import torch
     import torch.nn.functional as F
     torch.set_num_threads(1)
@@ -122,7 +122,8 @@ def measure(setup, args, batch):
     if setup == "single":
         cmd = [PY, me, "--worker", "single"] + common
     else:
-        cmd = [os.path.join(ROOT, "bin", "kolo"), "run", "-np", str(args.np), PY, me,
+        cmd = [os.path.join(ROOT, "bin", "kolo"), "run", "-np", str(args.np)] + (
+            ["--bind-to", "core"] if args.bind else []) + [PY, me,
                "--worker", setup, "--port", str(free_port())] + common
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=1800)
@@ -201,8 +202,8 @@ def main():
     p.add_argument("--mlp-sizes", default="784,2048,2048,10")
     p.add_argument("--port", type=int, default=0, help="(worker) DDP's rendezvous port")
     p.add_argument("--bind", action="store_true",
-                   help="pin rank r (every setup, all its threads) to the r-th CPU it may use, "
-                   "as mpirun --bind-to core does")
+                   help="bind every setup's ranks to cores of their own (kolo run --bind-to core; "
+                   "the single process to one CPU)")
     p.add_argument("--json", help="also write the raw rates here")
     args = p.parse_args()
     if args.worker:

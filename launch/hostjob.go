@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/kolo-dl/kolo/auth"
@@ -49,6 +50,20 @@ func RunHosts(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int
 			remote = append(remote, s.Host)
 		}
 		seen[s.Host] = true
+	}
+	if opts.BindTo == BindCore && len(remote) > 0 {
+		return ExitUsage, fmt.Errorf("--bind-to core binds the ranks kolo run starts on its own machine, not those it starts over ssh (on %s): run kolo run on every node with --rendezvous (no-ssh mode), which binds each node's ranks, or drop --bind-to", strings.Join(remote, ", "))
+	}
+	if opts.BindTo == BindCore {
+		local := 0
+		for _, s := range slots {
+			if IsLocal(s.Host) {
+				local++
+			}
+		}
+		if _, err := bindCPUs(Slot{LocalSize: local}); err != nil {
+			return ExitUsage, fmt.Errorf("--bind-to core: %w", err)
+		}
 	}
 	listen, advertise, err := rendezvousAddrs(slots, remote, opts.NetworkInterface)
 	if err != nil {
@@ -98,7 +113,7 @@ func RunHosts(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int
 	guard := startGuard()
 	defer guard.Close()
 	runner := &Runner{
-		Starter:    HostStarter{Local: LocalStarter{Guard: guard}, Remote: ssh},
+		Starter:    HostStarter{Local: LocalStarter{Guard: guard, Bind: opts.BindTo == BindCore}, Remote: ssh},
 		Stdout:     stdout,
 		Stderr:     stderr,
 		OutputDir:  opts.OutputDir,

@@ -592,7 +592,7 @@ func (n *node) runRanks(ctx context.Context, slots []Slot, rvAddr string) (int, 
 	guard := startGuard()
 	defer guard.Close()
 	runner := &Runner{
-		Starter: LocalStarter{Guard: guard}, Stdout: n.stdout, Stderr: n.stderr,
+		Starter: LocalStarter{Guard: guard, Bind: o.BindTo == BindCore}, Stdout: n.stdout, Stderr: n.stderr,
 		OutputDir: o.OutputDir, Timestamps: o.Timestamps, Plain: o.PlainOutput,
 		OnFailure: func(r Result) {
 			rec := recordOf(r)

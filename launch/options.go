@@ -37,6 +37,10 @@ type Options struct {
 	SSHOptions       []string // --ssh-option, passed to ssh as -o
 	NetworkInterface string   // --network-interface: what workers and the rendezvous advertise
 
+	// BindTo is --bind-to: "core" binds each rank kolo run starts to cores of its own (bind.go),
+	// "none" (the default) leaves placement to the kernel.
+	BindTo string
+
 	// No ssh: every node runs kolo run and they meet at a rendezvous (launch/node.go).
 	Rendezvous   string // --rendezvous HOST:PORT
 	NNodes       int    // --nnodes
@@ -78,6 +82,7 @@ func ParseRunFlags(args []string, stderr io.Writer) (*Options, error) {
 	var sshOpts multiFlag
 	fs.Var(&sshOpts, "ssh-option", "pass -o OPTION to ssh, e.g. StrictHostKeyChecking=accept-new (repeatable)")
 	fs.StringVar(&o.NetworkInterface, "network-interface", "", "interface(s) whose address workers and the rendezvous use, e.g. eth0 or ib0,eth0 (the first present on a host); workers get KOLO_NETWORK_INTERFACE")
+	fs.StringVar(&o.BindTo, "bind-to", BindNone, "core: bind each rank to cores of its own, this machine's CPUs split evenly among its ranks, whole cores first (as mpirun --bind-to core; torch's default thread count then follows); none: no binding")
 	fs.StringVar(&o.Rendezvous, "rendezvous", "", "no-ssh mode: every node runs kolo run with the same HOST:PORT and --nnodes; the node that owns HOST (or --node-rank 0) serves the rendezvous there; the job secret comes from --secret-file, else KOLO_SECRET, else KOLO_SECRET_FILE")
 	fs.IntVar(&o.NNodes, "nnodes", 0, "no-ssh mode: how many nodes (kolo run processes) the job has")
 	fs.IntVar(&o.NodeRank, "node-rank", -1, "no-ssh mode: this node's index in 0..nnodes-1, orders the ranks (give it on every node or on none; default: order of arrival)")
@@ -108,6 +113,9 @@ func ParseRunFlags(args []string, stderr io.Writer) (*Options, error) {
 	}
 	if o.Hosts != "" && o.Hostfile != "" {
 		return nil, errors.New("-H and --hostfile are mutually exclusive")
+	}
+	if o.BindTo != BindNone && o.BindTo != BindCore {
+		return nil, fmt.Errorf("--bind-to %q: want %s or %s", o.BindTo, BindCore, BindNone)
 	}
 	if err := o.checkNodeFlags(); err != nil {
 		return nil, err

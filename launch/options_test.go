@@ -33,6 +33,10 @@ func TestParseRunFlags(t *testing.T) {
 		{"H and hostfile", []string{"-H", "a:1", "--hostfile", "f", "prog"}, nil, "mutually exclusive"},
 		{"unknown flag", []string{"--bogus", "prog"}, nil, "bogus"},
 		{"bad np", []string{"-np", "two", "prog"}, nil, "invalid value"},
+		{"bind-to core", []string{"-np", "2", "--bind-to", "core", "prog"},
+			func(o *Options) bool { return o.BindTo == BindCore }, ""},
+		{"bind-to default", []string{"-np", "2", "prog"}, func(o *Options) bool { return o.BindTo == BindNone }, ""},
+		{"bind-to unknown", []string{"-np", "2", "--bind-to", "socket", "prog"}, nil, `--bind-to "socket": want core or none`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

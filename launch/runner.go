@@ -371,6 +371,8 @@ type LocalStarter struct {
 	// Guard, if set, learns each rank's process group, so that the group dies even when the
 	// launcher is killed outright; once a rank's process ends, what it left in its group is killed.
 	Guard *OrphanGuard
+	// Bind starts each rank bound to its share of this machine's CPUs (--bind-to core, bind.go).
+	Bind bool
 }
 
 type localProcess struct {
@@ -400,7 +402,11 @@ func (l LocalStarter) Start(ctx context.Context, w Worker) (Process, error) {
 		return nil, err
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
-	err = cmd.Start()
+	if l.Bind {
+		err = startBound(cmd, w.Slot)
+	} else {
+		err = cmd.Start()
+	}
 	outW.Close()
 	errW.Close()
 	if err != nil {

@@ -1,0 +1,116 @@
+package launch
+
+import (
+	"context"
+	"io"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kolo-dl/kolo/internal/cpuset"
+)
+
+// TestLocalStarterBinds starts each local rank of a job as large as this machine allows (up to 4)
+// and asks the kernel, from inside the rank, which CPUs it may use.
+func TestLocalStarterBinds(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("binding is Linux only")
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	own, err := cpuset.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := min(len(own), 4)
+	var union cpuset.Set
+	for l := range n {
+		s := Slot{Rank: l, Size: n, Host: "localhost", LocalRank: l, LocalSize: n}
+		p, err := LocalStarter{Bind: true}.Start(context.Background(), Worker{Slot: s,
+			Argv: []string{"/bin/sh", "-c", "grep Cpus_allowed_list /proc/self/status"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := io.ReadAll(p.Stdout())
+		if e := p.Wait(); e.Code != 0 {
+			t.Fatalf("rank %d: %v", l, e)
+		}
+		_, list, _ := strings.Cut(string(out), ":")
+		got, err := cpuset.Parse(list)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := bindCPUs(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, want) || len(got) == 0 {
+			t.Errorf("local rank %d of %d runs on CPUs %v, want %v", l, n, got, want)
+		}
+		for _, c := range got {
+			if slices.Contains(union, c) {
+				t.Errorf("CPU %d given to two ranks", c)
+			}
+		}
+		union = append(union, got...)
+	}
+	if after, _ := cpuset.Current(); !slices.Equal(after, own) {
+		t.Errorf("the launcher thread kept a rank's binding: %v, was %v", after, own)
+	}
+	// Without Bind a rank gets whatever the launcher has.
+	p, err := LocalStarter{}.Start(context.Background(), Worker{Slot: Slot{LocalSize: 1},
+		Argv: []string{"/bin/sh", "-c", "grep Cpus_allowed_list /proc/self/status"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(p.Stdout())
+	p.Wait()
+	_, list, _ := strings.Cut(string(out), ":")
+	if got, _ := cpuset.Parse(list); !slices.Equal(got, own) {
+		t.Errorf("unbound rank runs on %v, want the launcher's %v", got, own)
+	}
+}
+
+func TestBindMoreRanksThanCPUs(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("binding is Linux only")
+	}
+	own, err := cpuset.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := len(own) + 1
+	_, err = LocalStarter{Bind: true}.Start(context.Background(), Worker{
+		Slot: Slot{Rank: 0, Size: n, LocalRank: 0, LocalSize: n}, Argv: []string{"/bin/true"}})
+	if err == nil || !strings.Contains(err.Error(), "--bind-to core") || !strings.Contains(err.Error(), "ranks but only") {
+		t.Fatalf("err = %v, want a --bind-to core error saying there are too few CPUs", err)
+	}
+}
+
+func TestBindToRefusesSSHRanks(t *testing.T) {
+	o, err := ParseRunFlags([]string{"-H", "localhost:1,node-that-is-not-here:1", "--bind-to", "core", "true"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, err := RunHosts(context.Background(), o, io.Discard, io.Discard)
+	if code != ExitUsage || err == nil || !strings.Contains(err.Error(), "--bind-to core") ||
+		!strings.Contains(err.Error(), "node-that-is-not-here") {
+		t.Fatalf("RunHosts = %d, %v; want a usage error naming --bind-to core and the ssh host", code, err)
+	}
+}
+
+func TestBindToRefusesTooManyLocalRanks(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("binding is Linux only")
+	}
+	o, err := ParseRunFlags([]string{"-np", strconv.Itoa(runtime.NumCPU() + 1), "--bind-to", "core", "true"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, err := RunHosts(context.Background(), o, io.Discard, io.Discard)
+	if code != ExitUsage || err == nil || !strings.Contains(err.Error(), "ranks but only") {
+		t.Fatalf("RunHosts = %d, %v; want a usage error before any rank starts", code, err)
+	}
+}
