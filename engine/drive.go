@@ -311,6 +311,11 @@ func (e *Engine) recv() (transport.Msg, bool, error) {
 // what became ready (executing it here too). It reports whether anything happened, and sets
 // e.ended when the loop must stop.
 func (e *Engine) step(now time.Time) bool {
+	if err := e.aborted.Load(); err != nil { // Abort ran while this driver was busy
+		e.fail(*err)
+		e.ended = true
+		return true
+	}
 	if e.cfg.CycleTime > 0 && e.queued.Load() > 0 {
 		time.Sleep(e.cfg.CycleTime) // let more ops gather into one negotiation
 	}

@@ -75,8 +75,13 @@ type Engine struct {
 	// bgDriving: the background goroutine holds the drive token, and a caller that starts waiting
 	// must wake it to take over.
 	bgDriving atomic.Bool
+	// aborted is the error of an Abort that could not take the drive token: the driver fails
+	// the engine with it at its next step.
+	aborted atomic.Pointer[error]
 	// tl is the running timeline, or nil: the only cost of a disabled timeline is loading it.
-	tl atomic.Pointer[timeline.Timeline]
+	// tlMu orders StartTimeline and StopTimeline (the loop only loads tl).
+	tl   atomic.Pointer[timeline.Timeline]
+	tlMu sync.Mutex
 
 	// sets are the process sets by id, the global one (0) included. Only the driver changes the
 	// map, under mu; Enqueue reads it under mu.
@@ -90,8 +95,13 @@ type Engine struct {
 	hub      *negotiate.Hub
 	table    *negotiate.SetTable
 	foreign  int // (rank 0) process sets without rank 0, whose messages it must read all the time
-	outs     []outgoing
-	msgBuf   []byte
+	// Reused every cycle, so that the loop allocates nothing of its own in steady state (see
+	// TestDrainQueueAllocatesNothing): the queue slice drainQueue took last (Enqueue appends to
+	// it next), the per-set request lists, the Batch and its encoding.
+	spare  []*entry
+	outs   []outgoing
+	batch  negotiate.Batch
+	msgBuf []byte
 	// leaving is set once the shutdown barrier has been negotiated: every rank has reached
 	// Shutdown, so a peer closing its connections from then on is expected, not a failure.
 	leaving  bool
@@ -273,7 +283,8 @@ func (e *Engine) drainQueue(now time.Time) (took, ok bool) {
 	e.mu.Lock()
 	q := e.queue
 	if len(q) > 0 {
-		e.queue = nil
+		// Enqueue appends to last cycle's slice from now on; q is this cycle's.
+		e.queue, e.spare = e.spare, nil
 		e.queued.Store(0)
 	}
 	closed := e.closed
@@ -311,28 +322,56 @@ func (e *Engine) drainQueue(now time.Time) (took, ok bool) {
 			}
 			i := slices.IndexFunc(outs, func(o outgoing) bool { return o.ps == ps })
 			if i < 0 {
-				outs = append(outs, outgoing{ps: ps, reqs: make([]negotiate.Request, 0, len(q))})
-				i = len(outs) - 1
+				i = len(outs)
+				outs = addOutgoing(outs, ps)
 			}
 			outs[i].reqs = append(outs[i].reqs, en.req)
 		}
 		if join && !slices.ContainsFunc(outs, func(o outgoing) bool { return o.ps == e.global }) {
-			outs = append(outs, outgoing{ps: e.global})
+			outs = addOutgoing(outs, e.global)
 		}
 		for _, o := range outs {
-			b := &negotiate.Batch{Set: o.ps.id, Join: join && o.ps == e.global}
+			b := e.newBatch(o.ps.id, join && o.ps == e.global)
 			o.ps.cache.Compact(b, o.reqs...)
 			if !e.submit(now, b) {
 				return true, false
 			}
 		}
-		clear(outs)
+		// Keep the slices, drop what they point to.
+		clear(e.batch.Requests)
+		for i := range outs {
+			clear(outs[i].reqs)
+			outs[i].ps, outs[i].reqs = nil, outs[i].reqs[:0]
+		}
 		e.outs = outs[:0]
+		clear(q)
+		e.spare = q[:0]
 	}
 	if closed && e.inflight == 0 {
 		return len(q) > 0, false
 	}
 	return len(q) > 0, true
+}
+
+// addOutgoing appends an empty request list for ps to outs, reusing the list an earlier cycle left
+// in outs' capacity.
+func addOutgoing(outs []outgoing, ps *procSet) []outgoing {
+	if len(outs) < cap(outs) {
+		outs = outs[:len(outs)+1]
+		o := &outs[len(outs)-1]
+		o.ps, o.reqs = ps, o.reqs[:0]
+		return outs
+	}
+	return append(outs, outgoing{ps: ps})
+}
+
+// newBatch returns the engine's one Batch, emptied, for process set `set`. It is valid until the
+// next call; submit copies what it needs.
+func (e *Engine) newBatch(set int, join bool) *negotiate.Batch {
+	b := &e.batch
+	b.Rank, b.Seen, b.Set, b.Join = 0, 0, set, join
+	b.Requests, b.Cached = b.Requests[:0], b.Cached[:0]
+	return b
 }
 
 // submit hands one of this rank's Batches to the coordinator: its Hub on rank 0, else rank 0.
@@ -480,7 +519,7 @@ func (e *Engine) reportSeen() bool {
 	if e.joining == nil || e.leaving {
 		return true
 	}
-	b := &negotiate.Batch{}
+	b := e.newBatch(0, false)
 	e.global.cache.Compact(b)
 	return e.submit(time.Now(), b)
 }
@@ -608,29 +647,79 @@ func (e *Engine) lostError(r int, err error) error {
 }
 
 // tellPeers sends every reachable peer why this rank stops, so that ranks blocked on it report the
-// root cause rather than "rank N lost", and aborts the local shared-memory waits.
+// root cause rather than "rank N lost", and aborts the local shared-memory waits. It sends to all
+// peers at once, so that one that does not read its messages (its process is stuck, its control
+// connection full) delays nobody else's notice, and waits at most tellWait; it logs the peers it
+// could not tell, and why.
 func (e *Engine) tellPeers(err error) {
-	body := negotiate.EncodeAbort(nil, negotiate.Abort{Rank: e.g.Rank, Reason: err.Error()})
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	for r := 0; r < e.g.Size; r++ {
-		if r != e.g.Rank && e.g.Messenger.Lost(r) == nil {
-			_ = e.g.Messenger.SendMsg(ctx, r, body)
-		}
+	if terr := e.sendAbort(err); terr != nil {
+		slog.Warn("kolo: could not tell every peer why this rank stops; they will report it lost instead",
+			"rank", e.g.Rank, "err", terr)
 	}
-	cancel()
 	if e.g.Abort != nil {
 		e.g.Abort(err)
 	}
 }
 
+// tellWait bounds how long tellPeers waits for its abort notices to be sent.
+const tellWait = 500 * time.Millisecond
+
+// sendAbort sends err's text to every peer not known to be lost, concurrently, for at most
+// tellWait. The error names each peer it could not tell.
+func (e *Engine) sendAbort(err error) error {
+	body := negotiate.EncodeAbort(nil, negotiate.Abort{Rank: e.g.Rank, Reason: err.Error()})
+	ctx, cancel := context.WithTimeout(context.Background(), tellWait)
+	defer cancel()
+	type sent struct {
+		rank int
+		err  error
+	}
+	results := make(chan sent, e.g.Size) // room for every send: none blocks once we stop waiting
+	waiting := map[int]bool{}
+	for r := 0; r < e.g.Size; r++ {
+		if r == e.g.Rank || e.g.Messenger.Lost(r) != nil {
+			continue
+		}
+		waiting[r] = true
+		go func() { results <- sent{r, e.g.Messenger.SendMsg(ctx, r, body)} }()
+	}
+	var failed []sent
+	for len(waiting) > 0 {
+		select {
+		case s := <-results:
+			delete(waiting, s.rank)
+			if s.err != nil {
+				failed = append(failed, sent{s.rank, fmt.Errorf("rank %d: sending the abort notice failed: %w", s.rank, s.err)})
+			}
+		case <-ctx.Done():
+			// A Messenger that honours ctx answers at once now; one that does not is left behind.
+			for r := range waiting {
+				failed = append(failed, sent{r, fmt.Errorf("rank %d: the abort notice was not sent within %v", r, tellWait)})
+			}
+			waiting = nil
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	slices.SortFunc(failed, func(a, b sent) int { return a.rank - b.rank })
+	errs := make([]error, len(failed))
+	for i, f := range failed {
+		errs[i] = f.err
+	}
+	return fmt.Errorf("rank %d: %w", e.g.Rank, errors.Join(errs...))
+}
+
 // Abort stops the engine because its user failed outside kolo (an uncaught Python exception, an
 // error the program gives up on): every pending and future op here fails with err, and every
 // peer's with err's text, so ranks blocked on this one say why instead of "rank N lost". It
-// returns once the peers have been told, within about a second. Aborting an engine that has
-// already stopped or shut down does nothing.
+// returns once the peers have been told, within abortWait+tellWait (about a second): a driver that
+// does not give way (busy in a collective) is left to stop at its next step, and a peer that does
+// not take its notice in time is logged. Aborting an engine that has already stopped or shut down
+// does nothing.
 func (e *Engine) Abort(err error) {
 	e.mu.Lock()
-	done := e.fatal != nil || e.closed
+	done := e.fatal != nil || e.closed || e.aborted.Load() != nil
 	e.mu.Unlock()
 	if done {
 		return
@@ -651,10 +740,14 @@ func (e *Engine) Abort(err error) {
 	}
 	e.waiting.Add(-1)
 	if !got {
-		// The driver's collective ends when the peers abort theirs; it then fails every
-		// handle here itself.
-		slog.Error("kolo engine aborting", "rank", e.g.Rank, "err", err)
+		// The driver is inside a collective, which ends when the peers abort theirs (or
+		// completes), or it is a caller that drives until its own op ends. Its next step fails
+		// every handle here with err; wake it in case it sleeps.
+		e.aborted.CompareAndSwap(nil, &err)
+		slog.Error("kolo engine aborting: the loop's driver did not give way within "+abortWait.String()+
+			" (it may be inside a collective); telling the peers without it", "rank", e.g.Rank, "err", err)
 		e.tellPeers(err)
+		e.wakeDriver()
 		return
 	}
 	if !e.ended {

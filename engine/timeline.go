@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -49,24 +50,43 @@ func collectiveLabel(k negotiate.OpKind) string {
 
 // StartTimeline starts writing a Chrome trace of this rank's engine to path, replacing a running
 // one. Only rank 0 records, unless path contains "{rank}", which every rank replaces with its rank
-// to record its own file; on other ranks this is a no-op.
+// to record its own file; on other ranks this is a no-op. Safe to call from any goroutine, also
+// with StopTimeline.
 func (e *Engine) StartTimeline(path string, markCycles bool) error {
 	if !strings.Contains(path, "{rank}") && e.g.Rank != 0 {
 		return nil
 	}
 	path = strings.ReplaceAll(path, "{rank}", strconv.Itoa(e.g.Rank))
+	e.tlMu.Lock()
+	defer e.tlMu.Unlock()
+	var stopErr error
+	if old := e.tl.Load(); old != nil && old.Path() == path {
+		// The same file: the old recording must finish before the new one truncates it, or its
+		// last write lands in the middle of the new trace.
+		stopErr = e.stopTimeline()
+	}
 	tl, err := timeline.Start(path, markCycles)
 	if err != nil {
-		return fmt.Errorf("rank %d: %w", e.g.Rank, err)
+		return errors.Join(stopErr, fmt.Errorf("rank %d: %w", e.g.Rank, err))
 	}
 	if old := e.tl.Swap(tl); old != nil {
-		return old.Stop()
+		if err := old.Stop(); err != nil {
+			return fmt.Errorf("rank %d: %w", e.g.Rank, err)
+		}
 	}
-	return nil
+	return stopErr
 }
 
-// StopTimeline finishes the running timeline's file, if any.
+// StopTimeline finishes the running timeline's file, if any. Safe to call from any goroutine;
+// it returns once the file is complete.
 func (e *Engine) StopTimeline() error {
+	e.tlMu.Lock()
+	defer e.tlMu.Unlock()
+	return e.stopTimeline()
+}
+
+// stopTimeline is StopTimeline under tlMu.
+func (e *Engine) stopTimeline() error {
 	if old := e.tl.Swap(nil); old != nil {
 		if err := old.Stop(); err != nil {
 			return fmt.Errorf("rank %d: %w", e.g.Rank, err)

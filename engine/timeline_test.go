@@ -4,6 +4,7 @@ package engine
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -146,6 +147,57 @@ func TestTimelinePerRank(t *testing.T) {
 		}
 		if strings.Contains(strings.Join(spans["(global)"], ","), "CYCLE") {
 			t.Errorf("rank %d marked cycles", r)
+		}
+	}
+}
+
+// Starting the timeline again on the file it is writing (hvd.start_timeline twice), also from
+// several goroutines and racing StopTimeline: the old recording's last write must not land in the
+// new file, and each call returns once its work is done.
+func TestTimelineRestartOnSameFile(t *testing.T) {
+	c := newCluster(t, 1, DefaultConfig())
+	e := c.engines[0]
+	ctx := waitCtx(t)
+	path := filepath.Join(t.TempDir(), "timeline.json")
+	for round := range 5 {
+		if err := e.StartTimeline(path, true); err != nil {
+			t.Fatal(err)
+		}
+		// Records the writer has not flushed yet (it writes every 100 ms) when the restart comes.
+		for i := range 50 {
+			buf := f32(1)
+			if err := e.Enqueue(allreduceReq(fmt.Sprintf("old%d.%d", round, i), 1), buf, buf).Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := e.StartTimeline(path, false); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+		buf := f32(1)
+		if err := e.Enqueue(allreduceReq("new", 1), buf, buf).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := e.StopTimeline(); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+		spans, _ := traceRows(t, path)
+		if !slices.Contains(spans["new"], "B KOLO_ALLREDUCE") {
+			t.Fatalf("round %d: the restarted trace lacks the op recorded after the restart: %v", round, spans)
 		}
 	}
 }

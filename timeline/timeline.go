@@ -161,17 +161,18 @@ func (t *Timeline) Cycle() {
 	}
 }
 
-// Stop writes what is left, closes the array and the file. Calls after the first return nil.
+// Stop writes what is left, closes the array and the file. It may be called any number of times,
+// from any goroutine, also while others record: every call returns once the file is complete, with
+// the same error. Records that lose the race with Stop are dropped, never half-written.
 func (t *Timeline) Stop() error {
 	t.mu.Lock()
-	if t.stopped {
-		t.mu.Unlock()
-		return nil
-	}
+	first := !t.stopped
 	t.stopped = true
 	t.mu.Unlock()
-	close(t.stop)
-	<-t.done
+	if first {
+		close(t.stop)
+	}
+	<-t.done // the writer sets err before it closes done
 	return t.err
 }
 

@@ -185,6 +185,76 @@ func TestConcurrentRecordingAndStop(t *testing.T) {
 	readTrace(t, path)
 }
 
+// Stop called from several goroutines at once, while others keep recording: every call returns
+// only once the file is complete (each caller may read it at once, as kolo.StopTimeline's callers
+// do), and all return the same result.
+func TestConcurrentStops(t *testing.T) {
+	const stoppers, recorded = 4, 200
+	for round := range 10 {
+		path := filepath.Join(t.TempDir(), fmt.Sprintf("trace%d.json", round))
+		tl, err := Start(path, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range recorded { // before any Stop: every one must be in the file
+			tl.Submitted(0, fmt.Sprintf("before.%d", i), "ALLREDUCE", 0)
+		}
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for g := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				for i := range 1000 {
+					tl.Cycle()
+					tl.Submitted(0, fmt.Sprintf("racing.%d.%d", g, i%10), "ALLGATHER", g)
+				}
+			}()
+		}
+		errs := make(chan error, stoppers)
+		for range stoppers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				if err := tl.Stop(); err != nil {
+					errs <- err
+					return
+				}
+				data, err := os.ReadFile(path)
+				if err != nil {
+					errs <- err
+					return
+				}
+				var evs []traceEvent
+				if err := json.Unmarshal(data, &evs); err != nil {
+					errs <- fmt.Errorf("Stop returned before the trace was complete JSON: %v", err)
+					return
+				}
+				n := 0
+				for _, e := range evs {
+					if e.Ph == "i" && e.Name == "rank 0" {
+						n++
+					}
+				}
+				if n < recorded {
+					errs <- fmt.Errorf("Stop returned with %d of the %d submissions recorded before it in the file", n, recorded)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Errorf("round %d: %v", round, err)
+		}
+		if err := tl.Stop(); err != nil { // and once more, after everything
+			t.Fatal(err)
+		}
+	}
+}
+
 func TestStartErrors(t *testing.T) {
 	if _, err := Start("", false); err == nil {
 		t.Error("empty path accepted")

@@ -107,14 +107,6 @@ func (h *Hub) Coordinator(id int) *Coordinator {
 	return nil
 }
 
-// Members returns the job ranks of process set id (read-only), or nil.
-func (h *Hub) Members(id int) []int {
-	if s := h.sets[id]; s != nil {
-		return s.ranks
-	}
-	return nil
-}
-
 // Pending is the number of ops, over every set, that some but not all members have submitted.
 func (h *Hub) Pending() int {
 	n := 0

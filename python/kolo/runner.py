@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 
 try:
@@ -34,6 +35,14 @@ _PAYLOAD_FILE_ENV = "KOLO_RUN_PAYLOAD_FILE"
 _MARKER = "\x1ekolo.run:"
 # Linux limits one environment string to 128 KiB; leave room for the name.
 _MAX_PAYLOAD = 120 << 10
+# Once every rank has sent its result, the job only has to shut kolo down (its shutdown barrier
+# waits at most 30 s) and exit: kolo.run waits this long for that, then stops the job and names the
+# ranks that had not finished. Then, once kolo run has exited, it waits this long for the rest of
+# its output.
+_EXIT_WAIT = 60.0
+_OUTPUT_WAIT = 10.0
+# How long a stopped job gets to exit on SIGTERM before kolo.run kills the launcher.
+_KILL_WAIT = 10.0
 _PREFIX = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:")
 _FIRST_FAILED = re.compile(r"kolo run: rank (\d+) on \S+ .*\(the first rank to fail\)")
 
@@ -100,7 +109,9 @@ def run(func, args=(), kwargs=None, np=1, hosts=None, hostfile=None, env=None, e
     environment; executable is the Python to run (default: this one); start_timeout is in seconds;
     extra_args are more kolo run flags (e.g. ["--fusion-threshold-mb", "32"]). If any rank raises
     or dies, every rank is stopped and RuntimeError names the first rank that failed, with its
-    traceback.
+    traceback. If every rank has returned but the job has not ended a minute later (a rank kept
+    alive by a thread that is not a daemon, say), the job is stopped and RuntimeError names the
+    ranks that had not exited.
     """
     payload = _encode_payload(func, args, kwargs)
     (payload_name, payload_value), payload_file = _payload_env(payload, _local_only(hosts, hostfile))
@@ -148,8 +159,23 @@ def _run(payload_name, payload_value, np, hosts, hostfile, env, executable, verb
     cmd += [executable or sys.executable, "-c", "from kolo.runner import _worker_main; _worker_main()"]
 
     results, errors, stderr_tail = {}, {}, []
+    finished = set()  # ranks whose Python code has ended after their result (the "exit" marker)
+    nranks = int(np)
     proc = subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, errors="replace")
+    exited = threading.Event()  # proc.wait() has returned
+    overdue = threading.Event()  # the job outlived _EXIT_WAIT after the last result: stopped
+
+    def stop_overdue_job():
+        if exited.is_set():
+            return
+        overdue.set()
+        proc.terminate()  # kolo run stops every rank on SIGTERM
+        if not exited.wait(_KILL_WAIT):
+            proc.kill()  # the ranks die with it (they are started with a parent-death signal)
+
+    exit_timer = threading.Timer(_EXIT_WAIT, stop_overdue_job)
+    exit_timer.daemon = True
 
     def read_stdout():
         for line in proc.stdout:
@@ -161,8 +187,13 @@ def _run(payload_name, payload_value, np, hosts, hostfile, env, executable, verb
             if _PREFIX.sub("", before):  # output the rank printed without a newline
                 sys.stdout.write(before + "\n")
             kind, rank, data = line[i + len(_MARKER):].strip().split(":", 2)
+            if kind == "exit":
+                finished.add(int(rank))
+                continue
             # Decoded after the job: a thread that raised here would stop draining the pipe.
             (results if kind == "ok" else errors)[int(rank)] = data
+            if len(results) + len(errors) == nranks and exit_timer.ident is None:
+                exit_timer.start()
         sys.stdout.flush()
 
     def read_stderr():
@@ -172,8 +203,8 @@ def _run(payload_name, payload_value, np, hosts, hostfile, env, executable, verb
             del stderr_tail[:-200]
         sys.stderr.flush()
 
-    readers = [threading.Thread(target=read_stdout, daemon=True),
-               threading.Thread(target=read_stderr, daemon=True)]
+    readers = [threading.Thread(target=read_stdout, name="standard output", daemon=True),
+               threading.Thread(target=read_stderr, name="standard error", daemon=True)]
     for t in readers:
         t.start()
     try:
@@ -183,14 +214,43 @@ def _run(payload_name, payload_value, np, hosts, hostfile, env, executable, verb
         proc.wait()
         raise
     finally:
+        exited.set()
+        exit_timer.cancel()
+        # Bounded: a process the ranks started may hold the pipes open after kolo run exits, and
+        # a reader blocks while this process's own sys.stdout does.
+        deadline = time.monotonic() + _OUTPUT_WAIT
         for t in readers:
-            t.join()
+            t.join(max(0.0, deadline - time.monotonic()))
+    unread = [t.name for t in readers if t.is_alive()]
+    if overdue.is_set() and not errors:  # (a rank's error explains more than the hang)
+        hung = sorted(r for r in results if r not in finished)
+        e = RuntimeError(
+            "kolo.run: every rank returned its result, but %s %g s later, so the job was stopped"
+            % (("%s had not exited (a thread that is not a daemon, or an atexit handler, keeps it "
+                "alive)" % _ranks(hung)) if hung else
+               "kolo run had not ended (a process the ranks started may still hold its output open)",
+               _EXIT_WAIT))
+        e.ranks = hung
+        raise e
     if code != 0 or errors:
         raise _failure(code, {r: _loads(d) for r, d in errors.items()}, "".join(stderr_tail))
-    missing = [r for r in range(int(np)) if r not in results]
+    missing = [r for r in range(nranks) if r not in results]
+    if missing and unread:
+        e = RuntimeError(
+            "kolo.run: the job succeeded, but the result of %s was never read: kolo run's %s was "
+            "still being read %g s after it exited (this process's own %s may block, or a process "
+            "the ranks started holds the pipe open)"
+            % (_ranks(missing), " and ".join(unread), _OUTPUT_WAIT, " or ".join(
+                "sys.stdout" if n == "standard output" else "sys.stderr" for n in unread)))
+        e.ranks = missing
+        raise e
     if missing:
         raise RuntimeError("kolo.run: the job succeeded but ranks %s returned no result" % missing)
-    return [_loads(results[r]) for r in range(int(np))]
+    return [_loads(results[r]) for r in range(nranks)]
+
+
+def _ranks(ranks):
+    return ("rank %d" % ranks[0]) if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
 class _DriverUnpickler(pickle.Unpickler):
@@ -287,3 +347,15 @@ def _worker_main():
         sys.stderr.write("kolo.run: rank result cannot be pickled: %s\n" % e)
         sys.stderr.flush()
         os._exit(1)
+    # Says that this rank's own code has ended: the interpreter runs atexit handlers once every
+    # thread that is not a daemon has. Registered last, it runs before kolo's own shutdown.
+    import atexit
+    atexit.register(_emit_exit)
+
+
+def _emit_exit():
+    rank = os.environ.get("KOLO_RANK", os.environ.get("HOROVOD_RANK", "0"))
+    try:
+        os.write(1, ("%sexit:%s:\n" % (_MARKER, rank)).encode("ascii"))
+    except OSError:
+        pass  # nobody reads any more
