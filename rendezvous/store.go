@@ -49,13 +49,9 @@ func (s *Store) Set(key string, value []byte) error {
 	return s.set(key, append([]byte(nil), value...))
 }
 
-// set takes ownership of value.
-func (s *Store) set(key string, value []byte) error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return fmt.Errorf("rendezvous set %q: %w", key, ErrClosed)
-	}
+// storeAndUnlock stores value under key, releases s.mu (which the caller holds) and wakes the
+// key's waiters; they are woken outside the lock, as their callbacks may call back into s.
+func (s *Store) storeAndUnlock(key string, value []byte) {
 	s.vals[key] = value
 	ws := s.waiters[key]
 	delete(s.waiters, key)
@@ -63,6 +59,16 @@ func (s *Store) set(key string, value []byte) error {
 	for w := range ws {
 		w.fire(value, nil)
 	}
+}
+
+// set takes ownership of value.
+func (s *Store) set(key string, value []byte) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return fmt.Errorf("rendezvous set %q: %w", key, ErrClosed)
+	}
+	s.storeAndUnlock(key, value)
 	return nil
 }
 
@@ -84,13 +90,7 @@ func (s *Store) SetIfAbsent(key string, value []byte) (stored bool, err error) {
 		s.mu.Unlock()
 		return false, nil
 	}
-	s.vals[key] = value
-	ws := s.waiters[key]
-	delete(s.waiters, key)
-	s.mu.Unlock()
-	for w := range ws {
-		w.fire(value, nil)
-	}
+	s.storeAndUnlock(key, value)
 	return true, nil
 }
 
@@ -202,13 +202,7 @@ func (s *Store) Add(key string, delta int64) (int64, error) {
 	}
 	next := cur + delta
 	val := strconv.AppendInt(nil, next, 10)
-	s.vals[key] = val
-	ws := s.waiters[key]
-	delete(s.waiters, key)
-	s.mu.Unlock()
-	for w := range ws {
-		w.fire(val, nil)
-	}
+	s.storeAndUnlock(key, val)
 	return next, nil
 }
 

@@ -4,23 +4,9 @@ read, ends in an error that says what kolo.run waited for instead of hanging the
     make lib build && /usr/bin/python3 -m pytest python/tests/test_run.py
 """
 
-import os
-import textwrap
 import time
-import uuid
 
-from test_ops import PY, run
-
-
-def _driver(code, timeout):
-    """Runs a driver script (a file, so its functions can be imported by the workers)."""
-    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "kolo_run_%s.py" % uuid.uuid4().hex)
-    with open(path, "w") as f:
-        f.write(textwrap.dedent(code))
-    try:
-        return run([PY, path], timeout=timeout)
-    finally:
-        os.remove(path)
+from test_training import _driver
 
 
 def test_a_rank_that_hangs_after_returning_is_named():
