@@ -133,16 +133,7 @@ func Init(opts ...Option) error {
 	if err != nil {
 		return fmt.Errorf("kolo.Init: %w", err)
 	}
-	if cfg.Spin < 0 {
-		cfg.Spin = engine.DefaultSpin(boot.Job.LocalSize)
-		cfg.Yields = engine.DefaultYields(boot.Job.LocalSize)
-	} else if o.world.ShmSpin == 0 {
-		// KOLO_SPIN_TIME given: the shared-memory waits follow it (0 there means the default).
-		o.world.ShmSpin = cfg.Spin
-		if cfg.Spin == 0 {
-			o.world.ShmSpin = -1
-		}
-	}
+	cfg, o.world = spinSettings(cfg, o.world, boot.Job.LocalSize)
 	w, err := world.Connect(context.Background(), boot.Job, boot.Secret, o.world)
 	if err != nil {
 		boot.Close()
@@ -160,6 +151,26 @@ func Init(opts ...Option) error {
 	}
 	cur = &state{job: job, boot: boot, world: w, engine: e, names: newNamer()}
 	return nil
+}
+
+// spinSettings settles how long this rank's waits poll. A Spin left unset (negative, as in
+// engine.DefaultConfig and in ConfigFromEnv without KOLO_SPIN_TIME) becomes the host's default,
+// and the shared-memory waits keep theirs. A Spin given (KOLO_SPIN_TIME, or a Config that sets it)
+// governs the shared-memory waits too, unless the world options set ShmSpin themselves: 0 means
+// never to spin there as here (for shm.Config.Spin 0 would mean its default).
+func spinSettings(cfg engine.Config, w world.Options, localSize int) (engine.Config, world.Options) {
+	if cfg.Spin < 0 {
+		cfg.Spin = engine.DefaultSpin(localSize)
+		cfg.Yields = engine.DefaultYields(localSize)
+		return cfg, w
+	}
+	if w.ShmSpin == 0 {
+		w.ShmSpin = cfg.Spin
+		if cfg.Spin == 0 {
+			w.ShmSpin = -1
+		}
+	}
+	return cfg, w
 }
 
 // applyLogLevel sets the level of slog's default logger from KOLO_LOG_LEVEL (kolo run
@@ -296,12 +307,11 @@ func (t Tensor) check() error {
 	if !t.DType.Valid() {
 		return fmt.Errorf("invalid dtype %v", t.DType)
 	}
-	for _, d := range t.Shape {
-		if d < 0 {
-			return fmt.Errorf("negative dimension in shape %v", t.Shape)
-		}
+	want, err := dtype.Bytes(t.DType, t.Shape)
+	if err != nil {
+		return err // a negative dimension, or more bytes than any memory holds: never wrapped to fit
 	}
-	if want := t.NumElements() * int64(t.DType.Size()); int64(len(t.Data)) != want {
+	if int64(len(t.Data)) != want {
 		return fmt.Errorf("shape %v of %v needs %d bytes, data has %d", t.Shape, t.DType, want, len(t.Data))
 	}
 	return nil

@@ -21,17 +21,8 @@ import (
 	"os"
 	"strings"
 	"time"
-)
 
-// Where a job secret may come from, beside kolo run's --secret-file (see JobSecret).
-const (
-	// SecretEnv is the environment variable through which the launcher hands the job secret to
-	// workers, and through which a user may give it.
-	SecretEnv = "KOLO_SECRET"
-	// SecretFileEnv names a file holding the job secret.
-	SecretFileEnv = "KOLO_SECRET_FILE"
-	// HorovodSecretEnv is Horovod's name for the secret, read for scripts started by tools that set it.
-	HorovodSecretEnv = "HOROVOD_SECRET_KEY"
+	"github.com/kolo-dl/kolo/jobenv"
 )
 
 // ErrDenied means the peer did not prove knowledge of the secret (or sent garbage).
@@ -73,28 +64,28 @@ func NewSecret() (string, error) {
 // A variable that is empty or only blanks is not given. A source that is given but unusable (a file
 // that cannot be read, or holds only blanks) is an error naming the source, never a reason to fall
 // through to the next one: a wrong mount must not quietly pick another secret. With no source it
-// returns nil and no error. from names the source ("--secret-file", "KOLO_SECRET", ...) for messages.
-func JobSecret(file string, env map[string]string) (secret []byte, from string, err error) {
-	readFile := func(from, path string) ([]byte, string, error) {
+// returns nil and no error.
+func JobSecret(file string, env map[string]string) ([]byte, error) {
+	readFile := func(from, path string) ([]byte, error) {
 		b, err := ReadSecretFile(path) // its errors name the path
 		if err != nil {
-			return nil, from, fmt.Errorf("%s: %w", from, err)
+			return nil, fmt.Errorf("%s: %w", from, err)
 		}
-		return b, from, nil
+		return b, nil
 	}
 	if file != "" {
 		return readFile("--secret-file", file)
 	}
-	if v := strings.TrimSpace(env[SecretEnv]); v != "" {
-		return []byte(v), SecretEnv, nil
+	if v := strings.TrimSpace(env[jobenv.Secret]); v != "" {
+		return []byte(v), nil
 	}
-	if path := strings.TrimSpace(env[SecretFileEnv]); path != "" {
-		return readFile(SecretFileEnv, path)
+	if path := strings.TrimSpace(env[jobenv.SecretFile]); path != "" {
+		return readFile(jobenv.SecretFile, path)
 	}
-	if v := strings.TrimSpace(env[HorovodSecretEnv]); v != "" {
-		return []byte(v), HorovodSecretEnv, nil
+	if v := strings.TrimSpace(env[jobenv.HorovodSecret]); v != "" {
+		return []byte(v), nil
 	}
-	return nil, "", nil
+	return nil, nil
 }
 
 // ReadSecretFile reads a secret from a file (trailing whitespace ignored) and refuses an empty one.

@@ -50,7 +50,7 @@ def run(cmd, env=None, timeout=900):
 def bench_kolo(args, out):
     kolo = os.path.join(ROOT, "bin", "kolo")
     run([kolo, "bench", "allreduce", "-np", str(args.np), "--sizes", args.sizes, "--iters", str(args.iters),
-         "--json", out])
+         "--warmup", str(args.warmup), "--json", out])
 
 
 def split_sizes(args):
@@ -78,7 +78,7 @@ def bench_gloo(args, out):
         env = dict(os.environ, **MALLOC_ENV, RANK=str(r), WORLD_SIZE=str(args.np), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen([PY, os.path.join(HERE, "peers", "gloo_allreduce.py"), "--sizes", args.sizes,
-                                       "--iters", str(args.iters), "--warmup", str(getattr(args, "warmup", 3)),
+                                       "--iters", str(args.iters), "--warmup", str(args.warmup),
                                        "--json", out],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     try:
@@ -99,7 +99,7 @@ def bench_mpi(args, out):
         raise RuntimeError("mpirun not found (apt-get install openmpi-bin python3-mpi4py)")
     run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(args.np), PY,
          os.path.join(HERE, "peers", "mpi_allreduce.py"), "--sizes", args.sizes, "--iters", str(args.iters),
-         "--json", out], env={"OMPI_MCA_rmaps_base_oversubscribe": "1"})
+         "--warmup", str(args.warmup), "--json", out], env={"OMPI_MCA_rmaps_base_oversubscribe": "1"})
 
 
 def human(n):
@@ -116,6 +116,8 @@ def main():
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--small-iters", type=int, default=1000,
                    help="iterations for sizes up to 64 KiB (default 1000)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="untimed iterations per size, for every peer (default 3, as kolo bench's)")
     p.add_argument("--json", help="write the combined table as JSON here")
     args = p.parse_args()
 
@@ -132,8 +134,8 @@ def main():
         except Exception as e:  # a missing peer is reported, the others still run
             missing[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
     print(f"# allreduce float32 sum, np={args.np}, median of {args.iters} ops "
-          f"({max(args.small_iters, args.iters)} up to {human(SMALL_BYTES)}), warm buffers; "
-          f"busbw = algbw x 2(n-1)/n; ratios > 1 mean kolo is faster")
+          f"({max(args.small_iters, args.iters)} up to {human(SMALL_BYTES)}) after {args.warmup} untimed, "
+          f"warm buffers; busbw = algbw x 2(n-1)/n; ratios > 1 mean kolo is faster")
     hdr = ["size", "kolo us", "gloo us", "mpi us", "kolo busbw", "gloo busbw", "mpi busbw", "kolo/gloo", "kolo/mpi"]
     rows = []
     for nbytes in sorted(data.get("kolo", {})):
@@ -158,7 +160,7 @@ def main():
         print(f"# {name}: not measured: {why}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"np": args.np, "results": data, "missing": missing}, f, indent=2)
+            json.dump({"np": args.np, "warmup": args.warmup, "results": data, "missing": missing}, f, indent=2)
     return 0 if "kolo" in data else 1
 
 

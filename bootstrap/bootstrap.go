@@ -74,7 +74,7 @@ func Join(ctx context.Context, env map[string]string, hostname string, opt Optio
 	if d.Job.Size == 1 {
 		return s, nil
 	}
-	secret, _, err := auth.JobSecret("", env) // nil when the user gave none
+	secret, err := auth.JobSecret("", env) // nil when the user gave none
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: %w", d.Job.Rank, err)
 	}

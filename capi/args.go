@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -21,14 +22,23 @@ import (
 // the address space. That a non-null pointer really covers the bytes its shape claims is the
 // caller's promise (torch's data_ptr() and numel() keep it).
 
-// argError is a C argument that an exported function refused.
+// argError is a C argument that an exported function refused. It is built on the checks' error
+// paths only, and formatted only when read: the checks run on every call (every member of a group),
+// and a valid call allocates nothing for them.
 type argError struct {
-	arg   string // the parameter's name in the C signature, with [i] for an array element
+	arg   string // the parameter's name in the C signature
+	index int    // the element of array parameter arg that was refused, or whole (-1): arg itself
 	value any    // what the caller passed ("NULL" for a null pointer)
 	why   string
 }
 
+// whole is argError.index for an argument refused as a whole, not one element of an array.
+const whole = -1
+
 func (e *argError) Error() string {
+	if e.index != whole {
+		return fmt.Sprintf("argument %s[%d] = %v: %s", e.arg, e.index, e.value, e.why)
+	}
 	return fmt.Sprintf("argument %s = %v: %s", e.arg, e.value, e.why)
 }
 
@@ -38,26 +48,26 @@ const null = "NULL" // a null pointer, as an argError shows it
 // and countArg name the pointer and the count in the C signature.
 func cArray[T any](arg, countArg string, p unsafe.Pointer, n int) ([]T, error) {
 	if n < 0 {
-		return nil, &argError{countArg, n, "negative"}
+		return nil, &argError{countArg, whole, n, "negative"}
 	}
 	if n == 0 {
 		return nil, nil
 	}
 	if p == nil {
-		return nil, &argError{arg, null, fmt.Sprintf("but %s = %d", countArg, n)}
+		return nil, &argError{arg, whole, null, fmt.Sprintf("but %s = %d", countArg, n)}
 	}
 	var zero T
-	if err := checkExtent(arg, p, uint64(n)*uint64(unsafe.Sizeof(zero))); err != nil {
+	if err := checkExtent(arg, whole, p, uint64(n)*uint64(unsafe.Sizeof(zero))); err != nil {
 		return nil, err
 	}
 	return unsafe.Slice((*T)(p), n), nil
 }
 
-// checkExtent refuses nbytes at p that would run past the end of the address space (unsafe.Slice
-// panics on those).
-func checkExtent(arg string, p unsafe.Pointer, nbytes uint64) error {
+// checkExtent refuses nbytes at p, argument arg (element index of it, or whole), that would run
+// past the end of the address space (unsafe.Slice panics on those).
+func checkExtent(arg string, index int, p unsafe.Pointer, nbytes uint64) error {
 	if nbytes > uint64(math.MaxInt) || uintptr(nbytes) > -uintptr(p) {
-		return &argError{arg, p, fmt.Sprintf("%d bytes from there run past the end of the address space", nbytes)}
+		return &argError{arg, index, p, fmt.Sprintf("%d bytes from there run past the end of the address space", nbytes)}
 	}
 	return nil
 }
@@ -89,10 +99,10 @@ var dtypeCodes = func() string {
 	return b.String()
 }()
 
-// cDType is the dtype with C code v.
-func cDType(arg string, v int) (dtype.DType, error) {
+// cDType is the dtype with C code v, passed as arg (element index of it, or whole).
+func cDType(arg string, index, v int) (dtype.DType, error) {
 	if v <= 0 || v > math.MaxUint8 || !dtype.DType(v).Valid() {
-		return dtype.Invalid, &argError{arg, v, "not a dtype code (" + dtypeCodes + ")"}
+		return dtype.Invalid, &argError{arg, index, v, "not a dtype code (" + dtypeCodes + ")"}
 	}
 	return dtype.DType(v), nil
 }
@@ -103,15 +113,15 @@ func cReduceOp(arg string, v int) (kolo.Op, error) {
 	case kolo.Average, kolo.Sum, kolo.Min, kolo.Max, kolo.Product:
 		return op, nil
 	case 2:
-		return 0, &argError{arg, v, "Adasum is not implemented"}
+		return 0, &argError{arg, whole, v, "Adasum is not implemented"}
 	}
-	return 0, &argError{arg, v, "not a reduction code (0 Average, 1 Sum, 3 Min, 4 Max, 5 Product)"}
+	return 0, &argError{arg, whole, v, "not a reduction code (0 Average, 1 Sum, 3 Min, 4 Max, 5 Product)"}
 }
 
 // cKind checks an op kind code.
 func cKind(arg string, v int) error {
 	if v < kindAllreduce || v > kindJoin {
-		return &argError{arg, v, "not an op kind (1 allreduce, 2 allgather, 3 broadcast, 4 alltoall, " +
+		return &argError{arg, whole, v, "not an op kind (1 allreduce, 2 allgather, 3 broadcast, 4 alltoall, " +
 			"5 reducescatter, 6 barrier, 7 join)"}
 	}
 	return nil
@@ -120,7 +130,7 @@ func cKind(arg string, v int) error {
 // notNegative checks a rank, id or count that may not be negative.
 func notNegative[T ~int | ~int32 | ~int64](arg string, v T) error {
 	if v < 0 {
-		return &argError{arg, v, "negative"}
+		return &argError{arg, whole, v, "negative"}
 	}
 	return nil
 }
@@ -130,7 +140,7 @@ func notNegative[T ~int | ~int32 | ~int64](arg string, v T) error {
 func tensorBytes(arg string, dt dtype.DType, shape []int64) (int64, error) {
 	for i, d := range shape {
 		if d < 0 {
-			return 0, &argError{fmt.Sprintf("%s[%d]", arg, i), d, fmt.Sprintf("negative dimension in shape %v", shape)}
+			return 0, &argError{arg, i, d, fmt.Sprintf("negative dimension in shape %v", shape)}
 		}
 	}
 	n := int64(dt.Size())
@@ -139,28 +149,37 @@ func tensorBytes(arg string, dt dtype.DType, shape []int64) (int64, error) {
 			return 0, nil
 		}
 		if n > math.MaxInt64/d {
-			return 0, &argError{arg, shape, fmt.Sprintf("more bytes of %v than any memory holds", dt)}
+			return 0, &argError{arg, whole, shape, fmt.Sprintf("more bytes of %v than any memory holds", dt)}
 		}
 		n *= d
 	}
 	return n, nil
 }
 
-// cTensor is the caller's tensor at p (arg names the pointer): dtype dt, shape as given (copied).
-// A null p is allowed only for a tensor of no elements.
-func cTensor(arg string, p unsafe.Pointer, dt dtype.DType, shape []int64) (kolo.Tensor, error) {
+// cTensor is the caller's tensor at p, which is argument arg (element index of it, or whole):
+// dtype dt and shape as given (copied), the elements off.. of the C argument shapeArg (which
+// errors name). A null p is allowed only for a tensor of no elements.
+func cTensor(arg string, index int, p unsafe.Pointer, dt dtype.DType, shapeArg string, off int,
+	shape []int64) (kolo.Tensor, error) {
 	if shape == nil {
 		shape = []int64{}
 	}
 	t := kolo.Tensor{DType: dt, Shape: shape, Data: []byte{}}
-	n, err := tensorBytes("shape", dt, shape)
-	if err != nil || n == 0 {
+	n, err := tensorBytes(shapeArg, dt, shape)
+	if err != nil {
+		var ae *argError
+		if errors.As(err, &ae) && ae.index != whole {
+			ae.index += off // a dimension, as the caller's array numbers it
+		}
 		return t, err
 	}
-	if p == nil {
-		return t, &argError{arg, null, fmt.Sprintf("but shape %v of %v needs %d bytes", shape, dt, n)}
+	if n == 0 {
+		return t, nil
 	}
-	if err := checkExtent(arg, p, uint64(n)); err != nil {
+	if p == nil {
+		return t, &argError{arg, index, null, fmt.Sprintf("but shape %v of %v needs %d bytes", shape, dt, n)}
+	}
+	if err := checkExtent(arg, index, p, uint64(n)); err != nil {
 		return t, err
 	}
 	t.Data = unsafe.Slice((*byte)(p), n)

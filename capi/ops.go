@@ -144,16 +144,22 @@ func release(id int64) {
 // errUnknownHandle says a handle was never issued or was released already.
 var errUnknownHandle = errors.New("unknown handle (never issued, or released already)")
 
+// unknownHandle is the error for h, which is not a handle.
+func unknownHandle(h C.int64_t) error {
+	return fmt.Errorf("handle %d: %w", int64(h), errUnknownHandle)
+}
+
 // completed is the kolo handle of op h, which must have completed successfully and be a
 // collective or process-set change (init and shutdown have no result to read).
 func completed(h C.int64_t) (*kolo.Handle, error) {
 	o := lookup(int64(h))
-	switch {
-	case o == nil:
-		return nil, fmt.Errorf("handle %d: %w", int64(h), errUnknownHandle)
-	case o.status() == statusPending:
+	if o == nil {
+		return nil, unknownHandle(h)
+	}
+	switch st := o.status(); {
+	case st == statusPending:
 		return nil, fmt.Errorf("handle %d: still running", int64(h))
-	case o.status() == statusFailed:
+	case st == statusFailed:
 		return nil, fmt.Errorf("handle %d failed: %w", int64(h), o.failure())
 	case o.h == nil:
 		return nil, fmt.Errorf("handle %d has no result (it is an init or shutdown)", int64(h))
@@ -248,7 +254,7 @@ func enqueue(a enqueueArgs) *op {
 	}
 	var t, o kolo.Tensor
 	if a.kind != kindBarrier && a.kind != kindJoin {
-		dt, err := cDType("dt", a.dtype)
+		dt, err := cDType("dt", whole, a.dtype)
 		if err != nil {
 			return fail(err)
 		}
@@ -256,12 +262,12 @@ func enqueue(a enqueueArgs) *op {
 		if err != nil {
 			return fail(err)
 		}
-		if t, err = cTensor("in", a.in, dt, shape); err != nil {
+		if t, err = cTensor("in", whole, a.in, dt, "shape", 0, shape); err != nil {
 			return fail(err)
 		}
 		o = t
 		if a.out != a.in && (a.kind == kindAllreduce || a.kind == kindBroadcast) {
-			if o, err = cTensor("out", a.out, dt, shape); err != nil {
+			if o, err = cTensor("out", whole, a.out, dt, "shape", 0, shape); err != nil {
 				return fail(err)
 			}
 		}
@@ -358,7 +364,7 @@ func enqueueGroup(a groupArgs) []*op {
 		if err := cKind("kind", a.kind); err != nil {
 			return fail(err)
 		}
-		return fail(&argError{"kind", a.kind, "cannot be grouped (allreduce 1, allgather 2 and reducescatter 5 can)"})
+		return fail(&argError{"kind", whole, a.kind, "cannot be grouped (allreduce 1, allgather 2 and reducescatter 5 can)"})
 	}
 	reduceOp, err := cReduceOp("reduceOp", a.op)
 	if err != nil {
@@ -389,7 +395,7 @@ func enqueueGroup(a groupArgs) []*op {
 	total := 0
 	for i, d := range nds {
 		if d < 0 {
-			return fail(&argError{fmt.Sprintf("ndims[%d]", i), d, "negative"})
+			return fail(&argError{"ndims", i, d, "negative"})
 		}
 		total += int(d)
 	}
@@ -401,18 +407,19 @@ func enqueueGroup(a groupArgs) []*op {
 	tout := make([]kolo.Tensor, a.n)
 	off := 0
 	for i := range a.n {
-		shape := all[off : off+int(nds[i]) : off+int(nds[i])]
+		first := off
 		off += int(nds[i])
-		dt, err := cDType(fmt.Sprintf("dtypes[%d]", i), int(dts[i]))
+		shape := all[first:off:off]
+		dt, err := cDType("dtypes", i, int(dts[i]))
 		if err != nil {
 			return fail(err)
 		}
-		if tin[i], err = cTensor(fmt.Sprintf("ins[%d]", i), inPtrs[i], dt, shape); err != nil {
+		if tin[i], err = cTensor("ins", i, inPtrs[i], dt, "shapes", first, shape); err != nil {
 			return fail(fmt.Errorf("tensor %d: %w", i, err))
 		}
 		tout[i] = tin[i]
 		if a.kind == kindAllreduce && outPtrs[i] != inPtrs[i] {
-			if tout[i], err = cTensor(fmt.Sprintf("outs[%d]", i), outPtrs[i], dt, shape); err != nil {
+			if tout[i], err = cTensor("outs", i, outPtrs[i], dt, "shapes", first, shape); err != nil {
 				return fail(fmt.Errorf("tensor %d: %w", i, err))
 			}
 		}
@@ -437,7 +444,7 @@ func enqueueGroup(a groupArgs) []*op {
 
 // unknown records that h is not a handle, for kolo_last_error, and returns -1.
 func unknown(fn string, h C.int64_t) C.int {
-	return setLastErr(fmt.Errorf("%s: handle %d: %w", fn, int64(h), errUnknownHandle))
+	return setLastErr(fmt.Errorf("%s: %w", fn, unknownHandle(h)))
 }
 
 // kolo_poll is 1 when the op completed successfully, 2 when it failed, 0 while it runs, -1 for an
@@ -489,7 +496,7 @@ func kolo_error(h C.int64_t, buf *C.char, capacity C.int) C.int {
 		return unknown("kolo_error", h)
 	}
 	msg := ""
-	if o.done() && o.failure() != nil {
+	if o.status() == statusFailed {
 		msg = o.failure().Error()
 	}
 	n, err := putString(msg, buf, capacity)
@@ -513,7 +520,7 @@ func kolo_result(h C.int64_t, shape *C.int64_t, ndim C.int) C.int64_t {
 	t := kh.Tensor()
 	dst, err := cArray[int64]("shape", "ndim", unsafe.Pointer(shape), int(ndim))
 	if err == nil && dst != nil && len(dst) < len(t.Shape) {
-		err = &argError{"ndim", int(ndim), fmt.Sprintf("the result has %d dimensions", len(t.Shape))}
+		err = &argError{"ndim", whole, int(ndim), fmt.Sprintf("the result has %d dimensions", len(t.Shape))}
 	}
 	if err != nil {
 		return C.int64_t(setLastErr(fmt.Errorf("kolo_result: %w", err)))
@@ -534,7 +541,7 @@ func kolo_result_copy(h C.int64_t, dst unsafe.Pointer, nbytes C.int64_t) C.int64
 	data := kh.Tensor().Data
 	if int64(nbytes) != int64(len(data)) {
 		return C.int64_t(setLastErr(fmt.Errorf("kolo_result_copy: %w",
-			&argError{"nbytes", int64(nbytes), fmt.Sprintf("the result has %d bytes", len(data))})))
+			&argError{"nbytes", whole, int64(nbytes), fmt.Sprintf("the result has %d bytes", len(data))})))
 	}
 	out, err := cArray[byte]("dst", "nbytes", dst, len(data))
 	if err != nil {

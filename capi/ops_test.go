@@ -33,7 +33,7 @@ func TestTensorViews(t *testing.T) {
 		{"null pointer with data", nil, []int64{2}, 0, "argument in = NULL"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := cTensor("in", tc.p, dtype.Float32, tc.shape)
+			got, err := cTensor("in", whole, tc.p, dtype.Float32, "shape", 0, tc.shape)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)
@@ -47,6 +47,46 @@ func TestTensorViews(t *testing.T) {
 				t.Errorf("view of %d bytes, want %d", len(got.Data), tc.wantBytes)
 			}
 		})
+	}
+}
+
+// The checks run for every op and every member of a group: passing ones allocate nothing (an
+// argument error, with its name and index, is built and formatted only when one is refused).
+func TestArgumentChecksDoNotAllocate(t *testing.T) {
+	buf := make([]float32, 6)
+	p := unsafe.Pointer(&buf[0])
+	shapes := []int64{2, 3}
+	ranks := []int32{0, 1}
+	if n := testing.AllocsPerRun(100, func() {
+		for i := range 4 {
+			if _, err := cDType("dtypes", i, 7); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := cTensor("ins", i, p, dtype.Float32, "shapes", 2*i, shapes); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := cArray[int32]("ranks", "n", unsafe.Pointer(&ranks[0]), len(ranks)); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("%v allocations per run of valid checks, want 0", n)
+	}
+}
+
+// An element's index is formatted into the message as the C argument numbers it.
+func TestArgErrorNamesTheElement(t *testing.T) {
+	for _, tc := range []struct {
+		err  *argError
+		want string
+	}{
+		{&argError{"dt", whole, 99, "bad"}, "argument dt = 99: bad"},
+		{&argError{"dtypes", 3, 99, "bad"}, "argument dtypes[3] = 99: bad"},
+		{&argError{"ins", 0, null, "bad"}, "argument ins[0] = NULL: bad"},
+	} {
+		if got := tc.err.Error(); got != tc.want {
+			t.Errorf("Error() = %q, want %q", got, tc.want)
+		}
 	}
 }
 

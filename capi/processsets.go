@@ -38,7 +38,7 @@ func processSetRanks(p unsafe.Pointer, n int) ([]int, error) {
 	rs := make([]int, len(in))
 	for i, r := range in {
 		if r < 0 {
-			return nil, &argError{fmt.Sprintf("ranks[%d]", i), r, "negative rank"}
+			return nil, &argError{"ranks", i, r, "negative rank"}
 		}
 		rs[i] = int(r)
 	}

@@ -5,7 +5,9 @@
 package dtype
 
 import (
+	"errors"
 	"fmt"
+	"math"
 	"strings"
 )
 
@@ -48,6 +50,39 @@ func (d DType) Size() int {
 		return sizes[d]
 	}
 	return 0
+}
+
+// ErrNegativeDim is matched (errors.Is) by Bytes' error for a shape with a negative dimension.
+var ErrNegativeDim = errors.New("negative dimension")
+
+// ErrTooLarge is matched (errors.Is) by Bytes' error for a tensor of more bytes than an int64
+// counts, which no memory holds.
+var ErrTooLarge = errors.New("more bytes than any memory holds")
+
+// Bytes is the size in bytes of a dense tensor of element type d and shape: d.Size() times the
+// product of the dimensions (0 for an invalid d). A shape with a zero dimension has no bytes,
+// however large the others. It refuses, rather than wrap around, a negative dimension
+// (ErrNegativeDim) and a size past math.MaxInt64 (ErrTooLarge), so that a shape such as
+// [1<<62, 4] of float32 cannot pass for 0 bytes. It allocates only when it fails.
+func Bytes(d DType, shape []int64) (int64, error) {
+	zero := false
+	for _, n := range shape {
+		if n < 0 {
+			return 0, fmt.Errorf("%w in shape %v", ErrNegativeDim, shape)
+		}
+		zero = zero || n == 0
+	}
+	if zero {
+		return 0, nil
+	}
+	b := int64(d.Size())
+	for _, n := range shape {
+		if b > math.MaxInt64/n {
+			return 0, fmt.Errorf("shape %v of %v: %w", shape, d, ErrTooLarge)
+		}
+		b *= n
+	}
+	return b, nil
 }
 
 // Valid reports whether d is one of the named types.

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kolo-dl/kolo/engine/negotiate"
 	"github.com/kolo-dl/kolo/transport"
 	"github.com/kolo-dl/kolo/transport/inmem"
 )
@@ -59,25 +60,110 @@ func (m unreadMessenger) SendMsg(ctx context.Context, peer int, body []byte) err
 	return m.Messenger.SendMsg(ctx, peer, body)
 }
 
+// spyMessenger is a rank's Messenger that counts the abort notices the rank sends (before they go:
+// one that never leaves counts too) and, if sent is not nil, reports on it the peer of every
+// other message once it has been sent (without blocking: reports that do not fit are dropped).
+type spyMessenger struct {
+	transport.Messenger
+	aborts *atomic.Int32
+	sent   chan<- int
+}
+
+func (m spyMessenger) SendMsg(ctx context.Context, peer int, body []byte) error {
+	if k, err := negotiate.PeekKind(body); err == nil && k == negotiate.MsgAbort {
+		m.aborts.Add(1)
+		return m.Messenger.SendMsg(ctx, peer, body)
+	}
+	err := m.Messenger.SendMsg(ctx, peer, body)
+	if err == nil && m.sent != nil {
+		select {
+		case m.sent <- peer:
+		default:
+		}
+	}
+	return err
+}
+
+// spy puts a spyMessenger in front of g's Messenger and returns its abort count.
+func spy(g *Group, sent chan<- int) *atomic.Int32 {
+	aborts := &atomic.Int32{}
+	g.Messenger = spyMessenger{g.Messenger, aborts, sent}
+	return aborts
+}
+
+// awaitSent waits until the ranks whose spyMessengers report on sent have sent want messages, for
+// at most 5 s.
+func awaitSent(t *testing.T, sent <-chan int, want int, what string) {
+	t.Helper()
+	for i := range want {
+		select {
+		case <-sent:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: %d of %d messages sent after 5 s", what, i, want)
+		}
+	}
+}
+
+// A rank that receives an abort notice stops without passing it on: the aborting rank tells every
+// rank itself, so relaying would only cost each rank n-1 more notices (n² in all), and a second
+// wait for peers that do not read.
+func TestAbortNoticeIsNotPassedOn(t *testing.T) {
+	const n = 3
+	captureLog(t)
+	aborts := make([]*atomic.Int32, n)
+	sent := make(chan int, n)
+	c := newClusterWith(t, n, DefaultConfig(), nil, func(r int, ep *inmem.Endpoint, g *Group) {
+		aborts[r] = spy(g, sent)
+	})
+	ctx := waitCtx(t)
+	reason := "rank 0 raised ValueError: bad batch"
+	errs := make(chan error, n)
+	for r := 1; r < n; r++ {
+		go func() {
+			buf := f32(1)
+			errs <- c.engines[r].Enqueue(allreduceReq("g", 1), buf, buf).Wait(ctx) // rank 0 never submits it
+		}()
+	}
+	awaitSent(t, sent, n-1, "ranks 1 and 2 submitting to the coordinator")
+	c.engines[0].Abort(errors.New(reason))
+	for r := 1; r < n; r++ {
+		select {
+		case err := <-errs:
+			if err == nil || !strings.Contains(err.Error(), reason) {
+				t.Errorf("op: err = %v, want one carrying %q", err, reason)
+			}
+		case <-time.After(2 * time.Second):
+			t.Fatalf("%d of %d ops still wait 2 s after the abort", n-r, n-1)
+		}
+	}
+	// A rank tells its peers before its handles complete: the counts are final.
+	if got := aborts[0].Load(); got != n-1 {
+		t.Errorf("rank 0 sent %d abort notices, want %d: one to each peer", got, n-1)
+	}
+	for r := 1; r < n; r++ {
+		if got := aborts[r].Load(); got != 0 {
+			t.Errorf("rank %d passed the abort notice on %d times, want 0", r, got)
+		}
+	}
+}
+
 // Abort with a peer that never takes the notice: Abort returns within its bound, the other peers
 // are told all the same (one stuck peer must not use up the others' time), and the log names the
 // peer it could not tell and how long it waited.
 func TestAbortWithAPeerThatNeverReads(t *testing.T) {
 	const n = 3
 	logs := captureLog(t)
-	eps := inmem.New(n)
 	stuck := &atomic.Bool{}
-	groups := make([]Group, n)
-	for r, ep := range eps {
-		groups[r] = Group{Comm: ep, Messenger: ep, Local: ep}
-	}
-	groups[0].Messenger = unreadMessenger{eps[0], 1, stuck}
-	c := startCluster(t, DefaultConfig(), "memhost", groups, func() {
-		for _, ep := range eps {
-			ep.Close()
+	aborts := make([]*atomic.Int32, n)
+	sent := make(chan int, n)
+	c := newClusterWith(t, n, DefaultConfig(), nil, func(r int, ep *inmem.Endpoint, g *Group) {
+		if r == 0 {
+			g.Messenger = unreadMessenger{ep, 1, stuck}
+			aborts[r] = spy(g, nil)
+		} else {
+			aborts[r] = spy(g, sent)
 		}
 	})
-	c.eps = eps
 	ctx := waitCtx(t)
 	reason := "rank 0 raised RuntimeError: out of memory"
 	mine := c.engines[0].Enqueue(allreduceReq("other", 1), f32(1), f32(0)) // nobody else submits it
@@ -89,7 +175,7 @@ func TestAbortWithAPeerThatNeverReads(t *testing.T) {
 			errs[r] <- c.engines[r].Enqueue(allreduceReq("g", 1), buf, buf).Wait(ctx)
 		}()
 	}
-	time.Sleep(50 * time.Millisecond) // let ranks 1 and 2 block in negotiation
+	awaitSent(t, sent, n-1, "ranks 1 and 2 submitting to the coordinator") // they block in negotiation
 	stuck.Store(true)
 	start := time.Now()
 	c.engines[0].Abort(errors.New(reason))
@@ -115,8 +201,14 @@ func TestAbortWithAPeerThatNeverReads(t *testing.T) {
 	if err := mine.Wait(ctx); err == nil || !strings.Contains(err.Error(), reason) {
 		t.Errorf("aborting rank's pending op: err = %v", err)
 	}
+	if got := aborts[0].Load(); got != n-1 {
+		t.Errorf("rank 0 sent %d abort notices, want %d: one round", got, n-1)
+	}
+	if got := aborts[2].Load(); got != 0 {
+		t.Errorf("rank 2 passed the abort notice on %d times", got)
+	}
 	// Rank 1 never heard; it learns that rank 0 is gone when its process ends.
-	eps[0].Kill(errors.New("rank 0 exited"))
+	c.eps[0].Kill(errors.New("rank 0 exited"))
 	if err := <-errs[1]; err == nil {
 		t.Error("rank 1's op succeeded")
 	}
@@ -138,13 +230,19 @@ func (h *hostAbort) abort(err error) {
 }
 
 // hungComm is a Comm whose collectives never progress (a peer stuck in the middle of one) until
-// ctx ends or the host's shared memory is aborted.
+// ctx ends or the host's shared memory is aborted. Each call reports on entered that it started
+// (without blocking: reports that do not fit are dropped).
 type hungComm struct {
 	transport.Comm
-	host *hostAbort
+	host    *hostAbort
+	entered chan<- struct{}
 }
 
 func (c hungComm) wait(ctx context.Context) error {
+	select {
+	case c.entered <- struct{}{}:
+	default:
+	}
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
@@ -165,16 +263,14 @@ func (c hungComm) SendRecv(ctx context.Context, to int, sb []byte, from int, rb 
 func TestAbortWhileTheDriverIsInACollective(t *testing.T) {
 	const n = 2
 	logs := captureLog(t)
-	eps := inmem.New(n, inmem.WithoutShared())
 	host := &hostAbort{done: make(chan struct{})}
-	groups := make([]Group, n)
-	for r, ep := range eps {
-		comm := hungComm{ep.Comm(), host}
-		groups[r] = Group{Comm: comm, Messenger: ep, Local: comm, Abort: host.abort}
-	}
-	c := startCluster(t, DefaultConfig(), "memhost", groups, func() {
-		for _, ep := range eps {
-			ep.Close()
+	entered := make(chan struct{}, 16)
+	var aborts *atomic.Int32
+	c := newClusterWith(t, n, DefaultConfig(), []inmem.Option{inmem.WithoutShared()}, func(r int, ep *inmem.Endpoint, g *Group) {
+		comm := hungComm{ep.Comm(), host, entered}
+		g.Comm, g.Local, g.Abort = comm, comm, host.abort
+		if r == 0 {
+			aborts = spy(g, nil)
 		}
 	})
 	ctx := waitCtx(t)
@@ -186,7 +282,13 @@ func TestAbortWhileTheDriverIsInACollective(t *testing.T) {
 			errs <- c.engines[r].Enqueue(allreduceReq("g", 3), buf, buf).Wait(ctx)
 		}()
 	}
-	time.Sleep(100 * time.Millisecond) // negotiated: both drivers are inside the allreduce
+	for r := range n { // negotiated: both drivers are inside the allreduce
+		select {
+		case <-entered:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of %d ranks entered the allreduce within 5 s", r, n)
+		}
+	}
 	start := time.Now()
 	c.engines[0].Abort(errors.New(reason))
 	if took := time.Since(start); took < abortWait || took > abortWait+tellWait+500*time.Millisecond {
@@ -209,6 +311,11 @@ func TestAbortWhileTheDriverIsInACollective(t *testing.T) {
 	if err := c.engines[0].Enqueue(allreduceReq("later", 1), buf, buf).Wait(ctx); err == nil || !strings.Contains(err.Error(), reason) {
 		t.Errorf("aborting rank's later op: err = %v", err)
 	}
+	// Abort told the peers; the driver's collective, ended by the shared-memory abort, and its
+	// next step stop the engine without telling them again.
+	if got := aborts.Load(); got != n-1 {
+		t.Errorf("rank 0 sent %d abort notices, want %d: one round", got, n-1)
+	}
 }
 
 // Abort while a caller drives, waiting for an op no peer submits: the caller does not give way
@@ -218,30 +325,35 @@ func TestAbortWhileTheDriverIsInACollective(t *testing.T) {
 func TestAbortWhileACallerDrives(t *testing.T) {
 	const n = 2
 	captureLog(t)
-	eps := inmem.New(n)
 	stuck := &atomic.Bool{}
-	groups := make([]Group, n)
-	for r, ep := range eps {
-		groups[r] = Group{Comm: ep, Messenger: ep, Local: ep}
-	}
-	groups[1].Messenger = unreadMessenger{eps[1], 0, stuck}
-	c := startCluster(t, DefaultConfig(), "memhost", groups, func() {
-		for _, ep := range eps {
-			ep.Close()
+	aborts := make([]*atomic.Int32, n)
+	sent := make(chan int, 1)
+	c := newClusterWith(t, n, DefaultConfig(), nil, func(r int, ep *inmem.Endpoint, g *Group) {
+		if r == 1 {
+			g.Messenger = unreadMessenger{ep, 0, stuck}
+			aborts[r] = spy(g, sent)
+		} else {
+			aborts[r] = spy(g, nil)
 		}
 	})
 	ctx := waitCtx(t)
 	reason := "rank 0: KeyboardInterrupt in the data loader thread"
 	mine, peer := make(chan error, 1), make(chan error, 1)
+	driving := make(chan struct{})
 	go func() {
 		buf := f32(1)
-		mine <- c.engines[0].Enqueue(allreduceReq("only.rank.0", 1), buf, buf).Wait(ctx)
+		mine <- c.engines[0].Enqueue(allreduceReq("only.rank.0", 1), buf, buf).Wait(drivingCtx{ctx, &sync.Once{}, driving})
 	}()
 	go func() {
 		buf := f32(1)
 		peer <- c.engines[1].Enqueue(allreduceReq("only.rank.1", 1), buf, buf).Wait(ctx)
 	}()
-	time.Sleep(50 * time.Millisecond)
+	awaitSent(t, sent, 1, "rank 1 submitting to the coordinator")
+	select {
+	case <-driving:
+	case <-time.After(5 * time.Second):
+		t.Fatal("rank 0's caller does not drive after 5 s")
+	}
 	stuck.Store(true)
 	start := time.Now()
 	c.engines[0].Abort(errors.New(reason))
@@ -259,4 +371,26 @@ func TestAbortWhileACallerDrives(t *testing.T) {
 	if err := <-peer; err == nil || !strings.Contains(err.Error(), reason) {
 		t.Errorf("rank 1's op: err = %v, want one carrying %q", err, reason)
 	}
+	// Abort told rank 1 once; the driver's next step stops the engine without a second round, and
+	// rank 1 does not pass the notice back.
+	if got := aborts[0].Load(); got != 1 {
+		t.Errorf("rank 0 sent %d abort notices, want 1", got)
+	}
+	if got := aborts[1].Load(); got != 0 {
+		t.Errorf("rank 1 passed the abort notice on %d times", got)
+	}
+}
+
+// drivingCtx is a caller's context that closes driving the first time Err is called: of a waiting
+// caller's calls, only those of the loop it drives (serve, sleep) ask for Err, so the test learns
+// that the caller holds the drive token.
+type drivingCtx struct {
+	context.Context
+	once    *sync.Once
+	driving chan struct{}
+}
+
+func (c drivingCtx) Err() error {
+	c.once.Do(func() { close(c.driving) })
+	return c.Context.Err()
 }

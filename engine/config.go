@@ -3,10 +3,11 @@ package engine
 import (
 	"fmt"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kolo-dl/kolo/internal/spin"
 )
 
 // Config holds the engine's knobs. Zero values mean the defaults (Horovod's where it has one).
@@ -20,33 +21,31 @@ type Config struct {
 	Hierarchical  bool          // two-level allreduce (shm within hosts, TCP across) where hosts run equal numbers of several ranks; default on
 	SetupTimeout  time.Duration // connecting to peers; default 60 s
 	ShutdownWait  time.Duration // how long Shutdown waits for the other ranks; default 30 s
-	Spin          time.Duration // how long idle waits poll before parking; 0 = never (see DefaultSpin)
-	Yields        int           // when not polling, how many times a wait yields its CPU before parking (see DefaultYields)
+	// Spin is how long idle waits poll before parking; 0 = never. Negative, as in DefaultConfig,
+	// means unset: kolo.Init picks DefaultSpin for the host (and leaves the shared-memory waits
+	// their own default), New takes it as 0.
+	Spin   time.Duration
+	Yields int // when not polling, how many times a wait yields its CPU before parking (see DefaultYields)
 	// Timeline, when set, is where rank 0 writes a Chrome trace from the start (see StartTimeline).
 	Timeline           string
 	TimelineMarkCycles bool
 }
 
 // DefaultYields is how many times a driver that does not poll yields its CPU (sched_yield) before
-// it sleeps: 32 when this host's ranks outnumber its cores, else 0. A yield hands the core to a
-// rank that can run, often the one awaited, for about a microsecond of system call, where a
-// futex sleep and wake-up costs tens of microseconds on the test VM: with 4 ranks on 2 cores
-// (`kolo bench allreduce -np 4`, 200 ops) a 4-byte allreduce went from 218-257 us to 118-151 us,
-// 4 KiB from 249-288 to 147-165 us; 8 yields gave half of that, 128 or 512 no more.
+// it sleeps on a host running localSize ranks: spin.DefaultYields when they outnumber its cores,
+// else 0 (internal/spin has the rule and the measurements; the shared-memory transport follows it
+// too).
 func DefaultYields(localSize int) int {
-	if localSize > runtime.NumCPU() {
-		return 32
-	}
-	return 0
+	_, yields := spin.Defaults(localSize)
+	return yields
 }
 
-// DefaultSpin is the idle-poll budget when this host's ranks do not outnumber its cores. When they
-// do, polling only steals the core the awaited rank needs, so the default is 0.
+// DefaultSpin is the idle-poll budget on a host running localSize ranks: spin.DefaultSpin when they
+// do not outnumber its cores. When they do, polling only steals the core the awaited rank needs,
+// so the default is 0.
 func DefaultSpin(localSize int) time.Duration {
-	if localSize <= runtime.NumCPU() {
-		return 50 * time.Microsecond
-	}
-	return 0
+	d, _ := spin.Defaults(localSize)
+	return d
 }
 
 // DefaultConfig is what a job gets without any setting.
@@ -59,6 +58,7 @@ func DefaultConfig() Config {
 		Hierarchical:  true,
 		SetupTimeout:  60 * time.Second,
 		ShutdownWait:  30 * time.Second,
+		Spin:          -1, // unset: kolo.Init picks DefaultSpin for the host and leaves the shared-memory waits theirs
 	}
 }
 
@@ -133,7 +133,6 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	c.StallCheck = !disable
 	boolVar("HIERARCHICAL_ALLREDUCE", &c.Hierarchical)
 	durVar("START_TIMEOUT", time.Second, &c.SetupTimeout)
-	c.Spin = -1 // unset: Init picks DefaultSpin for the host
 	durVar("SPIN_TIME", time.Microsecond, &c.Spin)
 	if k, v := get("TIMELINE"); k != "" {
 		c.Timeline = v

@@ -21,10 +21,9 @@ package engine
 import (
 	"context"
 	"fmt"
-	"github.com/kolo-dl/kolo/internal/spin"
-	"sync/atomic"
 	"time"
 
+	"github.com/kolo-dl/kolo/internal/spin"
 	"github.com/kolo-dl/kolo/transport"
 )
 
@@ -76,14 +75,7 @@ func (e *Engine) background() {
 // await is Handle.Wait's part: take the token and drive until h completes or ctx ends; while
 // another goroutine drives, wait for h or for the token.
 func (e *Engine) await(ctx context.Context, h *Handle) {
-	e.waiting.Add(1)
-	if e.bgDriving.Load() {
-		e.wakeDriver() // it gives way once it sees a caller waiting; it may be asleep
-	}
-	got := e.awaitToken(ctx, h)
-	e.waiting.Add(-1)
-	if !got {
-		e.abandon()
+	if !e.takeToken(ctx, h) {
 		return
 	}
 	if !e.ended {
@@ -92,14 +84,36 @@ func (e *Engine) await(ctx context.Context, h *Handle) {
 	e.release()
 }
 
-// awaitToken spins for the token (or h) for up to Config.Spin, then blocks. It reports whether it
-// took the token.
+// takeToken takes the drive token for a goroutine other than the background one: a caller waiting
+// for h, or Abort (h == nil). It gives up when h completes or ctx ends, and reports whether it
+// took the token. While it tries it counts among the waiting callers, so that the background
+// goroutine gives way; leaving without the token, it takes care of work a departing driver may
+// have handed to the waiting callers (abandon).
+func (e *Engine) takeToken(ctx context.Context, h *Handle) bool {
+	e.waiting.Add(1)
+	if e.bgDriving.Load() {
+		e.wakeDriver() // it gives way once it sees a caller waiting; it may be asleep
+	}
+	got := e.awaitToken(ctx, h)
+	e.waiting.Add(-1)
+	if !got {
+		e.abandon()
+	}
+	return got
+}
+
+// awaitToken spins for the token (or h, if not nil) for up to Config.Spin, then blocks. It reports
+// whether it took the token.
 func (e *Engine) awaitToken(ctx context.Context, h *Handle) bool {
-	for start := time.Now(); ; pause() {
+	var done <-chan struct{} // nil, which never delivers, without a handle
+	if h != nil {
+		done = h.done
+	}
+	for start := time.Now(); ; spin.Pause() {
 		if e.tryAcquire() {
 			return true
 		}
-		if h.Poll() {
+		if h != nil && h.Poll() {
 			return false
 		}
 		if e.cfg.Spin <= 0 || time.Since(start) >= e.cfg.Spin {
@@ -110,25 +124,11 @@ func (e *Engine) awaitToken(ctx context.Context, h *Handle) bool {
 	case e.drive <- struct{}{}:
 		e.acquired()
 		return true
-	case <-h.done:
+	case <-done:
 	case <-ctx.Done():
 	}
 	return false
 }
-
-// pause is one beat of a spin: a short busy wait, not runtime.Gosched. A goroutine that entered Go
-// from a foreign thread (the Python binding's calls through cgo) is locked to that thread, and
-// Gosched there hands the thread's P to another thread and puts this one to sleep until the
-// scheduler hands it back: two futex calls and two context switches per beat. Measured through
-// the Python binding, 2 ranks: ~2.8 context switches per 4-byte allreduce and a 20 us floor.
-func pause() {
-	for i := 0; i < 32; i++ {
-		spinSink.Add(1)
-	}
-}
-
-// spinSink gives pause's loop a side effect the compiler keeps.
-var spinSink atomic.Uint32
 
 func (e *Engine) tryAcquire() bool {
 	select {
@@ -232,7 +232,7 @@ func (e *Engine) serve(ctx context.Context, h *Handle) {
 			continue
 		}
 		if now.Sub(last) < e.cfg.Spin {
-			pause()
+			spin.Pause() // a busy beat, never runtime.Gosched (see spin.Pause)
 			continue
 		}
 		if yields < e.cfg.Yields {
@@ -311,8 +311,8 @@ func (e *Engine) recv() (transport.Msg, bool, error) {
 // what became ready (executing it here too). It reports whether anything happened, and sets
 // e.ended when the loop must stop.
 func (e *Engine) step(now time.Time) bool {
-	if err := e.aborted.Load(); err != nil { // Abort ran while this driver was busy
-		e.fail(*err)
+	if err := e.aborted.Load(); err != nil { // Abort ran while this driver was busy, and tells the peers
+		e.stop(*err)
 		e.ended = true
 		return true
 	}

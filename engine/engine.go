@@ -75,8 +75,12 @@ type Engine struct {
 	// bgDriving: the background goroutine holds the drive token, and a caller that starts waiting
 	// must wake it to take over.
 	bgDriving atomic.Bool
-	// aborted is the error of an Abort that could not take the drive token: the driver fails
-	// the engine with it at its next step.
+	// told: an Abort that could not take the drive token is telling, or has told, the peers why
+	// this rank stops, so that fail does not tell them again (under mu). toldDone is closed once
+	// it has: the engine finishes no handle before, as when fail tells them itself.
+	told     bool
+	toldDone chan struct{}
+	// aborted is that Abort's error: the driver stops the engine with it at its next step.
 	aborted atomic.Pointer[error]
 	// tl is the running timeline, or nil: the only cost of a disabled timeline is loading it.
 	// tlMu orders StartTimeline and StopTimeline (the loop only loads tl).
@@ -136,6 +140,9 @@ func New(cfg Config, g Group) (*Engine, error) {
 	if cfg.ShutdownWait <= 0 {
 		cfg.ShutdownWait = def.ShutdownWait
 	}
+	if cfg.Spin < 0 {
+		cfg.Spin = 0 // unset: picking DefaultSpin for the host is kolo.Init's business
+	}
 	// Horovod's convention: a capacity of 0 disables the cache; negotiate wants a negative number.
 	capacity := cfg.CacheCapacity
 	if capacity <= 0 {
@@ -151,17 +158,18 @@ func New(cfg Config, g Group) (*Engine, error) {
 	}
 	global := &procSet{id: 0, ranks: all, rank: g.Rank, cache: cache, exec: newExecutor(g, cfg), pending: map[string]*entry{}}
 	e := &Engine{
-		cfg:     cfg,
-		g:       g,
-		drive:   make(chan struct{}, 1),
-		summon:  make(chan struct{}, 1),
-		nudge:   make(chan struct{}, 1),
-		kick:    time.NewTimer(time.Hour),
-		timer:   time.NewTimer(time.Hour),
-		stopped: make(chan struct{}),
-		sets:    map[int]*procSet{0: global},
-		global:  global,
-		table:   negotiate.NewSetTable(g.Size),
+		cfg:      cfg,
+		g:        g,
+		drive:    make(chan struct{}, 1),
+		summon:   make(chan struct{}, 1),
+		nudge:    make(chan struct{}, 1),
+		kick:     time.NewTimer(time.Hour),
+		timer:    time.NewTimer(time.Hour),
+		stopped:  make(chan struct{}),
+		toldDone: make(chan struct{}),
+		sets:     map[int]*procSet{0: global},
+		global:   global,
+		table:    negotiate.NewSetTable(g.Size),
 	}
 	e.kick.Stop()
 	e.timer.Stop()
@@ -426,7 +434,9 @@ func (e *Engine) handleMsg(m transport.Msg) bool {
 		if err != nil {
 			return malformed(err)
 		}
-		e.fail(errors.New(a.Reason))
+		// The aborting rank tells every rank itself: passing the notice on would only send each
+		// one n-1 more copies of it.
+		e.stop(errors.New(a.Reason))
 		return false
 	case kind == negotiate.MsgBatch && e.hub != nil:
 		b, err := negotiate.DecodeBatch(m.Body)
@@ -675,39 +685,34 @@ func (e *Engine) sendAbort(err error) error {
 		err  error
 	}
 	results := make(chan sent, e.g.Size) // room for every send: none blocks once we stop waiting
-	waiting := map[int]bool{}
-	for r := 0; r < e.g.Size; r++ {
+	errs := make([]error, e.g.Size)      // by rank: why the notice did not reach it, if it did not
+	pending := 0
+	for r := range e.g.Size {
 		if r == e.g.Rank || e.g.Messenger.Lost(r) != nil {
 			continue
 		}
-		waiting[r] = true
+		errs[r] = fmt.Errorf("rank %d: the abort notice was not sent within %v", r, tellWait) // until it is
+		pending++
 		go func() { results <- sent{r, e.g.Messenger.SendMsg(ctx, r, body)} }()
 	}
-	var failed []sent
-	for len(waiting) > 0 {
+wait:
+	for ; pending > 0; pending-- {
 		select {
 		case s := <-results:
-			delete(waiting, s.rank)
+			errs[s.rank] = nil
 			if s.err != nil {
-				failed = append(failed, sent{s.rank, fmt.Errorf("rank %d: sending the abort notice failed: %w", s.rank, s.err)})
+				errs[s.rank] = fmt.Errorf("rank %d: sending the abort notice failed: %w", s.rank, s.err)
 			}
 		case <-ctx.Done():
-			// A Messenger that honours ctx answers at once now; one that does not is left behind.
-			for r := range waiting {
-				failed = append(failed, sent{r, fmt.Errorf("rank %d: the abort notice was not sent within %v", r, tellWait)})
-			}
-			waiting = nil
+			// A Messenger that honours ctx answers at once now; one that does not is left behind,
+			// and the ranks still pending keep their "not sent within" error.
+			break wait
 		}
 	}
-	if len(failed) == 0 {
-		return nil
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("rank %d: %w", e.g.Rank, err)
 	}
-	slices.SortFunc(failed, func(a, b sent) int { return a.rank - b.rank })
-	errs := make([]error, len(failed))
-	for i, f := range failed {
-		errs[i] = f.err
-	}
-	return fmt.Errorf("rank %d: %w", e.g.Rank, errors.Join(errs...))
+	return nil
 }
 
 // Abort stops the engine because its user failed outside kolo (an uncaught Python exception, an
@@ -719,7 +724,7 @@ func (e *Engine) sendAbort(err error) error {
 // does nothing.
 func (e *Engine) Abort(err error) {
 	e.mu.Lock()
-	done := e.fatal != nil || e.closed || e.aborted.Load() != nil
+	done := e.fatal != nil || e.closed || e.told
 	e.mu.Unlock()
 	if done {
 		return
@@ -729,25 +734,25 @@ func (e *Engine) Abort(err error) {
 	// abort notice and the shared-memory abort end.
 	ctx, cancel := context.WithTimeout(context.Background(), abortWait)
 	defer cancel()
-	e.waiting.Add(1)
-	e.wakeDriver()
-	var got bool
-	select {
-	case e.drive <- struct{}{}:
-		e.acquired()
-		got = true
-	case <-ctx.Done():
-	}
-	e.waiting.Add(-1)
-	if !got {
+	if !e.takeToken(ctx, nil) {
 		// The driver is inside a collective, which ends when the peers abort theirs (or
-		// completes), or it is a caller that drives until its own op ends. Its next step fails
-		// every handle here with err; wake it in case it sleeps.
-		e.aborted.CompareAndSwap(nil, &err)
+		// completes), or it is a caller that drives until its own op ends. Tell the peers without
+		// it; its next step then fails every handle here with err.
+		e.mu.Lock()
+		stopped := e.fatal != nil || e.told // meanwhile, or another Abort tells the peers
+		if !stopped {
+			e.told = true
+			e.aborted.Store(&err)
+		}
+		e.mu.Unlock()
+		if stopped {
+			return
+		}
 		slog.Error("kolo engine aborting: the loop's driver did not give way within "+abortWait.String()+
 			" (it may be inside a collective); telling the peers without it", "rank", e.g.Rank, "err", err)
+		e.wakeDriver() // in case it sleeps
 		e.tellPeers(err)
-		e.wakeDriver()
+		close(e.toldDone)
 		return
 	}
 	if !e.ended {
@@ -760,21 +765,40 @@ func (e *Engine) Abort(err error) {
 // abortWait bounds how long Abort waits for the driver to give way.
 const abortWait = 500 * time.Millisecond
 
-// fail stops the engine: every pending and future op gets err, peers are told, local waits abort.
-func (e *Engine) fail(err error) {
+// fail stops the engine (see stop) and tells the peers why (tellPeers) before any handle here
+// completes, unless an Abort tells them already.
+func (e *Engine) fail(err error) { e.halt(err, true) }
+
+// stop stops the engine without telling the peers: every pending and future op gets err, and the
+// local shared-memory waits abort. It is for errors the peers hear of from elsewhere: an abort
+// notice a peer sent (the aborting rank tells every rank), or an Abort that tells them without the
+// driver (stop then waits until it has). A second stop or fail does nothing.
+func (e *Engine) stop(err error) { e.halt(err, false) }
+
+func (e *Engine) halt(err error, tell bool) {
 	e.mu.Lock()
 	if e.fatal != nil {
 		// Already stopped, peers told and every handle then known finished; later ones are
-		// refused at Enqueue. A peer's echo of our own abort lands here.
+		// refused at Enqueue.
 		e.mu.Unlock()
 		return
 	}
 	e.fatal = err
+	told := e.told
 	q := e.queue
 	e.queue = nil
 	e.mu.Unlock()
 	slog.Error("kolo engine stopped", "rank", e.g.Rank, "err", err)
-	e.tellPeers(err)
+	if tell && !told {
+		e.tellPeers(err) // aborts the local shared-memory waits too
+	} else {
+		if e.g.Abort != nil {
+			e.g.Abort(err)
+		}
+		if told {
+			<-e.toldDone // an Abort is telling the peers: they hear before any caller here does
+		}
+	}
 	for _, ps := range e.sets {
 		for _, en := range ps.pending {
 			en.h.finish(err)

@@ -27,10 +27,21 @@ type cluster struct {
 
 func newCluster(t *testing.T, n int, cfg Config) *cluster {
 	t.Helper()
-	eps := inmem.New(n)
+	return newClusterWith(t, n, cfg, nil, nil)
+}
+
+// newClusterWith is newCluster over inmem.New(n, opts...), where edit, if not nil, changes rank r's
+// Group (a Comm or Messenger that misbehaves, say) before its engine starts. Every rank's Comm and
+// Local are ep.Comm(), which satisfies transport.Shared unless opts include inmem.WithoutShared.
+func newClusterWith(t *testing.T, n int, cfg Config, opts []inmem.Option, edit func(r int, ep *inmem.Endpoint, g *Group)) *cluster {
+	t.Helper()
+	eps := inmem.New(n, opts...)
 	groups := make([]Group, n)
 	for r, ep := range eps {
-		groups[r] = Group{Comm: ep, Messenger: ep, Local: ep}
+		groups[r] = Group{Comm: ep.Comm(), Messenger: ep, Local: ep.Comm()}
+		if edit != nil {
+			edit(r, ep, &groups[r])
+		}
 	}
 	c := startCluster(t, cfg, "memhost", groups, func() {
 		for _, ep := range eps {
@@ -187,6 +198,9 @@ func TestLocalValidation(t *testing.T) {
 	}{
 		{negotiate.Request{Kind: negotiate.Allreduce, DType: dtype.Float32, Shape: []int64{2}}, buf, "need a name"},
 		{allreduceReq("x", 3), buf, "needs 12 bytes, input has 8"},
+		// 1<<66 bytes, which wrapping int64 arithmetic would make 0: the length of the empty input
+		{negotiate.Request{Name: "huge", Kind: negotiate.Allreduce, DType: dtype.Float32, Shape: []int64{1 << 62, 4}}, []byte{}, "more bytes than any memory holds"},
+		{negotiate.Request{Name: "neg", Kind: negotiate.Allreduce, DType: dtype.Float32, Shape: []int64{2, -1}}, buf, "negative dimension in shape [2 -1]"},
 		{negotiate.Request{Name: "b", Kind: negotiate.Broadcast, DType: dtype.Float32, Shape: []int64{2}, Root: 4}, buf, "root 4 outside"},
 		{negotiate.Request{Name: "a", Kind: negotiate.Alltoall, DType: dtype.Float32, Shape: []int64{2}, Splits: []int64{1, 1}}, buf, "2 splits for 1 ranks"},
 	}
@@ -428,15 +442,9 @@ func (b brokenComm) SendRecv(ctx context.Context, to int, sb []byte, from int, r
 // no longer pending anywhere), instead of leaving their callers waiting forever.
 func TestCollectiveFailureFailsItsOwnHandles(t *testing.T) {
 	const n = 2
-	eps := inmem.New(n, inmem.WithoutShared())
-	groups := make([]Group, n)
-	for r, ep := range eps {
-		groups[r] = Group{Comm: ep.Comm(), Messenger: ep, Local: ep.Comm()}
-	}
-	groups[0].Comm, groups[0].Local = brokenComm{eps[0].Comm()}, brokenComm{eps[0].Comm()}
-	c := startCluster(t, DefaultConfig(), "memhost", groups, func() {
-		for _, ep := range eps {
-			ep.Close()
+	c := newClusterWith(t, n, DefaultConfig(), []inmem.Option{inmem.WithoutShared()}, func(r int, ep *inmem.Endpoint, g *Group) {
+		if r == 0 {
+			g.Comm, g.Local = brokenComm{ep.Comm()}, brokenComm{ep.Comm()}
 		}
 	})
 	ctx := waitCtx(t)
@@ -452,7 +460,7 @@ func TestCollectiveFailureFailsItsOwnHandles(t *testing.T) {
 	}
 	// Rank 1 is inside the same collective, blocked on rank 0, which would now exit: its own
 	// in-flight op must fail too once rank 0's transport goes, not wait forever.
-	eps[0].Close()
+	c.eps[0].Close()
 	select {
 	case err := <-peer:
 		if err == nil {

@@ -26,6 +26,11 @@ type executor struct {
 	// Set by the engine around each run.
 	tl  *timeline.Timeline // nil: not recording
 	set int
+
+	// Reused by every fused allreduce, so that running one allocates nothing of the executor's:
+	// the byte size of each of the response's tensors, and the indices of those fused.
+	sizes []int64
+	fused []int
 }
 
 func newExecutor(g Group, cfg Config) *executor {
@@ -161,18 +166,21 @@ func (x *executor) allreduce(ctx context.Context, r negotiate.Response, entries 
 		x.mark(&r, collectiveLabel(r.Kind))
 		return x.reduceInPlace(ctx, r, entries[0])
 	}
-	var fused []int // indices of the tensors that go through the fusion buffer
+	sizes, fused := x.sizes[:0], x.fused[:0] // fused: the tensors that go through the fusion buffer
 	var total int64
 	for i, shape := range r.Shapes {
-		if n := elems(shape) * es; n < unfusedBytes {
+		n := elems(shape) * es
+		sizes = append(sizes, n)
+		if n < unfusedBytes {
 			fused = append(fused, i)
 			total += n
 		}
 	}
+	x.sizes, x.fused = sizes, fused
 	if len(fused) < len(entries) {
 		x.mark(&r, collectiveLabel(r.Kind))
 		for i, en := range entries {
-			n := elems(r.Shapes[i]) * es
+			n := sizes[i]
 			if n < unfusedBytes {
 				continue
 			}
@@ -196,7 +204,7 @@ func (x *executor) allreduce(ctx context.Context, r negotiate.Response, entries 
 	x.mark(&r, memcpyIn)
 	off := int64(0)
 	for _, i := range fused {
-		n := elems(r.Shapes[i]) * es
+		n := sizes[i]
 		if en := entries[i]; en != nil {
 			copy(buf[off:off+n], en.in)
 		} else {
@@ -211,7 +219,7 @@ func (x *executor) allreduce(ctx context.Context, r negotiate.Response, entries 
 	x.mark(&r, memcpyOut)
 	off = 0
 	for _, i := range fused {
-		n := elems(r.Shapes[i]) * es
+		n := sizes[i]
 		if en := entries[i]; en != nil {
 			copy(en.out, buf[off:off+n])
 		}

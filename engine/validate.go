@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 
+	"github.com/kolo-dl/kolo/dtype"
 	"github.com/kolo-dl/kolo/engine/negotiate"
 )
 
@@ -22,12 +23,9 @@ func validate(req negotiate.Request, in, out []byte, size int) error {
 	if !req.DType.Valid() {
 		return fmt.Errorf("%s: invalid dtype %v", what(), req.DType)
 	}
-	n := int64(req.DType.Size())
-	for _, d := range req.Shape {
-		if d < 0 {
-			return fmt.Errorf("%s: negative dimension in shape %v", what(), req.Shape)
-		}
-		n *= d
+	n, err := dtype.Bytes(req.DType, req.Shape)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what(), err) // never a size wrapped around to match the input
 	}
 	if int64(len(in)) != n {
 		return fmt.Errorf("%s: shape %v of %v needs %d bytes, input has %d", what(), req.Shape, req.DType, n, len(in))

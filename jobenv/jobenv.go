@@ -31,6 +31,9 @@ const (
 	NetworkInterface = "KOLO_NETWORK_INTERFACE"
 	// HorovodNetworkInterface is Horovod's name for NetworkInterface.
 	HorovodNetworkInterface = "HOROVOD_GLOO_IFACE"
+	// HostCPUs is how many CPUs this machine gives its ranks, set by kolo run --bind-to core, whose
+	// ranks each see only their own share in their affinity mask (HostCPUCount reads it).
+	HostCPUs = "KOLO_HOST_CPUS"
 	// LauncherVersion is the version of the kolo run that started the worker; Init refuses to
 	// join a job whose launcher speaks another version.
 	LauncherVersion = "KOLO_LAUNCHER_VERSION"

@@ -21,6 +21,7 @@ const (
 // Rendezvous and Secret.
 const (
 	SecretFile    = "KOLO_SECRET_FILE"    // a file holding the job secret, instead of KOLO_SECRET
+	HorovodSecret = "HOROVOD_SECRET_KEY"  // Horovod's name for the secret, read after kolo's (auth.JobSecret)
 	RendezvousDir = "KOLO_RENDEZVOUS_DIR" // where rank 0 publishes the rendezvous address; default ~/.kolo/rendezvous
 )
 
@@ -153,7 +154,7 @@ func fromSlurm(env map[string]string, hostname string) (Job, error) {
 	}
 	switch {
 	case firstSet(env, JobID) != "": // an exported but empty KOLO_JOB_ID would give every job one name
-		j.JobID = safeID(env[JobID])
+		j.JobID = safeID(firstSet(env, JobID))
 	case jobID == "":
 		return Job{}, fmt.Errorf("SLURM_JOB_ID is not set")
 	default:

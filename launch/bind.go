@@ -2,10 +2,13 @@ package launch
 
 import (
 	"fmt"
+	"log/slog"
 	"os/exec"
 	"runtime"
+	"strconv"
 
 	"github.com/kolo-dl/kolo/internal/cpuset"
+	"github.com/kolo-dl/kolo/jobenv"
 )
 
 // --bind-to values.
@@ -14,50 +17,58 @@ const (
 	BindCore = "core"
 )
 
-// bindCPUs is local rank s.LocalRank's share of the CPUs kolo run itself may use, split among the
-// s.LocalSize ranks of this machine by whole cores (cpuset.Split). Read on every start rather than
-// once, so a launcher started under taskset or a cgroup's cpuset divides what it was given.
-func bindCPUs(s Slot) (cpuset.Set, error) {
-	all, err := cpuset.Current()
-	if err != nil {
-		return nil, err
-	}
-	shares, err := cpuset.Split(cpuset.Cores(all, cpuset.SysfsTopology), s.LocalSize)
-	if err != nil {
-		return nil, fmt.Errorf("CPUs %s: %w", all, err)
-	}
-	if s.LocalRank < 0 || s.LocalRank >= len(shares) {
-		return nil, fmt.Errorf("local rank %d of %d", s.LocalRank, s.LocalSize)
-	}
-	return shares[s.LocalRank], nil
+// Binding is what --bind-to core gives the ranks of this machine: the CPUs kolo run may use
+// (all of them, or what taskset or a cgroup's cpuset left it), split among the local ranks by
+// whole cores (cpuset.Split). It is computed once, before any rank starts, so that a bad split is a
+// usage error and every rank's share comes from the same reading.
+type Binding struct {
+	all    cpuset.Set   // what the launcher thread gets back after each fork
+	shares []cpuset.Set // by local rank
 }
 
-// startBound starts cmd bound to its rank's CPUs. The binding is set on the launcher thread that
-// forks, so the child has it from its first instruction and every thread it ever starts inherits
-// it; setting it on the child's pid after Start would miss threads a runtime (Go's, OpenMP's)
-// starts at once. The thread gets its own mask back before it runs anything else.
-func startBound(cmd *exec.Cmd, s Slot) error {
+// NewBinding splits this machine's CPUs among localSize ranks.
+func NewBinding(localSize int) (*Binding, error) {
+	all, err := cpuset.Current()
+	if err != nil {
+		return nil, fmt.Errorf("--bind-to core: %w", err)
+	}
+	shares, err := cpuset.Split(cpuset.Cores(all, cpuset.SysfsTopology), localSize)
+	if err != nil {
+		return nil, fmt.Errorf("--bind-to core: CPUs %s: %w", all, err)
+	}
+	return &Binding{all: all, shares: shares}, nil
+}
+
+// cpus is local rank s.LocalRank's share.
+func (b *Binding) cpus(s Slot) (cpuset.Set, error) {
+	if s.LocalRank < 0 || s.LocalRank >= len(b.shares) {
+		return nil, fmt.Errorf("--bind-to core: rank %d is local rank %d, but the CPUs were split among %d", s.Rank, s.LocalRank, len(b.shares))
+	}
+	return b.shares[s.LocalRank], nil
+}
+
+// start starts cmd bound to its rank's CPUs. The binding is set on the launcher thread that forks,
+// so the child has it from its first instruction and every thread it ever starts inherits it;
+// setting it on the child's pid after Start would miss threads a runtime (Go's, OpenMP's) starts
+// at once. The thread gets the launcher's mask back before it runs anything else. The rank is
+// told how many CPUs the machine gives its ranks (jobenv.HostCPUs): its own mask shows only its
+// share, which would make it think the machine's ranks outnumber its CPUs.
+func (b *Binding) start(cmd *exec.Cmd, s Slot) error {
+	cpus, err := b.cpus(s)
+	if err != nil {
+		return err
+	}
+	cmd.Env = append(cmd.Env, jobenv.HostCPUs+"="+strconv.Itoa(len(b.all)))
 	runtime.LockOSThread()
-	own, err := cpuset.Current()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("--bind-to core: %w", err)
-	}
-	cpus, err := bindCPUs(s)
-	if err == nil {
-		err = cpuset.Apply(cpus)
-	}
-	if err != nil {
+	if err := cpuset.Apply(cpus); err != nil {
 		runtime.UnlockOSThread()
 		return fmt.Errorf("--bind-to core: rank %d: %w", s.Rank, err)
 	}
 	startErr := cmd.Start()
-	if err := cpuset.Apply(own); err != nil {
-		// Left locked: the runtime retires the thread with this goroutine rather than run other
-		// goroutines on the narrowed mask.
-		if startErr == nil {
-			return nil
-		}
+	if err := cpuset.Apply(b.all); err != nil {
+		// The thread stays locked to this goroutine (so no other goroutine runs on the narrowed
+		// mask) until the goroutine ends; later ranks still get their own shares, computed above.
+		slog.Warn("--bind-to core: the launcher thread could not get its CPUs back", "rank", s.Rank, "err", err)
 		return startErr
 	}
 	runtime.UnlockOSThread()

@@ -25,11 +25,15 @@ func TestLocalStarterBinds(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := min(len(own), 4)
+	bind, err := NewBinding(n)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var union cpuset.Set
 	for l := range n {
 		s := Slot{Rank: l, Size: n, Host: "localhost", LocalRank: l, LocalSize: n}
-		p, err := LocalStarter{Bind: true}.Start(context.Background(), Worker{Slot: s,
-			Argv: []string{"/bin/sh", "-c", "grep Cpus_allowed_list /proc/self/status"}})
+		p, err := LocalStarter{Bind: bind}.Start(context.Background(), Worker{Slot: s,
+			Argv: []string{"/bin/sh", "-c", "grep Cpus_allowed_list /proc/self/status; echo host_cpus=$KOLO_HOST_CPUS"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -37,12 +41,16 @@ func TestLocalStarterBinds(t *testing.T) {
 		if e := p.Wait(); e.Code != 0 {
 			t.Fatalf("rank %d: %v", l, e)
 		}
-		_, list, _ := strings.Cut(string(out), ":")
+		status, hostCPUs, _ := strings.Cut(strings.TrimSpace(string(out)), "\nhost_cpus=")
+		if hostCPUs != strconv.Itoa(len(own)) {
+			t.Errorf("local rank %d was told the machine gives its ranks %q CPUs, want %d", l, hostCPUs, len(own))
+		}
+		_, list, _ := strings.Cut(status, ":")
 		got, err := cpuset.Parse(list)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, err := bindCPUs(s)
+		want, err := bind.cpus(s)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -81,9 +89,7 @@ func TestBindMoreRanksThanCPUs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := len(own) + 1
-	_, err = LocalStarter{Bind: true}.Start(context.Background(), Worker{
-		Slot: Slot{Rank: 0, Size: n, LocalRank: 0, LocalSize: n}, Argv: []string{"/bin/true"}})
+	_, err = NewBinding(len(own) + 1)
 	if err == nil || !strings.Contains(err.Error(), "--bind-to core") || !strings.Contains(err.Error(), "ranks but only") {
 		t.Fatalf("err = %v, want a --bind-to core error saying there are too few CPUs", err)
 	}
@@ -112,5 +118,34 @@ func TestBindToRefusesTooManyLocalRanks(t *testing.T) {
 	code, err := RunHosts(context.Background(), o, io.Discard, io.Discard)
 	if code != ExitUsage || err == nil || !strings.Contains(err.Error(), "ranks but only") {
 		t.Fatalf("RunHosts = %d, %v; want a usage error before any rank starts", code, err)
+	}
+}
+
+func TestBindToRefusesTwoNamesForThisMachine(t *testing.T) {
+	o, err := ParseRunFlags([]string{"-H", "localhost:1,127.0.0.1:1", "--bind-to", "core", "true"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, err := RunHosts(context.Background(), o, io.Discard, io.Discard)
+	if code != ExitUsage || err == nil || !strings.Contains(err.Error(), "127.0.0.1, localhost") {
+		t.Fatalf("RunHosts = %d, %v; want a usage error naming both host names", code, err)
+	}
+}
+
+// In no-ssh mode the split is checked before the node meets the others: a usage error at once,
+// not a failed rank after every node has gathered.
+func TestBindToRefusesTooManyRanksOnANode(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("binding is Linux only")
+	}
+	o, err := ParseRunFlags([]string{"--rendezvous", "127.0.0.1:1", "--nnodes", "2", "--nproc-per-node",
+		strconv.Itoa(runtime.NumCPU() + 1), "--bind-to", "core", "true"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KOLO_SECRET", "test-secret")
+	code, err := RunNode(context.Background(), o, io.Discard, io.Discard)
+	if code != ExitUsage || err == nil || !strings.Contains(err.Error(), "ranks but only") {
+		t.Fatalf("RunNode = %d, %v; want a usage error before meeting", code, err)
 	}
 }

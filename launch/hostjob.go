@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -54,15 +55,20 @@ func RunHosts(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int
 	if opts.BindTo == BindCore && len(remote) > 0 {
 		return ExitUsage, fmt.Errorf("--bind-to core binds the ranks kolo run starts on its own machine, not those it starts over ssh (on %s): run kolo run on every node with --rendezvous (no-ssh mode), which binds each node's ranks, or drop --bind-to", strings.Join(remote, ", "))
 	}
+	var bind *Binding
 	if opts.BindTo == BindCore {
-		local := 0
-		for _, s := range slots {
-			if IsLocal(s.Host) {
-				local++
+		// Every slot is local here. Plan counts local ranks per host name, so two names for this
+		// machine (localhost and its hostname) would give two ranks the same CPUs.
+		if len(seen) > 1 {
+			names := make([]string, 0, len(seen))
+			for h := range seen {
+				names = append(names, h)
 			}
+			slices.Sort(names)
+			return ExitUsage, fmt.Errorf("--bind-to core: the ranks of this machine are under %d host names (%s): give them under one", len(names), strings.Join(names, ", "))
 		}
-		if _, err := bindCPUs(Slot{LocalSize: local}); err != nil {
-			return ExitUsage, fmt.Errorf("--bind-to core: %w", err)
+		if bind, err = NewBinding(len(slots)); err != nil {
+			return ExitUsage, err
 		}
 	}
 	listen, advertise, err := rendezvousAddrs(slots, remote, opts.NetworkInterface)
@@ -113,7 +119,7 @@ func RunHosts(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int
 	guard := startGuard()
 	defer guard.Close()
 	runner := &Runner{
-		Starter:    HostStarter{Local: LocalStarter{Guard: guard, Bind: opts.BindTo == BindCore}, Remote: ssh},
+		Starter:    HostStarter{Local: LocalStarter{Guard: guard, Bind: bind}, Remote: ssh},
 		Stdout:     stdout,
 		Stderr:     stderr,
 		OutputDir:  opts.OutputDir,

@@ -157,12 +157,12 @@ type doneRecord struct {
 // NodeSecret is the secret every node of a no-ssh job shares, from where auth.JobSecret says:
 // --secret-file, else KOLO_SECRET, else KOLO_SECRET_FILE, else HOROVOD_SECRET_KEY.
 func NodeSecret(o *Options) ([]byte, error) {
-	secret, _, err := auth.JobSecret(o.SecretFile, jobenv.FromEnviron(os.Environ()))
+	secret, err := auth.JobSecret(o.SecretFile, jobenv.FromEnviron(os.Environ()))
 	if err != nil {
 		return nil, err
 	}
 	if secret == nil {
-		return nil, fmt.Errorf("no job secret: with --rendezvous every node must share one; set %s (e.g. from a Kubernetes Secret) or --secret-file PATH", auth.SecretEnv)
+		return nil, fmt.Errorf("no job secret: with --rendezvous every node must share one; set %s (e.g. from a Kubernetes Secret) or --secret-file PATH", jobenv.Secret)
 	}
 	return secret, nil
 }
@@ -203,7 +203,13 @@ func RunNode(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int,
 	if err != nil {
 		return ExitUsage, err
 	}
-	n := &node{opts: opts, secret: secret, slots: slots, stdout: stdout, stderr: stderr,
+	var bind *Binding
+	if opts.BindTo == BindCore {
+		if bind, err = NewBinding(slots); err != nil {
+			return ExitUsage, err
+		}
+	}
+	n := &node{opts: opts, secret: secret, slots: slots, bind: bind, stdout: stdout, stderr: stderr,
 		stopped: make(chan struct{}), lost: make(chan struct{})}
 	defer n.close()
 	if code, err := n.meet(ctx); err != nil {
@@ -218,6 +224,7 @@ func RunNode(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int,
 
 type node struct {
 	opts           *Options
+	bind           *Binding // --bind-to core: this node's ranks' CPUs; nil: no binding
 	secret         []byte
 	slots          int
 	stdout, stderr io.Writer
@@ -349,7 +356,10 @@ func (n *node) abandon(err error) {
 	if n.rv == nil || n.lostRendezvous() != nil {
 		return
 	}
-	if n.registered {
+	// A node-rank conflict is already told to every node (launch/conflict); a stop record as well
+	// would let a late node report either one, with either exit code.
+	var conflict conflictRecord
+	if n.registered && !errors.As(err, &conflict) {
 		hn, _ := os.Hostname()
 		n.publishStop(stopRecord{Reason: stopError, Node: n.index, Host: hn, Detail: err.Error()})
 	}
@@ -592,7 +602,7 @@ func (n *node) runRanks(ctx context.Context, slots []Slot, rvAddr string) (int, 
 	guard := startGuard()
 	defer guard.Close()
 	runner := &Runner{
-		Starter: LocalStarter{Guard: guard, Bind: o.BindTo == BindCore}, Stdout: n.stdout, Stderr: n.stderr,
+		Starter: LocalStarter{Guard: guard, Bind: n.bind}, Stdout: n.stdout, Stderr: n.stderr,
 		OutputDir: o.OutputDir, Timestamps: o.Timestamps, Plain: o.PlainOutput,
 		OnFailure: func(r Result) {
 			rec := recordOf(r)

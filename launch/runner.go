@@ -371,8 +371,8 @@ type LocalStarter struct {
 	// Guard, if set, learns each rank's process group, so that the group dies even when the
 	// launcher is killed outright; once a rank's process ends, what it left in its group is killed.
 	Guard *OrphanGuard
-	// Bind starts each rank bound to its share of this machine's CPUs (--bind-to core, bind.go).
-	Bind bool
+	// Bind, if set, starts each rank bound to its share of this machine's CPUs (--bind-to core).
+	Bind *Binding
 }
 
 type localProcess struct {
@@ -402,8 +402,8 @@ func (l LocalStarter) Start(ctx context.Context, w Worker) (Process, error) {
 		return nil, err
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
-	if l.Bind {
-		err = startBound(cmd, w.Slot)
+	if l.Bind != nil {
+		err = l.Bind.start(cmd, w.Slot)
 	} else {
 		err = cmd.Start()
 	}

@@ -146,27 +146,18 @@ func sigEqual(a, b *opSig) bool {
 }
 
 // computeBytes is the op's share of a fusion buffer: the output for Allgather, the input
-// otherwise. It saturates rather than overflow on absurd shapes.
+// otherwise. It saturates rather than overflow on absurd shapes (or negative dimensions, which
+// only a garbled Response carries).
 func (s *opSig) computeBytes() {
 	if !usesData(s.kind) {
 		s.bytes = 0
 		return
 	}
-	n := int64(s.dtype.Size())
-	for _, d := range s.shape {
-		n = satMul(n, d)
+	n, err := dtype.Bytes(s.dtype, s.shape)
+	if err != nil {
+		n = math.MaxInt64
 	}
 	s.bytes = n
-}
-
-func satMul(a, b int64) int64 {
-	if a == 0 || b == 0 {
-		return 0
-	}
-	if a > math.MaxInt64/b {
-		return math.MaxInt64
-	}
-	return a * b
 }
 
 func satAdd(a, b int64) int64 {

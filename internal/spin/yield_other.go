@@ -1,6 +1,8 @@
 //go:build !linux
 
-// Package spin holds how kolo's waits give up the CPU without sleeping.
+// Package spin holds how kolo's waits pass time without sleeping: Pause, one beat of a busy wait;
+// Yield, which gives up the CPU; and Defaults, how long a wait polls or how often it yields before
+// it sleeps.
 package spin
 
 import "runtime"

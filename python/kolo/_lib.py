@@ -133,8 +133,13 @@ def _string(fn, *args, failed=_RAISE):
 
 
 def last_error():
-    """Why the last call into the library that returned -1 failed (capi's kolo_last_error)."""
-    return _string(C.kolo_last_error, failed="") if _lib is not None else ""
+    """Why the last call into the library that returned -1 failed (capi's kolo_last_error); "" when
+    there is none to read: before the library is loaded, or in a forked child, which cannot call
+    into it (and made no call of its own that failed). Callers read it while reporting an error:
+    it never raises, so that it cannot hide the error being reported."""
+    if _lib is None or _forked():
+        return ""
+    return _string(C.kolo_last_error, failed="")
 
 
 def _fork_error():
@@ -230,7 +235,12 @@ def init():
     ranks; joining goes on in the engine, and calling init() again waits for it."""
     global _topology
     lib = _load()
-    _finish_pending()  # an init or shutdown that Ctrl-C interrupted: its outcome is the engine's state
+    # An init or shutdown that Ctrl-C interrupted: its outcome is the engine's state. An init that
+    # then failed fails this call with its error, rather than losing it to a fresh init that waits
+    # for the ranks again (up to a whole setup timeout); after that, the next init() starts anew.
+    what, err = _finish_pending()
+    if what == "init" and err is not None:
+        raise err
     if not lib.kolo_is_initialized():
         _call(lib.kolo_init_async, "init")
     if _topology is None:
@@ -263,16 +273,24 @@ def _install_excepthook():
 
 
 def _excepthook(tp, value, tb):
-    try:
-        # Not for Ctrl-C and exits (the launcher reports those), nor for kolo's own errors, which
-        # the engine has already told every rank about.
-        if not issubclass(tp, (KeyboardInterrupt, SystemExit, KoloInternalError)) and _topology is not None:
-            what = "".join(traceback.format_exception_only(tp, value)).strip().splitlines()
-            abort("rank %d failed: %s" % (_topology[0], what[-1] if what else tp.__name__))
-    except Exception:  # never mask the exception being reported
-        pass
+    report_failure(value)
     _previous_excepthook(tp, value, tb)
     stand_back(value)
+
+
+def report_failure(exc):
+    """Tells every rank that this one is leaving on exception exc, as "rank N failed: <exc's last
+    line>" (abort), so that their ops fail with it. Not for Ctrl-C and exits (the launcher reports
+    those), nor for kolo's own errors, which the engine has already told every rank about; a no-op
+    when not initialized. Used by the exception hook and by kolo.run's workers. Never raises: it
+    runs while exc is being reported, and must not mask it."""
+    try:
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, KoloInternalError)) or _topology is None:
+            return
+        what = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
+        abort("rank %d failed: %s" % (_topology[0], what[-1] if what else type(exc).__name__))
+    except Exception:
+        pass
 
 
 _REMOTE_FAILURE = re.compile(r"\brank (\d+) failed: ")
@@ -318,7 +336,9 @@ def shutdown():
 
 
 def _shutdown_at_exit():
-    if _topology is None or _forked():
+    # As shutdown() decides: an init or shutdown that Ctrl-C interrupted (_pending) still owes the
+    # other ranks the shutdown barrier, though _topology is None.
+    if _lib is None or (_topology is None and _pending is None) or _forked():
         return
     if getattr(sys, "last_value", None) is not None:
         # Exiting on an uncaught exception: the shutdown barrier would wait for ranks that are

@@ -129,8 +129,22 @@ def _local_only(hosts, hostfile):
         return False
     if not hosts:
         return True
-    names = [h.split(":")[0].strip() for h in hosts.split(",") if h.strip()]
-    return all(n in ("localhost", "127.0.0.1", socket.gethostname()) for n in names)
+    return all(_is_local(_host_name(h.strip())) for h in hosts.split(",") if h.strip())
+
+
+def _host_name(item):
+    """The host of one -H item, "host", "host:slots" or "[ipv6]:slots", as kolo run reads it
+    (launch.parseHostSlots in launch/hosts.go)."""
+    if item.startswith("["):
+        end = item.find("]")
+        return item[1:end] if end >= 0 else item
+    return item.rpartition(":")[0] if ":" in item else item
+
+
+def _is_local(name):
+    """Whether host name designates this machine: the names launch.IsLocal (launch/hosts.go)
+    takes for the launching machine, which kolo run starts ranks on without ssh."""
+    return name in ("localhost", "127.0.0.1", "::1", "localhost.localdomain", socket.gethostname())
 
 
 def _run(payload_name, payload_value, np, hosts, hostfile, env, executable, verbose, start_timeout,
@@ -163,15 +177,18 @@ def _run(payload_name, payload_value, np, hosts, hostfile, env, executable, verb
     nranks = int(np)
     proc = subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, errors="replace")
-    exited = threading.Event()  # proc.wait() has returned
     overdue = threading.Event()  # the job outlived _EXIT_WAIT after the last result: stopped
 
     def stop_overdue_job():
-        if exited.is_set():
+        # Whether kolo run has exited, not whether the main thread's proc.wait() has returned yet:
+        # a job that ended just before the timer fired has finished normally.
+        if proc.poll() is not None:
             return
         overdue.set()
         proc.terminate()  # kolo run stops every rank on SIGTERM
-        if not exited.wait(_KILL_WAIT):
+        try:
+            proc.wait(_KILL_WAIT)
+        except subprocess.TimeoutExpired:
             proc.kill()  # the ranks die with it (they are started with a parent-death signal)
 
     exit_timer = threading.Timer(_EXIT_WAIT, stop_overdue_job)
@@ -214,7 +231,6 @@ def _run(payload_name, payload_value, np, hosts, hostfile, env, executable, verb
         proc.wait()
         raise
     finally:
-        exited.set()
         exit_timer.cancel()
         # Bounded: a process the ranks started may hold the pipes open after kolo run exits, and
         # a reader blocks while this process's own sys.stdout does.
@@ -291,12 +307,22 @@ def _failure(code, errors, stderr):
     return e
 
 
+def _rank():
+    """This rank, as the launcher numbers it (KOLO_RANK, or Horovod's name for it)."""
+    return os.environ.get("KOLO_RANK", os.environ.get("HOROVOD_RANK", "0"))
+
+
 def _emit(kind, value):
-    rank = os.environ.get("KOLO_RANK", os.environ.get("HOROVOD_RANK", "0"))
+    """Writes the marker line of kind "ok" (value is the result), "err" (value describes the
+    exception) or "exit" (this rank's code has ended; value is None) to the driver. Raises if
+    value cannot be pickled; an output nobody reads any more is not an error."""
     data = base64.b64encode(pickle.dumps(value)).decode("ascii")
-    sys.stdout.flush()
-    # Through the file descriptor, so it is one write even if sys.stdout was replaced.
-    os.write(1, ("%s%s:%s:%s\n" % (_MARKER, kind, rank, data)).encode("ascii"))
+    try:
+        sys.stdout.flush()  # what the rank printed comes before the marker
+        # Through the file descriptor, so it is one write even if sys.stdout was replaced.
+        os.write(1, ("%s%s:%s:%s\n" % (_MARKER, kind, _rank(), data)).encode("ascii"))
+    except (OSError, ValueError):  # a closed pipe, or a sys.stdout the script closed
+        pass
 
 
 def _load_main(path):
@@ -328,9 +354,8 @@ def _worker_main():
     except BaseException as e:  # report SystemExit and KeyboardInterrupt too, then fail
         tb = traceback.format_exc()
         sys.stderr.write(tb)
-        if not isinstance(e, (KeyboardInterrupt, SystemExit)):
-            from kolo import _lib  # tell the other ranks why, as the exception hook would
-            _lib.abort("rank %s failed: %s: %s" % (os.environ.get("KOLO_RANK", "?"), type(e).__name__, e))
+        from kolo import _lib
+        _lib.report_failure(e)  # tell the other ranks why, as the exception hook does
         try:
             exc = pickle.dumps(e)
         except Exception:
@@ -338,7 +363,6 @@ def _worker_main():
         _emit("err", {"summary": "%s: %s" % (type(e).__name__, e), "traceback": tb,
                       "exception": exc})
         sys.stderr.flush()
-        from kolo import _lib
         _lib.stand_back(e)  # let the rank whose failure this echoes be the first to exit
         os._exit(1)
     try:
@@ -350,12 +374,4 @@ def _worker_main():
     # Says that this rank's own code has ended: the interpreter runs atexit handlers once every
     # thread that is not a daemon has. Registered last, it runs before kolo's own shutdown.
     import atexit
-    atexit.register(_emit_exit)
-
-
-def _emit_exit():
-    rank = os.environ.get("KOLO_RANK", os.environ.get("HOROVOD_RANK", "0"))
-    try:
-        os.write(1, ("%sexit:%s:\n" % (_MARKER, rank)).encode("ascii"))
-    except OSError:
-        pass  # nobody reads any more
+    atexit.register(_emit, "exit", None)

@@ -1,15 +1,17 @@
 """Ctrl-C reaches a rank blocked in the engine waiting for a peer that does not come:
 
-    bin/kolo run -np 2 /usr/bin/python3 python/tests/interrupt_worker.py [collective|shutdown|init]
+    bin/kolo run -np 2 /usr/bin/python3 python/tests/interrupt_worker.py [collective|shutdown|init|exit]
 
 collective: rank 0 waits in an allreduce that rank 1 never submits.
 shutdown:   rank 0 waits in shutdown()'s barrier while rank 1 sleeps before its own shutdown().
 init:       rank 0 waits in init() for rank 1, which sleeps before its own init().
+exit:       as shutdown, but rank 0 then exits without calling shutdown() again.
 
 Rank 0 sends itself SIGINT 1 s into the wait and must see KeyboardInterrupt within a few seconds
 (waits are short slices, so Python handles the signal between them), well before the peer comes.
 Then it goes on as a script that caught the KeyboardInterrupt may: the interrupted shutdown or
-init is still running in the engine, and calling it again waits for it. Both ranks finish normally.
+init is still running in the engine, and calling it again waits for it; so does the shutdown at
+exit (rank 1's shutdown barrier needs rank 0 there). Both ranks finish normally.
 """
 
 import os
@@ -51,25 +53,21 @@ if MODE == "collective":
         interrupted("allreduce", lambda: hvd.allreduce(torch.ones(4), name="never matched"))
     hvd.barrier()  # the interrupted op is still pending on rank 0; other ops go on
     hvd.shutdown()
-elif MODE == "shutdown":
-    hvd.init()
-    if RANK == 0:
-        interrupted("shutdown", hvd.shutdown)
-        hvd.shutdown()  # waits for the interrupted shutdown, which completes once rank 1 comes
-    else:
-        time.sleep(PEER_DELAY)
-        hvd.shutdown()
-    print("ok shutdown rank %d" % RANK, flush=True)
-elif MODE == "init":
-    if RANK == 0:
-        interrupted("init", hvd.init)
-        hvd.init()  # waits for the interrupted init, which completes once rank 1 comes
-    else:
-        time.sleep(PEER_DELAY)
+elif MODE in ("shutdown", "init", "exit"):
+    what = "init" if MODE == "init" else "shutdown"
+    call = getattr(hvd, what)
+    if what == "shutdown":
         hvd.init()
-    y = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after init")
-    assert y.tolist() == [2.0, 2.0], y
-    hvd.shutdown()
-    print("ok init rank %d" % RANK, flush=True)
+    if RANK == 0:
+        interrupted(what, call)
+    else:
+        time.sleep(PEER_DELAY)
+    if RANK != 0 or MODE != "exit":
+        call()  # on rank 0, waits for the interrupted call, which completes once rank 1 comes
+    if MODE == "init":  # the job works after an interrupted init
+        y = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after init")
+        assert y.tolist() == [2.0, 2.0], y
+        hvd.shutdown()
+    print("ok %s rank %d" % (MODE, RANK), flush=True)
 else:
     sys.exit("unknown mode %r" % MODE)

@@ -4,9 +4,29 @@ read, ends in an error that says what kolo.run waited for instead of hanging the
     make lib build && /usr/bin/python3 -m pytest python/tests/test_run.py
 """
 
+import os
+import socket
+import sys
 import time
 
+from test_ops import ROOT
 from test_training import _driver
+
+
+def test_local_hosts_are_the_ones_kolo_run_starts_without_ssh():
+    # kolo.run may hand a large payload through a local file only when every rank runs here: the
+    # names launch.IsLocal takes for this machine, read from -H as kolo run reads them.
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    try:
+        from kolo import runner
+    finally:
+        sys.path.pop(0)
+    for hosts in (None, "", "localhost", "localhost:2,127.0.0.1:2", "[::1]:2", "[::1]", "::1:2",
+                  "localhost.localdomain:4", "%s:2, localhost" % socket.gethostname()):
+        assert runner._local_only(hosts, None), hosts
+    for hosts in ("otherhost", "localhost:2,otherhost:2", "[fe80::1]:2"):
+        assert not runner._local_only(hosts, None), hosts
+    assert not runner._local_only(None, "/some/hostfile")
 
 
 def test_a_rank_that_hangs_after_returning_is_named():

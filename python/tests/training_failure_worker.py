@@ -59,10 +59,12 @@ for step in range(1000):
             raise ValueError("rank 1 hit a bad batch at step %d" % step)
         time.sleep(3600)
     opt.zero_grad()
-    F.cross_entropy(model(torch.randn(4, 10)), torch.randint(0, 2, (4,))).backward()
-    if hvd.rank() == 0 and step == 2:
-        print("blocked in synchronize pid=%d" % os.getpid(), flush=True)
+    # The peer's failure surfaces at this rank's next kolo call: in step()'s wait, or, when the
+    # notice came first, in a gradient hook during backward.
     try:
+        F.cross_entropy(model(torch.randn(4, 10)), torch.randint(0, 2, (4,))).backward()
+        if hvd.rank() == 0 and step == 2:
+            print("blocked in synchronize pid=%d" % os.getpid(), flush=True)
         opt.step()
     except hvd.HorovodInternalError as e:
         print("rank %d saw: %s" % (hvd.rank(), e), flush=True)

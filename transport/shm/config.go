@@ -16,10 +16,10 @@ package shm
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
 	"time"
 
+	"github.com/kolo-dl/kolo/internal/spin"
 	"github.com/kolo-dl/kolo/transport"
 )
 
@@ -43,18 +43,16 @@ type Config struct {
 	// Dir holds the segment file (default /dev/shm).
 	Dir string
 	// Spin is how long a wait spins before it sleeps on a futex (negative: never spin). The default
-	// is 50 µs when the host has a CPU for every local rank and no spinning otherwise: spinning buys
-	// latency only while the peer runs at the same time; with more ranks than cores it burns the
-	// time the peer needs (on the 2-core VM, 8 ranks' Barrier took twice as long with it). It is as
-	// long as the engine's own spin (engine.DefaultSpin) because a rank that sleeps in a collective
-	// can stay asleep while its spinning peer holds the core the wake-up was queued on: with 5 µs,
-	// a quarter of 2-rank runs on the 2-core VM settled into ~100 µs per small allreduce instead
-	// of ~10 µs.
+	// follows the rule the engine's driver follows too (internal/spin's Defaults, which has the
+	// measurements): 50 µs when the host has a CPU for every local rank and no spinning otherwise,
+	// since spinning buys latency only while the peer runs at the same time; with more ranks than
+	// cores it burns the time the peer needs (on the 2-core VM, 8 ranks' Barrier took twice as long
+	// with it).
 	Spin time.Duration
 	// Yields is how many times a wait that does not spin yields its CPU (sched_yield) before it
-	// sleeps. Left 0 with the default Spin on a host whose ranks outnumber its CPUs, it is
-	// defaultYields (see engine.DefaultYields for the measurements); an explicit negative Spin
-	// keeps it 0, for callers that want no polling at all.
+	// sleeps. Left 0 with the default Spin on a host whose ranks outnumber its CPUs, it is the
+	// shared rule's count (spin.DefaultYields); an explicit negative Spin keeps it 0, for callers
+	// that want no polling at all.
 	Yields int
 }
 
@@ -64,8 +62,6 @@ const (
 	defaultMsgRingBytes = 64 << 10
 	defaultTimeout      = 30 * time.Second
 	defaultDir          = "/dev/shm"
-	defaultSpin         = 50 * time.Microsecond
-	defaultYields       = 32
 	pageBytes           = 4096
 	minMsgRingBytes     = pageBytes
 	maxRanks            = 4096
@@ -108,11 +104,12 @@ func (cfg Config) normalize() (Config, error) {
 		cfg.Dir = defaultDir
 	}
 	if cfg.Spin == 0 {
-		cfg.Spin = defaultSpin
-		if cfg.Size > runtime.NumCPU() {
-			cfg.Spin = -1
+		d, yields := spin.Defaults(cfg.Size)
+		cfg.Spin = d
+		if d == 0 {
+			cfg.Spin = -1 // 0 would mean "the default" again
 			if cfg.Yields == 0 {
-				cfg.Yields = defaultYields
+				cfg.Yields = yields
 			}
 		}
 	}

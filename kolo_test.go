@@ -1,0 +1,75 @@
+package kolo
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kolo-dl/kolo/dtype"
+	"github.com/kolo-dl/kolo/engine"
+	"github.com/kolo-dl/kolo/world"
+)
+
+// A shape whose byte size overflows int64 is refused, not wrapped around: [1<<62, 4] of float32
+// is 1<<66 bytes, which wrapping int64 arithmetic makes 0, the length of an empty Data.
+func TestTensorCheckRefusesSizesPastInt64(t *testing.T) {
+	for _, shape := range [][]int64{{1 << 62, 4}, {1 << 62}, {1 << 31, 1 << 31, 1 << 31}} {
+		err := Tensor{Data: []byte{}, DType: dtype.Float32, Shape: shape}.check()
+		if !errors.Is(err, dtype.ErrTooLarge) {
+			t.Errorf("shape %v of float32, no data: check() = %v, want an error matching %q", shape, err, dtype.ErrTooLarge)
+		}
+	}
+	// A zero dimension makes the others irrelevant: no elements, no bytes.
+	if err := (Tensor{Data: []byte{}, DType: dtype.Float32, Shape: []int64{1 << 62, 0, 4}}).check(); err != nil {
+		t.Errorf("empty tensor of shape [1<<62 0 4]: check() = %v", err)
+	}
+	if err := (Tensor{Data: make([]byte, 24), DType: dtype.Float32, Shape: []int64{2, 3}}).check(); err != nil {
+		t.Errorf("2x3 float32 in 24 bytes: check() = %v", err)
+	}
+	err := Tensor{Data: make([]byte, 4), DType: dtype.Float32, Shape: []int64{2, -1}}.check()
+	if err == nil || !strings.Contains(err.Error(), "negative dimension in shape [2 -1]") {
+		t.Errorf("shape [2 -1]: check() = %v, want a negative dimension", err)
+	}
+	err = Tensor{Data: make([]byte, 8), DType: dtype.Float32, Shape: []int64{3}}.check()
+	if err == nil || !strings.Contains(err.Error(), "needs 12 bytes, data has 8") {
+		t.Errorf("3 float32 in 8 bytes: check() = %v", err)
+	}
+}
+
+// The shared-memory waits follow the engine's Spin only when it was given (KOLO_SPIN_TIME, or a
+// Config that sets it): engine.DefaultConfig leaves it unset, and passing it to Init
+// (WithEngineConfig) must leave shared memory its own default rather than turn its spinning off.
+func TestSpinSettings(t *testing.T) {
+	fromEnv := func(env map[string]string) engine.Config {
+		t.Helper()
+		cfg, err := engine.ConfigFromEnv(func(k string) string { return env[k] })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	const local = 1
+	for _, tc := range []struct {
+		name     string
+		cfg      engine.Config
+		shm      time.Duration // world.Options.ShmSpin before
+		spin     time.Duration // the engine's Spin after
+		wantShm  time.Duration // ShmSpin after
+		wantYlds int
+	}{
+		{"DefaultConfig", engine.DefaultConfig(), 0, engine.DefaultSpin(local), 0, engine.DefaultYields(local)},
+		{"no KOLO_SPIN_TIME", fromEnv(nil), 0, engine.DefaultSpin(local), 0, engine.DefaultYields(local)},
+		{"KOLO_SPIN_TIME=20", fromEnv(map[string]string{"KOLO_SPIN_TIME": "20"}), 0, 20 * time.Microsecond, 20 * time.Microsecond, 0},
+		{"KOLO_SPIN_TIME=0", fromEnv(map[string]string{"KOLO_SPIN_TIME": "0"}), 0, 0, -1, 0},
+		{"ShmSpin set wins", fromEnv(map[string]string{"KOLO_SPIN_TIME": "20"}), 7 * time.Microsecond, 20 * time.Microsecond, 7 * time.Microsecond, 0},
+		{"ShmSpin kept when Spin unset", engine.DefaultConfig(), 7 * time.Microsecond, engine.DefaultSpin(local), 7 * time.Microsecond, engine.DefaultYields(local)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, w := spinSettings(tc.cfg, world.Options{ShmSpin: tc.shm}, local)
+			if cfg.Spin != tc.spin || cfg.Yields != tc.wantYlds || w.ShmSpin != tc.wantShm {
+				t.Errorf("Spin %v, Yields %d, ShmSpin %v; want %v, %d, %v", cfg.Spin, cfg.Yields, w.ShmSpin, tc.spin, tc.wantYlds, tc.wantShm)
+			}
+		})
+	}
+}
