@@ -1,8 +1,12 @@
 package spin
 
 import (
+	"os"
 	"runtime"
+	"strconv"
 	"time"
+
+	"github.com/kolo-dl/kolo/jobenv"
 )
 
 const (
@@ -21,13 +25,23 @@ const (
 	DefaultYields = 32
 )
 
-// Defaults is how a wait on a host running ranks ranks (on runtime.NumCPU CPUs) behaves before it
+// Defaults is how a wait on a host running ranks ranks (on HostCPUs CPUs) behaves before it
 // sleeps: it polls for spin when every rank has a CPU; when the ranks outnumber the CPUs polling
 // only steals the core the awaited rank needs, so spin is 0 and it yields the CPU yields times
 // instead. The engine's driver and the shared-memory transport's waits both follow this rule.
 func Defaults(ranks int) (spin time.Duration, yields int) {
-	if ranks > runtime.NumCPU() {
+	if ranks > HostCPUs() {
 		return 0, DefaultYields
 	}
 	return DefaultSpin, 0
+}
+
+// HostCPUs is how many CPUs this host gives its ranks: what kolo run --bind-to core says
+// (jobenv.HostCPUs), since a bound rank's own mask shows only its share; else the CPUs this process
+// may use.
+func HostCPUs() int {
+	if n, err := strconv.Atoi(os.Getenv(jobenv.HostCPUs)); err == nil && n > 0 {
+		return n
+	}
+	return runtime.NumCPU()
 }

@@ -6,10 +6,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kolo-dl/kolo/internal/spin"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -142,7 +142,7 @@ func create(path string, lay layout) ([]byte, error) {
 	*u64(mem, offCreatorPid) = uint64(os.Getpid())
 	*u64(mem, offCreatorStart) = start
 	*u64(mem, offCreatorPidNS) = pidNamespace()
-	*u32(mem, offHostCPUs) = uint32(runtime.NumCPU())
+	*u32(mem, offHostCPUs) = uint32(spin.HostCPUs())
 	atomic.StoreUint32(u32(mem, offReady), headerReadyMarker)
 	return mem, nil
 }
