@@ -96,6 +96,30 @@ func TestKilledRankFailsOthers(t *testing.T) {
 	}
 }
 
+var abortResult = regexp.MustCompile(`\[(\d+)\]<stderr>:ABORT-RESULT err=(.*)`)
+
+// A rank that calls kolo.Abort and leaves late: every other rank fails at once with its reason, and
+// the launcher names it (not the first process to exit) as the rank that failed, with its exit code.
+func TestAbortedRankIsBlamed(t *testing.T) {
+	for _, np := range []int{2, 3} {
+		t.Run(fmt.Sprintf("np=%d", np), func(t *testing.T) {
+			job := e2e.Launch(t, "abort", e2e.LocalHosts(np), np, e2e.Options{Grace: 5 * time.Second})
+			if job.First == nil || job.First.Slot.Rank != 1 || job.First.Exit.Code != 4 {
+				t.Fatalf("first failure %+v, want rank 1 with exit code 4\n%s", job.First, job.Stderr)
+			}
+			got := abortResult.FindAllStringSubmatch(job.Stderr.String(), -1)
+			if len(got) != np-1 {
+				t.Errorf("%d ranks reported the abort, want %d:\n%s", len(got), np-1, job.Stderr)
+			}
+			for _, m := range got {
+				if !strings.Contains(m[2], "rank 1 failed: bad batch") {
+					t.Errorf("rank %s: %s", m[1], m[2])
+				}
+			}
+		})
+	}
+}
+
 // Strangers connecting to the running job (random bytes, a wrong secret) are turned away while the
 // job goes on and finishes correctly.
 func TestStrangersRejectedWhileJobRuns(t *testing.T) {

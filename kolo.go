@@ -213,8 +213,9 @@ func Shutdown() error {
 }
 
 // Abort tells every rank that this one has failed outside kolo, and why: this rank's pending and
-// later ops fail with err, and so do the other ranks', with err's text, instead of waiting for
-// this process to vanish and reporting "rank N lost". Call it before exiting on an error the
+// later ops fail with "rank N failed: <err>", and so do the other ranks', instead of waiting for
+// this process to vanish and reporting "rank N lost" (kolo run follows that naming to this rank's
+// own error when it reports the job's failure). Call it before exiting on an error the
 // program cannot recover from (the Python binding calls it for an uncaught exception). The job
 // stays initialized; Shutdown still releases it. Without Init it does nothing.
 func Abort(err error) {
@@ -222,7 +223,7 @@ func Abort(err error) {
 	if gerr != nil || err == nil {
 		return
 	}
-	s.engine.Abort(err)
+	s.engine.Abort(fmt.Errorf("rank %d failed: %w", s.job.Rank, err))
 }
 
 // IsInitialized reports whether Init has run (and Shutdown has not).

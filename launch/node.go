@@ -613,8 +613,8 @@ func (n *node) runRanks(ctx context.Context, slots []Slot, rvAddr string) (int, 
 
 	done := doneRecord{Node: n.index, Host: myHost, Failed: first != nil}
 	for _, r := range results {
-		if !r.Exit.Failed() || r.Stopped {
-			r.StderrTail = nil // only a failed rank's tail is shown
+		if !r.Exit.Failed() || stoppedByLauncher(&r) {
+			r.StderrTail = nil // only a failed rank's tail is shown (or followed, by Blame)
 		}
 		done.Ranks = append(done.Ranks, recordOf(r))
 	}
@@ -878,8 +878,8 @@ func (n *node) finish(reported int) {
 }
 
 // outcome turns every node's report into the job's results, the first rank to fail (the earliest
-// end among ranks that failed on their own, on any node), the exit code and a note on what else went
-// wrong (a node interrupted, lost or silent).
+// end among ranks that failed on their own, on any node, traced by Blame), the exit code and a
+// note on what else went wrong (a node interrupted, lost or silent).
 func outcome(dones []*doneRecord, stop *stopRecord, names []string) (results []Result, first *Result, code int, note string) {
 	var missing, lost []string
 	for i, d := range dones {
@@ -915,6 +915,7 @@ func outcome(dones []*doneRecord, stop *stopRecord, names []string) (results []R
 			first = r
 		}
 	}
+	first = Blame(results, first)
 	var notes []string
 	switch {
 	case first != nil:

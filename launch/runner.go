@@ -100,7 +100,8 @@ type Runner struct {
 
 // Run starts every worker and waits for all of them. When one fails (or ctx ends) the others
 // get SIGTERM and, after GracePeriod, SIGKILL. It returns the results in rank order and the
-// first failure (by time of exit), or nil if every rank succeeded. Every goroutine it starts has
+// first failure (by time of exit, then traced to the rank it blames: see Blame), or nil if every
+// rank succeeded. Every goroutine it starts has
 // ended when it returns.
 func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) {
 	grace := r.GracePeriod
@@ -178,7 +179,7 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 		for i, p := range procs {
 			if p != nil && results[i].Ended.IsZero() {
 				results[i].Stopped = true
-				_ = p.Signal(syscall.SIGTERM)
+				_ = p.Signal(stopSignal)
 			}
 		}
 		killTimer = time.After(grace)
@@ -223,8 +224,11 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 	if first == nil { // cancelled: report the cancellation rather than a rank
 		return results, nil
 	}
-	return results, first
+	return results, Blame(results, first)
 }
+
+// stopSignal is what Run sends the ranks it stops; GracePeriod later, SIGKILL.
+const stopSignal = syscall.SIGTERM
 
 // reportFailure hands OnFailure the failed rank once its last output lines are in (bounded: a
 // child it left behind may hold its pipes open).
@@ -340,7 +344,12 @@ func Summary(results []Result, first *Result) string {
 	if first == nil {
 		return ""
 	}
-	fmt.Fprintf(&b, "kolo run: rank %d on %s %s (the first rank to fail).\n", first.Slot.Rank, first.Slot.Host, first.Exit)
+	if first.Stopped {
+		// Blame traced the failure to a rank that was still winding down when the launcher stopped it.
+		fmt.Fprintf(&b, "kolo run: rank %d on %s failed first (then stopped by the launcher: %s).\n", first.Slot.Rank, first.Slot.Host, first.Exit)
+	} else {
+		fmt.Fprintf(&b, "kolo run: rank %d on %s %s (the first rank to fail).\n", first.Slot.Rank, first.Slot.Host, first.Exit)
+	}
 	if len(first.StderrTail) > 0 {
 		fmt.Fprintf(&b, "Last lines of rank %d's stderr:\n", first.Slot.Rank)
 		for _, l := range first.StderrTail {

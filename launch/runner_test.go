@@ -95,6 +95,26 @@ func TestRunFailureStopsOthers(t *testing.T) {
 	}
 }
 
+// A rank that fails because another told it so exits first; the one that told it is still winding
+// down and is stopped. The report names the one that failed, with its own stderr.
+func TestRunBlamesTheRankNamedByTheFirstToExit(t *testing.T) {
+	r := &Runner{Starter: LocalStarter{}, GracePeriod: time.Second}
+	results, first := r.Run(context.Background(), shWorkers(
+		"echo 'KoloInternalError: allreduce grad.3: rank 1 failed: ValueError: loss is nan' >&2; exit 1",
+		"echo 'ValueError: loss is nan' >&2; sleep 60",
+	))
+	if first == nil || first.Slot.Rank != 1 || !first.Stopped {
+		t.Fatalf("first = %+v, want rank 1 (stopped by the launcher)", first)
+	}
+	sum := Summary(results, first)
+	for _, want := range []string{"rank 1 on localhost failed first (then stopped by the launcher: killed by signal 15",
+		"Last lines of rank 1's stderr:\n    ValueError: loss is nan", "rank 0 on localhost: exited with code 1"} {
+		if !strings.Contains(sum, want) {
+			t.Errorf("summary lacks %q:\n%s", want, sum)
+		}
+	}
+}
+
 func TestRunSignalledRank(t *testing.T) {
 	r := &Runner{Starter: LocalStarter{}, GracePeriod: time.Second}
 	_, first := r.Run(context.Background(), shWorkers("sleep 60", "kill -9 $$"))

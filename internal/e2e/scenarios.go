@@ -26,6 +26,7 @@ var Scenarios = map[string]func(ctx context.Context) error{
 	"stall":    stallScenario,
 	"join":     joinScenario,
 	"kill":     killScenario,
+	"abort":    abortScenario,
 	"steady":   steadyScenario,
 	"loop":     loopScenario,
 }
@@ -411,6 +412,30 @@ func killScenario(ctx context.Context) error {
 		err := kolo.Allreduce(ctx, fmt.Sprintf("kill.%d", i), kolo.Of(buf), kolo.Sum)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "KILL-RESULT elapsed=%d err=%v\n", time.Since(start).Milliseconds(), err)
+			os.Exit(3)
+		}
+	}
+}
+
+// abortScenario: rank 1 gives up with kolo.Abort("bad batch") after a few allreduces and leaves only
+// a second later, with exit code 4, so that every other rank's error ("rank 1 failed: bad batch",
+// printed as "ABORT-RESULT err=<error>", exit 3) ends its process well before rank 1 does. The
+// launcher must still name rank 1 as the rank that failed, by following that error to it.
+func abortScenario(ctx context.Context) error {
+	rank := kolo.Rank()
+	// Every rank leaves on its own, rank 1 with its own exit code and the others once they have
+	// reported the abort: the test is of the engine's notice and the launcher's blame, not its stop.
+	signal.Ignore(syscall.SIGTERM)
+	buf := make([]float32, 256)
+	for i := 0; ; i++ {
+		if rank == 1 && i == 5 {
+			kolo.Abort(errors.New("bad batch"))
+			fmt.Fprintln(os.Stderr, "rank 1: giving up on a bad batch")
+			time.Sleep(time.Second)
+			os.Exit(4)
+		}
+		if err := kolo.Allreduce(ctx, fmt.Sprintf("abort.%d", i), kolo.Of(buf), kolo.Sum); err != nil {
+			fmt.Fprintf(os.Stderr, "ABORT-RESULT err=%v\n", err)
 			os.Exit(3)
 		}
 	}

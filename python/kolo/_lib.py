@@ -250,8 +250,8 @@ def init():
 
 
 def abort(reason):
-    """Tells every rank that this one failed, and why: their ops fail with reason instead of
-    "rank N lost". A no-op when not initialized."""
+    """Tells every rank that this one failed, and why: their ops fail with "rank N failed: <reason>"
+    instead of "rank N lost". A no-op when not initialized."""
     if _topology is None or _lib is None or _forked():
         return
     b = reason.encode("utf-8", "replace")
@@ -288,7 +288,7 @@ def report_failure(exc):
         if isinstance(exc, (KeyboardInterrupt, SystemExit, KoloInternalError)) or _topology is None:
             return
         what = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
-        abort("rank %d failed: %s" % (_topology[0], what[-1] if what else type(exc).__name__))
+        abort(what[-1] if what else type(exc).__name__)  # the engine adds "rank N failed: "
     except Exception:
         pass
 
