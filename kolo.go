@@ -16,12 +16,14 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"runtime"
 	"sync"
 
 	"github.com/kolo-dl/kolo/bootstrap"
 	"github.com/kolo-dl/kolo/dtype"
 	"github.com/kolo-dl/kolo/engine"
 	"github.com/kolo-dl/kolo/engine/negotiate"
+	"github.com/kolo-dl/kolo/internal/spin"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/reduce"
 	"github.com/kolo-dl/kolo/version"
@@ -80,9 +82,10 @@ var (
 type Option func(*initOptions)
 
 type initOptions struct {
-	env    func(string) string
-	world  world.Options
-	engine *engine.Config
+	env      func(string) string
+	world    world.Options
+	engine   *engine.Config
+	cpuShare bool
 }
 
 // WithEngineConfig overrides the engine settings read from the environment.
@@ -90,6 +93,15 @@ func WithEngineConfig(c engine.Config) Option { return func(o *initOptions) { o.
 
 // WithWorldOptions sets connection options (timeouts, streams, shared memory).
 func WithWorldOptions(w world.Options) Option { return func(o *initOptions) { o.world = w } }
+
+// WithCPUShare is for a process whose Go runtime runs nothing but kolo, as in a Python rank (the
+// binding asks for it): unless GOMAXPROCS is set, Init limits the runtime to this rank's share of
+// the host's CPUs (CPUs / local ranks, at least 1), as binding the rank to its own cores would.
+// With every CPU, the runtime's threads of each rank (the engine's driver, the scheduler's
+// monitor) run wherever a CPU is free, beside every local rank's training threads, and preempt
+// them: 2 ranks on 2 CPUs waited twice as long in optimizer.step (docs/benchmarks.md). A Go
+// program that uses kolo keeps its GOMAXPROCS for its own goroutines.
+func WithCPUShare() Option { return func(o *initOptions) { o.cpuShare = true } }
 
 // Init joins the job described by the environment. Calling it twice is an error.
 func Init(opts ...Option) error {
@@ -134,6 +146,9 @@ func Init(opts ...Option) error {
 		return fmt.Errorf("kolo.Init: %w", err)
 	}
 	cfg, o.world = spinSettings(cfg, o.world, boot.Job.LocalSize)
+	if o.cpuShare && o.env("GOMAXPROCS") == "" {
+		shareCPUs(boot.Job.LocalSize)
+	}
 	w, err := world.Connect(context.Background(), boot.Job, boot.Secret, o.world)
 	if err != nil {
 		boot.Close()
@@ -151,6 +166,17 @@ func Init(opts ...Option) error {
 	}
 	cur = &state{job: job, boot: boot, world: w, engine: e, names: newNamer()}
 	return nil
+}
+
+// shareCPUs lowers GOMAXPROCS to this rank's share of the host's CPUs (see WithCPUShare); it never
+// raises it above what the runtime chose (the CPUs this process may run on).
+func shareCPUs(localSize int) {
+	n := max(1, spin.HostCPUs()/max(1, localSize))
+	if cur := runtime.GOMAXPROCS(0); n < cur {
+		runtime.GOMAXPROCS(n)
+		slog.Debug("kolo: GOMAXPROCS set to this rank's share of the host's CPUs", "from", cur, "to", n,
+			"host_cpus", spin.HostCPUs(), "local_ranks", localSize)
+	}
 }
 
 // spinSettings settles how long this rank's waits poll. A Spin left unset (negative, as in

@@ -2,6 +2,8 @@ package kolo
 
 import (
 	"errors"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -71,5 +73,28 @@ func TestSpinSettings(t *testing.T) {
 				t.Errorf("Spin %v, Yields %d, ShmSpin %v; want %v, %d, %v", cfg.Spin, cfg.Yields, w.ShmSpin, tc.spin, tc.wantYlds, tc.wantShm)
 			}
 		})
+	}
+}
+
+func TestShareCPUs(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	cases := []struct {
+		hostCPUs, localSize, before, want int
+	}{
+		{2, 2, 2, 1},   // 2 ranks on 2 CPUs: one each
+		{16, 2, 16, 8}, // a big host
+		{16, 3, 16, 5}, // rounds down
+		{2, 4, 2, 1},   // oversubscribed: still 1
+		{64, 1, 2, 2},  // never above what the runtime chose (a bound rank's own CPUs)
+		{4, 0, 4, 4},   // a local size the job never has: no division by zero
+	}
+	for _, tc := range cases {
+		t.Setenv("KOLO_HOST_CPUS", strconv.Itoa(tc.hostCPUs))
+		runtime.GOMAXPROCS(tc.before)
+		shareCPUs(tc.localSize)
+		if got := runtime.GOMAXPROCS(0); got != tc.want {
+			t.Errorf("host CPUs %d, %d local ranks, GOMAXPROCS %d before: %d after, want %d",
+				tc.hostCPUs, tc.localSize, tc.before, got, tc.want)
+		}
 	}
 }

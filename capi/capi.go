@@ -103,7 +103,8 @@ func kolo_last_error(buf *C.char, capacity C.int) C.int {
 //
 //export kolo_init_async
 func kolo_init_async() C.int64_t {
-	return issued(&op{call: startCall(func() error { return kolo.Init() })})
+	// Go runs only kolo in this process: its threads keep to this rank's share of the CPUs.
+	return issued(&op{call: startCall(func() error { return kolo.Init(kolo.WithCPUShare()) })})
 }
 
 // kolo_shutdown_async starts leaving the job (kolo.Shutdown: it waits for every rank to reach
