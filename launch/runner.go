@@ -96,6 +96,10 @@ type Runner struct {
 	// to tell the other nodes to stop without waiting for this node's ranks to wind down. Run does
 	// not return before OnFailure has.
 	OnFailure func(Result)
+	// StreamWait bounds how long Run waits, once every rank has ended, for the ranks' output to
+	// reach its end: a process a rank started in a session of its own (setsid, a daemon) escapes
+	// the rank's process group and may hold the pipes open for ever. Default 5 s.
+	StreamWait time.Duration
 }
 
 // Run starts every worker and waits for all of them. When one fails (or ctx ends) the others
@@ -214,7 +218,7 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 			}
 		}
 	}
-	streams.Wait()
+	r.awaitStreams(&streams, procs, results, drained, errw)
 	for i := range results {
 		results[i].StderrTail = tails[i].lines()
 	}
@@ -229,6 +233,39 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 
 // stopSignal is what Run sends the ranks it stops; GracePeriod later, SIGKILL.
 const stopSignal = syscall.SIGTERM
+
+// awaitStreams waits, for at most StreamWait, until every rank's output has reached its end; then
+// it says which ranks' output is still held open, closes it and waits for the pumps to end.
+func (r *Runner) awaitStreams(streams *sync.WaitGroup, procs []Process, results []Result, drained []chan struct{}, errw *lineWriter) {
+	wait := r.StreamWait
+	if wait <= 0 {
+		wait = 5 * time.Second
+	}
+	all := make(chan struct{})
+	go func() {
+		streams.Wait()
+		close(all)
+	}()
+	select {
+	case <-all:
+		return
+	case <-time.After(wait):
+	}
+	for i, p := range procs {
+		select {
+		case <-drained[i]:
+			continue
+		default:
+		}
+		errw.writeLine("", fmt.Sprintf("kolo run: rank %d has ended, but a process it started still holds its output open; not waiting for it\n", results[i].Slot.Rank))
+		for _, s := range []io.Reader{p.Stdout(), p.Stderr()} {
+			if c, ok := s.(io.Closer); ok {
+				c.Close() // ends the pump's blocked read
+			}
+		}
+	}
+	<-all
+}
 
 // reportFailure hands OnFailure the failed rank once its last output lines are in (bounded: a
 // child it left behind may hold its pipes open).

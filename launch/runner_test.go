@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -112,6 +114,40 @@ func TestRunBlamesTheRankNamedByTheFirstToExit(t *testing.T) {
 		if !strings.Contains(sum, want) {
 			t.Errorf("summary lacks %q:\n%s", want, sum)
 		}
+	}
+}
+
+// A rank that leaves a process of its own session (out of reach of the group kill) holding its
+// output: Run returns after StreamWait, with the rank's output so far, and says why it stopped
+// reading.
+func TestRunDoesNotWaitForLeftoverOutputForever(t *testing.T) {
+	var out, errOut syncBuffer
+	r := &Runner{Starter: LocalStarter{}, Stdout: &out, Stderr: &errOut, StreamWait: 300 * time.Millisecond}
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	defer func() {
+		if b, err := os.ReadFile(pidFile); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}()
+	start := time.Now()
+	results, first := r.Run(context.Background(), shWorkers(
+		// The pause gives setsid time to leave the rank's process group, which dies with the rank.
+		"echo before; setsid sleep 30 & echo $! > "+pidFile+"; sleep 0.3; echo after >&2",
+		"true",
+	))
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Run took %v, want about StreamWait", took)
+	}
+	if first != nil || results[0].Exit.Failed() {
+		t.Errorf("first = %+v, results %+v: want success", first, results)
+	}
+	if !strings.Contains(out.String(), "[0]<stdout>:before") || !strings.Contains(errOut.String(), "[0]<stderr>:after") {
+		t.Errorf("rank 0's output lost: stdout %q stderr %q", out.String(), errOut.String())
+	}
+	if !strings.Contains(errOut.String(), "rank 0 has ended, but a process it started still holds its output open") {
+		t.Errorf("no word on the held output: %q", errOut.String())
 	}
 }
 
