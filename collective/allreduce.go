@@ -72,23 +72,37 @@ func (tun *Tuning) noShared() bool { return tun != nil && tun.NoShared }
 // rank. Small buffers use recursive doubling; large ones SharedAllreduce when c's ranks share
 // memory, else the ring.
 func Allreduce(ctx context.Context, c transport.Comm, buf []byte, t dtype.DType, op reduce.Op, tun *Tuning) error {
+	return AllreduceScaled(ctx, c, buf, t, op, 1, tun)
+}
+
+// AllreduceScaled is Allreduce followed by reduce.Scale(t, buf, scale) (an average's division, a
+// postscale factor), with the same result bits. Over shared memory the scaling is folded into the
+// reduction: each slice is scaled by the rank that reduces it, while it is still in cache, which
+// saves a whole pass over buf (for 23 MB of float32 gradients, ~0.7 ms per step).
+func AllreduceScaled(ctx context.Context, c transport.Comm, buf []byte, t dtype.DType, op reduce.Op, scale float64, tun *Tuning) error {
 	if err := checkReduce("allreduce", buf, t, op); err != nil {
 		return err
 	}
-	if c.Size() == 1 || len(buf) == 0 {
+	if len(buf) == 0 {
 		return nil
 	}
+	var err error
+	switch {
+	case c.Size() == 1:
 	// Small buffers: one exchange per doubling step beats the shared-slot algorithm's three
 	// barriers, even over shared memory.
-	if len(buf) < tun.smallAllreduce() {
-		return RecursiveDoublingAllreduce(ctx, c, buf, t, op)
-	}
-	if !tun.noShared() {
-		if s, ok := sharedOf(c, t.Size()); ok {
-			return SharedAllreduce(ctx, c, s, buf, t, op)
+	case len(buf) < tun.smallAllreduce():
+		err = RecursiveDoublingAllreduce(ctx, c, buf, t, op)
+	default:
+		if s, ok := sharedOf(c, t.Size()); ok && !tun.noShared() {
+			return sharedAllreduce(ctx, c, s, buf, t, op, scale)
 		}
+		err = RingAllreduce(ctx, c, buf, t, op)
 	}
-	return RingAllreduce(ctx, c, buf, t, op)
+	if err == nil && scale != 1 {
+		reduce.Scale(t, buf, scale)
+	}
+	return err
 }
 
 // sharedOf returns c's shared capability when it has one with slots of at least minSlot bytes. A

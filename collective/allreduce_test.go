@@ -218,3 +218,51 @@ func TestAllreduceSignedZerosSameOnAllRanks(t *testing.T) {
 		}
 	}
 }
+
+// AllreduceScaled gives the bits of Allreduce followed by reduce.Scale, on every path: the shared
+// one, which scales each slice where it is reduced, and the others, which scale afterwards.
+func TestAllreduceScaledMatchesAllreduceThenScale(t *testing.T) {
+	configs := []struct {
+		name string
+		opts []inmem.Option
+		tun  *Tuning
+	}{
+		{"shared", []inmem.Option{inmem.WithSlotBytes(3 << 20)}, &Tuning{SmallAllreduceBytes: 1}},
+		{"shared-small-slots", []inmem.Option{inmem.WithSlotBytes(100)}, &Tuning{SmallAllreduceBytes: 1}},
+		{"shared-oversubscribed", []inmem.Option{inmem.WithSlotBytes(2 << 20), inmem.WithOversubscribed()}, &Tuning{SmallAllreduceBytes: 1}},
+		{"ring", []inmem.Option{inmem.WithoutShared()}, &Tuning{SmallAllreduceBytes: 1}},
+		{"default", nil, nil},
+	}
+	dts := []dtype.DType{dtype.Float32, dtype.Float64, dtype.Float16, dtype.BFloat16, dtype.Int32}
+	for _, cfg := range configs {
+		for _, n := range rankCounts {
+			t.Run(fmt.Sprintf("%s/n=%d", cfg.name, n), func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(uint64(n), 7))
+				cases := makeCases(rng, n, dts, []reduce.Op{reduce.Sum, reduce.Max}, awkwardSizes(n))
+				if n <= 3 { // several 1 MiB rounds
+					cases = append(cases, makeCases(rng, n, []dtype.DType{dtype.Float32, dtype.BFloat16},
+						[]reduce.Op{reduce.Sum}, []int{700_000})...)
+				}
+				for _, scale := range []float64{1 / float64(n), 0.37} {
+					mustRanks(t, n, cfg.opts, nil, func(ctx context.Context, r int, c transport.Comm) error {
+						for _, tc := range cases {
+							want := slices.Clone(tc.inputs[r])
+							if err := Allreduce(ctx, c, want, tc.t, tc.op, cfg.tun); err != nil {
+								return fmt.Errorf("%v: %w", tc, err)
+							}
+							reduce.Scale(tc.t, want, scale)
+							got := slices.Clone(tc.inputs[r])
+							if err := AllreduceScaled(ctx, c, got, tc.t, tc.op, scale, cfg.tun); err != nil {
+								return fmt.Errorf("%v scaled by %v: %w", tc, scale, err)
+							}
+							if !slices.Equal(got, want) {
+								return fmt.Errorf("%v scaled by %v: rank %d's bits differ from Allreduce then Scale", tc, scale, r)
+							}
+						}
+						return nil
+					})
+				}
+			})
+		}
+	}
+}

@@ -130,3 +130,37 @@ func BenchmarkAllreduce(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkAverage compares an average's division folded into the shared-memory allreduce
+// (AllreduceScaled) with a pass of reduce.Scale after it, on 2 ranks and a gradient-sized buffer
+// that is not in cache.
+func BenchmarkAverage(b *testing.B) {
+	const size = 23 << 20
+	for _, folded := range []bool{false, true} {
+		b.Run(fmt.Sprintf("folded=%v", folded), func(b *testing.B) {
+			bufs := [][]byte{make([]byte, size), make([]byte, size)}
+			tun := &Tuning{}
+			l := newRankLoop(2, []inmem.Option{inmem.WithSlotBytes(4 << 20)}, func(ctx context.Context, r int, c transport.Comm) error {
+				if folded {
+					return AllreduceScaled(ctx, c, bufs[r], dtype.Float32, reduce.Sum, 0.5, tun)
+				}
+				if err := Allreduce(ctx, c, bufs[r], dtype.Float32, reduce.Sum, tun); err != nil {
+					return err
+				}
+				reduce.Scale(dtype.Float32, bufs[r], 0.5)
+				return nil
+			})
+			defer l.stop()
+			if err := l.run(); err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(size)
+			b.ResetTimer()
+			for b.Loop() {
+				if err := l.run(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

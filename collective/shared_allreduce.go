@@ -35,8 +35,17 @@ func SharedAllreduce(ctx context.Context, c transport.Comm, s transport.Shared, 
 	if err := checkReduce("shared allreduce", buf, t, op); err != nil {
 		return err
 	}
+	return sharedAllreduce(ctx, c, s, buf, t, op, 1)
+}
+
+// sharedAllreduce is SharedAllreduce that also scales the result (AllreduceScaled): each rank
+// scales the slice it reduced before publishing it, so every rank still ends with the same bits.
+func sharedAllreduce(ctx context.Context, c transport.Comm, s transport.Shared, buf []byte, t dtype.DType, op reduce.Op, scale float64) error {
 	n, r := c.Size(), c.Rank()
 	if n == 1 || len(buf) == 0 {
+		if scale != 1 {
+			reduce.Scale(t, buf, scale)
+		}
 		return nil
 	}
 	es := t.Size()
@@ -66,6 +75,9 @@ func SharedAllreduce(ctx context.Context, c transport.Comm, s transport.Shared, 
 		}
 		srcs[r] = chunk[lo:hi]
 		reduce.Many(t, op, chunk[lo:hi], srcs...)
+		if scale != 1 {
+			reduce.Scale(t, chunk[lo:hi], scale)
+		}
 		reduce.StreamCopy(mine[lo:hi], chunk[lo:hi])
 		if err := s.Barrier(ctx); err != nil {
 			return fmt.Errorf("shared allreduce: bytes [%d,%d): barrier after reducing: %w", off, off+len(chunk), err)

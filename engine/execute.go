@@ -131,14 +131,21 @@ func quoteNames(names []string) string {
 	return fmt.Sprintf("%q (fused)", names)
 }
 
-func (x *executor) reduceAll(ctx context.Context, buf []byte, t dtype.DType, op reduce.Op) error {
-	if x.g.Size == 1 {
-		return nil
+// reduceAll reduces buf across the group and multiplies the result by scale.
+func (x *executor) reduceAll(ctx context.Context, buf []byte, t dtype.DType, op reduce.Op, scale float64) error {
+	hier := x.cfg.Hierarchical && x.g.Cross != nil && x.g.Local != nil && x.g.Local.Size() > 1 && !x.single
+	if x.g.Size > 1 && !hier {
+		return collective.AllreduceScaled(ctx, x.comm(), buf, t, op, scale, nil)
 	}
-	if x.cfg.Hierarchical && x.g.Cross != nil && x.g.Local != nil && x.g.Local.Size() > 1 && !x.single {
-		return collective.HierarchicalAllreduce(ctx, x.g.Local, x.g.Cross, buf, t, op, nil)
+	if x.g.Size > 1 {
+		if err := collective.HierarchicalAllreduce(ctx, x.g.Local, x.g.Cross, buf, t, op, nil); err != nil {
+			return err
+		}
 	}
-	return collective.Allreduce(ctx, x.comm(), buf, t, op, nil)
+	if scale != 1 {
+		reduce.Scale(t, buf, scale)
+	}
+	return nil
 }
 
 func postScale(r negotiate.Response, size int) float64 {
@@ -243,13 +250,7 @@ func (x *executor) reduceScaled(ctx context.Context, r negotiate.Response, buf [
 	if r.PreScale != 0 && r.PreScale != 1 {
 		reduce.Scale(t, buf, r.PreScale)
 	}
-	if err := x.reduceAll(ctx, buf, t, op); err != nil {
-		return err
-	}
-	if f := postScale(r, x.g.Size); f != 1 {
-		reduce.Scale(t, buf, f)
-	}
-	return nil
+	return x.reduceAll(ctx, buf, t, op, postScale(r, x.g.Size))
 }
 
 func (x *executor) broadcast(ctx context.Context, r negotiate.Response, entries []*entry) error {
