@@ -102,7 +102,8 @@ func TestRunFailureStopsOthers(t *testing.T) {
 func TestRunBlamesTheRankNamedByTheFirstToExit(t *testing.T) {
 	r := &Runner{Starter: LocalStarter{}, GracePeriod: time.Second}
 	results, first := r.Run(context.Background(), shWorkers(
-		"echo 'KoloInternalError: allreduce grad.3: rank 1 failed: ValueError: loss is nan' >&2; exit 1",
+		// The pause lets rank 1 write its error before rank 0 fails and the launcher stops rank 1.
+		"sleep 0.3; echo 'KoloInternalError: allreduce grad.3: rank 1 failed: ValueError: loss is nan' >&2; exit 1",
 		"echo 'ValueError: loss is nan' >&2; sleep 60",
 	))
 	if first == nil || first.Slot.Rank != 1 || !first.Stopped {
