@@ -613,8 +613,10 @@ func (n *node) runRanks(ctx context.Context, slots []Slot, rvAddr string) (int, 
 
 	done := doneRecord{Node: n.index, Host: myHost, Failed: first != nil}
 	for _, r := range results {
-		if !r.Exit.Failed() || stoppedByLauncher(&r) {
-			r.StderrTail = nil // only a failed rank's tail is shown (or followed, by Blame)
+		if !r.Exit.Failed() {
+			// Only a failed rank's tail is shown, or followed by Blame, which may trace the failure
+			// to a rank the launcher stopped while it wound down.
+			r.StderrTail = nil
 		}
 		done.Ranks = append(done.Ranks, recordOf(r))
 	}

@@ -359,7 +359,14 @@ type tailBuffer struct {
 	buf []string
 }
 
+// maxTailLine caps a summary line: the tail travels in a node's done record (no-SSH mode), and a
+// rank may write megabytes without a newline.
+const maxTailLine = 4 << 10
+
 func (t *tailBuffer) add(s string) {
+	if len(s) > maxTailLine {
+		s = s[:maxTailLine] + " [...]"
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.buf = append(t.buf, s)

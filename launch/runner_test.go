@@ -252,3 +252,13 @@ func TestRunLeavesNoGoroutineBehind(t *testing.T) {
 		t.Errorf("%d goroutines before Run, %d after", before, n)
 	}
 }
+
+func TestTailCapsLongLines(t *testing.T) {
+	tb := &tailBuffer{max: 2}
+	tb.add(strings.Repeat("x", 1<<20)) // a megabyte without a newline
+	tb.add("short")
+	got := tb.lines()
+	if len(got) != 2 || len(got[0]) > maxTailLine+10 || !strings.HasSuffix(got[0], "[...]") || got[1] != "short" {
+		t.Errorf("tail = %d lines, first %d bytes; want it cut to %d bytes and marked", len(got), len(got[0]), maxTailLine)
+	}
+}
