@@ -81,17 +81,19 @@ func subViews(hosts, perHost int) ([]transport.Comm, []transport.Comm, func(int,
 	return local, cross, kill, done
 }
 
+// hierLayouts are the host layouts every hierarchical test runs on.
+var hierLayouts = []struct {
+	name   string
+	layout hostLayout
+}{
+	{"shared-local", separateGroups()},
+	{"shared-local-small-slots", separateGroups(inmem.WithSlotBytes(200))},
+	{"plain-local", separateGroups(inmem.WithoutShared())},
+	{"sub-views", subViews},
+}
+
 func TestHierarchicalAllreduce(t *testing.T) {
-	layouts := []struct {
-		name   string
-		layout hostLayout
-	}{
-		{"shared-local", separateGroups()},
-		{"shared-local-small-slots", separateGroups(inmem.WithSlotBytes(200))},
-		{"plain-local", separateGroups(inmem.WithoutShared())},
-		{"sub-views", subViews},
-	}
-	for _, lay := range layouts {
+	for _, lay := range hierLayouts {
 		for _, shape := range [][2]int{{2, 2}, {3, 2}, {2, 3}, {1, 3}, {3, 1}} {
 			hosts, perHost := shape[0], shape[1]
 			t.Run(fmt.Sprintf("%s/%dx%d", lay.name, hosts, perHost), func(t *testing.T) {
@@ -175,5 +177,53 @@ func TestHierarchicalAllreduceNamesLostRank(t *testing.T) {
 	wg.Wait()
 	for g, err := range errs {
 		wantPeerLost(t, fmt.Sprintf("rank %d", g), err, 1)
+	}
+}
+
+// HierarchicalAllreduceScaled gives the bits of HierarchicalAllreduce followed by reduce.Scale.
+func TestHierarchicalAllreduceScaledMatchesThenScale(t *testing.T) {
+	for _, lay := range hierLayouts {
+		for _, shape := range [][2]int{{2, 2}, {3, 2}, {1, 3}, {3, 1}} {
+			hosts, perHost := shape[0], shape[1]
+			t.Run(fmt.Sprintf("%s/%dx%d", lay.name, hosts, perHost), func(t *testing.T) {
+				n := hosts * perHost
+				rng := rand.New(rand.NewPCG(uint64(n), 9))
+				cases := makeCases(rng, n, []dtype.DType{dtype.Float32, dtype.BFloat16, dtype.Int32},
+					[]reduce.Op{reduce.Sum, reduce.Max}, append(awkwardSizes(n), 70_000))
+				local, cross, kill, done := lay.layout(hosts, perHost)
+				defer done()
+				ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+				defer cancel()
+				errs := make([]error, n)
+				var wg sync.WaitGroup
+				for g := range n {
+					wg.Go(func() {
+						for _, tc := range cases {
+							want := slices.Clone(tc.inputs[g])
+							err := HierarchicalAllreduce(ctx, local[g], cross[g], want, tc.t, tc.op, nil)
+							reduce.Scale(tc.t, want, 1/float64(n))
+							got := slices.Clone(tc.inputs[g])
+							if err == nil {
+								err = HierarchicalAllreduceScaled(ctx, local[g], cross[g], got, tc.t, tc.op, 1/float64(n), nil)
+							}
+							if err == nil && !slices.Equal(got, want) {
+								err = fmt.Errorf("%v: rank %d's bits differ from HierarchicalAllreduce then Scale", tc, g)
+							}
+							if err != nil {
+								errs[g] = err
+								kill(g, err)
+								return
+							}
+						}
+					})
+				}
+				wg.Wait()
+				for g, err := range errs {
+					if err != nil {
+						t.Errorf("rank %d: %v", g, err)
+					}
+				}
+			})
+		}
 	}
 }

@@ -41,8 +41,21 @@ func SharedAllreduce(ctx context.Context, c transport.Comm, s transport.Shared, 
 // sharedAllreduce is SharedAllreduce that also scales the result (AllreduceScaled): each rank
 // scales the slice it reduced before publishing it, so every rank still ends with the same bits.
 func sharedAllreduce(ctx context.Context, c transport.Comm, s transport.Shared, buf []byte, t dtype.DType, op reduce.Op, scale float64) error {
+	return sharedRounds(ctx, "shared allreduce", c, s, nil, buf, t, op, scale, nil)
+}
+
+// sharedRounds runs SharedAllreduce's rounds. With a cross Comm (HierarchicalAllreduce), each
+// rank's reduced slice is allreduced across hosts, among the ranks that own the same slice there,
+// before it is published; rounds are then as large as the slot, since each one costs a network
+// allreduce. The scaling is applied once per slice, by its owner (or owners, alike, in the cross
+// allreduce), so every rank ends with the same bits.
+func sharedRounds(ctx context.Context, what string, c transport.Comm, s transport.Shared, cross transport.Comm,
+	buf []byte, t dtype.DType, op reduce.Op, scale float64, tun *Tuning) error {
 	n, r := c.Size(), c.Rank()
 	if n == 1 || len(buf) == 0 {
+		if cross != nil {
+			return AllreduceScaled(ctx, cross, buf, t, op, scale, tun)
+		}
 		if scale != 1 {
 			reduce.Scale(t, buf, scale)
 		}
@@ -51,11 +64,11 @@ func sharedAllreduce(ctx context.Context, c transport.Comm, s transport.Shared, 
 	es := t.Size()
 	mine := s.Slot(r)
 	chunkMax := len(mine) / es * es
-	if !s.Oversubscribed() {
+	if cross == nil && !s.Oversubscribed() {
 		chunkMax = min(chunkMax, sharedChunkBytes/es*es)
 	}
 	if chunkMax == 0 {
-		return fmt.Errorf("shared allreduce: %d-byte slot cannot hold one %v element", len(mine), t)
+		return fmt.Errorf("%s: %d-byte slot cannot hold one %v element", what, len(mine), t)
 	}
 	ws := getWorkspace(0, n)
 	defer putWorkspace(ws)
@@ -68,19 +81,26 @@ func sharedAllreduce(ctx context.Context, c transport.Comm, s transport.Shared, 
 		reduce.StreamCopy(mine[:lo], chunk[:lo])
 		reduce.StreamCopy(mine[hi:len(chunk)], chunk[hi:])
 		if err := s.Barrier(ctx); err != nil {
-			return fmt.Errorf("shared allreduce: bytes [%d,%d): barrier after copy-in: %w", off, off+len(chunk), err)
+			return fmt.Errorf("%s: bytes [%d,%d): barrier after copy-in: %w", what, off, off+len(chunk), err)
 		}
 		for q := range n {
 			srcs[q] = s.Slot(q)[lo:hi]
 		}
 		srcs[r] = chunk[lo:hi]
 		reduce.Many(t, op, chunk[lo:hi], srcs...)
-		if scale != 1 {
+		switch {
+		case cross != nil:
+			// No barrier needed before the cross phase: it touches only this rank's own slice.
+			if err := AllreduceScaled(ctx, cross, chunk[lo:hi], t, op, scale, tun); err != nil {
+				return fmt.Errorf("%s: bytes [%d,%d): cross-host allreduce of local slice %d: %w",
+					what, off, off+len(chunk), r, err)
+			}
+		case scale != 1:
 			reduce.Scale(t, chunk[lo:hi], scale)
 		}
 		reduce.StreamCopy(mine[lo:hi], chunk[lo:hi])
 		if err := s.Barrier(ctx); err != nil {
-			return fmt.Errorf("shared allreduce: bytes [%d,%d): barrier after reducing: %w", off, off+len(chunk), err)
+			return fmt.Errorf("%s: bytes [%d,%d): barrier after reducing: %w", what, off, off+len(chunk), err)
 		}
 		for q := range n {
 			if q != r {
@@ -89,7 +109,7 @@ func sharedAllreduce(ctx context.Context, c transport.Comm, s transport.Shared, 
 			}
 		}
 		if err := s.Barrier(ctx); err != nil {
-			return fmt.Errorf("shared allreduce: bytes [%d,%d): barrier after copy-out: %w", off, off+len(chunk), err)
+			return fmt.Errorf("%s: bytes [%d,%d): barrier after copy-out: %w", what, off, off+len(chunk), err)
 		}
 	}
 	return nil

@@ -133,19 +133,16 @@ func quoteNames(names []string) string {
 
 // reduceAll reduces buf across the group and multiplies the result by scale.
 func (x *executor) reduceAll(ctx context.Context, buf []byte, t dtype.DType, op reduce.Op, scale float64) error {
-	hier := x.cfg.Hierarchical && x.g.Cross != nil && x.g.Local != nil && x.g.Local.Size() > 1 && !x.single
-	if x.g.Size > 1 && !hier {
-		return collective.AllreduceScaled(ctx, x.comm(), buf, t, op, scale, nil)
-	}
-	if x.g.Size > 1 {
-		if err := collective.HierarchicalAllreduce(ctx, x.g.Local, x.g.Cross, buf, t, op, nil); err != nil {
-			return err
+	switch {
+	case x.g.Size == 1:
+		if scale != 1 {
+			reduce.Scale(t, buf, scale)
 		}
+		return nil
+	case x.cfg.Hierarchical && x.g.Cross != nil && x.g.Local != nil && x.g.Local.Size() > 1 && !x.single:
+		return collective.HierarchicalAllreduceScaled(ctx, x.g.Local, x.g.Cross, buf, t, op, scale, nil)
 	}
-	if scale != 1 {
-		reduce.Scale(t, buf, scale)
-	}
-	return nil
+	return collective.AllreduceScaled(ctx, x.comm(), buf, t, op, scale, nil)
 }
 
 func postScale(r negotiate.Response, size int) float64 {
