@@ -2,8 +2,11 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"math"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -11,11 +14,15 @@ import (
 	"github.com/kolo-dl/kolo"
 )
 
-// lastError is what kolo_last_error would return.
-func lastError() string {
-	lastErrMu.Lock()
-	defer lastErrMu.Unlock()
-	return lastErr
+// lastError is what kolo_last_error would return on this thread: a test that reads it locks its
+// goroutine to its thread first (lockThread), as a C caller is.
+func lastError() string { return threadLastErr() }
+
+// lockThread keeps the test's goroutine on one OS thread, so that its calls and lastError see one
+// thread's error, as a C caller's do.
+func lockThread(t *testing.T) {
+	runtime.LockOSThread()
+	t.Cleanup(runtime.UnlockOSThread)
 }
 
 // handleError is the error of the op of handle h, which must have failed at once (h < 0); it
@@ -37,6 +44,7 @@ func handleError(t *testing.T, h int64) string {
 // caller could pass, returns its ordinary error naming the argument and its value: before these
 // checks several of them panicked, and a Go panic in a c-shared library kills Python.
 func TestExportedFunctionsRefuseBadArguments(t *testing.T) {
+	lockThread(t)
 	for _, tc := range []struct {
 		name   string
 		handle bool // the call returns a handle that must have failed at once; else -1 and kolo_last_error
@@ -245,6 +253,7 @@ func waitFor(t *testing.T, wait func() bool) {
 // The functions that read a completed op, given bad buffers or a handle with no result (init and
 // shutdown run as handles too), in a job of one rank.
 func TestResultFunctionsRefuseBadArguments(t *testing.T) {
+	lockThread(t)
 	hInit := kolo_init_async()
 	waitFor(t, func() bool { return kolo_wait(hInit, 10000, 0) != statusPending })
 	if st := kolo_poll(hInit); st != statusOK {
@@ -307,5 +316,35 @@ func TestResultFunctionsRefuseBadArguments(t *testing.T) {
 	}
 	if n := kolo_result_copy(h, unsafe.Pointer(&out[0]), 24); n != 24 {
 		t.Errorf("the valid copy returned %d (error %q)", n, lastError())
+	}
+}
+
+// Two threads failing at once each read their own error, as with errno.
+func TestLastErrorIsPerThread(t *testing.T) {
+	var wg sync.WaitGroup
+	errs := make(chan string, 2)
+	for i := range 2 {
+		wg.Go(func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			for j := range 2000 {
+				want := fmt.Sprintf("thread %d, call %d", i, j)
+				setLastErr(errors.New(want))
+				runtime.Gosched() // let the other thread fail in between
+				if got := lastError(); got != want {
+					errs <- fmt.Sprintf("read %q after failing with %q", got, want)
+					return
+				}
+			}
+			setLastErr(nil)
+			if got := lastError(); got != "" {
+				errs <- fmt.Sprintf("read %q after a success", got)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
 	}
 }

@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"syscall"
 	"unsafe"
 
 	"github.com/kolo-dl/kolo"
@@ -36,23 +37,38 @@ import (
 
 func main() {} // required by -buildmode=c-shared; never runs
 
-// lastErr is the error of the last failed call that has no handle to carry it: a refused
-// argument, or a failed kolo_start_timeline. It is one per process, as errno is per thread: a caller
-// reads it right after the call that failed.
+// lastErrs holds, per OS thread, the error of the last failed call that has no handle to carry
+// it: a refused argument, or a failed kolo_start_timeline. Like errno it is per thread, so that two
+// Python threads failing at once each read their own: an exported function runs on its caller's
+// thread, which is the thread that then calls kolo_last_error.
 var (
 	lastErrMu sync.Mutex
-	lastErr   string
+	lastErrs  = map[int]string{}
 )
 
+// maxLastErrs bounds lastErrs: threads that failed once and ended leave their entry behind.
+const maxLastErrs = 4096
+
 func setLastErr(err error) C.int {
+	tid := syscall.Gettid()
 	lastErrMu.Lock()
 	defer lastErrMu.Unlock()
 	if err == nil {
-		lastErr = ""
+		delete(lastErrs, tid)
 		return 0
 	}
-	lastErr = err.Error()
+	if _, ok := lastErrs[tid]; !ok && len(lastErrs) >= maxLastErrs {
+		clear(lastErrs)
+	}
+	lastErrs[tid] = err.Error()
 	return -1
+}
+
+// threadLastErr is the calling thread's last error ("" if none).
+func threadLastErr() string {
+	lastErrMu.Lock()
+	defer lastErrMu.Unlock()
+	return lastErrs[syscall.Gettid()]
 }
 
 // putString copies s into buf (capacity bytes, NUL-terminated when it fits) and returns len(s):
@@ -81,16 +97,14 @@ func kolo_version(buf *C.char, capacity C.int) C.int {
 	return n
 }
 
-// kolo_last_error writes the error of the last call that failed without a handle to carry it
-// (every function that returns -1 on failure sets it) into buf; -1 for a bad buffer.
+// kolo_last_error writes the error of this thread's last call that failed without a handle to
+// carry it (every function that returns -1 on failure sets it) into buf; -1 for a bad buffer.
 //
 //export kolo_last_error
 func kolo_last_error(buf *C.char, capacity C.int) C.int {
-	lastErrMu.Lock()
-	defer lastErrMu.Unlock()
-	n, err := putString(lastErr, buf, capacity)
+	n, err := putString(threadLastErr(), buf, capacity)
 	if err != nil {
-		return -1 // lastErr is what the caller is reading: leave it
+		return -1 // the last error is what the caller is reading: leave it
 	}
 	return n
 }
