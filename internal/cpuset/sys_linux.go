@@ -10,12 +10,15 @@ import (
 const maskWords = 64
 
 // Current returns the CPUs the calling thread may run on.
-func Current() (Set, error) {
+func Current() (Set, error) { return Of(0) }
+
+// Of returns the CPUs process pid (its main thread) may run on; 0 is the calling thread.
+func Of(pid int) (Set, error) {
 	var mask [maskWords]uint64
 	// The raw syscall returns the number of bytes the kernel wrote, not 0.
-	_, _, errno := syscall.RawSyscall(syscall.SYS_SCHED_GETAFFINITY, 0, unsafe.Sizeof(mask), uintptr(unsafe.Pointer(&mask[0])))
+	_, _, errno := syscall.RawSyscall(syscall.SYS_SCHED_GETAFFINITY, uintptr(pid), unsafe.Sizeof(mask), uintptr(unsafe.Pointer(&mask[0])))
 	if errno != 0 {
-		return nil, fmt.Errorf("sched_getaffinity: %w", errno)
+		return nil, fmt.Errorf("sched_getaffinity of process %d: %w", pid, errno)
 	}
 	var s Set
 	for w, bits := range mask {

@@ -4,8 +4,10 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"sync"
 	"time"
 
+	"github.com/kolo-dl/kolo/internal/cpuset"
 	"github.com/kolo-dl/kolo/jobenv"
 )
 
@@ -37,11 +39,23 @@ func Defaults(ranks int) (spin time.Duration, yields int) {
 }
 
 // HostCPUs is how many CPUs this host gives its ranks: what kolo run --bind-to core says
-// (jobenv.HostCPUs), since a bound rank's own mask shows only its share; else the CPUs this process
-// may use.
+// (jobenv.HostCPUs); else the CPUs this process may use, or those of the process that started it
+// if more. A launcher that binds each rank to cores of its own (mpirun does by default for 2 ranks,
+// srun --cpu-bind) leaves the rank a mask of its own share, while its own mask spans what the job
+// may use on this host; a launcher started under a narrower mask passes it on to its ranks.
 func HostCPUs() int {
 	if n, err := strconv.Atoi(os.Getenv(jobenv.HostCPUs)); err == nil && n > 0 {
 		return n
 	}
-	return runtime.NumCPU()
+	return max(runtime.NumCPU(), parentCPUs())
 }
+
+// parentCPUs is how many CPUs the parent process may use (0 if unknown); masks of running
+// processes rarely change, and a rank asks once.
+var parentCPUs = sync.OnceValue(func() int {
+	s, err := cpuset.Of(os.Getppid())
+	if err != nil {
+		return 0
+	}
+	return len(s)
+})

@@ -1,9 +1,16 @@
 package spin
 
 import (
+	"fmt"
+	"os"
+	"os/exec"
 	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/kolo-dl/kolo/internal/cpuset"
 )
 
 // Pause returns, promptly, however often it is called.
@@ -49,4 +56,38 @@ func TestHostCPUsFollowsTheLauncher(t *testing.T) {
 	if got := HostCPUs(); got != runtime.NumCPU() {
 		t.Errorf("junk: HostCPUs = %d, want NumCPU", got)
 	}
+}
+
+// A rank that its launcher bound to one CPU (as mpirun does for 2 ranks) counts the launcher's
+// CPUs, not its own one.
+func TestHostCPUsOfABoundChildAreItsParents(t *testing.T) {
+	if os.Getenv("KOLO_SPIN_TEST_CHILD") != "" {
+		t.Skip("the child's half of this test runs in TestHelperPrintCPUs")
+	}
+	parent, err := cpuset.Current()
+	if err != nil || len(parent) < 2 {
+		t.Skipf("needs 2 CPUs to bind a child to one of them (have %v, %v)", parent, err)
+	}
+	taskset, err := exec.LookPath("taskset")
+	if err != nil {
+		t.Skip("no taskset to bind the child")
+	}
+	// taskset binds the child and becomes it (exec), so its parent is this unbound process.
+	cmd := exec.Command(taskset, "-c", strconv.Itoa(parent[0]), os.Args[0], "-test.run=^TestHelperPrintCPUs$")
+	cmd.Env = append(os.Environ(), "KOLO_SPIN_TEST_CHILD=1", "KOLO_HOST_CPUS=")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	want := fmt.Sprintf("numcpu=1 hostcpus=%d", len(parent))
+	if !strings.Contains(string(out), want) {
+		t.Errorf("bound child printed %q, want %q", out, want)
+	}
+}
+
+func TestHelperPrintCPUs(t *testing.T) {
+	if os.Getenv("KOLO_SPIN_TEST_CHILD") == "" {
+		t.Skip("run by TestHostCPUsOfABoundChildAreItsParents")
+	}
+	fmt.Printf("numcpu=%d hostcpus=%d\n", runtime.NumCPU(), HostCPUs())
 }
