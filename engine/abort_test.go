@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -236,6 +237,7 @@ type hungComm struct {
 	transport.Comm
 	host    *hostAbort
 	entered chan<- struct{}
+	lostTo  int // >= 0: the abort ends the collective as a closed TCP connection to this rank would
 }
 
 func (c hungComm) wait(ctx context.Context) error {
@@ -247,6 +249,9 @@ func (c hungComm) wait(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-c.host.done:
+		if c.lostTo >= 0 {
+			return &transport.PeerError{Rank: c.lostTo, Op: "recv", Err: io.EOF}
+		}
 		return fmt.Errorf("shared memory aborted: %s", c.host.reason)
 	}
 }
@@ -267,7 +272,7 @@ func TestAbortWhileTheDriverIsInACollective(t *testing.T) {
 	entered := make(chan struct{}, 16)
 	var aborts *atomic.Int32
 	c := newClusterWith(t, n, DefaultConfig(), []inmem.Option{inmem.WithoutShared()}, func(r int, ep *inmem.Endpoint, g *Group) {
-		comm := hungComm{ep.Comm(), host, entered}
+		comm := hungComm{ep.Comm(), host, entered, -1}
 		g.Comm, g.Local, g.Abort = comm, comm, host.abort
 		if r == 0 {
 			aborts = spy(g, nil)
@@ -315,6 +320,46 @@ func TestAbortWhileTheDriverIsInACollective(t *testing.T) {
 	// next step stop the engine without telling them again.
 	if got := aborts.Load(); got != n-1 {
 		t.Errorf("rank 0 sent %d abort notices, want %d: one round", got, n-1)
+	}
+}
+
+// Abort while every driver is inside a collective, over a transport where the aborting rank's leaving
+// shows its peers only as a lost connection (TCP): they find its notice among their control
+// messages and fail with its reason, not with "rank 0 lost".
+func TestAbortNoticeExplainsAPeerLostMidCollective(t *testing.T) {
+	const n = 3
+	host := &hostAbort{done: make(chan struct{})}
+	entered := make(chan struct{}, 16)
+	c := newClusterWith(t, n, DefaultConfig(), []inmem.Option{inmem.WithoutShared()}, func(r int, ep *inmem.Endpoint, g *Group) {
+		comm := hungComm{ep.Comm(), host, entered, 0}
+		g.Comm, g.Local, g.Abort = comm, comm, host.abort
+	})
+	ctx := waitCtx(t)
+	reason := "rank 0 failed: ValueError: loss is nan"
+	errs := make(chan error, n)
+	for r := range n {
+		go func() {
+			buf := f32(1, 2, 3)
+			errs <- c.engines[r].Enqueue(allreduceReq("g", 3), buf, buf).Wait(ctx)
+		}()
+	}
+	for r := range n {
+		select {
+		case <-entered:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of %d ranks entered the allreduce within 5 s", r, n)
+		}
+	}
+	c.engines[0].Abort(errors.New(reason))
+	for r := range n {
+		select {
+		case err := <-errs:
+			if err == nil || !strings.Contains(err.Error(), reason) {
+				t.Errorf("op: err = %v, want one carrying %q", err, reason)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatalf("%d of %d ops still wait 3 s after the abort", n-r, n)
+		}
 	}
 }
 

@@ -627,13 +627,60 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 	// A failed collective leaves peers mid-protocol: the job cannot go on. The op's own handles are
 	// no longer pending anywhere, so fail does not see them: finish them here, or their callers
 	// wait forever.
-	e.fail(err)
+	e.failCollective(err)
 	for _, en := range entries {
 		if en != nil {
 			en.h.finish(e.Err())
 		}
 	}
 	return false
+}
+
+// abortLookWait bounds how long a rank whose collective lost a peer looks for that peer's abort
+// notice among its control messages.
+const abortLookWait = 100 * time.Millisecond
+
+// failCollective stops the engine after a collective failed. A rank that aborted meanwhile stops
+// with its own reason. A lost peer may have left with an abort notice: it told every rank why before
+// it closed its connections, but a rank inside a collective with it sees the closed data
+// connection first, and over TCP the notice waits on the control connection until read; the job
+// then stops with the notice's reason rather than "rank N lost". The aborting rank told every
+// rank, so neither case tells the peers again.
+func (e *Engine) failCollective(err error) {
+	if a := e.aborted.Load(); a != nil {
+		e.stop(*a)
+		return
+	}
+	if errors.Is(err, transport.ErrPeerLost) {
+		if reason, ok := e.abortNotice(abortLookWait); ok {
+			e.stop(errors.New(reason))
+			return
+		}
+	}
+	e.fail(err)
+}
+
+// abortNotice reads the control messages that arrive within wait and returns the first abort
+// notice's reason. The engine is stopping: other messages are dropped.
+func (e *Engine) abortNotice(wait time.Duration) (reason string, ok bool) {
+	deadline := time.Now().Add(wait)
+	for {
+		m, got, err := e.recv()
+		switch {
+		case err != nil:
+			return "", false
+		case got:
+			if kind, _ := negotiate.PeekKind(m.Body); kind == negotiate.MsgAbort {
+				if a, err := negotiate.DecodeAbort(m.Body); err == nil {
+					return a.Reason, true
+				}
+			}
+		case time.Now().After(deadline):
+			return "", false
+		default:
+			time.Sleep(time.Millisecond)
+		}
+	}
 }
 
 func (e *Engine) host(r int) string {
