@@ -280,20 +280,7 @@ func TestAbortWhileTheDriverIsInACollective(t *testing.T) {
 	})
 	ctx := waitCtx(t)
 	reason := "rank 0 gave up: loss is NaN"
-	errs := make(chan error, n)
-	for r := range n {
-		go func() {
-			buf := f32(1, 2, 3)
-			errs <- c.engines[r].Enqueue(allreduceReq("g", 3), buf, buf).Wait(ctx)
-		}()
-	}
-	for r := range n { // negotiated: both drivers are inside the allreduce
-		select {
-		case <-entered:
-		case <-time.After(5 * time.Second):
-			t.Fatalf("%d of %d ranks entered the allreduce within 5 s", r, n)
-		}
-	}
+	errs := allreduceInside(ctx, t, c, entered)
 	start := time.Now()
 	c.engines[0].Abort(errors.New(reason))
 	if took := time.Since(start); took < abortWait || took > abortWait+tellWait+500*time.Millisecond {
@@ -323,19 +310,12 @@ func TestAbortWhileTheDriverIsInACollective(t *testing.T) {
 	}
 }
 
-// Abort while every driver is inside a collective, over a transport where the aborting rank's leaving
-// shows its peers only as a lost connection (TCP): they find its notice among their control
-// messages and fail with its reason, not with "rank 0 lost".
-func TestAbortNoticeExplainsAPeerLostMidCollective(t *testing.T) {
-	const n = 3
-	host := &hostAbort{done: make(chan struct{})}
-	entered := make(chan struct{}, 16)
-	c := newClusterWith(t, n, DefaultConfig(), []inmem.Option{inmem.WithoutShared()}, func(r int, ep *inmem.Endpoint, g *Group) {
-		comm := hungComm{ep.Comm(), host, entered, 0}
-		g.Comm, g.Local, g.Abort = comm, comm, host.abort
-	})
-	ctx := waitCtx(t)
-	reason := "rank 0 failed: ValueError: loss is nan"
+// allreduceInside has every rank of c submit and wait for one allreduce, over hungComms that report
+// on entered, and returns once every driver is inside it; each rank's result arrives on the
+// channel returned.
+func allreduceInside(ctx context.Context, t *testing.T, c *cluster, entered <-chan struct{}) <-chan error {
+	t.Helper()
+	n := len(c.engines)
 	errs := make(chan error, n)
 	for r := range n {
 		go func() {
@@ -350,6 +330,22 @@ func TestAbortNoticeExplainsAPeerLostMidCollective(t *testing.T) {
 			t.Fatalf("%d of %d ranks entered the allreduce within 5 s", r, n)
 		}
 	}
+	return errs
+}
+
+// Abort while every driver is inside a collective, over a transport where the aborting rank's leaving
+// shows its peers only as a lost connection (TCP): they find its notice among their control
+// messages and fail with its reason, not with "rank 0 lost".
+func TestAbortNoticeExplainsAPeerLostMidCollective(t *testing.T) {
+	const n = 3
+	host := &hostAbort{done: make(chan struct{})}
+	entered := make(chan struct{}, 16)
+	c := newClusterWith(t, n, DefaultConfig(), []inmem.Option{inmem.WithoutShared()}, func(r int, ep *inmem.Endpoint, g *Group) {
+		comm := hungComm{ep.Comm(), host, entered, 0}
+		g.Comm, g.Local, g.Abort = comm, comm, host.abort
+	})
+	reason := "rank 0 failed: ValueError: loss is nan"
+	errs := allreduceInside(waitCtx(t), t, c, entered)
 	c.engines[0].Abort(errors.New(reason))
 	for r := range n {
 		select {
