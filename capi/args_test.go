@@ -84,6 +84,7 @@ func TestExportedFunctionsRefuseBadArguments(t *testing.T) {
 		{"kolo_start_timeline negative length", false, func() int64 { return int64(kolo_start_timeline(nil, -1, 0)) }, "argument pathLen = -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			lockThread(t) // a subtest runs on a goroutine of its own
 			got := tc.call()
 			var msg string
 			if tc.handle {
@@ -158,6 +159,7 @@ func TestEnqueueRefusesBadArguments(t *testing.T) {
 		}, "argument nsplits = -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			lockThread(t) // a subtest runs on a goroutine of its own
 			a := valid()
 			tc.spoil(&a)
 			o := enqueue(a)
@@ -219,6 +221,7 @@ func TestEnqueueGroupRefusesBadArguments(t *testing.T) {
 		{"negative dimension", func(a *groupArgs) { a.shapes = unsafe.Pointer(&badShapes[0]) }, "tensor 1: argument shapes[2] = -6"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			lockThread(t) // a subtest runs on a goroutine of its own
 			a := valid()
 			tc.spoil(&a)
 			ops := enqueueGroup(a)
@@ -306,6 +309,7 @@ func TestResultFunctionsRefuseBadArguments(t *testing.T) {
 		{"kolo_process_set_id of init", func() int64 { return int64(kolo_process_set_id(hInit)) }, "has no result"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			lockThread(t) // a subtest runs on a goroutine of its own
 			if got := tc.call(); got != -1 {
 				t.Fatalf("returned %d, want -1", got)
 			}

@@ -252,7 +252,7 @@ func (c hungComm) wait(ctx context.Context) error {
 		if c.lostTo >= 0 {
 			return &transport.PeerError{Rank: c.lostTo, Op: "recv", Err: io.EOF}
 		}
-		return fmt.Errorf("shared memory aborted: %s", c.host.reason)
+		return fmt.Errorf("%w by local rank 0: %s", transport.ErrAborted, c.host.reason) // as shm's
 	}
 }
 
@@ -270,13 +270,11 @@ func TestAbortWhileTheDriverIsInACollective(t *testing.T) {
 	logs := captureLog(t)
 	host := &hostAbort{done: make(chan struct{})}
 	entered := make(chan struct{}, 16)
-	var aborts *atomic.Int32
+	aborts := make([]*atomic.Int32, n)
 	c := newClusterWith(t, n, DefaultConfig(), []inmem.Option{inmem.WithoutShared()}, func(r int, ep *inmem.Endpoint, g *Group) {
 		comm := hungComm{ep.Comm(), host, entered, -1}
 		g.Comm, g.Local, g.Abort = comm, comm, host.abort
-		if r == 0 {
-			aborts = spy(g, nil)
-		}
+		aborts[r] = spy(g, nil)
 	})
 	ctx := waitCtx(t)
 	reason := "rank 0 gave up: loss is NaN"
@@ -305,8 +303,12 @@ func TestAbortWhileTheDriverIsInACollective(t *testing.T) {
 	}
 	// Abort told the peers; the driver's collective, ended by the shared-memory abort, and its
 	// next step stop the engine without telling them again.
-	if got := aborts.Load(); got != n-1 {
+	if got := aborts[0].Load(); got != n-1 {
 		t.Errorf("rank 0 sent %d abort notices, want %d: one round", got, n-1)
+	}
+	// Rank 1's collective ended by the host's abort: it stops without telling anyone again.
+	if got := aborts[1].Load(); got != 0 {
+		t.Errorf("rank 1 sent %d abort notices after the host's abort, want 0", got)
 	}
 }
 

@@ -641,7 +641,7 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 const abortLookWait = 100 * time.Millisecond
 
 // failCollective stops the engine after a collective failed. A rank that aborted meanwhile stops
-// with its own reason. A lost peer may have left with an abort notice: it told every rank why before
+// with its own reason; one whose collective a local rank's abort ended stops with that reason. A lost peer may have left with an abort notice: it told every rank why before
 // it closed its connections, but a rank inside a collective with it sees the closed data
 // connection first, and over TCP the notice waits on the control connection until read; the job
 // then stops with the notice's reason rather than "rank N lost". The aborting rank told every
@@ -649,6 +649,11 @@ const abortLookWait = 100 * time.Millisecond
 func (e *Engine) failCollective(err error) {
 	if a := e.aborted.Load(); a != nil {
 		e.stop(*a)
+		return
+	}
+	if errors.Is(err, transport.ErrAborted) {
+		// A local rank aborted the host's shared memory after telling every rank why.
+		e.stop(err)
 		return
 	}
 	if errors.Is(err, transport.ErrPeerLost) {

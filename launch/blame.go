@@ -6,15 +6,16 @@ import (
 )
 
 // culprit matches how kolo names the rank behind a failure in the errors every other rank reports:
-// a transport.PeerError ("rank 1 on node0 lost during recv: ...") or an abort notice from kolo.Abort
-// and the Python exception hook ("rank 1 failed: ValueError: ...").
-var culprit = regexp.MustCompile(`\brank (\d+)(?: on \S+)? (lost during|failed: )`)
+// a transport.PeerError ("rank 1 on node0 lost during recv: ..."), the engine's other lost-peer
+// error ("rank 1 (node0) lost: ...") or an abort notice from kolo.Abort and the Python exception
+// hook ("rank 1 failed: ValueError: ...").
+var culprit = regexp.MustCompile(`\brank (\d+)(?: on \S+| \([^)]*\))? (lost during|lost:|failed: )`)
 
 // Blame returns the rank that the job's failure traces back to, starting from first (the earliest
 // rank to fail). A rank that fails because another one did (its op reports that rank lost, or that
 // rank's abort notice) can exit before that rank has been reaped, or before a remote node reports
 // it; its own stderr names the culprit, and Blame follows that naming, rank by rank:
-//   - to a rank that declared its own failure (an abort notice), however it then ended: it may
+//   - to a rank that declared its own failure (an abort notice) and did not exit cleanly: it may
 //     still have been winding down when the launcher stopped it;
 //   - to a rank reported lost if it failed too, of something other than the launcher's stop
 //     signal. One that exited cleanly (it left early, and the loss was its peers') is not to blame,
@@ -36,7 +37,7 @@ func Blame(results []Result, first *Result) *Result {
 			return first
 		}
 		next := byRank[r]
-		if next == nil || (!declared && (!next.Exit.Failed() || stoppedByLauncher(next))) {
+		if next == nil || !next.Exit.Failed() || (!declared && stoppedByLauncher(next)) {
 			return first
 		}
 		seen[r] = true

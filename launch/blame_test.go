@@ -1,8 +1,11 @@
 package launch
 
 import (
+	"io"
 	"syscall"
 	"testing"
+
+	"github.com/kolo-dl/kolo/transport"
 )
 
 func TestBlame(t *testing.T) {
@@ -32,6 +35,14 @@ func TestBlame(t *testing.T) {
 		{"named rank not in the results", []Result{failed(0, "rank 7 lost during send: EOF")}, 0, 0},
 		{"an aborting rank the launcher stopped while it wound down", []Result{
 			failed(0, "ABORT-RESULT err=rank 1 failed: bad batch"), killed(1, syscall.SIGTERM, true)}, 0, 1},
+		{"an aborting rank that then exited cleanly is not the job's failure", []Result{
+			failed(0, "ABORT-RESULT err=rank 1 failed: bad batch"), ok(1)}, 0, 0},
+		{"the engine's other lost-peer form", []Result{
+			failed(0, "rank 0: rank 1 (node0) lost: send requests to the coordinator: EOF"),
+			killed(1, syscall.SIGKILL, false)}, 0, 1},
+		{"real error texts", []Result{
+			failed(0, (&transport.PeerError{Rank: 2, Host: "n1", Op: "recv", Err: io.EOF}).Error()),
+			ok(1), killed(2, syscall.SIGBUS, false)}, 0, 2},
 		{"abort notice", []Result{
 			failed(0, "kolo.torch.KoloInternalError: rank 2 failed: ValueError: loss is nan"),
 			ok(1),

@@ -106,6 +106,11 @@ func PollerOf(m Messenger) (Poller, bool) {
 // ErrClosed is returned by calls on a Comm or Messenger after Close.
 var ErrClosed = errors.New("transport closed")
 
+// ErrAborted is matched by the errors of transfers that a Group-wide abort ended (another rank of
+// the group stopped its engine, and told every rank why itself): the engine stops without telling
+// the peers again.
+var ErrAborted = errors.New("shm group aborted")
+
 // ErrPeerLost is the sentinel every *PeerError matches with errors.Is.
 var ErrPeerLost = errors.New("peer lost")
 

@@ -28,6 +28,7 @@ func TestPauseReturns(t *testing.T) {
 // Polling is the default only where every rank has a CPU; elsewhere yielding replaces it.
 func TestDefaultsFollowOversubscription(t *testing.T) {
 	cpus := runtime.NumCPU()
+	t.Setenv("KOLO_HOST_CPUS", strconv.Itoa(cpus)) // as kolo run may have set it otherwise
 	if s, y := Defaults(cpus); s != DefaultSpin || y != 0 {
 		t.Errorf("Defaults(%d) on %d CPUs = %v, %d; want %v, 0", cpus, cpus, s, y, DefaultSpin)
 	}

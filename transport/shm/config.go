@@ -14,7 +14,6 @@
 package shm
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -68,7 +67,7 @@ const (
 )
 
 // ErrAborted is matched (errors.Is) by every error caused by some rank calling Group.Abort.
-var ErrAborted = errors.New("shm group aborted")
+var ErrAborted = transport.ErrAborted
 
 // normalize fills defaults and checks cfg; every rank computes the same layout from the same config.
 func (cfg Config) normalize() (Config, error) {

@@ -2,6 +2,7 @@ package shm
 
 import (
 	"runtime"
+	"strconv"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 // has a CPU, yield instead where they outnumber the CPUs. An explicit Spin, or Yields, is kept.
 func TestNormalizeSpinDefaults(t *testing.T) {
 	cpus := runtime.NumCPU()
+	t.Setenv("KOLO_HOST_CPUS", strconv.Itoa(cpus)) // as kolo run may have set it otherwise
 	if cpus+1 > maxRanks {
 		t.Skipf("%d CPUs: cannot oversubscribe within %d ranks", cpus, maxRanks)
 	}
