@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -634,6 +635,7 @@ func deadPid(t *testing.T) int {
 // CPUs the others may run on.
 func TestOversubscribedIsRankZerosView(t *testing.T) {
 	cpus := runtime.NumCPU()
+	t.Setenv("KOLO_HOST_CPUS", strconv.Itoa(cpus)) // as kolo run may have set it otherwise
 	for _, size := range []int{1, cpus, cpus + 1} {
 		t.Run(fmt.Sprintf("ranks=%d", size), func(t *testing.T) {
 			gs := openAll(t, testConfig(t, size))
