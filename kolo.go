@@ -99,7 +99,7 @@ func WithWorldOptions(w world.Options) Option { return func(o *initOptions) { o.
 // the host's CPUs (CPUs / local ranks, at least 1), as binding the rank to its own cores would.
 // With every CPU, the runtime's threads of each rank (the engine's driver, the scheduler's
 // monitor) run wherever a CPU is free, beside every local rank's training threads, and preempt
-// them: 2 ranks on 2 CPUs waited twice as long in optimizer.step (docs/benchmarks.md). A Go
+// them: 2 ranks on 2 CPUs trained 3-4% slower (docs/benchmarks.md). A Go
 // program that uses kolo keeps its GOMAXPROCS for its own goroutines.
 func WithCPUShare() Option { return func(o *initOptions) { o.cpuShare = true } }
 

@@ -119,6 +119,10 @@ def measure(setup, args, batch):
                   ["--bind"] if args.bind else [])
     me = os.path.abspath(__file__)
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    if setup.startswith("kolo+"):  # kolo with one more environment variable (--kolo-also)
+        key, _, value = setup[len("kolo+"):].partition("=")
+        env[key] = value
+        setup = "kolo"
     if setup == "single":
         cmd = [PY, me, "--worker", "single"] + common
     else:
@@ -137,6 +141,8 @@ def measure(setup, args, batch):
 def driver(args):
     batches = [int(b) for b in args.batches.split(",")]
     setups = ["single", "nocomm", "kolo", "ddp"]
+    if args.kolo_also:
+        setups.append("kolo+" + args.kolo_also)
     rates = {(b, s): [] for b in batches for s in setups}
     phases = {(b, s): [] for b in batches for s in setups}
     for r in range(args.repeats):
@@ -171,6 +177,15 @@ def driver(args):
             b, cell("single"), cell("nocomm"), cell("kolo"), cell("ddp"), k / d, min(paired),
             max(paired),
             k / (args.np * one), d / (args.np * one)))
+    if args.kolo_also:
+        v = "kolo+" + args.kolo_also
+        lines += ["", "| batch/rank | kolo | kolo with %s | kolo / it (range over repeats) |" % args.kolo_also,
+                  "|---:|---:|---:|---:|"]
+        for b in batches:
+            paired = [a / c for a, c in zip(rates[(b, "kolo")], rates[(b, v)])]
+            lines.append("| %d | %s | %s | %.2fx (%.2f-%.2f) |" % (
+                b, "%.1f" % med[(b, "kolo")], "%.1f (%.1f-%.1f)" % (med[(b, v)], min(rates[(b, v)]),
+                max(rates[(b, v)])), med[(b, "kolo")] / med[(b, v)], min(paired), max(paired)))
     lines += ["", "| batch/rank | setup | ms/step | forward | backward | optimizer step "
               "| rank 0 CPU ms/step |", "|---:|---|---:|---:|---:|---:|---:|"]
     for b in batches:
@@ -204,6 +219,9 @@ def main():
     p.add_argument("--bind", action="store_true",
                    help="bind every setup's ranks to cores of their own (kolo run --bind-to core; "
                    "the single process to one CPU)")
+    p.add_argument("--kolo-also", metavar="VAR=VALUE",
+                   help="also run kolo with this environment variable set, in the same rotation "
+                   "(an A/B of a setting, e.g. GOMAXPROCS=2)")
     p.add_argument("--json", help="also write the raw rates here")
     args = p.parse_args()
     if args.worker:
