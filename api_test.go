@@ -11,21 +11,60 @@ import (
 	"github.com/kolo-dl/kolo/jobenv"
 )
 
-// Ranks may gather tensors of different dim 0: an unnamed allgather or alltoall must get the
-// same name on all of them, or the job hangs.
-func TestNamerIgnoresDim0WhereRanksMayDiffer(t *testing.T) {
-	for _, kind := range []negotiate.OpKind{negotiate.Allgather, negotiate.Alltoall} {
-		a, b := newNamer(), newNamer()
-		if x, y := a.next(kind, dtype.Float32, []int64{3, 2}), b.next(kind, dtype.Float32, []int64{5, 2}); x != y {
-			t.Errorf("%v: rank with 3 rows names it %q, rank with 5 rows %q", kind, x, y)
-		}
-		if x, y := a.next(kind, dtype.Float32, []int64{3, 2}), b.next(kind, dtype.Float32, []int64{3, 4}); x == y {
-			t.Errorf("%v: different row shapes share the name %q", kind, x)
+// Unnamed ops are named by call order, whatever their shape or dtype: ranks that pass different
+// shapes to the same call then meet under one name and get a mismatch error, instead of waiting for
+// each other under names derived from their own shapes.
+func TestNamer(t *testing.T) {
+	var joins uint64
+	n := newNamer(func() uint64 { return joins }, nil)
+	cases := []struct {
+		set   int
+		kind  negotiate.OpKind
+		user  string
+		joins uint64
+		want  string
+	}{
+		{0, negotiate.Allreduce, "", 0, "noname.0"},
+		{0, negotiate.Allgather, "", 0, "noname.1"}, // one count for every kind
+		{0, negotiate.Allreduce, "w", 0, "allreduce.w"},
+		{0, negotiate.Broadcast, "w", 0, "broadcast.w"}, // scoped by kind, as Horovod's names
+		{0, negotiate.Barrier, "", 0, "noname.2"},
+		{3, negotiate.Allreduce, "", 0, "noname.0"}, // each process set counts its own
+		{0, negotiate.Join, "", 0, "join"},
+		{0, negotiate.Allreduce, "", 0, "noname.3"}, // join used up no number
+		{0, negotiate.Allreduce, "", 1, "noname.0"}, // a completed join restarts the global count
+		{3, negotiate.Allreduce, "", 1, "noname.1"}, // and no other
+		{0, negotiate.Allreduce, "", 1, "noname.1"},
+	}
+	for i, c := range cases {
+		joins = c.joins
+		if got := n.name(c.set, c.kind, c.user); got != c.want {
+			t.Errorf("call %d (%v %q in set %d, joins %d): %q, want %q", i, c.kind, c.user, c.set, c.joins, got, c.want)
 		}
 	}
-	n := newNamer()
-	if x, y := n.next(negotiate.Allreduce, dtype.Float32, []int64{3}), n.next(negotiate.Allreduce, dtype.Float32, []int64{5}); x == y {
-		t.Errorf("allreduce of different shapes share the name %q", x)
+	// After crossed calls failed, the count moves up to the coordinator's number (never down), in
+	// the set it came for; in the global set only until the next join.
+	floor := map[int][2]uint64{0: {10, 1}, 3: {2, 0}}
+	n2 := newNamer(func() uint64 { return joins }, func(set int) (uint64, uint64) { return floor[set][0], floor[set][1] })
+	joins = 1
+	for i, want := range []string{"noname.10", "noname.11"} {
+		if got := n2.name(0, negotiate.Allreduce, ""); got != want {
+			t.Errorf("after a resync, call %d: %q, want %q", i, got, want)
+		}
+	}
+	if got := n2.name(3, negotiate.Allreduce, ""); got != "noname.2" {
+		t.Errorf("set 3 after its resync: %q", got)
+	}
+	joins = 2
+	if got := n2.name(0, negotiate.Allreduce, ""); got != "noname.0" {
+		t.Errorf("after a join that followed the resync: %q", got)
+	}
+	joins = 1 // back to n's
+	if got := n.group(0, negotiate.Allreduce, "g", 2); strings.Join(got, " ") != "allreduce.g.0 allreduce.g.1" {
+		t.Errorf("named group: %q", got)
+	}
+	if got := n.group(0, negotiate.Allgather, "", 2); strings.Join(got, " ") != "noname.2.0 noname.2.1" {
+		t.Errorf("unnamed group: %q", got)
 	}
 }
 
@@ -103,7 +142,7 @@ func TestGroupIDsAgreeAcrossRanks(t *testing.T) {
 		}
 		return names, ps[0].req.Group
 	}
-	r0, r1 := &state{names: newNamer()}, &state{names: newNamer()}
+	r0, r1 := &state{names: newNamer(nil, nil)}, &state{names: newNamer(nil, nil)}
 	n0, g0 := ids(r0, []int64{2}, []int64{3})
 	n1, g1 := ids(r1, []int64{2}, []int64{3})
 	if g0 != g1 || strings.Join(n0, ",") != strings.Join(n1, ",") || g0 == 0 {

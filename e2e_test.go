@@ -129,3 +129,75 @@ func TestStrangersRejectedWhileJobRuns(t *testing.T) {
 		t.Errorf("only %d intruding connections were made; the test did not exercise the listeners", job.Intrusions)
 	}
 }
+
+var stopResult = regexp.MustCompile(`\[(\d+)\]<stderr>:STOP-RESULT rank=(\d+) silent=(\d+) err=(.*)`)
+
+// stopTimeout is the progress deadline the SIGSTOP tests set (KOLO_PROGRESS_TIMEOUT_SECONDS).
+const stopTimeout = 2 * time.Second
+
+// testStoppedRank runs the sigstop scenario on hosts: rank 1 is stopped (SIGSTOP) in the middle of
+// a stream of allreduces, with a progress deadline of 2 s.
+//   - Stopped for 5 s: every other rank fails within the deadline plus a margin, naming rank 1 and
+//     its host; rank 1, once continued, fails too rather than hang; kolo run blames rank 1.
+//   - With resume, also stopped for 1.5 s (waited on for about 1.2 s): nothing fails and every
+//     result is right.
+func testStoppedRank(t *testing.T, hosts []e2e.Host, np int, opt e2e.Options, resume bool) {
+	host1 := ""
+	for i, n := 0, 0; i < len(hosts); i++ {
+		if n += hosts[i].Slots; n > 1 {
+			host1 = hosts[i].Name
+			break
+		}
+	}
+	env := func(stopFor string) map[string]string {
+		m := map[string]string{"KOLO_PROGRESS_TIMEOUT_SECONDS": fmt.Sprint(stopTimeout.Seconds()), e2e.StopForEnv: stopFor}
+		for k, v := range opt.Env {
+			m[k] = v
+		}
+		return m
+	}
+	t.Run("stuck", func(t *testing.T) {
+		o := opt
+		o.Env, o.Grace = env("5"), 15*time.Second // the launcher's SIGKILL must not come before SIGCONT
+		job := e2e.Launch(t, "sigstop", hosts, np, o)
+		if job.First == nil || job.First.Slot.Rank != 1 {
+			t.Errorf("kolo run blames %+v, want rank 1", job.First)
+		}
+		want := fmt.Sprintf("rank 1 (%s) made no progress for %v", host1, stopTimeout)
+		seen := map[int]bool{}
+		for _, m := range stopResult.FindAllStringSubmatch(job.Stderr.String(), -1) {
+			r, _ := strconv.Atoi(m[1])
+			silent, _ := strconv.Atoi(m[3])
+			seen[r] = true
+			t.Log(m[0])
+			if !strings.Contains(m[4], want) {
+				t.Errorf("rank %d: error does not say %q: %s", r, want, m[4])
+			}
+			if margin := 2 * time.Second; r != 1 && time.Duration(silent)*time.Millisecond > stopTimeout+margin {
+				t.Errorf("rank %d failed %d ms after its last op, want within %v", r, silent, stopTimeout+margin)
+			}
+		}
+		for r := range np {
+			if !seen[r] {
+				t.Errorf("rank %d reported no failure (rank 1 must fail too once continued):\n%s", r, job.Stderr)
+			}
+		}
+	})
+	if !resume {
+		return
+	}
+	t.Run("resumed in time", func(t *testing.T) {
+		o := opt
+		o.Env = env("1.5")
+		job := e2e.Launch(t, "sigstop", hosts, np, o)
+		requireSuccess(t, job)
+		if n := strings.Count(job.Stderr.String(), "STOP-OK"); n != np {
+			t.Errorf("%d ranks finished, want %d:\n%s", n, np, job.Stderr)
+		}
+	})
+}
+
+// SIGSTOP one of 2 ranks of one host mid-allreduce: shared memory.
+func TestStoppedRankSharedMemory(t *testing.T) {
+	testStoppedRank(t, e2e.LocalHosts(2), 2, e2e.Options{}, true)
+}

@@ -17,6 +17,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 
 	"github.com/kolo-dl/kolo/bootstrap"
@@ -41,6 +42,7 @@ type Op int
 const (
 	Average Op = 0
 	Sum     Op = 1
+	Adasum  Op = 2 // Horovod's adaptive summation: allreduce of floating-point tensors only
 	Min     Op = 3
 	Max     Op = 4
 	Product Op = 5
@@ -52,6 +54,8 @@ func (o Op) String() string {
 		return "average"
 	case Sum:
 		return "sum"
+	case Adasum:
+		return "adasum"
 	case Min:
 		return "min"
 	case Max:
@@ -60,6 +64,54 @@ func (o Op) String() string {
 		return "product"
 	}
 	return fmt.Sprintf("op(%d)", int(o))
+}
+
+// ArgumentError is the error of an op this rank refused before it ran: its arguments are wrong on
+// this rank (a tensor that does not match its shape, splits that do not add up, a name still in
+// flight, ...). The other ranks' submissions of the same op fail too, with its text, rather than
+// wait for this rank (except for a duplicate name: the op holding the name goes on).
+type ArgumentError = engine.ArgumentError
+
+// ErrDuplicateName is matched (errors.Is) by the ArgumentError of an op submitted under a name that
+// an op of the same kind and process set submitted on this rank still holds.
+var ErrDuplicateName = engine.ErrDuplicateName
+
+// OpKind is a collective, as RefuseAsync names it (its numbers are the C ABI's).
+type OpKind = negotiate.OpKind
+
+// The collectives RefuseAsync can refuse.
+const (
+	KindAllreduce     = negotiate.Allreduce
+	KindAllgather     = negotiate.Allgather
+	KindBroadcast     = negotiate.Broadcast
+	KindAlltoall      = negotiate.Alltoall
+	KindReduceScatter = negotiate.ReduceScatter
+)
+
+// RefuseAsync takes this rank's turn in the op of kind and name (empty for an unnamed op, which
+// uses up its number as a submission would) that the other ranks submit, refusing it for reason:
+// their submissions fail with reason instead of waiting for this rank. It is for bindings whose
+// own checks reject a call before it can be described as a Tensor (an unsupported tensor type in a
+// framework); the returned handle has failed with an ArgumentError.
+func RefuseAsync(kind OpKind, name string, reason error, opts ...OpOption) *Handle {
+	s, err := get()
+	if err != nil {
+		return failed(err)
+	}
+	if err := refusable(kind); err != nil {
+		return failed(err)
+	}
+	req := newRequest(kind, Tensor{}, 0, nil, opts)
+	req.Name = s.names.name(req.Set, kind, name)
+	return s.refuse(prepared{req: req}, reason)
+}
+
+func refusable(kind OpKind) error {
+	switch kind {
+	case KindAllreduce, KindAllgather, KindBroadcast, KindAlltoall, KindReduceScatter:
+		return nil
+	}
+	return &ArgumentError{Err: fmt.Errorf("%v is not a collective with arguments to refuse", kind)}
 }
 
 // ErrNotInitialized is returned by every call before Init or after Shutdown.
@@ -86,6 +138,69 @@ type initOptions struct {
 	world    world.Options
 	engine   *engine.Config
 	cpuShare bool
+	ranks    []int // nil: every rank of the launcher's job
+}
+
+// WithRanks makes Init join a world of only these ranks of the launcher's job (Horovod's
+// init(comm=[...])): this process's rank is its index in ranks, and every process in ranks must
+// pass the same list. A process not in ranks gets an error. Under mpirun and srun, where rank 0
+// hosts the rendezvous, rank 0 must be one of them.
+func WithRanks(ranks []int) Option {
+	return func(o *initOptions) { o.ranks = slices.Clone(ranks) }
+}
+
+// joined counts, per set of ranks ("" for the whole job), the worlds of those ranks this process
+// has started to join: each gets rendezvous records and shared memory of its own (world ids
+// differ), so that a world joined after Shutdown never reads what an earlier one left. Every member
+// of a set of ranks joins its worlds the same number of times, whatever other worlds some of them
+// joined in between.
+var joined = map[string]int{}
+
+// isEveryRank reports whether ranks is 0..size-1 in order: the whole job, as without WithRanks.
+func isEveryRank(ranks []int, size int) bool {
+	if len(ranks) != size {
+		return false
+	}
+	for i, r := range ranks {
+		if r != i {
+			return false
+		}
+	}
+	return true
+}
+
+// subset is the job of ranks (WithRanks) within the launcher's job: ranked by position in ranks,
+// local and cross numbers left for world.Connect to derive from the hosts, and a world id of its
+// own.
+func subset(job jobenv.Job, ranks []int) (jobenv.Job, error) {
+	if len(ranks) == 0 {
+		return job, errors.New("WithRanks: no ranks")
+	}
+	seen := map[int]bool{}
+	idx := -1
+	for i, r := range ranks {
+		if r < 0 || r >= job.Size {
+			return job, fmt.Errorf("WithRanks %v: rank %d is not a rank of this job of %d", ranks, r, job.Size)
+		}
+		if seen[r] {
+			return job, fmt.Errorf("WithRanks %v: rank %d is listed twice", ranks, r)
+		}
+		seen[r] = true
+		if r == job.Rank {
+			idx = i
+		}
+	}
+	if idx < 0 {
+		return job, fmt.Errorf("WithRanks %v: this process (rank %d of the job) is not one of them", ranks, job.Rank)
+	}
+	h := fnv.New64a()
+	for _, r := range ranks {
+		fmt.Fprintf(h, "%d,", r)
+	}
+	job.JobID = fmt.Sprintf("%s.ranks%x", job.JobID, h.Sum64())
+	job.Rank, job.Size = idx, len(ranks)
+	job.LocalRank, job.LocalSize, job.CrossRank, job.CrossSize = 0, 0, 0, 0
+	return job, nil
 }
 
 // WithEngineConfig overrides the engine settings read from the environment.
@@ -103,12 +218,23 @@ func WithWorldOptions(w world.Options) Option { return func(o *initOptions) { o.
 // program that uses kolo keeps its GOMAXPROCS for its own goroutines.
 func WithCPUShare() Option { return func(o *initOptions) { o.cpuShare = true } }
 
-// Init joins the job described by the environment. Calling it twice is an error.
+// Init joins the job described by the environment. Calling it twice is an error, unless the
+// engine stopped on an error since (Failed): Init then leaves that world and joins a new one, with
+// the ranks that call Init again.
 func Init(opts ...Option) error {
 	mu.Lock()
 	defer mu.Unlock()
 	if cur != nil {
-		return errors.New("kolo.Init called twice")
+		if cur.engine.Err() == nil {
+			return errors.New("kolo.Init called twice")
+		}
+		// The engine stopped on an error (a lost or failed rank, an abort): leave that world
+		// and join a new one, as the other ranks do when they call Init again.
+		s := cur
+		cur = nil
+		if err := s.close(); err != nil {
+			slog.Debug("kolo: leaving the failed world before joining a new one", "err", err)
+		}
 	}
 	o := initOptions{env: os.Getenv}
 	for _, f := range opts {
@@ -133,6 +259,9 @@ func Init(opts ...Option) error {
 	if o.world.Timeout == 0 {
 		o.world.Timeout = cfg.SetupTimeout
 	}
+	if o.world.ProgressTimeout == 0 {
+		o.world.ProgressTimeout = cfg.ProgressTimeout
+	}
 	if o.world.Interface == "" {
 		o.world.Interface, _ = jobenv.Interface(map[string]string{
 			jobenv.NetworkInterface:        o.env(jobenv.NetworkInterface),
@@ -141,6 +270,15 @@ func Init(opts ...Option) error {
 	}
 	// kolo run, mpirun or srun: who started this process decides where the ranks meet.
 	hn, _ := os.Hostname()
+	if o.ranks != nil {
+		// Refused before the rendezvous: a rank outside the world must not wait there (under
+		// mpirun rank 0 may have closed it already, having left a world of its own).
+		if d, err := jobenv.Detect(env, hn); err == nil {
+			if _, err := subset(d.Job, o.ranks); err != nil {
+				return &ArgumentError{Err: fmt.Errorf("kolo.Init: %w", err)}
+			}
+		}
+	}
 	boot, err := bootstrap.Join(context.Background(), env, hn, bootstrap.Options{Timeout: o.world.Timeout})
 	if err != nil {
 		return fmt.Errorf("kolo.Init: %w", err)
@@ -149,12 +287,23 @@ func Init(opts ...Option) error {
 	if o.cpuShare && o.env("GOMAXPROCS") == "" {
 		shareCPUs(boot.Job.LocalSize)
 	}
-	w, err := world.Connect(context.Background(), boot.Job, boot.Secret, o.world)
+	job := boot.Job
+	if o.ranks != nil && !isEveryRank(o.ranks, job.Size) {
+		if job, err = subset(job, o.ranks); err != nil {
+			boot.Close()
+			return &ArgumentError{Err: fmt.Errorf("kolo.Init: %w", err)}
+		}
+	}
+	joined[job.JobID]++
+	if n := joined[job.JobID]; n > 1 && job.Size > 1 {
+		job.JobID = fmt.Sprintf("%s.%d", job.JobID, n)
+	}
+	w, err := world.Connect(context.Background(), job, boot.Secret, o.world)
 	if err != nil {
 		boot.Close()
 		return fmt.Errorf("kolo.Init: %w", err)
 	}
-	job := w.Job // with the cross rank derived where the launcher could not say it
+	job = w.Job // with the local and cross ranks derived where the launcher could not say them
 	e, err := engine.New(cfg, engine.Group{
 		Rank: job.Rank, Size: job.Size, Hosts: w.Hosts, Comm: w.Comm, Messenger: w.Messenger,
 		Local: w.Local, LocalRanks: w.LocalRanks, Cross: w.Cross, Abort: w.Abort,
@@ -164,7 +313,7 @@ func Init(opts ...Option) error {
 		boot.Close()
 		return fmt.Errorf("kolo.Init: %w", err)
 	}
-	cur = &state{job: job, boot: boot, world: w, engine: e, names: newNamer()}
+	cur = &state{job: job, boot: boot, world: w, engine: e, names: newNamer(e.Joins, e.Resynced)}
 	return nil
 }
 
@@ -228,6 +377,12 @@ func Shutdown() error {
 	if s == nil {
 		return nil
 	}
+	return s.close()
+}
+
+// close leaves the world: the engine's shutdown barrier (skipped by an engine that stopped on an
+// error), then connections and the bootstrap session.
+func (s *state) close() error {
 	err := s.engine.Shutdown(context.Background())
 	if cerr := s.world.Close(); err == nil {
 		err = cerr
@@ -236,6 +391,13 @@ func Shutdown() error {
 		err = cerr
 	}
 	return err
+}
+
+// Failed reports whether the engine stopped on an error (a lost or failed rank, an abort, a
+// deadline in a collective): every op fails from then on. Init then joins a new world.
+func Failed() bool {
+	s, err := get()
+	return err == nil && s.engine.Err() != nil
 }
 
 // Abort tells every rank that this one has failed outside kolo, and why: this rank's pending and
@@ -386,14 +548,9 @@ func (h *Handle) Err() error {
 func (h *Handle) Tensor() Tensor {
 	switch h.kind {
 	case negotiate.Allgather, negotiate.Alltoall, negotiate.ReduceScatter:
-		data := h.h.Output()
-		t := Tensor{Data: data, DType: h.out.DType, Shape: append([]int64(nil), h.out.Shape...)}
-		row := int64(t.DType.Size())
-		for _, d := range t.Shape[1:] {
-			row *= d
-		}
-		if len(t.Shape) > 0 && row > 0 {
-			t.Shape[0] = int64(len(data)) / row
+		t := Tensor{Data: h.h.Output(), DType: h.out.DType, Shape: append([]int64(nil), h.out.Shape...)}
+		if len(t.Shape) > 0 {
+			t.Shape[0] = h.h.Rows() // the bytes cannot say it when a row holds no elements
 		}
 		return t
 	}
@@ -413,11 +570,22 @@ func submit(kind negotiate.OpKind, name string, in, out Tensor, op Op, root int,
 	if err != nil {
 		return failed(err)
 	}
-	p, err := s.prepare(kind, name, in, out, op, root, splits, opts)
+	req := newRequest(kind, in, root, splits, opts)
+	// Named before anything is checked: a call refused on this rank still uses up the name its
+	// peers give the same call, and its refusal reaches them under it (refuse).
+	req.Name = s.names.name(req.Set, kind, name)
+	p, err := prepare(req, in, out, op)
 	if err != nil {
-		return failed(err)
+		return s.refuse(p, err)
 	}
 	return s.enqueue(p)
+}
+
+// refuse submits p's op as refused by this rank for err (see engine.ArgumentError): the handle
+// fails at once, and the other ranks' submissions of the op fail with err rather than wait.
+func (s *state) refuse(p prepared, err error) *Handle {
+	p.req.Error = err.Error()
+	return &Handle{h: s.engine.Enqueue(p.req, nil, nil), out: p.out, kind: p.req.Kind, size: s.job.Size}
 }
 
 // prepared is an op checked and named on this rank, ready for the engine.
@@ -428,57 +596,66 @@ type prepared struct {
 	out      Tensor
 }
 
-func (s *state) prepare(kind negotiate.OpKind, name string, in, out Tensor, op Op, root int, splits []int64, opts []OpOption) (prepared, error) {
-	if err := in.check(); err != nil {
-		return prepared{}, fmt.Errorf("%s %q input: %w", kind, name, err)
-	}
-	if len(in.Shape) == 0 && (kind == negotiate.Allgather || kind == negotiate.Alltoall || kind == negotiate.ReduceScatter) {
-		return prepared{}, fmt.Errorf("%s %q: needs a tensor with at least one dimension", kind, name)
-	}
+// newRequest is the op's request, unnamed, with the options applied.
+func newRequest(kind negotiate.OpKind, in Tensor, root int, splits []int64, opts []OpOption) negotiate.Request {
 	req := negotiate.Request{
-		Name: name, Kind: kind, DType: in.DType, Shape: append([]int64(nil), in.Shape...),
+		Kind: kind, DType: in.DType, Shape: append([]int64(nil), in.Shape...),
 		Root: root, PreScale: 1, PostScale: 1, Splits: splits,
-	}
-	if kind == negotiate.Allreduce || kind == negotiate.ReduceScatter {
-		switch op {
-		case Sum, Average:
-			req.ReduceOp = uint8(reduce.Sum)
-		case Min:
-			req.ReduceOp = uint8(reduce.Min)
-		case Max:
-			req.ReduceOp = uint8(reduce.Max)
-		case Product:
-			req.ReduceOp = uint8(reduce.Prod)
-		default:
-			return prepared{}, fmt.Errorf("%s %q: unsupported reduction %v", kind, name, op)
-		}
-		if op == Average {
-			req.Average = true
-		}
 	}
 	for _, f := range opts {
 		f(&req)
 	}
-	if name == "" { // after the options: names count per process set
-		name = s.names.nextIn(req.Set, kind, in.DType, in.Shape)
-		req.Name = name
+	return req
+}
+
+// prepare checks the named request req of in and out with reduction op. On error the returned
+// prepared still holds req, for refuse.
+func prepare(req negotiate.Request, in, out Tensor, op Op) (prepared, error) {
+	p := prepared{req: req}
+	kind := req.Kind
+	if err := in.check(); err != nil {
+		return p, fmt.Errorf("input: %w", err)
 	}
-	if math.IsNaN(req.PreScale) || math.IsNaN(req.PostScale) {
-		return prepared{}, fmt.Errorf("%s %q: NaN scale factor", kind, name)
+	if len(in.Shape) == 0 && (kind == negotiate.Allgather || kind == negotiate.Alltoall || kind == negotiate.ReduceScatter) {
+		return p, fmt.Errorf("needs a tensor with at least one dimension")
 	}
-	var outBytes []byte
+	if kind == negotiate.Alltoall {
+		in = sentRows(in, req.Splits)
+		p.req.Shape = in.Shape
+	}
+	if kind == negotiate.Allreduce || kind == negotiate.ReduceScatter {
+		switch op {
+		case Sum, Average:
+			p.req.ReduceOp = uint8(reduce.Sum)
+		case Min:
+			p.req.ReduceOp = uint8(reduce.Min)
+		case Max:
+			p.req.ReduceOp = uint8(reduce.Max)
+		case Product:
+			p.req.ReduceOp = uint8(reduce.Prod)
+		case Adasum:
+			p.req.ReduceOp = negotiate.ReduceAdasum
+		default:
+			return p, fmt.Errorf("unsupported reduction %v", op)
+		}
+		p.req.Average = op == Average
+	}
+	if math.IsNaN(p.req.PreScale) || math.IsNaN(p.req.PostScale) {
+		return p, fmt.Errorf("NaN scale factor")
+	}
 	if kind == negotiate.Allreduce || kind == negotiate.Broadcast {
 		if err := out.check(); err != nil {
-			return prepared{}, fmt.Errorf("%s %q output: %w", kind, name, err)
+			return p, fmt.Errorf("output: %w", err)
 		}
 		if len(out.Data) != len(in.Data) || out.DType != in.DType {
-			return prepared{}, fmt.Errorf("%s %q: output (%d bytes of %v) does not match input (%d bytes of %v)", kind, name, len(out.Data), out.DType, len(in.Data), in.DType)
+			return p, fmt.Errorf("output (%d bytes of %v) does not match input (%d bytes of %v)", len(out.Data), out.DType, len(in.Data), in.DType)
 		}
-		outBytes = out.Data
+		p.outBytes = out.Data
 	} else {
-		out = Tensor{DType: in.DType, Shape: req.Shape}
+		out = Tensor{DType: in.DType, Shape: p.req.Shape}
 	}
-	return prepared{req: req, in: in.Data, outBytes: outBytes, out: out}, nil
+	p.in, p.out = in.Data, out
+	return p, nil
 }
 
 func (s *state) enqueue(p prepared) *Handle {
@@ -486,18 +663,21 @@ func (s *state) enqueue(p prepared) *Handle {
 }
 
 // submitGroup submits ops that every rank releases together, once all of them are ready
-// everywhere, and fuses only with each other (horovod's grouped ops). If one member is malformed
-// none is submitted: the others would wait for it forever.
+// everywhere, and fuses only with each other (horovod's grouped ops). If one member is malformed,
+// every member is refused (see refuse): the others would wait for it forever.
 func submitGroup(kind negotiate.OpKind, name string, ins, outs []Tensor, op Op, opts []OpOption) []*Handle {
 	hs := make([]*Handle, len(ins))
 	s, err := get()
-	var ps []prepared
-	if err == nil {
-		ps, err = s.prepareGroup(kind, name, ins, outs, op, opts)
+	if err != nil {
+		for i := range hs {
+			hs[i] = failed(err)
+		}
+		return hs
 	}
+	ps, err := s.prepareGroup(kind, name, ins, outs, op, opts)
 	for i := range hs {
 		if err != nil {
-			hs[i] = failed(err)
+			hs[i] = s.refuse(ps[i], err)
 		} else {
 			hs[i] = s.enqueue(ps[i])
 		}
@@ -505,36 +685,99 @@ func submitGroup(kind negotiate.OpKind, name string, ins, outs []Tensor, op Op, 
 	return hs
 }
 
-// prepareGroup names member i name.i, or as an unnamed op when name is empty, and derives the
-// group's id from the members' names, so that ranks agree on it without a counter that could drift.
+// prepareGroup checks the members of a grouped op, named by groupRequests. On error every member
+// is returned named, for refuse.
 func (s *state) prepareGroup(kind negotiate.OpKind, name string, ins, outs []Tensor, op Op, opts []OpOption) ([]prepared, error) {
-	if outs != nil && len(outs) != len(ins) {
-		return nil, fmt.Errorf("grouped %s %q: %d outputs for %d inputs", kind, name, len(outs), len(ins))
-	}
+	reqs := s.groupRequests(kind, name, ins, opts)
 	ps := make([]prepared, len(ins))
-	id := fnv.New64a()
+	var first error
+	if outs != nil && len(outs) != len(ins) {
+		first = fmt.Errorf("grouped %s: %d outputs for %d inputs", kind, len(outs), len(ins))
+	}
 	for i, in := range ins {
-		member := ""
-		if name != "" {
-			member = fmt.Sprintf("%s.%d", name, i)
-		}
 		var out Tensor
-		if outs != nil {
+		if outs != nil && i < len(outs) {
 			out = outs[i]
 		}
-		p, err := s.prepare(kind, member, in, out, op, 0, nil, opts)
-		if err != nil {
-			return nil, fmt.Errorf("grouped %s %q, tensor %d: %w", kind, name, i, err)
+		p, err := prepare(reqs[i], in, out, op)
+		if err != nil && first == nil {
+			first = fmt.Errorf("grouped %s, tensor %d: %w", kind, i, err)
 		}
 		ps[i] = p
-		id.Write([]byte(p.req.Name))
+	}
+	return ps, first
+}
+
+// groupRequests are the requests of a grouped op's members (ins, or len(ins) members refused
+// before they are tensors), named by namer.group, with the group's id derived from their names, so
+// that ranks agree on it without a counter of its own that could drift.
+func (s *state) groupRequests(kind negotiate.OpKind, name string, ins []Tensor, opts []OpOption) []negotiate.Request {
+	reqs := make([]negotiate.Request, len(ins))
+	for i, in := range ins {
+		reqs[i] = newRequest(kind, in, 0, nil, opts)
+	}
+	var set int
+	if len(reqs) > 0 {
+		set = reqs[0].Set
+	}
+	names := s.names.group(set, kind, name, len(ins))
+	id := fnv.New64a()
+	for i := range reqs {
+		reqs[i].Name = names[i]
+		id.Write([]byte(names[i]))
 		id.Write([]byte{0})
 	}
 	group := int64(id.Sum64()>>1) | 1 // non-zero: zero means "no group"
-	for i := range ps {
-		ps[i].req.Group, ps[i].req.GroupSize = group, len(ps)
+	for i := range reqs {
+		reqs[i].Group, reqs[i].GroupSize = group, len(reqs)
 	}
-	return ps, nil
+	return reqs
+}
+
+// RefuseGroupAsync is RefuseAsync for a grouped op of n members (AllreduceGroupAsync and the
+// like): every member of the other ranks' group fails with reason.
+func RefuseGroupAsync(kind OpKind, name string, n int, reason error, opts ...OpOption) []*Handle {
+	if n < 1 {
+		return []*Handle{failed(&ArgumentError{Err: fmt.Errorf("RefuseGroupAsync: a group of %d members", n)})}
+	}
+	hs := make([]*Handle, n)
+	s, err := get()
+	if err == nil {
+		err = refusable(kind)
+	}
+	if err != nil {
+		for i := range hs {
+			hs[i] = failed(err)
+		}
+		return hs
+	}
+	for i, req := range s.groupRequests(kind, name, make([]Tensor, n), opts) {
+		hs[i] = s.refuse(prepared{req: req}, reason)
+	}
+	return hs
+}
+
+// sentRows is the part of an alltoall's input that splits sends: as in Horovod, rows past the sum
+// of the splits stay behind. Splits that do not add up (negative, too many rows) are left for the
+// engine to refuse.
+func sentRows(in Tensor, splits []int64) Tensor {
+	if splits == nil || in.Shape[0] == 0 {
+		return in
+	}
+	var sum int64
+	for _, v := range splits {
+		if v < 0 {
+			return in
+		}
+		sum += v
+	}
+	if sum >= in.Shape[0] {
+		return in
+	}
+	row := int64(len(in.Data)) / in.Shape[0]
+	shape := slices.Clone(in.Shape)
+	shape[0] = sum
+	return Tensor{Data: in.Data[:sum*row], DType: in.DType, Shape: shape}
 }
 
 // AllreduceGroupAsync reduces ins[i] into outs[i] (which may be ins[i]) for every i, as one group
@@ -592,8 +835,9 @@ func Broadcast(ctx context.Context, name string, t Tensor, root int, opts ...OpO
 }
 
 // AlltoallAsync sends splits[r] rows (dim 0) of t to rank r, in rank order, and receives the rows
-// every rank sends here. nil splits means an equal split (dim 0 must divide by Size). In a process
-// set, splits and the rows received are per member, in rank order.
+// every rank sends here. nil splits means an equal split (dim 0 must divide by Size). Splits may sum
+// to less than dim 0 (the rows past their sum are not sent), as in Horovod, never to more. In a
+// process set, splits and the rows received are per member, in rank order.
 func AlltoallAsync(name string, t Tensor, splits []int64, opts ...OpOption) *Handle {
 	return submit(negotiate.Alltoall, name, t, Tensor{}, Sum, 0, splits, opts)
 }
@@ -645,35 +889,74 @@ func Join(ctx context.Context) (int, error) {
 	return h.JoinLast(), nil
 }
 
-// namer gives unnamed ops names that agree across ranks: a name is derived from what the op is
-// (kind, dtype, shape) and how many such ops this rank submitted before, never from a global
-// counter that drifts when ranks submit other ops in different orders (horovod#2640).
+// namer gives ops the names the coordinator matches them by across ranks.
+//
+// A named op is matched as "<kind>.<name>": as in Horovod, names are scoped by the op's kind, so an
+// allreduce and a broadcast may both be called "w". An unnamed op is named by call order,
+// "noname.<N>", N counting this rank's unnamed ops of its process set, as Horovod counts its
+// handles: ranks that make the same calls name them alike whatever shapes and dtypes they pass, so
+// that a mismatch is an error every rank gets, not two ops that never meet. The count is shared by
+// every kind, so that one rank's allreduce meeting another's allgather is a mismatch too. A call
+// that is refused on this rank (see refuse) still uses up its number. The count of the global set
+// restarts at every completed join (Engine.Joins), where ranks that joined early and ranks that
+// went on alone agree again, and moves up to the coordinator's number after calls that went
+// different ways failed (Engine.Resynced), where ranks whose counts drifted apart agree again.
 type namer struct {
-	mu sync.Mutex
-	n  map[string]int
+	joins  func() uint64                       // Engine.Joins; nil: never
+	resync func(set int) (count, joins uint64) // Engine.Resynced; nil: never
+	mu     sync.Mutex
+	count  map[int]uint64 // per process set
+	seen   uint64         // the joins the global count started at
 }
 
-func newNamer() *namer { return &namer{n: map[string]int{}} }
-
-func (n *namer) next(kind negotiate.OpKind, t dtype.DType, shape []int64) string {
-	return n.nextIn(0, kind, t, shape)
+func newNamer(joins func() uint64, resync func(int) (uint64, uint64)) *namer {
+	return &namer{joins: joins, resync: resync, count: map[int]uint64{}}
 }
 
-// nextIn names an unnamed op of process set `set`.
-func (n *namer) nextIn(set int, kind negotiate.OpKind, t dtype.DType, shape []int64) string {
-	if (kind == negotiate.Allgather || kind == negotiate.Alltoall) && len(shape) > 0 {
-		shape = shape[1:] // ranks may differ in dim 0: it must not change the name
+// name names an op of process set set.
+func (n *namer) name(set int, kind negotiate.OpKind, user string) string {
+	if kind == negotiate.Join {
+		return "join" // not negotiated by name; one join in flight at a time
 	}
-	sig := fmt.Sprintf("%s.%v.%v", kind, t, shape)
-	if kind == negotiate.Barrier || kind == negotiate.Join {
-		sig = kind.String()
+	if user != "" {
+		return kind.String() + "." + user
 	}
-	if set != 0 { // names are matched within a set, and its members are not all the job's ranks
-		sig = fmt.Sprintf("set%d.%s", set, sig)
+	return fmt.Sprintf("noname.%d", n.next(set))
+}
+
+// group names the n members of a grouped op: "<kind>.<name>.<i>", or "noname.<N>.<i>" with one
+// number for the whole group.
+func (n *namer) group(set int, kind negotiate.OpKind, user string, size int) []string {
+	base := kind.String() + "." + user
+	if user == "" {
+		base = fmt.Sprintf("noname.%d", n.next(set))
+	}
+	names := make([]string, size)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s.%d", base, i)
+	}
+	return names
+}
+
+func (n *namer) next(set int) uint64 {
+	var joins, floor, floorJoins uint64
+	if n.joins != nil {
+		joins = n.joins()
+	}
+	if n.resync != nil {
+		floor, floorJoins = n.resync(set)
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	i := n.n[sig]
-	n.n[sig] = i + 1
-	return fmt.Sprintf("%s#%d", sig, i)
+	if set == 0 && joins != n.seen {
+		n.count[0], n.seen = 0, joins
+	}
+	// After calls that went different ways failed, every rank counts on from the number the
+	// coordinator gave (one that skipped an unnamed call is behind); a join since restarted it.
+	if floor > n.count[set] && (set != 0 || floorJoins == joins) {
+		n.count[set] = floor
+	}
+	i := n.count[set]
+	n.count[set] = i + 1
+	return i
 }

@@ -53,3 +53,20 @@ func TestMultiHostKilledRank(t *testing.T) {
 		}
 	}
 }
+
+// SIGSTOP the rank of one of 2 hosts mid-allreduce: TCP.
+func TestMultiHostStoppedRank(t *testing.T) {
+	ns := e2e.NewNetns(t, 2)
+	testStoppedRank(t, ns.Hosts(1, 1), 2, e2e.Options{Listen: ns.Gateway + ":0", Advertise: ns.Gateway}, true)
+}
+
+// SIGSTOP rank 1 where other ranks wait on it only through ranks that wait on it: a TCP ring of 3
+// (rank 0 waits on rank 2, which waits on rank 1), and 2 hosts x 2 ranks, hierarchical (rank 2
+// waits at its host's barrier for rank 3, which waits on rank 1 across hosts). Every rank still
+// names rank 1.
+func TestMultiHostStoppedRankInChain(t *testing.T) {
+	ns := e2e.NewNetns(t, 3)
+	opt := e2e.Options{Listen: ns.Gateway + ":0", Advertise: ns.Gateway}
+	t.Run("ring of 3", func(t *testing.T) { testStoppedRank(t, ns.Hosts(1, 1, 1), 3, opt, false) })
+	t.Run("2x2 hierarchical", func(t *testing.T) { testStoppedRank(t, ns.Hosts(2, 2), 4, opt, false) })
+}

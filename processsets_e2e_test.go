@@ -44,7 +44,7 @@ func TestTimelineFromEnvironment(t *testing.T) {
 			names = append(names, e.Name)
 		}
 	}
-	for _, want := range []string{"tl.a", "tl.b", "tl.g"} {
+	for _, want := range []string{"allreduce.tl.a", "allreduce.tl.b", "allgather.tl.g"} {
 		if !slices.Contains(rows, want) {
 			t.Errorf("no row for %s in %v", want, rows)
 		}

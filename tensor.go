@@ -15,7 +15,7 @@ type (
 
 // Element is every Go type that maps to a kolo dtype.
 type Element interface {
-	~uint8 | ~int8 | ~int32 | ~int64 | ~float32 | ~float64 | Float16 | BFloat16
+	~uint8 | ~int8 | ~int16 | ~int32 | ~int64 | ~float32 | ~float64 | Float16 | BFloat16
 }
 
 // DTypeOf returns the dtype of T.
@@ -26,6 +26,8 @@ func DTypeOf[T Element]() dtype.DType {
 		return dtype.Uint8
 	case int8:
 		return dtype.Int8
+	case int16:
+		return dtype.Int16
 	case int32:
 		return dtype.Int32
 	case int64:

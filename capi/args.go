@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"unsafe"
 
@@ -87,10 +88,10 @@ func cInt64s(arg, countArg string, p unsafe.Pointer, n int) ([]int64, error) {
 	return append([]int64(nil), s...), nil
 }
 
-// dtypeCodes lists the dtype codes for error messages: "1 uint8, 2 int8, ...".
+// dtypeCodes lists the dtype codes for error messages, by code: "1 uint8, 2 int8, ..., 9 int16".
 var dtypeCodes = func() string {
 	var b strings.Builder
-	for i, d := range dtype.All {
+	for i, d := range slices.Sorted(slices.Values(dtype.All)) {
 		if i > 0 {
 			b.WriteString(", ")
 		}
@@ -110,12 +111,10 @@ func cDType(arg string, index, v int) (dtype.DType, error) {
 // cReduceOp is the reduction with horovod's code v.
 func cReduceOp(arg string, v int) (kolo.Op, error) {
 	switch op := kolo.Op(v); op {
-	case kolo.Average, kolo.Sum, kolo.Min, kolo.Max, kolo.Product:
+	case kolo.Average, kolo.Sum, kolo.Adasum, kolo.Min, kolo.Max, kolo.Product:
 		return op, nil
-	case 2:
-		return 0, &argError{arg, whole, v, "Adasum is not implemented"}
 	}
-	return 0, &argError{arg, whole, v, "not a reduction code (0 Average, 1 Sum, 3 Min, 4 Max, 5 Product)"}
+	return 0, &argError{arg, whole, v, "not a reduction code (0 Average, 1 Sum, 2 Adasum, 3 Min, 4 Max, 5 Product)"}
 }
 
 // cKind checks an op kind code.

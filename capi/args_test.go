@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/kolo-dl/kolo"
+	"github.com/kolo-dl/kolo/dtype"
 )
 
 // lastError is what kolo_last_error would return on this thread: a test that reads it locks its
@@ -75,6 +76,11 @@ func TestExportedFunctionsRefuseBadArguments(t *testing.T) {
 		{"kolo_recv_splits unknown handle", false, func() int64 { return int64(kolo_recv_splits(1<<40, nil, 0)) }, "unknown"},
 		{"kolo_join_last unknown handle", false, func() int64 { return int64(kolo_join_last(1 << 40)) }, "unknown"},
 		{"kolo_process_set_id unknown handle", false, func() int64 { return int64(kolo_process_set_id(1 << 40)) }, "unknown"},
+		{"kolo_refuse unknown kind", true, func() int64 { return int64(kolo_refuse(9, nil, 0, 0, nil, 0, 0)) }, "argument kind = 9"},
+		{"kolo_refuse negative group size", true, func() int64 { return int64(kolo_refuse(1, nil, 0, -2, nil, 0, 0)) }, "argument groupSize = -2"},
+		{"kolo_refuse null reason", true, func() int64 { return int64(kolo_refuse(1, nil, 0, 0, nil, 5, 0)) }, "argument reason = NULL"},
+		{"kolo_refuse negative process set", true, func() int64 { return int64(kolo_refuse(1, nil, 0, 0, nil, 0, -1)) }, "argument processSet = -1"},
+		{"kolo_init_async null ranks", true, func() int64 { return int64(kolo_init_async(nil, 2)) }, "argument ranks = NULL"},
 		{"kolo_add_process_set null ranks", true, func() int64 { return int64(kolo_add_process_set(nil, 3)) }, "argument ranks = NULL"},
 		{"kolo_add_process_set negative count", true, func() int64 { return int64(kolo_add_process_set(nil, -1)) }, "argument n = -1"},
 		{"kolo_remove_process_set negative id", true, func() int64 { return int64(kolo_remove_process_set(-1)) }, "argument id = -1"},
@@ -138,15 +144,14 @@ func TestEnqueueRefusesBadArguments(t *testing.T) {
 		{"name null", func(a *enqueueArgs) { a.name = nil }, "argument name = NULL"},
 		{"dtype 0", func(a *enqueueArgs) { a.dtype = 0 }, "argument dt = 0"},
 		{"dtype negative", func(a *enqueueArgs) { a.dtype = -7 }, "argument dt = -7"},
-		{"dtype past the last", func(a *enqueueArgs) { a.dtype = 9 }, "argument dt = 9"},
+		{"dtype past the last", func(a *enqueueArgs) { a.dtype = 10 }, "argument dt = 10"}, // 9 is int16
 		{"dtype 263 (float32 + 256)", func(a *enqueueArgs) { a.dtype = 263 }, "argument dt = 263"},
 		{"ndim negative", func(a *enqueueArgs) { a.ndim = -2 }, "argument ndim = -2"},
 		{"shape null", func(a *enqueueArgs) { a.shape = nil }, "argument shape = NULL"},
 		{"negative dimension", func(a *enqueueArgs) { a.shape = unsafe.Pointer(&negative[0]) }, "argument shape[0] = -2"},
 		{"shape overflowing int64", func(a *enqueueArgs) { a.shape = unsafe.Pointer(&huge[0]) }, "argument shape = [4611686018427387903 4]"},
-		{"op Adasum", func(a *enqueueArgs) { a.op = 2 }, "argument reduceOp = 2"},
+		{"op past the last", func(a *enqueueArgs) { a.op = 6 }, "argument reduceOp = 6"},
 		{"op unknown", func(a *enqueueArgs) { a.op = -1 }, "argument reduceOp = -1"},
-		{"root negative", func(a *enqueueArgs) { a.kind, a.root = kindBroadcast, -3 }, "argument root = -3"},
 		{"process set negative", func(a *enqueueArgs) { a.processSet = -1 }, "argument processSet = -1"},
 		{"process set negative for a barrier (which reads no tensor)", func(a *enqueueArgs) {
 			a.kind, a.dtype, a.shape, a.processSet = kindBarrier, 0, nil, -2
@@ -175,6 +180,23 @@ func TestEnqueueRefusesBadArguments(t *testing.T) {
 	// The unbroken call passes the checks (and fails in kolo, not initialized here, or runs).
 	if o := enqueue(valid()); o.err != nil {
 		t.Errorf("valid arguments refused: %v", o.err)
+	}
+}
+
+// Every dtype's C code is accepted as that dtype (int16, appended last, is 9), and the refusal
+// lists them in code order.
+func TestDTypeCodes(t *testing.T) {
+	for _, d := range dtype.All {
+		if got, err := cDType("dt", whole, int(d)); err != nil || got != d {
+			t.Errorf("cDType(%d) = %v, %v; want %v", int(d), got, err, d)
+		}
+	}
+	if got, err := cDType("dt", whole, 9); err != nil || got != dtype.Int16 {
+		t.Errorf("cDType(9) = %v, %v; want int16", got, err)
+	}
+	const want = "1 uint8, 2 int8, 3 int32, 4 int64, 5 float16, 6 bfloat16, 7 float32, 8 float64, 9 int16"
+	if dtypeCodes != want {
+		t.Errorf("dtypeCodes = %q, want %q", dtypeCodes, want)
 	}
 }
 
@@ -257,7 +279,7 @@ func waitFor(t *testing.T, wait func() bool) {
 // shutdown run as handles too), in a job of one rank.
 func TestResultFunctionsRefuseBadArguments(t *testing.T) {
 	lockThread(t)
-	hInit := kolo_init_async()
+	hInit := kolo_init_async(nil, 0)
 	waitFor(t, func() bool { return kolo_wait(hInit, 10000, 0) != statusPending })
 	if st := kolo_poll(hInit); st != statusOK {
 		t.Fatalf("init: status %d, error %v", st, lookup(int64(hInit)).failure())

@@ -115,10 +115,25 @@ func kolo_last_error(buf *C.char, capacity C.int) C.int {
 // meanwhile. Init goes on regardless: a caller that stopped waiting waits on the handle again
 // before it calls kolo_init_async or kolo_shutdown_async, which would race it.
 //
+// ranks (n int64s) limits the world to those ranks of the launcher's job (kolo.WithRanks: Horovod's
+// init(comm=[...])); NULL with n 0 joins every rank.
+//
 //export kolo_init_async
-func kolo_init_async() C.int64_t {
+func kolo_init_async(ranks *C.int64_t, n C.int) C.int64_t {
+	rs, err := cInt64s("ranks", "n", unsafe.Pointer(ranks), int(n))
+	if err != nil {
+		return issued(&op{err: fmt.Errorf("kolo_init_async: %w", err)})
+	}
 	// Go runs only kolo in this process: its threads keep to this rank's share of the CPUs.
-	return issued(&op{call: startCall(func() error { return kolo.Init(kolo.WithCPUShare()) })})
+	opts := []kolo.Option{kolo.WithCPUShare()}
+	if ranks != nil {
+		list := make([]int, len(rs))
+		for i, r := range rs {
+			list[i] = int(r)
+		}
+		opts = append(opts, kolo.WithRanks(list))
+	}
+	return issued(&op{call: startCall(func() error { return kolo.Init(opts...) })})
 }
 
 // kolo_shutdown_async starts leaving the job (kolo.Shutdown: it waits for every rank to reach
@@ -144,6 +159,17 @@ func kolo_abort(reason *C.char, length C.int) C.int {
 		msg = "aborted"
 	}
 	kolo.Abort(errors.New(msg))
+	return 0
+}
+
+// kolo_failed is 1 when the engine stopped on an error (kolo.Failed: every op fails; a new
+// kolo_init_async joins a new world), else 0.
+//
+//export kolo_failed
+func kolo_failed() C.int {
+	if kolo.Failed() {
+		return 1
+	}
 	return 0
 }
 

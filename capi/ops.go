@@ -245,9 +245,7 @@ func enqueue(a enqueueArgs) *op {
 	if err != nil {
 		return fail(err)
 	}
-	if err := notNegative("root", a.root); err != nil {
-		return fail(err)
-	}
+	// A root outside the ranks is the engine's to refuse: as a refusal, the other ranks hear of it.
 	opts, err := options(a.prescale, a.postscale, a.processSet)
 	if err != nil {
 		return fail(err)
@@ -299,6 +297,53 @@ func enqueue(a enqueueArgs) *op {
 		return &op{h: kolo.BarrierAsync(opts...)}
 	}
 	return &op{h: kolo.JoinAsync()}
+}
+
+// kolo_refuse takes this rank's turn in an op that the binding's own checks refused before it
+// could describe it to kolo_enqueue (an unsupported tensor type, splits of the wrong type): the
+// other ranks' submissions of the op, kind and name (name may be empty for an unnamed op, which
+// then uses up its number as kolo_enqueue would) in process set processSet, fail with reason.
+// groupSize 0 refuses one op; n > 0, a grouped op of n members (kolo_enqueue_group's). It returns
+// a handle that has failed with the reason (negative, as kolo_enqueue's for a refused op:
+// kolo_error_kind says it is an argument error); release it.
+//
+//export kolo_refuse
+func kolo_refuse(kind C.int, name *C.char, nameLen C.int, groupSize C.int, reason *C.char, reasonLen C.int, processSet C.int) C.int64_t {
+	return issued(refuse(int(kind), unsafe.Pointer(name), int(nameLen), int(groupSize), unsafe.Pointer(reason), int(reasonLen), int(processSet)))
+}
+
+func refuse(kind int, namePtr unsafe.Pointer, nameLen, groupSize int, reasonPtr unsafe.Pointer, reasonLen int, processSet int) *op {
+	name, err := cString("name", "nameLen", namePtr, nameLen)
+	if err != nil {
+		return &op{err: fmt.Errorf("kolo_refuse: %w", err)}
+	}
+	reason, err := cString("reason", "reasonLen", reasonPtr, reasonLen)
+	if err == nil {
+		err = cKind("kind", kind)
+	}
+	if err == nil {
+		err = notNegative("groupSize", groupSize)
+	}
+	if err == nil {
+		err = notNegative("processSet", processSet)
+	}
+	if err != nil {
+		return &op{err: fmt.Errorf("kolo_refuse %q: %w", name, err)}
+	}
+	if reason == "" {
+		reason = "refused"
+	}
+	var opts []kolo.OpOption
+	if processSet != 0 {
+		opts = append(opts, kolo.InProcessSetID(processSet))
+	}
+	if groupSize == 0 {
+		return &op{h: kolo.RefuseAsync(kolo.OpKind(kind), name, errors.New(reason), opts...)}
+	}
+	// The caller holds one handle for the group, as for kolo_enqueue_group's first member; the
+	// others fail alike.
+	hs := kolo.RefuseGroupAsync(kolo.OpKind(kind), name, groupSize, errors.New(reason), opts...)
+	return &op{h: hs[0]}
 }
 
 // kolo_enqueue_group submits n ops of one kind (allreduce, allgather or reducescatter) that every
@@ -504,6 +549,33 @@ func kolo_error(h C.int64_t, buf *C.char, capacity C.int) C.int {
 		return setLastErr(fmt.Errorf("kolo_error: %w", err))
 	}
 	return n
+}
+
+// Error kinds, as kolo_error_kind returns them.
+const (
+	errorNone     = 0 // the op runs, or succeeded
+	errorFailed   = 1 // the op failed: a mismatch between ranks, a lost rank, a shutdown
+	errorArgument = 2 // this rank refused the op's arguments before it ran (kolo.ArgumentError)
+)
+
+// kolo_error_kind says how the op failed (errorNone, errorFailed or errorArgument), so that the
+// caller can raise what Horovod raises (ValueError for a refused argument, HorovodInternalError
+// for a failed op); -1 for an unknown handle.
+//
+//export kolo_error_kind
+func kolo_error_kind(h C.int64_t) C.int {
+	o := lookup(int64(h))
+	if o == nil {
+		return unknown("kolo_error_kind", h)
+	}
+	if o.status() != statusFailed {
+		return errorNone
+	}
+	var ae *kolo.ArgumentError
+	if o.err != nil || errors.As(o.failure(), &ae) {
+		return errorArgument
+	}
+	return errorFailed
 }
 
 // kolo_result writes the shape of a completed allgather, alltoall or reducescatter result into

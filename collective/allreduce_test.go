@@ -60,7 +60,7 @@ func (c *allreduceCase) String() string {
 }
 
 var (
-	testDTypes = []dtype.DType{dtype.Float32, dtype.Float64, dtype.Int32, dtype.Uint8, dtype.Float16}
+	testDTypes = []dtype.DType{dtype.Float32, dtype.Float64, dtype.Int32, dtype.Int16, dtype.Uint8, dtype.Float16}
 	testOps    = []reduce.Op{reduce.Sum, reduce.Min, reduce.Max, reduce.Prod}
 )
 

@@ -57,6 +57,8 @@ func intAt(t dtype.DType, b []byte, i int) int64 {
 		return int64(b[i])
 	case dtype.Int8:
 		return int64(int8(b[i]))
+	case dtype.Int16:
+		return int64(int16(le.Uint16(b[2*i:])))
 	case dtype.Int32:
 		return int64(int32(le.Uint32(b[4*i:])))
 	case dtype.Int64:
@@ -72,6 +74,8 @@ func wrap(t dtype.DType, v int64) int64 {
 		return int64(uint8(v))
 	case dtype.Int8:
 		return int64(int8(v))
+	case dtype.Int16:
+		return int64(int16(v))
 	case dtype.Int32:
 		return int64(int32(v))
 	}

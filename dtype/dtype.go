@@ -25,6 +25,7 @@ const (
 	BFloat16
 	Float32
 	Float64
+	Int16 // appended after Float64: the values are fixed, so the list is not in size order
 )
 
 var names = [...]string{
@@ -37,12 +38,14 @@ var names = [...]string{
 	BFloat16: "bfloat16",
 	Float32:  "float32",
 	Float64:  "float64",
+	Int16:    "int16",
 }
 
-var sizes = [...]int{Uint8: 1, Int8: 1, Int32: 4, Int64: 8, Float16: 2, BFloat16: 2, Float32: 4, Float64: 8}
+var sizes = [...]int{Uint8: 1, Int8: 1, Int16: 2, Int32: 4, Int64: 8, Float16: 2, BFloat16: 2, Float32: 4, Float64: 8}
 
-// All lists every valid DType, for table tests and flag help.
-var All = []DType{Uint8, Int8, Int32, Int64, Float16, BFloat16, Float32, Float64}
+// All lists every valid DType, for table tests and flag help: integers by width, then floats (not in
+// numeric order, which is append-only).
+var All = []DType{Uint8, Int8, Int16, Int32, Int64, Float16, BFloat16, Float32, Float64}
 
 // Size is the element size in bytes (0 for an invalid DType).
 func (d DType) Size() int {
@@ -107,6 +110,8 @@ func Parse(s string) (DType, error) {
 		return Uint8, nil
 	case "int8", "i8":
 		return Int8, nil
+	case "int16", "i16", "short":
+		return Int16, nil
 	case "int32", "i32", "int":
 		return Int32, nil
 	case "int64", "i64", "long":

@@ -18,6 +18,54 @@ func TestParseRoundTrip(t *testing.T) {
 	}
 }
 
+// The numeric values are the C ABI and wire format: they may only be appended to.
+func TestValuesAndSizes(t *testing.T) {
+	for _, tc := range []struct {
+		d    DType
+		code int
+		size int
+	}{
+		{Uint8, 1, 1}, {Int8, 2, 1}, {Int32, 3, 4}, {Int64, 4, 8}, {Float16, 5, 2},
+		{BFloat16, 6, 2}, {Float32, 7, 4}, {Float64, 8, 8}, {Int16, 9, 2},
+	} {
+		if int(tc.d) != tc.code || tc.d.Size() != tc.size {
+			t.Errorf("%v: code %d size %d; want code %d size %d", tc.d, int(tc.d), tc.d.Size(), tc.code, tc.size)
+		}
+	}
+	seen := map[DType]bool{}
+	for _, d := range All {
+		seen[d] = true
+	}
+	for d := DType(1); d.Valid(); d++ {
+		if !seen[d] {
+			t.Errorf("%v is valid but missing from All", d)
+		}
+	}
+	if len(seen) != len(All) {
+		t.Errorf("All = %v has duplicates", All)
+	}
+}
+
+func TestParseAliases(t *testing.T) {
+	for s, want := range map[string]DType{
+		"u8": Uint8, "byte": Uint8, "i8": Int8, "int16": Int16, "i16": Int16, "short": Int16, " INT16 ": Int16,
+		"int": Int32, "long": Int64, "half": Float16, "bf16": BFloat16, "float": Float32, "double": Float64,
+	} {
+		if got, err := Parse(s); err != nil || got != want {
+			t.Errorf("Parse(%q) = %v, %v; want %v", s, got, err, want)
+		}
+	}
+}
+
+func TestIsFloat(t *testing.T) {
+	for _, d := range All {
+		want := d == Float16 || d == BFloat16 || d == Float32 || d == Float64
+		if d.IsFloat() != want {
+			t.Errorf("%v.IsFloat() = %v", d, d.IsFloat())
+		}
+	}
+}
+
 func TestParseRejects(t *testing.T) {
 	for _, s := range []string{"", "float128", "complex64"} {
 		if _, err := Parse(s); err == nil {
@@ -39,6 +87,7 @@ func TestBytes(t *testing.T) {
 		{Float32, []int64{}, 4},
 		{Float64, []int64{2, 3}, 48},
 		{Uint8, []int64{7}, 7},
+		{Int16, []int64{3, 5}, 30},
 		{Float32, []int64{0}, 0},
 		{Float32, []int64{1 << 62, 0, 1 << 62}, 0}, // no elements, however large the other dims
 		{Int64, []int64{1 << 30, 1 << 29}, 1 << 62},

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/internal/spin"
+	"github.com/kolo-dl/kolo/transport"
 )
 
 // Config holds the engine's knobs. Zero values mean the defaults (Horovod's where it has one).
@@ -16,11 +17,27 @@ type Config struct {
 	CycleTime     time.Duration // how long to gather more ready tensors before negotiating; default 0 (negotiate at once)
 	CacheCapacity int           // response cache entries; default 1024; 0 after defaults disables
 	StallWarning  time.Duration // report ops some ranks have not submitted after this; default 60 s
-	StallShutdown time.Duration // fail such ops after this; default 0 (never)
-	StallCheck    bool          // default true
-	Hierarchical  bool          // two-level allreduce (shm within hosts, TCP across) where hosts run equal numbers of several ranks; default on
-	SetupTimeout  time.Duration // connecting to peers; default 60 s
-	ShutdownWait  time.Duration // how long Shutdown waits for the other ranks; default 30 s
+	// StallShutdown fails an op some ranks have not submitted after this long; default 30 min (as
+	// torch.distributed's timeout: a rank may legitimately compute, evaluate or checkpoint for
+	// long while the others wait), negative for never (Horovod's default).
+	StallShutdown time.Duration
+	// StallCrossed fails, sooner, an op whose missing ranks wait on ops of their own that its
+	// submitters lack, submitting nothing else: calls that went different ways on different
+	// ranks, which nothing will reconcile (negotiate.Config.StallCrossed); default 30 s,
+	// negative for never.
+	StallCrossed time.Duration
+	// ProgressTimeout is the progress deadline of every collective: a peer that moves no byte
+	// (or does not reach a barrier) for this long, while this rank waits on it inside a
+	// collective, fails the op and stops the job, on every rank, naming that peer. Default
+	// transport.DefaultProgressTimeout (60 s), negative for never. The transports enforce it:
+	// kolo.Init passes it to them (world.Options.ProgressTimeout); the engine uses it to bound how
+	// long it gathers the other ranks' stall notices.
+	ProgressTimeout time.Duration
+
+	StallCheck   bool          // the stall inspector (warnings and both deadlines); default true
+	Hierarchical bool          // two-level allreduce (shm within hosts, TCP across) where hosts run equal numbers of several ranks; default on
+	SetupTimeout time.Duration // connecting to peers; default 60 s
+	ShutdownWait time.Duration // how long Shutdown waits for the other ranks; default 30 s
 	// Spin is how long idle waits poll before parking; 0 = never. Negative, as in DefaultConfig,
 	// means unset: kolo.Init picks DefaultSpin for the host (and leaves the shared-memory waits
 	// their own default), New takes it as 0.
@@ -48,17 +65,27 @@ func DefaultSpin(localSize int) time.Duration {
 	return d
 }
 
+// The stall deadlines' defaults (Config.StallShutdown, Config.StallCrossed).
+const (
+	DefaultStallShutdown = 30 * time.Minute
+	DefaultStallCrossed  = 30 * time.Second
+)
+
 // DefaultConfig is what a job gets without any setting.
 func DefaultConfig() Config {
 	return Config{
 		FusionBytes:   128 << 20,
 		CacheCapacity: 1024,
 		StallWarning:  60 * time.Second,
+		StallShutdown: DefaultStallShutdown,
+		StallCrossed:  DefaultStallCrossed,
 		StallCheck:    true,
 		Hierarchical:  true,
 		SetupTimeout:  60 * time.Second,
 		ShutdownWait:  30 * time.Second,
 		Spin:          -1, // unset: kolo.Init picks DefaultSpin for the host and leaves the shared-memory waits theirs
+
+		ProgressTimeout: transport.DefaultProgressTimeout,
 	}
 }
 
@@ -128,6 +155,18 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	intVar("CACHE_CAPACITY", &c.CacheCapacity)
 	durVar("STALL_CHECK_TIME_SECONDS", time.Second, &c.StallWarning)
 	durVar("STALL_SHUTDOWN_TIME_SECONDS", time.Second, &c.StallShutdown)
+	durVar("STALL_CROSSED_TIME_SECONDS", time.Second, &c.StallCrossed)
+	// 0 turns a deadline off, as HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=0 does in Horovod.
+	if c.StallShutdown == 0 {
+		c.StallShutdown = -1
+	}
+	if c.StallCrossed == 0 {
+		c.StallCrossed = -1
+	}
+	durVar("PROGRESS_TIMEOUT_SECONDS", time.Second, &c.ProgressTimeout)
+	if c.ProgressTimeout == 0 {
+		c.ProgressTimeout = -1
+	}
 	var disable bool
 	boolVar("STALL_CHECK_DISABLE", &disable)
 	c.StallCheck = !disable

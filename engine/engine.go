@@ -45,6 +45,21 @@ type Group struct {
 // ErrShutdown is returned for ops submitted after Shutdown or pending when it ran.
 var ErrShutdown = errors.New("kolo engine has been shut down")
 
+// ErrDuplicateName is matched (errors.Is) by the error of an op submitted under a name that an op
+// of the same process set submitted on this rank still holds (it has not completed).
+var ErrDuplicateName = errors.New("duplicate name")
+
+// ArgumentError is an op this rank refused before negotiation: its arguments are wrong on this
+// rank (a tensor that does not match its shape, splits that do not add up, a root outside the
+// set, a name still in flight). The op never ran here. Unless the op could not be told to the
+// coordinator (a duplicate name, a process set this rank is not in), the other ranks' submissions
+// of it fail too, with this error's text (negotiate.Request.Error), rather than wait for this rank.
+// The Python binding raises ValueError for it, as Horovod does for invalid arguments.
+type ArgumentError struct{ Err error }
+
+func (e *ArgumentError) Error() string { return e.Err.Error() }
+func (e *ArgumentError) Unwrap() error { return e.Err }
+
 // Engine is one rank's loop.
 type Engine struct {
 	cfg Config
@@ -87,6 +102,15 @@ type Engine struct {
 	tl   atomic.Pointer[timeline.Timeline]
 	tlMu sync.Mutex
 
+	// inFlight holds, per process set, the names of the ops submitted on this rank that have not
+	// completed (under namesMu, which is taken after mu, never before).
+	namesMu  sync.Mutex
+	inFlight map[setName]struct{}
+	resync   map[int]resyncPoint // per process set: the last Response.Resync (under namesMu)
+	// joins counts the completed joins (every rank joined): the API layer restarts its numbering
+	// of unnamed ops there, where every rank agrees on it again.
+	joins atomic.Uint64
+
 	// sets are the process sets by id, the global one (0) included. Only the driver changes the
 	// map, under mu; Enqueue reads it under mu.
 	sets     map[int]*procSet
@@ -113,6 +137,47 @@ type Engine struct {
 	nextTick time.Time // when the coordinator's stall inspector runs next
 }
 
+// setName is an op's name within its process set.
+type setName struct {
+	set  int
+	name string
+}
+
+// reserve records that an op of set holds name until it completes; false if one already does.
+func (e *Engine) reserve(set int, name string) bool {
+	k := setName{set, name}
+	e.namesMu.Lock()
+	defer e.namesMu.Unlock()
+	if _, dup := e.inFlight[k]; dup {
+		return false
+	}
+	e.inFlight[k] = struct{}{}
+	return true
+}
+
+func (e *Engine) unreserve(set int, name string) {
+	e.namesMu.Lock()
+	delete(e.inFlight, setName{set, name})
+	e.namesMu.Unlock()
+}
+
+// resyncPoint is a Response.Resync and the Joins count when it came.
+type resyncPoint struct{ count, joins uint64 }
+
+// Resynced is, for process set set, the count of unnamed ops that the last failure of calls that
+// went different ways set (negotiate.Response.Resync), and the Joins count then; 0, 0 if none. The
+// API layer numbers its next unnamed ops of the set from there, where every rank agrees again.
+func (e *Engine) Resynced(set int) (count, joins uint64) {
+	e.namesMu.Lock()
+	defer e.namesMu.Unlock()
+	p := e.resync[set]
+	return p.count, p.joins
+}
+
+// Joins is the number of joins that have completed on every rank (each time every rank called
+// Join): a point in the op stream where every rank has submitted the same ops.
+func (e *Engine) Joins() uint64 { return e.joins.Load() }
+
 // entry is one op submitted on this rank.
 type entry struct {
 	req negotiate.Request
@@ -136,6 +201,15 @@ func New(cfg Config, g Group) (*Engine, error) {
 	}
 	if cfg.StallWarning <= 0 {
 		cfg.StallWarning = def.StallWarning
+	}
+	if cfg.StallShutdown == 0 {
+		cfg.StallShutdown = def.StallShutdown
+	}
+	if cfg.StallCrossed == 0 {
+		cfg.StallCrossed = def.StallCrossed
+	}
+	if cfg.ProgressTimeout == 0 {
+		cfg.ProgressTimeout = def.ProgressTimeout
 	}
 	if cfg.ShutdownWait <= 0 {
 		cfg.ShutdownWait = def.ShutdownWait
@@ -168,6 +242,8 @@ func New(cfg Config, g Group) (*Engine, error) {
 		stopped:  make(chan struct{}),
 		toldDone: make(chan struct{}),
 		sets:     map[int]*procSet{0: global},
+		inFlight: map[setName]struct{}{},
+		resync:   map[int]resyncPoint{},
 		global:   global,
 		table:    negotiate.NewSetTable(g.Size),
 	}
@@ -184,7 +260,8 @@ func New(cfg Config, g Group) (*Engine, error) {
 			FusionBytes:   cfg.FusionBytes,
 			CacheCapacity: capacity,
 			StallWarning:  stallWarning(cfg),
-			StallShutdown: cfg.StallShutdown,
+			StallShutdown: stallDeadline(cfg, cfg.StallShutdown),
+			StallCrossed:  stallDeadline(cfg, cfg.StallCrossed),
 		})
 		if err != nil {
 			return nil, err
@@ -210,12 +287,29 @@ func stallWarning(cfg Config) time.Duration {
 	return cfg.StallWarning
 }
 
-// tickEvery is how often the coordinator runs the stall inspector; 0 when it is off.
-func tickEvery(cfg Config) time.Duration {
-	if stallWarning(cfg) <= 0 {
+// stallDeadline is a stall deadline as the Coordinator takes it: 0 (never) when negative or when
+// the inspector is off.
+func stallDeadline(cfg Config, d time.Duration) time.Duration {
+	if !cfg.StallCheck || d < 0 {
 		return 0
 	}
-	return min(time.Second, stallWarning(cfg)/4+time.Millisecond)
+	return d
+}
+
+// tickEvery is how often the coordinator runs the stall inspector; 0 when it is off.
+func tickEvery(cfg Config) time.Duration {
+	every := time.Duration(0)
+	for _, d := range []time.Duration{stallWarning(cfg), stallDeadline(cfg, cfg.StallShutdown), stallDeadline(cfg, cfg.StallCrossed)} {
+		if d > 0 && (every == 0 || d < every) {
+			every = d
+		}
+	}
+	if every == 0 {
+		return 0
+	}
+	// At least every SetMismatchGrace, so that ops submitted in different process sets fail
+	// within about twice that (Hub.Tick).
+	return min(negotiate.SetMismatchGrace, every/4+time.Millisecond)
 }
 
 // Enqueue submits one op. in and out are the caller's buffers and must stay untouched until the
@@ -235,6 +329,10 @@ func (e *Engine) Enqueue(req negotiate.Request, in, out []byte) *Handle {
 	return e.enqueue(req, in, out)
 }
 
+// enqueue submits req. A request that is wrong on this rank (Request.Error set by the caller, or
+// refused by admit or validate) fails the caller's handle at once with an ArgumentError and, where
+// the coordinator can be told, still takes its turn as a refusal on a handle of the engine's own,
+// so that the other ranks' submissions of it fail rather than wait for this rank.
 func (e *Engine) enqueue(req negotiate.Request, in, out []byte) *Handle {
 	h := newHandle(req.Name, e)
 	ps := e.global
@@ -243,13 +341,21 @@ func (e *Engine) enqueue(req negotiate.Request, in, out []byte) *Handle {
 		ps = e.sets[req.Set]
 		e.mu.Unlock()
 	}
-	err := e.admit(&req, ps)
-	if err == nil {
-		err = validate(req, in, out, len(ps.ranks))
-	}
-	if err != nil {
-		h.finish(err)
+	if err := e.admit(&req, ps); err != nil {
+		// This rank has no say in that set: nobody to tell.
+		h.finish(&ArgumentError{err})
 		return h
+	}
+	var refused error
+	switch {
+	case req.Error != "":
+		refused = fmt.Errorf("rank %d: %s %q: %s", e.g.Rank, req.Kind, req.Name, req.Error)
+	default:
+		if err := validate(req, in, out, len(ps.ranks)); err != nil {
+			refused = fmt.Errorf("rank %d: %w", e.g.Rank, err)
+			// The coordinator's error names the op already.
+			req.Error = strings.TrimPrefix(err.Error(), fmt.Sprintf("%s %q: ", req.Kind, req.Name))
+		}
 	}
 	e.mu.Lock()
 	switch {
@@ -263,6 +369,20 @@ func (e *Engine) enqueue(req negotiate.Request, in, out []byte) *Handle {
 		h.finish(ErrShutdown)
 		return h
 	}
+	if !e.reserve(ps.id, req.Name) {
+		e.mu.Unlock()
+		h.finish(&ArgumentError{fmt.Errorf("rank %d: %s %q%s: %w: an op of that name submitted on this rank has not completed; names must be unique among in-flight ops",
+			e.g.Rank, req.Kind, req.Name, inSet(ps.id), ErrDuplicateName)})
+		return h
+	}
+	caller := h
+	if refused != nil {
+		// The refusal holds the name until its error comes back from the coordinator.
+		caller.finish(&ArgumentError{refused})
+		h = newHandle(req.Name, e)
+		in, out = nil, nil
+	}
+	h.reserved, h.set = true, ps.id
 	e.queue = append(e.queue, &entry{req: req, set: ps, in: in, out: out, h: h})
 	e.queued.Store(int32(len(e.queue)))
 	driving := e.driving
@@ -274,7 +394,7 @@ func (e *Engine) enqueue(req negotiate.Request, in, out []byte) *Handle {
 	if driving {
 		e.wakeDriver()
 	}
-	return h
+	return caller
 }
 
 // Err returns the error that stopped the engine, if any.
@@ -318,11 +438,7 @@ func (e *Engine) drainQueue(now time.Time) (took, ok bool) {
 				en.h.finish(fmt.Errorf("rank %d: %s %q submitted after this rank called join", e.g.Rank, en.req.Kind, en.req.Name))
 				continue
 			}
-			if _, dup := ps.pending[en.req.Name]; dup {
-				en.h.finish(fmt.Errorf("rank %d: %s %q%s submitted again before the first one completed; names must be unique among in-flight ops",
-					e.g.Rank, en.req.Kind, en.req.Name, inSet(ps.id)))
-				continue
-			}
+			// No duplicate can reach here: enqueue reserved the name until the op completes.
 			ps.pending[en.req.Name] = en
 			e.inflight++
 			if tl != nil {
@@ -433,6 +549,10 @@ func (e *Engine) handleMsg(m transport.Msg) bool {
 		a, err := negotiate.DecodeAbort(m.Body)
 		if err != nil {
 			return malformed(err)
+		}
+		if a.Stalled {
+			e.resolveStall(a, false, e.cfg.ProgressTimeout)
+			return false
 		}
 		// The aborting rank tells every rank itself: passing the notice on would only send each
 		// one n-1 more copies of it.
@@ -555,6 +675,7 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 			e.leaving = true
 		}
 		if r.Kind == negotiate.Join && r.Error == "" {
+			e.joins.Add(1) // before the join handle completes: its caller's next op sees it
 			if e.joining != nil {
 				e.joining.h.joinLast = r.LastJoined
 				e.joining.h.finish(nil)
@@ -584,6 +705,12 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 		}
 	}
 	if r.Error != "" {
+		if r.Resync > 0 {
+			// Before the handles finish: their callers' next unnamed ops must see it.
+			e.namesMu.Lock()
+			e.resync[ps.id] = resyncPoint{r.Resync, e.joins.Load()}
+			e.namesMu.Unlock()
+		}
 		err := &OpError{Msg: r.Error}
 		if ps.id != 0 {
 			err.Msg = fmt.Sprintf("process set %d: %s", ps.id, r.Error)
@@ -656,9 +783,19 @@ func (e *Engine) failCollective(err error) {
 		e.stop(err)
 		return
 	}
+	var sf *stallFailure
+	if errors.As(err, &sf) {
+		e.resolveStall(negotiate.Abort{Rank: e.g.Rank, Reason: sf.msg, Stalled: true, StalledOn: sf.stall.Rank}, true, sf.stall.For)
+		return
+	}
 	if errors.Is(err, transport.ErrPeerLost) {
-		if reason, ok := e.abortNotice(abortLookWait); ok {
-			e.stop(errors.New(reason))
+		if a, ok := e.abortNotice(abortLookWait); ok {
+			if a.Stalled {
+				// A peer that stopped after a progress deadline: the rank stuck may be another.
+				e.resolveStall(a, false, e.cfg.ProgressTimeout)
+				return
+			}
+			e.stop(errors.New(a.Reason))
 			return
 		}
 	}
@@ -666,26 +803,123 @@ func (e *Engine) failCollective(err error) {
 }
 
 // abortNotice reads the control messages that arrive within wait and returns the first abort
-// notice's reason. The engine is stopping: other messages are dropped.
-func (e *Engine) abortNotice(wait time.Duration) (reason string, ok bool) {
+// notice. The engine is stopping: other messages are dropped.
+func (e *Engine) abortNotice(wait time.Duration) (negotiate.Abort, bool) {
 	deadline := time.Now().Add(wait)
 	for {
 		m, got, err := e.recv()
 		switch {
 		case err != nil:
-			return "", false
+			return negotiate.Abort{}, false
 		case got:
 			if kind, _ := negotiate.PeekKind(m.Body); kind == negotiate.MsgAbort {
 				if a, err := negotiate.DecodeAbort(m.Body); err == nil {
-					return a.Reason, true
+					return a, true
 				}
 			}
 		case time.Now().After(deadline):
-			return "", false
+			return negotiate.Abort{}, false
 		default:
 			time.Sleep(time.Millisecond)
 		}
 	}
+}
+
+// A progress deadline names the peer this rank waited on, which may itself have been waiting on
+// another: in a ring, when a rank stops, the rank after it waits on it at once, and the rank after
+// that waits on that rank a step later; their deadlines pass within a moment of each other. So a
+// rank whose deadline passed tells every rank whom it waited on (an Abort notice with Stalled set)
+// at once, then gathers such notices for stallListen (or until every rank but one has sent one),
+// and follows the waits from the rank it blamed: the chain ends at a rank that waited on nobody,
+// the one that is stuck, and this rank stops with the reason of a notice that names it. A rank that learns of a stall from a notice (it
+// was idle, or its collective then lost the peer that sent it) gathers and follows the same way,
+// without telling anyone. Every rank thus names the same stuck rank, whichever deadline passed
+// first. A notice of another kind (a rank that gave up, or was lost, for a reason of its own) ends
+// the gathering: that reason is the cause.
+
+// stallListen is how long a rank gathers stall notices: longer than the spread of the ranks'
+// deadlines (the transports look every ProgressTimeout/8, at most every second), short beside the
+// timeout itself.
+func stallListen(timeout time.Duration) time.Duration {
+	if timeout <= 0 {
+		timeout = transport.DefaultProgressTimeout
+	}
+	return min(timeout/4, 2*time.Second) + 100*time.Millisecond
+}
+
+// resolveStall gathers stall notices, names the stuck rank and stops the engine (see above). first
+// is this rank's own notice (own: it tells every peer first) or the first one it received.
+func (e *Engine) resolveStall(first negotiate.Abort, own bool, timeout time.Duration) {
+	if own {
+		if err := e.sendNotice(first); err != nil {
+			slog.Warn("kolo: could not tell every peer which rank this rank waited on", "rank", e.g.Rank, "err", err)
+		}
+	}
+	notes := map[int]negotiate.Abort{first.Rank: first}
+	deadline := time.Now().Add(stallListen(timeout))
+	// Every rank but one waits on another: the one left is stuck, and there is no one else to hear.
+	for len(notes) < e.g.Size-1 && time.Now().Before(deadline) {
+		m, got, err := e.recv()
+		if err != nil {
+			break
+		}
+		if !got {
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		if kind, _ := negotiate.PeekKind(m.Body); m.Body == nil || kind != negotiate.MsgAbort {
+			continue // a peer that has stopped already, or what it sent before
+		}
+		a, err := negotiate.DecodeAbort(m.Body)
+		if err != nil {
+			continue
+		}
+		if !a.Stalled {
+			e.stop(errors.New(a.Reason))
+			return
+		}
+		if _, seen := notes[a.Rank]; !seen {
+			notes[a.Rank] = a
+		}
+	}
+	e.stop(errors.New(stallReason(notes, first)))
+}
+
+// stallReason follows the waits of notes (by sender) from the rank first blamed to the rank stuck,
+// one that sent no notice, and returns the reason of the notice that names it: first's own if it
+// does, else the lowest sender's, so that every rank picks the same. When the waits go round in a
+// cycle, the rank stuck is the one most notices name (the lowest of those): a stuck rank that ran
+// again after its peers' deadlines passed, and then met its own, blamed one of them in turn.
+func stallReason(notes map[int]negotiate.Abort, first negotiate.Abort) string {
+	stuck := first.StalledOn
+	for range len(notes) {
+		n, ok := notes[stuck]
+		if !ok {
+			break
+		}
+		stuck = n.StalledOn
+	}
+	if _, waits := notes[stuck]; waits {
+		named := map[int]int{}
+		for _, n := range notes {
+			named[n.StalledOn]++
+		}
+		for r, k := range named {
+			if k > named[stuck] || (k == named[stuck] && r < stuck) {
+				stuck = r
+			}
+		}
+	}
+	if first.StalledOn == stuck {
+		return first.Reason
+	}
+	best := -1
+	for r, n := range notes {
+		if n.StalledOn == stuck && (best < 0 || r < best) {
+			best = r
+		}
+	}
+	return notes[best].Reason
 }
 
 func (e *Engine) host(r int) string {
@@ -729,7 +963,12 @@ const tellWait = 500 * time.Millisecond
 // sendAbort sends err's text to every peer not known to be lost, concurrently, for at most
 // tellWait. The error names each peer it could not tell.
 func (e *Engine) sendAbort(err error) error {
-	body := negotiate.EncodeAbort(nil, negotiate.Abort{Rank: e.g.Rank, Reason: err.Error()})
+	return e.sendNotice(negotiate.Abort{Rank: e.g.Rank, Reason: err.Error()})
+}
+
+// sendNotice sends a to every peer not known to be lost, as sendAbort does.
+func (e *Engine) sendNotice(a negotiate.Abort) error {
+	body := negotiate.EncodeAbort(nil, a)
 	ctx, cancel := context.WithTimeout(context.Background(), tellWait)
 	defer cancel()
 	type sent struct {

@@ -217,16 +217,93 @@ func TestDuplicateInFlightName(t *testing.T) {
 	buf1, buf2 := f32(1), f32(2)
 	h1 := c.engines[0].Enqueue(allreduceReq("dup", 1), buf1, buf1)
 	h2 := c.engines[0].Enqueue(allreduceReq("dup", 1), buf2, buf2)
-	if err := h2.Wait(waitCtx(t)); err == nil || !strings.Contains(err.Error(), "submitted again") {
-		t.Fatalf("second in-flight op with the same name: %v", err)
+	// Refused at submission (Horovod raises at the call), without a turn: the first holds it.
+	var ae *ArgumentError
+	if !h2.Poll() || !errors.As(h2.Err(), &ae) || !errors.Is(h2.Err(), ErrDuplicateName) {
+		t.Fatalf("second in-flight op with the same name: done %v, %v", h2.Poll(), h2.Err())
 	}
+	// The same name in another process set, or another name, is not a duplicate.
+	other := f32(1)
+	h4 := c.engines[0].Enqueue(allreduceReq("dup2", 1), other, other)
 	b := f32(5)
 	h3 := c.engines[1].Enqueue(allreduceReq("dup", 1), b, b)
-	if err := errors.Join(h1.Wait(waitCtx(t)), h3.Wait(waitCtx(t))); err != nil {
+	other1 := f32(2)
+	h5 := c.engines[1].Enqueue(allreduceReq("dup2", 1), other1, other1)
+	if err := errors.Join(h1.Wait(waitCtx(t)), h3.Wait(waitCtx(t)), h4.Wait(waitCtx(t)), h5.Wait(waitCtx(t))); err != nil {
 		t.Fatal(err)
 	}
 	if got := getF32(buf1)[0]; got != 6 {
 		t.Errorf("got %v, want 6", got)
+	}
+	// Once completed, the name is free again at once.
+	again := []*Handle{c.engines[0].Enqueue(allreduceReq("dup", 1), buf1, buf1), c.engines[1].Enqueue(allreduceReq("dup", 1), b, b)}
+	for r, h := range again {
+		if err := h.Wait(waitCtx(t)); err != nil {
+			t.Fatalf("rank %d: the name of a completed op: %v", r, err)
+		}
+	}
+}
+
+// An op that one rank refuses on its own (its arguments are wrong there) fails on every rank, at
+// once, with that rank's reason; the next op works.
+func TestRefusalFailsEveryRank(t *testing.T) {
+	c := newCluster(t, 3, DefaultConfig())
+	ctx := waitCtx(t)
+	hs := make([]*Handle, 3)
+	for r := range 3 {
+		buf := f32(1, 2)
+		req := allreduceReq("r", 2)
+		if r == 1 {
+			buf = f32(1) // 4 bytes for a [2] float32: wrong on this rank alone
+		}
+		hs[r] = c.engines[r].Enqueue(req, buf, buf)
+	}
+	var ae *ArgumentError
+	if !hs[1].Poll() || !errors.As(hs[1].Err(), &ae) {
+		t.Fatalf("rank 1, the refusing rank: done %v, %v; want an ArgumentError at once", hs[1].Poll(), hs[1].Err())
+	}
+	start := time.Now()
+	for _, r := range []int{0, 2} {
+		err := hs[r].Wait(ctx)
+		var oe *OpError
+		if !errors.As(err, &oe) || !strings.Contains(err.Error(), `allreduce "r": rank 1 refused it: shape [2] of float32 needs 8 bytes, input has 4`) {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("the refusal took %v to fail the other ranks", d)
+	}
+	// A refusal the caller makes itself (the API layer's checks) works the same way, and the
+	// name is free again once the refusal's error has come back.
+	for round := range 2 {
+		for r := range 3 {
+			buf := f32(float32(r))
+			req := allreduceReq("next", 1)
+			if round == 0 && r == 2 {
+				req.Error = "dtype bool is not supported"
+			}
+			hs[r] = c.engines[r].Enqueue(req, buf, buf)
+		}
+		for r, h := range hs {
+			err := h.Wait(ctx)
+			if round == 1 && err != nil {
+				t.Errorf("round 1, rank %d: %v", r, err)
+			}
+			if round == 0 && (err == nil || !strings.Contains(err.Error(), "dtype bool is not supported")) {
+				t.Errorf("round 0, rank %d: %v", r, err)
+			}
+		}
+		if round == 0 {
+			// Wait until the refusal's own handle on rank 2 has its answer and released the name.
+			deadline := time.Now().Add(5 * time.Second)
+			for !c.engines[2].reserve(0, "next") {
+				if time.Now().After(deadline) {
+					t.Fatal("rank 2 still holds the refused op's name")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			c.engines[2].unreserve(0, "next")
+		}
 	}
 }
 

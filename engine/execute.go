@@ -3,8 +3,10 @@ package engine
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/kolo-dl/kolo/collective"
 	"github.com/kolo-dl/kolo/dtype"
@@ -21,7 +23,8 @@ type executor struct {
 	g      Group
 	cfg    Config
 	fusion *[]byte
-	single bool // every rank is on this host: use the host group (shared memory) for everything
+	single bool     // every rank is on this host: use the host group (shared memory) for everything
+	hosts  []string // every job rank's host (a process set's g.Hosts are by its own ranks)
 
 	// Set by the engine around each run.
 	tl  *timeline.Timeline // nil: not recording
@@ -29,18 +32,19 @@ type executor struct {
 
 	// Reused by every fused allreduce, so that running one allocates nothing of the executor's:
 	// the byte size of each of the response's tensors, and the indices of those fused.
-	sizes []int64
-	fused []int
+	sizes  []int64
+	fused  []int
+	counts []int // element counts of the fused tensors, for Adasum
 }
 
 func newExecutor(g Group, cfg Config) *executor {
-	return &executor{g: g, cfg: cfg, fusion: new([]byte), single: len(g.LocalRanks) == g.Size && g.Local != nil}
+	return &executor{g: g, cfg: cfg, fusion: new([]byte), single: len(g.LocalRanks) == g.Size && g.Local != nil, hosts: g.Hosts}
 }
 
 // sub is the executor of a process set over g (its own ranks and Comm; no host or cross groups, so
 // only the message-passing algorithms), sharing x's fusion buffer.
 func (x *executor) sub(g Group) *executor {
-	return &executor{g: g, cfg: x.cfg, fusion: x.fusion}
+	return &executor{g: g, cfg: x.cfg, fusion: x.fusion, hosts: x.hosts}
 }
 
 // mark starts activity on r's tensors in the timeline, if one is recording.
@@ -116,9 +120,38 @@ func (x *executor) run(ctx context.Context, r negotiate.Response, entries []*ent
 		err = fmt.Errorf("unknown response kind %v", r.Kind)
 	}
 	if err != nil {
+		var se *transport.StallError
+		if errors.As(err, &se) {
+			return x.stalled(r, err, se)
+		}
 		return fmt.Errorf("rank %d: %s %s: %w", x.g.Rank, r.Kind, quoteNames(r.Names), err)
 	}
 	return nil
+}
+
+// stallFailure is a collective that a progress deadline ended: the transport waited on a peer that
+// moved nothing. Its message leads with that peer, then says where the collective was.
+type stallFailure struct {
+	msg   string
+	stall transport.StallError // with the peer's host
+}
+
+func (f *stallFailure) Error() string { return f.msg }
+func (f *stallFailure) Unwrap() error { return &f.stall }
+
+// stalled words a collective's stall: `rank 0: allreduce "w": rank 1 (node1) made no progress for
+// 1m0s (recv: 0 of 4096 bytes received), in ring allreduce: reduce-scatter step 1 of 1: ...`.
+func (x *executor) stalled(r negotiate.Response, err error, se *transport.StallError) error {
+	f := &stallFailure{stall: *se}
+	if f.stall.Host == "" && f.stall.Rank >= 0 && f.stall.Rank < len(x.hosts) {
+		f.stall.Host = x.hosts[f.stall.Rank] // transports name peers by job rank (Sub keeps them)
+	}
+	where := strings.TrimSuffix(strings.TrimSuffix(err.Error(), se.Error()), ": ")
+	f.msg = fmt.Sprintf("rank %d: %s %s: %v", x.g.Rank, r.Kind, quoteNames(r.Names), &f.stall)
+	if where != "" {
+		f.msg += ", in " + where
+	}
+	return f
 }
 
 func quoteNames(names []string) string {
@@ -166,6 +199,9 @@ const unfusedBytes = 1 << 20
 func (x *executor) allreduce(ctx context.Context, r negotiate.Response, entries []*entry) error {
 	t := r.DType
 	es := int64(t.Size())
+	if r.ReduceOp == negotiate.ReduceAdasum && len(r.Joined) > 0 { // negotiation refuses it first
+		return fmt.Errorf("Adasum is not supported with join")
+	}
 	if len(entries) == 1 && entries[0] != nil {
 		x.mark(&r, collectiveLabel(r.Kind))
 		return x.reduceInPlace(ctx, r, entries[0])
@@ -194,7 +230,7 @@ func (x *executor) allreduce(ctx context.Context, r negotiate.Response, entries 
 			} else { // this rank joined: contribute nothing, from scratch
 				buf := x.buffer(int(n))
 				fillIdentity(buf, t, reduce.Op(r.ReduceOp))
-				err = x.reduceScaled(ctx, r, buf)
+				err = x.reduceScaled(ctx, r, buf, nil)
 			}
 			if err != nil {
 				return err
@@ -216,8 +252,16 @@ func (x *executor) allreduce(ctx context.Context, r negotiate.Response, entries 
 		}
 		off += n
 	}
+	var counts []int // Adasum combines each tensor on its own
+	if r.ReduceOp == negotiate.ReduceAdasum {
+		counts = x.counts[:0]
+		for _, i := range fused {
+			counts = append(counts, int(sizes[i]/es))
+		}
+		x.counts = counts
+	}
 	x.mark(&r, collectiveLabel(r.Kind))
-	if err := x.reduceScaled(ctx, r, buf); err != nil {
+	if err := x.reduceScaled(ctx, r, buf, counts); err != nil {
 		return err
 	}
 	x.mark(&r, memcpyOut)
@@ -237,17 +281,36 @@ func (x *executor) reduceInPlace(ctx context.Context, r negotiate.Response, en *
 	if len(en.in) > 0 && &en.in[0] != &en.out[0] {
 		copy(en.out, en.in)
 	}
-	return x.reduceScaled(ctx, r, en.out)
+	return x.reduceScaled(ctx, r, en.out, nil)
 }
 
 // reduceScaled applies r's prescale, reduces buf across the group, and applies r's postscale (and
-// the division of an average).
-func (x *executor) reduceScaled(ctx context.Context, r negotiate.Response, buf []byte) error {
+// the division of an average). For Adasum, buf holds tensors of counts elements (nil: one tensor).
+func (x *executor) reduceScaled(ctx context.Context, r negotiate.Response, buf []byte, counts []int) error {
 	t, op := r.DType, reduce.Op(r.ReduceOp)
 	if r.PreScale != 0 && r.PreScale != 1 {
 		reduce.Scale(t, buf, r.PreScale)
 	}
+	if r.ReduceOp == negotiate.ReduceAdasum {
+		return x.adasum(ctx, buf, t, counts, postScale(r, x.g.Size))
+	}
 	return x.reduceAll(ctx, buf, t, op, postScale(r, x.g.Size))
+}
+
+// adasum combines buf's tensors across the group with Adasum, then multiplies the result by scale
+// (Horovod scales before and after Adasum, never inside it). It runs the message-passing algorithm
+// over the Comm of all the set's ranks: Adasum has no hierarchical or shared-memory variant, and a
+// process set's executor has its own Comm, so it works in any set.
+func (x *executor) adasum(ctx context.Context, buf []byte, t dtype.DType, counts []int, scale float64) error {
+	if x.g.Size > 1 {
+		if err := collective.AdasumAllreduce(ctx, x.comm(), buf, t, counts); err != nil {
+			return err
+		}
+	}
+	if scale != 1 {
+		reduce.Scale(t, buf, scale)
+	}
+	return nil
 }
 
 func (x *executor) broadcast(ctx context.Context, r negotiate.Response, entries []*entry) error {
@@ -319,6 +382,7 @@ func (x *executor) allgather(ctx context.Context, r negotiate.Response, i int, e
 	}
 	if en != nil {
 		en.h.output = out
+		en.h.rows = r.Shapes[i][0]
 	}
 	return nil
 }
@@ -349,6 +413,9 @@ func (x *executor) alltoall(ctx context.Context, r negotiate.Response, i int, en
 	if en != nil {
 		en.h.output = out
 		en.h.recvSplits = recvRows
+		for _, n := range recvRows {
+			en.h.rows += n
+		}
 	}
 	return nil
 }
@@ -395,6 +462,7 @@ func (x *executor) reducescatter(ctx context.Context, r negotiate.Response, i in
 	}
 	if en != nil {
 		en.h.output = out
+		en.h.rows = rows[x.g.Rank]
 	}
 	return nil
 }
@@ -420,6 +488,8 @@ func identity(t dtype.DType, op reduce.Op) []byte {
 		b[0] = map[reduce.Op]byte{reduce.Prod: 1, reduce.Min: 0xff, reduce.Max: 0}[op]
 	case dtype.Int8:
 		b[0] = byte(map[reduce.Op]int8{reduce.Prod: 1, reduce.Min: math.MaxInt8, reduce.Max: math.MinInt8}[op])
+	case dtype.Int16:
+		le.PutUint16(b, uint16(map[reduce.Op]int16{reduce.Prod: 1, reduce.Min: math.MaxInt16, reduce.Max: math.MinInt16}[op]))
 	case dtype.Int32:
 		le.PutUint32(b, uint32(map[reduce.Op]int32{reduce.Prod: 1, reduce.Min: math.MaxInt32, reduce.Max: math.MinInt32}[op]))
 	case dtype.Int64:

@@ -13,10 +13,15 @@ type Handle struct {
 	err        error
 	output     []byte  // allgather/alltoall: the engine-allocated result
 	recvSplits []int64 // alltoall: rows received from each rank
+	rows       int64   // allgather, alltoall, reducescatter: dim 0 of output
 	joinLast   int     // join: the last rank to join
 	setID      int     // AddProcessSet: the new set's id
 	name       string
 	e          *Engine // whose loop Wait drives
+	// reserved: the op holds its name in its process set (set) until it completes, so that the
+	// same name submitted again meanwhile is refused (Engine.reserve).
+	reserved bool
+	set      int
 }
 
 func newHandle(name string, e *Engine) *Handle {
@@ -26,6 +31,10 @@ func newHandle(name string, e *Engine) *Handle {
 func (h *Handle) finish(err error) {
 	h.once.Do(func() {
 		h.err = err
+		if h.reserved {
+			// Before done closes: a caller that saw the op complete may submit the name again.
+			h.e.unreserve(h.set, h.name)
+		}
 		close(h.done)
 	})
 }
@@ -77,6 +86,10 @@ func (h *Handle) Err() error {
 // Output is the result buffer of ops whose output size is known only after negotiation
 // (allgather, alltoall). Valid after a successful Wait.
 func (h *Handle) Output() []byte { return h.output }
+
+// Rows is dim 0 of the result of an allgather, alltoall or reducescatter (Output holds Rows rows):
+// what the output's byte count cannot tell when a row holds no elements.
+func (h *Handle) Rows() int64 { return h.rows }
 
 // RecvSplits is, for alltoall, the number of dim-0 rows received from each rank.
 func (h *Handle) RecvSplits() []int64 { return h.recvSplits }

@@ -34,7 +34,7 @@ import (
 
 // setChangePrefix names the allgathers that carry process set changes; users cannot submit such
 // names.
-const setChangePrefix = "kolo.process_set#"
+const setChangePrefix = negotiate.SetChangePrefix
 
 // procSet is a process set as this rank's engine sees it. id, ranks and rank never change; removed
 // is set under Engine.mu; the rest is driver-owned.
@@ -64,8 +64,9 @@ func (e *Engine) admit(req *negotiate.Request, ps *procSet) error {
 		return fmt.Errorf("rank %d: join works on the global process set only, not process set %d", e.g.Rank, ps.id)
 	case req.Kind == negotiate.Broadcast:
 		root, ok := slices.BinarySearch(ps.ranks, req.Root)
-		if !ok {
-			return fmt.Errorf("rank %d: %s %q: root rank %d is not in process set %d (ranks %v)", e.g.Rank, req.Kind, req.Name, req.Root, ps.id, ps.ranks)
+		if !ok && req.Error == "" {
+			// Refused, not rejected: the set's other members hear of it (see enqueue).
+			req.Error = fmt.Sprintf("root rank %d is not in process set %d (ranks %v)", req.Root, ps.id, ps.ranks)
 		}
 		req.Root = root
 	}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -77,5 +78,62 @@ func TestStallNamesTheRanksMissingNow(t *testing.T) {
 	time.Sleep(3 * cfg.StallWarning)
 	if n := strings.Count(logs.String(), `y\" after`); n != reports {
 		t.Errorf("y was reported %d more times after it ran:\n%s", n-reports, logs.String())
+	}
+}
+
+// Ranks whose calls went different ways (one waits on "a", the other on "b") fail both ops after
+// StallCrossed, each rank with an error naming what the other waits on, and the next op works.
+// A stall deadline far away does not hold them.
+func TestCrossedWaitsFailEveryRank(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.StallCrossed = 300 * time.Millisecond
+	c := newCluster(t, 2, cfg)
+	ctx := waitCtx(t)
+	start := time.Now()
+	errs := make(chan error, 2)
+	for r, name := range []string{"a", "b"} {
+		go func() {
+			buf := f32(1)
+			errs <- c.engines[r].Enqueue(allreduceReq(name, 1), buf, buf).Wait(ctx)
+		}()
+	}
+	for range 2 {
+		err := <-errs
+		var oe *OpError
+		if !errors.As(err, &oe) || !strings.Contains(err.Error(), "calls went different ways") {
+			t.Fatalf("err = %v, want an OpError about crossed calls", err)
+		}
+		if !strings.Contains(err.Error(), `waits on allreduce "a"`) && !strings.Contains(err.Error(), `waits on allreduce "b"`) {
+			t.Errorf("the error does not say what the other rank waits on: %v", err)
+		}
+	}
+	if d := time.Since(start); d < cfg.StallCrossed || d > 5*time.Second {
+		t.Errorf("crossed ops failed after %v, want about %v", d, cfg.StallCrossed)
+	}
+	hs := []*Handle{c.engines[0].Enqueue(allreduceReq("next", 1), f32(1), f32(0)), c.engines[1].Enqueue(allreduceReq("next", 1), f32(2), f32(0))}
+	for r, h := range hs {
+		if err := h.Wait(ctx); err != nil {
+			t.Errorf("rank %d: the op after: %v", r, err)
+		}
+	}
+}
+
+// The defaults: every op has a deadline, and HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=0 turns it off
+// as in Horovod.
+func TestStallDeadlineDefaults(t *testing.T) {
+	def := DefaultConfig()
+	if def.StallShutdown != DefaultStallShutdown || def.StallCrossed != DefaultStallCrossed || DefaultStallShutdown <= 0 || DefaultStallCrossed <= 0 {
+		t.Fatalf("defaults %v %v", def.StallShutdown, def.StallCrossed)
+	}
+	env := map[string]string{"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "0", "KOLO_STALL_CROSSED_TIME_SECONDS": "2.5"}
+	cfg, err := ConfigFromEnv(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.StallShutdown >= 0 || cfg.StallCrossed != 2500*time.Millisecond {
+		t.Errorf("from the environment: shutdown %v (want off), crossed %v (want 2.5s)", cfg.StallShutdown, cfg.StallCrossed)
+	}
+	if stallDeadline(cfg, cfg.StallShutdown) != 0 || tickEvery(cfg) != 250*time.Millisecond {
+		t.Errorf("deadline %v, tick %v", stallDeadline(cfg, cfg.StallShutdown), tickEvery(cfg))
 	}
 }

@@ -7,16 +7,18 @@ import (
 
 // culprit matches how kolo names the rank behind a failure in the errors every other rank reports:
 // a transport.PeerError ("rank 1 on node0 lost during recv: ..."), the engine's other lost-peer
-// error ("rank 1 (node0) lost: ...") or an abort notice from kolo.Abort and the Python exception
-// hook ("rank 1 failed: ValueError: ...").
-var culprit = regexp.MustCompile(`\brank (\d+)(?: on \S+| \([^)]*\))? (lost during|lost:|failed: )`)
+// error ("rank 1 (node0) lost: ..."), an abort notice from kolo.Abort and the Python exception
+// hook ("rank 1 failed: ValueError: ...") or a progress deadline (transport.StallError: "rank 1
+// (node0) made no progress for 1m0s ...").
+var culprit = regexp.MustCompile(`\brank (\d+)(?: on \S+| \([^)]*\))? (lost during|lost:|failed: |made no progress)`)
 
 // Blame returns the rank that the job's failure traces back to, starting from first (the earliest
 // rank to fail). A rank that fails because another one did (its op reports that rank lost, or that
 // rank's abort notice) can exit before that rank has been reaped, or before a remote node reports
 // it; its own stderr names the culprit, and Blame follows that naming, rank by rank:
 //   - to a rank that declared its own failure (an abort notice) and did not exit cleanly: it may
-//     still have been winding down when the launcher stopped it;
+//     still have been winding down when the launcher stopped it; so too a rank named stuck (a
+//     progress deadline), which the launcher finds alive, and stops;
 //   - to a rank reported lost if it failed too, of something other than the launcher's stop
 //     signal. One that exited cleanly (it left early, and the loss was its peers') is not to blame,
 //     and one the launcher stopped was alive when the failure began.
@@ -52,7 +54,7 @@ func namedIn(tail []string) (rank int, declared, ok bool) {
 	for i := len(tail) - 1; i >= 0; i-- {
 		if m := culprit.FindStringSubmatch(tail[i]); m != nil {
 			r, err := strconv.Atoi(m[1])
-			return r, m[2] == "failed: ", err == nil
+			return r, m[2] == "failed: " || m[2] == "made no progress", err == nil
 		}
 	}
 	return 0, false, false

@@ -47,6 +47,12 @@ func TestBlame(t *testing.T) {
 			failed(0, "kolo.torch.KoloInternalError: rank 2 failed: ValueError: loss is nan"),
 			ok(1),
 			failed(2, "ValueError: loss is nan")}, 0, 2},
+		{"a stuck rank the launcher stopped", []Result{
+			failed(0, `STOP-RESULT err=rank 0: allreduce "w": rank 1 (node0) made no progress for 2s (barrier: ...)`),
+			killed(1, syscall.SIGKILL, true)}, 0, 1},
+		{"a stuck rank that ran again and failed, naming itself", []Result{
+			failed(0, (&transport.StallError{Rank: 1, Host: "n0", Op: "recv", For: 2e9}).Error()),
+			failed(1, "rank 1: rank 0: allreduce: rank 1 (n0) made no progress for 2s (recv)")}, 0, 1},
 		{"a chain", []Result{
 			failed(0, "err: rank 2 failed: rank 1 on n lost during recv: EOF"),
 			killed(1, syscall.SIGSEGV, false),

@@ -48,9 +48,11 @@ var configSections = map[string]map[string]configKey{
 		"mark_cycles": {flag: "timeline-mark-cycles", boolean: true},
 	},
 	"stall_check": {
-		"enabled":               {flag: "no-stall-check", boolean: true, negate: true},
-		"warning_time_seconds":  {flag: "stall-check-warning-time-seconds"},
-		"shutdown_time_seconds": {flag: "stall-check-shutdown-time-seconds"},
+		"enabled":                  {flag: "no-stall-check", boolean: true, negate: true},
+		"warning_time_seconds":     {flag: "stall-check-warning-time-seconds"},
+		"shutdown_time_seconds":    {flag: "stall-check-shutdown-time-seconds"},
+		"crossed_time_seconds":     {flag: "stall-check-crossed-time-seconds"},
+		"progress_timeout_seconds": {flag: "progress-timeout-seconds"},
 	},
 	"logging": {
 		"level": {flag: "log-level"},

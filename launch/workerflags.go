@@ -120,7 +120,11 @@ func addWorkerFlags(fs *flag.FlagSet, env map[string]string) {
 	add("stall-check-warning-time-seconds", "KOLO_STALL_CHECK_TIME_SECONDS", false, nonNegFloat(1, "%g"),
 		"report an op some ranks have not submitted after this many seconds (default 60)")
 	add("stall-check-shutdown-time-seconds", "KOLO_STALL_SHUTDOWN_TIME_SECONDS", false, nonNegFloat(1, "%g"),
-		"fail such an op on every rank after this many seconds (default 0: never)")
+		"fail such an op after this many seconds (default 1800; 0: never)")
+	add("stall-check-crossed-time-seconds", "KOLO_STALL_CROSSED_TIME_SECONDS", false, nonNegFloat(1, "%g"),
+		"fail sooner an op whose missing ranks wait on other ops of their own: calls that went different ways on different ranks (default 30; 0: never)")
+	add("progress-timeout-seconds", "KOLO_PROGRESS_TIMEOUT_SECONDS", false, nonNegFloat(1, "%g"),
+		"fail a collective on every rank, and stop the job, when a rank waits this many seconds inside it on a peer that moves no byte (stopped, hung, cut off), naming that peer (default 60; 0: never)")
 	add("timeline-filename", EnvTimeline, false, anyString,
 		"record a timeline of the job's ops (Chrome trace format) in this file")
 	add("timeline-mark-cycles", EnvTimelineMarkCycles, true, boolTo("1", "0"),

@@ -41,6 +41,7 @@ stall_check:
   enabled: false
   warning_time_seconds: 30
   shutdown_time_seconds: 120
+  progress_timeout_seconds: 90
 logging:
   level: DEBUG
 `
@@ -57,9 +58,11 @@ func TestWorkerFlags(t *testing.T) {
 		{"nothing set: workers get the engine's defaults", []string{"prog"}, map[string]string{},
 			[]string{"KOLO_FUSION_THRESHOLD", "KOLO_HIERARCHICAL_ALLREDUCE", "KOLO_STALL_CHECK_DISABLE", "KOLO_LOG_LEVEL", EnvAutotune}, ""},
 		{"tuning flags", []string{"--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5", "--cache-capacity", "0",
-			"--no-stall-check", "--stall-check-warning-time-seconds", "5", "--stall-check-shutdown-time-seconds", "30", "prog"},
+			"--no-stall-check", "--stall-check-warning-time-seconds", "5", "--stall-check-shutdown-time-seconds", "30",
+			"--stall-check-crossed-time-seconds", "2.5", "--progress-timeout-seconds", "7.5", "prog"},
 			map[string]string{"KOLO_FUSION_THRESHOLD": "33554432", "KOLO_CYCLE_TIME": "2.5ms", "KOLO_CACHE_CAPACITY": "0",
-				"KOLO_STALL_CHECK_DISABLE": "1", "KOLO_STALL_CHECK_TIME_SECONDS": "5", "KOLO_STALL_SHUTDOWN_TIME_SECONDS": "30"}, nil, ""},
+				"KOLO_STALL_CHECK_DISABLE": "1", "KOLO_STALL_CHECK_TIME_SECONDS": "5", "KOLO_STALL_SHUTDOWN_TIME_SECONDS": "30",
+				"KOLO_STALL_CROSSED_TIME_SECONDS": "2.5", "KOLO_PROGRESS_TIMEOUT_SECONDS": "7.5"}, nil, ""},
 		{"hierarchical on, then off: last wins", []string{"--hierarchical-allreduce", "--no-hierarchical-allreduce", "prog"},
 			map[string]string{"KOLO_HIERARCHICAL_ALLREDUCE": "0"}, nil, ""},
 		{"hierarchical=false", []string{"--hierarchical-allreduce=false", "prog"},
@@ -80,7 +83,8 @@ func TestWorkerFlags(t *testing.T) {
 				"KOLO_HIERARCHICAL_ALLREDUCE": "0", EnvHierarchicalAllgather: "1", EnvAutotune: "1", EnvAutotuneLog: "/tmp/autotune.csv",
 				EnvAutotuneWarmupSamples: "3", EnvAutotuneStepsPerSample: "10", EnvAutotuneBayesOptMax: "20", EnvAutotuneGaussianNoise: "0.8",
 				EnvTimeline: "/tmp/timeline.json", EnvTimelineMarkCycles: "1", "KOLO_STALL_CHECK_DISABLE": "1",
-				"KOLO_STALL_CHECK_TIME_SECONDS": "30", "KOLO_STALL_SHUTDOWN_TIME_SECONDS": "120", "KOLO_LOG_LEVEL": "DEBUG"}, nil, ""},
+				"KOLO_STALL_CHECK_TIME_SECONDS": "30", "KOLO_STALL_SHUTDOWN_TIME_SECONDS": "120", "KOLO_PROGRESS_TIMEOUT_SECONDS": "90",
+				"KOLO_LOG_LEVEL": "DEBUG"}, nil, ""},
 		{"flags after the config file win", []string{"--config-file", full, "--fusion-threshold-mb", "1", "--log-level", "ERROR", "prog"},
 			map[string]string{"KOLO_FUSION_THRESHOLD": "1048576", "KOLO_LOG_LEVEL": "ERROR", "KOLO_CACHE_CAPACITY": "512"}, nil, ""},
 		{"flags before the config file lose", []string{"--fusion-threshold-mb", "1", "--no-stall-check=false", "--config-file", full, "prog"},

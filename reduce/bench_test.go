@@ -50,6 +50,8 @@ func encodeOne(t dtype.DType) []byte {
 	switch t {
 	case dtype.Uint8, dtype.Int8:
 		b[0] = 1
+	case dtype.Int16:
+		ne.PutUint16(b, 1)
 	case dtype.Int32:
 		ne.PutUint32(b, 1)
 	case dtype.Int64:
@@ -122,7 +124,7 @@ func BenchmarkKernels(b *testing.B) {
 }
 
 func BenchmarkMany(b *testing.B) {
-	for _, t := range []dtype.DType{dtype.Float32, dtype.Float64, dtype.Float16, dtype.BFloat16, dtype.Int32} {
+	for _, t := range []dtype.DType{dtype.Float32, dtype.Float64, dtype.Float16, dtype.BFloat16, dtype.Int16, dtype.Int32} {
 		for _, nsrc := range []int{2, 4, 8} {
 			for _, n := range benchSizes[1:] {
 				b.Run(fmt.Sprintf("%v/sum/srcs=%d/%s", t, nsrc, sizeName(n)), func(b *testing.B) {
@@ -143,7 +145,7 @@ func BenchmarkMany(b *testing.B) {
 }
 
 func BenchmarkScale(b *testing.B) {
-	for _, t := range []dtype.DType{dtype.Float32, dtype.Float64, dtype.Float16, dtype.BFloat16, dtype.Int32} {
+	for _, t := range []dtype.DType{dtype.Float32, dtype.Float64, dtype.Float16, dtype.BFloat16, dtype.Int16, dtype.Int32} {
 		for _, n := range benchSizes {
 			b.Run(fmt.Sprintf("%v/%s", t, sizeName(n)), func(b *testing.B) {
 				buf := ones(t, warmBuf(0, n))

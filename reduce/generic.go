@@ -18,7 +18,7 @@ func as[T any](b []byte) []T {
 }
 
 type integer interface {
-	~uint8 | ~int8 | ~int32 | ~int64
+	~uint8 | ~int8 | ~int16 | ~int32 | ~int64
 }
 
 type float interface {
@@ -31,6 +31,8 @@ func intoGeneric(t dtype.DType, op Op, dst, src []byte) {
 		intoInt(op, dst, src)
 	case dtype.Int8:
 		intoInt(op, as[int8](dst), as[int8](src))
+	case dtype.Int16:
+		intoInt(op, as[int16](dst), as[int16](src))
 	case dtype.Int32:
 		intoInt(op, as[int32](dst), as[int32](src))
 	case dtype.Int64:
@@ -211,6 +213,8 @@ func scaleGeneric(t dtype.DType, buf []byte, f float64) {
 		scaleInt(buf, f, 0, math.MaxUint8)
 	case dtype.Int8:
 		scaleInt(as[int8](buf), f, math.MinInt8, math.MaxInt8)
+	case dtype.Int16:
+		scaleInt(as[int16](buf), f, math.MinInt16, math.MaxInt16)
 	case dtype.Int32:
 		scaleInt(as[int32](buf), f, math.MinInt32, math.MaxInt32)
 	case dtype.Int64:

@@ -59,6 +59,30 @@ func intoI8ProdAVX2(dst, src unsafe.Pointer, n int)
 func manyI8ProdAVX2(dst unsafe.Pointer, srcs *unsafe.Pointer, nsrc, n int)
 
 //go:noescape
+func intoI16SumAVX2(dst, src unsafe.Pointer, n int)
+
+//go:noescape
+func manyI16SumAVX2(dst unsafe.Pointer, srcs *unsafe.Pointer, nsrc, n int)
+
+//go:noescape
+func intoI16MinAVX2(dst, src unsafe.Pointer, n int)
+
+//go:noescape
+func manyI16MinAVX2(dst unsafe.Pointer, srcs *unsafe.Pointer, nsrc, n int)
+
+//go:noescape
+func intoI16MaxAVX2(dst, src unsafe.Pointer, n int)
+
+//go:noescape
+func manyI16MaxAVX2(dst unsafe.Pointer, srcs *unsafe.Pointer, nsrc, n int)
+
+//go:noescape
+func intoI16ProdAVX2(dst, src unsafe.Pointer, n int)
+
+//go:noescape
+func manyI16ProdAVX2(dst unsafe.Pointer, srcs *unsafe.Pointer, nsrc, n int)
+
+//go:noescape
 func intoI32SumAVX2(dst, src unsafe.Pointer, n int)
 
 //go:noescape
@@ -277,6 +301,30 @@ func intoI8ProdAVX512(dst, src unsafe.Pointer, n int)
 func manyI8ProdAVX512(dst unsafe.Pointer, srcs *unsafe.Pointer, nsrc, n int)
 
 //go:noescape
+func intoI16SumAVX512(dst, src unsafe.Pointer, n int)
+
+//go:noescape
+func manyI16SumAVX512(dst unsafe.Pointer, srcs *unsafe.Pointer, nsrc, n int)
+
+//go:noescape
+func intoI16MinAVX512(dst, src unsafe.Pointer, n int)
+
+//go:noescape
+func manyI16MinAVX512(dst unsafe.Pointer, srcs *unsafe.Pointer, nsrc, n int)
+
+//go:noescape
+func intoI16MaxAVX512(dst, src unsafe.Pointer, n int)
+
+//go:noescape
+func manyI16MaxAVX512(dst unsafe.Pointer, srcs *unsafe.Pointer, nsrc, n int)
+
+//go:noescape
+func intoI16ProdAVX512(dst, src unsafe.Pointer, n int)
+
+//go:noescape
+func manyI16ProdAVX512(dst unsafe.Pointer, srcs *unsafe.Pointer, nsrc, n int)
+
+//go:noescape
 func intoI32SumAVX512(dst, src unsafe.Pointer, n int)
 
 //go:noescape
@@ -485,6 +533,21 @@ func intoAsm(isa isaID, t dtype.DType, op Op, dst, src unsafe.Pointer, n int) {
 				intoI8ProdAVX2(dst, src, n)
 				return
 			}
+		case dtype.Int16:
+			switch op {
+			case Sum:
+				intoI16SumAVX2(dst, src, n)
+				return
+			case Min:
+				intoI16MinAVX2(dst, src, n)
+				return
+			case Max:
+				intoI16MaxAVX2(dst, src, n)
+				return
+			case Prod:
+				intoI16ProdAVX2(dst, src, n)
+				return
+			}
 		case dtype.Int32:
 			switch op {
 			case Sum:
@@ -606,6 +669,21 @@ func intoAsm(isa isaID, t dtype.DType, op Op, dst, src unsafe.Pointer, n int) {
 				return
 			case Prod:
 				intoI8ProdAVX512(dst, src, n)
+				return
+			}
+		case dtype.Int16:
+			switch op {
+			case Sum:
+				intoI16SumAVX512(dst, src, n)
+				return
+			case Min:
+				intoI16MinAVX512(dst, src, n)
+				return
+			case Max:
+				intoI16MaxAVX512(dst, src, n)
+				return
+			case Prod:
+				intoI16ProdAVX512(dst, src, n)
 				return
 			}
 		case dtype.Int32:
@@ -737,6 +815,21 @@ func manyAsm(isa isaID, t dtype.DType, op Op, dst unsafe.Pointer, srcs *unsafe.P
 				manyI8ProdAVX2(dst, srcs, nsrc, n)
 				return
 			}
+		case dtype.Int16:
+			switch op {
+			case Sum:
+				manyI16SumAVX2(dst, srcs, nsrc, n)
+				return
+			case Min:
+				manyI16MinAVX2(dst, srcs, nsrc, n)
+				return
+			case Max:
+				manyI16MaxAVX2(dst, srcs, nsrc, n)
+				return
+			case Prod:
+				manyI16ProdAVX2(dst, srcs, nsrc, n)
+				return
+			}
 		case dtype.Int32:
 			switch op {
 			case Sum:
@@ -858,6 +951,21 @@ func manyAsm(isa isaID, t dtype.DType, op Op, dst unsafe.Pointer, srcs *unsafe.P
 				return
 			case Prod:
 				manyI8ProdAVX512(dst, srcs, nsrc, n)
+				return
+			}
+		case dtype.Int16:
+			switch op {
+			case Sum:
+				manyI16SumAVX512(dst, srcs, nsrc, n)
+				return
+			case Min:
+				manyI16MinAVX512(dst, srcs, nsrc, n)
+				return
+			case Max:
+				manyI16MaxAVX512(dst, srcs, nsrc, n)
+				return
+			case Prod:
+				manyI16ProdAVX512(dst, srcs, nsrc, n)
 				return
 			}
 		case dtype.Int32:

@@ -13,7 +13,7 @@
 // ranks, transports or tensors' owners.
 //
 // Semantics, chosen to match PyTorch:
-//   - integer sum and prod wrap around (two's complement); uint8 is unsigned, int8 signed.
+//   - integer sum and prod wrap around (two's complement); uint8 is unsigned, int8/int16 signed.
 //   - float min/max propagate NaN: if either input is NaN the result is NaN (torch.minimum/maximum).
 //     Otherwise min(a, b) is (a < b ? a : b) and max is (a > b ? a : b), so min(-0, +0) is +0 (the
 //     later operand) and max(+0, -0) is -0; torch leaves signed-zero order unspecified.
@@ -45,7 +45,7 @@ const (
 
 const (
 	numOps    = int(Prod) + 1
-	numDTypes = int(dtype.Float64) + 1
+	numDTypes = int(dtype.Int16) + 1 // the last DType, not Float64: dtype appends new types
 )
 
 var opNames = [...]string{Sum: "sum", Min: "min", Max: "max", Prod: "prod"}

@@ -281,6 +281,16 @@ func TestScaleInt(t *testing.T) {
 		{dtype.Int32, 3, 2.5, 7},
 		{dtype.Int8, 100, 2.5, 127}, // non-integer factor saturates
 		{dtype.Int8, -100, 2.5, -128},
+		{dtype.Int16, 30000, 2.5, math.MaxInt16},
+		{dtype.Int16, -30000, 2.5, math.MinInt16},
+		{dtype.Int16, 20000, 2, -25536},                 // 40000 wraps
+		{dtype.Int16, math.MinInt16, -1, math.MinInt16}, // -(-32768) wraps
+		{dtype.Int16, 49, 1.0 / 49, 1},
+		{dtype.Int16, -7, 0.5, -3},
+		{dtype.Int16, -7, 1.0 / 3, -2},
+		{dtype.Int16, 1000, 1.0 / 8, 125},
+		{dtype.Int16, 5, math.NaN(), 0},
+		{dtype.Int16, -5, math.Inf(1), math.MinInt16},
 		{dtype.Uint8, 200, -0.5, 0},
 		{dtype.Uint8, 200, 1.0 / -2, 0},
 		{dtype.Uint8, 200, 1.0 / 8, 25},
@@ -312,6 +322,8 @@ func putInt(t dtype.DType, b []byte, v int64) {
 	switch t {
 	case dtype.Uint8, dtype.Int8:
 		b[0] = byte(v)
+	case dtype.Int16:
+		ne.PutUint16(b, uint16(v))
 	case dtype.Int32:
 		ne.PutUint32(b, uint32(v))
 	case dtype.Int64:
@@ -325,6 +337,8 @@ func getInt(t dtype.DType, b []byte) int64 {
 		return int64(b[0])
 	case dtype.Int8:
 		return int64(int8(b[0]))
+	case dtype.Int16:
+		return int64(int16(ne.Uint16(b)))
 	case dtype.Int32:
 		return int64(int32(ne.Uint32(b)))
 	}
@@ -486,9 +500,10 @@ func TestHalfNaNStaysNaN(t *testing.T) {
 func FuzzInto(f *testing.F) {
 	f.Add(uint8(dtype.Float16), uint8(Sum), []byte("\x00\x7c\x01\x7c\xff\xff\x00\x80 0123456789abcdefghijklmnopqrstuvwxyz"))
 	f.Add(uint8(dtype.Int64), uint8(Prod), make([]byte, 200))
+	f.Add(uint8(dtype.Int16), uint8(Min), []byte("\x00\x80\xff\x7f\xff\xff\x01\x00 0123456789abcdefghijklmnopqrstuvwxyz0123456789"))
 	f.Add(uint8(dtype.BFloat16), uint8(Max), []byte("\x80\x7f\xc1\xff\x01\x00\x7f\x7f 0123456789abcdefghijklmnopqrstuvwxyz0123456789"))
 	f.Fuzz(func(t *testing.T, ti, oi uint8, data []byte) {
-		typ, op := dtype.DType(ti%8+1), Op(oi%4+1)
+		typ, op := dtype.DType(int(ti-1)%(numDTypes-1)+1), Op(oi%4+1) // ti = 1..9 is that dtype
 		n := len(data) / 2 / typ.Size() * typ.Size()
 		want := refMany(typ, op, [][]byte{data[:n], data[n : 2*n]})
 		for _, name := range Kernels() {
@@ -538,7 +553,7 @@ func TestNoAllocs(t *testing.T) {
 // TestManyMoreSourcesThanStack covers the heap-allocated pointer array (more ranks than maxStackSrcs).
 func TestManyMoreSourcesThanStack(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
-	for _, typ := range []dtype.DType{dtype.Float16, dtype.Int32} {
+	for _, typ := range []dtype.DType{dtype.Float16, dtype.Int16, dtype.Int32} {
 		srcs := make([][]byte, maxStackSrcs+3)
 		for k := range srcs {
 			srcs[k] = buffer(rng, typ, 301, 0)

@@ -91,7 +91,7 @@ func refNarrow(x float64, mBits, eBits, bias int) uint16 {
 func refToF16(x float64) uint16  { return refNarrow(x, 10, 5, 15) }
 func refToBF16(x float64) uint16 { return refNarrow(x, 7, 8, 127) }
 
-func refIntOp[T uint8 | int8 | int32 | int64](op Op, a, b T) T {
+func refIntOp[T uint8 | int8 | int16 | int32 | int64](op Op, a, b T) T {
 	switch op {
 	case Sum:
 		return a + b
@@ -146,6 +146,12 @@ func refMany(t dtype.DType, op Op, srcs [][]byte) []byte {
 				a = refIntOp(op, a, int8(s[i]))
 			}
 			out[i] = byte(a)
+		case dtype.Int16:
+			a := int16(ne.Uint16(srcs[0][i:]))
+			for _, s := range srcs[1:] {
+				a = refIntOp(op, a, int16(ne.Uint16(s[i:])))
+			}
+			ne.PutUint16(out[i:], uint16(a))
 		case dtype.Int32:
 			a := int32(ne.Uint32(srcs[0][i:]))
 			for _, s := range srcs[1:] {
@@ -237,6 +243,14 @@ func fill(rng *rand.Rand, t dtype.DType, b []byte) {
 			if special {
 				e[0] = []byte{0, 1, 0x7f, 0x80, 0xff}[pick%5]
 			}
+		case dtype.Int16:
+			v := uint16(r >> 32)
+			if special {
+				v = []uint16{0, 1, math.MaxInt16, 1 << 15, math.MaxUint16, 0xff, 0x100}[pick%7]
+			} else if r&8 == 0 {
+				v = uint16(int16(r>>32)%100 - 1)
+			}
+			ne.PutUint16(e, v)
 		case dtype.Int32:
 			v := uint32(r >> 32)
 			if special {

@@ -168,15 +168,25 @@ func (r *Route) Close() error {
 	return nil
 }
 
-// renumber rewrites a PeerError's rank from the transport's numbering to the group's.
+// renumber rewrites a PeerError's or a StallError's rank from the transport's numbering to the
+// group's.
 func renumber(err error, local, group int) error {
 	if err == nil || local == group {
 		return err
 	}
-	if pe, ok := err.(*PeerError); ok && pe.Rank == local {
-		cp := *pe
-		cp.Rank = group
-		return &cp
+	switch e := err.(type) {
+	case *PeerError:
+		if e.Rank == local {
+			cp := *e
+			cp.Rank = group
+			return &cp
+		}
+	case *StallError:
+		if e.Rank == local {
+			cp := *e
+			cp.Rank = group
+			return &cp
+		}
 	}
 	return err
 }

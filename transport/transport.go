@@ -137,6 +137,46 @@ func (e *PeerError) Unwrap() error { return e.Err }
 // Is makes errors.Is(err, ErrPeerLost) true for every *PeerError.
 func (e *PeerError) Is(target error) bool { return target == ErrPeerLost }
 
+// DefaultProgressTimeout is how long a transfer waits on a peer that moves no byte, and a Barrier on
+// ranks that do not arrive, before it fails with a *StallError (tcp.Config, shm.Config and the
+// engine's Config take it when theirs is 0). Progress, not total time: a transfer of any size over
+// any link that moves at all never meets it, since every byte resets the clock. A peer inside the
+// same collective stops moving only when its process does not run (stopped, hung, swapping for a
+// minute) or its link is cut; the pauses a healthy job sees (scheduling, GC, a VM migrated, TCP
+// retransmitting through a short outage) last milliseconds to seconds. 60 s clears them by far,
+// and is Horovod's stall warning.
+const DefaultProgressTimeout = 60 * time.Second
+
+// ErrStalled is the sentinel every *StallError matches with errors.Is.
+var ErrStalled = errors.New("peer made no progress")
+
+// StallError says that a transfer or Barrier waited the whole progress timeout on a peer whose
+// process and connection look alive but that moved nothing: it is stopped (SIGSTOP, a debugger),
+// hung, or cut off. The transfer is abandoned midway, so the Comm's stream to and from that peer is
+// out of step: the group cannot go on with it.
+type StallError struct {
+	Rank   int           // the awaited peer's rank in the group that reported it
+	Host   string        // its host, when known
+	Op     string        // what this rank waited on it for: "recv", "send", "barrier"
+	For    time.Duration // the progress timeout that ran out
+	Detail string        // how far the call got ("1024 of 4096 bytes received"); may be empty
+}
+
+func (e *StallError) Error() string {
+	host := ""
+	if e.Host != "" {
+		host = " (" + e.Host + ")"
+	}
+	what := e.Op
+	if e.Detail != "" {
+		what += ": " + e.Detail
+	}
+	return fmt.Sprintf("rank %d%s made no progress for %v (%s)", e.Rank, host, e.For, what)
+}
+
+// Is makes errors.Is(err, ErrStalled) true for every *StallError.
+func (e *StallError) Is(target error) bool { return target == ErrStalled }
+
 // Shared is an optional capability of a Comm whose ranks all share one memory segment (the shm
 // transport, or inmem in tests). Collectives check for it with a type assertion and then reduce
 // directly in the peers' slots instead of streaming bytes through Send/Recv.

@@ -44,6 +44,11 @@ type Options struct {
 	// its peers (comma-separated: the first one present here is used; kolo run --network-interface,
 	// KOLO_NETWORK_INTERFACE). Empty: the address this rank reaches the rendezvous from.
 	Interface string
+	// ProgressTimeout is the transports' progress deadline (tcp.Config and shm.Config's): a
+	// collective's transfer that waits this long on a peer that moves nothing fails with a
+	// *transport.StallError. 0: transport.DefaultProgressTimeout; negative: never. kolo.Init sets
+	// it from engine.Config.ProgressTimeout (KOLO_PROGRESS_TIMEOUT_SECONDS).
+	ProgressTimeout time.Duration
 }
 
 // World is this process's view of the job once connected.
@@ -90,6 +95,8 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 	defer cancel()
 
 	if job.Size == 1 {
+		// Alone (a launcher's job of one, or WithRanks of one rank): its own host and cross group.
+		job.LocalRank, job.LocalSize, job.CrossRank, job.CrossSize = 0, 1, 0, 1
 		ep := inmem.New(1)[0]
 		return &World{Job: job, Hosts: []string{job.Hostname}, Comm: ep, Messenger: ep, Local: ep,
 			LocalRanks: []int{0}, closers: []func() error{ep.Close}}, nil
@@ -124,14 +131,14 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 
 	// Every rank publishes where it listens and which host it is on, then reads everyone's.
 	me := fmt.Sprintf("%s|%s|%s", addr, job.Hostname, bootID())
-	if err := rv.Set(ctx, key("rank", job.Rank), []byte(me)); err != nil {
+	if err := rv.Set(ctx, key(job, "rank", job.Rank), []byte(me)); err != nil {
 		return nil, fmt.Errorf("rank %d: publish address: %w", job.Rank, err)
 	}
 	addrs := make([]string, job.Size)
 	w.Hosts = make([]string, job.Size)
 	boots := make([]string, job.Size)
 	for r := 0; r < job.Size; r++ {
-		v, err := rv.Get(ctx, key("rank", r))
+		v, err := rv.Get(ctx, key(job, "rank", r))
 		if err != nil {
 			return nil, fmt.Errorf("rank %d: wait for rank %d to publish its address: %w", job.Rank, r, err)
 		}
@@ -142,6 +149,18 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 		addrs[r], w.Hosts[r], boots[r] = parts[0], parts[1], parts[2]
 	}
 
+	if job.LocalSize == 0 { // a subset of the launcher's job (kolo.WithRanks): known now
+		for r, h := range w.Hosts {
+			if h == job.Hostname {
+				if r == job.Rank {
+					job.LocalRank = job.LocalSize
+				}
+				job.LocalSize++
+			}
+		}
+		job.CrossSize = 0
+		w.Job = job
+	}
 	if job.CrossSize == 0 { // the launcher (mpirun) could not say; every rank's host is known now
 		job.CrossRank, job.CrossSize = jobenv.CrossFromHosts(w.Hosts, job.Hostname, job.LocalRank)
 		w.Job = job
@@ -185,6 +204,10 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 			Dir:       opt.ShmDir,
 			Timeout:   opt.Timeout,
 			Spin:      opt.ShmSpin,
+
+			ProgressTimeout: opt.ProgressTimeout,
+			Host:            job.Hostname,
+			Ranks:           local,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("rank %d: open shared memory for host %s: %w", job.Rank, job.Hostname, err)
@@ -201,6 +224,7 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 		m, err := tcp.Connect(ctx, ln, tcp.Config{
 			Rank: job.Rank, Size: job.Size, Peers: remote, Addrs: addrs, Hosts: w.Hosts,
 			Secret: secret, JobID: job.JobID, Streams: opt.TCPStreams, ConnectTimeout: opt.Timeout,
+			ProgressTimeout: opt.ProgressTimeout,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("rank %d: connect to ranks on other hosts: %w", job.Rank, err)
@@ -286,9 +310,16 @@ func publicAddr(toRendezvous, listener net.Addr) (string, error) {
 }
 
 // key names a rank's record in the rendezvous store; the e2e tests read it to find listeners.
-func key(kind string, r int) string {
-	return fmt.Sprintf("world/%s/%d", kind, r)
+// key names rank r's record in the rendezvous. It includes the job id, which kolo.Init makes
+// unique per world a process joins (a later Init after Shutdown, a subset of ranks), so that no
+// rank reads a record another world left.
+func key(job jobenv.Job, kind string, r int) string {
+	return fmt.Sprintf("world/%s/%s/%d", job.JobID, kind, r)
 }
+
+// RecordKey is where rank r of the world of job id jobID publishes its address in the rendezvous
+// ("addr|host|boot id"), for tests that play a stranger on the network.
+func RecordKey(jobID string, r int) string { return key(jobenv.Job{JobID: jobID}, "rank", r) }
 
 var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9_.-]`)
 

@@ -196,6 +196,9 @@ func (c *Cache) Len() int { return len(c.byName) }
 
 // Lookup returns the id that stands for r if this rank's entry for r.Name matches r exactly.
 func (c *Cache) Lookup(r *Request) (uint32, bool) {
+	if r.Error != "" {
+		return NoCacheID, false // a refusal travels in full, to fail the op
+	}
 	id, ok := c.byName[r.Name]
 	if !ok || !c.slots[id].matches(c.rank, c.size, r) {
 		return NoCacheID, false

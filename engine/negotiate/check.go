@@ -21,6 +21,14 @@ func negotiate(name string, size int, reqs []Request, present, absent []int, ids
 	fail := func(format string, args ...any) (*opSig, string) {
 		return nil, fmt.Sprintf("%s %q: ", kind, name) + fmt.Sprintf(format, args...)
 	}
+	if refused := refusals(reqs, present); refused != nil {
+		// What the refusing ranks sent is not an op to compare: their reasons are the error.
+		parts := make([]string, len(refused))
+		for i, v := range refused {
+			parts[i] = ids.word(v.ranks) + " refused it: " + v.key
+		}
+		return fail("%s", strings.Join(parts, "; "))
+	}
 	// The tallies below build the error message; they run only when this cheap comparison has
 	// found a disagreement.
 	agreed := allAgree(reqs, present)
@@ -48,6 +56,11 @@ func negotiate(name string, size int, reqs []Request, present, absent []int, ids
 	if kind == Barrier {
 		s.partial = len(absent) > 0
 		return s, ""
+	}
+	if kind != Allreduce && len(absent) > 0 && !strings.HasPrefix(name, SetChangePrefix) {
+		// As Horovod: a joined rank contributes zeros to an allreduce, and to nothing else (what
+		// would it gather, scatter or broadcast?).
+		return fail("not supported while %s joined: only allreduce runs with joined ranks", ids.have(absent))
 	}
 
 	if v := tallyIf(!agreed, present, func(r int) string { return reqs[r].DType.String() }); len(v) > 1 {
@@ -92,11 +105,21 @@ func negotiate(name string, size int, reqs []Request, present, absent []int, ids
 		if v := tallyIf(!agreed, present, func(r int) string { return ReduceOpName(reqs[r].ReduceOp, reqs[r].Average) }); len(v) > 1 {
 			return fail("mismatched reduce ops: %s", ids.describe(v))
 		}
-		if first.ReduceOp < ReduceSum || first.ReduceOp > ReduceProd {
+		if first.ReduceOp < ReduceSum || first.ReduceOp > ReduceAdasum {
 			return fail("unknown reduce op %s", ReduceOpName(first.ReduceOp, false))
 		}
 		if first.Average && first.ReduceOp != ReduceSum {
 			return fail("average needs reduce op sum, not %s", ReduceOpName(first.ReduceOp, false))
+		}
+		if first.ReduceOp == ReduceAdasum {
+			switch {
+			case kind != Allreduce:
+				return fail("Adasum is an allreduce only, not a %s", kind)
+			case !first.DType.IsFloat():
+				return fail("Adasum needs a floating-point dtype, not %v", first.DType)
+			case len(absent) > 0:
+				return fail("Adasum is not supported with join (%s joined)", ids.have(absent))
+			}
 		}
 		if v := tallyIf(!agreed, present, func(r int) string {
 			return fmt.Sprintf("prescale %g postscale %g", scale(reqs[r].PreScale), scale(reqs[r].PostScale))
@@ -114,9 +137,6 @@ func negotiate(name string, size int, reqs []Request, present, absent []int, ids
 		if first.Root < 0 || first.Root >= size {
 			return fail("root %d out of range [0,%d)", first.Root, size)
 		}
-		if slices.Contains(absent, first.Root) {
-			return fail("root rank %d has joined", ids.of(first.Root))
-		}
 		s.root = first.Root
 	}
 
@@ -132,9 +152,6 @@ func negotiate(name string, size int, reqs []Request, present, absent []int, ids
 		s.shape = slices.Clone(first.Shape)
 		s.shape[0] = total
 	case Alltoall:
-		if len(absent) > 0 {
-			return fail("not supported while %s joined", ids.have(absent))
-		}
 		s.splits = make([][]int64, size)
 		var total int64
 		for _, r := range present {
@@ -168,6 +185,23 @@ func negotiate(name string, size int, reqs []Request, present, absent []int, ids
 	}
 	s.computeBytes()
 	return s, ""
+}
+
+// refusals groups the ranks in present that refused the op (Request.Error) by reason; nil when
+// none did.
+func refusals(reqs []Request, present []int) []vote {
+	for _, r := range present {
+		if reqs[r].Error != "" {
+			var refused []int
+			for _, q := range present {
+				if reqs[q].Error != "" {
+					refused = append(refused, q)
+				}
+			}
+			return tally(refused, func(q int) string { return reqs[q].Error })
+		}
+	}
+	return nil
 }
 
 // have writes "rank 3 has" or "ranks 0,2 have", in job ranks.

@@ -3,6 +3,8 @@ package negotiate
 import (
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -62,6 +64,13 @@ type Coordinator struct {
 	seq   uint64   // Seq of the last Response emitted
 	seen  []uint64 // per rank: the largest Seen reported
 	cache coordCache
+	// conflicts are the groups that ranks declared differently, found while a Batch was taken:
+	// SubmitBatch fails their members that miss such a rank once the whole Batch is in (a grouped
+	// call's members travel in one Batch). Per group: the ranks that declared another one.
+	conflicts map[int64][]bool
+	// last is, per rank, when it last submitted an op (for StallCrossed: a rank that waits on an
+	// op submits nothing new).
+	last []time.Time
 
 	used []bool // scratch for Ready
 }
@@ -113,6 +122,7 @@ type item struct {
 	err      string
 	names    []string
 	cacheIDs []uint32 // unknown-cache-id errors
+	resync   uint64   // Response.Resync
 
 	isJoin     bool
 	lastJoined int
@@ -148,6 +158,7 @@ func NewCoordinator(cfg Config) (*Coordinator, error) {
 		groups: map[int64]*groupState{},
 		joined: make([]bool, cfg.Size),
 		seen:   make([]uint64, cfg.Size),
+		last:   make([]time.Time, cfg.Size),
 		cache:  newCoordCache(cfg.CacheCapacity),
 	}, nil
 }
@@ -183,6 +194,9 @@ func (c *Coordinator) SubmitBatch(now time.Time, b *Batch) error {
 	if b.Seen > c.seen[b.Rank] {
 		c.seen[b.Rank] = b.Seen
 	}
+	if len(b.Requests) > 0 || len(b.Cached) > 0 || b.Join {
+		c.last[b.Rank] = now
+	}
 	for i := range b.Requests {
 		c.submitFull(now, b.Rank, &b.Requests[i])
 	}
@@ -192,6 +206,7 @@ func (c *Coordinator) SubmitBatch(now time.Time, b *Batch) error {
 	if b.Join {
 		c.join(now, b.Rank)
 	}
+	c.failConflictingGroups(now)
 	return nil
 }
 
@@ -354,6 +369,65 @@ func (c *Coordinator) maybeComplete(now time.Time, o *op) {
 	}
 }
 
+// noteGroupConflict records, when the ranks present in a failed op declared different groups
+// (grouped calls of different lengths on different ranks), that each rank submits none of the
+// members of the groups the others declared; failConflictingGroups then fails those members.
+func (c *Coordinator) noteGroupConflict(reqs []Request, present []int) {
+	var ids []int64
+	for _, r := range present {
+		if g := reqs[r].Group; g != 0 && !slices.Contains(ids, g) {
+			ids = append(ids, g)
+		}
+	}
+	if len(ids) < 2 {
+		return
+	}
+	if c.conflicts == nil {
+		c.conflicts = map[int64][]bool{}
+	}
+	for _, id := range ids {
+		never := c.conflicts[id]
+		if never == nil {
+			never = make([]bool, c.size)
+			c.conflicts[id] = never
+		}
+		for _, r := range present {
+			if reqs[r].Group != id {
+				never[r] = true
+			}
+		}
+	}
+}
+
+// failConflictingGroups fails the pending members of conflicting groups (noteGroupConflict) that
+// miss a rank which declared another group: they would wait for it forever. It runs once a Batch
+// is in, when every member of each rank's grouped call is pending.
+func (c *Coordinator) failConflictingGroups(now time.Time) {
+	if len(c.conflicts) == 0 {
+		return
+	}
+	for o := c.head; o != nil; {
+		next := o.next
+		if never := c.conflicts[o.group]; never != nil {
+			var absent []int
+			for r, how := range o.sent {
+				if how == subAbsent && never[r] && !c.joined[r] {
+					absent = append(absent, r)
+				}
+			}
+			if len(absent) > 0 {
+				if o.err == "" {
+					o.err = fmt.Sprintf("%s %q: %s declared another group, of another length, for the same grouped call",
+						o.kind, o.name, c.ids.word(absent))
+				}
+				c.resolve(now, o)
+			}
+		}
+		o = next
+	}
+	clear(c.conflicts)
+}
+
 // resolve negotiates a complete op and queues the result.
 func (c *Coordinator) resolve(now time.Time, o *op) {
 	c.removeOp(o)
@@ -398,6 +472,7 @@ func (c *Coordinator) resolve(now time.Time, o *op) {
 		sig, err := negotiate(o.name, c.size, o.reqs, present, absent, c.ids)
 		if err != "" {
 			it.err, it.names = err, []string{o.name}
+			c.noteGroupConflict(o.reqs, present)
 		} else {
 			it.sig, it.joined = sig, absent
 			it.group, it.groupSize = sig.group, sig.groupSize
@@ -502,6 +577,7 @@ func (c *Coordinator) Tick(now time.Time) ([]Response, []Stall) {
 	due := func(since, last time.Time, warned bool) bool {
 		return warn > 0 && now.Sub(since) >= warn && (!warned || now.Sub(last) >= warn)
 	}
+	stalls = c.failCrossed(now, stalls)
 	for o := c.head; o != nil; {
 		next := o.next
 		waited := now.Sub(o.since)
@@ -556,6 +632,115 @@ func (c *Coordinator) Tick(now time.Time) ([]Response, []Stall) {
 	return c.Ready(), stalls
 }
 
+// failCrossed fails the ops that have waited StallCrossed while every rank missing from them has
+// ops of its own pending, unchanged for as long (see Config.StallCrossed), and appends their
+// stalls. Every such op is failed in the same tick, so that each rank gets an error for the op it
+// waits on.
+func (c *Coordinator) failCrossed(now time.Time, stalls []Stall) []Stall {
+	cross := c.cfg.StallCrossed
+	if cross <= 0 {
+		return stalls
+	}
+	var waiting map[int][]*op // per rank: the ops it submitted that are pending, oldest first
+	var failed []*op
+	var msgs []string
+	for o := c.head; o != nil; o = o.next {
+		if now.Sub(o.since) < cross {
+			continue
+		}
+		if waiting == nil {
+			waiting = map[int][]*op{}
+			for p := c.head; p != nil; p = p.next {
+				for r := range c.size {
+					if p.sent[r] != subAbsent {
+						waiting[r] = append(waiting[r], p)
+					}
+				}
+			}
+		}
+		var missing, ready []int
+		crossed := true
+		for r := range c.size {
+			switch {
+			case o.sent[r] != subAbsent:
+				ready = append(ready, r)
+			case c.joined[r]:
+			case len(waiting[r]) == 0 || now.Sub(c.last[r]) < cross:
+				crossed = false // r submitted nothing pending, or only lately: it may be on its way
+			default:
+				missing = append(missing, r)
+			}
+		}
+		if !crossed || len(missing) == 0 {
+			continue
+		}
+		// What each missing rank waits on, grouped: "ranks 1,2 wait on barrier "noname.7"".
+		elsewhere := tally(missing, func(r int) string {
+			var names []string
+			for i, p := range waiting[r] {
+				if i == 3 {
+					names = append(names, fmt.Sprintf("and %d more", len(waiting[r])-3))
+					break
+				}
+				names = append(names, fmt.Sprintf("%s %q", p.kind, p.name))
+			}
+			return strings.Join(names, ", ")
+		})
+		parts := make([]string, len(elsewhere))
+		for i, v := range elsewhere {
+			verb := " waits on "
+			if len(v.ranks) > 1 {
+				verb = " wait on "
+			}
+			parts[i] = c.ids.word(v.ranks) + verb + v.key
+		}
+		msgs = append(msgs, fmt.Sprintf("%s %q: the ranks' calls went different ways: %s submitted it, but %s instead (for %v and more, with nothing else submitted); a rank that raised or skipped a call moved on, and unnamed ops are matched by call order",
+			o.kind, o.name, c.ids.word(ready), strings.Join(parts, "; "), cross))
+		failed = append(failed, o)
+		stalls = append(stalls, Stall{Name: o.name, Kind: o.kind, Since: now.Sub(o.since), Fatal: true,
+			Ready: c.ids.all(ready), Missing: c.ids.all(missing), Reason: "crossed: " + strings.Join(parts, "; ")})
+	}
+	if len(failed) == 0 {
+		return stalls
+	}
+	// Past every unnamed op pending now: the ranks blocked in these ops have submitted nothing
+	// later, so no rank has counted beyond it.
+	var resync uint64
+	for o := c.head; o != nil; o = o.next {
+		if n, ok := unnamedNumber(o.name); ok && n+1 > resync {
+			resync = n + 1
+		}
+	}
+	names := make([]string, len(failed))
+	for i, o := range failed {
+		names[i] = o.name // resolve recycles o
+		if o.err == "" {
+			o.err = msgs[i]
+		}
+		c.resolve(now, o)
+	}
+	for _, it := range c.ready {
+		if it.err != "" && slices.ContainsFunc(names, func(n string) bool { return slices.Contains(it.names, n) }) {
+			it.resync = resync
+		}
+	}
+	return stalls
+}
+
+// unnamedNumber is N of an unnamed op's name ("noname.<N>", or "noname.<N>.<i>" for a member of
+// a group), as the API layer names them.
+func unnamedNumber(name string) (uint64, bool) {
+	rest, ok := strings.CutPrefix(name, "noname.")
+	if !ok {
+		return 0, false
+	}
+	if i := strings.IndexByte(rest, '.'); i >= 0 {
+		rest = rest[:i]
+	}
+	n, err := strconv.ParseUint(rest, 10, 64)
+	return n, err == nil
+}
+
 // Ready returns the Responses resolved since the last call, in stream order: ops in the order they
 // became ready, each fused with later compatible ones (same kind, dtype, reduce op, scale
 // factors, root, group and joined ranks) while the group stays within FusionBytes, first fit.
@@ -580,7 +765,8 @@ func (c *Coordinator) Ready() []Response {
 		switch {
 		case it.err != "":
 			c.seq++
-			out = append(out, Response{Seq: c.seq, Kind: it.kind, Names: it.names, Error: it.err, CacheIDs: it.cacheIDs})
+			out = append(out, Response{Seq: c.seq, Kind: it.kind, Names: it.names, Error: it.err, CacheIDs: it.cacheIDs,
+				Resync: it.resync})
 			continue
 		case it.isJoin:
 			c.seq++

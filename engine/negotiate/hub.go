@@ -6,6 +6,10 @@ import (
 	"time"
 )
 
+// SetChangePrefix names the global set's allgathers that carry process set changes (the engine's
+// own ops). They run with joined ranks too, which propose nothing but apply the verdict.
+const SetChangePrefix = "kolo.process_set#"
+
 // Hub is rank 0's negotiation state for a job with process sets: the global set (id 0, every rank)
 // and each registered subset of ranks has its own Coordinator, working in the set's own ranks
 // 0..n-1, and Batches name their set. Sets negotiate independently: an op of set {0,1} is ready
@@ -169,7 +173,7 @@ func (h *Hub) Ready() []SetResponses {
 // Tick runs every set's stall inspector and returns, in Ready's order, what became ready (valid
 // until the next call of Ready or Tick). Stalls of a set other than the global one carry its id.
 func (h *Hub) Tick(now time.Time) ([]SetResponses, []Stall) {
-	var stalls []Stall
+	stalls := h.failSetMismatches(now, nil)
 	clear(h.out)
 	out := h.out[:0]
 	defer func() { h.out = out }()
@@ -185,6 +189,108 @@ func (h *Hub) Tick(now time.Time) ([]SetResponses, []Stall) {
 		}
 	}
 	return out, stalls
+}
+
+// SetMismatchGrace is how long an op must have waited before Tick takes it for one that ranks
+// submitted in different process sets: long enough for a rank that submits the same name in two
+// sets it belongs to, in another order than its peers, to catch up.
+const SetMismatchGrace = 250 * time.Millisecond
+
+// failSetMismatches fails, in both sets, each op that ranks submitted in different process sets:
+// an op of one name pending in sets A and B for SetMismatchGrace, where a rank missing from A's op
+// submitted B's and a rank missing from B's submitted A's. Neither can complete (their missing
+// ranks wait in the other set), as in Horovod, where that hangs; every rank gets an error naming
+// the sets and who used which. Legitimate ops of one name in two sets never cross that way for
+// long: a rank in both sets submits the name in each.
+func (h *Hub) failSetMismatches(now time.Time, stalls []Stall) []Stall {
+	if len(h.sets) < 2 {
+		return stalls
+	}
+	type setOp struct {
+		s *hubSet
+		o *op
+	}
+	var byName map[string][]setOp
+	for _, id := range h.ids {
+		s := h.sets[id]
+		for o := s.co.head; o != nil; o = o.next {
+			if now.Sub(o.since) < SetMismatchGrace || o.err != "" {
+				continue
+			}
+			if byName == nil {
+				byName = map[string][]setOp{}
+			}
+			byName[o.name] = append(byName[o.name], setOp{s, o})
+		}
+	}
+	// submitted and missing list an op's job ranks that did, and did not (and did not join),
+	// submit it.
+	submitted := func(x setOp) []int {
+		var out []int
+		for r, how := range x.o.sent {
+			if how != subAbsent {
+				out = append(out, x.s.co.ids.of(r))
+			}
+		}
+		return out
+	}
+	missing := func(x setOp) []int {
+		var out []int
+		for r, how := range x.o.sent {
+			if how == subAbsent && !x.s.co.joined[r] {
+				out = append(out, x.s.co.ids.of(r))
+			}
+		}
+		return out
+	}
+	crosses := func(a, b setOp) bool {
+		sb := submitted(b)
+		for _, r := range missing(a) {
+			if slices.Contains(sb, r) {
+				return true
+			}
+		}
+		return false
+	}
+	setName := func(s *hubSet) string {
+		if s.id == 0 {
+			return "the global process set"
+		}
+		return fmt.Sprintf("process set %d (ranks %s)", s.id, formatRanks(s.ranks))
+	}
+	var fail []setOp
+	var msgs []string
+	names := make([]string, 0, len(byName))
+	for name := range byName {
+		names = append(names, name)
+	}
+	slices.Sort(names) // a deterministic order of errors in each set's stream
+	for _, name := range names {
+		xs := byName[name]
+		for i := 0; i < len(xs); i++ {
+			for j := i + 1; j < len(xs); j++ {
+				a, b := xs[i], xs[j]
+				if !crosses(a, b) || !crosses(b, a) {
+					continue
+				}
+				msg := fmt.Sprintf("%s %q: ranks disagree on its process set: %s submitted it in %s, %s in %s",
+					a.o.kind, name, rankWord(submitted(a)), setName(a.s), rankWord(submitted(b)), setName(b.s))
+				for _, x := range []setOp{a, b} {
+					if !slices.ContainsFunc(fail, func(y setOp) bool { return y.o == x.o }) {
+						fail = append(fail, x)
+						msgs = append(msgs, msg)
+					}
+				}
+			}
+		}
+	}
+	for i, x := range fail {
+		stalls = append(stalls, Stall{Name: x.o.name, Kind: x.o.kind, Since: now.Sub(x.o.since), Fatal: true,
+			Ready: submitted(x), Missing: missing(x), Reason: msgs[i], Set: x.s.id})
+		x.o.err = msgs[i]
+		x.s.co.resolve(now, x.o)
+	}
+	return stalls
 }
 
 // checkSetRanks says what is wrong with ranks as a process set of a job of size ranks, or "".

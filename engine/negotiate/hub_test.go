@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"slices"
+
+	"github.com/kolo-dl/kolo/dtype"
 	"strings"
 	"testing"
 	"time"
@@ -418,5 +420,102 @@ func runHubSim(t *testing.T, seed uint64) {
 	}
 	if hub.Pending() != 0 {
 		t.Fatalf("%d ops pending", hub.Pending())
+	}
+}
+
+// Ranks that submit one op in different process sets: both sets' ops fail, on the next tick past
+// SetMismatchGrace, naming the sets and who used which; an op of one name pending in two
+// overlapping sets, as their members submit it in each, is left alone.
+func TestHubSetMismatch(t *testing.T) {
+	h, err := NewHub(Config{Size: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, ranks := range map[int][]int{1: {0, 1}, 2: {1, 2}} {
+		if err := h.AddSet(id, ranks); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req := func(name string) []Request {
+		return []Request{{Name: name, Kind: Allreduce, DType: dtype.Float32, Shape: []int64{4}, ReduceOp: ReduceSum}}
+	}
+	submit := func(from, set, setRank int, name string) {
+		t.Helper()
+		if err := h.SubmitBatch(epoch, from, &Batch{Set: set, Rank: setRank, Requests: req(name)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	submit(0, 1, 0, "x") // rank 0: "x" in set 1
+	submit(1, 0, 1, "x") // rank 1: "x" in the global set
+	// Legitimate: "g" in sets 1 and 2, rank 1 (in both) has submitted set 2's only so far.
+	submit(0, 1, 0, "g")
+	submit(1, 2, 0, "g")
+	if out, stalls := h.Tick(epoch.Add(SetMismatchGrace / 2)); len(out) != 0 || len(stalls) != 0 {
+		t.Fatalf("before the grace period: %+v %+v", out, stalls)
+	}
+	out, stalls := h.Tick(epoch.Add(SetMismatchGrace))
+	want := `allreduce "x": ranks disagree on its process set: rank 1 submitted it in the global process set, rank 0 in process set 1 (ranks 0,1)`
+	var sets []int
+	for _, sr := range out {
+		for _, r := range sr.Responses {
+			if r.Error != want || len(r.Names) != 1 || r.Names[0] != "x" {
+				t.Errorf("set %d: %+v, want the error %q", sr.Set, r, want)
+			}
+		}
+		sets = append(sets, sr.Set)
+	}
+	if !slices.Equal(sets, []int{1, 0}) || len(stalls) != 2 {
+		t.Errorf("responses for sets %v, stalls %+v; want errors in sets 1 and 0", sets, stalls)
+	}
+	// "g" is still pending in both sets, and completes when rank 1 submits set 1's.
+	submit(1, 1, 1, "g")
+	out = h.Ready()
+	if len(out) != 1 || out[0].Set != 1 || out[0].Responses[0].Error != "" {
+		t.Errorf("set 1's g: %+v", out)
+	}
+}
+
+// Grouped calls of different lengths on different ranks (rank 0 groups two tensors, rank 1
+// three): every member fails on every rank as soon as both grouped calls are in, the one only
+// rank 1 has included, instead of waiting for a rank that never submits it.
+func TestGroupsOfDifferentLengths(t *testing.T) {
+	c, err := NewCoordinator(Config{Size: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	group := func(id int64, n int) []Request {
+		reqs := make([]Request, n)
+		for i := range reqs {
+			reqs[i] = Request{Name: fmt.Sprintf("noname.4.%d", i), Kind: Allreduce, DType: dtype.Float32,
+				Shape: []int64{4}, ReduceOp: ReduceSum, Group: id, GroupSize: n}
+		}
+		return reqs
+	}
+	for _, order := range [][2]int{{0, 1}, {1, 0}} {
+		t.Run(fmt.Sprintf("rank %d first", order[0]), func(t *testing.T) {
+			calls := map[int][]Request{0: group(12, 2), 1: group(11, 3)}
+			for _, r := range order {
+				if err := c.SubmitBatch(epoch, &Batch{Rank: r, Requests: calls[r]}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			failed := map[string]int{}
+			for _, resp := range c.Ready() {
+				if resp.Error == "" {
+					t.Errorf("a member completed: %+v", resp)
+				}
+				for _, n := range resp.Names {
+					failed[n]++
+				}
+			}
+			for _, n := range []string{"noname.4.0", "noname.4.1", "noname.4.2"} {
+				if failed[n] == 0 {
+					t.Errorf("%s did not fail (failed: %v)", n, failed)
+				}
+			}
+			if c.Pending() != 0 {
+				t.Errorf("%d ops still pending", c.Pending())
+			}
+		})
 	}
 }

@@ -70,14 +70,17 @@ func ParseOpKind(s string) (OpKind, error) {
 	return InvalidOp, fmt.Errorf("unknown op kind %q (want allreduce, allgather, broadcast, alltoall, reducescatter, barrier or join)", s)
 }
 
-// Reduction operators, with the numeric values of reduce.Op (the engine converts with a plain cast).
+// Reduction operators, with the numeric values of reduce.Op (the engine converts with a plain cast),
+// and then ReduceAdasum, which is no elementwise reduce.Op: the engine runs
+// collective.AdasumAllreduce for it (allreduce of floating-point tensors only, no joined ranks).
 // Average is not one of them: it is Sum plus a post-scale of 1/n, decided by the API layer; the
 // Request carries an Average flag only so that errors can say "average".
 const (
-	ReduceSum  uint8 = 1
-	ReduceMin  uint8 = 2
-	ReduceMax  uint8 = 3
-	ReduceProd uint8 = 4
+	ReduceSum    uint8 = 1
+	ReduceMin    uint8 = 2
+	ReduceMax    uint8 = 3
+	ReduceProd   uint8 = 4
+	ReduceAdasum uint8 = 5
 )
 
 // ReduceOpName names a reduction operator as errors and tests print it ("average" when avg is set).
@@ -97,6 +100,8 @@ func ReduceOpName(op uint8, avg bool) string {
 		return "max"
 	case ReduceProd:
 		return "prod"
+	case ReduceAdasum:
+		return "adasum"
 	}
 	return fmt.Sprintf("reduceop(%d)", op)
 }
@@ -114,7 +119,7 @@ type Request struct {
 	// Shape is the full shape of this rank's tensor. Allgather and Alltoall tensors may differ in
 	// dim 0 across ranks; every other dim (and every dim for the other kinds) must agree.
 	Shape []int64
-	// ReduceOp is one of ReduceSum..ReduceProd (Allreduce, ReduceScatter).
+	// ReduceOp is one of ReduceSum..ReduceAdasum (Allreduce, ReduceScatter; Adasum: Allreduce only).
 	ReduceOp uint8
 	// Average marks a Sum whose PostScale the API layer set to 1/n; only errors read it.
 	Average bool
@@ -135,6 +140,12 @@ type Request struct {
 	// request by it to that set's Coordinator, which sees only its own set's requests; it is not
 	// compared, cached or encoded with the request (a Batch carries its set once).
 	Set int
+	// Error, when non-empty, says that this rank refused the op before submitting it (a bad
+	// argument found on this rank alone: an unsupported dtype, splits that do not add up): the
+	// rank still takes its turn, so that the op fails on every rank with this reason instead of
+	// leaving the others waiting for it. Such a request is never cached, and only Name, Kind and
+	// Group need be set.
+	Error string
 }
 
 // NoCacheID in Response.CacheIDs means the tensor got no cache id (cache full or disabled, or a
@@ -190,6 +201,11 @@ type Response struct {
 	CacheIDs []uint32
 	// Evict lists the cache ids every rank drops before learning CacheIDs.
 	Evict []uint32
+	// Resync, on the error of calls that went different ways (Config.StallCrossed), is the number
+	// past every unnamed op ("noname.<N>") pending in the set when it failed: each rank's count of
+	// unnamed ops moves up to it, so that ranks whose counts drifted apart (one skipped an unnamed
+	// call) name their next unnamed calls alike again. 0: none.
+	Resync uint64
 	// FromCache says that every tensor was negotiated from a cache entry every rank already holds,
 	// unchanged: the codec then sends only CacheIDs, and Cache.Learn fills in the rest.
 	FromCache bool
@@ -245,6 +261,13 @@ type Config struct {
 	StallWarning time.Duration
 	// StallShutdown, when positive, is how long an op may wait before it is failed.
 	StallShutdown time.Duration
+	// StallCrossed, when positive, is how long an op may wait while every rank missing from it
+	// has ops of its own pending that the op's submitters lack, and has submitted nothing
+	// meanwhile: the ranks' calls went different ways (one raised and moved on, a conditional
+	// call), and no later submission will reconcile them. Such ops fail with an error naming
+	// what each rank waits on. It is checked with the stall inspector, even when warnings are
+	// off.
+	StallCrossed time.Duration
 	// Ranks, for the Coordinator of a process set, is the job rank of each of its Size ranks
 	// (ascending). The Coordinator works in the set's own ranks 0..Size-1, as do its Requests and
 	// Responses (Root, Splits, Dim0, Joined); only what it writes for people (error messages and

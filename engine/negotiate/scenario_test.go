@@ -184,6 +184,8 @@ func (s *scenario) run(f []string) ([]string, error) {
 				}
 			case "shutdown":
 				cfg.StallShutdown, err = time.ParseDuration(v)
+			case "crossed":
+				cfg.StallCrossed, err = time.ParseDuration(v)
 			case "ranks":
 				cfg.Ranks, err = parseInts(v)
 			default:
@@ -419,6 +421,8 @@ func (s *scenario) submit(f []string) ([]string, error) {
 			for _, x := range sp {
 				req.Splits = append(req.Splits, int64(x))
 			}
+		case "refuse":
+			req.Error = strings.ReplaceAll(v, "_", " ")
 		case "rows":
 			rows, err = parseInts(v)
 		case "group":
@@ -613,6 +617,9 @@ func formatResponse(r *Response) string {
 	if r.Error != "" {
 		fmt.Fprintf(&b, "error [%s]", strings.Join(r.Names, " "))
 		ids("ids", r.CacheIDs)
+		if r.Resync != 0 {
+			fmt.Fprintf(&b, " resync=%d", r.Resync)
+		}
 		b.WriteString(": " + r.Error)
 		return b.String()
 	}

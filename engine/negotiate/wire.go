@@ -52,10 +52,14 @@ const (
 var ErrMalformed = errors.New("malformed negotiation message")
 
 // Abort tells every rank that Rank was lost or gave up, and why; the engine fails everything
-// pending with Reason.
+// pending with Reason. Stalled marks the notice of a progress deadline: Rank waited on rank
+// StalledOn inside a collective, and StalledOn moved nothing for the whole timeout (StalledOn may
+// itself be waiting on another rank: the engine follows the chain).
 type Abort struct {
-	Rank   int
-	Reason string
+	Rank      int
+	Reason    string
+	Stalled   bool
+	StalledOn int
 }
 
 // PeekKind returns the kind of an encoded message so that the engine can pick its decoder.
@@ -76,7 +80,8 @@ const (
 	reqSplits
 	reqGroup
 	reqRoot
-	reqAll = reqAverage | reqScales | reqSplits | reqGroup | reqRoot
+	reqError
+	reqAll = reqAverage | reqScales | reqSplits | reqGroup | reqRoot | reqError
 )
 
 // EncodeBatch appends b's message to dst. Cached ids travel as a set: a bitset or a delta list,
@@ -122,6 +127,9 @@ func appendRequest(dst []byte, r *Request) []byte {
 	if r.Root != 0 {
 		flags |= reqRoot
 	}
+	if r.Error != "" {
+		flags |= reqError
+	}
 	dst = append(dst, flags)
 	dst = appendInts(dst, r.Shape)
 	if flags&reqRoot != 0 {
@@ -137,6 +145,9 @@ func appendRequest(dst []byte, r *Request) []byte {
 	if flags&reqGroup != 0 {
 		dst = binary.AppendVarint(dst, r.Group)
 		dst = binary.AppendVarint(dst, int64(r.GroupSize))
+	}
+	if flags&reqError != 0 {
+		dst = appendString(dst, r.Error)
 	}
 	return dst
 }
@@ -267,6 +278,12 @@ func (d *decoder) request(r *Request) {
 		r.Group = d.varint("group")
 		r.GroupSize = d.int("group size")
 	}
+	if flags&reqError != 0 {
+		r.Error = d.str("refusal", MaxErrorLen)
+		if r.Error == "" && d.err == nil {
+			d.fail("empty refusal")
+		}
+	}
 }
 
 // Response flags.
@@ -279,7 +296,8 @@ const (
 	respDim0
 	respSplits
 	respRoot
-	respAll = respFromCache | respAverage | respScales | respError | respGroup | respDim0 | respSplits | respRoot
+	respResync
+	respAll = respFromCache | respAverage | respScales | respError | respGroup | respDim0 | respSplits | respRoot | respResync
 )
 
 // EncodeResponses appends rs's message to dst. A FromCache Response travels as its cache ids (and
@@ -334,9 +352,15 @@ func appendResponse(dst []byte, r *Response) []byte {
 	if r.Root != 0 {
 		flags |= respRoot
 	}
+	if r.Resync != 0 {
+		flags |= respResync
+	}
 	dst = binary.AppendUvarint(dst, flags)
 	if r.Error != "" {
 		dst = appendString(dst, r.Error)
+	}
+	if flags&respResync != 0 {
+		dst = binary.AppendUvarint(dst, r.Resync)
 	}
 	dst = binary.AppendUvarint(dst, uint64(len(r.Names)))
 	for _, n := range r.Names {
@@ -462,6 +486,9 @@ func (d *decoder) response(r *Response) {
 			d.fail("error flag with an empty error")
 		}
 	}
+	if flags&respResync != 0 {
+		r.Resync = d.uvarint("resync")
+	}
 	if n := d.count("names", MaxItems); n > 0 {
 		r.Names = make([]string, n)
 		for i := range r.Names {
@@ -508,11 +535,16 @@ func (d *decoder) response(r *Response) {
 	}
 }
 
-// EncodeAbort appends a's message to dst.
+// EncodeAbort appends a's message to dst. A stall notice ends with StalledOn; other notices end
+// with the reason.
 func EncodeAbort(dst []byte, a Abort) []byte {
 	dst = append(dst, WireVersion, byte(MsgAbort))
 	dst = binary.AppendUvarint(dst, uint64(a.Rank))
-	return appendString(dst, a.Reason)
+	dst = appendString(dst, a.Reason)
+	if a.Stalled {
+		dst = binary.AppendUvarint(dst, uint64(a.StalledOn))
+	}
+	return dst
 }
 
 // DecodeAbort decodes a MsgAbort message.
@@ -520,6 +552,9 @@ func DecodeAbort(p []byte) (Abort, error) {
 	d := decoder{p: p, msg: "abort"}
 	d.header(MsgAbort)
 	a := Abort{Rank: d.rank("rank"), Reason: d.str("reason", MaxErrorLen)}
+	if d.err == nil && d.off < len(d.p) {
+		a.Stalled, a.StalledOn = true, d.rank("stalled rank")
+	}
 	return a, d.end()
 }
 

@@ -24,6 +24,7 @@ func sampleBatches() []*Batch {
 			{Name: "rs", Kind: ReduceScatter, DType: dtype.Float64, Shape: []int64{8}, ReduceOp: ReduceMax, PreScale: -2},
 			{Name: "b", Kind: Barrier, Group: -5, GroupSize: 2},
 			{Name: "scalar", Kind: Allreduce, DType: dtype.Int8, ReduceOp: ReduceProd},
+			{Name: "refused", Kind: Alltoall, Error: "splits must be int32"},
 		}, Cached: []uint32{0, 1, 2, 5, 8, 13, 21, 200}},
 		{Rank: 2, Cached: []uint32{5, 3, 3, 1000}},             // unsorted, with a duplicate: list
 		{Rank: 2, Cached: []uint32{0, 1, 2, 3, 4, 5, 6, 7, 8}}, // dense: bitset
@@ -103,14 +104,19 @@ func TestResponsesRoundTrip(t *testing.T) {
 }
 
 func TestAbortRoundTrip(t *testing.T) {
-	a := Abort{Rank: 5, Reason: "rank 5 lost during recv: connection reset"}
-	msg := EncodeAbort(nil, a)
-	if k, err := PeekKind(msg); err != nil || k != MsgAbort {
-		t.Fatalf("PeekKind = %v, %v", k, err)
-	}
-	got, err := DecodeAbort(msg)
-	if err != nil || got != a {
-		t.Errorf("got %+v, %v", got, err)
+	for _, a := range []Abort{
+		{Rank: 5, Reason: "rank 5 lost during recv: connection reset"},
+		{Rank: 2, Reason: "rank 2: allreduce \"w\": rank 0 made no progress for 1m0s", Stalled: true, StalledOn: 0},
+		{Rank: 0, Reason: "", Stalled: true, StalledOn: 7},
+	} {
+		msg := EncodeAbort(nil, a)
+		if k, err := PeekKind(msg); err != nil || k != MsgAbort {
+			t.Fatalf("PeekKind = %v, %v", k, err)
+		}
+		got, err := DecodeAbort(msg)
+		if err != nil || got != a {
+			t.Errorf("%+v: got %+v, %v", a, got, err)
+		}
 	}
 }
 
@@ -258,6 +264,7 @@ func FuzzDecodeResponses(f *testing.F) {
 
 func FuzzDecodeAbort(f *testing.F) {
 	f.Add(EncodeAbort(nil, Abort{Rank: 2, Reason: "oom"}))
+	f.Add(EncodeAbort(nil, Abort{Rank: 1, Reason: "stuck", Stalled: true, StalledOn: 3}))
 	f.Fuzz(func(t *testing.T, p []byte) {
 		a, err := DecodeAbort(p)
 		if err != nil {

@@ -46,6 +46,8 @@ func Encode(t dtype.DType, vals []float64) []byte {
 			p[0] = byte(int64(v))
 		case dtype.Int8:
 			p[0] = byte(int8(int64(v)))
+		case dtype.Int16:
+			le.PutUint16(p, uint16(int16(int64(v))))
 		case dtype.Int32:
 			le.PutUint32(p, uint32(int32(int64(v))))
 		case dtype.Int64:
@@ -75,6 +77,8 @@ func Decode(t dtype.DType, b []byte) []float64 {
 			out[i] = float64(p[0])
 		case dtype.Int8:
 			out[i] = float64(int8(p[0]))
+		case dtype.Int16:
+			out[i] = float64(int16(le.Uint16(p)))
 		case dtype.Int32:
 			out[i] = float64(int32(le.Uint32(p)))
 		case dtype.Int64:
@@ -108,6 +112,8 @@ func wrap(t dtype.DType, v int64) float64 {
 		return float64(uint8(v))
 	case dtype.Int8:
 		return float64(int8(v))
+	case dtype.Int16:
+		return float64(int16(v))
 	case dtype.Int32:
 		return float64(int32(v))
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/kolo-dl/kolo/auth"
 	"github.com/kolo-dl/kolo/launch"
 	"github.com/kolo-dl/kolo/rendezvous"
+	"github.com/kolo-dl/kolo/world"
 )
 
 // WorkerEnv is set in a re-executed test binary to the scenario it must run as a rank.
@@ -128,7 +129,7 @@ func Launch(t testing.TB, scenario string, hosts []Host, np int, o Options) *Job
 	start := time.Now()
 	intruded := make(chan int, 1)
 	if o.Intrude {
-		go func() { intruded <- intrude(ctx, srv, addr.String(), np) }()
+		go func() { intruded <- intrude(ctx, srv, addr.String(), jobID, np) }()
 	} else {
 		intruded <- 0
 	}
@@ -145,10 +146,10 @@ func LocalHosts(np int) []Host { return []Host{{Name: "localhost", Slots: np}} }
 // intrude plays a stranger on the network: once every rank has published its peer listener, it
 // connects to each listener and to the rendezvous, once sending random bytes and once running the
 // handshake with a wrong secret. It returns how many connections it made.
-func intrude(ctx context.Context, srv *rendezvous.Server, rvAddr string, np int) int {
+func intrude(ctx context.Context, srv *rendezvous.Server, rvAddr, jobID string, np int) int {
 	targets := []string{rvAddr}
 	for r := 0; r < np; r++ {
-		v, err := srv.Get(ctx, fmt.Sprintf("world/rank/%d", r))
+		v, err := srv.Get(ctx, world.RecordKey(jobID, r))
 		if err != nil {
 			return 0
 		}

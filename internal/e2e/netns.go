@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -25,6 +26,8 @@ func ip(args ...string) error {
 	return nil
 }
 
+var netnsCalls atomic.Int32
+
 // NewNetns creates n hosts, or skips the test where namespaces cannot be made (not root, no ip;
 // fails instead under KOLO_REQUIRE_TESTBEDS=1).
 // Everything it creates is removed by t.Cleanup.
@@ -36,8 +39,11 @@ func NewNetns(t testing.TB, n int) *Netns {
 	if _, err := exec.LookPath("ip"); err != nil {
 		Unavailable(t, "no ip command (apt-get install iproute2)")
 	}
-	id := os.Getpid() % 10000
-	subnet := 100 + os.Getpid()%150
+	// Names and subnet differ per call, not only per process: the kernel removes a deleted
+	// namespace's links in the background, and the next test's must not meet them.
+	call := int(netnsCalls.Add(1))
+	id := (os.Getpid() + 1000*call) % 10000
+	subnet := 100 + (os.Getpid()+call)%150
 	ns := &Netns{Bridge: fmt.Sprintf("kbr%d", id), Gateway: fmt.Sprintf("10.77.%d.254", subnet)}
 	cleanup := func() {
 		for _, name := range ns.Names {

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -29,6 +31,7 @@ var Scenarios = map[string]func(ctx context.Context) error{
 	"abort":    abortScenario,
 	"steady":   steadyScenario,
 	"loop":     loopScenario,
+	"sigstop":  sigstopScenario,
 }
 
 // loopScenario allreduces until an op fails (a test kills part of the job) and returns that error.
@@ -319,7 +322,7 @@ func mismatchScenario(ctx context.Context) error {
 	if err == nil {
 		return errors.New("mismatched shapes succeeded")
 	}
-	for _, want := range []string{`"bad.shape"`, "rank 1", "[5]", "[4]"} {
+	for _, want := range []string{`"allreduce.bad.shape"`, "rank 1", "[5]", "[4]"} {
 		if !strings.Contains(err.Error(), want) {
 			return fmt.Errorf("mismatch error %q lacks %q", err, want)
 		}
@@ -439,4 +442,53 @@ func abortScenario(ctx context.Context) error {
 			os.Exit(3)
 		}
 	}
+}
+
+// StopForEnv is how long, in seconds, the sigstop scenario keeps rank 1 stopped.
+const StopForEnv = "KOLO_E2E_STOP_SECONDS"
+
+// sigstopScenario: every rank runs 40 allreduces of 1 MiB. Rank 1 enters the 21st and has a helper
+// process stop it (SIGSTOP) 200 ms later, once its request for the op is out, and continue it
+// (SIGCONT) StopForEnv seconds after that; the other ranks enter the op 500 ms late, so that it
+// starts while rank 1 is stopped and they wait on rank 1 inside the collective. A rank whose op
+// fails prints "STOP-RESULT rank=R silent=MS err=ERROR" (MS: how long it waited in the op) and
+// exits 3; a rank that finishes, every result checked, prints "STOP-OK rank=R".
+func sigstopScenario(ctx context.Context) error {
+	rank, size := kolo.Rank(), kolo.Size()
+	stopFor, err := strconv.ParseFloat(os.Getenv(StopForEnv), 64)
+	if err != nil {
+		return fmt.Errorf("%s: %w", StopForEnv, err)
+	}
+	signal.Ignore(syscall.SIGTERM) // the test measures the engine's detection, not the launcher's stop
+	buf := make([]float32, 1<<18)
+	for i := range 40 {
+		if i == 20 && rank == 1 {
+			pid := os.Getpid()
+			helper := exec.Command("sh", "-c", fmt.Sprintf("sleep 0.2; kill -STOP %d; sleep %g; kill -CONT %d", pid, stopFor, pid))
+			helper.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // out of reach of the launcher's stop
+			if err := helper.Start(); err != nil {
+				return err
+			}
+			go helper.Wait()
+		} else if i == 20 {
+			time.Sleep(500 * time.Millisecond)
+		}
+		for j := range buf {
+			buf[j] = float32(rank + 1 + i)
+		}
+		start := time.Now()
+		if err := kolo.Allreduce(ctx, fmt.Sprintf("stop.%d", i), kolo.Of(buf), kolo.Sum); err != nil {
+			fmt.Fprintf(os.Stderr, "STOP-RESULT rank=%d silent=%d err=%v\n", rank, time.Since(start).Milliseconds(), err)
+			os.Exit(3)
+		}
+		// Rank r adds r+1+i: the sum is size(size+1)/2 + size*i.
+		want := float32(size*(size+1)/2 + size*i)
+		for j, v := range buf {
+			if v != want {
+				return fmt.Errorf("op %d: element %d is %v, want %v", i, j, v, want)
+			}
+		}
+	}
+	fmt.Fprintf(os.Stderr, "STOP-OK rank=%d\n", rank)
+	return nil
 }

@@ -73,10 +73,11 @@ _i, _i64, _d, _p, _s = ctypes.c_int, ctypes.c_int64, ctypes.c_double, ctypes.c_v
 _SIGNATURES = {
     "kolo_version": (_i, [_s, _i]),
     "kolo_last_error": (_i, [_s, _i]),
-    "kolo_init_async": (_i64, []),
+    "kolo_init_async": (_i64, [_p, _i]),  # ranks (int64s, or None for every rank), count
     "kolo_shutdown_async": (_i64, []),
     "kolo_abort": (_i, [_s, _i]),
     "kolo_is_initialized": (_i, []),
+    "kolo_failed": (_i, []),
     "kolo_rank": (_i, []),
     "kolo_size": (_i, []),
     "kolo_local_rank": (_i, []),
@@ -93,6 +94,9 @@ _SIGNATURES = {
     "kolo_poll": (_i, [_i64]),
     "kolo_wait": (_i, [_i64, _i64, _i]),
     "kolo_error": (_i, [_i64, _s, _i]),
+    "kolo_error_kind": (_i, [_i64]),
+    # kind, name, name length, group size (0: not grouped), reason, reason length, process set id
+    "kolo_refuse": (_i64, [_i, _s, _i, _i, _s, _i, _i]),
     "kolo_result": (_i64, [_i64, _p, _i]),
     "kolo_result_copy": (_i64, [_i64, _p, _i64]),
     "kolo_recv_splits": (_i, [_i64, _p, _i]),
@@ -230,9 +234,12 @@ def _finish_pending():
     return what, None
 
 
-def init():
-    """Joins the job (idempotent, as Horovod's init is). Ctrl-C interrupts the wait for the other
-    ranks; joining goes on in the engine, and calling init() again waits for it."""
+def init(ranks=None):
+    """Joins the job (idempotent, as Horovod's init is); with ranks, a world of only those ranks
+    of the launcher's job (kolo.WithRanks). After the engine stopped on an error (a lost or
+    failed rank), init() joins a new world with the ranks that call it again. Ctrl-C interrupts
+    the wait for the other ranks; joining goes on in the engine, and calling init() again waits
+    for it."""
     global _topology
     lib = _load()
     # An init or shutdown that Ctrl-C interrupted: its outcome is the engine's state. An init that
@@ -241,8 +248,13 @@ def init():
     what, err = _finish_pending()
     if what == "init" and err is not None:
         raise err
-    if not lib.kolo_is_initialized():
-        _call(lib.kolo_init_async, "init")
+    if not lib.kolo_is_initialized() or lib.kolo_failed():
+        # Not yet, or the engine stopped on an error (a lost rank, a failed collective): join a
+        # new world, with the ranks that call init() again.
+        _topology = None
+        arr = None if ranks is None else (ctypes.c_int64 * max(len(ranks), 1))(*ranks)
+        n = 0 if ranks is None else len(ranks)
+        _call(lambda: lib.kolo_init_async(arr, n), "init")
     if _topology is None:
         _topology = (lib.kolo_rank(), lib.kolo_size(), lib.kolo_local_rank(), lib.kolo_local_size(),
                      lib.kolo_cross_rank(), lib.kolo_cross_size(), lib.kolo_is_homogeneous() == 1)
@@ -383,8 +395,17 @@ def wait(h, release=0):
     return st
 
 
+# kolo_error_kind: how an op failed.
+ERROR_FAILED, ERROR_ARGUMENT = 1, 2
+
+
 def take_error(h):
-    """The KoloInternalError of failed handle h, which it releases."""
+    """The exception of failed handle h, which it releases: ValueError for arguments this rank
+    refused (as Horovod raises for invalid arguments: the other ranks' submissions of the op fail
+    with the reason), KoloInternalError (HorovodInternalError) for an op that failed."""
     msg = error(h)
+    kind = C.kolo_error_kind(h)
     C.kolo_release(h)
+    if kind == ERROR_ARGUMENT:
+        return ValueError(msg)
     return KoloInternalError(msg)

@@ -359,7 +359,12 @@ def _worker_main():
         try:
             exc = pickle.dumps(e)
         except Exception:
-            exc = None
+            # A class that came by value with a cloudpickled function is not the module's own:
+            # cloudpickle sends it back by value, and the driver, which sent it, gets its own.
+            try:
+                exc = _pickler.dumps(e)
+            except Exception:
+                exc = None
         _emit("err", {"summary": "%s: %s" % (type(e).__name__, e), "traceback": tb,
                       "exception": exc})
         sys.stderr.flush()

@@ -298,8 +298,15 @@ def scenario_autograd(r, n):
     x = torch.ones(n, 2, requires_grad=True)
     out = hvd.reducescatter(x, op=hvd.Sum, name="ag.reducescatter")
     (out * (r + 1)).sum().backward()
-    want = torch.tensor([[float(s + 1)] * 2 for s in range(n)])
+    # Horovod's convention, as for allreduce: the gradient of a Sum is the set's size times the
+    # gathered output gradient (an Average's is the gathered gradient itself).
+    want = torch.tensor([[float(n * (s + 1))] * 2 for s in range(n)])
     check(torch.allclose(x.grad, want), "reducescatter Sum grad: %s" % x.grad.tolist())
+    x = torch.ones(n, 2, requires_grad=True)
+    out = hvd.reducescatter(x, op=hvd.Average, name="ag.reducescatter.avg")
+    (out * (r + 1)).sum().backward()
+    want = torch.tensor([[float(s + 1)] * 2 for s in range(n)])
+    check(torch.allclose(x.grad, want), "reducescatter Average grad: %s" % x.grad.tolist())
 
 
 def scenario_errors(r, n):
@@ -313,13 +320,14 @@ def scenario_errors(r, n):
         check(isinstance(e, RuntimeError) and isinstance(e, hvd.KoloInternalError), "error class")
     got = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="after mismatch")
     check(got.item() == n, "allreduce after a failed op")
+    # Arguments wrong on this rank raise ValueError at the call, as Horovod's invalid arguments do.
     for bad, exc in [(lambda: hvd.allreduce(torch.zeros(2, dtype=torch.bool)), ValueError),
                      (lambda: hvd.allreduce(torch.zeros(2, dtype=torch.complex64)), ValueError),
-                     (lambda: hvd.allreduce(torch.zeros(2), op=hvd.Adasum), NotImplementedError),
+                     (lambda: hvd.reducescatter(torch.zeros(2 * n), op=hvd.Adasum), hvd.HorovodInternalError),
                      (lambda: hvd.allreduce(torch.zeros(2), op=hvd.Sum, average=True), ValueError),
-                     (lambda: hvd.allgather(torch.tensor(1.0)), hvd.HorovodInternalError),
-                     (lambda: hvd.broadcast(torch.zeros(1), n), hvd.HorovodInternalError),
-                     (lambda: hvd.alltoall(torch.zeros(n + 1), splits=[1] * (n + 1)), hvd.HorovodInternalError)]:
+                     (lambda: hvd.allgather(torch.tensor(1.0)), ValueError),
+                     (lambda: hvd.broadcast(torch.zeros(1), n), ValueError),
+                     (lambda: hvd.alltoall(torch.zeros(n + 1), splits=[1] * (n + 1)), ValueError)]:
         try:
             bad()
             failures.append("no %s from a bad call" % exc.__name__)

@@ -101,7 +101,7 @@ def test_bad_arguments_raise_instead_of_killing_python():
         def refused(h, want):
             assert h < 0, h
             err = _lib.take_error(-h)
-            assert isinstance(err, hvd.KoloInternalError) and want in str(err), (want, err)
+            assert isinstance(err, ValueError) and want in str(err), (want, err)
 
         def failed(rc, want):
             assert rc == -1, rc
@@ -143,7 +143,7 @@ def test_init_raises_the_error_of_an_interrupted_init():
         try:
             hvd.init()
             raise SystemExit("init dropped the failed init's error")
-        except hvd.KoloInternalError as e:
+        except ValueError as e:  # the stand-in is a refused argument
             assert "argument dt = 99" in str(e), e
         assert _lib._pending is None and not hvd.is_initialized()
         hvd.init()

@@ -194,3 +194,35 @@ def test_dataloader_workers_forked_after_init():
     """)
     rc, out = run([KOLO, "run", "-np", "2", PY, "-c", code], timeout=180)
     assert rc == 0 and out.count("ok loader") == 2, out
+
+
+def test_init_comm_ranks():
+    # hvd.init(comm=[0, 1]) under kolo run: a world of ranks 0 and 1, then the whole job.
+    rc, out = run([KOLO, "run", "-np", "3", PY, os.path.join(HERE, "init_comm_worker.py"), "ranks"],
+                  timeout=120)
+    assert rc == 0 and out.count("ok init comm") == 3, out
+
+
+def test_init_comm_mpi4py():
+    # hvd.init(comm=<mpi4py communicator>) under mpirun, as Horovod scripts do.
+    import shutil
+    mpirun = shutil.which("mpirun")
+    assert mpirun, "mpirun not found (apt-get install openmpi-bin python3-mpi4py)"
+    rc, out = run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "3",
+                   "-x", "PYTHONPATH", PY, os.path.join(HERE, "init_comm_worker.py"), "mpi"],
+                  timeout=120)
+    assert rc == 0 and out.count("ok init comm") == 3, out
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_calls_that_went_different_ways(np):
+    # Every rank fails within the crossed-calls deadline, and the job (unnamed ops included) works
+    # afterwards.
+    rc, out = run([KOLO, "run", "-np", str(np), PY, os.path.join(HERE, "crossed_worker.py"), "2"],
+                  timeout=120, extra={"KOLO_STALL_CROSSED_TIME_SECONDS": "2"})
+    assert rc == 0 and out.count("ok crossed") == np, out
+
+
+def test_init_after_a_failure_joins_a_new_world():
+    rc, out = run([KOLO, "run", "-np", "3", PY, os.path.join(HERE, "reinit_worker.py")], timeout=120)
+    assert rc == 0 and out.count("ok reinit") == 3, out

@@ -40,14 +40,17 @@ def test_timeline(tmp_path):
                    os.path.join(HERE, "timeline_worker.py"), second])
     assert rc == 0 and out.count("ok timeline") == 2, out
     env = rows(first)
-    assert "NEGOTIATE_ALLREDUCE" in env["from.env"] and "KOLO_ALLREDUCE" in env["from.env"], env
-    assert "rt.0" not in env, "the first timeline kept recording after start_timeline replaced it"
+    # Ops are named in the timeline as the engine matches them: "<kind>.<name>", as in Horovod.
+    assert "NEGOTIATE_ALLREDUCE" in env["allreduce.from.env"], env
+    assert "KOLO_ALLREDUCE" in env["allreduce.from.env"], env
+    assert "allreduce.rt.0" not in env, "the first timeline kept recording after start_timeline replaced it"
     rt = rows(second)
-    for name in ("rt.0", "rt.1", "rt.2"):
+    for name in ("allreduce.rt.0", "allreduce.rt.1", "allreduce.rt.2"):
         ev = rt[name]
         for want in ("NEGOTIATE_ALLREDUCE", "rank 0", "rank 1", "ALLREDUCE", "QUEUE", "KOLO_ALLREDUCE"):
             assert want in ev, (name, ev)
-    assert "KOLO_ALLGATHER" in rt["rt.gather"] and "KOLO_BROADCAST" in rt["rt.bcast"], rt
+    assert "KOLO_ALLGATHER" in rt["allgather.rt.gather"], rt
+    assert "KOLO_BROADCAST" in rt["broadcast.rt.bcast"], rt
     assert "CYCLE_START" in rt["(global)"], rt
-    assert "after.stop" not in rt, "recorded after stop_timeline"
+    assert "allreduce.after.stop" not in rt, "recorded after stop_timeline"
     assert sorted(os.listdir(tmp_path)) == ["env.json", "runtime.json"], "only rank 0 writes"

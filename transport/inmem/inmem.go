@@ -14,6 +14,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/kolo-dl/kolo/transport"
 )
@@ -29,6 +31,7 @@ type config struct {
 	shared         bool
 	buffer         int
 	oversubscribed bool
+	progress       time.Duration
 }
 
 // WithSlotBytes sets the length of every rank's shared slot (Shared.Slot). Small slots make
@@ -50,6 +53,12 @@ func WithOversubscribed() Option { return func(c *config) { c.oversubscribed = t
 // squeeze flow control, and only algorithms that never Send before Recv survive them.
 func WithBuffer(n int) Option { return func(c *config) { c.buffer = n } }
 
+// WithProgressTimeout makes a SendRecv (Send, Recv) that waited d on a peer that moved no byte, or a
+// Barrier that waited d on ranks that did not arrive, fail with a *transport.StallError, as the
+// real transports do (there by default, here only with this option). Time this rank spent paused
+// does not count.
+func WithProgressTimeout(d time.Duration) Option { return func(c *config) { c.progress = d } }
+
 // New creates a group of size ranks and returns one Endpoint per rank, in rank order.
 func New(size int, opts ...Option) []*Endpoint {
 	if size < 1 {
@@ -66,6 +75,7 @@ func New(size int, opts ...Option) []*Endpoint {
 		size:           size,
 		shared:         cfg.shared,
 		oversubscribed: cfg.oversubscribed,
+		progress:       max(cfg.progress, 0),
 		eps:            make([]*Endpoint, size),
 		pipes:          make([][]*pipe, size),
 		gone:           make(chan struct{}),
@@ -107,6 +117,7 @@ type group struct {
 	size           int
 	shared         bool
 	oversubscribed bool
+	progress       time.Duration // 0: no progress deadline
 	eps            []*Endpoint
 	pipes          [][]*pipe // pipes[from][to]
 	slots          [][]byte
@@ -141,6 +152,13 @@ type Endpoint struct {
 	pumpMu    sync.Mutex
 	pumping   bool
 	inboxShut bool
+
+	pauseMu  sync.Mutex
+	paused   chan struct{} // while paused: closed by Resume (under pauseMu)
+	isPaused atomic.Bool   // paused != nil, for the hot path
+	pauses   atomic.Int32  // Pauses so far: a wait that spans one restarts its clock
+
+	timer *time.Timer // the progress deadline's, made at the first wait that needs it and reused
 }
 
 var (
@@ -174,6 +192,82 @@ func (e *Endpoint) Kill(err error) {
 		}
 		e.g.markGone()
 	})
+}
+
+// Pause simulates this rank's process being stopped (SIGSTOP): from its next step on, its calls
+// move no byte and do not return until Resume (or Kill, or Close), while its peers see it alive. A
+// wait that spans a pause does not blame its peers for the paused time, as a stopped process does
+// not. Pausing a paused endpoint does nothing.
+func (e *Endpoint) Pause() {
+	e.pauseMu.Lock()
+	defer e.pauseMu.Unlock()
+	if e.paused == nil {
+		e.paused = make(chan struct{})
+		e.pauses.Add(1)
+		e.isPaused.Store(true)
+	}
+}
+
+// Resume lets a paused endpoint go on (SIGCONT).
+func (e *Endpoint) Resume() {
+	e.pauseMu.Lock()
+	defer e.pauseMu.Unlock()
+	if e.paused != nil {
+		close(e.paused)
+		e.paused = nil
+		e.isPaused.Store(false)
+	}
+}
+
+// stayPaused blocks while the endpoint is paused. It returns the number of pauses so far.
+func (e *Endpoint) stayPaused() int32 {
+	if e.isPaused.Load() {
+		e.pauseMu.Lock()
+		p := e.paused
+		e.pauseMu.Unlock()
+		if p != nil {
+			select {
+			case <-p:
+			case <-e.dead:
+			case <-e.closed:
+			}
+		}
+	}
+	return e.pauses.Load()
+}
+
+// stallClock is a call's progress deadline: zero until the call first waits, restarted by every
+// move and by a pause of this endpoint.
+type stallClock struct {
+	since  time.Time
+	pauses int32
+}
+
+// expired reports whether the call waited the whole progress timeout since it last moved, and
+// otherwise arms e.timer for what is left; timerC is its channel, nil without a timeout.
+func (e *Endpoint) expired(c *stallClock, pauses int32) (expired bool, timerC <-chan time.Time) {
+	limit := e.g.progress
+	if limit <= 0 {
+		return false, nil
+	}
+	now := time.Now()
+	if c.since.IsZero() || pauses != c.pauses {
+		c.since, c.pauses = now, pauses
+	}
+	left := limit - now.Sub(c.since)
+	if left <= 0 {
+		return true, nil
+	}
+	if e.timer == nil {
+		e.timer = time.NewTimer(left)
+	} else {
+		e.timer.Reset(left)
+	}
+	return false, e.timer.C
+}
+
+func (e *Endpoint) stall(peer int, op, detail string) error {
+	return &transport.StallError{Rank: peer, Op: op, For: e.g.progress, Detail: detail}
 }
 
 func (e *Endpoint) isKilled() bool {
@@ -290,7 +384,10 @@ func (e *Endpoint) SendRecv(ctx context.Context, to int, sb []byte, from int, rb
 	in := e.g.pipes[from][e.rank]
 	toEp, fromEp := e.g.eps[to], e.g.eps[from]
 	sending, receiving := len(sb) > 0, len(rb) > 0
+	nsb, nrb := len(sb), len(rb)
+	var clock stallClock
 	for {
+		pauses := e.stayPaused()
 		if err := e.selfErr("sendrecv"); err != nil {
 			return err
 		}
@@ -324,7 +421,16 @@ func (e *Endpoint) SendRecv(ctx context.Context, to int, sb []byte, from int, rb
 			return nil
 		}
 		if progress {
+			clock.since = time.Time{}
 			continue
+		}
+		expired, timeout := e.expired(&clock, pauses)
+		if expired {
+			// Blame the peer whose data does not arrive first, as the real transports do.
+			if len(rb) > 0 {
+				return e.stall(from, "recv", fmt.Sprintf("%d of %d bytes received", nrb-len(rb), nrb))
+			}
+			return e.stall(to, "send", fmt.Sprintf("%d of %d bytes sent", nsb-len(sb), nsb))
 		}
 		var space, data, toClosed, fromClosed chan struct{}
 		if len(sb) > 0 {
@@ -351,11 +457,15 @@ func (e *Endpoint) SendRecv(ctx context.Context, to int, sb []byte, from int, rb
 		case <-fromClosed:
 		case <-e.dead:
 		case <-e.closed:
+		case <-timeout:
 		case <-ctx.Done():
 			if len(sb) > 0 {
 				return ctxErr(e, ctx, "send to", to)
 			}
 			return ctxErr(e, ctx, "recv from", from)
+		}
+		if timeout != nil {
+			e.timer.Stop()
 		}
 	}
 }

@@ -350,7 +350,13 @@ func TestMessenger(t *testing.T) {
 }
 
 func TestSendRecvAllocatesNothing(t *testing.T) {
-	eps := New(2)
+	t.Run("plain", func(t *testing.T) { testSendRecvAllocatesNothing(t) })
+	// The progress deadline's timer is made once and reused.
+	t.Run("progress timeout", func(t *testing.T) { testSendRecvAllocatesNothing(t, WithProgressTimeout(time.Minute)) })
+}
+
+func testSendRecvAllocatesNothing(t *testing.T, opts ...Option) {
+	eps := New(2, opts...)
 	defer closeAll(eps)
 	ctx := context.Background()
 	a, b := make([]byte, 200_000), make([]byte, 200_000)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/kolo-dl/kolo/transport"
 )
@@ -48,6 +49,7 @@ func (e *Endpoint) Barrier(ctx context.Context) error {
 	if !g.shared {
 		return fmt.Errorf("inmem: rank %d: barrier: %w", e.rank, errNoShared)
 	}
+	e.stayPaused()
 	if err := e.selfErr("barrier"); err != nil {
 		return err
 	}
@@ -83,12 +85,30 @@ func (e *Endpoint) Barrier(ctx context.Context) error {
 		}
 		runtime.Gosched()
 	}
+	var clock stallClock
+	arrived := -1 // how many ranks had arrived at the last look: an arrival is progress
 	for {
+		b.mu.Lock()
+		n := len(b.waiting)
+		b.mu.Unlock()
+		if n != arrived {
+			arrived, clock.since = n, time.Time{}
+		}
+		expired, timeout := e.expired(&clock, e.stayPaused())
+		if expired && !passed() {
+			late := e.notArrived(gen)
+			if len(late) > 0 {
+				return fmt.Errorf("inmem: rank %d: barrier (generation %d): %w", e.rank, gen,
+					e.stall(late[0], "barrier", fmt.Sprintf("ranks %v have not arrived", late)))
+			}
+		}
 		select {
 		case <-e.barWake:
 			if passed() {
 				return nil
 			}
+			continue
+		case <-timeout:
 			continue
 		case <-g.gone:
 		case <-ctx.Done():
@@ -116,4 +136,25 @@ func (e *Endpoint) Barrier(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// notArrived lists the ranks that have not entered barrier generation gen, which is still open.
+func (e *Endpoint) notArrived(gen uint64) []int {
+	b := &e.g.bar
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.gen != gen {
+		return nil
+	}
+	in := make([]bool, e.g.size)
+	for _, r := range b.waiting {
+		in[r] = true
+	}
+	var late []int
+	for r, ok := range in {
+		if !ok {
+			late = append(late, r)
+		}
+	}
+	return late
 }

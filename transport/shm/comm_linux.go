@@ -67,7 +67,23 @@ func (c *comm) begin() error {
 }
 
 func (c *comm) waiter(ctx context.Context) waiter {
-	return c.g.newWaiter(ctx, c.g.bell(c.g.rank, rCommBell), &c.g.commClosed, true)
+	w := c.g.newWaiter(ctx, c.g.bell(c.g.rank, rCommBell), &c.g.commClosed, true)
+	w.clock.limit = c.g.cfg.ProgressTimeout
+	return w
+}
+
+// stalled turns a wait's errNoProgress into a *transport.StallError naming peer (local rank) by its
+// job rank; other errors pass unchanged. detail is formatted only then: the hot path pays nothing.
+func (c *comm) stalled(err error, peer int, op string, detail func() string) error {
+	if err != errNoProgress {
+		return err
+	}
+	g := c.g
+	rank := peer
+	if g.cfg.Ranks != nil {
+		rank = g.cfg.Ranks[peer]
+	}
+	return &transport.StallError{Rank: rank, Host: g.cfg.Host, Op: op, For: g.cfg.ProgressTimeout, Detail: detail()}
 }
 
 // Send copies b into the ring to peer, waiting for room as the peer drains it.
@@ -97,6 +113,7 @@ func (c *comm) Send(ctx context.Context, peer int, b []byte) error {
 			continue
 		}
 		if err := w.wait(r.writable, gone); err != nil {
+			err = c.stalled(err, peer, "send", func() string { return fmt.Sprintf("%d of %d bytes sent", off, len(b)) })
 			return fmt.Errorf("shm: rank %d: send %d bytes to rank %d, %d sent: %w", c.g.rank, len(b), peer, off, err)
 		}
 	}
@@ -129,6 +146,7 @@ func (c *comm) Recv(ctx context.Context, peer int, b []byte) error {
 			continue
 		}
 		if err := w.wait(r.readable, gone); err != nil {
+			err = c.stalled(err, peer, "recv", func() string { return fmt.Sprintf("%d of %d bytes received", off, len(b)) })
 			return fmt.Errorf("shm: rank %d: recv %d bytes from rank %d, %d received: %w", c.g.rank, len(b), peer, off, err)
 		}
 	}
@@ -213,6 +231,14 @@ func (c *comm) SendRecv(ctx context.Context, to int, sb []byte, from int, rb []b
 			continue
 		}
 		if err := w.wait(ready, gone); err != nil {
+			// Blame the peer whose data does not arrive, if any: in a ring, a rank's send stalls
+			// only once the rank after it stops draining, while its receive stalls at once when
+			// the rank before it stops.
+			if ro < len(rb) && !r.readable() {
+				err = c.stalled(err, from, "recv", func() string { return fmt.Sprintf("%d of %d bytes received", ro, len(rb)) })
+			} else {
+				err = c.stalled(err, to, "send", func() string { return fmt.Sprintf("%d of %d bytes sent", so, len(sb)) })
+			}
 			return fmt.Errorf("shm: rank %d: sendrecv %d bytes to rank %d (%d sent), %d from rank %d (%d received): %w",
 				me, len(sb), to, so, len(rb), from, ro, err)
 		}
@@ -252,7 +278,15 @@ func (c *comm) Barrier(ctx context.Context) error {
 		return nil
 	}
 	ready := func() bool { return atomic.LoadUint64(arrivals) >= target }
+	w := g.newWaiter(ctx, g.barrierBell(), &g.commClosed, true)
+	w.clock.limit = g.cfg.ProgressTimeout
+	defer w.done()
+	seen := atomic.LoadUint64(arrivals)
 	gone := func(procs bool) error {
+		// An arrival is the barrier's progress (check asks gone before it reads the clock).
+		if a := atomic.LoadUint64(arrivals); a != seen {
+			seen, w.moved = a, true
+		}
 		for _, r := range c.notArrived(n) {
 			if err := g.peerGone(r, "barrier", stateCommClosed, procs); err != nil {
 				return err
@@ -260,11 +294,13 @@ func (c *comm) Barrier(ctx context.Context) error {
 		}
 		return nil
 	}
-	w := g.newWaiter(ctx, g.barrierBell(), &g.commClosed, true)
-	defer w.done()
 	for !ready() {
 		if err := w.wait(ready, gone); err != nil {
-			return fmt.Errorf("shm: rank %d: barrier %d: ranks %v have not arrived: %w", g.rank, n, c.notArrived(n), err)
+			late := c.notArrived(n)
+			if len(late) > 0 { // the wrapping below lists them all
+				err = c.stalled(err, late[0], "barrier", func() string { return "" })
+			}
+			return fmt.Errorf("shm: rank %d: barrier %d: ranks %v have not arrived: %w", g.rank, n, late, err)
 		}
 	}
 	return nil

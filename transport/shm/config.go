@@ -6,7 +6,8 @@
 //
 // Waits spin for a few microseconds and then sleep on a futex with a short timeout, checking on
 // every wake-up the caller's context, an abort word in the segment, and whether the peer process is
-// still alive, so a killed rank makes its peers fail within a fraction of a second rather than hang.
+// still alive, so a killed rank makes its peers fail within a fraction of a second rather than hang;
+// a live peer that moves nothing fails a Comm call after the progress timeout (Config.ProgressTimeout).
 //
 // This package must not know about tensors, ops or the engine, and must not talk to other hosts:
 // it moves bytes between local ranks and says which one failed. The segment file is unlinked as
@@ -53,6 +54,16 @@ type Config struct {
 	// shared rule's count (spin.DefaultYields); an explicit negative Spin keeps it 0, for callers
 	// that want no polling at all.
 	Yields int
+	// ProgressTimeout fails a Comm call (Send, Recv, SendRecv, Barrier) that waited this long on
+	// a peer that moved no byte (a Barrier: on ranks that did not arrive) with a
+	// *transport.StallError; 0 means transport.DefaultProgressTimeout, negative never. Only time
+	// this process runs counts: a wait that finds its own process was not running for a while (it
+	// was stopped itself) starts its clock again.
+	ProgressTimeout time.Duration
+	// Host names this host in errors; Ranks[r], when given, is local rank r's rank in the job, by
+	// which a *transport.StallError names the peer it waited on (other errors name local ranks).
+	Host  string
+	Ranks []int
 }
 
 const (
@@ -101,6 +112,15 @@ func (cfg Config) normalize() (Config, error) {
 	}
 	if cfg.Dir == "" {
 		cfg.Dir = defaultDir
+	}
+	if cfg.ProgressTimeout == 0 {
+		cfg.ProgressTimeout = transport.DefaultProgressTimeout
+	}
+	if cfg.ProgressTimeout < 0 {
+		cfg.ProgressTimeout = 0 // never
+	}
+	if cfg.Ranks != nil && len(cfg.Ranks) != cfg.Size {
+		return cfg, fmt.Errorf("shm: segment %q: %d job ranks given for %d local ranks", cfg.Name, len(cfg.Ranks), cfg.Size)
 	}
 	if cfg.Spin == 0 {
 		d, yields := spin.Defaults(cfg.Size)

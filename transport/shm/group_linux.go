@@ -19,14 +19,23 @@ import (
 	"github.com/kolo-dl/kolo/transport"
 )
 
-// How often a sleeping wait wakes up to check its context, the abort word and its peers' processes.
-// It bounds how long a killed peer goes unnoticed.
+// How often a sleeping wait wakes up to check its context, the abort word, its peers' processes and
+// its progress deadline. It bounds how long a killed peer goes unnoticed.
 const (
 	checkEvery       = 50 * time.Millisecond
 	readerCheckEvery = 100 * time.Millisecond
 )
 
+// frozenGap: two checks of one wait this far apart (they are at most checkEvery apart while the
+// process runs) mean that the process itself did not run meanwhile, stopped or suspended, so the
+// peers it waits on are not to blame for that time: the wait's progress clock starts again.
+const frozenGap = time.Second
+
 var errPeerClosed = errors.New("peer closed its shm transport")
+
+// errNoProgress is what a Comm wait returns when its progress deadline passed; the call turns it
+// into a *transport.StallError naming the peer.
+var errNoProgress = errors.New("no progress")
 
 // Group is this rank's attachment to the host's segment. Comm and Messenger are views of it; Close
 // releases it.
@@ -439,7 +448,8 @@ func u32(mem []byte, off int64) *uint32 { return (*uint32)(unsafe.Pointer(&mem[o
 func u64(mem []byte, off int64) *uint64 { return (*uint64)(unsafe.Pointer(&mem[off])) }
 
 // waiter carries one operation's waiting state across its retries: spin first, then sleep on a
-// doorbell, checking on each wake-up the local close, the abort word, the context and the peers.
+// doorbell, checking on each wake-up the local close, the abort word, the context, the peers and,
+// for a Comm call, the progress deadline.
 type waiter struct {
 	g       *Group
 	ctx     context.Context
@@ -449,14 +459,47 @@ type waiter struct {
 	spun    bool
 	checked time.Time   // when peers' processes were last checked; zero before the first sleep
 	stop    func() bool // unregisters the context's wake-up
+
+	// The progress deadline: the call fails with errNoProgress once its waits have seen no
+	// progress for the clock's limit (0: never). Progress is noted by a flag, and the clock is
+	// read only by check, which runs when a wait did not end by spinning: the hot path pays
+	// nothing for it.
+	clock progressClock
+	moved bool // the call moved data (or, for a Barrier, ranks arrived) since the last check
+}
+
+// progressClock is one call's progress deadline, told of each check of its waits (at most
+// checkEvery apart while the process runs) and of whether the call made progress since the last.
+type progressClock struct {
+	limit time.Duration // 0: no deadline
+	since time.Time     // when the call last made progress, as the checks saw it; zero before
+	last  time.Time     // the previous check
+}
+
+// expired notes a check at now, after progress if moved, and reports whether the call has gone
+// limit without progress. A check frozenGap or more after the previous one means that this
+// process did not run in between: the clock starts again rather than blame the peers for it.
+func (c *progressClock) expired(now time.Time, moved bool) bool {
+	if c.limit <= 0 {
+		return false
+	}
+	if moved || c.since.IsZero() || now.Sub(c.last) >= frozenGap {
+		c.since = now
+	}
+	c.last = now
+	return now.Sub(c.since) >= c.limit
 }
 
 func (g *Group) newWaiter(ctx context.Context, bell doorbell, closed *atomic.Bool, abort bool) waiter {
 	return waiter{g: g, ctx: ctx, bell: bell, closed: closed, abort: abort}
 }
 
-// progressed resets the spin after the operation moved data, so the next wait spins again.
-func (w *waiter) progressed() { w.spun = false }
+// progressed resets the spin after the operation moved data, so the next wait spins again, and
+// restarts its progress clock.
+func (w *waiter) progressed() {
+	w.spun = false
+	w.moved = true
+}
 
 // done releases the context registration; call it when the operation ends.
 func (w *waiter) done() {
@@ -530,6 +573,11 @@ func (w *waiter) check(ready func() bool, gone func(procs bool) error) error {
 	}
 	if err := gone(procs); err != nil && !ready() {
 		return err
+	}
+	moved := w.moved
+	w.moved = false
+	if w.clock.expired(now, moved) && !ready() {
+		return errNoProgress
 	}
 	return nil
 }

@@ -4,6 +4,10 @@ import (
 	"context"
 	"fmt"
 	"testing"
+
+	"github.com/kolo-dl/kolo/collective"
+	"github.com/kolo-dl/kolo/dtype"
+	"github.com/kolo-dl/kolo/reduce"
 )
 
 // TestNoAllocs checks the hot path: Send, Recv and SendRecv allocate nothing per call, with or
@@ -136,4 +140,40 @@ func human(n int) string {
 		return fmt.Sprintf("%dKiB", n>>10)
 	}
 	return fmt.Sprint(n)
+}
+
+// BenchmarkAllreduce runs collective.Allreduce between 2 ranks in one process over loopback, with
+// warm buffers: 4 bytes (recursive doubling, the latency floor) and 4 MiB (the ring, striped over
+// the default 2 streams).
+func BenchmarkAllreduce(b *testing.B) {
+	w := connectAll(b, 2, DefaultStreams, ChunkSize)
+	for _, size := range []int{4, 4 << 20} {
+		b.Run(fmt.Sprintf("size=%s", human(size)), func(b *testing.B) {
+			bufs := [][]byte{make([]byte, size), make([]byte, size)}
+			ctx := context.Background()
+			start, done := make(chan struct{}), make(chan error, 1)
+			go func() {
+				for range start {
+					done <- collective.Allreduce(ctx, w.ms[1].Comm(), bufs[1], dtype.Float32, reduce.Sum, nil)
+				}
+			}()
+			defer close(start)
+			run := func() {
+				start <- struct{}{}
+				if err := collective.Allreduce(ctx, w.ms[0].Comm(), bufs[0], dtype.Float32, reduce.Sum, nil); err != nil {
+					b.Fatal(err)
+				}
+				if err := <-done; err != nil {
+					b.Fatal(err)
+				}
+			}
+			run() // warm buffers and the scratch pool
+			b.SetBytes(int64(size))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				run()
+			}
+		})
+	}
 }

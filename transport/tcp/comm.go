@@ -2,10 +2,13 @@ package tcp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kolo-dl/kolo/transport"
@@ -32,9 +35,22 @@ type dir struct {
 	// call used, so calls that share one ctx (the usual case) cost it no wake-up at all.
 	wmu       sync.Mutex
 	watchDone <-chan struct{} // what the watcher should wait on
-	active    bool            // a watched call is running
+	active    bool            // a call is running (begin .. end)
+	watched   bool            // the running call's ctx can end
 	fired     bool            // the watcher interrupted the running call
 	kick      chan struct{}   // watchDone changed
+
+	// The progress watchdog (Mesh.watchProgress) interrupts the running call the same way, setting
+	// stalled, when it moved no byte for the mesh's progress timeout. The call side counts calls
+	// (under wmu) and moved bytes (one atomic add per read or write); the watchdog alone reads the
+	// clock.
+	moved     atomic.Uint64 // reads and writes that moved bytes, while the watchdog runs
+	calls     uint64        // calls begun (under wmu): a new call restarts the clock
+	stalled   bool          // the watchdog interrupted the running call (under wmu)
+	abandoned bool          // the call's other half failed, and cut this one short (under wmu)
+	seenCalls uint64        // watchdog-owned (under wmu): what it saw at since
+	seenMoved uint64
+	since     time.Time
 }
 
 type job struct {
@@ -91,7 +107,7 @@ func (d *dir) watch(quit <-chan struct{}) {
 		select {
 		case <-done:
 			d.wmu.Lock()
-			if d.active && d.watchDone == done {
+			if d.active && d.watched && d.watchDone == done {
 				d.fired = true
 				d.setDeadline(aLongTimeAgo)
 			}
@@ -120,16 +136,23 @@ func (d *dir) setDeadline(t time.Time) {
 	}
 }
 
-// watchCtx makes the watcher interrupt this direction when ctx ends; it reports whether ctx can.
-func (d *dir) watchCtx(ctx context.Context) bool {
+// begin starts a call on this direction, to be interrupted when ctx ends (by the watcher) or when it
+// moves nothing for the progress timeout (by the watchdog). It reports whether the call must end
+// with end: not when neither can interrupt it.
+func (d *dir) begin(ctx context.Context) bool {
 	done := ctx.Done()
-	if done == nil {
+	if done == nil && d.p.m.progress == 0 {
 		return false
 	}
 	d.wmu.Lock()
 	d.active = true
-	changed := d.watchDone != done
-	d.watchDone = done
+	d.calls++
+	d.watched = done != nil
+	changed := false
+	if done != nil {
+		changed = d.watchDone != done
+		d.watchDone = done
+	}
 	d.wmu.Unlock()
 	if changed {
 		select {
@@ -140,18 +163,56 @@ func (d *dir) watchCtx(ctx context.Context) bool {
 	return true
 }
 
-// unwatch ends the watched call and reports whether the watcher interrupted it, restoring the
-// connections' deadlines if so.
-func (d *dir) unwatch() bool {
+// interrupted says why a call's transfer was cut short, if it was.
+type interrupted struct {
+	cancelled bool // ctx ended
+	stalled   bool // no progress for the progress timeout
+	abandoned bool // the other half of a SendRecv failed
+}
+
+// end ends the call begun by begin and reports what interrupted it, restoring the connections'
+// deadlines if anything did.
+func (d *dir) end() interrupted {
 	d.wmu.Lock()
 	defer d.wmu.Unlock()
 	d.active = false
-	fired := d.fired
-	if fired {
-		d.fired = false
+	why := interrupted{cancelled: d.fired, stalled: d.stalled, abandoned: d.abandoned}
+	if why != (interrupted{}) {
+		d.fired, d.stalled, d.abandoned = false, false, false
 		d.setDeadline(time.Time{})
 	}
-	return fired
+	return why
+}
+
+// abandon cuts the running call short: its other half failed, so the call fails anyway and its
+// stream is out of step.
+func (d *dir) abandon() {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	if d.active && !d.abandoned {
+		d.abandoned = true
+		d.setDeadline(aLongTimeAgo)
+	}
+}
+
+// tick is the progress watchdog's look at this direction at now: a running call that moved no
+// byte since the watchdog last saw it move, for limit, is interrupted. frozen says this process
+// did not run for a while: nobody's clock runs then.
+func (d *dir) tick(now time.Time, frozen bool, limit time.Duration) {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	if !d.active || d.stalled || d.fired || d.abandoned {
+		return
+	}
+	moved := d.moved.Load()
+	if frozen || d.calls != d.seenCalls || moved != d.seenMoved || d.since.IsZero() {
+		d.seenCalls, d.seenMoved, d.since = d.calls, moved, now
+		return
+	}
+	if now.Sub(d.since) >= limit {
+		d.stalled = true
+		d.setDeadline(aLongTimeAgo)
+	}
 }
 
 // span returns the connection carrying the first byte of a transfer of n bytes at the current
@@ -210,13 +271,35 @@ func (d *dir) run(s int, b []byte, off uint64) (int64, error) {
 	return n, nil
 }
 
+// writePiece bounds one write while the progress watchdog runs, so that it sees a slow but moving
+// link move: a write returns only once all of its bytes are in the kernel's buffer.
+const writePiece = 1 << 20
+
 func (d *dir) io(c *net.TCPConn, s int, b []byte) (int64, error) {
 	var n int
 	var err error
-	if d.send {
+	switch {
+	case d.p.m.progress == 0 && d.send:
 		n, err = c.Write(b)
-	} else {
+	case d.p.m.progress == 0:
 		n, err = io.ReadFull(c, b)
+	default:
+		// As Write and ReadFull, counting every step for the watchdog.
+		for n < len(b) && err == nil {
+			var k int
+			if d.send {
+				k, err = c.Write(b[n:min(n+writePiece, len(b))])
+			} else {
+				k, err = c.Read(b[n:])
+			}
+			if k > 0 {
+				n += k
+				d.moved.Add(1)
+			}
+		}
+		if err == io.EOF && n > 0 {
+			err = io.ErrUnexpectedEOF
+		}
 	}
 	if err != nil {
 		return int64(n), fmt.Errorf("data stream %d: %w", s, err)
@@ -226,8 +309,10 @@ func (d *dir) io(c *net.TCPConn, s int, b []byte) (int64, error) {
 
 // finish settles a call's outcome for this direction. A call cut short by ctx leaves the stream in
 // step only if it moved no byte; otherwise both ends disagree about where the stream is and the
-// peer is unusable.
-func (d *dir) finish(ctx context.Context, op string, want int, n int64, err error, cancelled bool) error {
+// peer is unusable. A call the progress watchdog cut short fails with a *transport.StallError, and
+// the peer's data lane with it: its connections stay open, so that the control lane still carries
+// the engine's notice of why the job stops, and the stalled peer, once it runs again, finds it.
+func (d *dir) finish(ctx context.Context, op string, want int, n int64, err error, why interrupted) error {
 	if err == nil {
 		d.off += uint64(want)
 		return nil
@@ -236,7 +321,25 @@ func (d *dir) finish(ctx context.Context, op string, want int, n int64, err erro
 	if p.m.closed.Load() {
 		return fmt.Errorf("rank %d: %s rank %d: %w", p.m.rank, op, p.rank, transport.ErrClosed)
 	}
-	if cancelled && ctx.Err() != nil {
+	timedOut := errors.Is(err, os.ErrDeadlineExceeded)
+	if why.stalled && timedOut {
+		verb := "received"
+		if d.send {
+			verb = "sent"
+		}
+		se := &transport.StallError{Rank: p.rank, Host: p.host, Op: op, For: p.m.progress,
+			Detail: fmt.Sprintf("%d of %d bytes %s", n, want, verb)}
+		p.breakData(se)
+		return se
+	}
+	if why.abandoned && timedOut {
+		err := fmt.Errorf("rank %d: %s rank %d: abandoned after %d of %d bytes: the call's other half failed", p.m.rank, op, p.rank, n, want)
+		if n > 0 {
+			p.breakData(err)
+		}
+		return err
+	}
+	if why.cancelled && ctx.Err() != nil {
 		if n > 0 {
 			p.markLost(op, fmt.Errorf("call cancelled after %d of %d bytes, stream out of step: %w", n, want, ctx.Err()))
 		}
@@ -270,7 +373,7 @@ func (c *meshComm) transfer(ctx context.Context, peer int, b []byte, op string) 
 	m := (*Mesh)(c)
 	m.opMu.RLock()
 	defer m.opMu.RUnlock()
-	p, err := m.peerFor(peer, op)
+	p, err := m.dataPeer(peer, op)
 	if err != nil || len(b) == 0 {
 		return err
 	}
@@ -285,13 +388,16 @@ func (c *meshComm) transfer(ctx context.Context, peer int, b []byte, op string) 
 	if op == "recv" {
 		d = &p.in
 	}
-	watched := d.watchCtx(ctx)
+	begun := d.begin(ctx)
 	first, count := d.span(len(b))
 	posted := d.post(b, first, count, first)
 	n, err := d.run(first, b, d.off)
 	nw, errw := d.wait(posted)
-	cancelled := watched && d.unwatch()
-	return d.finish(ctx, op, len(b), n+nw, firstErr(err, errw), cancelled)
+	var why interrupted
+	if begun {
+		why = d.end()
+	}
+	return d.finish(ctx, op, len(b), n+nw, firstErr(err, errw), why)
 }
 
 // SendRecv hands the whole send to the workers and receives meanwhile, so neither side of a ring
@@ -303,12 +409,12 @@ func (c *meshComm) SendRecv(ctx context.Context, to int, sb []byte, from int, rb
 	var po, pi *peer
 	var err error
 	if len(sb) > 0 || len(rb) == 0 {
-		if po, err = m.peerFor(to, "send"); err != nil {
+		if po, err = m.dataPeer(to, "send"); err != nil {
 			return err
 		}
 	}
 	if len(rb) > 0 {
-		if pi, err = m.peerFor(from, "recv"); err != nil {
+		if pi, err = m.dataPeer(from, "recv"); err != nil {
 			return err
 		}
 	}
@@ -319,29 +425,39 @@ func (c *meshComm) SendRecv(ctx context.Context, to int, sb []byte, from int, rb
 		return fmt.Errorf("rank %d: sendrecv with ranks %d and %d: %w", m.rank, to, from, err)
 	}
 	var out, in *dir
-	var watchedOut, watchedIn bool
+	var begunOut bool
 	var postedOut int
 	if len(sb) > 0 {
 		out = &po.out
-		watchedOut = out.watchCtx(ctx)
+		begunOut = out.begin(ctx)
 		first, count := out.span(len(sb))
 		postedOut = out.post(sb, first, count, -1)
 	}
 	var sendErr, recvErr error
 	if len(rb) > 0 {
 		in = &pi.in
-		watchedIn = in.watchCtx(ctx)
+		begunIn := in.begin(ctx)
 		first, count := in.span(len(rb))
 		posted := in.post(rb, first, count, first)
 		n, err := in.run(first, rb, in.off)
 		nw, errw := in.wait(posted)
-		cancelled := watchedIn && in.unwatch()
-		recvErr = in.finish(ctx, "recv", len(rb), n+nw, firstErr(err, errw), cancelled)
+		var why interrupted
+		if begunIn {
+			why = in.end()
+		}
+		recvErr = in.finish(ctx, "recv", len(rb), n+nw, firstErr(err, errw), why)
+		if why.stalled && out != nil && begunOut {
+			// The call fails: do not wait on a send that may never end either.
+			out.abandon()
+		}
 	}
 	if out != nil {
 		n, err := out.wait(postedOut)
-		cancelled := watchedOut && out.unwatch()
-		sendErr = out.finish(ctx, "send", len(sb), n, err, cancelled)
+		var why interrupted
+		if begunOut {
+			why = out.end()
+		}
+		sendErr = out.finish(ctx, "send", len(sb), n, err, why)
 	}
 	return firstErr(recvErr, sendErr)
 }
@@ -352,3 +468,18 @@ func firstErr(a, b error) error {
 	}
 	return b
 }
+
+// dataPeer is peerFor for the data lane, which a transfer cut short midway has left out of step.
+func (m *Mesh) dataPeer(r int, op string) (*peer, error) {
+	p, err := m.peerFor(r, op)
+	if err != nil {
+		return nil, err
+	}
+	if broken := p.broken.Load(); broken != nil {
+		return nil, fmt.Errorf("rank %d: %s rank %d: data stream out of step since an earlier transfer failed: %w", m.rank, op, r, *broken)
+	}
+	return p, nil
+}
+
+// breakData marks p's data lane unusable without closing its connections (see finish).
+func (p *peer) breakData(err error) { p.broken.CompareAndSwap(nil, &err) }

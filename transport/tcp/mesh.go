@@ -6,8 +6,10 @@
 // Every connection runs auth.Handshake before any other byte, then a hello naming the job and the
 // ranks; a connection that fails either is logged and closed while the Listener keeps serving. A
 // broken connection makes its peer lost: every call on that peer fails at once with a
-// *transport.PeerError naming the rank and host. This package must not know about tensors, ops or
-// the engine, and must not pick routes: the caller decides which peers go over TCP.
+// *transport.PeerError naming the rank and host. A peer that stays connected but moves nothing for
+// the progress timeout (Config.ProgressTimeout) fails the call waiting on it with a
+// *transport.StallError. This package must not know about tensors, ops or the engine, and must
+// not pick routes: the caller decides which peers go over TCP.
 package tcp
 
 import (
@@ -58,6 +60,12 @@ type Config struct {
 	// ConnectTimeout bounds Connect (0 means DefaultConnectTimeout); dials are retried with backoff
 	// until then since a peer may not be listening yet.
 	ConnectTimeout time.Duration
+	// ProgressTimeout fails a Comm call that waited this long on a peer that moved no byte with a
+	// *transport.StallError (0 means transport.DefaultProgressTimeout, negative never). A
+	// watchdog goroutine looks at the calls running every ProgressTimeout/8 (at most every
+	// second), so a stall is reported between 1 and 1.25 timeouts after the last byte moved; time
+	// in which this process did not run does not count.
+	ProgressTimeout time.Duration
 
 	chunk       int           // tests shrink it to exercise striping with small buffers
 	userTimeout time.Duration // tests shrink it; DefaultUserTimeout otherwise
@@ -92,6 +100,9 @@ func (cfg *Config) check() error {
 	if cfg.userTimeout <= 0 {
 		cfg.userTimeout = DefaultUserTimeout
 	}
+	if cfg.ProgressTimeout == 0 {
+		cfg.ProgressTimeout = transport.DefaultProgressTimeout
+	}
 	if cfg.log == nil {
 		cfg.log = slog.Default()
 	}
@@ -123,7 +134,8 @@ func (cfg *Config) host(r int) string {
 type Mesh struct {
 	rank, size int
 	chunk      uint64
-	peers      []*peer // by rank; nil for ranks outside the mesh
+	progress   time.Duration // the progress timeout; 0: none
+	peers      []*peer       // by rank; nil for ranks outside the mesh
 	log        *slog.Logger
 	inbox      chan transport.Msg
 
@@ -145,6 +157,9 @@ type peer struct {
 	out  dir // our stream to the peer
 	in   dir // the peer's stream to us
 	lost atomic.Pointer[transport.PeerError]
+	// broken is why the data lane is out of step (a transfer cut short midway, its connections
+	// still open); nil while it is usable.
+	broken atomic.Pointer[error]
 
 	ctrlMu  sync.Mutex // one message at a time on the control connection
 	ctrlBuf []byte
@@ -367,6 +382,9 @@ func newMesh(cfg *Config, conns map[connID]*net.TCPConn) *Mesh {
 		inbox: make(chan transport.Msg, inboxCap),
 		quit:  make(chan struct{}),
 	}
+	if cfg.ProgressTimeout > 0 {
+		m.progress = cfg.ProgressTimeout
+	}
 	for _, r := range cfg.Peers {
 		p := &peer{m: m, rank: r, host: cfg.host(r), ctrl: conns[connID{peer: r, lane: laneControl}]}
 		setUserTimeout(p.ctrl, cfg.userTimeout)
@@ -387,7 +405,52 @@ func newMesh(cfg *Config, conns map[connID]*net.TCPConn) *Mesh {
 		p.out.startWorkers(&m.wg)
 		p.in.startWorkers(&m.wg)
 	}
+	if m.progress > 0 {
+		m.wg.Add(1)
+		go m.watchProgress()
+	}
 	return m
+}
+
+// progressTick is how often the progress watchdog looks at the running calls.
+func progressTick(limit time.Duration) time.Duration {
+	return min(max(limit/8, 5*time.Millisecond), time.Second)
+}
+
+// notRunning reports whether a watchdog tick that came gap after the previous one, due every
+// period, shows that this process did not run meanwhile (stopped, its host suspended), rather than
+// that it ran late.
+func notRunning(gap, period time.Duration) bool {
+	return gap > max(4*period, 500*time.Millisecond)
+}
+
+// watchProgress is the progress watchdog: every tick it looks at each direction of each peer with
+// a call running, and interrupts one that moved no byte for the progress timeout (dir.tick); the
+// call then fails with a *transport.StallError. A tick that comes much later than due means that
+// this process itself did not run meanwhile (it was stopped, or its host suspended): its peers are
+// not to blame for that time, so every clock starts again.
+func (m *Mesh) watchProgress() {
+	defer m.wg.Done()
+	every := progressTick(m.progress)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-m.quit:
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		frozen := notRunning(now.Sub(last), every)
+		last = now
+		for _, p := range m.peers {
+			if p != nil {
+				p.out.tick(now, frozen, m.progress)
+				p.in.tick(now, frozen, m.progress)
+			}
+		}
+	}
 }
 
 // Comm returns the data lane. Its Close closes the whole Mesh.

@@ -15,6 +15,7 @@ from kolo.torch.mpi_ops import (  # noqa: F401
     grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async, init,
     is_homogeneous, is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
     mpi_threads_supported, nccl_built, poll, rank, reducescatter, reducescatter_async, rocm_built,
+    sparse_allreduce_async,
     shutdown, size, synchronize,
 )
 from kolo.torch.process_sets import ProcessSet, global_process_set  # noqa: F401

@@ -54,7 +54,7 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
     """
     handles = []
     for name, p in _named_tensors(params, "broadcast_parameters"):
-        op_name = None if name is None else "broadcast.%s" % name
+        op_name = name  # the engine matches it as "broadcast.<name>", as Horovod does
         # state_dict() returns detached views, parameters need no_grad for an in-place write.
         with torch.no_grad():
             handles.append(mpi_ops.broadcast_async_(p, root_rank, name=op_name,
@@ -63,38 +63,47 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
         mpi_ops.synchronize(h)
 
 
-def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
+def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=global_process_set):
     """Copies root_rank's optimizer state (per-parameter state and param_groups options such as
     the learning rate) into every rank's optimizer.
 
     Tensors in the state are broadcast in place; everything else (scalars, tuples such as Adam's
-    betas) travels as one pickled object, so its Python type survives.
+    betas) travels as one pickled object, so its Python type survives. model (optional, as in
+    Horovod) identifies parameters of sparse embeddings, whose state an SGD optimizer creates
+    from sparse gradients.
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     params = [p for group in optimizer.param_groups for p in group["params"]]
+    sparse = set()
+    if model is not None:
+        for m in model.modules():
+            if isinstance(m, torch.nn.Embedding) and m.sparse:
+                sparse.update(id(p) for p in m.parameters())
     if not any(optimizer.state.get(p) for p in params):
         # A new optimizer has no state yet; take one step with zero gradients to create it, so
         # every rank has the same structure to receive into. A DistributedOptimizer steps its
-        # wrapped class directly so no allreduce runs here.
-        # The parameters are put back afterwards: with weight decay even a zero gradient moves
-        # them, and broadcast_parameters may already have run.
+        # wrapped class directly so no allreduce runs here. As in Horovod, the parameters that
+        # require a gradient keep the zero gradient (scripts read p.grad after this); their
+        # values are put back, since with weight decay even a zero gradient moves them and
+        # broadcast_parameters may already have run.
         saved = {}
         for p in params:
             if p.requires_grad:
-                saved[p] = (p.grad, p.detach().clone())
+                saved[p] = p.detach().clone()
                 p.grad = torch.zeros_like(p)
-                if isinstance(optimizer, torch.optim.SparseAdam):
+                if isinstance(optimizer, torch.optim.SparseAdam) or (
+                        isinstance(optimizer, torch.optim.SGD) and id(p) in sparse):
                     p.grad = p.grad.to_sparse()
         step = getattr(optimizer, "_kolo_unwrapped_step", None) or optimizer.step
         step()
         with torch.no_grad():
-            for p, (g, data) in saved.items():
+            for p, data in saved.items():
                 p.copy_(data)
-                p.grad = g
 
     scalars = {}
     handles = []
+    sparse_state = []  # (index, key, dense copy, sparse_dim) of sparse state tensors
     for index, p in enumerate(params):
         state = optimizer.state.get(p)
         if not state:
@@ -102,6 +111,12 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
         for key in sorted(state, key=str):
             value = state[key]
             if torch.is_tensor(value):
+                if value.is_sparse:
+                    # SGD's momentum of a sparse embedding (model=) is a sparse tensor, which
+                    # has no buffer to broadcast into: it travels dense and is made sparse again.
+                    dense = value.to_dense()
+                    sparse_state.append((index, key, dense, value.sparse_dim()))
+                    value = dense
                 handles.append(mpi_ops.broadcast_async_(
                     value, root_rank, name="optimizer.state.%d.%s" % (index, key),
                     process_set=process_set))
@@ -111,6 +126,8 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
                for group in optimizer.param_groups]
     for h in handles:
         mpi_ops.synchronize(h)
+    for index, key, dense, sparse_dim in sparse_state:
+        optimizer.state[params[index]][key] = dense.to_sparse(sparse_dim)
     scalars, options = broadcast_object((scalars, options), root_rank,
                                         name="optimizer.options", process_set=process_set)
     for (index, key), value in scalars.items():

@@ -41,6 +41,7 @@ _ALLREDUCE, _ALLGATHER, _BROADCAST, _ALLTOALL, _REDUCESCATTER, _BARRIER, _JOIN =
 _DTYPES = {
     torch.uint8: 1,
     torch.int8: 2,
+    torch.int16: 9,
     torch.int32: 3,
     torch.int64: 4,
     torch.float16: 5,
@@ -62,20 +63,57 @@ _handle_map = {}
 # Basics
 
 def init(comm=None, process_sets=None):
-    """Joins the job that `kolo run` (or mpirun/srun) started this process in. Idempotent.
+    """Joins the job that `kolo run` (or mpirun/srun) started this process in. Idempotent; after
+    shutdown() it joins again.
 
-    comm (an MPI communicator or a list of ranks in Horovod) is not supported: kolo's job is the
-    set of processes its launcher started."""
-    if comm is not None:
-        raise NotImplementedError("kolo.torch.init(comm=...): kolo does not run on MPI communicators; "
-                                  "the job is what `kolo run` started")
-    _lib.init()
+    comm, as in Horovod, runs kolo on a subset of the job: a list of job ranks, or an mpi4py
+    communicator (under mpirun). Only the processes in it take part, ranked by their order in
+    it, and every one of them must pass the same subset; processes outside it must not call
+    init(comm=...) with it. kolo meets the subset's processes through the launcher's rendezvous,
+    not through MPI: an mpi4py communicator is read for its members' world ranks only.
+    process_sets are ProcessSet objects to register at start-up, as add_process_set does."""
+    ranks = _comm_ranks(comm)
+    _lib.init(ranks)
+    _handle_map.clear()
     if process_sets:
         from kolo.torch import process_sets as _ps
         setup = getattr(_ps, "_init_process_sets", None)
         if setup is None:
             raise NotImplementedError("init(process_sets=...): only the global process set is available")
         setup(process_sets)
+
+
+def _comm_ranks(comm):
+    """The job ranks of init's comm argument (None: every rank)."""
+    if comm is None:
+        return None
+    if isinstance(comm, (list, tuple)):
+        try:
+            ranks = [int(r) for r in comm]
+        except (TypeError, ValueError):
+            raise ValueError("init(comm=...): a list of ranks must hold integers, got %r" % (comm,))
+        if not ranks:
+            raise ValueError("init(comm=[]): the list of ranks is empty")
+        return ranks
+    # An mpi4py communicator: map its members to MPI_COMM_WORLD ranks, which are the launcher's
+    # ranks under mpirun (kolo's ranks are the world ranks there).
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise ValueError("init(comm=%r): comm is neither a list of ranks nor an mpi4py "
+                         "communicator (mpi4py is not installed)" % (comm,))
+    if not isinstance(comm, MPI.Comm):
+        raise ValueError("init(comm=...): want a list of ranks or an mpi4py communicator, got %s"
+                         % type(comm).__name__)
+    group = comm.Get_group()
+    try:
+        world = MPI.COMM_WORLD.Get_group()
+        try:
+            return list(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world))
+        finally:
+            world.Free()
+    finally:
+        group.Free()
 
 
 def shutdown():
@@ -180,9 +218,42 @@ def _pack_int64s(values):
 def _dtype_of(tensor):
     dt = _DTYPES.get(tensor.dtype)
     if dt is None:
-        raise ValueError("Tensor type %s is not supported by kolo (supported: %s)"
-                         % (tensor.dtype, ", ".join(str(t).replace("torch.", "") for t in _DTYPES)))
+        raise ValueError("Tensor type %s is not supported (supported: %s)"
+                         % (tensor.type(), ", ".join(str(t).replace("torch.", "") for t in _DTYPES)))
     return dt
+
+
+def _refuse(kind, name, process_set, exc, group_size=0):
+    """Raises exc, a ValueError this rank's own checks found in a call, after telling the engine:
+    the call takes its turn as refused, so that the other ranks' submissions of it fail with the
+    reason instead of waiting for this rank (and an unnamed call uses up its number, keeping the
+    ranks' numbering in step)."""
+    psid = process_set.process_set_id
+    if psid is None:  # a set never registered: the call has no turn to take anywhere
+        raise exc
+    nm, nlen = _name_arg(name)
+    reason = str(exc).encode("utf-8", "replace")
+    h = _lib.C.kolo_refuse(kind, nm, nlen, group_size, reason, len(reason), psid)
+    _lib.C.kolo_release(abs(h))
+    raise exc
+
+
+def _splits_arg(splits):
+    """alltoall's splits as a list of ints, checked as Horovod checks them."""
+    if isinstance(splits, torch.Tensor):
+        if splits.dim() > 1:
+            raise ValueError("alltoall expects a 1D splits tensor, got %d dimensions" % splits.dim())
+        if splits.dtype not in (torch.int32, torch.int64):
+            raise ValueError("alltoall expects splits to contain 32-bit integer elements, got %s"
+                             % splits.dtype)
+        return splits.tolist()
+    try:
+        out = [int(x) for x in splits]
+    except (TypeError, ValueError):
+        raise ValueError("alltoall expects splits to be a sequence of integers, got %r" % (splits,))
+    if any(int(x) != x for x in splits):
+        raise ValueError("alltoall expects integer splits, got %r" % (splits,))
+    return out
 
 
 def _name_arg(name):
@@ -192,8 +263,20 @@ def _name_arg(name):
     return b, len(b)
 
 
-def _reduce_op(op, average):
-    """Horovod's handling of the deprecated average argument; Adasum is not implemented."""
+def _reduce_op(op, average, kind=None, name=None, process_set=None, group_size=None):
+    """Horovod's handling of the deprecated average argument. With kind, a bad op or argument
+    pair is refused (_refuse): the other ranks' calls fail instead of waiting for this rank.
+    group_size is the number of tensors of a grouped call (None: not grouped; an empty group is
+    refused by _enqueue_group on every rank alike, and is no op to refuse)."""
+    try:
+        return _check_reduce_op(op, average)
+    except ValueError as e:
+        if kind is None or group_size == 0:
+            raise
+        _refuse(kind, name, process_set, e, group_size or 0)
+
+
+def _check_reduce_op(op, average):
     if op is not None and average is not None:
         raise ValueError("The op parameter supersedes average. Please provide only one of them.")
     if average is not None:
@@ -202,10 +285,9 @@ def _reduce_op(op, average):
         op = Average if average else Sum
     elif op is None:
         op = Average
-    if op == Adasum:
-        raise NotImplementedError("Adasum is not implemented in kolo; use op=Average or op=Sum")
-    if op not in (Average, Sum, Min, Max, Product):
-        raise ValueError("unknown reduction op %r (want Average, Sum, Min, Max or Product)" % (op,))
+    if op not in (Average, Sum, Adasum, Min, Max, Product):
+        raise ValueError("unknown reduction op %r (want Average, Sum, Adasum, Min, Max or Product)"
+                         % (op,))
     return op
 
 
@@ -298,21 +380,25 @@ def _stage(kind, tensor, inplace):
 
 def _enqueue(kind, tensor, inplace, name, op=Sum, root=0, prescale_factor=1.0,
              postscale_factor=1.0, splits=None, process_set=global_process_set):
-    dt = _dtype_of(tensor)
+    psid = _process_set_id(process_set)
+    try:
+        dt = _dtype_of(tensor)
+        splits_like = splits if isinstance(splits, torch.Tensor) else None
+        if splits is not None:
+            splits = _splits_arg(splits)
+    except ValueError as e:
+        _refuse(kind, name, process_set, e)
     o = _stage(kind, tensor, inplace)
+    o.splits_like = splits_like
     inp, out = o.inp, o.out
     nm, nlen = _name_arg(name)
     sp, nsp = None, 0
     if splits is not None:
-        if isinstance(splits, torch.Tensor):
-            o.splits_like = splits
-            splits = splits.tolist()
-        splits = [int(s) for s in splits]
         sp, nsp = _pack_int64s(splits), len(splits)
     shape = inp.shape
     h = _lib.C.kolo_enqueue(kind, nm, nlen, inp.data_ptr(), out.data_ptr() if out is not None else None,
                             dt, _pack_int64s(shape), len(shape), op, root, prescale_factor,
-                            postscale_factor, sp, nsp, _process_set_id(process_set))
+                            postscale_factor, sp, nsp, psid)
     if h < 0:
         raise _lib.take_error(-h)
     o.h = h
@@ -326,7 +412,10 @@ def _enqueue_group(kind, tensors, inplace, name, op=Sum, prescale_factor=1.0, po
     n = len(tensors)
     if n == 0:
         raise ValueError("grouped ops need at least one tensor")
-    dts = [_dtype_of(t) for t in tensors]
+    try:
+        dts = [_dtype_of(t) for t in tensors]
+    except ValueError as e:
+        _refuse(kind, name, process_set, e, group_size=n)
     ops = [_stage(kind, t, inplace) for t in tensors]
     ins = (ctypes.c_void_p * n)(*[o.inp.data_ptr() for o in ops])
     outs = None
@@ -400,7 +489,7 @@ def synchronize(handle):
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set):
     """Starts reducing tensor across ranks into a new tensor; the input is not modified."""
-    op = _reduce_op(op, average)
+    op = _reduce_op(op, average, _ALLREDUCE, name, process_set)
     return _enqueue(_ALLREDUCE, tensor, False, name, op, 0, prescale_factor, postscale_factor, None,
                     process_set)
 
@@ -408,7 +497,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
     """Starts reducing tensor across ranks in place."""
-    op = _reduce_op(op, average)
+    op = _reduce_op(op, average, _ALLREDUCE, name, process_set)
     return _enqueue(_ALLREDUCE, tensor, True, name, op, 0, prescale_factor, postscale_factor, None,
                     process_set)
 
@@ -467,7 +556,8 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                             postscale_factor=1.0, process_set=global_process_set):
     """Starts reducing every tensor of the list into new tensors, as one group that every rank
     releases together (member i is named name.i)."""
-    op = _reduce_op(op, average)
+    tensors = list(tensors)
+    op = _reduce_op(op, average, _ALLREDUCE, name, process_set, len(tensors))
     return _enqueue_group(_ALLREDUCE, tensors, False, name, op, prescale_factor, postscale_factor,
                           process_set)
 
@@ -475,7 +565,8 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     """grouped_allreduce_async, in place."""
-    op = _reduce_op(op, average)
+    tensors = list(tensors)
+    op = _reduce_op(op, average, _ALLREDUCE, name, process_set, len(tensors))
     return _enqueue_group(_ALLREDUCE, tensors, True, name, op, prescale_factor, postscale_factor,
                           process_set)
 
@@ -515,6 +606,31 @@ def grouped_allreduce(tensors, average=None, name=None, compression=_NO_COMPRESS
     outs = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set,
                                          *[p[0] for p in pairs])
     return [_decompress(compression, t, p[1]) for t, p in zip(outs, pairs)]
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Starts reducing a sparse COO tensor across ranks by gathering every rank's indices and
+    values (allgather: ranks may hold different numbers of nonzeros). Returns a function that
+    waits and returns the reduced sparse tensor (coalesced: entries at the same index summed).
+    op is Average or Sum, as in Horovod."""
+    if op not in (Average, Sum):
+        raise ValueError("sparse_allreduce_async supports op=Average or op=Sum, not %r" % (op,))
+    if not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async needs a sparse COO tensor; use allreduce_async")
+    t = tensor.coalesce()
+    # allgather concatenates along dim 0, so the indices travel as (nnz, ndim).
+    indices = allgather_async(t.indices().t().contiguous(), name="%s.indices" % name,
+                              process_set=process_set)
+    values = allgather_async(t.values().contiguous(), name="%s.values" % name,
+                             process_set=process_set)
+
+    def wait():
+        v = synchronize(values)
+        i = synchronize(indices)
+        if op == Average:
+            v = v / process_set.size()
+        return torch.sparse_coo_tensor(i.t(), v, t.size()).coalesce()
+    return wait
 
 
 # ----------------------------------------------------------------------------------------------
@@ -662,21 +778,24 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         prescale_factor=1.0, postscale_factor=1.0):
     """Starts reducing tensor across ranks, each rank keeping its share of dim 0 (the first
     dim0 % size ranks get one extra row). kolo also accepts Min, Max and Product."""
-    op = _reduce_op(op, None)
+    op = _reduce_op(op, None, _REDUCESCATTER, name, process_set)
     return _enqueue(_REDUCESCATTER, tensor, False, name, op, 0, prescale_factor, postscale_factor,
                     process_set=process_set)
 
 
 def _scatter_grad_scale(op, process_set, prescale_factor, postscale_factor):
+    """What reducescatter's gradient is multiplied by, by Horovod's convention (the one its
+    allreduce gradient follows too): the set's size for Sum, 1 for Average, times the scale
+    factors; the gradient is the output's gradient gathered from every rank."""
     scale = prescale_factor * postscale_factor
-    if op == Average:
-        scale /= process_set.size()
+    if op == Sum:
+        scale *= process_set.size()
     return scale
 
 
 class HorovodReducescatter(torch.autograd.Function):
-    """Reducescatter with autograd (Average and Sum): each input row's gradient is the gradient of
-    the output row it went into, gathered from the rank that holds it, scaled as the forward was."""
+    """Reducescatter with autograd: each input row's gradient is the gradient of the output row
+    it went into, gathered from the rank that holds it, scaled as _scatter_grad_scale says."""
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
@@ -688,12 +807,10 @@ class HorovodReducescatter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        if ctx.op not in (Average, Sum):
-            raise NotImplementedError("reducescatter gradients exist for Average and Sum only")
-        grad = allgather(grad_output.contiguous(), process_set=ctx.process_set)
         scale = _scatter_grad_scale(ctx.op, ctx.process_set, *ctx.scale)
         if scale != 1:
-            grad = grad * scale
+            grad_output = grad_output * scale
+        grad = allgather(grad_output.contiguous(), process_set=ctx.process_set)
         return grad, None, None, None, None, None
 
 
@@ -708,7 +825,8 @@ def reducescatter(tensor, name=None, compression=_NO_COMPRESSION, op=Average,
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
     """Starts reduce-scattering every tensor of the list, as one group."""
-    op = _reduce_op(op, None)
+    tensors = list(tensors)
+    op = _reduce_op(op, None, _REDUCESCATTER, name, process_set, len(tensors))
     return _enqueue_group(_REDUCESCATTER, tensors, False, name, op, prescale_factor, postscale_factor,
                           process_set)
 
@@ -726,12 +844,10 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_output):
-        if ctx.op not in (Average, Sum):
-            raise NotImplementedError("reducescatter gradients exist for Average and Sum only")
-        grads = grouped_allgather([g.contiguous() for g in grad_output], process_set=ctx.process_set)
         scale = _scatter_grad_scale(ctx.op, ctx.process_set, *ctx.scale)
         if scale != 1:
-            grads = [g * scale for g in grads]
+            grad_output = [g * scale for g in grad_output]
+        grads = grouped_allgather([g.contiguous() for g in grad_output], process_set=ctx.process_set)
         return (None, None, None, None, None) + tuple(grads)
 
 

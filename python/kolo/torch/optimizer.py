@@ -40,24 +40,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._prescale = self._postscale = 1.0
 
         all_params = [p for group in self.param_groups for p in group["params"]]
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-            if any(not isinstance(x, tuple) for x in named_parameters):
-                raise ValueError("named_parameters should be a sequence of (name, parameter) "
-                                 "tuples, usually model.named_parameters()")
-            names = [k for k, _ in named_parameters]
-            dups = sorted({k for k in names if names.count(k) > 1})
-            if dups:
-                raise ValueError("parameter names in named_parameters must be unique; "
-                                 "repeated: %s" % ", ".join(dups))
-            self._parameter_names = {v: "allreduce.%s" % k for k, v in named_parameters}
-            unnamed = [i for i, p in enumerate(all_params) if p not in self._parameter_names]
-            if unnamed:
-                raise ValueError("named_parameters was given, but optimizer parameters %s "
-                                 "(by position) are not in it" % unnamed)
-        else:
-            self._parameter_names = {v: "allreduce.noname.%d" % i
-                                     for i, v in enumerate(all_params)}
+        # The engine scopes names by kind: these travel as "allreduce.<name>", as Horovod's.
+        self._parameter_names = _parameter_names(self.param_groups, named_parameters)
 
         self.backward_passes_per_step = backward_passes_per_step
         self._allreduce_delay = {p: backward_passes_per_step for p in all_params}
@@ -69,7 +53,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hook_handles = []
         self._synchronized = False
         self._should_synchronize = True
-        if mpi_ops.size() > 1:
+        if process_set.included() and mpi_ops.size() > 1:
             self._register_hooks()
 
     def _make_groups(self, groups):
@@ -142,17 +126,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return hook
 
     def _dense_grad(self, p):
+        """p's gradient as it travels: a parameter with no gradient (unused in this pass) gets
+        zeros, so that every rank submits the same set; with sparse_as_dense a sparse gradient
+        travels dense (p.grad stays sparse: synchronize() writes the result back sparse)."""
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         elif p.grad.is_sparse and self._sparse_as_dense:
-            p.grad = p.grad.to_dense()
+            return p.grad.to_dense()
         return p.grad
 
     def _allreduce_grad_async(self, p):
         name = self._parameter_names[p]
         grad = self._dense_grad(p)
         if grad.is_sparse:
-            return _sparse_allreduce_async(grad, name, self._op, self._process_set), None
+            return mpi_ops.sparse_allreduce_async(grad, name, self._op, self._process_set), None
         compressed, ctx = self._compress(p, grad)
         handle = mpi_ops.allreduce_async_(
             compressed, name=name, op=self._op, prescale_factor=self._prescale,
@@ -166,7 +153,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                              "sparse_as_dense=True or leave the parameter out of groups")
         pairs = [self._compress(p, g) for p, g in zip(group, grads)]
         handle = mpi_ops.grouped_allreduce_async_(
-            [t for t, _ in pairs], name="allreduce.group.%s" % self._parameter_names[group[0]],
+            [t for t, _ in pairs], name="group.%s" % self._parameter_names[group[0]],
             op=self._op, prescale_factor=self._prescale, postscale_factor=self._postscale,
             process_set=self._process_set)
         return handle, [c for _, c in pairs]
@@ -183,7 +170,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Gradients whose hook did not fire (parameters unused in this pass, or fewer backward passes
         than backward_passes_per_step) are allreduced here, so every rank submits the same set.
         """
-        if mpi_ops.size() == 1:
+        if mpi_ops.size() == 1 or not self._process_set.included():
             self._synchronized = True
             return
         done = set()
@@ -220,6 +207,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._allreduce_delay[p] = self.backward_passes_per_step
                 if out.is_sparse:
                     p.grad = out
+                elif p.grad.is_sparse:  # sparse_as_dense: back to the sparse form p.grad had
+                    p.grad = self._decompress(out, c).to_sparse()
                 else:
                     self._set_grad(p, self._decompress(out, c))
         for g in self._group_counts:
@@ -261,9 +250,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn("optimizer.step() called after optimizer.synchronize() without "
-                              "`with optimizer.skip_synchronize():`; gradients were allreduced "
-                              "again (harmless but slow)")
+                # Horovod's words: scripts and tests match on them.
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(). This can cause training "
+                              "slowdown. You may want to consider using optimizer.skip_synchronize() "
+                              "context if you use optimizer.synchronize() in your code.")
             self.synchronize()
         self._synchronized = False
         return self._kolo_base.step(self, closure)
@@ -284,25 +275,134 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 _CAST_BACK = object()  # ctx of a gradient sent in a wire buffer: copy it back into p.grad
 
 
-def _sparse_allreduce_async(grad, name, op, process_set):
-    """Allreduces a sparse gradient by gathering every rank's indices and values; returns a
-    function that waits and returns the reduced sparse tensor."""
-    if op not in (mpi_ops.Average, mpi_ops.Sum):
-        raise ValueError("sparse gradients support only Average and Sum, not %r" % (op,))
-    grad = grad.coalesce()
-    # allgather concatenates along dim 0, so indices travel as (nnz, ndim).
-    indices = mpi_ops.allgather_async(grad.indices().t().contiguous(), name=name + ".indices",
-                                      process_set=process_set)
-    values = mpi_ops.allgather_async(grad.values().contiguous(), name=name + ".values",
-                                     process_set=process_set)
+class _DistributedAdasumOptimizer(torch.optim.Optimizer):
+    """DistributedOptimizer(op=Adasum), as Horovod's: each rank takes the wrapped optimizer's step
+    from its own gradient, and the ranks combine the resulting parameter updates (not the
+    gradients) with Adasum, which adapts the sum to how much the updates agree.
 
-    def wait():
-        v = mpi_ops.synchronize(values)
-        i = mpi_ops.synchronize(indices)
-        if op == mpi_ops.Average:
-            v = v / mpi_ops.size()
-        return torch.sparse_coo_tensor(i.t(), v, grad.size()).coalesce()
-    return wait
+    For each parameter, as soon as backward has produced its gradient (the same hook as the
+    averaging optimizer), the wrapped optimizer steps that parameter alone; the update (new value
+    minus old) is then Adasum-allreduced while backward goes on, and step() adds the combined
+    update to the old value. synchronize() does nothing and skip_synchronize() is refused, as in
+    Horovod: the update exists only once the local step has run."""
+
+    _kolo_base = None
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step,
+                 process_set):
+        self._kolo_base.__init__(self, params)
+        self._compression = compression
+        self._process_set = process_set
+        self._parameter_names = _parameter_names(self.param_groups, named_parameters)
+        self.backward_passes_per_step = backward_passes_per_step
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        self._allreduce_delay = {p: backward_passes_per_step for p in all_params}
+        self._requires_update = [p for p in all_params if p.requires_grad]
+        self._start = {}    # param -> its value before this step's local update
+        self._handles = {}  # param -> (handle of its update's allreduce, compression ctx)
+        self._hook_handles = []
+        self._grad_accs = []
+        if process_set.included():
+            for p in self._requires_update:
+                grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                self._hook_handles.append(grad_acc.register_hook(self._make_hook(p)))
+                self._grad_accs.append(grad_acc)
+
+    def set_backward_passes_per_step(self, passes):
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+    def _make_hook(self, p):
+        def hook(*ignore):
+            if self._allreduce_delay[p] <= 0:
+                raise AssertionError(
+                    "gradients were computed more than backward_passes_per_step times before "
+                    "the call to step(); increase backward_passes_per_step to accumulate "
+                    "gradients locally")
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0:
+                self._handles[p] = self._update_async(p)
+        return hook
+
+    def _update_async(self, p):
+        """Steps p alone with the wrapped optimizer and starts the Adasum allreduce of its update,
+        in place in p (which holds the update until step() adds it to the old value)."""
+        start = self._start.get(p)
+        if start is None:
+            start = self._start[p] = torch.empty_like(p, requires_grad=False)
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        with torch.no_grad():
+            start.copy_(p)
+        stashed = [group["params"] for group in self.param_groups]
+        try:
+            for group in self.param_groups:
+                group["params"] = [p] if any(p is q for q in group["params"]) else []
+            self._kolo_base.step(self)
+        finally:
+            for group, params in zip(self.param_groups, stashed):
+                group["params"] = params
+        with torch.no_grad():
+            p.sub_(start)
+        wire, ctx = self._compression.compress(p.data)
+        handle = mpi_ops.allreduce_async_(wire, name=self._parameter_names[p], op=mpi_ops.Adasum,
+                                          process_set=self._process_set)
+        return handle, ctx
+
+    def synchronize(self):
+        """Nothing to do: the updates are combined in step(), as in Horovod."""
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        raise AssertionError("skipping synchronization is not supported with op=Adasum")
+        yield  # pragma: no cover - makes this a generator
+
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        if not self._process_set.included():
+            return loss
+        for p in self._requires_update:
+            if p not in self._handles:
+                self._handles[p] = self._update_async(p)
+        for p in list(self._handles):
+            handle, ctx = self._handles.pop(p)
+            delta = self._compression.decompress(mpi_ops.synchronize(handle), ctx)
+            start = self._start[p]
+            with torch.no_grad():
+                start.add_(delta)
+                p.copy_(start)
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        return loss
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step(); that would race with the updates' allreduce")
+        return self._kolo_base.zero_grad(self, *args, **kwargs)
+
+
+def _parameter_names(param_groups, named_parameters):
+    """param -> the name its allreduce goes by: its name in named_parameters, or its position."""
+    all_params = [p for group in param_groups for p in group["params"]]
+    if named_parameters is None:
+        return {v: "allreduce.noname.%d" % i for i, v in enumerate(all_params)}
+    named_parameters = list(named_parameters)
+    if any(not isinstance(x, tuple) for x in named_parameters):
+        raise ValueError("named_parameters should be a sequence of (name, parameter) "
+                         "tuples, usually model.named_parameters()")
+    names = [k for k, _ in named_parameters]
+    dups = sorted({k for k in names if names.count(k) > 1})
+    if dups:
+        raise ValueError("parameter names in named_parameters must be unique; "
+                         "repeated: %s" % ", ".join(dups))
+    out = {v: k for k, v in named_parameters}
+    unnamed = [i for i, p in enumerate(all_params) if p not in out]
+    if unnamed:
+        raise ValueError("named_parameters was given, but optimizer parameters %s "
+                         "(by position) are not in it" % unnamed)
+    return out
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
@@ -315,7 +415,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         parameter rather than by position (recommended).
     compression: Compression.none, .fp16 or .bf16: the dtype gradients travel in.
     backward_passes_per_step: backward passes that accumulate locally before one allreduce.
-    op: Average (default), Sum, Min, Max or Product.
+    op: Average (default), Sum, Min, Max or Product; or Adasum, which combines each rank's
+        parameter update (the wrapped optimizer's step from its own gradient) with Adasum, as
+        Horovod's delta optimizer does.
     gradient_predivide_factor: with Average, divide gradients by this before the sum and by
         size/factor after.
     groups: an int (split the parameters into that many groups) or a list of lists of
@@ -332,12 +434,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         if groups is None:
             groups = num_groups
     base = optimizer.__class__
-    body = {k: v for k, v in _DistributedOptimizer.__dict__.items()
-            if k not in ("__dict__", "__weakref__")}
+    adasum = op == mpi_ops.Adasum and mpi_ops.size() > 1
+    impl = _DistributedAdasumOptimizer if adasum else _DistributedOptimizer
+    body = {k: v for k, v in impl.__dict__.items() if k not in ("__dict__", "__weakref__")}
     body["_kolo_base"] = base
     cls = type(base.__name__, (base,), body)
-    opt = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-              op, gradient_predivide_factor, groups, sparse_as_dense, process_set)
+    if adasum:
+        opt = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+                  process_set)
+    else:
+        opt = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+                  op, gradient_predivide_factor, groups, sparse_as_dense, process_set)
     # Carry over state the wrapped optimizer already had (e.g. loaded from a checkpoint).
     for p, s in optimizer.state.items():
         opt.state[p] = s

@@ -58,12 +58,13 @@ var isas = []isa{
 type elem struct {
 	name string // function-name part
 	dt   string // dtype constant
-	kind string // u8 i8 i32 i64 f32 f64 f16 bf16
+	kind string // u8 i8 i16 i32 i64 f32 f64 f16 bf16
 }
 
 var elems = []elem{
 	{"U8", "Uint8", "u8"},
 	{"I8", "Int8", "i8"},
+	{"I16", "Int16", "i16"},
 	{"I32", "Int32", "i32"},
 	{"I64", "Int64", "i64"},
 	{"F16", "Float16", "f16"},
@@ -237,10 +238,10 @@ func (w *emitter) roundBF16(r int) {
 func (w *emitter) op(k, op string, acc, x int) {
 	A, X := w.r(acc), w.r(x)
 	simple := map[string]map[string]string{
-		"Sum":  {"u8": "VPADDB", "i8": "VPADDB", "i32": "VPADDD", "i64": "VPADDQ", "f32": "VADDPS", "f64": "VADDPD"},
-		"Min":  {"u8": "VPMINUB", "i8": "VPMINSB", "i32": "VPMINSD"},
-		"Max":  {"u8": "VPMAXUB", "i8": "VPMAXSB", "i32": "VPMAXSD"},
-		"Prod": {"i32": "VPMULLD", "f32": "VMULPS", "f64": "VMULPD"},
+		"Sum":  {"u8": "VPADDB", "i8": "VPADDB", "i16": "VPADDW", "i32": "VPADDD", "i64": "VPADDQ", "f32": "VADDPS", "f64": "VADDPD"},
+		"Min":  {"u8": "VPMINUB", "i8": "VPMINSB", "i16": "VPMINSW", "i32": "VPMINSD"},
+		"Max":  {"u8": "VPMAXUB", "i8": "VPMAXSB", "i16": "VPMAXSW", "i32": "VPMAXSD"},
+		"Prod": {"i16": "VPMULLW", "i32": "VPMULLD", "f32": "VMULPS", "f64": "VMULPD"},
 	}
 	if w.isa.evex {
 		simple["Min"]["i64"] = "VPMINSQ"
