@@ -437,3 +437,65 @@ func (c drivingCtx) Err() error {
 	c.once.Do(func() { close(c.driving) })
 	return c.Context.Err()
 }
+
+// heldNoticeMessenger holds a rank's abort notice to one peer until release is closed.
+type heldNoticeMessenger struct {
+	transport.Messenger
+	peer    int
+	release <-chan struct{}
+}
+
+func (m heldNoticeMessenger) SendMsg(ctx context.Context, peer int, body []byte) error {
+	if k, err := negotiate.PeekKind(body); err == nil && k == negotiate.MsgAbort && peer == m.peer {
+		select {
+		case <-m.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return m.Messenger.SendMsg(ctx, peer, body)
+}
+
+// A rank aborts and its notice reaches rank 2 before rank 0; rank 2 stops and its connections
+// close. Rank 0 sees rank 2's control connection close first, then rank 1's notice: it fails with
+// rank 1's reason, the root cause, not with "rank 2 lost" (a flake of the Python re-init test).
+func TestAbortNoticeExplainsAPeerThatClosedFirst(t *testing.T) {
+	const n = 3
+	captureLog(t)
+	release := make(chan struct{})
+	c := newClusterWith(t, n, DefaultConfig(), nil, func(r int, ep *inmem.Endpoint, g *Group) {
+		if r == 1 {
+			g.Messenger = heldNoticeMessenger{g.Messenger, 0, release}
+		}
+	})
+	ctx := waitCtx(t)
+	errs := make(chan error, 2)
+	for _, r := range []int{0, 2} {
+		go func() {
+			buf := f32(1)
+			errs <- c.engines[r].Enqueue(allreduceReq("g", 1), buf, buf).Wait(ctx) // rank 1 never submits it
+		}()
+	}
+	reason := "rank 1 failed: ValueError: loss is nan"
+	go c.engines[1].Abort(errors.New(reason))
+	// Rank 2 hears first and stops; its process then exits, which rank 0 sees as a lost peer.
+	select {
+	case err := <-errs:
+		if err == nil || !strings.Contains(err.Error(), reason) {
+			t.Fatalf("rank 2's op: err = %v, want one carrying %q", err, reason)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("rank 2's op still waits 3 s after the abort")
+	}
+	c.eps[2].Kill(nil)
+	time.Sleep(20 * time.Millisecond) // rank 0 reads the lost connection before the notice
+	close(release)
+	select {
+	case err := <-errs:
+		if err == nil || !strings.Contains(err.Error(), reason) {
+			t.Errorf("rank 0's op: err = %v, want one carrying %q (the root cause, not the closed peer)", err, reason)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("rank 0's op still waits 3 s after the abort")
+	}
+}

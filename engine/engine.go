@@ -533,7 +533,9 @@ func (e *Engine) handleMsg(m transport.Msg) bool {
 		if err == nil {
 			err = &transport.PeerError{Rank: m.From, Host: e.host(m.From), Op: "control", Err: errors.New("connection closed")}
 		}
-		e.fail(e.lostError(m.From, err))
+		// The peer may have closed because another rank told it why the job stops, before that
+		// rank's notice reached this one: report the root cause, as a collective does.
+		e.failCollective(e.lostError(m.From, err))
 		return false
 	}
 	malformed := func(err error) bool {
@@ -767,7 +769,8 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 // notice among its control messages.
 const abortLookWait = 100 * time.Millisecond
 
-// failCollective stops the engine after a collective failed. A rank that aborted meanwhile stops
+// failCollective stops the engine after a collective failed or a peer's control connection
+// closed. A rank that aborted meanwhile stops
 // with its own reason; one whose collective a local rank's abort ended stops with that reason. A lost peer may have left with an abort notice: it told every rank why before
 // it closed its connections, but a rank inside a collective with it sees the closed data
 // connection first, and over TCP the notice waits on the control connection until read; the job
