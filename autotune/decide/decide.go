@@ -1,0 +1,212 @@
+// Package decide is the autotuner's last word: given step times of the defaults and of a candidate,
+// measured interleaved in time (defaults, candidate, defaults, candidate, ..., defaults), it says
+// whether the candidate is faster with 95% confidence, surely not worth switching to, or not yet
+// known, and gives the speed-up with its confidence interval for the user to read.
+//
+// The rule is built so that tuning never makes a job slower by chance:
+//
+//   - Each candidate sample is compared with the two defaults samples either side of it (their
+//     geometric mean), so anything that changes the machine's speed slowly (other jobs, thermal
+//     throttling, a linear warm-up) moves both sides of the ratio and cancels.
+//   - The interval is a Student t interval on the log ratios: log because speed-ups multiply and a
+//     ratio's log is close to symmetric; t because there are few pairs (a handful to a few dozen)
+//     and their spread is estimated from the same pairs. A bootstrap would need more pairs than a
+//     tuning run can afford to be trustworthy. Adjacent ratios share a defaults sample, so they are
+//     positively correlated; the variance adds that covariance (estimated from successive defaults
+//     samples) instead of pretending the ratios are independent, which would make the interval too
+//     narrow.
+//   - The caller looks after every pair and stops at the first verdict, which with a fixed 95%
+//     interval would crown a no-better candidate far more often than 5% of the time. So the interval
+//     at each look is at level 1-(1-Confidence)/looks (Bonferroni over the MaxPairs-MinPairs+1
+//     possible looks): the intervals hold simultaneously, and the chance of ever crowning a
+//     candidate that is not faster stays under (1-Confidence)/2 however often the caller looks.
+//   - Reaching MaxPairs undecided keeps the defaults.
+//
+// The package does arithmetic only: the caller measures, and decides what a sample is (the median of
+// a few steps, say).
+package decide
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"gonum.org/v1/gonum/stat/distuv"
+)
+
+// Verdict is what the samples so far say about the candidate.
+type Verdict int
+
+const (
+	// Undecided: more samples are needed, or, once Result.Done, none will tell and the defaults stay.
+	Undecided Verdict = iota
+	// Better: the candidate is faster; the whole interval is above 1.
+	Better
+	// NotBetter: the candidate is slower, or no faster than Rule.NoGain; the interval says so.
+	NotBetter
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case Undecided:
+		return "undecided"
+	case Better:
+		return "better"
+	case NotBetter:
+		return "not better"
+	}
+	return fmt.Sprintf("Verdict(%d)", int(v))
+}
+
+// Rule sets the decision's confidence and its budget. Its zero value is the default rule: 95%
+// confidence, a 1% no-gain band, a verdict from 3 pairs on, at most 20 pairs.
+type Rule struct {
+	// Confidence is the simultaneous confidence of the intervals over all looks. 0 means 0.95.
+	Confidence float64
+	// NoGain is the speed-up below which switching is not worth it: an interval entirely below it is
+	// NotBetter even if it is above 1, since a gain that small is within what a different day's
+	// conditions undo. 0 means 1.01.
+	NoGain float64
+	// MinPairs is the fewest pairs a verdict is given from: with fewer, the spread itself is a guess.
+	// 0 means 3; at least 2.
+	MinPairs int
+	// MaxPairs is the most pairs the caller will measure; Undecided there is final and keeps the
+	// defaults. It also sets the number of looks the confidence is spread over. 0 means 20.
+	MaxPairs int
+}
+
+// Result is the comparison's outcome. Speedup, Low and High are the defaults' time over the
+// candidate's (the candidate's steps/s over the defaults'): above 1 the candidate is faster.
+type Result struct {
+	Verdict Verdict
+	// Done says no more samples are wanted: a verdict is reached, or MaxPairs pairs were measured.
+	Done bool
+	// Pairs is the number of candidate samples with a defaults sample on both sides.
+	Pairs int
+	// Speedup is the geometric mean of the pairs' speed-ups; NaN with no pairs.
+	Speedup float64
+	// Low and High bound the speed-up at Confidence, simultaneously over all looks; 0 and +Inf while
+	// there are too few pairs to estimate a spread.
+	Low, High float64
+	// Confidence is the rule's confidence, for printing.
+	Confidence float64
+}
+
+// KeepDefaults says whether the caller should keep (or go back to) the defaults.
+func (r Result) KeepDefaults() bool { return r.Verdict != Better }
+
+// String reads like "1.07x the defaults' steps/s (95% CI 1.04-1.10, 12 pairs): better".
+func (r Result) String() string {
+	if r.Pairs == 0 {
+		return "no pairs yet: " + r.Verdict.String()
+	}
+	return fmt.Sprintf("%.2fx the defaults' steps/s (%g%% CI %.2f-%.2f, %d pairs): %v",
+		r.Speedup, 100*r.Confidence, r.Low, r.High, r.Pairs, r.Verdict)
+}
+
+// Errors callers may branch on.
+var (
+	ErrNoSamples = errors.New("decide: no samples")
+	ErrOrder     = errors.New("decide: samples are not interleaved defaults, candidate, ..., defaults")
+	ErrBadTime   = errors.New("decide: step time is not a positive finite number of seconds")
+	ErrBadRule   = errors.New("decide: bad rule")
+)
+
+func (r Rule) withDefaults() (Rule, error) {
+	if r.Confidence == 0 {
+		r.Confidence = 0.95
+	}
+	if r.NoGain == 0 {
+		r.NoGain = 1.01
+	}
+	if r.MinPairs == 0 {
+		r.MinPairs = 3
+	}
+	if r.MaxPairs == 0 {
+		r.MaxPairs = 20
+	}
+	switch {
+	case !(r.Confidence > 0 && r.Confidence < 1):
+		return r, fmt.Errorf("%w: confidence %g not in (0, 1)", ErrBadRule, r.Confidence)
+	case !(r.NoGain >= 1) || math.IsInf(r.NoGain, 0):
+		return r, fmt.Errorf("%w: no-gain speed-up %g below 1", ErrBadRule, r.NoGain)
+	case r.MinPairs < 2:
+		return r, fmt.Errorf("%w: min pairs %d, need 2 to estimate a spread", ErrBadRule, r.MinPairs)
+	case r.MaxPairs < r.MinPairs:
+		return r, fmt.Errorf("%w: max pairs %d below min pairs %d", ErrBadRule, r.MaxPairs, r.MinPairs)
+	}
+	return r, nil
+}
+
+// Compare judges the candidate from step times in seconds taken alternately: defaults[0],
+// candidate[0], defaults[1], candidate[1], ... A candidate sample counts once the defaults sample
+// after it is in, so defaults may be one longer than candidate (every candidate sample counted) or
+// as long (the last one waits for its closing defaults sample).
+func (r Rule) Compare(defaults, candidate []float64) (Result, error) {
+	r, err := r.withDefaults()
+	if err != nil {
+		return Result{}, err
+	}
+	if len(defaults) == 0 {
+		return Result{}, fmt.Errorf("%w: no defaults samples", ErrNoSamples)
+	}
+	if n := len(defaults) - len(candidate); n != 0 && n != 1 {
+		return Result{}, fmt.Errorf("%w: %d defaults samples and %d candidate samples", ErrOrder, len(defaults), len(candidate))
+	}
+	for i, t := range defaults {
+		if !(t > 0) || math.IsInf(t, 0) {
+			return Result{}, fmt.Errorf("%w: defaults sample %d is %g", ErrBadTime, i, t)
+		}
+	}
+	for i, t := range candidate {
+		if !(t > 0) || math.IsInf(t, 0) {
+			return Result{}, fmt.Errorf("%w: candidate sample %d is %g", ErrBadTime, i, t)
+		}
+	}
+
+	n := len(defaults) - 1
+	res := Result{Pairs: n, Speedup: math.NaN(), Low: 0, High: math.Inf(1), Confidence: r.Confidence}
+	if n == 0 {
+		return res, nil
+	}
+	logs := make([]float64, n) // log speed-up of each pair
+	var mean, jumps float64
+	for i := range n {
+		a0, a1 := math.Log(defaults[i]), math.Log(defaults[i+1])
+		logs[i] = (a0+a1)/2 - math.Log(candidate[i])
+		mean += logs[i]
+		jumps += (a1 - a0) * (a1 - a0)
+	}
+	mean /= float64(n)
+	res.Speedup = math.Exp(mean)
+	if n < 2 {
+		return res, nil
+	}
+	var ss float64
+	for _, l := range logs {
+		ss += (l - mean) * (l - mean)
+	}
+	// Var(mean) = (γ0 + 2γ1)/n: γ0 is the pairs' variance; γ1, the covariance of neighbouring pairs,
+	// is a quarter of the variance of one defaults sample, which successive defaults samples estimate
+	// as half their squared difference (drift only inflates it, erring towards Undecided).
+	gamma0 := ss / float64(n-1)
+	defaultsVar := jumps / float64(2*n)
+	se := math.Sqrt((gamma0 + defaultsVar/2) / float64(n))
+
+	looks := float64(r.MaxPairs - r.MinPairs + 1)
+	alpha := (1 - r.Confidence) / looks
+	t := distuv.StudentsT{Mu: 0, Sigma: 1, Nu: float64(n - 1)}.Quantile(1 - alpha/2)
+	res.Low, res.High = math.Exp(mean-t*se), math.Exp(mean+t*se)
+
+	switch {
+	case n < r.MinPairs:
+	case res.High < r.NoGain:
+		// Checked before Better: a gain that is sure but smaller than NoGain is not worth a switch.
+		res.Verdict, res.Done = NotBetter, true
+	case res.Low > 1:
+		res.Verdict, res.Done = Better, true
+	case n >= r.MaxPairs:
+		res.Done = true
+	}
+	return res, nil
+}
