@@ -312,9 +312,9 @@ func (o *Optimizer) Suggest() ([]float64, error) {
 	return o.randomUnsampled()
 }
 
-// refine climbs score from x by compass search: each continuous dimension moves ±step in unit
-// coordinates, halving the step when nothing improves; integer dimensions move to the neighbouring
-// value; categorical ones try every other level. EI is smooth between samples, so this finds the
+// refine climbs score from x by compass search: each ordered dimension moves ±step in unit
+// coordinates, halving the step when nothing improves; integer dimensions also move to the
+// neighbouring values; categorical ones try every other level. EI is smooth between samples, so this finds the
 // local peak a random candidate only lands near.
 func (o *Optimizer) refine(x []float64, ei float64, score func([]float64) float64) ([]float64, float64) {
 	step := 0.1
@@ -328,13 +328,17 @@ func (o *Optimizer) refine(x []float64, ei float64, score func([]float64) float6
 		u := o.unit(x)
 		for d, dim := range o.dims {
 			switch dim.Kind {
-			case Continuous:
+			case Continuous, Integer:
+				// An integer range can be wide (bytes): it moves like a continuous one, snapped, and
+				// also to its neighbouring values, which the halving step may never reach alone.
 				for _, s := range []float64{-step, step} {
 					v := append([]float64(nil), u...)
 					v[d] += s
 					try(o.fromUnit(v))
 				}
-			case Integer:
+				if dim.Kind == Continuous {
+					continue
+				}
 				for _, s := range []float64{-1, 1} {
 					if y := x[d] + s; y >= dim.Min && y <= dim.Max {
 						v := append([]float64(nil), x...)

@@ -395,3 +395,37 @@ func TestAddRejects(t *testing.T) {
 		t.Errorf("%d observations recorded from rejected Adds", o.Len())
 	}
 }
+
+// BenchmarkSuggest is one tuning step late in a run: six knobs, 40 samples, model refit included.
+//
+//	go test -run '^$' -bench Suggest ./autotune/bayes/
+func BenchmarkSuggest(b *testing.B) {
+	dims := []Dim{
+		Int("fusion_threshold_bytes", 0, 256*mib).LogScale(mib), Real("cycle_time_ms", 0.5, 50).LogScale(0),
+		Bool("hierarchical_allreduce"), Bool("hierarchical_allgather"), Bool("cache"), Int("threads", 1, 8),
+	}
+	rng := seeded(1)
+	f := func(x []float64) float64 {
+		return 1 + math.Abs(math.Log2((x[0]+mib)/(9*mib)))/10 + math.Abs(math.Log(x[1]/5))/10 + 0.05*x[2] + 0.01*rng.NormFloat64()
+	}
+	o, err := New(dims, Config{Noise: DefaultNoise}, seeded(2))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for o.Len() < 40 {
+		x, err := o.Suggest()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := o.Add(x, f(x)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		o.m = nil // refit, as after an Add
+		if _, err := o.Suggest(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
