@@ -207,6 +207,36 @@ func (c *Client) Get(ctx context.Context, key string) ([]byte, error) {
 	return f.value, nil
 }
 
+// Gather is Store.Gather over the connection: one request, answered once all n members have
+// sent theirs.
+func (c *Client) Gather(ctx context.Context, key string, n, i int, value []byte) ([][]byte, error) {
+	if err := checkSizes(key, value); err != nil {
+		return nil, fmt.Errorf("rendezvous %s: gather: %w", c.addr, err)
+	}
+	if n < 1 || n > maxGather || i < 0 || i >= n {
+		return nil, fmt.Errorf("rendezvous %s: gather %q: member %d of %d is out of range", c.addr, key, i, n)
+	}
+	start := time.Now()
+	req := make([]byte, 8, 8+len(value))
+	binary.BigEndian.PutUint32(req, uint32(n))
+	binary.BigEndian.PutUint32(req[4:], uint32(i))
+	f, err := c.call(ctx, verbGather, key, append(req, value...))
+	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return nil, fmt.Errorf("rendezvous %s: waited %s for the %d members of gather %q: %w", c.addr, time.Since(start).Round(time.Millisecond), n, key, err)
+		}
+		return nil, fmt.Errorf("rendezvous %s: gather %q: %w", c.addr, key, err)
+	}
+	if f.verb != verbValue {
+		return nil, c.unexpected("gather", key, f)
+	}
+	vals, err := DecodeTable(f.value, n)
+	if err != nil {
+		return nil, fmt.Errorf("rendezvous %s: gather %q: %w", c.addr, key, err)
+	}
+	return vals, nil
+}
+
 // TryGet returns key's value without waiting; ok is false when it is not set.
 func (c *Client) TryGet(ctx context.Context, key string) (value []byte, ok bool, err error) {
 	if err := checkSizes(key, nil); err != nil {
@@ -274,7 +304,7 @@ func (c *Client) call(ctx context.Context, v verb, key string, value []byte) (fr
 	case <-c.dead:
 		return frame{}, c.err // set before dead was closed
 	case <-ctx.Done():
-		if c.forget(id) && v == verbGet {
+		if c.forget(id) && (v == verbGet || v == verbGather) {
 			// Unpark it on the server; if this fails the connection is gone and so is the waiter.
 			c.send(context.Background(), frame{id: id, verb: verbCancel, key: key})
 		}

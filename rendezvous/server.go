@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kolo-dl/kolo/auth"
@@ -24,6 +25,8 @@ type Server struct {
 	secret           []byte
 	log              *slog.Logger
 	handshakeTimeout time.Duration
+
+	requests atomic.Int64 // frames served, for the start-up scaling table
 
 	mu     sync.Mutex
 	ln     net.Listener
@@ -89,6 +92,10 @@ func (s *Server) accept(ln net.Listener) {
 		return true
 	})
 }
+
+// Requests is the number of requests the server has handled, from every client: what a job's
+// start-up costs the rendezvous.
+func (s *Server) Requests() int64 { return s.requests.Load() }
 
 // Close stops listening, drops every connection (their pending calls fail) and closes the Store.
 func (s *Server) Close() error {
@@ -177,6 +184,7 @@ func (sc *serverConn) readLoop() error {
 }
 
 func (sc *serverConn) handle(f frame) {
+	sc.s.requests.Add(1)
 	st := sc.s.Store
 	switch f.verb {
 	case verbSet:
@@ -206,15 +214,36 @@ func (sc *serverConn) handle(f frame) {
 		default:
 			sc.reply(frame{id: f.id, verb: verbValue, value: v})
 		}
-	case verbGet:
+	case verbGet, verbGather:
 		id := f.id
+		// A gather this request completes wakes its members after sc.mu is released: some may be
+		// parked on this connection, and their fire takes sc.mu.
+		var wake func()
+		defer func() {
+			if wake != nil {
+				wake()
+			}
+		}()
 		// Registered under sc.mu so that fire, which removes the entry, cannot run before it exists.
 		sc.mu.Lock()
 		defer sc.mu.Unlock()
 		if sc.done {
 			return
 		}
-		v, ok, cancel, err := st.wait(f.key, func(val []byte, err error) {
+		park := st.wait
+		if f.verb == verbGather {
+			if len(f.value) < 8 {
+				sc.replyLocked(frame{id: id, verb: verbError, value: []byte(fmt.Sprintf("gather %q: value of %d bytes, want at least 8", f.key, len(f.value)))})
+				return
+			}
+			n, i := int(binary.BigEndian.Uint32(f.value)), int(binary.BigEndian.Uint32(f.value[4:]))
+			value := f.value[8:]
+			park = func(key string, fire func([]byte, error)) (table []byte, ok bool, cancel func() bool, err error) {
+				table, ok, cancel, wake, err = st.gather(key, n, i, value, fire)
+				return table, ok, cancel, err
+			}
+		}
+		v, ok, cancel, err := park(f.key, func(val []byte, err error) {
 			sc.mu.Lock()
 			delete(sc.parked, id)
 			sc.mu.Unlock()

@@ -10,7 +10,9 @@
 package rendezvous
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -26,8 +28,16 @@ var ErrClosed = errors.New("rendezvous closed")
 type Store struct {
 	mu      sync.Mutex
 	vals    map[string][]byte               // values are never mutated once stored: readers share them
-	waiters map[string]map[*waiter]struct{} // parked Gets, by key
+	waiters map[string]map[*waiter]struct{} // parked Gets and Gathers, by key
+	gathers map[string]*gathering           // by gather key
 	closed  bool
+}
+
+// gathering is the state of one Gather key: how many members it waits for and which arrived.
+type gathering struct {
+	n    int
+	have int
+	vals [][]byte // by member index; nil until it arrives
 }
 
 // waiter is one parked Get. fire is called exactly once, outside the store's lock, with the value
@@ -38,7 +48,7 @@ type waiter struct {
 
 // NewStore returns an empty store.
 func NewStore() *Store {
-	return &Store{vals: map[string][]byte{}, waiters: map[string]map[*waiter]struct{}{}}
+	return &Store{vals: map[string][]byte{}, waiters: map[string]map[*waiter]struct{}{}, gathers: map[string]*gathering{}}
 }
 
 // Set stores a copy of value under key and wakes every Get waiting for it.
@@ -154,8 +164,14 @@ func (s *Store) wait(key string, fire func([]byte, error)) (val []byte, ok bool,
 	if s.closed {
 		return nil, false, nil, fmt.Errorf("rendezvous get %q: %w", key, ErrClosed)
 	}
+	val, ok, cancel = s.parkLocked(key, fire)
+	return val, ok, cancel, nil
+}
+
+// parkLocked is wait with s.mu held and the store open.
+func (s *Store) parkLocked(key string, fire func([]byte, error)) (val []byte, ok bool, cancel func() bool) {
 	if v, ok := s.vals[key]; ok {
-		return v, true, nil, nil
+		return v, true, nil
 	}
 	w := &waiter{fire: fire}
 	ws := s.waiters[key]
@@ -176,7 +192,7 @@ func (s *Store) wait(key string, fire func([]byte, error)) (val []byte, ok bool,
 			delete(s.waiters, key)
 		}
 		return true
-	}, nil
+	}
 }
 
 // Add adds delta to the counter at key (a missing key counts as 0) and returns the new value. A
@@ -230,4 +246,143 @@ func (s *Store) Close() error {
 		}
 	}
 	return nil
+}
+
+// Gather is an all-gather of small records in one request per member: member i of n stores value
+// under key/i (where a Get of that key finds it too) and, once all n members have, every member
+// gets all n values in member order. The complete table is also stored under key, encoded as
+// EncodeTable does. It replaces n Gets per member (n² requests for the job) with one; a member
+// may repeat its request with the same value (a retry), but not with another value or another n.
+func (s *Store) Gather(ctx context.Context, key string, n, i int, value []byte) ([][]byte, error) {
+	start := time.Now()
+	ch := make(chan getResult, 1)
+	table, ok, cancel, wake, err := s.gather(key, n, i, value, func(val []byte, err error) { ch <- getResult{val, err} })
+	if err != nil {
+		return nil, err
+	}
+	wake()
+	if !ok {
+		select {
+		case r := <-ch:
+			if r.err != nil {
+				return nil, fmt.Errorf("rendezvous gather %q: %w", key, r.err)
+			}
+			table = r.val
+		case <-ctx.Done():
+			if cancel() {
+				return nil, fmt.Errorf("rendezvous: waited %s for the %d members of gather %q: %w", time.Since(start).Round(time.Millisecond), n, key, ctx.Err())
+			}
+			r := <-ch // it fired while we were giving up
+			if r.err != nil {
+				return nil, fmt.Errorf("rendezvous gather %q: %w", key, r.err)
+			}
+			table = r.val
+		}
+	}
+	return DecodeTable(table, n)
+}
+
+// gather records member i's value and returns the encoded table if every member has arrived;
+// otherwise it parks fire until they have (as wait does). The caller must call wake (never nil
+// without an error) once it holds no lock that a waiter's fire takes: this member may be the one
+// that completes the gather, and the members parked on it, perhaps on the caller's own
+// connection, are woken then.
+func (s *Store) gather(key string, n, i int, value []byte, fire func([]byte, error)) (table []byte, ok bool, cancel func() bool, wake func(), err error) {
+	member := key + "/" + strconv.Itoa(i)
+	if err := checkSizes(member, value); err != nil {
+		return nil, false, nil, nil, fmt.Errorf("rendezvous gather: %w", err)
+	}
+	if n < 1 || n > maxGather || i < 0 || i >= n {
+		return nil, false, nil, nil, fmt.Errorf("rendezvous gather %q: member %d of %d is out of range (at most %d members)", key, i, n, maxGather)
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, false, nil, nil, fmt.Errorf("rendezvous gather %q: %w", key, ErrClosed)
+	}
+	g := s.gathers[key]
+	if g == nil {
+		g = &gathering{n: n, vals: make([][]byte, n)}
+		s.gathers[key] = g
+	}
+	switch {
+	case g.n != n:
+		s.mu.Unlock()
+		return nil, false, nil, nil, fmt.Errorf("rendezvous gather %q: member %d says %d members, an earlier one said %d", key, i, n, g.n)
+	case g.vals[i] != nil && !bytes.Equal(g.vals[i], value):
+		s.mu.Unlock()
+		return nil, false, nil, nil, fmt.Errorf("rendezvous gather %q: member %d arrived twice with different values (two processes claim the same rank?)", key, i)
+	case g.vals[i] == nil:
+		v := append([]byte{}, value...) // non-nil even when empty: nil marks a member not yet arrived
+		g.vals[i] = v
+		g.have++
+		s.vals[member] = v
+		mine := s.waiters[member]
+		delete(s.waiters, member)
+		var all map[*waiter]struct{}
+		if g.have == n {
+			table = EncodeTable(g.vals)
+			if len(table) > MaxValue {
+				s.mu.Unlock()
+				return nil, false, nil, nil, fmt.Errorf("rendezvous gather %q: the table of %d members is %d bytes, more than the %d allowed", key, n, len(table), MaxValue)
+			}
+			s.vals[key] = table
+			all = s.waiters[key]
+			delete(s.waiters, key)
+		}
+		if table == nil {
+			_, _, cancel = s.parkLocked(key, fire)
+		}
+		s.mu.Unlock()
+		wake = func() {
+			for w := range mine {
+				w.fire(v, nil)
+			}
+			for w := range all {
+				w.fire(table, nil)
+			}
+		}
+		return table, table != nil, cancel, wake, nil
+	}
+	table, ok, cancel = s.parkLocked(key, fire)
+	s.mu.Unlock()
+	return table, ok, cancel, func() {}, nil
+}
+
+// maxGather bounds the members of one Gather, so that a bad request cannot make the server
+// allocate a huge table.
+const maxGather = 1 << 20
+
+// EncodeTable encodes a Gather's values: for each, a big-endian u32 length and the bytes.
+func EncodeTable(vals [][]byte) []byte {
+	size := 0
+	for _, v := range vals {
+		size += 4 + len(v)
+	}
+	out := make([]byte, 0, size)
+	for _, v := range vals {
+		out = binary.BigEndian.AppendUint32(out, uint32(len(v)))
+		out = append(out, v...)
+	}
+	return out
+}
+
+// DecodeTable decodes what EncodeTable wrote, expecting n values.
+func DecodeTable(b []byte, n int) ([][]byte, error) {
+	vals := make([][]byte, 0, n)
+	for len(b) > 0 {
+		if len(b) < 4 {
+			return nil, fmt.Errorf("rendezvous gather table: %d stray bytes after %d values", len(b), len(vals))
+		}
+		l := int(binary.BigEndian.Uint32(b))
+		if l > len(b)-4 {
+			return nil, fmt.Errorf("rendezvous gather table: value %d of %d bytes, but only %d follow", len(vals), l, len(b)-4)
+		}
+		vals = append(vals, b[4:4+l:4+l])
+		b = b[4+l:]
+	}
+	if len(vals) != n {
+		return nil, fmt.Errorf("rendezvous gather table: %d values, want %d", len(vals), n)
+	}
+	return vals, nil
 }

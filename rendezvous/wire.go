@@ -38,6 +38,9 @@ const (
 	verbCancel verb = 5 // abandons a parked Get with the same id; never answered
 	// verbSetIfAbsent sets the key only if it is not set; answer: a 1-byte value, 1 if it did.
 	verbSetIfAbsent verb = 6
+	// verbGather is Store.Gather; value: u32 members | u32 index | the member's value; answer: the
+	// encoded table, once every member has arrived (parks as a Get does; cancelled the same way).
+	verbGather verb = 7
 
 	// Responses.
 	verbOK      verb = 0x81
@@ -60,6 +63,8 @@ func (v verb) String() string {
 		return "cancel"
 	case verbSetIfAbsent:
 		return "setifabsent"
+	case verbGather:
+		return "gather"
 	case verbOK:
 		return "ok"
 	case verbValue:

@@ -65,7 +65,7 @@ func TestConnectInterface(t *testing.T) {
 			t.Fatalf("rank %d: %v", r, errs[r])
 		}
 		defer worlds[r].Close()
-		v, err := srv.Get(ctx, key(jobenv.Job{JobID: "iface-test"}, "rank", r))
+		v, err := srv.Get(ctx, RecordKey("iface-test", r))
 		if err != nil {
 			t.Fatal(err)
 		}

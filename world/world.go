@@ -129,19 +129,18 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 		return nil, fmt.Errorf("rank %d: %w", job.Rank, err)
 	}
 
-	// Every rank publishes where it listens and which host it is on, then reads everyone's.
+	// Every rank publishes where it listens and which host it is on and gets everyone's back, in
+	// one request (the rendezvous answers once all ranks have sent theirs): start-up costs the
+	// server n requests, not n².
 	me := fmt.Sprintf("%s|%s|%s", addr, job.Hostname, bootID())
-	if err := rv.Set(ctx, key(job, "rank", job.Rank), []byte(me)); err != nil {
-		return nil, fmt.Errorf("rank %d: publish address: %w", job.Rank, err)
+	table, err := rv.Gather(ctx, recordsKey(job.JobID), job.Size, job.Rank, []byte(me))
+	if err != nil {
+		return nil, fmt.Errorf("rank %d: publish its address and wait for the other %d ranks': %w", job.Rank, job.Size-1, err)
 	}
 	addrs := make([]string, job.Size)
 	w.Hosts = make([]string, job.Size)
 	boots := make([]string, job.Size)
-	for r := 0; r < job.Size; r++ {
-		v, err := rv.Get(ctx, key(job, "rank", r))
-		if err != nil {
-			return nil, fmt.Errorf("rank %d: wait for rank %d to publish its address: %w", job.Rank, r, err)
-		}
+	for r, v := range table {
 		parts := strings.SplitN(string(v), "|", 3)
 		if len(parts) != 3 {
 			return nil, fmt.Errorf("rank %d: malformed address record of rank %d: %q", job.Rank, r, v)
@@ -309,17 +308,15 @@ func publicAddr(toRendezvous, listener net.Addr) (string, error) {
 	return net.JoinHostPort(ta.IP.String(), strconv.Itoa(la.Port)), nil
 }
 
-// key names a rank's record in the rendezvous store; the e2e tests read it to find listeners.
-// key names rank r's record in the rendezvous. It includes the job id, which kolo.Init makes
-// unique per world a process joins (a later Init after Shutdown, a subset of ranks), so that no
-// rank reads a record another world left.
-func key(job jobenv.Job, kind string, r int) string {
-	return fmt.Sprintf("world/%s/%s/%d", job.JobID, kind, r)
-}
+// recordsKey is the rendezvous Gather of the address records of the world of job id jobID; rank
+// r's record lies at recordsKey/r. The job id is unique per world a process joins (kolo.Init
+// makes it so for a later Init after Shutdown and for a subset of ranks), so that no rank reads
+// a record another world left.
+func recordsKey(jobID string) string { return "world/" + jobID + "/rank" }
 
 // RecordKey is where rank r of the world of job id jobID publishes its address in the rendezvous
 // ("addr|host|boot id"), for tests that play a stranger on the network.
-func RecordKey(jobID string, r int) string { return key(jobenv.Job{JobID: jobID}, "rank", r) }
+func RecordKey(jobID string, r int) string { return recordsKey(jobID) + "/" + strconv.Itoa(r) }
 
 var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9_.-]`)
 
