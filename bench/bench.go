@@ -7,9 +7,11 @@ package bench
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"sort"
@@ -53,6 +55,56 @@ type Report struct {
 	DType   string   `json:"dtype"`
 	Iters   int      `json:"iters"`
 	Results []Result `json:"results"`
+	Startup *Startup `json:"startup,omitempty"`
+}
+
+// Startup is what joining the job cost, for the scaling table (bench/scaling.py).
+type Startup struct {
+	// InitSeconds is the slowest rank's kolo.Init: rendezvous, shared memory, connections.
+	InitSeconds float64 `json:"init_s"`
+	// FirstAllreduceUnixNano is when rank 0's first allreduce (4 bytes) returned: the script that
+	// launched the job takes its own start time from it.
+	FirstAllreduceUnixNano int64 `json:"first_allreduce_unix_ns"`
+	// Sockets is the most sockets any rank holds once connected (rendezvous client, listener, and
+	// every TCP connection to a peer): the connections per rank.
+	Sockets int `json:"sockets_max"`
+}
+
+// MeasureStartup completes s after kolo.Init, which took initTook on this rank: the first
+// allreduce, then the slowest rank's figures (one more allreduce).
+func MeasureStartup(ctx context.Context, initTook time.Duration) (*Startup, error) {
+	one := kolo.Tensor{Data: make([]byte, 4), DType: dtype.Float32, Shape: []int64{1}}
+	if err := kolo.Allreduce(ctx, "bench.startup.first", one, kolo.Sum); err != nil {
+		return nil, fmt.Errorf("first allreduce: %w", err)
+	}
+	s := &Startup{FirstAllreduceUnixNano: time.Now().UnixNano()}
+	vals := []float64{initTook.Seconds(), float64(countSockets())}
+	buf := make([]byte, 8*len(vals))
+	for i, v := range vals {
+		binary.LittleEndian.PutUint64(buf[8*i:], math.Float64bits(v))
+	}
+	t := kolo.Tensor{Data: buf, DType: dtype.Float64, Shape: []int64{int64(len(vals))}}
+	if err := kolo.Allreduce(ctx, "bench.startup.max", t, kolo.Max); err != nil {
+		return nil, fmt.Errorf("gather start-up figures: %w", err)
+	}
+	s.InitSeconds = math.Float64frombits(binary.LittleEndian.Uint64(buf))
+	s.Sockets = int(math.Float64frombits(binary.LittleEndian.Uint64(buf[8:])))
+	return s, nil
+}
+
+// countSockets counts this process's open sockets (0 where /proc is missing).
+func countSockets() int {
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, fd := range fds {
+		if l, err := os.Readlink("/proc/self/fd/" + fd.Name()); err == nil && strings.HasPrefix(l, "socket:") {
+			n++
+		}
+	}
+	return n
 }
 
 // ParseSizes reads "4,4KiB,256KiB,4MiB,64MiB".
@@ -221,9 +273,9 @@ func Print(w io.Writer, cfg Config, np int, results []Result) {
 	tw.Flush()
 }
 
-// WriteJSON writes the --json report.
-func WriteJSON(path string, cfg Config, np int, results []Result) error {
-	b, err := json.MarshalIndent(Report{Op: cfg.Op, NP: np, DType: cfg.DType.String(), Iters: cfg.Iters, Results: results}, "", "  ")
+// WriteJSON writes the --json report; st may be nil.
+func WriteJSON(path string, cfg Config, np int, results []Result, st *Startup) error {
+	b, err := json.MarshalIndent(Report{Op: cfg.Op, NP: np, DType: cfg.DType.String(), Iters: cfg.Iters, Results: results, Startup: st}, "", "  ")
 	if err != nil {
 		return err
 	}

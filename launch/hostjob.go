@@ -108,6 +108,9 @@ func RunHosts(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int
 	_, port, _ := net.SplitHostPort(addr.String())
 	if opts.Verbose {
 		slog.Info("rendezvous listening", "addr", addr.String(), "ranks", np, "hosts", len(seen))
+		// What start-up (and the job's later rendezvous use) cost the server: bench/scaling.py
+		// reads it for its table.
+		defer func() { slog.Info("rendezvous served", "requests", srv.Requests(), "ranks", np) }()
 	}
 	extra := workerExtraEnv(opts)
 	jobID := NewJobID()

@@ -32,7 +32,7 @@ import (
 type Options struct {
 	Timeout      time.Duration // for the whole set-up (rendezvous, attach, connect); default 60 s
 	TCPStreams   int           // data connections per remote peer; default 2
-	ShmSlotBytes int           // per-rank shared slot; default 8 MiB
+	ShmSlotBytes int           // per-rank shared slot; default shm's (8 MiB up to 24 local ranks, then less)
 	ShmDir       string        // default /dev/shm
 	ListenAddr   string        // default "0.0.0.0:0", or the Interface's address
 	NoShm        bool          // force TCP even between ranks of one host
@@ -73,9 +73,6 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 	}
 	if opt.TCPStreams <= 0 {
 		opt.TCPStreams = 2
-	}
-	if opt.ShmSlotBytes <= 0 {
-		opt.ShmSlotBytes = 8 << 20
 	}
 	var ifaceIP net.IP
 	if opt.Interface != "" && job.Size > 1 {

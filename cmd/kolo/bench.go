@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/kolo-dl/kolo"
 	"github.com/kolo-dl/kolo/bench"
@@ -77,8 +78,14 @@ func benchCmd(args []string) int {
 		return code
 	}
 
+	initStart := time.Now()
 	if err := kolo.Init(); err != nil {
 		fmt.Fprintf(os.Stderr, "kolo bench: %v\n", err)
+		return 1
+	}
+	startup, err := bench.MeasureStartup(ctx, time.Since(initStart))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kolo bench: rank %d: %v\n", kolo.Rank(), err)
 		return 1
 	}
 	cfg := bench.Config{Op: op, Sizes: sz, DType: d, Iters: *iters, Warmup: *warmup, Check: *check}
@@ -90,7 +97,7 @@ func benchCmd(args []string) int {
 	if kolo.Rank() == 0 {
 		bench.Print(os.Stdout, cfg, kolo.Size(), results)
 		if *jsonPath != "" {
-			if err := bench.WriteJSON(*jsonPath, cfg, kolo.Size(), results); err != nil {
+			if err := bench.WriteJSON(*jsonPath, cfg, kolo.Size(), results, startup); err != nil {
 				fmt.Fprintf(os.Stderr, "kolo bench: %v\n", err)
 				return 1
 			}

@@ -29,13 +29,16 @@ type Config struct {
 	Name string
 	// Rank is this process's local rank in [0, Size); Size is the number of ranks on this host.
 	Rank, Size int
-	// SlotBytes is the size of each rank's transport.Shared slot (default 8 MiB, rounded up to 4 KiB).
+	// SlotBytes is the size of each rank's transport.Shared slot, rounded up to 4 KiB. Default:
+	// 8 MiB up to 24 local ranks, then slotBudget shared among the ranks (at least 2 MiB each).
 	SlotBytes int
-	// RingBytes is the size of the stream ring of each ordered pair for Send/Recv (default 1 MiB,
-	// rounded up to 4 KiB, at least transport.MinBuffered).
+	// RingBytes is the size of the stream ring of each ordered pair for Send/Recv, rounded up to
+	// 4 KiB, at least transport.MinBuffered. Default: 1 MiB up to 8 local ranks, then ringBudget
+	// shared among the pairs (down to transport.MinBuffered).
 	RingBytes int
-	// MsgRingBytes is the size of the Messenger ring of each ordered pair (default 64 KiB, at least
-	// 4 KiB). Longer messages are streamed through it in pieces.
+	// MsgRingBytes is the size of the Messenger ring of each ordered pair (at least 4 KiB). Longer
+	// messages are streamed through it in pieces. Default: 64 KiB up to 12 local ranks, then
+	// msgRingBudget shared among the pairs (down to 4 KiB).
 	MsgRingBytes int
 	// Timeout bounds Open: how long rank 0 waits for the others to attach and they wait for the
 	// segment to appear (default 30 s).
@@ -75,7 +78,28 @@ const (
 	pageBytes           = 4096
 	minMsgRingBytes     = pageBytes
 	maxRanks            = 4096
+
+	// The defaults' budgets. The slots, one per rank, carry the shared-memory collectives; the
+	// rings, one per ordered pair, carry Send/Recv (alltoall, and the ring algorithms' steps)
+	// and the control messages. At the full sizes the pairs make the segment grow as n² (64
+	// ranks: 4.7 GiB), so past a few ranks each kind shares a fixed budget: the segment is then
+	// n slots plus budgets, 460 MiB at 64 ranks, until the rings reach their floors
+	// (transport.MinBuffered and 4 KiB, so 68 KiB a pair) past about 34 ranks for the data
+	// rings, whose n² term then dominates again (128 ranks: 1.3 GiB).
+	slotBudget    = 192 << 20
+	minSlotBytes  = 2 << 20
+	ringBudget    = 64 << 20
+	msgRingBudget = 8 << 20
 )
+
+// shareOf is full while n items of that size fit budget, else budget/n rounded down to pages,
+// never below floor.
+func shareOf(full, budget, floor, n int) int {
+	if n <= 0 || n*full <= budget {
+		return full
+	}
+	return max(budget/n/pageBytes*pageBytes, floor)
+}
 
 // ErrAborted is matched (errors.Is) by every error caused by some rank calling Group.Abort.
 var ErrAborted = transport.ErrAborted
@@ -95,14 +119,15 @@ func (cfg Config) normalize() (Config, error) {
 		return cfg, fmt.Errorf("shm: segment %q: negative size (slot %d, ring %d, msg ring %d)",
 			cfg.Name, cfg.SlotBytes, cfg.RingBytes, cfg.MsgRingBytes)
 	}
+	pairs := cfg.Size * (cfg.Size - 1)
 	if cfg.SlotBytes == 0 {
-		cfg.SlotBytes = defaultSlotBytes
+		cfg.SlotBytes = shareOf(defaultSlotBytes, slotBudget, minSlotBytes, cfg.Size)
 	}
 	if cfg.RingBytes == 0 {
-		cfg.RingBytes = defaultRingBytes
+		cfg.RingBytes = shareOf(defaultRingBytes, ringBudget, transport.MinBuffered, pairs)
 	}
 	if cfg.MsgRingBytes == 0 {
-		cfg.MsgRingBytes = defaultMsgRingBytes
+		cfg.MsgRingBytes = shareOf(defaultMsgRingBytes, msgRingBudget, minMsgRingBytes, pairs)
 	}
 	cfg.SlotBytes = roundUp(cfg.SlotBytes, pageBytes)
 	cfg.RingBytes = roundUp(max(cfg.RingBytes, transport.MinBuffered), pageBytes)

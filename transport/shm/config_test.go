@@ -42,3 +42,34 @@ func TestNormalizeSpinDefaults(t *testing.T) {
 		})
 	}
 }
+
+// The default sizes keep a few ranks at the full sizes (the 2-rank speed) and share fixed budgets
+// past that, so the segment of 64 local ranks fits in 512 MiB; explicit sizes are kept.
+func TestDefaultSizesShareBudgets(t *testing.T) {
+	for _, tc := range []struct {
+		ranks           int
+		slot, ring, msg int
+		maxMiB          int64
+	}{
+		{2, 8 << 20, 1 << 20, 64 << 10, 18},
+		{8, 8 << 20, 1 << 20, 64 << 10, 124},
+		{16, 8 << 20, 272 << 10, 32 << 10, 200},
+		{64, 3 << 20, 64 << 10, 4 << 10, 512},
+	} {
+		cfg, err := Config{Name: "x", Size: tc.ranks}.normalize()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.SlotBytes != tc.slot || cfg.RingBytes != tc.ring || cfg.MsgRingBytes != tc.msg {
+			t.Errorf("%d ranks: slot %d, ring %d, msg ring %d; want %d, %d, %d", tc.ranks,
+				cfg.SlotBytes, cfg.RingBytes, cfg.MsgRingBytes, tc.slot, tc.ring, tc.msg)
+		}
+		if got := SegmentBytes(Config{Name: "x", Size: tc.ranks}) >> 20; got > tc.maxMiB {
+			t.Errorf("%d ranks: segment of %d MiB, want at most %d", tc.ranks, got, tc.maxMiB)
+		}
+	}
+	cfg, err := Config{Name: "x", Size: 64, SlotBytes: 8 << 20, RingBytes: 1 << 20, MsgRingBytes: 64 << 10}.normalize()
+	if err != nil || cfg.SlotBytes != 8<<20 || cfg.RingBytes != 1<<20 || cfg.MsgRingBytes != 64<<10 {
+		t.Errorf("explicit sizes not kept: %+v, %v", cfg, err)
+	}
+}

@@ -237,7 +237,26 @@ func checkHeader(path string, mem []byte, lay layout, fileSize int64) error {
 	return nil
 }
 
-// join claims this rank's block, maps every page, counts this rank in and waits for the others.
+// populateMine maps into this process the pages it will touch: the header, every slot (the shared
+// collectives read every rank's) and the rings it sends or receives on, so that no operation pays
+// a page fault. The other ranks' rings (O(n²) of them) it never touches stay out of its page
+// tables, which keeps start-up and page-table memory linear in the local ranks.
+func (g *Group) populateMine() {
+	l := g.lay
+	populate(g.mem[:l.rings])
+	ring := func(off int64, n int) { populate(g.mem[off : off+int64(n)]) }
+	for p := range g.size {
+		if p == g.rank {
+			continue
+		}
+		ring(l.ring(g.rank, p), l.ringBytes)
+		ring(l.ring(p, g.rank), l.ringBytes)
+		ring(l.msgRing(g.rank, p), l.msgRingBytes)
+		ring(l.msgRing(p, g.rank), l.msgRingBytes)
+	}
+}
+
+// join claims this rank's block, maps the pages it uses, counts this rank in and waits for the others.
 func (g *Group) join(ctx context.Context, begin time.Time) error {
 	state := g.u32(g.lay.rankBlock(g.rank) + rState)
 	if !atomic.CompareAndSwapUint32(state, 0, stateAttached) {
@@ -249,7 +268,7 @@ func (g *Group) join(ctx context.Context, begin time.Time) error {
 	atomic.StoreUint64(g.u64(g.lay.rankBlock(g.rank)+rStart), start)
 	atomic.StoreUint64(g.u64(g.lay.rankBlock(g.rank)+rPidNS), pidNamespace())
 	atomic.StoreUint64(g.u64(g.lay.rankBlock(g.rank)+rPid), uint64(os.Getpid()))
-	populate(g.mem)
+	g.populateMine()
 	attached := g.u32(offAttached)
 	atomic.AddUint32(attached, 1)
 

@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""How kolo's costs grow with the number of ranks on one host: the scaling table of
+docs/benchmarks.md.
+
+    python3 bench/scaling.py --ranks 2,4,8,16,32,64 --repeats 3
+
+For each rank count it runs `kolo run --verbose -np N kolo bench allreduce` and reports:
+- shared memory per host: the peak of /dev/shm's used space while the job runs (sampled every
+  50 ms, minus what was used before);
+- start-up: from launching `kolo run` to rank 0's first 4-byte allreduce returning, and the
+  slowest rank's kolo.Init alone;
+- rendezvous requests: what the launcher's rendezvous server served over the whole job;
+- sockets per rank: the most sockets any rank holds once connected (rendezvous client, listener,
+  and every TCP connection to a peer; ranks of one host talk through shared memory);
+- 4-byte and 4 MiB allreduce time (median per op, kolo bench), beside OpenMPI's (mpi4py, the
+  same sizes and iterations) run right after, for the ratios.
+
+Runs of a rank count alternate kolo and OpenMPI with a pause between runs, and the table gives
+medians with ranges over the repeats. Ranks beyond the machine's cores are oversubscribed: the
+allreduce times then measure scheduling as much as the transport.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PY = "/usr/bin/python3"
+MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "1000000000000"}
+
+
+def shm_used(path="/dev/shm"):
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+class PeakSampler:
+    """Samples /dev/shm's used bytes every 50 ms in a thread; peak() is the most seen."""
+
+    def __init__(self):
+        self.base = shm_used()
+        self.top = self.base
+        self.stop = threading.Event()
+        self.t = threading.Thread(target=self.loop, daemon=True)
+        self.t.start()
+
+    def loop(self):
+        while not self.stop.is_set():
+            self.top = max(self.top, shm_used())
+            time.sleep(0.05)
+
+    def peak(self):
+        self.stop.set()
+        self.t.join()
+        return self.top - self.base
+
+
+def env_with(extra=None):
+    e = dict(os.environ)
+    e.update(MALLOC_ENV)
+    if extra:
+        e.update(extra)
+    return e
+
+
+def run_kolo(kolo, n, args):
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "kolo.json")
+        cmd = [kolo, "run", "--verbose", "-np", str(n), kolo, "bench", "allreduce", "--sizes", "4,4MiB",
+               "--iters", str(args.iters), "--warmup", "3", "--json", out]
+        sampler = PeakSampler()
+        t0 = time.time_ns()
+        p = subprocess.run(cmd, env=env_with(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=args.timeout)
+        peak = sampler.peak()
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}")
+        rep = json.load(open(out))
+    m = re.search(r"rendezvous served.* requests=(\d+)", p.stdout)
+    st = rep["startup"]
+    times = {r["bytes"]: r["median_us"] for r in rep["results"]}
+    return {
+        "shm_peak": peak,
+        "startup_s": (st["first_allreduce_unix_ns"] - t0) / 1e9,
+        "init_s": st["init_s"],
+        "requests": int(m.group(1)) if m else None,
+        "sockets": st["sockets_max"],
+        "us4": times[4],
+        "us4m": times[4 << 20],
+    }
+
+
+def run_mpi(n, args):
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        raise RuntimeError("mpirun not found (apt-get install openmpi-bin python3-mpi4py)")
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "mpi.json")
+        cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(n), PY,
+               os.path.join(HERE, "peers", "mpi_allreduce.py"), "--sizes", "4,4MiB", "--iters", str(args.iters),
+               "--warmup", "3", "--json", out]
+        p = subprocess.run(cmd, env=env_with({"OMPI_MCA_rmaps_base_oversubscribe": "1"}), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=args.timeout)
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}")
+        rep = json.load(open(out))
+    times = {r["bytes"]: r["median_us"] for r in rep["results"]}
+    return {"us4": times[4], "us4m": times[4 << 20]}
+
+
+def med(vals, fmt):
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return "-"
+    m = statistics.median(vals)
+    if len(vals) == 1 or min(vals) == max(vals):
+        return fmt(m)
+    return f"{fmt(m)} ({fmt(min(vals))}-{fmt(max(vals))})"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", default="2,4,8,16,32,64")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--pause", type=float, default=3.0, help="seconds between runs (default 3)")
+    p.add_argument("--timeout", type=int, default=600)
+    p.add_argument("--kolo", default=os.path.join(ROOT, "bin", "kolo"), help="the kolo binary (default bin/kolo)")
+    p.add_argument("--no-mpi", action="store_true", help="leave OpenMPI out")
+    p.add_argument("--json", help="also write every run's figures here")
+    args = p.parse_args()
+    ranks = [int(x) for x in args.ranks.split(",")]
+    rows = {}
+    for n in ranks:
+        ks, ms = [], []
+        for rep in range(args.repeats):
+            order = ["kolo", "mpi"] if rep % 2 == 0 else ["mpi", "kolo"]
+            for who in order:
+                if who == "mpi" and args.no_mpi:
+                    continue
+                time.sleep(args.pause)
+                if who == "kolo":
+                    ks.append(run_kolo(args.kolo, n, args))
+                else:
+                    ms.append(run_mpi(n, args))
+            print(f"# {n} ranks, repeat {rep + 1}: kolo {ks[-1]}" + (f", OpenMPI {ms[-1]}" if ms else ""),
+                  file=sys.stderr, flush=True)
+        rows[n] = (ks, ms)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({str(n): {"kolo": k, "mpi": m} for n, (k, m) in rows.items()}, f, indent=1)
+
+    mib = lambda v: f"{v / (1 << 20):.0f}"  # noqa: E731
+    sec = lambda v: f"{v:.2f}"  # noqa: E731
+    num = lambda v: f"{v:.0f}"  # noqa: E731
+    us = lambda v: f"{v:.1f}"  # noqa: E731
+    ms_ = lambda v: f"{v / 1000:.2f}"  # noqa: E731
+    print(f"# kolo scaling on one host ({os.cpu_count()} CPUs), {args.repeats} repeats, medians (ranges)")
+    print("| ranks | /dev/shm peak MiB | start-up to first allreduce s | slowest Init s | rendezvous requests "
+          "| sockets per rank | 4 B allreduce us | OpenMPI 4 B us | 4 MiB allreduce ms | OpenMPI 4 MiB ms "
+          "| 4 MiB kolo/OpenMPI time |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n, (ks, msr) in rows.items():
+        ratio = "-"
+        if msr:
+            ratio = f"{statistics.median(k['us4m'] for k in ks) / statistics.median(m['us4m'] for m in msr):.2f}x"
+        print(f"| {n} | {med([k['shm_peak'] for k in ks], mib)} | {med([k['startup_s'] for k in ks], sec)} "
+              f"| {med([k['init_s'] for k in ks], sec)} | {med([k['requests'] for k in ks], num)} "
+              f"| {med([k['sockets'] for k in ks], num)} | {med([k['us4'] for k in ks], us)} "
+              f"| {med([m['us4'] for m in msr], us)} | {med([k['us4m'] for k in ks], ms_)} "
+              f"| {med([m['us4m'] for m in msr], ms_)} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()
