@@ -165,12 +165,16 @@ func TestGatherTimesOutNamingTheWait(t *testing.T) {
 
 // 1,024 ranks of one job join at once, each with its own authenticated connection, and each sends
 // one request for the whole address table: the server answers them all, without errors, in
-// bounded time (the scaling table in docs/benchmarks.md gives the time measured here).
+// bounded time (the scaling table in docs/benchmarks.md gives the time measured here). Under the
+// race detector, which slows every goroutine tenfold, 256 ranks check the same code for races.
 func TestGatherOf1024RanksAtOnce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("1,024 connections")
 	}
-	const n = 1024
+	n := 1024
+	if raceEnabled {
+		n = 256
+	}
 	s, addr, sink := startServer(t)
 	start := time.Now()
 	ctx := ctxT(t, 60*time.Second)
@@ -206,13 +210,13 @@ func TestGatherOf1024RanksAtOnce(t *testing.T) {
 			t.Fatalf("rank %d got a wrong table", i)
 		}
 	}
-	if got := s.Requests(); got != n {
+	if got := s.Requests(); got != int64(n) {
 		t.Errorf("%d requests for %d ranks, want one each", got, n)
 	}
 	if w := sink.warnings("rendezvous: rejected connection"); len(w) > 0 {
 		t.Errorf("%d connections rejected", len(w))
 	}
-	t.Logf("1024 ranks: dial, authenticate and gather the address table in %v (%d requests)", took.Round(time.Millisecond), s.Requests())
+	t.Logf("%d ranks: dial, authenticate and gather the address table in %v (%d requests)", n, took.Round(time.Millisecond), s.Requests())
 }
 
 func waitFor(t *testing.T, cond func() bool) {
