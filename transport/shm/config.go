@@ -38,7 +38,7 @@ type Config struct {
 	RingBytes int
 	// MsgRingBytes is the size of the Messenger ring of each ordered pair (at least 4 KiB). Longer
 	// messages are streamed through it in pieces. Default: 64 KiB up to 12 local ranks, then
-	// msgRingBudget shared among the pairs (down to 4 KiB).
+	// msgRingBudget shared among the pairs (down to 8 KiB).
 	MsgRingBytes int
 	// Timeout bounds Open: how long rank 0 waits for the others to attach and they wait for the
 	// segment to appear (default 30 s).
@@ -83,13 +83,17 @@ const (
 	// rings, one per ordered pair, carry Send/Recv (alltoall, and the ring algorithms' steps)
 	// and the control messages. At the full sizes the pairs make the segment grow as n² (64
 	// ranks: 4.7 GiB), so past a few ranks each kind shares a fixed budget: the segment is then
-	// n slots plus budgets, 460 MiB at 64 ranks, until the rings reach their floors
-	// (transport.MinBuffered and 4 KiB, so 68 KiB a pair) past about 34 ranks for the data
-	// rings, whose n² term then dominates again (128 ranks: 1.3 GiB).
+	// n slots plus budgets, 476 MiB at 64 ranks, until the rings reach their floors
+	// (transport.MinBuffered and 8 KiB, so 72 KiB a pair) past about 34 ranks for the data
+	// rings, whose n² term then dominates again (128 ranks: 1.4 GiB).
 	slotBudget    = 192 << 20
 	minSlotBytes  = 2 << 20
 	ringBudget    = 64 << 20
 	msgRingBudget = 8 << 20
+	// defaultMsgRingFloor keeps a few dozen negotiation responses per peer: a rank busy outside
+	// kolo reads its messages only when it next submits, and the coordinator's send to it waits
+	// for room meanwhile.
+	defaultMsgRingFloor = 8 << 10
 )
 
 // shareOf is full while n items of that size fit budget, else budget/n rounded down to pages,
@@ -127,7 +131,7 @@ func (cfg Config) normalize() (Config, error) {
 		cfg.RingBytes = shareOf(defaultRingBytes, ringBudget, transport.MinBuffered, pairs)
 	}
 	if cfg.MsgRingBytes == 0 {
-		cfg.MsgRingBytes = shareOf(defaultMsgRingBytes, msgRingBudget, minMsgRingBytes, pairs)
+		cfg.MsgRingBytes = shareOf(defaultMsgRingBytes, msgRingBudget, defaultMsgRingFloor, pairs)
 	}
 	cfg.SlotBytes = roundUp(cfg.SlotBytes, pageBytes)
 	cfg.RingBytes = roundUp(max(cfg.RingBytes, transport.MinBuffered), pageBytes)

@@ -54,7 +54,7 @@ func TestDefaultSizesShareBudgets(t *testing.T) {
 		{2, 8 << 20, 1 << 20, 64 << 10, 18},
 		{8, 8 << 20, 1 << 20, 64 << 10, 124},
 		{16, 8 << 20, 272 << 10, 32 << 10, 200},
-		{64, 3 << 20, 64 << 10, 4 << 10, 512},
+		{64, 3 << 20, 64 << 10, 8 << 10, 512},
 	} {
 		cfg, err := Config{Name: "x", Size: tc.ranks}.normalize()
 		if err != nil {
