@@ -166,6 +166,14 @@ func NewCoordinator(cfg Config) (*Coordinator, error) {
 // Pending is the number of ops some but not all ranks have submitted.
 func (c *Coordinator) Pending() int { return c.count }
 
+// SetFusionBytes changes the fusion threshold (Config.FusionBytes: 0 the default, negative never
+// fuse) of the responses emitted from now on, as the autotuner does between its samples. Only the
+// coordinator fuses, so the ranks need not be told.
+func (c *Coordinator) SetFusionBytes(n int64) {
+	c.cfg.FusionBytes = n
+	c.cfg = c.cfg.withDefaults()
+}
+
 // Submit takes full requests from rank (with no news of what it has learned: see SubmitBatch).
 func (c *Coordinator) Submit(now time.Time, rank int, reqs ...Request) error {
 	return c.SubmitBatch(now, &Batch{Rank: rank, Seen: c.seenOf(rank), Requests: reqs})

@@ -103,6 +103,14 @@ func (h *Hub) RemoveSet(id int) error {
 	return nil
 }
 
+// SetFusionBytes is Coordinator.SetFusionBytes for every set, and for sets added later.
+func (h *Hub) SetFusionBytes(n int64) {
+	h.cfg.FusionBytes = n
+	for _, hs := range h.sets {
+		hs.co.SetFusionBytes(n)
+	}
+}
+
 // Coordinator returns the Coordinator of process set id, or nil.
 func (h *Hub) Coordinator(id int) *Coordinator {
 	if s := h.sets[id]; s != nil {

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/bits"
 	"slices"
+	"time"
 
 	"github.com/kolo-dl/kolo/dtype"
 )
@@ -30,6 +31,8 @@ const (
 	// MsgSetResponses is MsgResponses of a process set other than the global one: the set id, then
 	// the same body.
 	MsgSetResponses MsgKind = 4
+	// MsgSettings is a Settings change, from rank 0 (the autotuner) to every rank.
+	MsgSettings MsgKind = 6
 )
 
 // Decoder limits.
@@ -556,6 +559,36 @@ func DecodeAbort(p []byte) (Abort, error) {
 		a.Stalled, a.StalledOn = true, d.rank("stalled rank")
 	}
 	return a, d.end()
+}
+
+// Settings is a change of the tunable settings that every rank applies from the same optimizer
+// step (the autotuner's samples, then its decision).
+type Settings struct {
+	// From is the first step the settings apply to: every rank switches when its step count
+	// reaches it.
+	From int64
+	// FusionBytes is the fusion threshold (0: no fusion); CycleTime the negotiation cycle time.
+	FusionBytes int64
+	CycleTime   time.Duration
+}
+
+// EncodeSettings appends s's message to dst.
+func EncodeSettings(dst []byte, s Settings) []byte {
+	dst = append(dst, WireVersion, byte(MsgSettings))
+	dst = binary.AppendVarint(dst, s.From)
+	dst = binary.AppendVarint(dst, s.FusionBytes)
+	return binary.AppendVarint(dst, int64(s.CycleTime))
+}
+
+// DecodeSettings decodes a MsgSettings message.
+func DecodeSettings(p []byte) (Settings, error) {
+	d := decoder{p: p, msg: "settings"}
+	d.header(MsgSettings)
+	s := Settings{From: d.varint("from"), FusionBytes: d.varint("fusion bytes"), CycleTime: time.Duration(d.varint("cycle time"))}
+	if d.err == nil && (s.From < 1 || s.FusionBytes < 0 || s.CycleTime < 0) {
+		d.fail("settings out of range: from step %d, fusion %d bytes, cycle %v", s.From, s.FusionBytes, s.CycleTime)
+	}
+	return s, d.end()
 }
 
 func appendString(dst []byte, s string) []byte {

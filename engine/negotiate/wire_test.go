@@ -275,3 +275,33 @@ func FuzzDecodeAbort(f *testing.F) {
 		}
 	})
 }
+
+func TestSettingsRoundTrip(t *testing.T) {
+	for _, s := range []Settings{
+		{From: 1, FusionBytes: 128 << 20, CycleTime: 0},
+		{From: 240, FusionBytes: 0, CycleTime: 20 * time.Millisecond},
+	} {
+		msg := EncodeSettings(nil, s)
+		if k, err := PeekKind(msg); err != nil || k != MsgSettings {
+			t.Fatalf("PeekKind = %v, %v", k, err)
+		}
+		if got, err := DecodeSettings(msg); err != nil || got != s {
+			t.Errorf("%+v: got %+v, %v", s, got, err)
+		}
+	}
+	for name, s := range map[string]Settings{
+		"step 0":          {From: 0, FusionBytes: 1},
+		"negative fusion": {From: 3, FusionBytes: -1},
+		"negative cycle":  {From: 3, CycleTime: -time.Millisecond},
+	} {
+		if _, err := DecodeSettings(EncodeSettings(nil, s)); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: err = %v, want ErrMalformed", name, err)
+		}
+	}
+	if _, err := DecodeSettings(EncodeAbort(nil, Abort{})); !errors.Is(err, ErrMalformed) {
+		t.Errorf("an abort decoded as settings: %v", err)
+	}
+	if _, err := DecodeSettings(EncodeSettings(nil, Settings{From: 5})[:4]); !errors.Is(err, ErrMalformed) {
+		t.Errorf("a truncated message: %v", err)
+	}
+}
