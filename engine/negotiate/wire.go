@@ -30,6 +30,9 @@ const (
 	// MsgSetResponses is MsgResponses of a process set other than the global one: the set id, then
 	// the same body.
 	MsgSetResponses MsgKind = 4
+	// MsgKeepAlive is rank 0 telling a rank whose requests it holds unanswered that it is still
+	// running (its coordinator waits on other ranks): a header and nothing else.
+	MsgKeepAlive MsgKind = 5
 )
 
 // Decoder limits.
@@ -556,6 +559,16 @@ func DecodeAbort(p []byte) (Abort, error) {
 		a.Stalled, a.StalledOn = true, d.rank("stalled rank")
 	}
 	return a, d.end()
+}
+
+// EncodeKeepAlive appends a MsgKeepAlive message to dst.
+func EncodeKeepAlive(dst []byte) []byte { return append(dst, WireVersion, byte(MsgKeepAlive)) }
+
+// DecodeKeepAlive checks a MsgKeepAlive message.
+func DecodeKeepAlive(p []byte) error {
+	d := decoder{p: p, msg: "keep-alive"}
+	d.header(MsgKeepAlive)
+	return d.end()
 }
 
 func appendString(dst []byte, s string) []byte {
