@@ -31,7 +31,8 @@ type Config struct {
 	// collective, fails the op and stops the job, on every rank, naming that peer. Default
 	// transport.DefaultProgressTimeout (60 s), negative for never. The transports enforce it:
 	// kolo.Init passes it to them (world.Options.ProgressTimeout); the engine uses it to bound how
-	// long it gathers the other ranks' stall notices.
+	// long it gathers the other ranks' stall notices, and as the deadline of a rank waiting on
+	// a coordinator (rank 0) that sends neither answers nor keep-alives (keepalive.go).
 	ProgressTimeout time.Duration
 
 	StallCheck   bool          // the stall inspector (warnings and both deadlines); default true

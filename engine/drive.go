@@ -12,8 +12,9 @@ package engine
 //
 // The background goroutine drives when nobody waits: for async ops (it picks up an op that no
 // caller took within kickDelay), for work a departing driver leaves behind, for the coordinator's
-// stall inspector and to end the loop at Shutdown. It stays parked otherwise, so a job that submits
-// and waits pays no wake-up for it, and it gives way as soon as a caller is ready to drive.
+// stall inspector and keep-alives (keepalive.go) and to end the loop at Shutdown. It stays parked
+// otherwise, so a job that submits and waits pays no wake-up for it, and it gives way as soon as a
+// caller is ready to drive.
 //
 // Waits spin for at most Config.Spin after the last progress (0 when ranks outnumber cores), then
 // sleep: on the Poller's doorbell, which peers ring when they send, or on the inbox channel.
@@ -262,6 +263,9 @@ func (e *Engine) sleep(ctx context.Context, h *Handle, now time.Time) {
 	if !e.nextTick.IsZero() {
 		d = min(d, e.nextTick.Sub(now))
 	}
+	if !e.coord.since.IsZero() {
+		d = min(d, e.coord.since.Add(e.cfg.ProgressTimeout).Sub(now)) // the deadline on rank 0
+	}
 	if d <= 0 {
 		return
 	}
@@ -335,6 +339,9 @@ func (e *Engine) step(now time.Time) bool {
 			break
 		}
 		progressed = true
+		if m.From == 0 && e.hub == nil {
+			e.coord.heard(now)
+		}
 		if !e.handleMsg(m) {
 			e.ended = true
 			return true
@@ -346,6 +353,10 @@ func (e *Engine) step(now time.Time) bool {
 		}
 	}
 	if e.hub == nil {
+		if !e.watchCoordinator(now) {
+			e.ended = true
+			return true
+		}
 		return progressed
 	}
 	if !e.nextTick.IsZero() {
@@ -359,6 +370,11 @@ func (e *Engine) step(now time.Time) bool {
 	}
 	if progressed && !e.decide() {
 		e.ended = true
+		return progressed
+	}
+	if !e.sendKeepAlives() {
+		e.ended = true
+		return true
 	}
 	return progressed
 }

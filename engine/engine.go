@@ -135,6 +135,16 @@ type Engine struct {
 	leaving  bool
 	ended    bool      // the loop has stopped for good (failure, or shut down)
 	nextTick time.Time // when the coordinator's stall inspector runs next
+
+	// The coordinator's keep-alive (keepalive.go). On rank 0: kaDue asks the driver for a round,
+	// executing tells the keepAlive goroutine that the driver is inside a collective, kaWaiting
+	// is the driver's scratch for Hub.Waiting and kaMsg the message. Elsewhere: coord, the
+	// driver's deadline on rank 0.
+	kaDue     atomic.Bool
+	executing atomic.Bool
+	kaWaiting []bool
+	kaMsg     []byte
+	coord     coordClock
 }
 
 // setName is an op's name within its process set.
@@ -180,11 +190,12 @@ func (e *Engine) Joins() uint64 { return e.joins.Load() }
 
 // entry is one op submitted on this rank.
 type entry struct {
-	req negotiate.Request
-	set *procSet
-	in  []byte // input bytes
-	out []byte // output bytes (nil when the engine allocates: allgather, alltoall, reducescatter)
-	h   *Handle
+	req       negotiate.Request
+	submitted time.Time // when the driver took it from the queue
+	set       *procSet
+	in        []byte // input bytes
+	out       []byte // output bytes (nil when the engine allocates: allgather, alltoall, reducescatter)
+	h         *Handle
 }
 
 // outgoing is the requests of one process set going to the coordinator in one Batch.
@@ -276,6 +287,11 @@ func New(cfg Config, g Group) (*Engine, error) {
 		}
 	}
 	go e.background()
+	if e.keepAliveOn() {
+		e.kaWaiting = make([]bool, g.Size)
+		e.kaMsg = negotiate.EncodeKeepAlive(nil)
+		go e.keepAlive()
+	}
 	return e, nil
 }
 
@@ -423,6 +439,7 @@ func (e *Engine) drainQueue(now time.Time) (took, ok bool) {
 		join := false
 		for _, en := range q {
 			ps := en.set
+			en.submitted = now
 			switch {
 			case ps.removed:
 				en.h.finish(fmt.Errorf("rank %d: %s %q: process set %d was removed before the op started", e.g.Rank, en.req.Kind, en.req.Name, ps.id))
@@ -547,6 +564,11 @@ func (e *Engine) handleMsg(m transport.Msg) bool {
 		return malformed(err)
 	}
 	switch {
+	case kind == negotiate.MsgKeepAlive && e.hub == nil:
+		// Rank 0 runs: step has noted that it heard from it.
+		if err := negotiate.DecodeKeepAlive(m.Body); err != nil {
+			return malformed(err)
+		}
 	case kind == negotiate.MsgAbort:
 		a, err := negotiate.DecodeAbort(m.Body)
 		if err != nil {
@@ -728,7 +750,13 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 		return true
 	}
 	ps.exec.tl, ps.exec.set = tl, ps.id
+	if e.hub != nil {
+		e.executing.Store(true) // the keepAlive goroutine speaks for this driver meanwhile
+	}
 	err := ps.exec.run(context.Background(), *r, entries)
+	if e.hub != nil {
+		e.executing.Store(false)
+	}
 	ps.exec.tl = nil
 	if tl != nil {
 		tl.Done(ps.id, r.Names)

@@ -174,6 +174,40 @@ func (c *Coordinator) SetFusionBytes(n int64) {
 	c.cfg = c.cfg.withDefaults()
 }
 
+// Waiting sets waiting[r] for every rank r (a job rank: Config.Ranks) that has submitted something
+// this Coordinator has not answered: an op others have not submitted yet, a member of a group
+// whose other members are not ready (every rank submitted those), or a Join. The engine keeps such
+// ranks told that rank 0 is alive. It costs a walk of the pending ops; it allocates nothing.
+func (c *Coordinator) Waiting(waiting []bool) {
+	mark := func(r int) {
+		if r = c.ids.of(r); r >= 0 && r < len(waiting) {
+			waiting[r] = true
+		}
+	}
+	for o := c.head; o != nil; o = o.next {
+		for r, how := range o.sent {
+			if how != subAbsent {
+				mark(r)
+			}
+		}
+	}
+	for _, g := range c.groupOrder {
+		if !g.done && g.failed == "" && len(g.held) > 0 {
+			for r := range c.size {
+				mark(r)
+			}
+			break
+		}
+	}
+	if c.joinedCount > 0 {
+		for r, j := range c.joined {
+			if j {
+				mark(r)
+			}
+		}
+	}
+}
+
 // Submit takes full requests from rank (with no news of what it has learned: see SubmitBatch).
 func (c *Coordinator) Submit(now time.Time, rank int, reqs ...Request) error {
 	return c.SubmitBatch(now, &Batch{Rank: rank, Seen: c.seenOf(rank), Requests: reqs})

@@ -128,6 +128,14 @@ func (h *Hub) Pending() int {
 	return n
 }
 
+// Waiting sets waiting[r] for every job rank r that has submitted, in some set, something not yet
+// answered (Coordinator.Waiting). waiting has one entry per job rank; it is not cleared first.
+func (h *Hub) Waiting(waiting []bool) {
+	for _, s := range h.sets {
+		s.co.Waiting(waiting)
+	}
+}
+
 // SubmitBatch takes one message that job rank from sent. b.Set picks the set, and b.Rank must be
 // from's rank in it. An error is a broken protocol (unknown set, a non-member, a wrong rank), not a
 // problem with the ops: the engine treats it as a malformed message.

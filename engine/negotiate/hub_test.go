@@ -519,3 +519,56 @@ func TestGroupsOfDifferentLengths(t *testing.T) {
 		})
 	}
 }
+
+// Waiting names the job ranks whose submissions rank 0 has not answered: the members that
+// submitted a pending op (in job ranks, whatever the set), every member of a group waiting for its
+// other members, and ranks that joined; none once everything is answered.
+func TestHubWaiting(t *testing.T) {
+	req := func(name string, group int64) []Request {
+		return []Request{{Name: name, Kind: Allreduce, DType: dtype.Float32, Shape: []int64{4}, ReduceOp: ReduceSum, Group: group, GroupSize: 2}}
+	}
+	waiting := func(h *Hub) []int {
+		w := make([]bool, 4)
+		h.Waiting(w)
+		var out []int
+		for r, ok := range w {
+			if ok {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	tests := []struct {
+		name    string
+		batches []Batch // From is Batch.Rank's job rank: set 0 ranks are job ranks, set 1 is {1, 3}
+		from    []int
+		want    []int
+	}{
+		{"nothing", nil, nil, nil},
+		{"one op, two ranks", []Batch{{Rank: 0, Requests: req("a", 0)}, {Rank: 2, Requests: req("a", 0)}}, []int{0, 2}, []int{0, 2}},
+		{"process set ranks are job ranks", []Batch{{Set: 1, Rank: 1, Requests: req("b", 0)}}, []int{3}, []int{3}},
+		{"answered", []Batch{{Set: 1, Rank: 0, Requests: req("b", 0)}, {Set: 1, Rank: 1, Requests: req("b", 0)}}, []int{1, 3}, nil},
+		{"a group waits for its other member", []Batch{{Set: 1, Rank: 0, Requests: req("g1", 7)}, {Set: 1, Rank: 1, Requests: req("g1", 7)}}, []int{1, 3}, []int{1, 3}},
+		{"join", []Batch{{Rank: 1, Join: true}}, []int{1}, []int{1}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h, err := NewHub(Config{Size: 4})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := h.AddSet(1, []int{1, 3}); err != nil {
+				t.Fatal(err)
+			}
+			for i := range tc.batches {
+				if err := h.SubmitBatch(epoch, tc.from[i], &tc.batches[i]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h.Ready()
+			if got := waiting(h); !slices.Equal(got, tc.want) {
+				t.Errorf("waiting %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

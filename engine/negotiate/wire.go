@@ -33,6 +33,9 @@ const (
 	MsgSetResponses MsgKind = 4
 	// MsgSettings is a Settings change, from rank 0 (the autotuner) to every rank.
 	MsgSettings MsgKind = 6
+	// MsgKeepAlive is rank 0 telling a rank whose requests it holds unanswered that it is still
+	// running (its coordinator waits on other ranks): a header and nothing else.
+	MsgKeepAlive MsgKind = 5
 )
 
 // Decoder limits.
@@ -589,6 +592,16 @@ func DecodeSettings(p []byte) (Settings, error) {
 		d.fail("settings out of range: from step %d, fusion %d bytes, cycle %v", s.From, s.FusionBytes, s.CycleTime)
 	}
 	return s, d.end()
+}
+
+// EncodeKeepAlive appends a MsgKeepAlive message to dst.
+func EncodeKeepAlive(dst []byte) []byte { return append(dst, WireVersion, byte(MsgKeepAlive)) }
+
+// DecodeKeepAlive checks a MsgKeepAlive message.
+func DecodeKeepAlive(p []byte) error {
+	d := decoder{p: p, msg: "keep-alive"}
+	d.header(MsgKeepAlive)
+	return d.end()
 }
 
 func appendString(dst []byte, s string) []byte {

@@ -120,6 +120,29 @@ func TestAbortRoundTrip(t *testing.T) {
 	}
 }
 
+func TestKeepAliveRoundTrip(t *testing.T) {
+	msg := EncodeKeepAlive([]byte("x")[:0])
+	if k, err := PeekKind(msg); err != nil || k != MsgKeepAlive {
+		t.Fatalf("PeekKind = %v, %v", k, err)
+	}
+	if err := DecodeKeepAlive(msg); err != nil {
+		t.Errorf("DecodeKeepAlive: %v", err)
+	}
+	if len(msg) != 2 {
+		t.Errorf("a keep-alive takes %d bytes, want 2", len(msg))
+	}
+	for name, p := range map[string][]byte{
+		"empty":      nil,
+		"wrong kind": EncodeAbort(nil, Abort{}),
+		"trailing":   append(EncodeKeepAlive(nil), 0),
+		"old":        {0, byte(MsgKeepAlive)},
+	} {
+		if err := DecodeKeepAlive(p); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: err = %v, want ErrMalformed", name, err)
+		}
+	}
+}
+
 // TestCachedBatchIsSmall: the steady state of a 200-tensor model costs a few dozen bytes.
 func TestCachedBatchIsSmall(t *testing.T) {
 	b := &Batch{Rank: 7, Seen: 12345}
@@ -304,4 +327,16 @@ func TestSettingsRoundTrip(t *testing.T) {
 	if _, err := DecodeSettings(EncodeSettings(nil, Settings{From: 5})[:4]); !errors.Is(err, ErrMalformed) {
 		t.Errorf("a truncated message: %v", err)
 	}
+}
+
+func FuzzDecodeKeepAlive(f *testing.F) {
+	f.Add(EncodeKeepAlive(nil))
+	f.Add(append(EncodeKeepAlive(nil), 0))
+	f.Fuzz(func(t *testing.T, p []byte) {
+		if err := DecodeKeepAlive(p); err == nil && string(p) != string(EncodeKeepAlive(nil)) {
+			t.Errorf("%x decoded as a keep-alive", p)
+		} else if err != nil && !errors.Is(err, ErrMalformed) {
+			t.Errorf("%x: %v does not wrap ErrMalformed", p, err)
+		}
+	})
 }
