@@ -1,0 +1,168 @@
+package autotune
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/kolo-dl/kolo/autotune/bayes"
+)
+
+// Settings are the knobs the tuner turns: the ones every rank must agree on at every step.
+type Settings struct {
+	FusionBytes int64         // fusion threshold in bytes (0: no fusion)
+	CycleTime   time.Duration // negotiation cycle time (0: negotiate at once)
+}
+
+const (
+	kib = 1 << 10
+	mib = 1 << 20
+
+	// MaxFusionBytes and MaxCycleTime bound the search box (widened to the defaults if they lie
+	// beyond). Horovod searches cycle times of 1-100 ms, which leaves out its own 1 ms default and
+	// kolo's 0; kolo's box starts at 0 so that it holds the defaults, and ends at 25 ms because a
+	// longer cycle only adds latency to every step's negotiation.
+	MaxFusionBytes = 256 * mib
+	MaxCycleTime   = 25 * time.Millisecond
+
+	// fusionLogOffset makes the fusion dimension log(bytes + 1 MiB): ratios count from 1 MiB up
+	// (1 to 2 MiB is as far as 64 to 128), and everything below 1 MiB, fusion off included, is one
+	// step of that size, since thresholds that small fuse little.
+	fusionLogOffset = mib
+)
+
+// Column names of the settings in the CSV log, and of the map ParseSettings reads.
+const (
+	ColumnFusionBytes = "fusion_bytes"
+	ColumnCycleMs     = "cycle_ms"
+	// ColumnPhase is not a setting: it marks warm-up rows ("warmup"), which the decision ignores,
+	// apart from the measured ones ("tuning") and the decision ("decided"). csvlog's roles say
+	// which settings a row ran (default or candidate), not whether it counted.
+	ColumnPhase = "phase"
+)
+
+// Values of ColumnPhase.
+const (
+	PhaseWarmup  = "warmup"
+	PhaseTuning  = "tuning"
+	PhaseDecided = "decided"
+)
+
+// String reads like "fusion 32 MiB, cycle 0 ms".
+func (s Settings) String() string {
+	return "fusion " + formatBytes(s.FusionBytes) + ", cycle " + formatMs(s.CycleTime) + " ms"
+}
+
+func formatBytes(b int64) string {
+	switch {
+	case b == 0:
+		return "off"
+	case b >= mib || b <= -mib:
+		return round2(float64(b)/mib) + " MiB"
+	case b >= kib || b <= -kib:
+		return round2(float64(b)/kib) + " KiB"
+	}
+	return strconv.FormatInt(b, 10) + " B"
+}
+
+func formatMs(d time.Duration) string {
+	return round2(float64(d) / float64(time.Millisecond))
+}
+
+// round2 prints v with at most two decimals and no trailing zeros.
+func round2(v float64) string {
+	return strconv.FormatFloat(math.Round(v*100)/100, 'f', -1, 64)
+}
+
+// columns are the log's setting columns, in order.
+func (s Settings) columns(phase string) map[string]string {
+	return map[string]string{
+		ColumnFusionBytes: strconv.FormatInt(s.FusionBytes, 10),
+		ColumnCycleMs:     strconv.FormatFloat(float64(s.CycleTime)/float64(time.Millisecond), 'f', -1, 64),
+		ColumnPhase:       phase,
+	}
+}
+
+var logColumns = []string{ColumnFusionBytes, ColumnCycleMs, ColumnPhase}
+
+// ParseSettings reads settings from a log row's columns, such as csvlog.ReadChosen returns, so that
+// a later run can start with an earlier run's decision. Columns it does not know are ignored.
+func ParseSettings(cols map[string]string) (Settings, error) {
+	var s Settings
+	f, ok := cols[ColumnFusionBytes]
+	if !ok {
+		return s, fmt.Errorf("autotune: settings have no %s column", ColumnFusionBytes)
+	}
+	var err error
+	if s.FusionBytes, err = strconv.ParseInt(f, 10, 64); err != nil || s.FusionBytes < 0 {
+		return Settings{}, fmt.Errorf("autotune: %s %q: want a whole number of bytes >= 0", ColumnFusionBytes, f)
+	}
+	c, ok := cols[ColumnCycleMs]
+	if !ok {
+		return Settings{}, fmt.Errorf("autotune: settings have no %s column", ColumnCycleMs)
+	}
+	ms, err := strconv.ParseFloat(c, 64)
+	if err != nil || !(ms >= 0) || ms > float64(math.MaxInt64/int64(time.Millisecond)) {
+		return Settings{}, fmt.Errorf("autotune: %s %q: want a number of milliseconds >= 0", ColumnCycleMs, c)
+	}
+	s.CycleTime = time.Duration(math.Round(ms * float64(time.Millisecond)))
+	return s, nil
+}
+
+// space is the search box of a tuner: fusion bytes (log-scaled) and cycle time in milliseconds.
+type space struct {
+	dims []bayes.Dim
+}
+
+func newSpace(defaults Settings) space {
+	maxFusion := max(int64(MaxFusionBytes), defaults.FusionBytes)
+	maxCycle := max(MaxCycleTime, defaults.CycleTime)
+	return space{dims: []bayes.Dim{
+		bayes.Int(ColumnFusionBytes, 0, maxFusion).LogScale(fusionLogOffset),
+		bayes.Real(ColumnCycleMs, 0, float64(maxCycle)/float64(time.Millisecond)),
+	}}
+}
+
+// point is s as the optimiser sees it.
+func (sp space) point(s Settings) []float64 {
+	return []float64{float64(s.FusionBytes), float64(s.CycleTime) / float64(time.Millisecond)}
+}
+
+// settings is the point x, the cycle time rounded to a microsecond (finer means nothing to a
+// background loop's sleep).
+func (sp space) settings(x []float64) Settings {
+	return Settings{
+		FusionBytes: int64(math.Round(x[0])),
+		CycleTime:   time.Duration(math.Round(x[1]*1e3)) * time.Microsecond,
+	}
+}
+
+// unit is where v lies along dimension d of the box, from 0 to 1, in the coordinates the Gaussian
+// process measures distance in (bayes normalises the same way).
+func unit(d bayes.Dim, v float64) float64 {
+	warp := func(x float64) float64 {
+		if d.Log {
+			return math.Log(x + d.LogOffset)
+		}
+		return x
+	}
+	return (warp(v) - warp(d.Min)) / (warp(d.Max) - warp(d.Min))
+}
+
+// farCorner is the corner of the box farthest from the defaults along every dimension: the first
+// candidate. With only the defaults measured, expected improvement is highest where the model
+// knows least, which is there; bayes, fitting length scales to a single point, cannot tell one
+// distant point from another and would return a random one.
+func (sp space) farCorner(defaults Settings) Settings {
+	x := sp.point(defaults)
+	c := make([]float64, len(x))
+	for i, d := range sp.dims {
+		if unit(d, x[i]) < 0.5 {
+			c[i] = d.Max
+		} else {
+			c[i] = d.Min
+		}
+	}
+	return sp.settings(c)
+}

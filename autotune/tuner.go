@@ -1,0 +1,445 @@
+package autotune
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/kolo-dl/kolo/autotune/bayes"
+	"github.com/kolo-dl/kolo/autotune/csvlog"
+	"github.com/kolo-dl/kolo/autotune/decide"
+)
+
+// Config sets up a tuner. Zero values mean the defaults given; negative ones are errors.
+type Config struct {
+	// Defaults are the job's own settings: the first point measured, and what is kept unless a
+	// candidate is better with 95% confidence. The engine starts with them in force at step 1.
+	Defaults Settings
+	// WarmupSamples are discarded at the start (default 3, Horovod's --autotune-warmup-samples).
+	WarmupSamples int
+	// StepsPerSample is the number of optimizer steps per sample (default 10,
+	// --autotune-steps-per-sample).
+	StepsPerSample int
+	// MaxSamples is the number of measured samples after warm-up, defaults' and candidates'
+	// together, before the tuner must decide (default 20, --autotune-bayes-opt-max-samples). At
+	// least 7: a candidate is judged from 3 pairs, each between two defaults samples.
+	MaxSamples int
+	// CandidatePairs caps the pairs one candidate is measured for before the next is tried
+	// (default 5, at least 3). decide spreads its 95% over the looks up to this cap, so a lower cap
+	// gives narrower intervals and leaves samples for more candidates.
+	CandidatePairs int
+	// Noise is the Gaussian process's noise (default bayes.DefaultNoise 0.8,
+	// --autotune-gaussian-process-noise).
+	Noise float64
+	// Seed makes the search reproducible: equal configs and step times give equal decisions.
+	Seed uint64
+	// Log receives the CSV log (package csvlog); nil: none. New writes the header, so a job that
+	// ends in warm-up still leaves a log.
+	Log io.Writer
+	// Lag is the number of steps between deciding a switch and the step it applies from (default
+	// 2): time for the broadcast to reach every rank.
+	Lag int64
+}
+
+const (
+	defaultWarmup         = 3
+	defaultStepsPerSample = 10
+	defaultMaxSamples     = 20
+	defaultCandidatePairs = 5
+	defaultLag            = 2
+
+	// minPairs is decide's default: the fewest pairs it gives a verdict from.
+	minPairs = 3
+)
+
+// ErrBadConfig is wrapped by New's errors.
+var ErrBadConfig = errors.New("autotune: bad config")
+
+func (c Config) withDefaults() (Config, error) {
+	bad := func(format string, args ...any) (Config, error) {
+		return c, fmt.Errorf("%w: "+format, append([]any{ErrBadConfig}, args...)...)
+	}
+	switch {
+	case c.WarmupSamples < 0:
+		return bad("warm-up samples %d < 0", c.WarmupSamples)
+	case c.StepsPerSample < 0:
+		return bad("steps per sample %d < 0", c.StepsPerSample)
+	case c.MaxSamples < 0:
+		return bad("max samples %d < 0", c.MaxSamples)
+	case c.CandidatePairs < 0:
+		return bad("pairs per candidate %d < 0", c.CandidatePairs)
+	case c.Lag < 0:
+		return bad("lag %d steps < 0", c.Lag)
+	case math.IsNaN(c.Noise) || math.IsInf(c.Noise, 0) || c.Noise < 0:
+		return bad("Gaussian process noise %g: want a finite variance >= 0", c.Noise)
+	case c.Defaults.FusionBytes < 0:
+		return bad("default fusion threshold %d bytes < 0", c.Defaults.FusionBytes)
+	case c.Defaults.CycleTime < 0:
+		return bad("default cycle time %v < 0", c.Defaults.CycleTime)
+	}
+	if c.WarmupSamples == 0 {
+		c.WarmupSamples = defaultWarmup
+	}
+	if c.StepsPerSample == 0 {
+		c.StepsPerSample = defaultStepsPerSample
+	}
+	if c.MaxSamples == 0 {
+		c.MaxSamples = defaultMaxSamples
+	}
+	if c.CandidatePairs == 0 {
+		c.CandidatePairs = defaultCandidatePairs
+	}
+	if c.Noise == 0 {
+		c.Noise = bayes.DefaultNoise
+	}
+	if c.Lag == 0 {
+		c.Lag = defaultLag
+	}
+	if c.MaxSamples < 1+2*minPairs {
+		return bad("max samples %d: a candidate needs %d (%d pairs and the defaults either side of each) before it can be judged",
+			c.MaxSamples, 1+2*minPairs, minPairs)
+	}
+	if c.CandidatePairs < minPairs {
+		return bad("pairs per candidate %d: a verdict needs %d", c.CandidatePairs, minPairs)
+	}
+	return c, nil
+}
+
+type phase int
+
+const (
+	warmingUp phase = iota
+	tuning
+	decided
+)
+
+// evaluation is one candidate's A/B comparison.
+type evaluation struct {
+	settings  Settings
+	rule      decide.Rule
+	defaults  []float64 // seconds per step, A samples, the first one shared with the previous candidate
+	candidate []float64 // B samples
+	result    decide.Result
+}
+
+// Tuner is the autotuner's state. Create it with New.
+type Tuner struct {
+	cfg   Config
+	space space
+	opt   *bayes.Optimizer
+	log   *csvlog.Writer
+	err   error // the first log write error, returned by Close
+
+	phase phase
+	last  int64 // the last step reported; 0 before the first
+
+	inForce   Settings
+	candidate bool  // inForce is the current candidate, not the defaults
+	from      int64 // step a decided switch applies from; 0 when none is pending
+
+	timing   bool // a sample is being timed, from the end of markStep
+	mark     time.Time
+	markStep int64
+
+	sampleIndex int         // samples logged so far, warm-up included
+	measured    int         // samples measured after warm-up
+	pending     *csvlog.Row // a candidate row, held until its closing defaults sample gives its speed-up
+	defaultTime []float64   // every measured defaults sample, seconds per step
+
+	eval      *evaluation   // the candidate being measured; nil before the first
+	evaluated []*evaluation // finished candidates, in order
+
+	result      Result
+	chosenRowed bool // the chosen row is in the log
+}
+
+// New validates cfg, fills in its defaults and, if cfg.Log is set, writes the log's header.
+func New(cfg Config) (*Tuner, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	sp := newSpace(cfg.Defaults)
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6b6f6c6f6175746f))
+	opt, err := bayes.New(sp.dims, bayes.Config{Noise: cfg.Noise}, rng)
+	if err != nil {
+		return nil, fmt.Errorf("autotune: %w", err)
+	}
+	// The defaults' log time ratio to themselves is 0 by definition: the point every candidate's
+	// observation is relative to.
+	if err := opt.Add(sp.point(cfg.Defaults), 0); err != nil {
+		return nil, fmt.Errorf("autotune: defaults %v: %w", cfg.Defaults, err)
+	}
+	t := &Tuner{cfg: cfg, space: sp, opt: opt, inForce: cfg.Defaults}
+	if cfg.Log != nil {
+		if t.log, err = csvlog.NewWriter(cfg.Log, logColumns); err != nil {
+			return nil, fmt.Errorf("autotune: %w", err)
+		}
+	}
+	return t, nil
+}
+
+// Step reports that optimizer step `step` (1, 2, 3, ... consecutive) ended at `now` on this rank.
+// When the tuner wants other settings in force, it returns them with the first step they apply
+// from (from = step + Lag; change true); the caller applies them on every rank at that step.
+//
+// A step reported twice or out of order is ignored. A gap in the steps (some not reported) drops
+// the sample being timed, which starts again from the reported step; so does a clock that went
+// backwards. Neither changes the switch schedule, which is in steps.
+func (t *Tuner) Step(step int64, now time.Time) (s Settings, from int64, change bool) {
+	if t.last != 0 && step <= t.last {
+		return Settings{}, 0, false
+	}
+	gap := t.last != 0 && step != t.last+1
+	t.last = step
+	if t.phase == decided {
+		return Settings{}, 0, false
+	}
+	if t.from != 0 {
+		if step < t.from {
+			return Settings{}, 0, false // the old settings still run: no sample's
+		}
+		// The first step under the new settings is transitional: the next sample starts at its end.
+		t.from = 0
+		t.startSample(step, now)
+		return Settings{}, 0, false
+	}
+	if !t.timing || gap {
+		t.startSample(step, now)
+		return Settings{}, 0, false
+	}
+	n := int64(t.cfg.StepsPerSample)
+	if step-t.markStep < n {
+		return Settings{}, 0, false
+	}
+	secs := now.Sub(t.mark).Seconds() / float64(n)
+	if !(secs > 0) {
+		t.startSample(step, now)
+		return Settings{}, 0, false
+	}
+	next, final := t.sample(step, secs)
+	if final {
+		t.decide(step)
+	}
+	if next == t.inForce {
+		if !final {
+			t.startSample(step, now)
+		}
+		return Settings{}, 0, false
+	}
+	t.inForce = next
+	t.timing = false
+	t.from = step + t.cfg.Lag
+	return next, t.from, true
+}
+
+func (t *Tuner) startSample(step int64, now time.Time) {
+	t.timing, t.mark, t.markStep = true, now, step
+}
+
+// sample takes a finished sample of secs seconds per step, ending at step, and says which settings
+// the next sample runs, and whether the tuner has decided (next is then the decision).
+func (t *Tuner) sample(step int64, secs float64) (next Settings, final bool) {
+	row := csvlog.Row{Sample: t.sampleIndex, Step: step, StepTime: secs, Role: csvlog.Default,
+		Speedup: math.NaN(), CILow: math.NaN(), CIHigh: math.NaN()}
+	t.sampleIndex++
+	if t.phase == warmingUp {
+		row.Settings = t.inForce.columns(PhaseWarmup)
+		t.write(row)
+		if t.sampleIndex == t.cfg.WarmupSamples {
+			t.phase = tuning
+		}
+		return t.inForce, false
+	}
+	t.measured++
+	row.Settings = t.inForce.columns(PhaseTuning)
+
+	if t.candidate {
+		// A candidate sample: its row waits for the defaults sample after it, which completes
+		// its pair and gives the speed-up to write.
+		t.eval.candidate = append(t.eval.candidate, secs)
+		row.Role = csvlog.Candidate
+		t.pending = &row
+		t.candidate = false
+		return t.cfg.Defaults, false
+	}
+
+	t.defaultTime = append(t.defaultTime, secs)
+	if t.eval == nil {
+		t.write(row)
+		return t.startCandidate([]float64{secs}, t.space.farCorner(t.cfg.Defaults))
+	}
+	e := t.eval
+	e.defaults = append(e.defaults, secs)
+	res, err := e.rule.Compare(e.defaults, e.candidate)
+	if err != nil {
+		// Cannot happen: the samples alternate and are positive. Drop the candidate rather than
+		// act on a comparison that failed.
+		res = decide.Result{Done: true, Speedup: math.NaN(), Low: math.NaN(), High: math.NaN()}
+	}
+	e.result = res
+	t.flushPending(res)
+	t.write(row)
+	switch {
+	case res.Verdict == decide.Better:
+		t.evaluated = append(t.evaluated, e)
+		return e.settings, true
+	case !res.Done:
+		t.candidate = true
+		return e.settings, false
+	}
+	// The candidate is dropped: the model learns its mean log time ratio to the defaults, and
+	// suggests the next one.
+	t.evaluated = append(t.evaluated, e)
+	if y := -math.Log(res.Speedup); !math.IsNaN(y) && !math.IsInf(y, 0) {
+		_ = t.opt.Add(t.space.point(e.settings), y) // a point of the box, a finite value
+	}
+	x, err := t.opt.Suggest()
+	if err != nil {
+		return t.cfg.Defaults, true // nothing left to try (or the model failed): keep the defaults
+	}
+	return t.startCandidate([]float64{secs}, t.space.settings(x))
+}
+
+// startCandidate begins measuring s against the defaults, whose last sample opens the comparison,
+// if the samples left allow a verdict; otherwise the tuner keeps the defaults.
+func (t *Tuner) startCandidate(defaults []float64, s Settings) (Settings, bool) {
+	pairs := min(t.cfg.CandidatePairs, (t.cfg.MaxSamples-t.measured)/2)
+	if pairs < minPairs {
+		return t.cfg.Defaults, true
+	}
+	t.eval = &evaluation{settings: s, rule: decide.Rule{MaxPairs: pairs}, defaults: defaults}
+	t.candidate = true
+	return s, false
+}
+
+// decide records the decision taken at step: the candidate just found Better, or the defaults.
+func (t *Tuner) decide(step int64) {
+	t.phase = decided
+	t.result = t.summary()
+	t.result.Decided = true
+	t.result.DecidedAt = step
+	t.writeChosen()
+}
+
+// summary is what is known: the chosen candidate if one was Better, else the defaults and the best
+// candidate measured so far.
+func (t *Tuner) summary() Result {
+	r := Result{Chosen: t.cfg.Defaults, KeptDefaults: true, Speedup: math.NaN(), Low: math.NaN(), High: math.NaN(),
+		Samples: t.measured, Candidates: len(t.evaluated)}
+	var best *evaluation
+	for _, e := range append(t.evaluated[:len(t.evaluated):len(t.evaluated)], t.eval) {
+		if e == nil || e.result.Pairs == 0 || math.IsNaN(e.result.Speedup) {
+			continue
+		}
+		if e.result.Verdict == decide.Better {
+			best = e
+			r.Chosen, r.KeptDefaults = e.settings, false
+			break
+		}
+		if best == nil || e.result.Speedup > best.result.Speedup {
+			best = e
+		}
+	}
+	if best != nil {
+		r.Best, r.HaveBest = best.settings, true
+		r.Speedup, r.Low, r.High = best.result.Speedup, best.result.Low, best.result.High
+	}
+	return r
+}
+
+func (t *Tuner) write(row csvlog.Row) {
+	if t.log == nil || t.err != nil {
+		return
+	}
+	if err := t.log.Sample(row); err != nil {
+		t.err = err
+	}
+}
+
+// flushPending writes the held candidate row with the comparison as it stands after its pair.
+func (t *Tuner) flushPending(res decide.Result) {
+	if t.pending == nil {
+		return
+	}
+	row := *t.pending
+	t.pending = nil
+	row.Speedup, row.CILow, row.CIHigh = res.Speedup, finiteOrNaN(res.Low), finiteOrNaN(res.High)
+	t.write(row)
+}
+
+// finiteOrNaN turns decide's "no interval yet" (0 and +Inf) into empty cells.
+func finiteOrNaN(v float64) float64 {
+	if v <= 0 || math.IsInf(v, 0) {
+		return math.NaN()
+	}
+	return v
+}
+
+// writeChosen appends the decision row: written as soon as the decision is taken, so that a job
+// that dies before Close still leaves it; Close writes it if that failed to happen.
+func (t *Tuner) writeChosen() {
+	if t.log == nil || t.err != nil || t.chosenRowed {
+		return
+	}
+	r := t.result
+	row := csvlog.Row{Step: r.DecidedAt, Settings: r.Chosen.columns(PhaseDecided), StepTime: t.meanTime(),
+		Speedup: 1, CILow: math.NaN(), CIHigh: math.NaN()}
+	if !r.KeptDefaults {
+		row.Speedup, row.CILow, row.CIHigh = r.Speedup, finiteOrNaN(r.Low), finiteOrNaN(r.High)
+	}
+	if err := t.log.Chosen(row); err != nil {
+		t.err = err
+		return
+	}
+	t.chosenRowed = true
+}
+
+// meanTime is the geometric mean seconds per step of the chosen settings' measured samples: the
+// candidate's, or the defaults'.
+func (t *Tuner) meanTime() float64 {
+	xs := t.defaultTime
+	if !t.result.KeptDefaults {
+		xs = t.eval.candidate
+	}
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	var s float64
+	for _, x := range xs {
+		s += math.Log(x)
+	}
+	return math.Exp(s / float64(len(xs)))
+}
+
+// Done says the tuner has decided: no more changes will come.
+func (t *Tuner) Done() bool { return t.phase == decided }
+
+// Result is the decision once Done; before that, what is known so far, with Decided false.
+func (t *Tuner) Result() Result {
+	if t.phase == decided {
+		return t.result
+	}
+	return t.summary()
+}
+
+// Close flushes a candidate row still waiting for its pair, makes sure the decision row is written
+// if the tuner decided, and otherwise leaves the log as it is, so that a reader says the job ended
+// with no decision. It returns the first error writing the log met. It does not close cfg.Log.
+func (t *Tuner) Close() error {
+	if t.pending != nil {
+		row := *t.pending
+		t.pending = nil
+		t.write(row)
+	}
+	if t.phase == decided {
+		t.writeChosen()
+	}
+	if t.err != nil {
+		return fmt.Errorf("autotune: log: %w", t.err)
+	}
+	return nil
+}
