@@ -17,7 +17,10 @@
 //   - Stopping on evidence. Each look at a candidate can end it: Better (chosen at once, tuning
 //     ends), NotBetter (dropped), or a per-candidate cap of pairs (dropped). A dropped candidate's
 //     mean log time ratio goes to the Gaussian process, which suggests the next one by expected
-//     improvement, until Config.MaxSamples measured samples are spent and the defaults are kept.
+//     improvement (never within a short distance of a point measured already, which A/B could not
+//     tell apart in the budget), until Config.MaxSamples measured samples are spent and the
+//     defaults are kept. Stopping at the first candidate shown faster trades the best point for
+//     a sure gain early: the tuner promises "not slower", not "optimal".
 //     The first candidate is the corner of the box farthest from the defaults, where a model that
 //     has seen one point expects the most, and which tells it most about the slopes.
 //   - Clean samples. A sample is StepsPerSample consecutive steps under one setting, timed from the

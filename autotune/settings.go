@@ -150,6 +150,43 @@ func unit(d bayes.Dim, v float64) float64 {
 	return (warp(v) - warp(d.Min)) / (warp(d.Max) - warp(d.Min))
 }
 
+// distance is the Euclidean distance of two points in the unit box.
+func (sp space) distance(a, b []float64) float64 {
+	var s float64
+	for i, d := range sp.dims {
+		diff := unit(d, a[i]) - unit(d, b[i])
+		s += diff * diff
+	}
+	return math.Sqrt(s)
+}
+
+// grid is n evenly spaced values (in unit coordinates) along every dimension, all combinations.
+func (sp space) grid(n int) [][]float64 {
+	var out [][]float64
+	var rec func(prefix []float64)
+	rec = func(prefix []float64) {
+		i := len(prefix)
+		if i == len(sp.dims) {
+			out = append(out, sp.point(sp.settings(prefix)))
+			return
+		}
+		d := sp.dims[i]
+		for k := range n {
+			u := float64(k) / float64(n-1)
+			v := d.Min
+			if d.Log {
+				lo, hi := math.Log(d.Min+d.LogOffset), math.Log(d.Max+d.LogOffset)
+				v = math.Exp(lo+u*(hi-lo)) - d.LogOffset
+			} else {
+				v += u * (d.Max - d.Min)
+			}
+			rec(append(prefix[:i:i], math.Max(d.Min, math.Min(d.Max, v))))
+		}
+	}
+	rec(nil)
+	return out
+}
+
 // farCorner is the corner of the box farthest from the defaults along every dimension: the first
 // candidate. With only the defaults measured, expected improvement is highest where the model
 // knows least, which is there; bayes, fitting length scales to a single point, cannot tell one

@@ -297,12 +297,54 @@ func (t *Tuner) sample(step int64, secs float64) (next Settings, final bool) {
 	if y := -math.Log(res.Speedup); !math.IsNaN(y) && !math.IsInf(y, 0) {
 		_ = t.opt.Add(t.space.point(e.settings), y) // a point of the box, a finite value
 	}
-	x, err := t.opt.Suggest()
-	if err != nil {
+	next, ok := t.suggest()
+	if !ok {
 		return t.cfg.Defaults, true // nothing left to try (or the model failed): keep the defaults
 	}
-	return t.startCandidate([]float64{secs}, t.space.settings(x))
+	return t.startCandidate([]float64{secs}, next)
 }
+
+// minSeparation is how far (in the model's unit box) a candidate must lie from every point measured
+// already. Expected improvement with few points likes the neighbourhood of the best one, which is
+// the defaults until a candidate beats them; but a candidate a hair from the defaults costs as many
+// samples as any other and cannot be shown faster in a tuning run's budget.
+const minSeparation = 0.15
+
+// suggest is bayes's suggestion, or, if that is too close to a point measured, the point of highest
+// expected improvement on a grid over the box that is not.
+func (t *Tuner) suggest() (Settings, bool) {
+	measured := [][]float64{t.space.point(t.cfg.Defaults)}
+	for _, e := range t.evaluated {
+		measured = append(measured, t.space.point(e.settings))
+	}
+	far := func(x []float64) bool {
+		for _, m := range measured {
+			if t.space.distance(x, m) < minSeparation {
+				return false
+			}
+		}
+		return true
+	}
+	if x, err := t.opt.Suggest(); err == nil {
+		if s := t.space.settings(x); far(t.space.point(s)) {
+			return s, true
+		}
+	}
+	var best Settings
+	bestEI := math.Inf(-1)
+	for _, x := range t.space.grid(gridSize) {
+		if !far(x) {
+			continue
+		}
+		if ei, err := t.opt.ExpectedImprovement(x); err == nil && ei > bestEI {
+			best, bestEI = t.space.settings(x), ei
+		}
+	}
+	return best, !math.IsInf(bestEI, -1)
+}
+
+// gridSize is the number of grid values per dimension suggest falls back to.
+const gridSize = 21
 
 // startCandidate begins measuring s against the defaults, whose last sample opens the comparison,
 // if the samples left allow a verdict; otherwise the tuner keeps the defaults.

@@ -1,0 +1,442 @@
+package autotune
+
+import (
+	"bytes"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kolo-dl/kolo/autotune/csvlog"
+)
+
+// job is a synthetic training job: the mean seconds of a step under some settings, and lognormal
+// jitter around it.
+type job struct {
+	mean   func(s Settings, step int64) float64
+	jitter float64 // sd of the log of a step's time
+	// switchCost is extra seconds on the first step under new settings, which no sample may see.
+	switchCost float64
+}
+
+type switchAt struct {
+	at, from int64
+	s        Settings
+}
+
+type run struct {
+	tuner    *Tuner
+	cfg      Config // as given
+	switches []switchAt
+	log      *bytes.Buffer
+	steps    int64 // reported
+	// inForce is the settings each step ran under, by step (index 0 unused).
+	inForce []Settings
+}
+
+// simulate runs j under cfg for at most maxSteps steps, applying the tuner's switches as the
+// engine would, and stops a few steps after the tuner is done and every switch has applied.
+func simulate(t *testing.T, cfg Config, j job, seed uint64, maxSteps int64) *run {
+	t.Helper()
+	r := &run{cfg: cfg, log: &bytes.Buffer{}, inForce: []Settings{{}}}
+	cfg.Log = r.log
+	tu, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.tuner = tu
+	rng := rand.New(rand.NewPCG(seed, 77))
+	now := time.Unix(1000, 0)
+	inForce := cfg.Defaults
+	pending := map[int64]Settings{}
+	var lastFrom int64
+	for step := int64(1); step <= maxSteps; step++ {
+		secs := j.mean(inForce, step) * math.Exp(j.jitter*rng.NormFloat64())
+		if s, ok := pending[step]; ok {
+			inForce = s
+			delete(pending, step)
+			secs = j.mean(inForce, step)*math.Exp(j.jitter*rng.NormFloat64()) + j.switchCost
+		}
+		r.inForce = append(r.inForce, inForce)
+		now = now.Add(time.Duration(secs * float64(time.Second)))
+		s, from, change := tu.Step(step, now)
+		r.steps = step
+		if change {
+			r.switches = append(r.switches, switchAt{step, from, s})
+			pending[from] = s
+			lastFrom = from
+		}
+		if tu.Done() && step > lastFrom+5 {
+			break
+		}
+	}
+	if err := tu.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func flat(secs float64) func(Settings, int64) float64 {
+	return func(Settings, int64) float64 { return secs }
+}
+
+// cycleCost is a job whose negotiation cycle adds k times itself to a step: cycle 0 is best,
+// whatever the fusion threshold.
+func cycleCost(base, k float64) func(Settings, int64) float64 {
+	return func(s Settings, _ int64) float64 { return base + k*s.CycleTime.Seconds() }
+}
+
+func readLog(t *testing.T, r *run) *csvlog.Log {
+	t.Helper()
+	l, err := csvlog.Read(bytes.NewReader(r.log.Bytes()))
+	if err != nil {
+		t.Fatalf("read the log: %v\n%s", err, r.log)
+	}
+	return l
+}
+
+// TestKeepsDefaultsWhenNothingMatters: when the settings make no difference, the tuner must not
+// crown a candidate, and must give up within its budget, drift or not.
+func TestKeepsDefaultsWhenNothingMatters(t *testing.T) {
+	defaults := Settings{FusionBytes: 64 << 20, CycleTime: 0}
+	for _, tc := range []struct {
+		name string
+		job  job
+	}{
+		{"2% jitter", job{mean: flat(0.1), jitter: 0.02}},
+		{"5% jitter", job{mean: flat(0.1), jitter: 0.05}},
+		// 30% slower over 400 steps: measured one after the other, later candidates would look slower.
+		{"drift", job{mean: func(_ Settings, step int64) float64 { return 0.1 * (1 + 0.3*float64(step)/400) }, jitter: 0.02}},
+		{"switches cost", job{mean: flat(0.1), jitter: 0.02, switchCost: 0.1}},
+	} {
+		for seed := uint64(1); seed <= 6; seed++ {
+			r := simulate(t, Config{Defaults: defaults, Seed: seed}, tc.job, seed, 2000)
+			res := r.tuner.Result()
+			if !r.tuner.Done() || !res.Decided {
+				t.Fatalf("%s, seed %d: not done after %d steps: %v", tc.name, seed, r.steps, res)
+			}
+			if !res.KeptDefaults || res.Chosen != defaults {
+				t.Errorf("%s, seed %d: %v", tc.name, seed, res)
+			}
+			if len(r.switches) > 0 && r.switches[len(r.switches)-1].s != defaults {
+				t.Errorf("%s, seed %d: last switch to %v, not back to the defaults", tc.name, seed, r.switches[len(r.switches)-1].s)
+			}
+			if res.Samples > 20 || res.Candidates < 1 {
+				t.Errorf("%s, seed %d: %d samples, %d candidates: want <= 20 and >= 1", tc.name, seed, res.Samples, res.Candidates)
+			}
+			if seed == 1 {
+				t.Logf("%s: %v (%d candidates)", tc.name, res, res.Candidates)
+			}
+		}
+	}
+}
+
+// TestFindsFasterCycle starts a job whose cycle time costs time with bad defaults, and wants a
+// small cycle time chosen with 95% confidence, within 300 steps.
+func TestFindsFasterCycle(t *testing.T) {
+	defaults := Settings{FusionBytes: 1 << 20, CycleTime: 20 * time.Millisecond}
+	for _, tc := range []struct {
+		name string
+		job  job
+	}{
+		{"50 ms + cycle", job{mean: cycleCost(0.05, 1), jitter: 0.02}},
+		{"200 ms + cycle", job{mean: cycleCost(0.2, 1), jitter: 0.02}},
+		{"50 ms + cycle, 5% jitter", job{mean: cycleCost(0.05, 1), jitter: 0.05}},
+	} {
+		var at []int64
+		for seed := uint64(1); seed <= 8; seed++ {
+			r := simulate(t, Config{Defaults: defaults, Seed: seed, WarmupSamples: 3, StepsPerSample: 10}, tc.job, seed, 1000)
+			res := r.tuner.Result()
+			if !res.Decided || res.KeptDefaults {
+				t.Fatalf("%s, seed %d: %v", tc.name, seed, res)
+			}
+			if res.Chosen.CycleTime >= 5*time.Millisecond || !(res.Low > 1) {
+				t.Errorf("%s, seed %d: %v", tc.name, seed, res)
+			}
+			if res.DecidedAt > 300 {
+				t.Errorf("%s, seed %d: decided at step %d, want <= 300", tc.name, seed, res.DecidedAt)
+			}
+			at = append(at, res.DecidedAt)
+			if seed == 1 {
+				t.Logf("%s: %v", tc.name, res)
+			}
+		}
+		t.Logf("%s: decided at steps %v", tc.name, at)
+	}
+}
+
+// TestSwitchSchedule checks what the engine relies on: every switch applies Lag steps after it is
+// returned, only between samples, and every sample ran one setting, the one its log row names,
+// with the first step under new settings in no sample.
+func TestSwitchSchedule(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		job  job
+	}{
+		{"faster cycle, lag 2", Config{Defaults: Settings{1 << 20, 20 * time.Millisecond}}, job{mean: cycleCost(0.05, 1), jitter: 0.02}},
+		{"noise, lag 1", Config{Defaults: Settings{64 << 20, 0}, Lag: 1}, job{mean: flat(0.1), jitter: 0.02}},
+		{"noise, lag 5, 4 steps", Config{Defaults: Settings{64 << 20, 0}, Lag: 5, StepsPerSample: 4, WarmupSamples: 1}, job{mean: flat(0.1), jitter: 0.03}},
+		{"noise, 1 step", Config{Defaults: Settings{0, 0}, StepsPerSample: 1, MaxSamples: 30}, job{mean: flat(0.1), jitter: 0.03}},
+	} {
+		cfg, _ := tc.cfg.withDefaults()
+		r := simulate(t, tc.cfg, tc.job, 3, 3000)
+		if !r.tuner.Done() {
+			t.Fatalf("%s: not done", tc.name)
+		}
+		if len(r.switches) < 2 {
+			t.Fatalf("%s: %d switches", tc.name, len(r.switches))
+		}
+		for _, sw := range r.switches {
+			if sw.from != sw.at+cfg.Lag {
+				t.Errorf("%s: switch to %v returned at step %d applies from %d, want %d", tc.name, sw.s, sw.at, sw.from, sw.at+cfg.Lag)
+			}
+		}
+		n := int64(cfg.StepsPerSample)
+		l := readLog(t, r)
+		samples := 0
+		for _, row := range l.Rows {
+			if row.Role == csvlog.Chosen {
+				continue
+			}
+			samples++
+			first := row.Step - n + 1 // the sample is steps first..row.Step, timed from the end of first-1
+			if first < 2 {
+				t.Errorf("%s: sample %d timed from step %d: the first step's start is unknown", tc.name, row.Sample, first-1)
+			}
+			for _, sw := range r.switches {
+				if sw.from >= first && sw.from <= row.Step {
+					t.Errorf("%s: switch at step %d (returned at %d) inside sample %d (steps %d-%d)",
+						tc.name, sw.from, sw.at, row.Sample, first, row.Step)
+				}
+			}
+			for step := first; step <= row.Step; step++ {
+				if got, _ := ParseSettings(row.Settings); r.inForce[step] != got {
+					t.Fatalf("%s: sample %d logs %v, step %d ran %v", tc.name, row.Sample, got, step, r.inForce[step])
+				}
+			}
+		}
+		if samples != cfg.WarmupSamples+r.tuner.Result().Samples {
+			t.Errorf("%s: %d rows, want %d warm-up and %d measured", tc.name, samples, cfg.WarmupSamples, r.tuner.Result().Samples)
+		}
+	}
+}
+
+// TestLog: a job that ends in warm-up leaves a log with no decision; a finished one, a log that
+// reads back to the decision, with warm-up rows marked and candidate rows carrying their speed-up.
+func TestLog(t *testing.T) {
+	t.Run("ends in warm-up", func(t *testing.T) {
+		for _, steps := range []int64{0, 1, 15} {
+			var buf bytes.Buffer
+			tu, err := New(Config{Defaults: Settings{1 << 20, 0}, Log: &buf})
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := time.Unix(0, 0)
+			for step := int64(1); step <= steps; step++ {
+				now = now.Add(100 * time.Millisecond)
+				if _, _, change := tu.Step(step, now); change {
+					t.Fatalf("a switch in warm-up, at step %d", step)
+				}
+			}
+			if err := tu.Close(); err != nil {
+				t.Fatal(err)
+			}
+			l, err := csvlog.Read(bytes.NewReader(buf.Bytes()))
+			if err != nil {
+				t.Fatalf("%d steps: %v\n%s", steps, err, buf.String())
+			}
+			if _, err := l.Decision(); !errors.Is(err, csvlog.ErrNoDecision) {
+				t.Errorf("%d steps: decision error %v, want ErrNoDecision", steps, err)
+			}
+			if _, err := csvlog.ReadChosen(bytes.NewReader(buf.Bytes())); !errors.Is(err, csvlog.ErrNoDecision) {
+				t.Errorf("%d steps: ReadChosen error %v, want ErrNoDecision", steps, err)
+			}
+			if want := int(max(steps-1, 0) / 10); len(l.Rows) != want {
+				t.Errorf("%d steps: %d rows, want %d", steps, len(l.Rows), want)
+			}
+			for _, row := range l.Rows {
+				if row.Settings[ColumnPhase] != PhaseWarmup || row.Role != csvlog.Default {
+					t.Errorf("%d steps: row %+v: want a warm-up defaults row", steps, row)
+				}
+			}
+			if !reflect.DeepEqual(l.Settings, []string{ColumnFusionBytes, ColumnCycleMs, ColumnPhase}) {
+				t.Errorf("columns %q", l.Settings)
+			}
+		}
+	})
+	t.Run("decided", func(t *testing.T) {
+		for _, tc := range []struct {
+			name string
+			job  job
+			keep bool
+		}{
+			{"switches", job{mean: cycleCost(0.05, 1), jitter: 0.02}, false},
+			{"keeps", job{mean: flat(0.05), jitter: 0.02}, true},
+		} {
+			r := simulate(t, Config{Defaults: Settings{1 << 20, 20 * time.Millisecond}, Seed: 5}, tc.job, 5, 2000)
+			res := r.tuner.Result()
+			if res.KeptDefaults != tc.keep {
+				t.Fatalf("%s: %v", tc.name, res)
+			}
+			cols, err := csvlog.ReadChosen(bytes.NewReader(r.log.Bytes()))
+			if err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			if s, err := ParseSettings(cols); err != nil || s != res.Chosen {
+				t.Errorf("%s: the log chose %v (%v), the tuner %v", tc.name, s, err, res.Chosen)
+			}
+			l := readLog(t, r)
+			last := l.Rows[len(l.Rows)-1]
+			if last.Role != csvlog.Chosen || last.Step != res.DecidedAt || last.Settings[ColumnPhase] != PhaseDecided {
+				t.Errorf("%s: last row %+v", tc.name, last)
+			}
+			if !tc.keep && !(last.CILow > 1 && last.Speedup == res.Speedup) {
+				t.Errorf("%s: chosen row %+v, result %v", tc.name, last, res)
+			}
+			warm, withCI := 0, 0
+			for i, row := range l.Rows[:len(l.Rows)-1] {
+				if row.Sample != i {
+					t.Errorf("%s: row %d numbered %d", tc.name, i, row.Sample)
+				}
+				if row.Settings[ColumnPhase] == PhaseWarmup {
+					warm++
+				}
+				if row.Role == csvlog.Candidate {
+					if math.IsNaN(row.Speedup) {
+						t.Errorf("%s: candidate row %+v has no speed-up", tc.name, row)
+					}
+					if !math.IsNaN(row.CILow) {
+						withCI++
+					}
+				} else if !math.IsNaN(row.Speedup) {
+					t.Errorf("%s: defaults row %+v has a speed-up", tc.name, row)
+				}
+			}
+			if warm != 3 || withCI == 0 {
+				t.Errorf("%s: %d warm-up rows, %d candidate rows with an interval\n%s", tc.name, warm, withCI, r.log)
+			}
+			if !strings.HasPrefix(r.log.String(), csvlog.Comment+"\n") {
+				t.Errorf("%s: log starts %q", tc.name, r.log.String()[:40])
+			}
+		}
+	})
+}
+
+// TestDeterministic: the same seed and the same step times give the same run, log included.
+func TestDeterministic(t *testing.T) {
+	cfg := Config{Defaults: Settings{8 << 20, 5 * time.Millisecond}, Seed: 42}
+	j := job{mean: func(s Settings, _ int64) float64 {
+		return 0.1 + 0.002*math.Abs(math.Log2(float64(s.FusionBytes+1<<20))-25) + 0.5*s.CycleTime.Seconds()
+	}, jitter: 0.03}
+	a := simulate(t, cfg, j, 9, 2000)
+	b := simulate(t, cfg, j, 9, 2000)
+	if !reflect.DeepEqual(a.switches, b.switches) || a.log.String() != b.log.String() {
+		t.Errorf("two runs differ:\n%s\n%s", a.log, b.log)
+	}
+	if a.tuner.Result().String() != b.tuner.Result().String() {
+		t.Errorf("%v\n%v", a.tuner.Result(), b.tuner.Result())
+	}
+}
+
+// TestStepsOutOfOrder: repeated steps are ignored, and a gap or a clock going backwards drops
+// the sample being timed instead of logging a wrong time.
+func TestStepsOutOfOrder(t *testing.T) {
+	var buf bytes.Buffer
+	tu, err := New(Config{Defaults: Settings{1 << 20, 0}, Log: &buf, StepsPerSample: 2, WarmupSamples: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := time.Unix(0, 0)
+	at := func(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
+	for _, c := range []struct {
+		step int64
+		ms   int
+	}{
+		{1, 100}, {2, 200}, {2, 900}, {3, 300}, // sample 0: steps 2-3, 100 ms/step
+		{4, 400}, {6, 600}, // a gap: no sample
+		{7, 700}, {8, 800}, // sample 1: steps 7-8
+		{9, 850}, {10, 10}, // the clock went back: no sample
+		{11, 110}, {12, 210}, // sample 2
+	} {
+		if _, _, change := tu.Step(c.step, at(c.ms)); change {
+			t.Fatal("a switch in warm-up")
+		}
+	}
+	l, err := csvlog.Read(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int64
+	for _, row := range l.Rows {
+		got = append(got, row.Step)
+		if math.Abs(row.StepTime-0.1) > 1e-9 {
+			t.Errorf("row %+v: step time %g, want 0.1", row, row.StepTime)
+		}
+	}
+	if want := []int64{3, 8, 12}; !reflect.DeepEqual(got, want) {
+		t.Errorf("samples end at steps %v, want %v", got, want)
+	}
+}
+
+func TestBadConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"negative warm-up", Config{WarmupSamples: -1}},
+		{"negative steps per sample", Config{StepsPerSample: -10}},
+		{"negative max samples", Config{MaxSamples: -1}},
+		{"max samples 1", Config{MaxSamples: 1}},
+		{"max samples 6", Config{MaxSamples: 6}},
+		{"candidate pairs 2", Config{CandidatePairs: 2}},
+		{"negative candidate pairs", Config{CandidatePairs: -1}},
+		{"negative lag", Config{Lag: -2}},
+		{"negative noise", Config{Noise: -0.1}},
+		{"NaN noise", Config{Noise: math.NaN()}},
+		{"negative fusion", Config{Defaults: Settings{FusionBytes: -1}}},
+		{"negative cycle", Config{Defaults: Settings{CycleTime: -time.Millisecond}}},
+	} {
+		if _, err := New(tc.cfg); !errors.Is(err, ErrBadConfig) {
+			t.Errorf("%s: New = %v, want ErrBadConfig", tc.name, err)
+		}
+	}
+	for _, cfg := range []Config{
+		{},
+		{MaxSamples: 7, CandidatePairs: 3, StepsPerSample: 1, WarmupSamples: 1, Lag: 1},
+		// Defaults outside the usual box widen it.
+		{Defaults: Settings{FusionBytes: 1 << 30, CycleTime: time.Second}},
+	} {
+		if _, err := New(cfg); err != nil {
+			t.Errorf("%+v: %v", cfg, err)
+		}
+	}
+}
+
+// TestFarCornerWorse: when the first candidate (the far corner) is slower than the defaults, the
+// model must steer the next candidates to something faster, not to the defaults' neighbourhood.
+// Stopping at the first candidate shown faster, it need not find the best point.
+func TestFarCornerWorse(t *testing.T) {
+	defaults := Settings{FusionBytes: 1 << 20, CycleTime: 20 * time.Millisecond}
+	// Fusion past 64 MiB costs 15 ms per doubling: the corner (256 MiB, 0 ms) is 80 ms, the
+	// defaults 70 ms, the best points 50 ms.
+	mean := func(s Settings, _ int64) float64 {
+		return 0.05 + s.CycleTime.Seconds() + 0.015*math.Max(0, math.Log2(float64(s.FusionBytes)/float64(64<<20)))
+	}
+	for seed := uint64(1); seed <= 6; seed++ {
+		r := simulate(t, Config{Defaults: defaults, Seed: seed}, job{mean: mean, jitter: 0.02}, seed, 1000)
+		res := r.tuner.Result()
+		if !res.Decided || res.KeptDefaults || !(res.Low > 1) || mean(res.Chosen, 0) >= mean(defaults, 0) {
+			t.Errorf("seed %d: %v", seed, res)
+		}
+		if res.Candidates < 2 {
+			t.Errorf("seed %d: %d candidates: the corner should have lost", seed, res.Candidates)
+		}
+		if seed == 1 {
+			t.Logf("%v, %d candidates", res, res.Candidates)
+		}
+	}
+}
