@@ -381,9 +381,13 @@ func Shutdown() error {
 }
 
 // close leaves the world: the engine's shutdown barrier (skipped by an engine that stopped on an
-// error), then connections and the bootstrap session.
+// error), then connections and the bootstrap session. Rank 0 then says what the autotuner did,
+// if it ran: the line that ends the job's output under kolo run.
 func (s *state) close() error {
 	err := s.engine.Shutdown(context.Background())
+	if r := s.engine.AutotuneReport(); r != "" {
+		fmt.Fprintln(os.Stderr, r)
+	}
 	if cerr := s.world.Close(); err == nil {
 		err = cerr
 	}
@@ -391,6 +395,16 @@ func (s *state) close() error {
 		err = cerr
 	}
 	return err
+}
+
+// MarkStep tells kolo that the program finished one training step: the autotuner (kolo run
+// --autotune) times the job by these marks, and every rank switches its settings at the same
+// mark. The Python DistributedOptimizer marks each of its steps; a Go program that wants its
+// job tuned calls MarkStep once per step, on every rank. Without Init it does nothing.
+func MarkStep() {
+	if s, err := get(); err == nil {
+		s.engine.MarkStep()
+	}
 }
 
 // Failed reports whether the engine stopped on an error (a lost or failed rank, an abort, a

@@ -145,6 +145,12 @@ func kolo_shutdown_async() C.int64_t {
 	return issued(&op{call: startCall(kolo.Shutdown)})
 }
 
+// kolo_mark_step tells kolo that the program finished one training step (kolo.MarkStep): the
+// autotuner times the job by these marks.
+//
+//export kolo_mark_step
+func kolo_mark_step() { kolo.MarkStep() }
+
 // kolo_abort tells every rank that this one failed, with reason (length bytes, not
 // NUL-terminated), so that their ops fail with it rather than with "rank N lost" (kolo.Abort).
 // 0, or -1 with kolo_last_error for a bad argument.

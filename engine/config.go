@@ -13,7 +13,7 @@ import (
 
 // Config holds the engine's knobs. Zero values mean the defaults (Horovod's where it has one).
 type Config struct {
-	FusionBytes   int64         // fuse ready tensors up to this many bytes; default 128 MiB
+	FusionBytes   int64         // fuse ready tensors up to this many bytes; default 128 MiB; negative: never fuse
 	CycleTime     time.Duration // how long to gather more ready tensors before negotiating; default 0 (negotiate at once)
 	CacheCapacity int           // response cache entries; default 1024; 0 after defaults disables
 	StallWarning  time.Duration // report ops some ranks have not submitted after this; default 60 s
@@ -47,6 +47,22 @@ type Config struct {
 	// Timeline, when set, is where rank 0 writes a Chrome trace from the start (see StartTimeline).
 	Timeline           string
 	TimelineMarkCycles bool
+
+	// Autotune, when Enabled, has rank 0 tune FusionBytes and CycleTime while the job runs, from
+	// the time between the steps the program marks (MarkStep; the Python DistributedOptimizer
+	// marks each step itself), and every rank apply its settings from the same step.
+	Autotune AutotuneConfig
+}
+
+// AutotuneConfig is what kolo run's --autotune flags (and KOLO_AUTOTUNE*, HOROVOD_AUTOTUNE*) ask
+// of the autotuner. Zero values are the autotune package's defaults.
+type AutotuneConfig struct {
+	Enabled        bool
+	LogFile        string  // the CSV log rank 0 writes; one with a decision is read back: the job starts tuned
+	WarmupSamples  int     // samples discarded at the start
+	StepsPerSample int     // steps per sample
+	MaxSamples     int     // measured samples before it must decide
+	Noise          float64 // the Gaussian process's noise, in [0, 1]
 }
 
 // DefaultYields is how many times a driver that does not poll yields its CPU (sched_yield) before
@@ -152,6 +168,9 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		}
 	}
 	bytesVar("FUSION_THRESHOLD", &c.FusionBytes)
+	if c.FusionBytes == 0 {
+		c.FusionBytes = -1 // HOROVOD_FUSION_THRESHOLD=0 turns fusion off, as in Horovod
+	}
 	durVar("CYCLE_TIME", time.Millisecond, &c.CycleTime)
 	intVar("CACHE_CAPACITY", &c.CacheCapacity)
 	durVar("STALL_CHECK_TIME_SECONDS", time.Second, &c.StallWarning)
@@ -178,6 +197,21 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		c.Timeline = v
 	}
 	boolVar("TIMELINE_MARK_CYCLES", &c.TimelineMarkCycles)
+	boolVar("AUTOTUNE", &c.Autotune.Enabled)
+	if k, v := get("AUTOTUNE_LOG"); k != "" {
+		c.Autotune.LogFile = v
+	}
+	intVar("AUTOTUNE_WARMUP_SAMPLES", &c.Autotune.WarmupSamples)
+	intVar("AUTOTUNE_STEPS_PER_SAMPLE", &c.Autotune.StepsPerSample)
+	intVar("AUTOTUNE_BAYES_OPT_MAX_SAMPLES", &c.Autotune.MaxSamples)
+	if k, v := get("AUTOTUNE_GAUSSIAN_PROCESS_NOISE"); k != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 0 || f > 1 {
+			errs = append(errs, fmt.Sprintf("%s=%q: want a number in [0, 1]", k, v))
+		} else {
+			c.Autotune.Noise = f
+		}
+	}
 	if len(errs) > 0 {
 		return c, fmt.Errorf("engine settings: %s", strings.Join(errs, "; "))
 	}

@@ -16,6 +16,7 @@ func TestConfigFromEnv(t *testing.T) {
 	}{
 		{"defaults", nil, func(c Config) bool { return c.FusionBytes == 128<<20 && c.CacheCapacity == 1024 && c.StallCheck }, ""},
 		{"kolo bytes", map[string]string{"KOLO_FUSION_THRESHOLD": "64MiB"}, func(c Config) bool { return c.FusionBytes == 64<<20 }, ""},
+		{"fusion off", map[string]string{"HOROVOD_FUSION_THRESHOLD": "0"}, func(c Config) bool { return c.FusionBytes < 0 }, ""},
 		{"horovod plain", map[string]string{"HOROVOD_FUSION_THRESHOLD": "1048576"}, func(c Config) bool { return c.FusionBytes == 1<<20 }, ""},
 		{"kolo wins", map[string]string{"KOLO_CACHE_CAPACITY": "5", "HOROVOD_CACHE_CAPACITY": "9"}, func(c Config) bool { return c.CacheCapacity == 5 }, ""},
 		{"cycle ms", map[string]string{"HOROVOD_CYCLE_TIME": "2.5"}, func(c Config) bool { return c.CycleTime == 2500*time.Microsecond }, ""},
@@ -37,6 +38,16 @@ func TestConfigFromEnv(t *testing.T) {
 		{"bad bool", map[string]string{"KOLO_TIMELINE_MARK_CYCLES": "often"}, nil, "KOLO_TIMELINE_MARK_CYCLES"},
 		{"bad bytes", map[string]string{"KOLO_FUSION_THRESHOLD": "lots"}, nil, `KOLO_FUSION_THRESHOLD="lots"`},
 		{"bad int", map[string]string{"HOROVOD_CACHE_CAPACITY": "-3"}, nil, "HOROVOD_CACHE_CAPACITY"},
+		{"autotune off", nil, func(c Config) bool { return c.Autotune == AutotuneConfig{} }, ""},
+		{"autotune horovod", map[string]string{"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": "at.csv",
+			"HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "2", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "5",
+			"HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "30", "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "0.5"},
+			func(c Config) bool {
+				return c.Autotune == AutotuneConfig{Enabled: true, LogFile: "at.csv", WarmupSamples: 2, StepsPerSample: 5, MaxSamples: 30, Noise: 0.5}
+			}, ""},
+		{"autotune kolo wins", map[string]string{"KOLO_AUTOTUNE": "0", "HOROVOD_AUTOTUNE": "1"}, func(c Config) bool { return !c.Autotune.Enabled }, ""},
+		{"bad autotune noise", map[string]string{"KOLO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "2"}, nil, "KOLO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"},
+		{"bad autotune samples", map[string]string{"KOLO_AUTOTUNE_STEPS_PER_SAMPLE": "ten"}, nil, "KOLO_AUTOTUNE_STEPS_PER_SAMPLE"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -320,8 +320,9 @@ func (e *Engine) step(now time.Time) bool {
 		e.ended = true
 		return true
 	}
-	if e.cfg.CycleTime > 0 && e.queued.Load() > 0 {
-		time.Sleep(e.cfg.CycleTime) // let more ops gather into one negotiation
+	e.applyFusion()
+	if cycle := time.Duration(e.tune.cycle.Load()); cycle > 0 && e.queued.Load() > 0 {
+		time.Sleep(cycle) // let more ops gather into one negotiation
 	}
 	progressed, ok := e.drainQueue(now)
 	if !ok {

@@ -140,6 +140,9 @@ type Engine struct {
 	// executing tells the keepAlive goroutine that the driver is inside a collective, kaWaiting
 	// is the driver's scratch for Hub.Waiting and kaMsg the message. Elsewhere: coord, the
 	// driver's deadline on rank 0.
+	// tune holds the settings the autotuner changes while the job runs (autotune.go).
+	tune tuning
+
 	kaDue     atomic.Bool
 	executing atomic.Bool
 	kaWaiting []bool
@@ -207,7 +210,7 @@ type outgoing struct {
 // New starts the engine on a connected group.
 func New(cfg Config, g Group) (*Engine, error) {
 	def := DefaultConfig()
-	if cfg.FusionBytes <= 0 {
+	if cfg.FusionBytes == 0 {
 		cfg.FusionBytes = def.FusionBytes
 	}
 	if cfg.StallWarning <= 0 {
@@ -285,6 +288,9 @@ func New(cfg Config, g Group) (*Engine, error) {
 		if err := e.StartTimeline(cfg.Timeline, cfg.TimelineMarkCycles); err != nil {
 			return nil, err
 		}
+	}
+	if err := e.initTuning(cfg); err != nil {
+		return nil, err
 	}
 	go e.background()
 	if e.keepAliveOn() {
@@ -582,6 +588,12 @@ func (e *Engine) handleMsg(m transport.Msg) bool {
 		// one n-1 more copies of it.
 		e.stop(errors.New(a.Reason))
 		return false
+	case kind == negotiate.MsgSettings:
+		st, err := negotiate.DecodeSettings(m.Body)
+		if err != nil {
+			return malformed(err)
+		}
+		e.receiveSettings(st)
 	case kind == negotiate.MsgBatch && e.hub != nil:
 		b, err := negotiate.DecodeBatch(m.Body)
 		if err != nil {

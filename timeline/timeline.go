@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -62,6 +63,7 @@ const (
 	recActivity
 	recDone
 	recCycle
+	recMark
 )
 
 // record is one call, kept until the writer formats it. names is shared with the caller, who must
@@ -152,6 +154,18 @@ func (t *Timeline) Activity(set int, names []string, activity string) {
 // Done ends names' op (and its current activity).
 func (t *Timeline) Done(set int, names []string) {
 	t.add(record{kind: recDone, set: set, names: names})
+}
+
+// Mark records an instant event for the whole job, named label (the autotuner marks each change
+// of settings). The label must need no JSON escaping: quotes and backslashes are dropped.
+func (t *Timeline) Mark(label string) {
+	label = strings.Map(func(r rune) rune {
+		if r == '"' || r == '\\' || r < ' ' {
+			return -1
+		}
+		return r
+	}, label)
+	t.add(record{kind: recMark, what: label})
 }
 
 // Cycle marks the start of an engine cycle, if MarkCycles.
@@ -276,6 +290,10 @@ func (t *Timeline) event(ph byte, name string, pid int, ts time.Duration, extra 
 func (t *Timeline) format(r *record) {
 	if r.kind == recCycle {
 		t.event('i', "CYCLE_START", 0, r.ts, `,"s":"g"`)
+		return
+	}
+	if r.kind == recMark {
+		t.event('i', r.what, 0, r.ts, `,"s":"g"`)
 		return
 	}
 	if r.kind == recSubmitted {

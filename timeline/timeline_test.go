@@ -86,6 +86,7 @@ func TestKnownSequence(t *testing.T) {
 	tl.Activity(0, fused, "MEMCPY_OUT_FUSION_BUFFER")
 	tl.Done(0, fused)
 	tl.Cycle()
+	tl.Mark(`AUTOTUNE fusion 1 MiB, cycle "2" ms`) // quotes dropped: the file stays JSON
 	// The same name in another process set is another row; an op decided for a set this rank is not
 	// in ends at its decision.
 	tl.Submitted(2, "grad.a", "BROADCAST", 3)
@@ -101,7 +102,7 @@ func TestKnownSequence(t *testing.T) {
 	}
 	got := rows(t, readTrace(t, path))
 	want := map[string]string{
-		"(global)": "i CYCLE_START, i CYCLE_START",
+		"(global)": "i CYCLE_START, i CYCLE_START, i AUTOTUNE fusion 1 MiB, cycle 2 ms",
 		"grad.a": "B NEGOTIATE_ALLREDUCE, i rank 1, i rank 0, E, B ALLREDUCE, B QUEUE, E, B MEMCPY_IN_FUSION_BUFFER, E, " +
 			"B KOLO_ALLREDUCE, E, B MEMCPY_OUT_FUSION_BUFFER, E, E",
 		`grad."b"`: "B NEGOTIATE_ALLREDUCE, i rank 0, i rank 1, E, B ALLREDUCE, B QUEUE, E, B MEMCPY_IN_FUSION_BUFFER, E, " +

@@ -76,6 +76,7 @@ _SIGNATURES = {
     "kolo_init_async": (_i64, [_p, _i]),  # ranks (int64s, or None for every rank), count
     "kolo_shutdown_async": (_i64, []),
     "kolo_abort": (_i, [_s, _i]),
+    "kolo_mark_step": (None, []),
     "kolo_is_initialized": (_i, []),
     "kolo_failed": (_i, []),
     "kolo_rank": (_i, []),
@@ -268,6 +269,14 @@ def abort(reason):
         return
     b = reason.encode("utf-8", "replace")
     _lib.kolo_abort(b, len(b))
+
+
+def mark_step():
+    """Tells kolo that one training step ended (the autotuner times the job by these marks). A
+    no-op when not initialized."""
+    if _topology is None or _lib is None or _forked():
+        return
+    _lib.kolo_mark_step()
 
 
 _previous_excepthook = None

@@ -12,6 +12,7 @@ import warnings
 
 import torch
 
+from kolo import _lib
 from kolo.torch import mpi_ops
 from kolo.torch.compression import Compression
 from kolo.torch.mpi_ops import Average, global_process_set
@@ -257,6 +258,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "context if you use optimizer.synchronize() in your code.")
             self.synchronize()
         self._synchronized = False
+        _lib.mark_step()  # the autotuner times the job by these marks (kolo run --autotune)
         return self._kolo_base.step(self, closure)
 
     def _kolo_unwrapped_step(self, closure=None):
@@ -373,6 +375,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                 start.add_(delta)
                 p.copy_(start)
             self._allreduce_delay[p] = self.backward_passes_per_step
+        _lib.mark_step()
         return loss
 
     def zero_grad(self, *args, **kwargs):

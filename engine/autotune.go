@@ -1,0 +1,270 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kolo-dl/kolo/autotune"
+	"github.com/kolo-dl/kolo/autotune/csvlog"
+	"github.com/kolo-dl/kolo/engine/negotiate"
+)
+
+// The autotuner's side of the engine. Rank 0 runs the tuner (package autotune) on the steps the
+// program marks; whatever it wants in force it sends every rank as a Settings message naming the
+// first step it applies to, and each rank switches when its own step count reaches that step.
+// A step number, not the message's arrival, decides, so that every rank runs each step under the
+// same settings: a rank of a data-parallel job is never more than one step ahead of rank 0 (each
+// step's allreduce needs rank 0's gradients), and the message, sent before rank 0 submits its
+// next step's ops, travels ahead of the responses that step needs, so it is in with Lag >= 2.
+
+// tuning is an engine's tunable settings and, on rank 0 with autotuning on, its tuner.
+type tuning struct {
+	steps atomic.Int64 // steps MarkStep has counted
+	// cycle is the cycle time in force (nanoseconds), which the driver reads at every step.
+	cycle atomic.Int64
+	// fusion is a fusion threshold for the driver to hand the Hub (rank 0), or -1: none waiting.
+	fusion atomic.Int64
+
+	mu      sync.Mutex
+	pending []negotiate.Settings // received, not in force yet (From > steps)
+	applied []AppliedSettings    // what came into force, at which step
+	tuner   stepTuner            // rank 0 with autotuning on; nil once it decided
+	logFile *os.File
+	result  *autotune.Result // the decision, once taken (rank 0)
+	reused  bool             // rank 0 took an earlier run's decision from the log instead of tuning
+	buf     []byte
+}
+
+// stepTuner is what the engine needs of an *autotune.Tuner (tests script one).
+type stepTuner interface {
+	Step(step int64, now time.Time) (s autotune.Settings, from int64, change bool)
+	Done() bool
+	Result() autotune.Result
+	Close() error
+}
+
+// AppliedSettings is a change of the tuned settings that came into force on this rank.
+type AppliedSettings struct {
+	Step        int64 // the first step run under them
+	Wanted      int64 // the step rank 0 named (Step > Wanted: the message came late)
+	FusionBytes int64
+	CycleTime   time.Duration
+}
+
+// initTuning sets the settings in force from cfg and, on rank 0 with autotuning on, starts the
+// tuner: from the log of an earlier run's decision if cfg names one that has it (the job then
+// starts tuned), else from scratch with cfg's settings as the defaults it must beat.
+func (e *Engine) initTuning(cfg Config) error {
+	e.tune.cycle.Store(int64(cfg.CycleTime))
+	e.tune.fusion.Store(-1)
+	at := cfg.Autotune
+	if !at.Enabled || e.g.Rank != 0 {
+		return nil
+	}
+	defaults := autotune.Settings{FusionBytes: max(cfg.FusionBytes, 0), CycleTime: cfg.CycleTime} // negative: never fuse, the tuner's 0
+	if at.LogFile != "" {
+		if f, err := os.Open(at.LogFile); err == nil {
+			chosen, rerr := csvlog.ReadChosen(f)
+			f.Close()
+			if rerr == nil {
+				s, err := autotune.ParseSettings(chosen)
+				if err != nil {
+					return fmt.Errorf("autotune: the decision in %s: %w", at.LogFile, err)
+				}
+				slog.Info("autotune: starting with the settings an earlier run decided", "log", at.LogFile, "settings", s.String())
+				e.tune.pending = append(e.tune.pending, negotiate.Settings{From: 1, FusionBytes: s.FusionBytes, CycleTime: s.CycleTime})
+				e.tune.reused = true
+				return nil
+			}
+			if !errors.Is(rerr, csvlog.ErrNoDecision) {
+				return fmt.Errorf("autotune: read %s: %w", at.LogFile, rerr)
+			}
+		}
+	}
+	tc := autotune.Config{
+		Defaults:       defaults,
+		WarmupSamples:  at.WarmupSamples,
+		StepsPerSample: at.StepsPerSample,
+		MaxSamples:     at.MaxSamples,
+		Noise:          at.Noise,
+		Seed:           1,
+	}
+	if at.LogFile != "" {
+		f, err := os.Create(at.LogFile)
+		if err != nil {
+			return fmt.Errorf("autotune: create the log: %w", err)
+		}
+		e.tune.logFile = f
+		tc.Log = f
+	}
+	t, err := autotune.New(tc)
+	if err != nil {
+		if e.tune.logFile != nil {
+			e.tune.logFile.Close()
+		}
+		return fmt.Errorf("autotune: %w", err)
+	}
+	e.tune.tuner = t
+	return nil
+}
+
+// MarkStep tells the engine that the program finished an optimizer step (the Python
+// DistributedOptimizer marks each of its steps). The settings rank 0's autotuner chose for the
+// next step come into force here, and on rank 0 the tuner times the step.
+func (e *Engine) MarkStep() {
+	t := &e.tune
+	t.mu.Lock()
+	step := t.steps.Add(1)
+	e.applyDueLocked(step)
+	var send *negotiate.Settings
+	var done *autotune.Result
+	if t.tuner != nil {
+		if s, from, change := t.tuner.Step(step, time.Now()); change {
+			ns := negotiate.Settings{From: from, FusionBytes: s.FusionBytes, CycleTime: s.CycleTime}
+			t.pending = append(t.pending, ns)
+			send = &ns
+		}
+		if t.tuner.Done() {
+			r := t.tuner.Result()
+			done = &r
+			e.finishTunerLocked()
+		}
+	}
+	var msg []byte
+	if send != nil {
+		t.buf = negotiate.EncodeSettings(t.buf[:0], *send)
+		msg = t.buf
+	}
+	t.mu.Unlock()
+	if msg != nil {
+		e.sendSettings(msg, send.From)
+	}
+	if done != nil {
+		slog.Info("autotune decided", "rank", e.g.Rank, "result", done.String())
+	}
+}
+
+// sendSettings sends a Settings message to every other rank, at once and for at most
+// tellWait: a rank it does not reach applies nothing, and its ops then run under other settings,
+// which costs speed, never correctness (every rank executes the responses rank 0 fused).
+func (e *Engine) sendSettings(msg []byte, from int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), tellWait)
+	defer cancel()
+	var wg sync.WaitGroup
+	for r := range e.g.Size {
+		if r == e.g.Rank || e.g.Messenger.Lost(r) != nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := e.g.Messenger.SendMsg(ctx, r, msg); err != nil {
+				slog.Warn("autotune: could not send rank its settings", "rank", e.g.Rank, "to", r, "from step", from, "err", err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// receiveSettings takes a Settings message from rank 0 (the driver calls it).
+func (e *Engine) receiveSettings(s negotiate.Settings) {
+	t := &e.tune
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.pending = append(t.pending, s)
+	if step := t.steps.Load(); s.From <= step {
+		// Late: this rank ran the step it was meant for under the old settings. It switches now,
+		// and says so: with Lag >= 2 it means the ranks were out of step by more than a step.
+		slog.Warn("autotune: settings arrived after the step they were meant for", "rank", e.g.Rank, "from step", s.From, "now", step)
+		e.applyDueLocked(step + 1)
+	}
+}
+
+// applyDueLocked brings into force the pending settings due by step (under t.mu).
+func (e *Engine) applyDueLocked(step int64) {
+	t := &e.tune
+	kept := t.pending[:0]
+	for _, s := range t.pending {
+		if s.From > step {
+			kept = append(kept, s)
+			continue
+		}
+		t.cycle.Store(int64(s.CycleTime))
+		if e.g.Rank == 0 {
+			t.fusion.Store(s.FusionBytes)
+			e.wakeDriver()
+		}
+		t.applied = append(t.applied, AppliedSettings{Step: step, Wanted: s.From, FusionBytes: s.FusionBytes, CycleTime: s.CycleTime})
+		if tl := e.tl.Load(); tl != nil {
+			tl.Mark(fmt.Sprintf("AUTOTUNE step %d: %v", step, autotune.Settings{FusionBytes: s.FusionBytes, CycleTime: s.CycleTime}))
+		}
+	}
+	t.pending = kept
+}
+
+// applyFusion hands the Hub a fusion threshold that came into force (the driver calls it).
+func (e *Engine) applyFusion() {
+	if e.hub == nil {
+		return
+	}
+	if n := e.tune.fusion.Swap(-1); n >= 0 {
+		if n == 0 {
+			n = -1 // the tuner's "no fusion" is the Hub's "never fuse"
+		}
+		e.hub.SetFusionBytes(n)
+	}
+}
+
+// finishTunerLocked closes the tuner and its log once it decided, and keeps the decision.
+func (e *Engine) finishTunerLocked() {
+	t := &e.tune
+	if t.tuner == nil {
+		return
+	}
+	r := t.tuner.Result()
+	t.result = &r
+	if err := t.tuner.Close(); err != nil {
+		slog.Warn("autotune: write the log's decision", "err", err)
+	}
+	if t.logFile != nil {
+		if err := t.logFile.Close(); err != nil {
+			slog.Warn("autotune: close the log", "err", err)
+		}
+		t.logFile = nil
+	}
+	t.tuner = nil
+}
+
+// AppliedSettings returns the tuned settings that came into force on this rank, in order.
+func (e *Engine) AppliedSettings() []AppliedSettings {
+	e.tune.mu.Lock()
+	defer e.tune.mu.Unlock()
+	return append([]AppliedSettings(nil), e.tune.applied...)
+}
+
+// AutotuneReport is the line that says what the autotuner did, for rank 0 to print when the job
+// ends ("" elsewhere, or with autotuning off). A job that ends before the tuner decided says so,
+// and how far it got; its log has no decision, so the next run tunes again.
+func (e *Engine) AutotuneReport() string {
+	t := &e.tune
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.result != nil:
+		return t.result.String()
+	case t.reused:
+		return "autotune: used the settings decided by an earlier run (" + e.cfg.Autotune.LogFile + ")"
+	case t.tuner != nil:
+		r := t.tuner.Result()
+		e.finishTunerLocked()
+		return fmt.Sprintf("autotune: the job ended before a decision (%d samples, %d steps): it ran with the defaults (%v) but for its samples",
+			r.Samples, t.steps.Load(), autotune.Settings{FusionBytes: max(e.cfg.FusionBytes, 0), CycleTime: e.cfg.CycleTime})
+	}
+	return ""
+}
