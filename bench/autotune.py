@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""Does `kolo run --autotune` earn its flag? The tuned job against an exhaustive grid over the
+same knobs, side by side in one run: the autotune table of docs/benchmarks.md.
+
+    python3 bench/autotune.py --jobs mlp:16,mlp:64,cnn:16,cnn:64,mlp:16:bad
+
+A job is MODEL:BATCH (2 ranks, DistributedOptimizer, synthetic data, the models of
+examples/pytorch_synthetic_benchmark.py), started from kolo's defaults, or with ":bad" from bad
+settings (fusion 1 MiB, cycle 20 ms). For each job:
+- the grid: every (fusion threshold, cycle time) point of --fusion-mib x --cycle-ms runs
+  --grid-steps steps after --warmup; its steps/s is the median step rate of rank 0;
+- the tuned runs (--tuned-repeats): `kolo run --autotune` from the job's settings for
+  --tuned-steps steps; from its log come the step it decided at and what it chose; the tuned
+  steps/s is the step rate after the decision (from 5 steps past it), the tuning overhead is
+  1 - (steps/s while tuning) / (the grid's steps/s at the job's own settings).
+Runs alternate grid points and tuned runs with --pause seconds between them, because this VM's
+speed drifts; the table gives medians with ranges.
+"""
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PY = "/usr/bin/python3"
+KOLO = os.path.join(ROOT, "bin", "kolo")
+
+WORKER = r'''
+import json, sys, time
+import torch, torch.nn.functional as F
+sys.path.insert(0, %(examples)r)
+import pytorch_synthetic_benchmark as ex
+import kolo.torch as hvd
+model_name, batch, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+hvd.init()
+torch.set_num_threads(1)
+torch.manual_seed(1234)
+class A: pass
+a = A(); a.model = model_name; a.mlp_sizes = "784,2048,2048,10"; a.batch_size = batch
+model, data, classes = ex.build(a)
+target = torch.randint(0, classes, (batch,))
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                               named_parameters=model.named_parameters())
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+ends = []
+for _ in range(steps):
+    opt.zero_grad()
+    F.cross_entropy(model(data), target).backward()
+    opt.step()
+    ends.append(time.monotonic())
+if hvd.rank() == 0:
+    print("STEPS " + json.dumps(ends), flush=True)
+hvd.shutdown()
+'''
+
+
+def run_job(model, batch, steps, env, flags=(), timeout=900):
+    with tempfile.TemporaryDirectory() as d:
+        w = os.path.join(d, "worker.py")
+        with open(w, "w") as f:
+            f.write(WORKER % {"examples": os.path.join(ROOT, "examples")})
+        e = dict(os.environ)
+        e["PYTHONPATH"] = os.path.join(ROOT, "python")
+        e.update(env)
+        p = subprocess.run([KOLO, "run", "-np", "2", *flags, PY, w, model, str(batch), str(steps)],
+                           env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"{model}:{batch} failed ({p.returncode}):\n{p.stdout[-3000:]}")
+    for line in p.stdout.splitlines():
+        i = line.find("STEPS ")
+        if i >= 0:
+            return json.loads(line[i + 6:]), p.stdout
+    raise RuntimeError("no step times in:\n" + p.stdout[-3000:])
+
+
+def rate(ends, first, last=None):
+    """Steps per second from the end of step `first` to the end of step `last` (1-based)."""
+    last = last or len(ends)
+    return (last - first) / (ends[last - 1] - ends[first - 1])
+
+
+def settings_env(fusion_mib, cycle_ms):
+    return {"KOLO_FUSION_THRESHOLD": str(int(fusion_mib * (1 << 20))) if fusion_mib else "0",
+            "KOLO_CYCLE_TIME": str(cycle_ms)}
+
+
+def decision(log):
+    with open(log) as f:
+        rows = list(csv.DictReader(l for l in f if not l.startswith("#")))
+    for r in rows:
+        if r["role"] == "chosen":
+            return int(r["step"]), float(r["fusion_bytes"]) / (1 << 20), float(r["cycle_ms"])
+    return None, None, None
+
+
+def med(v, fmt="%.2f"):
+    if not v:
+        return "-"
+    m = statistics.median(v)
+    if len(v) > 1 and min(v) != max(v):
+        return (fmt + " (" + fmt + "-" + fmt + ")") % (m, min(v), max(v))
+    return fmt % m
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--jobs", default="mlp:16,mlp:64,cnn:16,cnn:64,mlp:16:bad")
+    p.add_argument("--fusion-mib", default="0,1,16,128", help="grid fusion thresholds, MiB (0: off)")
+    p.add_argument("--cycle-ms", default="0,5,20", help="grid cycle times, ms")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--grid-steps", type=int, default=40)
+    p.add_argument("--tuned-steps", type=int, default=340)
+    p.add_argument("--tuned-repeats", type=int, default=2)
+    p.add_argument("--pause", type=float, default=2.0)
+    p.add_argument("--json", help="write every run's figures here")
+    args = p.parse_args()
+    fusions = [float(x) for x in args.fusion_mib.split(",")]
+    cycles = [float(x) for x in args.cycle_ms.split(",")]
+    out = {}
+    rows = []
+    for job in args.jobs.split(","):
+        parts = job.split(":")
+        model, batch, bad = parts[0], int(parts[1]), len(parts) > 2 and parts[2] == "bad"
+        own = (1.0, 20.0) if bad else (128.0, 0.0)
+        grid = {}
+        tuned = []
+        points = [(f, c) for f in fusions for c in cycles]
+        if own not in points:
+            points.append(own)
+        # Tuned runs go between grid points, spread over the grid's time.
+        slots = {int(len(points) * (i + 1) / (args.tuned_repeats + 1)) for i in range(args.tuned_repeats)}
+        for i, (f, c) in enumerate(points):
+            time.sleep(args.pause)
+            ends, _ = run_job(model, batch, args.warmup + args.grid_steps, settings_env(f, c))
+            grid[(f, c)] = rate(ends, args.warmup)
+            print(f"# {job} grid fusion {f:g} MiB cycle {c:g} ms: {grid[(f, c)]:.3f} steps/s", file=sys.stderr, flush=True)
+            if i in slots:
+                time.sleep(args.pause)
+                with tempfile.TemporaryDirectory() as d:
+                    log = os.path.join(d, "at.csv")
+                    ends, text = run_job(model, batch, args.tuned_steps, settings_env(*own),
+                                         flags=("--autotune", "--autotune-log-file", log))
+                    step, cf, cc = decision(log)
+                line = next((l for l in text.splitlines() if "autotune:" in l and "INFO" not in l), "")
+                t = {"decided_at": step, "chosen": (cf, cc), "line": line.split("autotune:", 1)[-1].strip()}
+                if step and step + 5 < len(ends):
+                    t["tuned_rate"] = rate(ends, step + 5)
+                    t["tuning_rate"] = rate(ends, 1, step)
+                tuned.append(t)
+                print(f"# {job} tuned: {t}", file=sys.stderr, flush=True)
+        best = max(grid, key=grid.get)
+        out[job] = {"grid": {f"{f:g},{c:g}": r for (f, c), r in grid.items()}, "tuned": tuned}
+        rates = [t["tuned_rate"] for t in tuned if "tuned_rate" in t]
+        rows.append({
+            "job": job, "own": grid[own], "best": grid[best], "best_at": best,
+            "tuned": rates, "vs_best": [r / grid[best] for r in rates],
+            "decided": [t["decided_at"] for t in tuned if t["decided_at"]],
+            "overhead": [1 - t["tuning_rate"] / grid[own] for t in tuned if "tuning_rate" in t],
+            "chosen": [t["chosen"] for t in tuned],
+            "undecided": sum(1 for t in tuned if not t["decided_at"]),
+        })
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    print(f"# kolo run --autotune vs an exhaustive grid (fusion {args.fusion_mib} MiB x cycle {args.cycle_ms} ms), "
+          f"2 ranks, {args.tuned_repeats} tuned runs per job; medians (ranges)")
+    print("| job | job's settings steps/s | grid's best steps/s (at) | tuned steps/s | tuned / best | decided at step "
+          "| tuning overhead | chosen (fusion MiB, cycle ms) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        f, c = r["best_at"]
+        chosen = "; ".join(f"{cf:g}, {cc:g}" if cf is not None else "undecided" for cf, cc in r["chosen"])
+        print(f"| {r['job']} | {r['own']:.2f} | {r['best']:.2f} ({f:g}, {c:g}) | {med(r['tuned'])} "
+              f"| {med(r['vs_best'], '%.3f')} | {med(r['decided'], '%.0f')} | {med(r['overhead'], '%.3f')} | {chosen} |")
+
+
+if __name__ == "__main__":
+    main()
