@@ -283,25 +283,108 @@ func (t *Tuner) sample(step int64, secs float64) (next Settings, final bool) {
 	e.result = res
 	t.flushPending(res)
 	t.write(row)
-	switch {
-	case res.Verdict == decide.Better:
-		t.evaluated = append(t.evaluated, e)
-		return e.settings, true
-	case !res.Done:
+	if !res.Done && !t.hopeless(e) {
 		t.candidate = true
 		return e.settings, false
 	}
-	// The candidate is dropped: the model learns its mean log time ratio to the defaults, and
-	// suggests the next one.
+	t.finish(e)
+	return t.next(secs)
+}
+
+// finish ends the measurement of e: the model learns its mean log time ratio to the defaults, and
+// if it is Better and faster than the incumbent by its estimate, it becomes the incumbent.
+func (t *Tuner) finish(e *evaluation) {
 	t.evaluated = append(t.evaluated, e)
-	if y := -math.Log(res.Speedup); !math.IsNaN(y) && !math.IsInf(y, 0) {
+	if y := -math.Log(e.result.Speedup); !math.IsNaN(y) && !math.IsInf(y, 0) {
 		_ = t.opt.Add(t.space.point(e.settings), y) // a point of the box, a finite value
 	}
-	next, ok := t.suggest()
-	if !ok {
-		return t.cfg.Defaults, true // nothing left to try (or the model failed): keep the defaults
+	if e.result.Verdict == decide.Better && (t.incumbent == nil || e.result.Speedup > t.incumbent.result.Speedup) {
+		t.incumbent = e
 	}
-	return t.startCandidate([]float64{secs}, next)
+}
+
+// next starts the next candidate after a defaults sample of secs, or decides: when the samples
+// left cannot give a candidate its minimum pairs, when the model has nothing left to suggest, or
+// when it expects less than minGain from the best it can suggest.
+func (t *Tuner) next(secs float64) (Settings, bool) {
+	if t.pairsLeft() < minPairs {
+		return t.stop()
+	}
+	s, ei, ok := t.suggest()
+	if !ok || ei < minGain {
+		return t.stop()
+	}
+	return t.startCandidate([]float64{secs}, s)
+}
+
+// stop ends the tuning: the incumbent is chosen, or, if no candidate was Better, the defaults kept.
+func (t *Tuner) stop() (Settings, bool) {
+	if t.incumbent != nil {
+		return t.incumbent.settings, true
+	}
+	return t.cfg.Defaults, true
+}
+
+// minGain is the expected improvement (in log time ratio: a fraction of the step time) below which
+// another candidate is not worth its samples.
+const minGain = 0.01
+
+// hopeless says e, still undecided, cannot plausibly beat what it has to: the incumbent's
+// estimated speed-up, or before there is one the no-gain speed-up. It compares e's pairs so far
+// with the spread of pairs measured so far (pooled over candidates), at dropZ standard errors;
+// dropping a candidate early never crowns one, so it costs at most a missed better point, and it
+// frees samples for the search.
+func (t *Tuner) hopeless(e *evaluation) bool {
+	pairs := e.result.Pairs
+	if pairs == 0 || math.IsNaN(e.result.Speedup) {
+		return false
+	}
+	sd, ok := t.pairSpread()
+	if !ok {
+		return false
+	}
+	target, v := math.Log(noGain), sd*sd/float64(pairs)
+	if inc := t.incumbent; inc != nil {
+		target = math.Log(inc.result.Speedup)
+		v += sd * sd / float64(inc.result.Pairs)
+	}
+	return math.Log(e.result.Speedup)+dropZ*math.Sqrt(v) < target
+}
+
+const (
+	// noGain is decide's default no-gain speed-up.
+	noGain = 1.01
+	// dropZ is how many standard errors below its target a candidate must be to be dropped early.
+	dropZ = 2.5
+)
+
+// pairSpread is the pooled standard deviation of the pairs' log speed-ups about their candidate's
+// mean, over every candidate measured (the current one included), and whether there are enough
+// pairs (2 degrees of freedom) to estimate it.
+func (t *Tuner) pairSpread() (float64, bool) {
+	var ss float64
+	df := 0
+	for _, e := range append(t.evaluated[:len(t.evaluated):len(t.evaluated)], t.eval) {
+		n := min(len(e.candidate), len(e.defaults)-1)
+		if n < 2 {
+			continue
+		}
+		logs := make([]float64, n)
+		var mean float64
+		for i := range n {
+			logs[i] = (math.Log(e.defaults[i])+math.Log(e.defaults[i+1]))/2 - math.Log(e.candidate[i])
+			mean += logs[i]
+		}
+		mean /= float64(n)
+		for _, l := range logs {
+			ss += (l - mean) * (l - mean)
+		}
+		df += n - 1
+	}
+	if df < 2 {
+		return 0, false
+	}
+	return math.Sqrt(ss / float64(df)), true
 }
 
 // minSeparation is how far (in the model's unit box) a candidate must lie from every point measured
