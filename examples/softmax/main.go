@@ -80,6 +80,7 @@ func run(steps, batch, nf, nc, samples int, lr float32) error {
 		for i := range w {
 			w[i] -= lr * grad[i]
 		}
+		kolo.MarkStep() // kolo run --autotune times the job by these marks
 		if rank == 0 && (step%50 == 0 || step == steps-1) {
 			fmt.Printf("step %4d  loss %.4f\n", step, lossBuf[0])
 		}
