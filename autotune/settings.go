@@ -150,6 +150,15 @@ func unit(d bayes.Dim, v float64) float64 {
 	return (warp(v) - warp(d.Min)) / (warp(d.Max) - warp(d.Min))
 }
 
+// middle is the value in the middle of dimension i, in the coordinates distance measures.
+func (sp space) middle(i int) float64 {
+	d := sp.dims[i]
+	if d.Log {
+		return math.Sqrt((d.Min+d.LogOffset)*(d.Max+d.LogOffset)) - d.LogOffset
+	}
+	return (d.Min + d.Max) / 2
+}
+
 // distance is the Euclidean distance of two points in the unit box.
 func (sp space) distance(a, b []float64) float64 {
 	var s float64

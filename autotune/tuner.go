@@ -11,6 +11,7 @@ import (
 	"github.com/kolo-dl/kolo/autotune/bayes"
 	"github.com/kolo-dl/kolo/autotune/csvlog"
 	"github.com/kolo-dl/kolo/autotune/decide"
+	"gonum.org/v1/gonum/stat/distuv"
 )
 
 // Config sets up a tuner. Zero values mean the defaults given; negative ones are errors.
@@ -149,8 +150,10 @@ type Tuner struct {
 	pending     *csvlog.Row // a candidate row, held until its closing defaults sample gives its speed-up
 	defaultTime []float64   // every measured defaults sample, seconds per step
 
-	eval      *evaluation   // the candidate being measured; nil before the first
-	evaluated []*evaluation // finished candidates, in order
+	eval       *evaluation   // the candidate being measured; nil when none is
+	evaluated  []*evaluation // finished candidates, in order
+	incumbent  *evaluation   // the finished candidate Better with the highest speed-up; nil if none
+	confidence float64       // each candidate's confidence: 95% shared over the candidates the budget allows
 
 	result      Result
 	chosenRowed bool // the chosen row is in the log
@@ -173,7 +176,7 @@ func New(cfg Config) (*Tuner, error) {
 	if err := opt.Add(sp.point(cfg.Defaults), 0); err != nil {
 		return nil, fmt.Errorf("autotune: defaults %v: %w", cfg.Defaults, err)
 	}
-	t := &Tuner{cfg: cfg, space: sp, opt: opt, inForce: cfg.Defaults}
+	t := &Tuner{cfg: cfg, space: sp, opt: opt, inForce: cfg.Defaults, confidence: candidateConfidence(cfg)}
 	if cfg.Log != nil {
 		if t.log, err = csvlog.NewWriter(cfg.Log, logColumns); err != nil {
 			return nil, fmt.Errorf("autotune: %w", err)
@@ -295,6 +298,7 @@ func (t *Tuner) sample(step int64, secs float64) (next Settings, final bool) {
 // if it is Better and faster than the incumbent by its estimate, it becomes the incumbent.
 func (t *Tuner) finish(e *evaluation) {
 	t.evaluated = append(t.evaluated, e)
+	t.eval = nil
 	if y := -math.Log(e.result.Speedup); !math.IsNaN(y) && !math.IsInf(y, 0) {
 		_ = t.opt.Add(t.space.point(e.settings), y) // a point of the box, a finite value
 	}
@@ -309,6 +313,9 @@ func (t *Tuner) finish(e *evaluation) {
 func (t *Tuner) next(secs float64) (Settings, bool) {
 	if t.pairsLeft() < minPairs {
 		return t.stop()
+	}
+	if s, ok := t.design(); ok {
+		return t.startCandidate([]float64{secs}, s)
 	}
 	s, ei, ok := t.suggest()
 	if !ok || ei < minGain {
@@ -325,66 +332,99 @@ func (t *Tuner) stop() (Settings, bool) {
 	return t.cfg.Defaults, true
 }
 
+// design is the next point of the initial design, if one is left that lies clear of the points
+// measured: after the far corner, the cycle time alone moved to the corner's (the defaults, the
+// corner and it are three corners of a rectangle, which tell the two knobs' effects apart), then
+// the middle of the fusion range (in log bytes) at the cycle time of the fastest point so far,
+// where a fusion threshold's usual optimum lies (small ones send many small allreduces, large ones
+// start communicating late) and which no corner sees.
+func (t *Tuner) design() (Settings, bool) {
+	var s Settings
+	switch len(t.evaluated) {
+	case 1:
+		s = Settings{FusionBytes: t.cfg.Defaults.FusionBytes, CycleTime: t.evaluated[0].settings.CycleTime}
+	case 2:
+		cycle := t.cfg.Defaults.CycleTime
+		if t.incumbent != nil {
+			cycle = t.incumbent.settings.CycleTime
+		}
+		s = t.space.settings([]float64{t.space.middle(0), float64(cycle) / float64(time.Millisecond)})
+	default:
+		return s, false
+	}
+	return s, t.far(t.space.point(s))
+}
+
 // minGain is the expected improvement (in log time ratio: a fraction of the step time) below which
 // another candidate is not worth its samples.
 const minGain = 0.01
 
 // hopeless says e, still undecided, cannot plausibly beat what it has to: the incumbent's
 // estimated speed-up, or before there is one the no-gain speed-up. It compares e's pairs so far
-// with the spread of pairs measured so far (pooled over candidates), at dropZ standard errors;
-// dropping a candidate early never crowns one, so it costs at most a missed better point, and it
-// frees samples for the search.
+// with the noise of the samples measured so far, one-sided at dropLevel. Dropping a candidate early
+// never crowns one, so a wrong drop costs at most a missed better point, and a right one frees
+// samples for the search: a candidate 10% slower than the defaults is plain after a pair.
 func (t *Tuner) hopeless(e *evaluation) bool {
 	pairs := e.result.Pairs
 	if pairs == 0 || math.IsNaN(e.result.Speedup) {
 		return false
 	}
-	sd, ok := t.pairSpread()
-	if !ok {
+	v, df := t.pairVariance()
+	if df < 1 {
 		return false
 	}
-	target, v := math.Log(noGain), sd*sd/float64(pairs)
+	target, se2 := math.Log(noGain), v/float64(pairs)
 	if inc := t.incumbent; inc != nil {
 		target = math.Log(inc.result.Speedup)
-		v += sd * sd / float64(inc.result.Pairs)
+		se2 += v / float64(inc.result.Pairs)
 	}
-	return math.Log(e.result.Speedup)+dropZ*math.Sqrt(v) < target
+	q := distuv.StudentsT{Mu: 0, Sigma: 1, Nu: float64(df)}.Quantile(dropLevel)
+	return math.Log(e.result.Speedup)+q*math.Sqrt(se2) < target
 }
 
 const (
 	// noGain is decide's default no-gain speed-up.
 	noGain = 1.01
-	// dropZ is how many standard errors below its target a candidate must be to be dropped early.
-	dropZ = 2.5
+	// dropLevel is the one-sided confidence with which an early-dropped candidate falls short.
+	dropLevel = 0.99
 )
 
-// pairSpread is the pooled standard deviation of the pairs' log speed-ups about their candidate's
-// mean, over every candidate measured (the current one included), and whether there are enough
-// pairs (2 degrees of freedom) to estimate it.
-func (t *Tuner) pairSpread() (float64, bool) {
+// pairVariance estimates the variance of one pair's log speed-up, and its degrees of freedom, from
+// every comparison so far (the current one included): the spread of each candidate's pairs about
+// their mean, and the jumps between successive defaults samples. A pair's log speed-up is a
+// candidate sample's log less the mean of two defaults samples', 1.5 times a sample's variance;
+// a jump is the difference of two defaults samples, twice it. Drift only inflates the jumps, which
+// errs towards measuring on.
+func (t *Tuner) pairVariance() (float64, int) {
 	var ss float64
 	df := 0
-	for _, e := range append(t.evaluated[:len(t.evaluated):len(t.evaluated)], t.eval) {
+	for _, e := range t.measuring() {
 		n := min(len(e.candidate), len(e.defaults)-1)
-		if n < 2 {
-			continue
-		}
-		logs := make([]float64, n)
 		var mean float64
 		for i := range n {
-			logs[i] = (math.Log(e.defaults[i])+math.Log(e.defaults[i+1]))/2 - math.Log(e.candidate[i])
-			mean += logs[i]
+			mean += t.pairLog(e, i)
 		}
-		mean /= float64(n)
-		for _, l := range logs {
-			ss += (l - mean) * (l - mean)
+		mean /= float64(max(n, 1))
+		for i := range n {
+			d := t.pairLog(e, i) - mean
+			ss += d * d
 		}
-		df += n - 1
+		df += max(n-1, 0)
+		for i := 1; i < len(e.defaults); i++ {
+			d := math.Log(e.defaults[i]) - math.Log(e.defaults[i-1])
+			ss += 0.75 * d * d
+			df++
+		}
 	}
-	if df < 2 {
-		return 0, false
+	if df == 0 {
+		return 0, 0
 	}
-	return math.Sqrt(ss / float64(df)), true
+	return ss / float64(df), df
+}
+
+// pairLog is the log speed-up of e's pair i.
+func (t *Tuner) pairLog(e *evaluation, i int) float64 {
+	return (math.Log(e.defaults[i])+math.Log(e.defaults[i+1]))/2 - math.Log(e.candidate[i])
 }
 
 // minSeparation is how far (in the model's unit box) a candidate must lie from every point measured
@@ -393,24 +433,30 @@ func (t *Tuner) pairSpread() (float64, bool) {
 // samples as any other and cannot be shown faster in a tuning run's budget.
 const minSeparation = 0.15
 
-// suggest is bayes's suggestion, or, if that is too close to a point measured, the point of highest
-// expected improvement on a grid over the box that is not.
-func (t *Tuner) suggest() (Settings, bool) {
-	measured := [][]float64{t.space.point(t.cfg.Defaults)}
+// far says x lies at least minSeparation from the defaults and every candidate measured.
+func (t *Tuner) far(x []float64) bool {
+	if t.space.distance(x, t.space.point(t.cfg.Defaults)) < minSeparation {
+		return false
+	}
 	for _, e := range t.evaluated {
-		measured = append(measured, t.space.point(e.settings))
-	}
-	far := func(x []float64) bool {
-		for _, m := range measured {
-			if t.space.distance(x, m) < minSeparation {
-				return false
-			}
+		if t.space.distance(x, t.space.point(e.settings)) < minSeparation {
+			return false
 		}
-		return true
 	}
+	return true
+}
+
+// suggest is bayes's suggestion, or, if that is too close to a point measured, the point of highest
+// expected improvement on a grid over the box that is not; with its expected improvement in log
+// time ratio.
+func (t *Tuner) suggest() (Settings, float64, bool) {
+	far := t.far
 	if x, err := t.opt.Suggest(); err == nil {
-		if s := t.space.settings(x); far(t.space.point(s)) {
-			return s, true
+		s := t.space.settings(x)
+		if p := t.space.point(s); far(p) {
+			if ei, err := t.opt.ExpectedImprovement(p); err == nil {
+				return s, ei, true
+			}
 		}
 	}
 	var best Settings
@@ -423,7 +469,7 @@ func (t *Tuner) suggest() (Settings, bool) {
 			best, bestEI = t.space.settings(x), ei
 		}
 	}
-	return best, !math.IsInf(bestEI, -1)
+	return best, bestEI, !math.IsInf(bestEI, -1)
 }
 
 // gridSize is the number of grid values per dimension suggest falls back to.
@@ -432,14 +478,39 @@ const gridSize = 21
 // startCandidate begins measuring s against the defaults, whose last sample opens the comparison,
 // if the samples left allow a verdict; otherwise the tuner keeps the defaults.
 func (t *Tuner) startCandidate(defaults []float64, s Settings) (Settings, bool) {
-	pairs := min(t.cfg.CandidatePairs, (t.cfg.MaxSamples-t.measured)/2)
+	pairs := min(t.cfg.CandidatePairs, t.pairsLeft())
 	if pairs < minPairs {
-		return t.cfg.Defaults, true
+		return t.stop()
 	}
-	t.eval = &evaluation{settings: s, rule: decide.Rule{MaxPairs: pairs}, defaults: defaults}
+	t.eval = &evaluation{settings: s, rule: decide.Rule{Confidence: t.confidence, MaxPairs: pairs}, defaults: defaults}
 	t.candidate = true
 	return s, false
 }
+
+// pairsLeft is the number of pairs the samples left can measure.
+func (t *Tuner) pairsLeft() int { return (t.cfg.MaxSamples - t.measured) / 2 }
+
+// measuring is every candidate measured: the finished ones and the current one.
+func (t *Tuner) measuring() []*evaluation {
+	all := t.evaluated[:len(t.evaluated):len(t.evaluated)]
+	if t.eval != nil {
+		all = append(all, t.eval)
+	}
+	return all
+}
+
+// candidateConfidence is the confidence each candidate is judged at: 95% Bonferroni-shared over the
+// most candidates the budget can bring to a verdict (each needs minPairs pairs of 2 samples, after
+// the first defaults sample), so that the chance that any candidate of the run is crowned without
+// being faster stays within 5%.
+func candidateConfidence(cfg Config) float64 {
+	n := max(1, (cfg.MaxSamples-1)/(2*minPairs))
+	return 1 - (1-confidence)/float64(n)
+}
+
+// confidence is the run's: the chance that the decision's interval, and every other candidate's,
+// holds.
+const confidence = 0.95
 
 // decide records the decision taken at step: the candidate just found Better, or the defaults.
 func (t *Tuner) decide(step int64) {
@@ -450,23 +521,22 @@ func (t *Tuner) decide(step int64) {
 	t.writeChosen()
 }
 
-// summary is what is known: the chosen candidate if one was Better, else the defaults and the best
-// candidate measured so far.
+// summary is what is known: the incumbent if a candidate was Better, else the defaults and the
+// candidate measured fastest so far.
 func (t *Tuner) summary() Result {
 	r := Result{Chosen: t.cfg.Defaults, KeptDefaults: true, Speedup: math.NaN(), Low: math.NaN(), High: math.NaN(),
 		Samples: t.measured, Candidates: len(t.evaluated)}
-	var best *evaluation
-	for _, e := range append(t.evaluated[:len(t.evaluated):len(t.evaluated)], t.eval) {
-		if e == nil || e.result.Pairs == 0 || math.IsNaN(e.result.Speedup) {
-			continue
-		}
-		if e.result.Verdict == decide.Better {
-			best = e
-			r.Chosen, r.KeptDefaults = e.settings, false
-			break
-		}
-		if best == nil || e.result.Speedup > best.result.Speedup {
-			best = e
+	best := t.incumbent
+	if best != nil {
+		r.Chosen, r.KeptDefaults = best.settings, false
+	} else {
+		for _, e := range t.measuring() {
+			if e.result.Pairs == 0 || math.IsNaN(e.result.Speedup) {
+				continue
+			}
+			if best == nil || e.result.Speedup > best.result.Speedup {
+				best = e
+			}
 		}
 	}
 	if best != nil {
@@ -527,8 +597,8 @@ func (t *Tuner) writeChosen() {
 // candidate's, or the defaults'.
 func (t *Tuner) meanTime() float64 {
 	xs := t.defaultTime
-	if !t.result.KeptDefaults {
-		xs = t.eval.candidate
+	if t.incumbent != nil {
+		xs = t.incumbent.candidate
 	}
 	if len(xs) == 0 {
 		return math.NaN()
