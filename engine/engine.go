@@ -143,6 +143,15 @@ type Engine struct {
 	// tune holds the settings the autotuner changes while the job runs (autotune.go).
 	tune tuning
 
+	// The driver's control sends and their watchdog (sendControl, watchSends): sendCtx is
+	// cancelled when a send waited the progress timeout; sendSince is when the send in progress
+	// began (unix nanoseconds; 0: none), to sendPeer. Nil sendCtx: no progress timeout.
+	sendCtx      context.Context
+	sendCancel   context.CancelCauseFunc // under sendCancelMu: the driver replaces it
+	sendCancelMu sync.Mutex
+	sendSince    atomic.Int64
+	sendPeer     atomic.Int32
+
 	kaDue     atomic.Bool
 	executing atomic.Bool
 	kaWaiting []bool
@@ -291,6 +300,10 @@ func New(cfg Config, g Group) (*Engine, error) {
 	}
 	if err := e.initTuning(cfg); err != nil {
 		return nil, err
+	}
+	if cfg.ProgressTimeout > 0 && g.Size > 1 {
+		e.sendCtx, e.sendCancel = context.WithCancelCause(context.Background())
+		go e.watchSends()
 	}
 	go e.background()
 	if e.keepAliveOn() {
@@ -531,11 +544,82 @@ func (e *Engine) submit(now time.Time, b *negotiate.Batch) bool {
 		return true
 	}
 	e.msgBuf = negotiate.EncodeBatch(e.msgBuf[:0], b)
-	if err := e.g.Messenger.SendMsg(context.Background(), 0, e.msgBuf); err != nil {
-		e.fail(e.lostError(0, fmt.Errorf("send requests to the coordinator: %w", err)))
+	if err := e.sendControl(0, e.msgBuf, "send requests to the coordinator"); err != nil {
+		e.failCollective(err)
 		return false
 	}
 	return true
+}
+
+// sendControl sends a control message to rank r within the progress timeout. A control message
+// is small, so a send that cannot finish in that time waits on a peer that reads nothing: stopped,
+// or stuck in a collective of its own. It fails as a stalled collective does (a *stallFailure
+// naming r), so that every rank follows the waits to the stuck rank; other errors name r lost.
+// Only the driver sends this way, one message at a time, under one long-lived context that the
+// send watchdog cancels (watchSends): no timer or context per message, so a negotiation cycle
+// still allocates nothing.
+func (e *Engine) sendControl(r int, body []byte, what string) error {
+	ctx := context.Background()
+	if e.sendCtx != nil {
+		ctx = e.sendCtx
+		e.sendPeer.Store(int32(r))
+		e.sendSince.Store(time.Now().UnixNano())
+	}
+	err := e.g.Messenger.SendMsg(ctx, r, body)
+	if e.sendCtx != nil {
+		e.sendSince.Store(0)
+	}
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil && errors.Is(context.Cause(ctx), errSendStalled) {
+		// A new context for later sends (the engine stops now, but Shutdown may still send).
+		ctx, cancel := context.WithCancelCause(context.Background())
+		e.sendCancelMu.Lock()
+		e.sendCtx, e.sendCancel = ctx, cancel
+		e.sendCancelMu.Unlock()
+		se := transport.StallError{Rank: r, Host: e.host(r), Op: what, For: e.cfg.ProgressTimeout,
+			Detail: fmt.Sprintf("a %d-byte control message not taken", len(body))}
+		return &stallFailure{msg: fmt.Sprintf("rank %d: %v", e.g.Rank, &se), stall: se}
+	}
+	return e.lostError(r, fmt.Errorf("%s: %w", what, err))
+}
+
+// errSendStalled is the cause the send watchdog cancels a control send with.
+var errSendStalled = errors.New("control message not taken within the progress timeout")
+
+// watchSends is the send watchdog: every quarter of the progress timeout it looks at the driver's
+// control send in progress, if any, and cancels it once it has waited the whole timeout.
+func (e *Engine) watchSends() {
+	every := keepAliveEvery(e.cfg.ProgressTimeout)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-e.stopped:
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		frozen := now.Sub(last) > max(4*every, 500*time.Millisecond) // this process did not run
+		last = now
+		since := e.sendSince.Load()
+		if since == 0 {
+			continue
+		}
+		if frozen {
+			// Its own pause is not the peer's fault: the send's clock starts again.
+			e.sendSince.CompareAndSwap(since, now.UnixNano())
+			continue
+		}
+		if now.Sub(time.Unix(0, since)) >= e.cfg.ProgressTimeout {
+			e.sendCancelMu.Lock()
+			cancel := e.sendCancel
+			e.sendCancelMu.Unlock()
+			cancel(errSendStalled)
+		}
+	}
 }
 
 // inSet writes " in process set N" for sets other than the global one.
@@ -651,8 +735,8 @@ func (e *Engine) publish(out []negotiate.SetResponses) bool {
 			if r == e.g.Rank {
 				continue
 			}
-			if err := e.g.Messenger.SendMsg(context.Background(), r, e.msgBuf); err != nil {
-				e.fail(e.lostError(r, err))
+			if err := e.sendControl(r, e.msgBuf, "send responses"); err != nil {
+				e.failCollective(err)
 				return false
 			}
 		}

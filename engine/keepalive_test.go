@@ -335,3 +335,65 @@ func TestCoordClock(t *testing.T) {
 		})
 	}
 }
+
+// A rank that reads no control message (stopped) while the coordinator has responses for it: the
+// coordinator's send to it used to wait for ever, holding every rank. It gives up after the
+// progress timeout, and the ranks that can still run fail naming the stuck rank.
+func TestCoordinatorSendToAStuckRankFailsNamingIt(t *testing.T) {
+	const n, limit = 3, 300 * time.Millisecond
+	captureLog(t)
+	cfg := DefaultConfig()
+	cfg.ProgressTimeout = limit
+	stuck := &atomic.Bool{}
+	stopped := &stoppableMessenger{done: make(chan struct{})}
+	sent := make(chan int, 16)
+	c := newClusterWith(t, n, cfg, []inmem.Option{inmem.WithProgressTimeout(limit)}, func(r int, ep *inmem.Endpoint, g *Group) {
+		switch r {
+		case 0:
+			g.Messenger = unreadMessenger{g.Messenger, 1, stuck}
+		case 1:
+			spy(g, sent)
+			stopped.Messenger = g.Messenger
+			g.Messenger = stopped
+		}
+	})
+	t.Cleanup(func() {
+		stuck.Store(false)
+		stopped.Cont()
+		c.eps[1].Resume()
+		close(stopped.done)
+	})
+	warmUp(t, c)
+	for len(sent) > 0 {
+		<-sent
+	}
+	stuck.Store(true)
+	start := time.Now()
+	results := allreduceOn(waitCtx(t), c, "grad.w", 0, 1, 2)
+	select { // rank 1 submitted: now it stops, before the responses come
+	case <-sent:
+	case <-time.After(5 * time.Second):
+		t.Fatal("rank 1 did not submit")
+	}
+	stopped.Stop()
+	c.eps[1].Pause()
+	for got := 0; got < n-1; {
+		select {
+		case res := <-results:
+			if res.rank == 1 {
+				// Only rank 1's control lane is stopped here: its engine runs on, and its own
+				// deadline on the coordinator fires. A stopped process would not return.
+				continue
+			}
+			got++
+			if res.err == nil || !strings.Contains(res.err.Error(), "rank 1 (memhost) made no progress for 300ms") {
+				t.Errorf("rank %d: err = %v, want one naming rank 1", res.rank, res.err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("ranks still wait %v after rank 1 stopped", time.Since(start))
+		}
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("the ranks failed after %v, want about the 300ms timeout", took)
+	}
+}
