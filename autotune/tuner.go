@@ -333,24 +333,25 @@ func (t *Tuner) stop() (Settings, bool) {
 }
 
 // design is the next point of the initial design, if one is left that lies clear of the points
-// measured: after the far corner, the cycle time alone moved to the corner's (the defaults, the
-// corner and it are three corners of a rectangle, which tell the two knobs' effects apart), then
-// the middle of the fusion range (in log bytes) at the cycle time of the fastest point so far,
-// where a fusion threshold's usual optimum lies (small ones send many small allreduces, large ones
-// start communicating late) and which no corner sees.
+// measured. After the far corner: the middle of the fusion range (in log bytes) at the shorter of
+// the defaults' and the corner's cycle times, where a fusion threshold's usual optimum lies (small
+// ones send many small allreduces, large ones start communicating late) and which no corner sees
+// (a cycle only adds latency to negotiation, so the shorter is the likelier to win); then the
+// defaults with the cycle time alone moved to the corner's, which with the defaults and the corner
+// makes three corners of a rectangle and tells the two knobs' effects apart. The model takes over
+// from there, with points enough to fit a length scale per knob.
 func (t *Tuner) design() (Settings, bool) {
-	var s Settings
-	switch len(t.evaluated) {
-	case 1:
-		s = Settings{FusionBytes: t.cfg.Defaults.FusionBytes, CycleTime: t.evaluated[0].settings.CycleTime}
-	case 2:
-		cycle := t.cfg.Defaults.CycleTime
-		if t.incumbent != nil {
-			cycle = t.incumbent.settings.CycleTime
-		}
+	if len(t.evaluated) == 0 || len(t.evaluated) > 2 {
+		return Settings{}, false
+	}
+	corner := t.evaluated[0].settings
+	s := Settings{FusionBytes: t.cfg.Defaults.FusionBytes, CycleTime: corner.CycleTime}
+	if len(t.evaluated) == 1 {
+		cycle := min(t.cfg.Defaults.CycleTime, corner.CycleTime)
 		s = t.space.settings([]float64{t.space.middle(0), float64(cycle) / float64(time.Millisecond)})
-	default:
-		return s, false
+		if !t.far(t.space.point(s)) {
+			s = Settings{FusionBytes: t.cfg.Defaults.FusionBytes, CycleTime: corner.CycleTime}
+		}
 	}
 	return s, t.far(t.space.point(s))
 }
