@@ -6,23 +6,45 @@
 // It is built so that tuning cannot make a job slower by luck, and wastes as few of the user's
 // steps as it can:
 //
-//   - Defaults first. The job's own settings are the first point measured and the one to beat: a
-//     candidate is chosen only if package decide finds it faster with 95% confidence, so a job
-//     that is already well set, or too noisy to tell, keeps what its user gave it.
+//   - Defaults first. The job's own settings are the first point measured and the reference every
+//     candidate is compared with: a candidate is chosen only if package decide finds it faster
+//     than the defaults, so a job that is already well set, or too noisy to tell, keeps what its
+//     user gave it, and the final line's speed-up and interval are against the defaults.
+//   - 95% for the run, not per candidate. Each candidate is judged at confidence 1-0.05/k, k the
+//     most candidates the sample budget can bring to a verdict (3 at MaxSamples 20; a verdict
+//     needs 3 pairs of 2 samples after the first defaults sample), so the intervals of all the
+//     run's candidates hold together with 95% confidence (Bonferroni) and the chance of crowning
+//     any candidate that is not faster stays under 5% (decide's intervals are two-sided, so under
+//     2.5%). A candidate dropped early (below) is never crowned and does not count.
 //   - A/B interleaving. After warm-up the tuner alternates the defaults (A) and the current
 //     candidate (B), A,B,A,B,...,A, and compares each B with the A on either side. Anything that
 //     changes the machine's speed slowly (other jobs, thermal throttling, a data loader warming
 //     up) moves both sides of every ratio and cancels, where comparing a candidate measured now
 //     with defaults measured minutes ago would credit the drift to the settings.
-//   - Stopping on evidence. Each look at a candidate can end it: Better (chosen at once, tuning
-//     ends), NotBetter (dropped), or a per-candidate cap of pairs (dropped). A dropped candidate's
-//     mean log time ratio goes to the Gaussian process, which suggests the next one by expected
-//     improvement (never within a short distance of a point measured already, which A/B could not
-//     tell apart in the budget), until Config.MaxSamples measured samples are spent and the
-//     defaults are kept. Stopping at the first candidate shown faster trades the best point for
-//     a sure gain early: the tuner promises "not slower", not "optimal".
-//     The first candidate is the corner of the box farthest from the defaults, where a model that
-//     has seen one point expects the most, and which tells it most about the slopes.
+//   - Search on, choose the fastest. A candidate shown Better does not end the tuning: it becomes
+//     the incumbent if its estimated speed-up is the highest of those shown Better, and the
+//     search goes on while the budget lasts; the decision is the incumbent. A tuner that stopped at
+//     the first Better candidate could crown a 1.06x corner and never see a 1.4x point. The defaults
+//     stay A throughout, rather than the incumbent: every candidate's interval is then a direct
+//     comparison with the defaults, which is what the guarantee and the final line are about,
+//     with no chained intervals (incumbent over defaults times candidate over incumbent) whose
+//     width adds up and whose error rates compound; choosing the highest estimate among
+//     candidates whose intervals all hold is still "faster than the defaults" at 95%. The cost
+//     is that half the samples run the defaults, which the A/B design pays anyway.
+//   - Dropping early. A candidate whose pairs so far put it, at 99% one-sided, below the
+//     incumbent's estimate (or below decide's 1% no-gain speed-up when there is none) is dropped
+//     before decide's verdict, which needs 3 pairs: the noise is estimated from all pairs and
+//     successive defaults samples measured so far, so a candidate 10% slower costs a pair.
+//   - What to try. First the corner of the box farthest from the defaults, where a model that has
+//     seen one point expects the most; then the middle of the fusion range (log bytes), where a
+//     fusion threshold's optimum usually is and no corner looks, at the shorter cycle time; then
+//     the defaults with the corner's cycle time, which separates the knobs' effects. After that
+//     the Gaussian process (package bayes) suggests by expected improvement, never within a short
+//     distance of a point measured (A/B could not tell them apart in the budget). Every finished
+//     candidate's mean log time ratio to the defaults goes to the model.
+//   - Stopping. The tuner decides when the samples left cannot give a candidate its 3 pairs, or
+//     when the model expects less than 1% from the best point it can suggest. At MaxSamples 20,
+//     StepsPerSample 10, 3 warm-up samples and Lag 2 the last possible decision is at step 269.
 //   - Clean samples. A sample is StepsPerSample consecutive steps under one setting, timed from the
 //     end of the step before its first to the end of its last. Every switch is decided at a sample's
 //     end, at step s, and applies from step s+Lag on every rank (the broadcast needs the time); the

@@ -9,8 +9,9 @@ import (
 type Result struct {
 	// Decided says the tuner is done; the other fields are final.
 	Decided bool
-	// Chosen is the settings to run with: a candidate found faster with 95% confidence, or the
-	// defaults (KeptDefaults).
+	// Chosen is the settings to run with: of the candidates found faster than the defaults (95%
+	// confidence over the run), the one with the highest estimated speed-up; or the defaults
+	// (KeptDefaults).
 	Chosen       Settings
 	KeptDefaults bool
 	// Best is the candidate behind Speedup, Low and High: the chosen one, or, when the defaults

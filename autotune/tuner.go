@@ -16,8 +16,9 @@ import (
 
 // Config sets up a tuner. Zero values mean the defaults given; negative ones are errors.
 type Config struct {
-	// Defaults are the job's own settings: the first point measured, and what is kept unless a
-	// candidate is better with 95% confidence. The engine starts with them in force at step 1.
+	// Defaults are the job's own settings: the first point measured, the reference every
+	// candidate is compared with, and what is kept unless a candidate is better with 95%
+	// confidence over the whole run. The engine starts with them in force at step 1.
 	Defaults Settings
 	// WarmupSamples are discarded at the start (default 3, Horovod's --autotune-warmup-samples).
 	WarmupSamples int
@@ -29,8 +30,8 @@ type Config struct {
 	// least 7: a candidate is judged from 3 pairs, each between two defaults samples.
 	MaxSamples int
 	// CandidatePairs caps the pairs one candidate is measured for before the next is tried
-	// (default 5, at least 3). decide spreads its 95% over the looks up to this cap, so a lower cap
-	// gives narrower intervals and leaves samples for more candidates.
+	// (default 5, at least 3). decide spreads each candidate's confidence over the looks up to
+	// this cap, so a lower cap gives narrower intervals and leaves samples for more candidates.
 	CandidatePairs int
 	// Noise is the Gaussian process's noise (default bayes.DefaultNoise 0.8,
 	// --autotune-gaussian-process-noise).
