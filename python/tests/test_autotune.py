@@ -49,3 +49,19 @@ def test_a_tuning_run_decides_and_its_log_starts_the_next_run_tuned(tmp_path):
     _, out = autotune_run(tmp_path, 5)
     assert "used the settings decided by an earlier run" in out, out
     assert open(log).read() == before
+
+
+def test_autotune_under_mpirun(tmp_path):
+    # The same settings reach the ranks through the environment under mpirun, as under kolo run.
+    import shutil
+    from test_ops import run as run_cmd
+    mpirun = shutil.which("mpirun")
+    assert mpirun, "mpirun not found (apt-get install openmpi-bin python3-mpi4py)"
+    log = str(tmp_path / "autotune.csv")
+    rc, out = run_cmd([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "PYTHONPATH",
+                       "-x", "KOLO_AUTOTUNE=1", "-x", "KOLO_AUTOTUNE_LOG=" + log,
+                       "-x", "KOLO_AUTOTUNE_STEPS_PER_SAMPLE=2", "-x", "KOLO_AUTOTUNE_WARMUP_SAMPLES=1",
+                       "-x", "KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES=8", PY, WORKER, "60"], timeout=180)
+    assert rc == 0 and out.count("ok autotune worker") == 2, out
+    assert any("autotune:" in l and "decided at step" in l for l in out.splitlines()), out
+    assert [r for r in rows(log) if r["role"] == "chosen"], open(log).read()
