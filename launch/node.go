@@ -43,6 +43,7 @@ import (
 //	launch/finished       counter of nodes that have read every done record
 const (
 	keyJob      = "launch/job"
+	keyNodes    = "launch/node" // the nodes' registrations: a rendezvous Gather, node i's at keyNode(i)
 	keyArrived  = "launch/arrived"
 	keyConflict = "launch/conflict"
 	keyStopN    = "launch/stopn"
@@ -51,7 +52,7 @@ const (
 )
 
 func keyClaim(i int) string { return "launch/claim/" + strconv.Itoa(i) }
-func keyNode(i int) string  { return "launch/node/" + strconv.Itoa(i) }
+func keyNode(i int) string  { return keyNodes + "/" + strconv.Itoa(i) }
 func keyBeat(i int) string  { return "launch/beat/" + strconv.Itoa(i) }
 func keyDone(i int) string  { return "launch/done/" + strconv.Itoa(i) }
 
@@ -234,6 +235,7 @@ type node struct {
 	port  string
 	jobID string
 	index int
+	info  []byte // this node's registration (nodeInfo as JSON)
 	infos []nodeInfo
 	names []string // host name of each node in the plan (unique)
 
@@ -328,21 +330,25 @@ func (n *node) meet(ctx context.Context) (int, error) {
 			stopWaiting(rec)
 		}
 	}()
-	n.infos = make([]nodeInfo, o.NNodes)
-	for i := range o.NNodes {
-		v, err := rv.Get(waitCtx, keyNode(i))
-		if err != nil {
-			var conflict conflictRecord
-			switch cause := context.Cause(waitCtx); {
-			case errors.As(cause, &conflict):
-				return ExitUsage, cause
-			case ctx.Err() != nil:
-				return 1, n.arrivalError(i)
-			case cause != nil && !errors.Is(cause, context.Canceled):
-				return 1, cause
-			}
-			return 1, fmt.Errorf("waiting for node %d at %s (did its node give up?): %w", i, o.Rendezvous, err)
+	// One request for every node's registration (the rendezvous answers once all have sent
+	// theirs): start-up costs the server a request per node, not one per pair of nodes.
+	vals, err := rv.Gather(waitCtx, keyNodes, o.NNodes, n.index, n.info)
+	if err != nil {
+		var conflict conflictRecord
+		switch cause := context.Cause(waitCtx); {
+		case errors.Is(err, rendezvous.ErrGatherMismatch):
+			return ExitUsage, fmt.Errorf("the nodes disagree on --nnodes (this node has %d): %w", o.NNodes, err)
+		case errors.As(cause, &conflict):
+			return ExitUsage, cause
+		case ctx.Err() != nil:
+			return 1, n.arrivalError()
+		case cause != nil && !errors.Is(cause, context.Canceled):
+			return 1, cause
 		}
+		return 1, fmt.Errorf("waiting for the other nodes at %s (did a node give up?): %w", o.Rendezvous, err)
+	}
+	n.infos = make([]nodeInfo, o.NNodes)
+	for i, v := range vals {
 		if err := json.Unmarshal(v, &n.infos[i]); err != nil {
 			return 1, fmt.Errorf("node %d's registration: %w", i, err)
 		}
@@ -438,10 +444,8 @@ func (n *node) register(ctx context.Context) (int, error) {
 	if ta, ok := rv.LocalAddr().(*net.TCPAddr); ok {
 		ip = ta.IP.String()
 	}
-	info, _ := json.Marshal(nodeInfo{Index: n.index, Hostname: hn, Slots: n.slots, NP: o.NP, NNodes: o.NNodes, IP: ip})
-	if err := rv.Set(ctx, keyNode(n.index), info); err != nil {
-		return 1, fmt.Errorf("register at %s: %w", o.Rendezvous, err)
-	}
+	// Sent with the gather in meet, which stores it at keyNode(n.index).
+	n.info, _ = json.Marshal(nodeInfo{Index: n.index, Hostname: hn, Slots: n.slots, NP: o.NP, NNodes: o.NNodes, IP: ip})
 	if o.Verbose {
 		slog.Info("registered", "node", n.index, "of", o.NNodes, "host", hn, "slots", n.slots)
 	}
@@ -449,7 +453,7 @@ func (n *node) register(ctx context.Context) (int, error) {
 }
 
 // arrivalError says, after --start-timeout, which nodes came and which did not.
-func (n *node) arrivalError(waitingFor int) error {
+func (n *node) arrivalError() error {
 	o := n.opts
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -464,7 +468,8 @@ func (n *node) arrivalError(waitingFor int) error {
 		}
 	}
 	if len(missing) == 0 {
-		missing = []string{strconv.Itoa(waitingFor)}
+		return fmt.Errorf("waited %s (--start-timeout) at %s: all %d nodes registered, but the rendezvous did not answer in time",
+			o.StartTimeout, o.Rendezvous, o.NNodes)
 	}
 	return fmt.Errorf("waited %s (--start-timeout) at %s for %d nodes: %d arrived (%s); no sign of node %s",
 		o.StartTimeout, o.Rendezvous, o.NNodes, len(here), strings.Join(here, ", "), strings.Join(missing, ", "))

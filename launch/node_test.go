@@ -419,9 +419,7 @@ func TestRunNodeLostNode(t *testing.T) {
 	if _, err := ghost.Add(ctx, keyClaim(1), 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := ghost.Set(ctx, keyNode(1), info); err != nil {
-		t.Fatal(err)
-	}
+	go ghost.Gather(ctx, keyNodes, 2, 1, info) // registers, as a node does; answered once node 0 has
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
@@ -463,5 +461,23 @@ func TestNodeSecret(t *testing.T) {
 	}
 	if _, err := NodeSecret(&Options{SecretFile: file + ".missing"}); err == nil || !strings.Contains(err.Error(), "--secret-file") {
 		t.Errorf("missing --secret-file: %v", err)
+	}
+}
+
+// Nodes started with different --nnodes fail at once with a usage error that says so, on every
+// node, rather than waiting out --start-timeout.
+func TestRunNodeNNodesDisagree(t *testing.T) {
+	runs := runNodes(t, background(2), func(i int, o *Options) {
+		o.NNodes = 2 + i
+		o.NprocPerNode = 1
+		o.StartTimeout = 20 * time.Second
+	}, `true`)
+	for i, r := range runs {
+		if r.code == 0 || r.err == nil || !strings.Contains(r.err.Error(), "disagree on --nnodes") {
+			t.Errorf("node %d: code %d, %v: want an error saying the nodes disagree on --nnodes", i, r.code, r.err)
+		}
+		if r.elapsed > 10*time.Second {
+			t.Errorf("node %d gave up after %s", i, r.elapsed)
+		}
 	}
 }

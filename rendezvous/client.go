@@ -2,6 +2,7 @@ package rendezvous
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -226,6 +227,9 @@ func (c *Client) Gather(ctx context.Context, key string, n, i int, value []byte)
 			return nil, fmt.Errorf("rendezvous %s: waited %s for the %d members of gather %q: %w", c.addr, time.Since(start).Round(time.Millisecond), n, key, err)
 		}
 		return nil, fmt.Errorf("rendezvous %s: gather %q: %w", c.addr, key, err)
+	}
+	if f.verb == verbError && bytes.Contains(f.value, []byte(gatherMismatch)) {
+		return nil, fmt.Errorf("rendezvous %s: gather %q: %w: %s", c.addr, key, ErrGatherMismatch, f.value)
 	}
 	if f.verb != verbValue {
 		return nil, c.unexpected("gather", key, f)

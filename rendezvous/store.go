@@ -308,7 +308,7 @@ func (s *Store) gather(key string, n, i int, value []byte, fire func([]byte, err
 	switch {
 	case g.n != n:
 		s.mu.Unlock()
-		return nil, false, nil, nil, fmt.Errorf("rendezvous gather %q: member %d says %d members, an earlier one said %d", key, i, n, g.n)
+		return nil, false, nil, nil, fmt.Errorf("rendezvous gather %q: member %d says %d members, %s %d: %w", key, i, n, gatherMismatch, g.n, ErrGatherMismatch)
 	case g.vals[i] != nil && !bytes.Equal(g.vals[i], value):
 		s.mu.Unlock()
 		return nil, false, nil, nil, fmt.Errorf("rendezvous gather %q: member %d arrived twice with different values (two processes claim the same rank?)", key, i)
@@ -348,6 +348,13 @@ func (s *Store) gather(key string, n, i int, value []byte, fire func([]byte, err
 	s.mu.Unlock()
 	return table, ok, cancel, func() {}, nil
 }
+
+// ErrGatherMismatch is matched by the error of a Gather member that disagrees with the earlier
+// members on how many members there are (a job's ranks or nodes started with different sizes).
+var ErrGatherMismatch = errors.New("the members of a gather disagree on their number")
+
+// gatherMismatch is the text by which a Client recognises that error in the server's answer.
+const gatherMismatch = "an earlier one said"
 
 // maxGather bounds the members of one Gather, so that a bad request cannot make the server
 // allocate a huge table.
