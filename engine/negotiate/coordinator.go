@@ -2,6 +2,7 @@ package negotiate
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -683,38 +684,76 @@ func (c *Coordinator) failCrossed(now time.Time, stalls []Stall) []Stall {
 	if cross <= 0 {
 		return stalls
 	}
-	var waiting map[int][]*op // per rank: the ops it submitted that are pending, oldest first
-	var failed []*op
-	var msgs []string
-	for o := c.head; o != nil; o = o.next {
-		if now.Sub(o.since) < cross {
-			continue
-		}
-		if waiting == nil {
-			waiting = map[int][]*op{}
-			for p := c.head; p != nil; p = p.next {
-				for r := range c.size {
-					if p.sent[r] != subAbsent {
-						waiting[r] = append(waiting[r], p)
-					}
-				}
+	due := false
+	for o := c.head; o != nil && !due; o = o.next {
+		due = now.Sub(o.since) >= cross
+	}
+	if !due {
+		return stalls // the usual tick: nothing has waited that long, and nothing is allocated
+	}
+	waiting := map[int][]*op{} // per rank: the ops it submitted that are pending, oldest first
+	for p := c.head; p != nil; p = p.next {
+		for r := range c.size {
+			if p.sent[r] != subAbsent {
+				waiting[r] = append(waiting[r], p)
 			}
 		}
-		var missing, ready []int
-		crossed := true
+	}
+	// crossedOp reports o's submitters and missing ranks, and whether o is crossed: every rank
+	// missing from it waits on ops of its own. With partnerOf nil the op must have waited
+	// StallCrossed and its missing ranks have submitted nothing for as long; otherwise it is
+	// enough that each missing rank waits on an op of partnerOf (one found crossed this tick).
+	crossedOp := func(o *op, partnerOf map[*op]bool) (ready, missing []int, ok bool) {
+		if partnerOf == nil && now.Sub(o.since) < cross {
+			return nil, nil, false
+		}
 		for r := range c.size {
 			switch {
 			case o.sent[r] != subAbsent:
 				ready = append(ready, r)
 			case c.joined[r]:
-			case len(waiting[r]) == 0 || now.Sub(c.last[r]) < cross:
-				crossed = false // r submitted nothing pending, or only lately: it may be on its way
+			case len(waiting[r]) == 0:
+				return nil, nil, false // r submitted nothing pending: it may be busy elsewhere
+			case partnerOf == nil && now.Sub(c.last[r]) < cross:
+				return nil, nil, false // r submitted lately: it may be on its way
+			case partnerOf != nil && !slices.ContainsFunc(waiting[r], func(p *op) bool { return partnerOf[p] }):
+				return nil, nil, false
 			default:
 				missing = append(missing, r)
 			}
 		}
-		if !crossed || len(missing) == 0 {
+		return ready, missing, len(missing) > 0
+	}
+	found := map[*op]bool{}
+	for o := c.head; o != nil; o = o.next {
+		if _, _, ok := crossedOp(o, nil); ok {
+			found[o] = true
+		}
+	}
+	if len(found) == 0 {
+		return stalls
+	}
+	// The ops the crossed ops' missing ranks wait on are crossed with them, though they may be a
+	// little younger, or their missing ranks' last submission a little later (the same op from two
+	// ranks arrives at two moments): they fail in the same tick, or a rank would get one error now
+	// and another for its next call a tick later.
+	first := maps.Clone(found)
+	for o := c.head; o != nil; o = o.next {
+		if !found[o] {
+			if _, _, ok := crossedOp(o, first); ok {
+				found[o] = true
+			}
+		}
+	}
+	var failed []*op
+	var msgs []string
+	for o := c.head; o != nil; o = o.next {
+		if !found[o] {
 			continue
+		}
+		ready, missing, _ := crossedOp(o, found)
+		if len(missing) == 0 {
+			ready, missing, _ = crossedOp(o, nil)
 		}
 		// What each missing rank waits on, grouped: "ranks 1,2 wait on barrier "noname.7"".
 		elsewhere := tally(missing, func(r int) string {
