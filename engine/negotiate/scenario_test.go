@@ -3,8 +3,6 @@ package negotiate
 import (
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/dtype"
+	"github.com/kolo-dl/kolo/internal/scripttest"
 )
 
 var rewrite = flag.Bool("rewrite", false, "rewrite testdata/*.txt with the output the code produces now")
@@ -37,96 +36,16 @@ var rewrite = flag.Bool("rewrite", false, "rewrite testdata/*.txt with the outpu
 // response prints like the coordinator's. SHAPE is like [4,5]; for allgather, [*,3] with rows=
 // gives each listed rank its own dim 0.
 func TestScenarios(t *testing.T) {
-	files, err := filepath.Glob("testdata/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no scenarios in testdata: %v", err)
-	}
-	for _, f := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) { runScript(t, f) })
-	}
-}
-
-type block struct {
-	cmds     []string // verbatim, comments included
-	line     int      // of the first command
-	expected []string
-}
-
-func parseScript(t *testing.T, text string) []block {
-	var blocks []block
-	lines := strings.Split(strings.TrimRight(text, "\n"), "\n")
-	for i := 0; i < len(lines); {
-		b := block{line: i + 1}
-		for i < len(lines) && lines[i] != "----" {
-			b.cmds = append(b.cmds, lines[i])
-			i++
-		}
-		if i == len(lines) {
-			if strings.TrimSpace(strings.Join(b.cmds, "")) != "" {
-				t.Fatalf("line %d: commands with no ---- after them", b.line)
-			}
-			break
-		}
-		i++ // ----
-		for i < len(lines) && lines[i] != "" {
-			b.expected = append(b.expected, lines[i])
-			i++
-		}
-		if i < len(lines) {
-			i++ // the blank line that ends the block
-		}
-		blocks = append(blocks, b)
-	}
-	return blocks
-}
-
-func runScript(t *testing.T, path string) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	blocks := parseScript(t, string(data))
-	s := newScenario(t, Config{Size: 2})
-	var rewritten strings.Builder
-	for bi, b := range blocks {
-		var out []string
-		for k, raw := range b.cmds {
-			cmd := raw
-			if i := strings.Index(cmd, "#"); i >= 0 {
-				cmd = cmd[:i]
-			}
+	scripttest.RunDir(t, "testdata", *rewrite, func(t *testing.T) func(string) ([]string, error) {
+		s := newScenario(t, Config{Size: 2})
+		return func(line string) ([]string, error) {
+			cmd := scripttest.Uncomment(line)
 			if strings.TrimSpace(cmd) == "" {
-				continue
+				return nil, nil
 			}
-			got, err := s.run(strings.Fields(cmd))
-			if err != nil {
-				t.Fatalf("%s:%d: %s: %v", path, b.line+k, strings.TrimSpace(cmd), err)
-			}
-			out = append(out, got...)
+			return s.run(strings.Fields(cmd))
 		}
-		if *rewrite {
-			if bi > 0 {
-				rewritten.WriteString("\n")
-			}
-			for _, c := range b.cmds {
-				rewritten.WriteString(c + "\n")
-			}
-			rewritten.WriteString("----\n")
-			for _, o := range out {
-				rewritten.WriteString(o + "\n")
-			}
-			continue
-		}
-		if !slices.Equal(out, b.expected) {
-			t.Errorf("%s:%d: output differs\ncommands:\n%s\ngot:\n%s\nwant:\n%s", path, b.line,
-				strings.Join(b.cmds, "\n"), strings.Join(out, "\n"), strings.Join(b.expected, "\n"))
-		}
-	}
-	if *rewrite {
-		if err := os.WriteFile(path, []byte(rewritten.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 }
 
 // scenario is one Coordinator with a simulated engine per rank: its Cache and its inbox.
