@@ -136,22 +136,21 @@ type Engine struct {
 	ended    bool      // the loop has stopped for good (failure, or shut down)
 	nextTick time.Time // when the coordinator's stall inspector runs next
 
-	// The coordinator's keep-alive (keepalive.go). On rank 0: kaDue asks the driver for a round,
-	// executing tells the keepAlive goroutine that the driver is inside a collective, kaWaiting
-	// is the driver's scratch for Hub.Waiting and kaMsg the message. Elsewhere: coord, the
-	// driver's deadline on rank 0.
 	// tune holds the settings the autotuner changes while the job runs (autotune.go).
 	tune tuning
 
 	// The driver's control sends and their watchdog (sendControl, watchSends): sendCtx is
 	// cancelled when a send waited the progress timeout; sendSince is when the send in progress
-	// began (unix nanoseconds; 0: none), to sendPeer. Nil sendCtx: no progress timeout.
+	// began (unix nanoseconds; 0: none). Nil sendCtx: no progress timeout.
 	sendCtx      context.Context
 	sendCancel   context.CancelCauseFunc // under sendCancelMu: the driver replaces it
 	sendCancelMu sync.Mutex
 	sendSince    atomic.Int64
-	sendPeer     atomic.Int32
 
+	// The coordinator's keep-alive (keepalive.go). On rank 0: kaDue asks the driver for a round,
+	// executing tells the keepAlive goroutine that the driver is inside a collective, kaWaiting
+	// is the driver's scratch for Hub.Waiting and kaMsg the message. Elsewhere: coord, the
+	// driver's deadline on rank 0.
 	kaDue     atomic.Bool
 	executing atomic.Bool
 	kaWaiting []bool
@@ -562,7 +561,6 @@ func (e *Engine) sendControl(r int, body []byte, what string) error {
 	ctx := context.Background()
 	if e.sendCtx != nil {
 		ctx = e.sendCtx
-		e.sendPeer.Store(int32(r))
 		e.sendSince.Store(time.Now().UnixNano())
 	}
 	err := e.g.Messenger.SendMsg(ctx, r, body)
