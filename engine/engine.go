@@ -600,7 +600,7 @@ func (e *Engine) watchSends() {
 		case <-t.C:
 		}
 		now := time.Now()
-		frozen := now.Sub(last) > max(4*every, 500*time.Millisecond) // this process did not run
+		frozen := transport.NotRunning(now.Sub(last), every)
 		last = now
 		since := e.sendSince.Load()
 		if since == 0 {

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/engine/negotiate"
+	"github.com/kolo-dl/kolo/transport"
 )
 
 // keepAliveEvery is how often rank 0 tells waiting ranks it runs: a quarter of their deadline.
@@ -105,18 +106,11 @@ func (c *coordClock) expired(now time.Time, waiting bool, limit time.Duration) b
 	case !waiting:
 		c.since = time.Time{}
 		return false
-	case c.since.IsZero() || (!first && notRunning(gap, checkEvery)):
+	case c.since.IsZero() || (!first && transport.NotRunning(gap, checkEvery)):
 		c.since = now
 		return false
 	}
 	return now.Sub(c.since) >= limit
-}
-
-// notRunning reports whether a look that came gap after the previous one, due at least every
-// period, shows that this process did not run meanwhile (the tcp transport's progress watchdog
-// uses the same rule).
-func notRunning(gap, period time.Duration) bool {
-	return gap > max(4*period, 500*time.Millisecond)
 }
 
 // watchCoordinator (ranks other than 0, each step) fails this rank's ops and stops the job when it

@@ -174,6 +174,14 @@ func (e *StallError) Error() string {
 	return fmt.Sprintf("rank %d%s made no progress for %v (%s)", e.Rank, host, e.For, what)
 }
 
+// NotRunning reports whether a watchdog's look that came gap after the previous one, due every
+// period, shows that this process did not run meanwhile (stopped, its host suspended) rather
+// than that it ran late: then the peers are not to blame for that time, and progress clocks
+// start again. Every progress watchdog uses this one rule.
+func NotRunning(gap, period time.Duration) bool {
+	return gap > max(4*period, 500*time.Millisecond)
+}
+
 // Is makes errors.Is(err, ErrStalled) true for every *StallError.
 func (e *StallError) Is(target error) bool { return target == ErrStalled }
 

@@ -417,13 +417,6 @@ func progressTick(limit time.Duration) time.Duration {
 	return min(max(limit/8, 5*time.Millisecond), time.Second)
 }
 
-// notRunning reports whether a watchdog tick that came gap after the previous one, due every
-// period, shows that this process did not run meanwhile (stopped, its host suspended), rather than
-// that it ran late.
-func notRunning(gap, period time.Duration) bool {
-	return gap > max(4*period, 500*time.Millisecond)
-}
-
 // watchProgress is the progress watchdog: every tick it looks at each direction of each peer with
 // a call running, and interrupts one that moved no byte for the progress timeout (dir.tick); the
 // call then fails with a *transport.StallError. A tick that comes much later than due means that
@@ -442,7 +435,7 @@ func (m *Mesh) watchProgress() {
 		case <-t.C:
 		}
 		now := time.Now()
-		frozen := notRunning(now.Sub(last), every)
+		frozen := transport.NotRunning(now.Sub(last), every)
 		last = now
 		for _, p := range m.peers {
 			if p != nil {

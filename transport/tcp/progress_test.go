@@ -101,8 +101,8 @@ func TestProgressTick(t *testing.T) {
 		gap, period time.Duration
 		not         bool
 	}{{time.Second, time.Second, false}, {5 * time.Second, time.Second, true}, {300 * time.Millisecond, 25 * time.Millisecond, false}, {time.Second, 25 * time.Millisecond, true}} {
-		if got := notRunning(c.gap, c.period); got != c.not {
-			t.Errorf("notRunning(%v, %v) = %v", c.gap, c.period, got)
+		if got := transport.NotRunning(c.gap, c.period); got != c.not {
+			t.Errorf("NotRunning(%v, %v) = %v", c.gap, c.period, got)
 		}
 	}
 }
