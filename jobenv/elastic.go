@@ -41,10 +41,11 @@ const LatestRoundKey = "elastic/latest"
 // RoundKey is where round n is published (Round.Encode).
 func RoundKey(n int) string { return "elastic/round/" + strconv.Itoa(n) }
 
-// ReinitKey counts (rendezvous Add) the workers of round n that left it on an error and wait for
-// the next round. When every live worker of the round has asked and nobody was lost, the launcher
-// publishes the same workers as a new round.
-func ReinitKey(n int) string { return RoundKey(n) + "/reinit" }
+// ReinitKey is set by the worker at p when it leaves round n on an error and waits for the next
+// round. When every live worker of the round has asked and nobody was lost, the launcher
+// publishes the same workers as a new round; workers that have not asked a while after others
+// did are stuck, and the launcher stops them as failed.
+func ReinitKey(n int, p Place) string { return RoundKey(n) + "/reinit/" + p.String() }
 
 // Place is a worker's identity in an elastic job: a host and a slot on it.
 type Place struct {
