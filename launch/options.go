@@ -5,11 +5,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/launch/elastic"
 )
 
 // Options is what `kolo run` was asked to do, parsed from horovodrun-compatible flags.
@@ -47,6 +51,24 @@ type Options struct {
 	NodeRank     int    // --node-rank; -1: in order of arrival
 	NprocPerNode int    // --nproc-per-node; 0: from -H localhost:N or -np / --nnodes
 	SecretFile   string // --secret-file; else the environment's secret (auth.JobSecret)
+
+	// Elastic mode (elasticjob.go), on when DiscoveryScript, MinNP or MaxNP is given: workers come
+	// and go while the job runs, and the survivors keep running.
+	MinNP             int              // --min-np, --min-num-proc; 0: -np
+	MaxNP             int              // --max-np, --max-num-proc; 0: -np
+	DiscoveryScript   string           // --host-discovery-script: run with sh -c, prints host[:slots] lines
+	SlotsPerHost      int              // --slots-per-host: slots of a discovered host listed without ":N"
+	ResetLimit        int              // --reset-limit; -1 (the default): no limit
+	BlacklistCooldown elastic.Cooldown // --blacklist-cooldown-range MIN MAX; zero: a failed host is out for good
+	// ElasticTimeout is --elastic-timeout: how long the job may be short of slots before it fails,
+	// and how long workers wait for their next round; default KOLO_ELASTIC_TIMEOUT, else
+	// HOROVOD_ELASTIC_TIMEOUT, else 600 s.
+	ElasticTimeout time.Duration
+}
+
+// Elastic reports whether opts asks for elastic mode.
+func (o *Options) Elastic() bool {
+	return o.DiscoveryScript != "" || o.MinNP != 0 || o.MaxNP != 0
 }
 
 // multiFlag collects repeated flags (-x A -x B=1).
@@ -89,6 +111,17 @@ func ParseRunFlags(args []string, stderr io.Writer) (*Options, error) {
 	fs.IntVar(&o.NprocPerNode, "nproc-per-node", 0, "no-ssh mode: ranks this node runs (default: N of -H localhost:N, else -np divided by --nnodes)")
 	fs.StringVar(&o.SecretFile, "secret-file", "", "no-ssh mode: file holding the job secret shared by every node (default: KOLO_SECRET, else the file KOLO_SECRET_FILE names)")
 
+	fs.IntVar(&o.MinNP, "min-np", 0, "elastic mode: fewest ranks the job runs with (default -np)")
+	fs.IntVar(&o.MinNP, "min-num-proc", 0, "same as --min-np")
+	fs.IntVar(&o.MaxNP, "max-np", 0, "elastic mode: most ranks the job runs with (default -np)")
+	fs.IntVar(&o.MaxNP, "max-num-proc", 0, "same as --max-np")
+	fs.StringVar(&o.DiscoveryScript, "host-discovery-script", "", "elastic mode: command (run with sh -c every second) printing the hosts available now, one host or host:slots a line")
+	fs.IntVar(&o.SlotsPerHost, "slots-per-host", 0, "elastic mode: slots of a discovered host listed without :slots")
+	fs.IntVar(&o.ResetLimit, "reset-limit", -1, "elastic mode: how many times the job may change its workers (default: no limit)")
+	var cooldown cooldownFlag
+	fs.Var(&cooldown, "blacklist-cooldown-range", "elastic mode: MIN MAX (or MIN,MAX) seconds a failed host stays out, doubling from MIN up to MAX with each failure (default: out for good)")
+	fs.Var((*seconds)(&o.ElasticTimeout), "elastic-timeout", "elastic mode: seconds the job may wait for enough slots before it fails (default KOLO_ELASTIC_TIMEOUT, else HOROVOD_ELASTIC_TIMEOUT, else 600)")
+
 	// Tuning, timeline, autotune and log flags become KOLO_* variables of every worker (workerflags.go).
 	addWorkerFlags(fs, o.EngineEnv)
 	fs.Var(configFileFlag{fs: fs}, "config-file",
@@ -100,6 +133,14 @@ func ParseRunFlags(args []string, stderr io.Writer) (*Options, error) {
 
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	// --blacklist-cooldown-range takes two words, as horovodrun's does: flag stopped at the second
+	// one, so take it and parse the rest.
+	for cooldown.wantMax() && fs.NArg() > 0 && isInteger(fs.Arg(0)) {
+		cooldown.max = fs.Arg(0)
+		if err := fs.Parse(fs.Args()[1:]); err != nil {
+			return nil, err
+		}
 	}
 	o.Env = env
 	o.SSHOptions = sshOpts
@@ -118,6 +159,9 @@ func ParseRunFlags(args []string, stderr io.Writer) (*Options, error) {
 		return nil, fmt.Errorf("--bind-to %q: want %s or %s", o.BindTo, BindCore, BindNone)
 	}
 	if err := o.checkNodeFlags(); err != nil {
+		return nil, err
+	}
+	if err := o.checkElasticFlags(fs, &cooldown); err != nil {
 		return nil, err
 	}
 	return o, nil
@@ -159,4 +203,102 @@ func (o *Options) checkNodeFlags() error {
 		return fmt.Errorf("--nproc-per-node %d must be positive", o.NprocPerNode)
 	}
 	return nil
+}
+
+// checkElasticFlags fills in elastic mode's defaults and refuses what it cannot do.
+func (o *Options) checkElasticFlags(fs *flag.FlagSet, cooldown *cooldownFlag) error {
+	var err error
+	if o.BlacklistCooldown, err = cooldown.value(); err != nil {
+		return err
+	}
+	if !o.Elastic() {
+		var set []string
+		fs.Visit(func(f *flag.Flag) {
+			switch f.Name {
+			case "slots-per-host", "reset-limit", "blacklist-cooldown-range", "elastic-timeout":
+				set = append(set, "--"+f.Name)
+			}
+		})
+		if len(set) > 0 {
+			return fmt.Errorf("%s only apply to elastic mode (--host-discovery-script, --min-np or --max-np)", strings.Join(set, ", "))
+		}
+		return nil
+	}
+	switch {
+	case o.Rendezvous != "":
+		return errors.New("elastic mode (--host-discovery-script, --min-np, --max-np) with --rendezvous is not available yet: run elastic jobs from one launcher, which starts the ranks of other hosts over ssh")
+	case o.BindTo == BindCore:
+		return errors.New("--bind-to core is not available in elastic mode: the ranks of a host change while the job runs")
+	case o.DiscoveryScript != "" && (o.Hosts != "" || o.Hostfile != ""):
+		return errors.New("--host-discovery-script and -H/--hostfile are mutually exclusive: the script lists the hosts")
+	case o.SlotsPerHost < 0:
+		return fmt.Errorf("--slots-per-host %d must be positive", o.SlotsPerHost)
+	case o.ResetLimit < -1:
+		return fmt.Errorf("--reset-limit %d must be 0 or more", o.ResetLimit)
+	case o.NP < 0 || o.MinNP < 0 || o.MaxNP < 0:
+		return fmt.Errorf("-np %d, --min-np %d, --max-np %d: none may be negative", o.NP, o.MinNP, o.MaxNP)
+	case o.NP > 0 && o.MinNP > o.NP:
+		// Checked here too: the planner, taking --max-np from -np, would blame --max-np.
+		return fmt.Errorf("--min-np %d is above -np %d (the ranks the job starts with)", o.MinNP, o.NP)
+	case o.MaxNP > 0 && o.NP > o.MaxNP:
+		return fmt.Errorf("-np %d is above --max-np %d", o.NP, o.MaxNP)
+	}
+	if o.ElasticTimeout == 0 {
+		if o.ElasticTimeout, err = jobenv.ElasticTimeoutFrom(jobenv.FromEnviron(os.Environ())); err != nil {
+			return err
+		}
+	}
+	_, err = elastic.NewPlanner(o.ElasticConfig())
+	return err
+}
+
+// ElasticConfig is the planner's configuration of an elastic job.
+func (o *Options) ElasticConfig() elastic.Config {
+	return elastic.Config{
+		NP: o.NP, MinNP: o.MinNP, MaxNP: o.MaxNP,
+		Timeout:    o.ElasticTimeout,
+		ResetLimit: o.ResetLimit,
+		Cooldown:   o.BlacklistCooldown,
+		Jitter:     rand.Float64,
+	}
+}
+
+// cooldownFlag is --blacklist-cooldown-range: "MIN,MAX", or MIN with MAX as the next word
+// (horovodrun's two arguments), whole seconds.
+type cooldownFlag struct {
+	min, max string
+	comma    bool
+}
+
+func (c *cooldownFlag) String() string { return c.min + "," + c.max }
+
+func (c *cooldownFlag) Set(s string) error {
+	c.min, c.max, c.comma = s, "", false
+	if lo, hi, ok := strings.Cut(s, ","); ok {
+		c.min, c.max, c.comma = lo, hi, true
+	}
+	return nil
+}
+
+// wantMax reports whether MAX is still to come as the next word.
+func (c *cooldownFlag) wantMax() bool { return c.min != "" && !c.comma && c.max == "" }
+
+func (c *cooldownFlag) value() (elastic.Cooldown, error) {
+	if c.min == "" && c.max == "" {
+		return elastic.Cooldown{}, nil
+	}
+	if c.wantMax() {
+		return elastic.Cooldown{}, fmt.Errorf("--blacklist-cooldown-range %s: want two numbers of seconds, MIN MAX (or MIN,MAX)", c.min)
+	}
+	lo, err1 := strconv.Atoi(strings.TrimSpace(c.min))
+	hi, err2 := strconv.Atoi(strings.TrimSpace(c.max))
+	if err1 != nil || err2 != nil || lo <= 0 || hi < lo {
+		return elastic.Cooldown{}, fmt.Errorf("--blacklist-cooldown-range %s %s: want whole seconds, 0 < MIN <= MAX", c.min, c.max)
+	}
+	return elastic.Cooldown{Min: time.Duration(lo) * time.Second, Max: time.Duration(hi) * time.Second}, nil
+}
+
+func isInteger(s string) bool {
+	_, err := strconv.Atoi(s)
+	return err == nil
 }

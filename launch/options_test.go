@@ -5,6 +5,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kolo-dl/kolo/launch/elastic"
 )
 
 func TestParseRunFlags(t *testing.T) {
@@ -65,5 +68,84 @@ func TestResolveHosts(t *testing.T) {
 	}
 	if _, err := (&Options{Hostfile: "/nonexistent/hosts"}).ResolveHosts(); err == nil || !strings.Contains(err.Error(), "/nonexistent/hosts") {
 		t.Errorf("missing hostfile: %v", err)
+	}
+}
+
+func TestParseElasticFlags(t *testing.T) {
+	t.Setenv("KOLO_ELASTIC_TIMEOUT", "")
+	t.Setenv("HOROVOD_ELASTIC_TIMEOUT", "")
+	tests := []struct {
+		name    string
+		env     string // HOROVOD_ELASTIC_TIMEOUT
+		args    []string
+		check   func(*Options) bool
+		wantErr string
+	}{
+		{"not elastic", "", []string{"-np", "2", "prog"},
+			func(o *Options) bool { return !o.Elastic() && o.ResetLimit == -1 }, ""},
+		{"horovodrun's elastic flags", "", []string{"-np", "4", "--min-np", "2", "--max-np", "8", "--host-discovery-script", "./discover.sh",
+			"--slots-per-host", "2", "--reset-limit", "3", "--blacklist-cooldown-range", "10", "100", "--elastic-timeout", "60", "python", "train.py", "7"},
+			func(o *Options) bool {
+				return o.Elastic() && o.NP == 4 && o.MinNP == 2 && o.MaxNP == 8 && o.DiscoveryScript == "./discover.sh" &&
+					o.SlotsPerHost == 2 && o.ResetLimit == 3 && o.ElasticTimeout == time.Minute &&
+					o.BlacklistCooldown == elastic.Cooldown{Min: 10 * time.Second, Max: 100 * time.Second} &&
+					reflect.DeepEqual(o.Command, []string{"python", "train.py", "7"})
+			}, ""},
+		{"long spellings", "", []string{"--num-proc", "2", "--min-num-proc", "1", "--max-num-proc", "3", "-H", "localhost:2,127.0.0.1:2", "prog"},
+			func(o *Options) bool { return o.Elastic() && o.MinNP == 1 && o.MaxNP == 3 && o.ResetLimit == -1 }, ""},
+		{"flags after the cooldown's two words", "", []string{"--min-np", "2", "--blacklist-cooldown-range", "1", "5", "-H", "a:2", "prog"},
+			func(o *Options) bool {
+				return o.Hosts == "a:2" && o.BlacklistCooldown.Max == 5*time.Second && reflect.DeepEqual(o.Command, []string{"prog"})
+			}, ""},
+		{"cooldown MIN,MAX", "", []string{"--min-np", "2", "--blacklist-cooldown-range", "3,9", "prog"},
+			func(o *Options) bool { return o.BlacklistCooldown == elastic.Cooldown{Min: 3 * time.Second, Max: 9 * time.Second} }, ""},
+		{"cooldown without MAX", "", []string{"--min-np", "2", "--blacklist-cooldown-range", "3", "prog"}, nil, "want two numbers of seconds, MIN MAX"},
+		{"cooldown MAX below MIN", "", []string{"--min-np", "2", "--blacklist-cooldown-range", "9", "3", "prog"}, nil, "0 < MIN <= MAX"},
+		{"cooldown not a number", "", []string{"--min-np", "2", "--blacklist-cooldown-range", "a,b", "prog"}, nil, "want whole seconds"},
+		{"timeout from HOROVOD_ELASTIC_TIMEOUT", "42", []string{"--min-np", "1", "prog"},
+			func(o *Options) bool { return o.ElasticTimeout == 42*time.Second }, ""},
+		{"the flag beats the environment", "42", []string{"--min-np", "1", "--elastic-timeout", "2m", "prog"},
+			func(o *Options) bool { return o.ElasticTimeout == 2*time.Minute }, ""},
+		{"timeout default", "", []string{"--min-np", "1", "prog"},
+			func(o *Options) bool { return o.ElasticTimeout == 600*time.Second }, ""},
+		{"bad timeout in the environment", "soon", []string{"--min-np", "1", "prog"}, nil, "HOROVOD_ELASTIC_TIMEOUT"},
+		{"min-np above np", "", []string{"-np", "2", "--min-np", "3", "prog"}, nil, "--min-np 3 is above -np 2"},
+		{"np above max-np", "", []string{"-np", "5", "--max-np", "4", "prog"}, nil, "-np 5 is above --max-np 4"},
+		{"max-np below min-np", "", []string{"--min-np", "3", "--max-np", "2", "prog"}, nil, "--max-np 2 is below --min-np 3"},
+		{"no np at all", "", []string{"--host-discovery-script", "d.sh", "prog"}, nil, "-np or --min-np must be at least 1"},
+		{"with --rendezvous", "", []string{"--min-np", "2", "--rendezvous", "h:1", "--nnodes", "2", "prog"}, nil, "with --rendezvous is not available yet"},
+		{"with --bind-to core", "", []string{"--min-np", "2", "--bind-to", "core", "prog"}, nil, "--bind-to core is not available in elastic mode"},
+		{"script and -H", "", []string{"--min-np", "2", "--host-discovery-script", "d.sh", "-H", "a:2", "prog"}, nil, "mutually exclusive"},
+		{"script and hostfile", "", []string{"--min-np", "2", "--host-discovery-script", "d.sh", "--hostfile", "f", "prog"}, nil, "mutually exclusive"},
+		{"negative reset limit", "", []string{"--min-np", "2", "--reset-limit", "-2", "prog"}, nil, "--reset-limit -2"},
+		{"elastic-only flag without elastic mode", "", []string{"-np", "2", "--slots-per-host", "2", "--reset-limit", "1", "prog"}, nil,
+			"--reset-limit, --slots-per-host only apply to elastic mode"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("HOROVOD_ELASTIC_TIMEOUT", tc.env)
+			o, err := ParseRunFlags(tc.args, io.Discard)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || !tc.check(o) {
+				t.Fatalf("options %+v, err %v", o, err)
+			}
+		})
+	}
+}
+
+// Horovod's own elastic tests run a job on "localhost" and "127.0.0.1" as two hosts.
+func TestElasticLocalhostAnd127AreTwoHosts(t *testing.T) {
+	o, err := ParseRunFlags([]string{"--min-np", "2", "--max-np", "4", "-H", "localhost:2,127.0.0.1:2", "prog"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hosts, err := o.ResolveHosts()
+	if err != nil || !reflect.DeepEqual(hosts, []Host{{"localhost", 2}, {"127.0.0.1", 2}}) {
+		t.Fatalf("hosts %v, %v", hosts, err)
 	}
 }
