@@ -123,6 +123,8 @@ type state struct {
 	world  *world.World
 	engine *engine.Engine
 	names  *namer
+
+	elastic *elasticWorker // nil unless this is a worker of an elastic job
 }
 
 var (
@@ -283,9 +285,14 @@ func Init(opts ...Option) error {
 	if err != nil {
 		return fmt.Errorf("kolo.Init: %w", err)
 	}
-	cfg, o.world = spinSettings(cfg, o.world, boot.Job.LocalSize)
-	if o.cpuShare && o.env("GOMAXPROCS") == "" {
-		shareCPUs(boot.Job.LocalSize)
+	_, _, isElastic, err := jobenv.ElasticPlace(env)
+	if err != nil {
+		boot.Close()
+		return fmt.Errorf("kolo.Init: %w", err)
+	}
+	if isElastic && o.ranks != nil {
+		boot.Close()
+		return &ArgumentError{Err: errors.New("kolo.Init: a world of some ranks (WithRanks, init(comm=...)) is not available in an elastic job, whose ranks change")}
 	}
 	job := boot.Job
 	if o.ranks != nil && !isEveryRank(o.ranks, job.Size) {
@@ -294,11 +301,27 @@ func Init(opts ...Option) error {
 			return &ArgumentError{Err: fmt.Errorf("kolo.Init: %w", err)}
 		}
 	}
-	joined[job.JobID]++
-	if n := joined[job.JobID]; n > 1 && job.Size > 1 {
-		job.JobID = fmt.Sprintf("%s.%d", job.JobID, n)
+	var w *world.World
+	cfg0, wopt0 := cfg, o.world // an elastic worker may try several rounds, of other local sizes
+	connect := func(ctx context.Context, j jobenv.Job) error {
+		cfg, o.world = spinSettings(cfg0, wopt0, j.LocalSize)
+		if o.cpuShare && o.env("GOMAXPROCS") == "" {
+			shareCPUs(j.LocalSize)
+		}
+		var err error
+		w, err = world.Connect(ctx, j, boot.Secret, o.world)
+		return err
 	}
-	w, err := world.Connect(context.Background(), job, boot.Secret, o.world)
+	var ew *elasticWorker
+	if isElastic {
+		ew, job, err = joinElastic(env, job, boot.Secret, connect)
+	} else {
+		joined[job.JobID]++
+		if n := joined[job.JobID]; n > 1 && job.Size > 1 {
+			job.JobID = fmt.Sprintf("%s.%d", job.JobID, n)
+		}
+		err = connect(context.Background(), job)
+	}
 	if err != nil {
 		boot.Close()
 		return fmt.Errorf("kolo.Init: %w", err)
@@ -310,10 +333,13 @@ func Init(opts ...Option) error {
 	})
 	if err != nil {
 		w.Close()
+		if ew != nil {
+			ew.close()
+		}
 		boot.Close()
 		return fmt.Errorf("kolo.Init: %w", err)
 	}
-	cur = &state{job: job, boot: boot, world: w, engine: e, names: newNamer(e.Joins, e.Resynced)}
+	cur = &state{job: job, boot: boot, world: w, engine: e, names: newNamer(e.Joins, e.Resynced), elastic: ew}
 	return nil
 }
 
@@ -393,6 +419,9 @@ func (s *state) close() error {
 	}
 	if cerr := s.boot.Close(); err == nil {
 		err = cerr
+	}
+	if s.elastic != nil {
+		s.elastic.close()
 	}
 	return err
 }

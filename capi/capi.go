@@ -219,3 +219,49 @@ func kolo_is_homogeneous() C.int {
 	}
 	return 0
 }
+
+// kolo_elastic_enabled is 1 when this process is a worker of an elastic job (kolo run with
+// --min-np, --max-np or --host-discovery-script), else 0; it reads the environment, so it
+// answers before init.
+//
+//export kolo_elastic_enabled
+func kolo_elastic_enabled() C.int {
+	if kolo.IsElastic() {
+		return 1
+	}
+	return 0
+}
+
+// kolo_elastic_round is the elastic round this worker is in (1, 2, ...), 0 when this is not an
+// elastic worker or it is not initialized.
+//
+//export kolo_elastic_round
+func kolo_elastic_round() C.int64_t { return C.int64_t(kolo.ElasticRound()) }
+
+// kolo_elastic_update is 1 when the launcher has published a round after this worker's
+// (kolo.ElasticUpdate), with its number in *newest and *removal_only 1 when that round only
+// removed workers; 0 when none; -1 (kolo_last_error) when not initialized in an elastic job or
+// for a NULL pointer.
+//
+//export kolo_elastic_update
+func kolo_elastic_update(newest *C.int64_t, removalOnly *C.int) C.int {
+	if newest == nil || removalOnly == nil {
+		return setLastErr(errors.New("kolo_elastic_update: newest and removal_only must not be NULL"))
+	}
+	if !kolo.IsInitialized() {
+		return setLastErr(fmt.Errorf("kolo_elastic_update: %w", kolo.ErrNotInitialized))
+	}
+	if !kolo.IsElastic() {
+		*newest, *removalOnly = 0, 0
+		return 0
+	}
+	n, removal, ok := kolo.ElasticUpdate()
+	*newest, *removalOnly = C.int64_t(n), 0
+	if removal {
+		*removalOnly = 1
+	}
+	if ok {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,236 @@
+package kolo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/rendezvous"
+)
+
+// A worker of an elastic job (kolo run --min-np/--max-np/--host-discovery-script) is known by its
+// place, a host and a slot, and joins the job's worlds one round at a time (jobenv/elastic.go):
+// Init waits at the rendezvous for the next round that has its place, and joins it under the
+// round's own job id. The process, its Go runtime and the Python interpreter above it are never
+// restarted; only the world's connections are made anew. While a round runs, a goroutine waits
+// at the rendezvous for the round after it, so that ElasticUpdate (Python's
+// check_host_updates) answers from memory.
+
+// elasticJoined is, per place, the last round this process joined: the next Init waits for a
+// newer one. 0 before the first.
+var (
+	elasticMu     sync.Mutex
+	elasticJoined int
+)
+
+// ErrElasticEnded is wrapped by Init's error in an elastic worker when the launcher ended the job
+// (below --min-np past the timeout, the reset limit, every host blacklisted) instead of
+// publishing a round for it.
+var ErrElasticEnded = errors.New("the elastic job ended")
+
+// elasticWorker is this process's place in an elastic job while it is in a round.
+type elasticWorker struct {
+	place  jobenv.Place
+	client *rendezvous.Client
+	round  jobenv.Round
+
+	cancel context.CancelFunc // stops the watcher
+	done   chan struct{}      // closed when the watcher has returned
+
+	mu          sync.Mutex
+	newest      int  // the newest round published after ours; 0: none yet
+	removalOnly bool // every worker of newest was in our round
+}
+
+// joinElastic waits for the round this worker joins next, dials the rendezvous for it and returns
+// the worker and its job in that round. connect is world set-up for the job: it is cancelled and
+// the next round tried when the launcher publishes a newer round meanwhile (a member of this one
+// is gone, so its Gather would wait for ever).
+func joinElastic(env map[string]string, base jobenv.Job, secret []byte, connect func(context.Context, jobenv.Job) error) (*elasticWorker, jobenv.Job, error) {
+	place, started, _, err := jobenv.ElasticPlace(env)
+	if err != nil {
+		return nil, base, err
+	}
+	timeout, err := jobenv.ElasticTimeoutFrom(env)
+	if err != nil {
+		return nil, base, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	client, err := rendezvous.Dial(ctx, base.Rendezvous, secret)
+	if err != nil {
+		return nil, base, fmt.Errorf("elastic worker %s: reach the launcher's rendezvous %s: %w", place, base.Rendezvous, err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			client.Close()
+		}
+	}()
+
+	elasticMu.Lock()
+	last := elasticJoined
+	elasticMu.Unlock()
+	want := started
+	if last > 0 {
+		// Leaving round last: tell the launcher, which publishes the same workers again once
+		// every one of them asked and nobody was lost (an error that killed nobody). When a
+		// newer round exists already (a lost rank, hosts updated), this is moot.
+		want = max(started, last+1)
+		if err := client.Set(ctx, jobenv.ReinitKey(last, place), []byte("1")); err != nil {
+			return nil, base, fmt.Errorf("elastic worker %s: ask for the round after %d: %w", place, last, err)
+		}
+	}
+	for {
+		r, err := newestRound(ctx, client, want)
+		if err != nil {
+			return nil, base, fmt.Errorf("elastic worker %s: waiting (up to the elastic timeout, %s) for round %d: %w", place, timeout, want, err)
+		}
+		if r.End != "" {
+			return nil, base, fmt.Errorf("elastic worker %s: %w: %s", place, ErrElasticEnded, r.End)
+		}
+		job, in := r.Job(place, base)
+		if !in {
+			return nil, base, fmt.Errorf("elastic worker %s: round %d has no rank for this worker (the launcher stops it)", place, r.Number)
+		}
+		// Connect, unless a newer round comes first: then this one never completes.
+		cctx, ccancel := context.WithCancel(ctx)
+		newer := make(chan struct{})
+		go func() {
+			if _, err := client.Get(cctx, jobenv.RoundKey(r.Number+1)); err == nil {
+				close(newer)
+				ccancel()
+			}
+		}()
+		err = connect(cctx, job)
+		ccancel()
+		if err == nil {
+			// A newer round published meanwhile is the watcher's to report: this world is
+			// complete, and the training loop resets at its next commit.
+			w := &elasticWorker{place: place, client: client, round: r, done: make(chan struct{})}
+			elasticMu.Lock()
+			elasticJoined = r.Number
+			elasticMu.Unlock()
+			wctx, wcancel := context.WithCancel(context.Background())
+			w.cancel = wcancel
+			go w.watch(wctx)
+			ok = true
+			return w, job, nil
+		}
+		select {
+		case <-newer:
+		default:
+			return nil, base, fmt.Errorf("elastic worker %s: join round %d as rank %d of %d: %w", place, r.Number, job.Rank, job.Size, err)
+		}
+		slog.Debug("kolo: elastic round superseded while joining it", "place", place, "round", r.Number, "err", err)
+		want = r.Number + 1
+	}
+}
+
+// newestRound waits until round want is published, then returns the newest round there is.
+func newestRound(ctx context.Context, c *rendezvous.Client, want int) (jobenv.Round, error) {
+	if _, err := c.Get(ctx, jobenv.RoundKey(want)); err != nil {
+		return jobenv.Round{}, err
+	}
+	n := want
+	if v, ok, err := c.TryGet(ctx, jobenv.LatestRoundKey); err != nil {
+		return jobenv.Round{}, err
+	} else if ok {
+		if latest, err := strconv.Atoi(strings.TrimSpace(string(v))); err == nil && latest > n {
+			n = latest
+		}
+	}
+	b, err := c.Get(ctx, jobenv.RoundKey(n))
+	if err != nil {
+		return jobenv.Round{}, err
+	}
+	return jobenv.DecodeRound(b)
+}
+
+// watch waits for the rounds after ours, one at a time, and records the newest.
+func (w *elasticWorker) watch(ctx context.Context) {
+	defer close(w.done)
+	ours := map[jobenv.Place]bool{}
+	for _, k := range w.round.Ranks {
+		ours[k.Place] = true
+	}
+	for n := w.round.Number + 1; ; n++ {
+		b, err := w.client.Get(ctx, jobenv.RoundKey(n))
+		if err != nil {
+			if ctx.Err() == nil {
+				slog.Debug("kolo: elastic worker stops watching for new rounds", "place", w.place, "err", err)
+			}
+			return
+		}
+		r, err := jobenv.DecodeRound(b)
+		if err != nil {
+			slog.Warn("kolo: elastic worker read a bad round from the launcher", "round", n, "err", err)
+			return
+		}
+		removal := r.End == ""
+		for _, k := range r.Ranks {
+			removal = removal && ours[k.Place]
+		}
+		w.mu.Lock()
+		w.newest, w.removalOnly = n, removal
+		w.mu.Unlock()
+		if r.End != "" {
+			return
+		}
+	}
+}
+
+func (w *elasticWorker) update() (newest int, removalOnly, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.newest, w.removalOnly, w.newest > 0
+}
+
+// close stops the watcher and leaves the rendezvous.
+func (w *elasticWorker) close() {
+	w.cancel()
+	w.client.Close()
+	select {
+	case <-w.done:
+	case <-time.After(5 * time.Second):
+		slog.Warn("kolo: elastic worker's round watcher did not stop within 5 s", "place", w.place)
+	}
+}
+
+// IsElastic reports whether this process is a worker of an elastic job (kolo run with --min-np,
+// --max-np or --host-discovery-script); it reads the environment, so it answers before Init.
+func IsElastic() bool {
+	_, _, ok, _ := jobenv.ElasticPlace(jobenv.FromEnviron(os.Environ()))
+	return ok
+}
+
+// ElasticRound is the round of the elastic job this worker is in (1, 2, ...); 0 when this is not
+// an elastic worker or it is not initialized.
+func ElasticRound() int {
+	s, err := get()
+	if err != nil || s.elastic == nil {
+		return 0
+	}
+	return s.elastic.round.Number
+}
+
+// ElasticUpdate reports whether the launcher has published a round after this worker's: hosts
+// were added or removed, or a rank was lost. newest is that round's number; removalOnly is true
+// when every worker of it is in this round already, so no newcomer needs the training state.
+// It answers from memory (a goroutine watches the rendezvous), so it may be called every step.
+// Elastic training loops call it at each commit, agree on it across ranks, and reset (Shutdown,
+// Init) when it reports an update. ok is false outside an elastic job.
+func ElasticUpdate() (newest int, removalOnly, ok bool) {
+	s, err := get()
+	if err != nil || s.elastic == nil {
+		return 0, false, false
+	}
+	return s.elastic.update()
+}

@@ -1,0 +1,229 @@
+package kolo
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/rendezvous"
+)
+
+// elasticBed is a launcher's rendezvous with a client that publishes rounds, as kolo run's
+// elastic mode does.
+type elasticBed struct {
+	t      *testing.T
+	addr   string
+	secret []byte
+	pub    *rendezvous.Client
+}
+
+func newElasticBed(t *testing.T) *elasticBed {
+	t.Helper()
+	secret := []byte("elastic-test-secret")
+	srv := rendezvous.NewServer(secret)
+	addr, err := srv.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	c, err := rendezvous.Dial(context.Background(), addr.String(), secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	elasticMu.Lock()
+	elasticJoined = 0
+	elasticMu.Unlock()
+	t.Cleanup(func() {
+		elasticMu.Lock()
+		elasticJoined = 0
+		elasticMu.Unlock()
+	})
+	return &elasticBed{t: t, addr: addr.String(), secret: secret, pub: c}
+}
+
+func (b *elasticBed) publish(r jobenv.Round) {
+	b.t.Helper()
+	ctx := context.Background()
+	if err := b.pub.Set(ctx, jobenv.RoundKey(r.Number), r.Encode()); err != nil {
+		b.t.Fatal(err)
+	}
+	if err := b.pub.Set(ctx, jobenv.LatestRoundKey, []byte(strconv.Itoa(r.Number))); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+func (b *elasticBed) env(host string, slot, round int) map[string]string {
+	return map[string]string{jobenv.Elastic: "1", jobenv.ElasticHost: host, jobenv.ElasticSlot: strconv.Itoa(slot),
+		jobenv.ElasticRound: strconv.Itoa(round), jobenv.ElasticTimeout: "5"}
+}
+
+func (b *elasticBed) base() jobenv.Job { return jobenv.Job{Rendezvous: b.addr, JobID: "job"} }
+
+// roundOf lays out places one host after another, as the launcher's planner would.
+func roundOf(n, gen int, places ...jobenv.Place) jobenv.Round {
+	r := jobenv.Round{Number: n, Generation: gen}
+	local := map[string]int{}
+	for _, p := range places {
+		local[p.Host]++
+	}
+	hosts := map[string]int{}
+	seen := map[string]int{}
+	for _, p := range places {
+		if _, ok := hosts[p.Host]; !ok {
+			hosts[p.Host] = len(hosts)
+		}
+	}
+	for _, p := range places {
+		r.Ranks = append(r.Ranks, jobenv.RoundRank{Place: p, LocalRank: seen[p.Host], LocalSize: local[p.Host],
+			CrossRank: hosts[p.Host], CrossSize: len(hosts)})
+		seen[p.Host]++
+	}
+	return r
+}
+
+func noConnect(context.Context, jobenv.Job) error { return nil }
+
+func TestJoinElasticFindsItsPlace(t *testing.T) {
+	b := newElasticBed(t)
+	a0, a1, c0 := jobenv.Place{Host: "a", Slot: 0}, jobenv.Place{Host: "a", Slot: 1}, jobenv.Place{Host: "c", Slot: 0}
+	b.publish(roundOf(1, 1, a0, a1, c0))
+	var got jobenv.Job
+	w, job, err := joinElastic(b.env("a", 1, 1), b.base(), b.secret, func(_ context.Context, j jobenv.Job) error {
+		got = j
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.close()
+	want := jobenv.Job{Rank: 1, Size: 3, LocalRank: 1, LocalSize: 2, CrossRank: 0, CrossSize: 2, Hostname: "a", Rendezvous: b.addr, JobID: "job.r1"}
+	if job != want || got != want {
+		t.Fatalf("joined as %+v (connected %+v), want %+v", job, got, want)
+	}
+	if _, _, ok := w.update(); ok {
+		t.Fatal("an update before any new round")
+	}
+
+	// The watcher reports a round that only removes workers, then one with a newcomer.
+	b.publish(roundOf(2, 2, a0, a1))
+	waitUpdate(t, w, 2, true)
+	b.publish(roundOf(3, 3, a0, a1, jobenv.Place{Host: "d", Slot: 0}))
+	waitUpdate(t, w, 3, false)
+}
+
+func waitUpdate(t *testing.T, w *elasticWorker, newest int, removal bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n, r, ok := w.update()
+		if ok && n == newest {
+			if r != removal {
+				t.Fatalf("round %d: removal only %v, want %v", n, r, removal)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no update to round %d within 5 s (have %d, %v)", newest, n, ok)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestJoinElasticRefusals(t *testing.T) {
+	b := newElasticBed(t)
+	b.publish(roundOf(1, 1, jobenv.Place{Host: "a", Slot: 0}))
+	_, _, err := joinElastic(b.env("b", 0, 1), b.base(), b.secret, noConnect)
+	if err == nil || !strings.Contains(err.Error(), "round 1 has no rank for this worker") {
+		t.Fatalf("a worker the round does not have: %v", err)
+	}
+	// A connection that fails for its own reasons is that error, not a wait for another round.
+	_, _, err = joinElastic(b.env("a", 0, 1), b.base(), b.secret, func(context.Context, jobenv.Job) error {
+		return errors.New("shm: no space")
+	})
+	if err == nil || !strings.Contains(err.Error(), "join round 1 as rank 0 of 1: shm: no space") {
+		t.Fatalf("a failed connect: %v", err)
+	}
+	b.publish(jobenv.Round{Number: 2, End: "below min-np: 1 slot available, --min-np 2; waited 5 s"})
+	_, _, err = joinElastic(b.env("a", 0, 2), b.base(), b.secret, noConnect)
+	if !errors.Is(err, ErrElasticEnded) || !strings.Contains(err.Error(), "below min-np") {
+		t.Fatalf("the job ended: %v", err)
+	}
+
+	// Nothing published for the round wanted: the elastic timeout, with what it waited for.
+	env := b.env("a", 0, 7)
+	env[jobenv.ElasticTimeout] = "0.2"
+	start := time.Now()
+	_, _, err = joinElastic(env, b.base(), b.secret, noConnect)
+	if err == nil || !strings.Contains(err.Error(), "for round 7") || time.Since(start) > 3*time.Second {
+		t.Fatalf("after %v: %v", time.Since(start), err)
+	}
+}
+
+// A round whose member died before joining never completes: the launcher publishes the next one,
+// and the worker leaves the first and joins the second.
+func TestJoinElasticMovesToANewerRound(t *testing.T) {
+	b := newElasticBed(t)
+	a0, b0 := jobenv.Place{Host: "a", Slot: 0}, jobenv.Place{Host: "b", Slot: 0}
+	b.publish(roundOf(1, 1, a0, b0))
+	var tried []string
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		b.publish(roundOf(2, 2, a0))
+	}()
+	w, job, err := joinElastic(b.env("a", 0, 1), b.base(), b.secret, func(ctx context.Context, j jobenv.Job) error {
+		tried = append(tried, j.JobID)
+		if j.Size > 1 {
+			<-ctx.Done() // b never comes
+			return ctx.Err()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.close()
+	if job.Size != 1 || job.JobID != "job.r2" || strings.Join(tried, ",") != "job.r1,job.r2" {
+		t.Fatalf("joined %+v after trying %v", job, tried)
+	}
+}
+
+// A worker that leaves a round on an error asks for the next one, and joins it once published.
+func TestJoinElasticAgainAsksForTheNextRound(t *testing.T) {
+	b := newElasticBed(t)
+	a0 := jobenv.Place{Host: "a", Slot: 0}
+	b.publish(roundOf(1, 1, a0))
+	w, _, err := joinElastic(b.env("a", 0, 1), b.base(), b.secret, noConnect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.close()
+	joined := make(chan error, 1)
+	var job jobenv.Job
+	go func() {
+		w, j, err := joinElastic(b.env("a", 0, 1), b.base(), b.secret, noConnect)
+		if err == nil {
+			job = j
+			w.close()
+		}
+		joined <- err
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := b.pub.Get(ctx, jobenv.ReinitKey(1, a0)); err != nil {
+		t.Fatalf("the worker did not ask for a new round: %v", err)
+	}
+	select {
+	case err := <-joined:
+		t.Fatalf("joined before round 2 was published: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	b.publish(roundOf(2, 1, a0))
+	if err := <-joined; err != nil || job.JobID != "job.r2" {
+		t.Fatalf("second join: %+v, %v", job, err)
+	}
+}
