@@ -35,6 +35,17 @@ class KoloInternalError(RuntimeError):
 HorovodInternalError = KoloInternalError
 
 
+class HostsUpdatedInterrupt(RuntimeError):
+    """The launcher published a new round of an elastic job (workers added or removed), and every
+    rank raised this at the same commit (kolo.elastic.State.check_host_updates). Not an error:
+    hvd.elastic.run resets without restoring the committed state, and skips the state sync when
+    skip_sync (the round only removed workers, so nobody needs the state)."""
+
+    def __init__(self, skip_sync):
+        super().__init__("the hosts of the elastic job changed (skip_sync=%s)" % bool(skip_sync))
+        self.skip_sync = skip_sync
+
+
 class KoloForkError(RuntimeError):
     """kolo was called in a process forked from one that had started the engine."""
 
@@ -112,6 +123,10 @@ _SIGNATURES = {
     # timeline (kolo.torch.timeline)
     "kolo_start_timeline": (_i, [_s, _i, _i]),
     "kolo_stop_timeline": (_i, []),
+    # elastic mode (kolo.elastic)
+    "kolo_elastic_enabled": (_i, []),
+    "kolo_elastic_round": (_i64, []),
+    "kolo_elastic_update": (_i, [_p, _p]),  # newest (int64 out), removal_only (int out)
 }
 
 # Handle status, as kolo_poll and kolo_wait return it.
@@ -377,6 +392,32 @@ atexit.register(_shutdown_at_exit)
 
 def is_initialized():
     return _topology is not None
+
+
+def elastic_enabled():
+    """Whether this process is a worker of an elastic `kolo run` job (loads the library; answers
+    before init)."""
+    return _load().kolo_elastic_enabled() == 1
+
+
+def elastic_round():
+    """The elastic round this worker is in (1, 2, ...); 0 when not elastic or not initialized."""
+    if _topology is None or _forked():
+        return 0
+    return _lib.kolo_elastic_round()
+
+
+def elastic_update():
+    """(newest, removal_only) when the launcher has published a round newer than this worker's,
+    else None: removal_only when that round only removed workers. ValueError when not
+    initialized."""
+    if _topology is None:
+        raise _not_initialized()
+    newest, removal_only = ctypes.c_int64(0), ctypes.c_int(0)
+    got = C.kolo_elastic_update(ctypes.byref(newest), ctypes.byref(removal_only))
+    if got < 0:
+        raise ValueError("kolo: %s" % last_error())
+    return (newest.value, removal_only.value == 1) if got == 1 else None
 
 
 def topology():
