@@ -5,6 +5,10 @@
 //	kolo run -np 4 go run ./examples/softmax
 //
 // It prints the loss as it falls and ends by checking that every rank holds the same weights.
+// With -elastic it runs under kolo run's elastic mode and goes on when ranks are lost or hosts
+// join (kolo.ElasticRun), committing its weights every -commit steps:
+//
+//	kolo run -np 4 --min-np 2 --max-np 4 -H localhost:2,127.0.0.1:2 bin/softmax -elastic
 package main
 
 import (
@@ -25,8 +29,16 @@ func main() {
 	features := flag.Int("features", 32, "input features")
 	classes := flag.Int("classes", 4, "classes")
 	samples := flag.Int("samples", 8192, "dataset size (all ranks together)")
+	elastic := flag.Bool("elastic", false, "survive lost ranks and added hosts under kolo run's elastic mode")
+	commit := flag.Int("commit", 10, "with -elastic: steps between commits of the weights")
 	flag.Parse()
-	if err := run(*steps, *batch, *features, *classes, *samples, float32(*lr)); err != nil {
+	train := run
+	if *elastic {
+		train = func(steps, batch, nf, nc, samples int, lr float32) error {
+			return runElastic(steps, batch, nf, nc, samples, lr, *commit)
+		}
+	}
+	if err := train(*steps, *batch, *features, *classes, *samples, float32(*lr)); err != nil {
 		fmt.Fprintf(os.Stderr, "rank %d: %v\n", kolo.Rank(), err)
 		os.Exit(1)
 	}
@@ -42,7 +54,6 @@ func run(steps, batch, nf, nc, samples int, lr float32) error {
 
 	// The dataset is generated from a fixed seed, so every rank sees the same one and takes its shard.
 	x, y := dataset(samples, nf, nc)
-	lo, hi := rank*samples/size, (rank+1)*samples/size
 
 	// Weights start random on rank 0 and are broadcast, as a training script does with its model.
 	w := make([]float32, nf*nc)
@@ -54,39 +65,23 @@ func run(steps, batch, nf, nc, samples int, lr float32) error {
 		return err
 	}
 
-	grad := make([]float32, nf*nc)
-	lossBuf := make([]float32, 1)
-	pick := rand.New(rand.NewPCG(uint64(rank)+7, 3))
+	t := newTrainer(x, y, nf, nc, batch, lr, rank, size)
 	for step := 0; step < steps; step++ {
-		clear(grad)
-		var loss float32
-		for b := 0; b < batch; b++ {
-			i := lo + pick.IntN(hi-lo)
-			loss += accumulate(grad, w, x[i*nf:(i+1)*nf], y[i], nc)
-		}
-		for i := range grad {
-			grad[i] /= float32(batch)
-		}
-		lossBuf[0] = loss / float32(batch)
-		// Two named ops per step, submitted together: the engine fuses them into one allreduce.
-		hg := kolo.AllreduceAsync("grad", kolo.Of(grad), kolo.Of(grad), kolo.Average)
-		hl := kolo.AllreduceAsync("loss", kolo.Of(lossBuf), kolo.Of(lossBuf), kolo.Average)
-		if err := hg.Wait(ctx); err != nil {
+		loss, err := t.step(ctx, w)
+		if err != nil {
 			return err
-		}
-		if err := hl.Wait(ctx); err != nil {
-			return err
-		}
-		for i := range w {
-			w[i] -= lr * grad[i]
 		}
 		kolo.MarkStep() // kolo run --autotune times the job by these marks
 		if rank == 0 && (step%50 == 0 || step == steps-1) {
-			fmt.Printf("step %4d  loss %.4f\n", step, lossBuf[0])
+			fmt.Printf("step %4d  loss %.4f\n", step, loss)
 		}
 	}
 
-	// Every rank must hold the same weights: compare with rank 0's.
+	return check(ctx, w, x, y, nf, nc)
+}
+
+// check ends a run: every rank must hold rank 0's weights.
+func check(ctx context.Context, w, x []float32, y []int, nf, nc int) error {
 	ref := append([]float32(nil), w...)
 	if err := kolo.Broadcast(ctx, "weights.check", kolo.Of(ref), 0); err != nil {
 		return err
@@ -97,10 +92,123 @@ func run(steps, batch, nf, nc, samples int, lr float32) error {
 		}
 	}
 	acc := accuracy(w, x, y, nf, nc)
-	if rank == 0 {
-		fmt.Printf("trained on %d ranks: every rank holds identical weights; training accuracy %.1f%%\n", size, 100*acc)
+	if kolo.Rank() == 0 {
+		fmt.Printf("trained on %d ranks: every rank holds identical weights; training accuracy %.1f%%\n", kolo.Size(), 100*acc)
 	}
 	return nil
+}
+
+// trainer takes data-parallel steps: a mini-batch from this rank's shard, gradients averaged
+// across ranks.
+type trainer struct {
+	x             []float32
+	y             []int
+	nf, nc, batch int
+	lr            float32
+	lo, hi        int // this rank's shard
+	pick          *rand.Rand
+	grad, lossBuf []float32
+}
+
+func newTrainer(x []float32, y []int, nf, nc, batch int, lr float32, rank, size int) *trainer {
+	n := len(y)
+	return &trainer{x: x, y: y, nf: nf, nc: nc, batch: batch, lr: lr,
+		lo: rank * n / size, hi: (rank + 1) * n / size,
+		pick: rand.New(rand.NewPCG(uint64(rank)+7, 3)),
+		grad: make([]float32, nf*nc), lossBuf: make([]float32, 1)}
+}
+
+// step updates w by one step and returns the mini-batch loss averaged across ranks.
+func (t *trainer) step(ctx context.Context, w []float32) (float32, error) {
+	clear(t.grad)
+	var loss float32
+	for b := 0; b < t.batch; b++ {
+		i := t.lo + t.pick.IntN(t.hi-t.lo)
+		loss += accumulate(t.grad, w, t.x[i*t.nf:(i+1)*t.nf], t.y[i], t.nc)
+	}
+	for i := range t.grad {
+		t.grad[i] /= float32(t.batch)
+	}
+	t.lossBuf[0] = loss / float32(t.batch)
+	// Two named ops per step, submitted together: the engine fuses them into one allreduce.
+	hg := kolo.AllreduceAsync("grad", kolo.Of(t.grad), kolo.Of(t.grad), kolo.Average)
+	hl := kolo.AllreduceAsync("loss", kolo.Of(t.lossBuf), kolo.Of(t.lossBuf), kolo.Average)
+	if err := hg.Wait(ctx); err != nil {
+		return 0, err
+	}
+	if err := hl.Wait(ctx); err != nil {
+		return 0, err
+	}
+	for i := range w {
+		w[i] -= t.lr * t.grad[i]
+	}
+	return t.lossBuf[0], nil
+}
+
+// elasticState is what survives a reset: the weights and the step, and their last commit.
+type elasticState struct {
+	w, savedW       []float32
+	step, savedStep int64
+}
+
+func (s *elasticState) Save() error    { copy(s.savedW, s.w); s.savedStep = s.step; return nil }
+func (s *elasticState) Restore() error { copy(s.w, s.savedW); s.step = s.savedStep; return nil }
+
+// Sync gives every rank rank 0's weights and step: ranks that join a round start from them.
+func (s *elasticState) Sync(ctx context.Context) error {
+	step := []int64{s.step}
+	if err := kolo.Broadcast(ctx, "state.step", kolo.Of(step), 0); err != nil {
+		return err
+	}
+	if err := kolo.Broadcast(ctx, "state.w", kolo.Of(s.w), 0); err != nil {
+		return err
+	}
+	s.step = step[0]
+	return s.Save()
+}
+
+// runElastic trains as run does, across the rounds of an elastic job: a lost rank costs at most
+// the steps since the last commit.
+func runElastic(steps, batch, nf, nc, samples int, lr float32, commit int) error {
+	if err := kolo.Init(); err != nil {
+		return err
+	}
+	defer kolo.Shutdown()
+	ctx := context.Background()
+	x, y := dataset(samples, nf, nc)
+	st := &elasticState{w: make([]float32, nf*nc), savedW: make([]float32, nf*nc)}
+	r := rand.New(rand.NewPCG(1, 99)) // rank 0's initial weights; Sync gives them to every rank
+	for i := range st.w {
+		st.w[i] = float32(r.NormFloat64() * 0.01)
+	}
+	err := kolo.ElasticRun(ctx, st, func(ctx context.Context) error {
+		rank, size := kolo.Rank(), kolo.Size()
+		if rank == 0 {
+			fmt.Printf("round %d: %d ranks from step %d\n", kolo.ElasticRound(), size, st.step)
+		}
+		t := newTrainer(x, y, nf, nc, batch, lr, rank, size)
+		for st.step < int64(steps) {
+			loss, err := t.step(ctx, st.w)
+			if err != nil {
+				return err
+			}
+			st.step++
+			kolo.MarkStep()
+			if rank == 0 && (st.step%50 == 0 || st.step == int64(steps)) {
+				fmt.Printf("step %4d  loss %.4f\n", st.step, loss)
+			}
+			if st.step%int64(commit) == 0 {
+				if err := kolo.Commit(ctx, st); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return check(ctx, st.w, x, y, nf, nc)
 }
 
 // dataset draws nc Gaussian clusters in nf dimensions.
