@@ -18,6 +18,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"time"
 
 	"github.com/kolo-dl/kolo"
 )
@@ -31,11 +32,12 @@ func main() {
 	samples := flag.Int("samples", 8192, "dataset size (all ranks together)")
 	elastic := flag.Bool("elastic", false, "survive lost ranks and added hosts under kolo run's elastic mode")
 	commit := flag.Int("commit", 10, "with -elastic: steps between commits of the weights")
+	pace := flag.Duration("pace", 0, "with -elastic: least time per step (slows a demo down to watch, or to kill a rank in)")
 	flag.Parse()
 	train := run
 	if *elastic {
 		train = func(steps, batch, nf, nc, samples int, lr float32) error {
-			return runElastic(steps, batch, nf, nc, samples, lr, *commit)
+			return runElastic(steps, batch, nf, nc, samples, lr, *commit, *pace)
 		}
 	}
 	if err := train(*steps, *batch, *features, *classes, *samples, float32(*lr)); err != nil {
@@ -169,7 +171,10 @@ func (s *elasticState) Sync(ctx context.Context) error {
 
 // runElastic trains as run does, across the rounds of an elastic job: a lost rank costs at most
 // the steps since the last commit.
-func runElastic(steps, batch, nf, nc, samples int, lr float32, commit int) error {
+func runElastic(steps, batch, nf, nc, samples int, lr float32, commit int, pace time.Duration) error {
+	// Each worker says which process it is: kolo run prefixes the line with the worker's place,
+	// and a process that survives a reset never prints it again.
+	fmt.Printf("worker pid %d\n", os.Getpid())
 	if err := kolo.Init(); err != nil {
 		return err
 	}
@@ -188,6 +193,7 @@ func runElastic(steps, batch, nf, nc, samples int, lr float32, commit int) error
 		}
 		t := newTrainer(x, y, nf, nc, batch, lr, rank, size)
 		for st.step < int64(steps) {
+			began := time.Now()
 			loss, err := t.step(ctx, st.w)
 			if err != nil {
 				return err
@@ -202,6 +208,7 @@ func runElastic(steps, batch, nf, nc, samples int, lr float32, commit int) error
 					return err
 				}
 			}
+			time.Sleep(pace - time.Since(began))
 		}
 		return nil
 	})
