@@ -13,16 +13,15 @@ import (
 // engine.ConfigFromEnv). The timeline and autotune names are the contract with the engine code that
 // reads them; Horovod's HOROVOD_* spellings of the same settings are read there too.
 const (
-	EnvTimeline                = "KOLO_TIMELINE"
-	EnvTimelineMarkCycles      = "KOLO_TIMELINE_MARK_CYCLES"
-	EnvAutotune                = "KOLO_AUTOTUNE"
-	EnvAutotuneLog             = "KOLO_AUTOTUNE_LOG"
-	EnvAutotuneWarmupSamples   = "KOLO_AUTOTUNE_WARMUP_SAMPLES"
-	EnvAutotuneStepsPerSample  = "KOLO_AUTOTUNE_STEPS_PER_SAMPLE"
-	EnvAutotuneBayesOptMax     = "KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"
-	EnvAutotuneGaussianNoise   = "KOLO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"
-	EnvHierarchicalAllgather   = "KOLO_HIERARCHICAL_ALLGATHER"
-	notImplementedAutotuneNote = "accepted for horovodrun compatibility: autotuning is not implemented yet"
+	EnvTimeline               = "KOLO_TIMELINE"
+	EnvTimelineMarkCycles     = "KOLO_TIMELINE_MARK_CYCLES"
+	EnvAutotune               = "KOLO_AUTOTUNE"
+	EnvAutotuneLog            = "KOLO_AUTOTUNE_LOG"
+	EnvAutotuneWarmupSamples  = "KOLO_AUTOTUNE_WARMUP_SAMPLES"
+	EnvAutotuneStepsPerSample = "KOLO_AUTOTUNE_STEPS_PER_SAMPLE"
+	EnvAutotuneBayesOptMax    = "KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"
+	EnvAutotuneGaussianNoise  = "KOLO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"
+	EnvHierarchicalAllgather  = "KOLO_HIERARCHICAL_ALLGATHER"
 )
 
 // envFlag is a flag whose value, once checked, becomes one environment variable of every worker.
@@ -129,12 +128,18 @@ func addWorkerFlags(fs *flag.FlagSet, env map[string]string) {
 		"record a timeline of the job's ops (Chrome trace format) in this file")
 	add("timeline-mark-cycles", EnvTimelineMarkCycles, true, boolTo("1", "0"),
 		"mark the engine's cycles in the timeline")
-	add("autotune", EnvAutotune, true, boolTo("1", "0"), notImplementedAutotuneNote)
-	add("autotune-log-file", EnvAutotuneLog, false, anyString, notImplementedAutotuneNote)
-	add("autotune-warmup-samples", EnvAutotuneWarmupSamples, false, nonNegInt, notImplementedAutotuneNote)
-	add("autotune-steps-per-sample", EnvAutotuneStepsPerSample, false, nonNegInt, notImplementedAutotuneNote)
-	add("autotune-bayes-opt-max-samples", EnvAutotuneBayesOptMax, false, nonNegInt, notImplementedAutotuneNote)
-	add("autotune-gaussian-process-noise", EnvAutotuneGaussianNoise, false, unitInterval, notImplementedAutotuneNote)
+	add("autotune", EnvAutotune, true, boolTo("1", "0"),
+		"tune the fusion threshold and cycle time while the job runs, keeping the defaults unless a candidate is faster with 95% confidence (docs/launcher.md)")
+	add("autotune-log-file", EnvAutotuneLog, false, anyString,
+		"rank 0's CSV log of every autotune sample; a log that holds a decision is read back, so the next run starts tuned")
+	add("autotune-warmup-samples", EnvAutotuneWarmupSamples, false, nonNegInt,
+		"autotune samples discarded at the start (default 3)")
+	add("autotune-steps-per-sample", EnvAutotuneStepsPerSample, false, nonNegInt,
+		"optimizer steps per autotune sample (default 10)")
+	add("autotune-bayes-opt-max-samples", EnvAutotuneBayesOptMax, false, nonNegInt,
+		"measured autotune samples (the defaults' and candidates') before it must decide (default 20)")
+	add("autotune-gaussian-process-noise", EnvAutotuneGaussianNoise, false, unitInterval,
+		"the autotuner's Gaussian-process noise, in [0, 1] (default 0.8)")
 	add("log-level", jobenv.LogLevel, false, logLevel,
 		"TRACE, DEBUG, INFO, WARNING, ERROR or FATAL: the launcher's and the workers' log level (default INFO)")
 }
