@@ -98,7 +98,9 @@ func TestParseElasticFlags(t *testing.T) {
 				return o.Hosts == "a:2" && o.BlacklistCooldown.Max == 5*time.Second && reflect.DeepEqual(o.Command, []string{"prog"})
 			}, ""},
 		{"cooldown MIN,MAX", "", []string{"--min-np", "2", "--blacklist-cooldown-range", "3,9", "prog"},
-			func(o *Options) bool { return o.BlacklistCooldown == elastic.Cooldown{Min: 3 * time.Second, Max: 9 * time.Second} }, ""},
+			func(o *Options) bool {
+				return o.BlacklistCooldown == elastic.Cooldown{Min: 3 * time.Second, Max: 9 * time.Second}
+			}, ""},
 		{"cooldown without MAX", "", []string{"--min-np", "2", "--blacklist-cooldown-range", "3", "prog"}, nil, "want two numbers of seconds, MIN MAX"},
 		{"cooldown MAX below MIN", "", []string{"--min-np", "2", "--blacklist-cooldown-range", "9", "3", "prog"}, nil, "0 < MIN <= MAX"},
 		{"cooldown not a number", "", []string{"--min-np", "2", "--blacklist-cooldown-range", "a,b", "prog"}, nil, "want whole seconds"},

@@ -1,0 +1,862 @@
+package launch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/kolo-dl/kolo/auth"
+	"github.com/kolo-dl/kolo/internal/netif"
+	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/launch/elastic"
+	"github.com/kolo-dl/kolo/rendezvous"
+)
+
+// Elastic mode, the launcher's half (kolo run --min-np/--max-np/--host-discovery-script).
+//
+// One event loop owns an elastic.Planner and does what its decisions say: it feeds the planner
+// the discovery script's listings, the workers' failed exits (in batches) and the time, stops
+// the workers a new generation lost, publishes every world as a jobenv.Round at the rendezvous
+// it hosts and starts the generation's newcomers. Survivors are never restarted: they find their
+// place, and their new rank, in the next round. The loop also re-forms a round of the same workers
+// when every one of them asked for it (jobenv.ReinitKey: an error that killed nobody), and stops
+// as stuck the workers that have not asked a while after the others did.
+
+// elasticSettings are the loop's timings and its starter; tests shorten them. Zero fields take
+// the defaults.
+type elasticSettings struct {
+	starter         Starter       // nil: local processes, ssh for other hosts
+	discoverEvery   time.Duration // pause between runs of the discovery script; 1 s, Horovod's
+	discoverTimeout time.Duration // a discovery run that takes longer failed; 30 s
+	tick            time.Duration // planner ticks and reinit checks; 100 ms
+	batch           time.Duration // failed exits seen within this are reported together; 100 ms
+	reinitGrace     time.Duration // how long after another's request a worker may take to ask for a re-forming; 30 s
+	stopGrace       time.Duration // SIGTERM to SIGKILL when stopping a worker; 3 s
+	streamWait      time.Duration // how long the end waits for the workers' output to end; 5 s
+}
+
+func (s *elasticSettings) fill() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&s.discoverEvery, time.Second)
+	def(&s.discoverTimeout, 30*time.Second)
+	def(&s.tick, 100*time.Millisecond)
+	def(&s.batch, 100*time.Millisecond)
+	def(&s.reinitGrace, 30*time.Second)
+	def(&s.stopGrace, 3*time.Second)
+	def(&s.streamWait, 5*time.Second)
+}
+
+// RunElastic runs an elastic job: workers on the hosts the --host-discovery-script lists (or the
+// fixed -H/--hostfile hosts), between --min-np and --max-np of them, a new round of the job's
+// world published at this process's rendezvous every time they change. It returns the launcher's
+// exit code (0 once every worker of the last round has exited 0; 1, or the workers' own code when
+// every rank failed; ExitInterrupted; ExitUsage) and an error to print, if any; the failure
+// summary is already written to stderr.
+func RunElastic(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int, error) {
+	return runElastic(ctx, opts, elasticSettings{}, stdout, stderr)
+}
+
+func runElastic(ctx context.Context, opts *Options, set elasticSettings, stdout, stderr io.Writer) (int, error) {
+	set.fill()
+	planner, err := elastic.NewPlanner(opts.ElasticConfig())
+	if err != nil {
+		return ExitUsage, err
+	}
+	var fixed []elastic.Host
+	if opts.DiscoveryScript == "" {
+		if fixed, err = opts.fixedElasticHosts(); err != nil {
+			return ExitUsage, err
+		}
+	}
+	addrs, err := newElasticAddrs(opts.NetworkInterface, opts.DiscoveryScript != "", fixed)
+	if err != nil {
+		return ExitUsage, err
+	}
+	secret, err := auth.NewSecret()
+	if err != nil {
+		return 1, err
+	}
+	srv := rendezvous.NewServer([]byte(secret))
+	addr, err := srv.Listen(addrs.listen)
+	if err != nil {
+		return 1, fmt.Errorf("start rendezvous: %w", err)
+	}
+	defer srv.Close()
+	_, addrs.port, _ = net.SplitHostPort(addr.String())
+	if opts.Verbose {
+		slog.Info("rendezvous listening", "addr", addr.String())
+	}
+
+	starter := set.starter
+	if starter == nil {
+		guard := startGuard()
+		defer guard.Close()
+		ssh := &SSHStarter{
+			Port: opts.SSHPort, IdentityFile: opts.SSHIdentityFile, Options: opts.SSHOptions,
+			ConnectTimeout: connectTimeout(opts.StartTimeout), Forward: opts.Env,
+		}
+		starter = HostStarter{Local: LocalStarter{Guard: guard}, Remote: ssh}
+	}
+	j := &elasticJob{
+		opts: opts, set: set, planner: planner, srv: srv, starter: starter, addrs: addrs,
+		secret: secret, jobID: NewJobID(), extra: workerExtraEnv(opts),
+		timeout: planner.Config().Timeout,
+		out:     &lineWriter{w: stdout, ts: opts.Timestamps},
+		errw:    &lineWriter{w: stderr, ts: opts.Timestamps},
+		procs:   map[elastic.Worker]*elasticProc{},
+		exits:   make(chan elasticExit),
+	}
+	return j.run(ctx, fixed)
+}
+
+// fixedElasticHosts are the hosts of an elastic job without a discovery script: -H, --hostfile,
+// or this machine with as many slots as the job may use.
+func (o *Options) fixedElasticHosts() ([]elastic.Host, error) {
+	var hosts []Host
+	if o.Hosts != "" || o.Hostfile != "" {
+		var err error
+		if hosts, err = o.ResolveHosts(); err != nil {
+			return nil, err
+		}
+	} else {
+		hosts = []Host{{Name: "localhost", Slots: max(o.NP, o.MinNP, o.MaxNP)}}
+	}
+	out := make([]elastic.Host, len(hosts))
+	for i, h := range hosts {
+		out[i] = elastic.Host{Name: h.Name, Slots: h.Slots}
+	}
+	return out, nil
+}
+
+// elasticJob is the event loop's state. Only the loop's goroutine touches it, except the fields
+// the per-worker goroutines own (an elasticProc's tail and open count).
+type elasticJob struct {
+	opts    *Options
+	set     elasticSettings
+	planner *elastic.Planner
+	srv     *rendezvous.Server
+	starter Starter
+	addrs   *elasticAddrs
+	secret  string
+	jobID   string
+	extra   map[string]string
+	timeout time.Duration // the planner's, passed to the workers
+
+	out, errw *lineWriter
+	startCtx  context.Context // what a start waits under (ssh sessions queue per host)
+
+	hosts []elastic.Host                  // the last discovery
+	round jobenv.Round                    // the newest round published; Number 0: none yet
+	ended bool                            // the end record is published (as round.Number+1)
+	procs map[elastic.Worker]*elasticProc // the newest process of each place of the current world
+	all   []*elasticProc                  // every process started, for the end
+	exits chan elasticExit                // from the per-worker waiters; the loop always drains it
+	wg    sync.WaitGroup                  // the per-worker goroutines: waiters and output pumps
+
+	pending     []*elasticProc   // failed exits not yet reported to the planner
+	batchC      <-chan time.Time // fires when pending is due
+	lastBatch   []*elasticProc   // the last failures reported, for the exit code
+	failures    []*elasticProc   // every failure reported, for the summary
+	finishing   bool             // a worker of the current round exited 0: the job is ending
+	reinitSince time.Time        // when the loop first saw a worker of the current round ask for a re-forming
+
+	lastWait, lastNothing, lastWarning string
+}
+
+// elasticProc is one worker process: a place, started for one round.
+type elasticProc struct {
+	place elastic.Worker
+	round int // the round it was started for
+	rank  int // its rank in that round
+	proc  Process
+
+	tail    *tailBuffer
+	open    atomic.Int32  // output streams not yet at their end
+	drained chan struct{} // closed when open reaches 0
+
+	exited   bool
+	exit     Exit
+	stopped  bool   // the launcher stopped it: its exit is expected
+	stuck    bool   // killed for not asking for a re-forming
+	reported bool   // handed to the planner as failed
+	failedAs string // "rank 1 of round 3", set when reported
+}
+
+type elasticExit struct {
+	p    *elasticProc
+	exit Exit
+}
+
+type discovery struct {
+	at    time.Time
+	hosts []elastic.Host
+	err   error
+}
+
+// elasticEnd ends the loop: the launcher's exit code and an error to print.
+type elasticEnd struct {
+	code int
+	err  error
+}
+
+func (j *elasticJob) run(ctx context.Context, fixed []elastic.Host) (code int, err error) {
+	j.startCtx = ctx
+	dctx, cancel := context.WithCancel(ctx)
+	var discoverer sync.WaitGroup
+	discoveries := make(chan discovery)
+	defer func() {
+		cancel()
+		discoverer.Wait()
+		j.awaitStreams()
+		j.wg.Wait()
+	}()
+	if j.opts.DiscoveryScript != "" {
+		discoverer.Add(1)
+		go func() {
+			defer discoverer.Done()
+			j.discover(dctx, discoveries)
+		}()
+	} else if o := j.discovered(discovery{at: time.Now(), hosts: fixed}); o != nil {
+		return o.code, o.err
+	}
+
+	ticker := time.NewTicker(j.set.tick)
+	defer ticker.Stop()
+	for {
+		var o *elasticEnd
+		select {
+		case <-ctx.Done():
+			o = j.interrupted()
+		case e := <-j.exits:
+			j.onExit(e)
+		case d := <-discoveries:
+			if !j.finishing {
+				o = j.discovered(d)
+			}
+		case <-j.batchC:
+			j.batchC = nil
+			if ctx.Err() == nil {
+				o = j.reportFailures(time.Now())
+			}
+		case now := <-ticker.C:
+			if !j.finishing {
+				if o = j.act(j.planner.Tick(now)); o == nil {
+					o = j.checkReinit(now)
+				}
+			}
+		}
+		if o == nil && j.succeeded() {
+			j.log("every worker of round %d exited 0: the job is done", j.round.Number)
+			o = &elasticEnd{}
+		}
+		if o != nil {
+			return o.code, o.err
+		}
+	}
+}
+
+func (j *elasticJob) discovered(d discovery) *elasticEnd {
+	if d.err != nil {
+		return j.act(j.planner.DiscoveryFailed(d.at, d.err))
+	}
+	j.hosts = d.hosts
+	j.lastWarning = "" // a later failure is news again
+	return j.act(j.planner.Discovered(d.at, d.hosts))
+}
+
+// act logs a decision and carries it out.
+func (j *elasticJob) act(d elastic.Decision) *elasticEnd {
+	if !d.Discovery.Empty() {
+		j.log("hosts: %s", d.Discovery)
+	}
+	if d.Warning != "" && d.Warning != j.lastWarning {
+		j.log("%s", d.Warning)
+		j.lastWarning = d.Warning
+	}
+	if d.Action != elastic.Wait {
+		j.lastWait = ""
+	}
+	switch d.Action {
+	case elastic.Nothing:
+		if j.opts.Verbose && d.Reason != j.lastNothing {
+			j.log("%s", d.Reason)
+		}
+		j.lastNothing = d.Reason
+	case elastic.Wait:
+		// The reason counts the seconds waited: log it when what the job waits for changes.
+		what, _, _ := strings.Cut(d.Reason, "; waited ")
+		if what != j.lastWait || j.opts.Verbose {
+			j.log("waiting: %s (the job fails at %s)", d.Reason, d.Deadline.Format("15:04:05"))
+		}
+		j.lastWait = what
+	case elastic.Reset:
+		j.lastNothing = ""
+		return j.reset(d)
+	case elastic.Fail:
+		code := 1
+		if errors.Is(d.Err, elastic.ErrAllFailed) && len(j.lastBatch) > 0 {
+			code = 0 // from the exits, once they are in
+		}
+		return j.fail(d.Reason, code)
+	}
+	return nil
+}
+
+// reset moves the job to the decision's generation: stop before start, since a slot can be lost
+// and restarted in one reset, and a lost worker still running must not join the new round at
+// its old place.
+func (j *elasticJob) reset(d elastic.Decision) *elasticEnd {
+	lost := map[elastic.Worker]bool{}
+	var stop []*elasticProc
+	for _, l := range d.Lost {
+		lost[l.Worker] = true
+		if p := j.procs[l.Worker]; p != nil {
+			stop = append(stop, p)
+		}
+	}
+	for _, w := range d.Start {
+		if p := j.procs[w]; p != nil && !lost[w] {
+			stop = append(stop, p) // never expected: a newcomer's place is free
+		}
+	}
+	j.stopAndAwait(stop)
+	keep := j.pending[:0]
+	for _, p := range j.pending {
+		if lost[p.place] {
+			// Failed on its own, but the new world does without it already.
+			p.reported, p.failedAs = true, j.placeIn(p.place)
+			j.failures = append(j.failures, p)
+			continue
+		}
+		keep = append(keep, p)
+	}
+	j.pending = keep
+	for w := range lost {
+		delete(j.procs, w)
+	}
+
+	n := j.round.Number + 1
+	r := jobenv.Round{Number: n, Generation: d.World.Number, Ranks: make([]jobenv.RoundRank, len(d.World.Ranks))}
+	for i, k := range d.World.Ranks {
+		r.Ranks[i] = jobenv.RoundRank{Place: jobenv.Place{Host: k.Host, Slot: k.Slot},
+			LocalRank: k.LocalRank, LocalSize: k.LocalSize, CrossRank: k.CrossRank, CrossSize: k.CrossSize}
+	}
+	if err := j.publish(r); err != nil {
+		return j.fail(err.Error(), 1)
+	}
+	j.log("round %d: %s", n, d.Reason)
+	j.reinitSince = time.Time{}
+	j.start(d.World, d.Start)
+	return nil
+}
+
+// publish makes r the newest round: its record first, then the pointer to it.
+func (j *elasticJob) publish(r jobenv.Round) error {
+	if err := j.srv.Set(jobenv.RoundKey(r.Number), r.Encode()); err != nil {
+		return fmt.Errorf("publish round %d: %w", r.Number, err)
+	}
+	if err := j.srv.Set(jobenv.LatestRoundKey, []byte(strconv.Itoa(r.Number))); err != nil {
+		return fmt.Errorf("publish round %d: %w", r.Number, err)
+	}
+	if r.End == "" {
+		j.round = r
+	} else {
+		j.ended = true
+	}
+	return nil
+}
+
+// start starts the newcomers of world, all at once (ssh sessions take a while each). A worker
+// that cannot be started counts as one that failed.
+func (j *elasticJob) start(world *elastic.Generation, newcomers []elastic.Worker) {
+	ranks := make(map[elastic.Worker]elastic.Rank, len(world.Ranks))
+	for _, r := range world.Ranks {
+		ranks[r.Worker] = r
+	}
+	procs := make([]*elasticProc, len(newcomers))
+	errs := make([]error, len(newcomers))
+	var starting sync.WaitGroup
+	for i, w := range newcomers {
+		r := ranks[w]
+		s := Slot{Rank: r.Rank, Size: r.Size, Host: w.Host, LocalRank: r.LocalRank, LocalSize: r.LocalSize,
+			CrossRank: r.CrossRank, CrossSize: r.CrossSize}
+		p := &elasticProc{place: w, round: j.round.Number, rank: r.Rank, tail: &tailBuffer{max: 20}, drained: make(chan struct{})}
+		procs[i] = p
+		worker := Worker{Slot: s, Argv: j.opts.Command, Env: j.workerEnv(s, w)}
+		starting.Add(1)
+		go func() {
+			defer starting.Done()
+			p.proc, errs[i] = j.starter.Start(j.startCtx, worker)
+		}()
+	}
+	starting.Wait()
+	for i, p := range procs {
+		j.procs[p.place] = p
+		j.all = append(j.all, p)
+		if errs[i] != nil {
+			close(p.drained)
+			j.onExit(elasticExit{p, Exit{Code: -1, Err: fmt.Errorf("start %s: %w", p.place, errs[i])}})
+			continue
+		}
+		if j.opts.Verbose {
+			j.log("started %s for round %d as rank %d", p.place, p.round, p.rank)
+		}
+		j.watch(p)
+	}
+}
+
+// workerEnv is WorkerEnv of the worker's first round plus its place in the elastic job.
+func (j *elasticJob) workerEnv(s Slot, w elastic.Worker) []string {
+	rv := net.JoinHostPort(j.addrs.forHost(w.Host, j.hosts), j.addrs.port)
+	env := WorkerEnv(s, rv, j.jobID, j.secret, j.extra, j.opts.Env)
+	return append(env,
+		jobenv.Elastic+"=1",
+		jobenv.ElasticHost+"="+w.Host,
+		jobenv.ElasticSlot+"="+strconv.Itoa(w.Slot),
+		jobenv.ElasticRound+"="+strconv.Itoa(j.round.Number),
+		jobenv.ElasticTimeout+"="+strconv.FormatFloat(j.timeout.Seconds(), 'f', -1, 64),
+	)
+}
+
+// watch starts the goroutines of a started worker: its two output pumps and its waiter.
+func (j *elasticJob) watch(p *elasticProc) {
+	files := j.placeFiles(p.place)
+	prefix := func(stream string) string {
+		if j.opts.PlainOutput {
+			return ""
+		}
+		return fmt.Sprintf("[%s]<%s>:", p.place, stream)
+	}
+	p.open.Store(2)
+	streamDone := func() {
+		if p.open.Add(-1) == 0 {
+			close(p.drained)
+		}
+	}
+	j.wg.Add(3)
+	go func() {
+		defer j.wg.Done()
+		defer streamDone()
+		pump(p.proc.Stdout(), j.out, prefix("stdout"), files[0], nil)
+	}()
+	go func() {
+		defer j.wg.Done()
+		defer streamDone()
+		pump(p.proc.Stderr(), j.errw, prefix("stderr"), files[1], p.tail)
+	}()
+	go func() {
+		defer j.wg.Done()
+		j.exits <- elasticExit{p, p.proc.Wait()} // the loop drains exits until every worker has ended
+	}()
+}
+
+// placeFiles opens DIR/host[slot]/{stdout,stderr} of --output-filename for appending: a place may
+// run several workers in turn.
+func (j *elasticJob) placeFiles(w elastic.Worker) [2]io.Writer {
+	var files [2]io.Writer
+	if j.opts.OutputDir == "" {
+		return files
+	}
+	dir := filepath.Join(j.opts.OutputDir, w.String())
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		slog.Warn("cannot write per-worker output", "worker", w.String(), "err", err)
+		return files
+	}
+	for i, name := range []string{"stdout", "stderr"} {
+		f, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			slog.Warn("cannot write per-worker output", "worker", w.String(), "err", err)
+			continue
+		}
+		files[i] = f // pump closes it at the end of the stream
+	}
+	return files
+}
+
+// onExit records a worker's end. A failure the launcher did not cause waits in pending, so that
+// the failures of one event reach the planner together.
+func (j *elasticJob) onExit(e elasticExit) {
+	p := e.p
+	p.exited, p.exit = true, e.exit
+	switch {
+	case p.stopped || p.reported:
+		if j.opts.Verbose {
+			j.log("%s stopped: %s", p.place, e.exit)
+		}
+	case e.exit.Failed():
+		j.log("%s (started for round %d as rank %d) %s", p.place, p.round, p.rank, e.exit)
+		j.pending = append(j.pending, p)
+		if j.batchC == nil {
+			j.batchC = time.After(j.set.batch)
+		}
+	default:
+		if j.opts.Verbose {
+			j.log("%s exited 0", p.place)
+		}
+		if j.procs[p.place] == p {
+			j.finishing = true // no new round: the job ends with this one
+		}
+	}
+}
+
+// reportFailures hands the planner the failed exits collected so far, as one event.
+func (j *elasticJob) reportFailures(now time.Time) *elasticEnd {
+	batch := j.pending
+	j.pending = nil
+	var ws []elastic.Worker
+	j.lastBatch = j.lastBatch[:0]
+	for _, p := range batch {
+		p.reported, p.failedAs = true, j.placeIn(p.place)
+		j.failures = append(j.failures, p)
+		j.lastBatch = append(j.lastBatch, p)
+		ws = append(ws, p.place)
+	}
+	if len(ws) == 0 {
+		return nil
+	}
+	if j.finishing {
+		return j.fail(fmt.Sprintf("%s failed after other workers had finished", elasticPlaces(ws)), batch[0].exit.ShellCode())
+	}
+	return j.act(j.planner.Failed(now, ws...))
+}
+
+// checkReinit re-forms the current round when all its workers ask for it, and stops as stuck those
+// that have not asked reinitGrace after another did. It looks only at rounds whose every worker
+// runs: when one is gone, the planner decides.
+func (j *elasticJob) checkReinit(now time.Time) *elasticEnd {
+	n := j.round.Number
+	if n == 0 || j.ended {
+		return nil
+	}
+	asked := 0
+	var waiting []*elasticProc
+	for _, k := range j.round.Ranks {
+		p := j.procs[elastic.Worker{Host: k.Host, Slot: k.Slot}]
+		if p == nil || p.exited || p.reported || p.stopped {
+			j.reinitSince = time.Time{}
+			return nil
+		}
+		_, ok, err := j.srv.TryGet(jobenv.ReinitKey(n, k.Place))
+		if err != nil {
+			return nil
+		}
+		if ok {
+			asked++
+		} else {
+			waiting = append(waiting, p)
+		}
+	}
+	switch {
+	case asked == 0:
+		j.reinitSince = time.Time{}
+		return nil
+	case len(waiting) == 0:
+		next := j.round
+		next.Number = n + 1
+		if err := j.publish(next); err != nil {
+			return j.fail(err.Error(), 1)
+		}
+		j.reinitSince = time.Time{}
+		j.log("round %d: the same %d workers as round %d (generation %d), which every one of them asked for after an error",
+			next.Number, len(next.Ranks), n, next.Generation)
+		return nil
+	case j.reinitSince.IsZero():
+		j.reinitSince = now
+		if j.opts.Verbose {
+			j.log("%d of round %d's %d workers asked for a new round", asked, n, len(j.round.Ranks))
+		}
+		return nil
+	case now.Sub(j.reinitSince) < j.set.reinitGrace:
+		return nil
+	}
+	ws := make([]elastic.Worker, len(waiting))
+	j.lastBatch = j.lastBatch[:0]
+	for i, p := range waiting {
+		ws[i] = p.place
+		p.stuck, p.reported, p.failedAs = true, true, j.placeIn(p.place)
+		_ = p.proc.Signal(syscall.SIGKILL)
+		j.failures = append(j.failures, p)
+		j.lastBatch = append(j.lastBatch, p)
+	}
+	j.reinitSince = time.Time{}
+	j.log("%s did not ask for a new round within %s of the other workers of round %d: stopped as stuck",
+		elasticPlaces(ws), j.set.reinitGrace, n)
+	return j.act(j.planner.Failed(now, ws...))
+}
+
+// succeeded reports whether the job is done: every worker of the current round exited 0.
+func (j *elasticJob) succeeded() bool {
+	if !j.finishing || j.round.Number == 0 || len(j.pending) > 0 {
+		return false
+	}
+	for _, k := range j.round.Ranks {
+		p := j.procs[elastic.Worker{Host: k.Host, Slot: k.Slot}]
+		if p == nil || !p.exited || p.stopped || p.exit.Failed() {
+			return false
+		}
+	}
+	return true
+}
+
+// fail ends the job: the end record for workers waiting for a round, every worker stopped, the
+// summary. code 0 takes the code of the last failures reported (every rank failed).
+func (j *elasticJob) fail(reason string, code int) *elasticEnd {
+	if err := j.publish(jobenv.Round{Number: j.round.Number + 1, End: reason}); err != nil {
+		slog.Warn("cannot publish the end of the job", "err", err)
+	}
+	j.stopAndAwait(j.all)
+	// The summary quotes the failed workers' last stderr lines: let their output end first.
+	late := make(chan struct{})
+	defer time.AfterFunc(time.Second, func() { close(late) }).Stop()
+	for _, p := range j.failures {
+		select {
+		case <-p.drained:
+		case <-late:
+		}
+	}
+	if code == 0 && len(j.lastBatch) > 0 {
+		code = j.lastBatch[0].exit.ShellCode()
+	}
+	if code == 0 {
+		code = 1
+	}
+	io.WriteString(j.errw.w, j.summary(reason))
+	return &elasticEnd{code: code}
+}
+
+func (j *elasticJob) interrupted() *elasticEnd {
+	if err := j.publish(jobenv.Round{Number: j.round.Number + 1, End: "kolo run was interrupted"}); err != nil {
+		slog.Warn("cannot publish the end of the job", "err", err)
+	}
+	j.stopAndAwait(j.all)
+	return &elasticEnd{code: ExitInterrupted, err: errors.New("interrupted: stopped every worker")}
+}
+
+// stopAndAwait stops the workers of ps that still run (SIGTERM, SIGKILL after stopGrace) and
+// waits for their exits, recording every other exit that arrives meanwhile.
+func (j *elasticJob) stopAndAwait(ps []*elasticProc) {
+	var running []*elasticProc
+	for _, p := range ps {
+		if p.exited || p.proc == nil {
+			continue
+		}
+		if !p.stopped && !p.stuck {
+			p.stopped = true
+			_ = p.proc.Signal(stopSignal)
+		}
+		running = append(running, p)
+	}
+	if len(running) == 0 {
+		return
+	}
+	kill := time.NewTimer(j.set.stopGrace)
+	defer kill.Stop()
+	for {
+		left := 0
+		for _, p := range running {
+			if !p.exited {
+				left++
+			}
+		}
+		if left == 0 {
+			return
+		}
+		select {
+		case e := <-j.exits:
+			j.onExit(e)
+		case <-kill.C:
+			for _, p := range running {
+				if !p.exited {
+					_ = p.proc.Signal(syscall.SIGKILL)
+				}
+			}
+		}
+	}
+}
+
+// awaitStreams waits, at most streamWait, for the output of every worker to end; then it closes
+// what is still held open (a process a worker left in a session of its own) so the pumps end.
+func (j *elasticJob) awaitStreams() {
+	deadline := time.NewTimer(j.set.streamWait)
+	defer deadline.Stop()
+	for _, p := range j.all {
+		select {
+		case <-p.drained:
+			continue
+		case <-deadline.C:
+		}
+		for _, q := range j.all {
+			select {
+			case <-q.drained:
+				continue
+			default:
+			}
+			j.log("%s has ended, but a process it started still holds its output open; not waiting for it", q.place)
+			for _, s := range []io.Reader{q.proc.Stdout(), q.proc.Stderr()} {
+				if c, ok := s.(io.Closer); ok {
+					c.Close()
+				}
+			}
+		}
+		return
+	}
+}
+
+// placeIn names a place by its rank in the current round, for the summary.
+func (j *elasticJob) placeIn(w elastic.Worker) string {
+	for i, k := range j.round.Ranks {
+		if k.Host == w.Host && k.Slot == w.Slot {
+			return fmt.Sprintf("rank %d of round %d", i, j.round.Number)
+		}
+	}
+	return "in no round"
+}
+
+// summary is the report of a failed job: why, then the workers that failed (the last few) with
+// how they ended and their last stderr lines, then how the others ended.
+func (j *elasticJob) summary(reason string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "kolo run: elastic: the job failed: %s\n", reason)
+	const shown = 8
+	failed := j.failures
+	if len(failed) > shown {
+		fmt.Fprintf(&b, "kolo run: %d earlier worker failures not shown\n", len(failed)-shown)
+		failed = failed[len(failed)-shown:]
+	}
+	isFailed := map[*elasticProc]bool{}
+	for _, p := range failed {
+		isFailed[p] = true
+		how := p.exit.String()
+		if p.stuck {
+			how = "was stopped as stuck (" + how + ")"
+		}
+		fmt.Fprintf(&b, "kolo run: %s (%s) %s.\n", p.place, p.failedAs, how)
+		if tail := p.tail.lines(); len(tail) > 0 {
+			fmt.Fprintf(&b, "Last lines of %s's stderr:\n", p.place)
+			for _, l := range tail {
+				fmt.Fprintf(&b, "    %s\n", l)
+			}
+		}
+	}
+	var others []string
+	for _, k := range j.round.Ranks {
+		p := j.procs[elastic.Worker{Host: k.Host, Slot: k.Slot}]
+		if p == nil || isFailed[p] {
+			continue
+		}
+		how := p.exit.String()
+		if p.stopped {
+			how = "stopped by the launcher (" + how + ")"
+		}
+		others = append(others, fmt.Sprintf("%s: %s", p.place, how))
+	}
+	if len(others) > 0 {
+		fmt.Fprintf(&b, "Other workers: %s\n", strings.Join(others, "; "))
+	}
+	return b.String()
+}
+
+// log writes a "kolo run: elastic:" line to stderr, between the workers' lines.
+func (j *elasticJob) log(format string, args ...any) {
+	j.errw.writeLine("", "kolo run: elastic: "+fmt.Sprintf(format, args...)+"\n")
+}
+
+func elasticPlaces(ws []elastic.Worker) string {
+	s := make([]string, len(ws))
+	for i, w := range ws {
+		s[i] = w.String()
+	}
+	return strings.Join(s, ", ")
+}
+
+// elasticAddrs says where the launcher's rendezvous listens and which of its addresses each
+// host's workers dial. Hosts come and go, so unlike rendezvousAddrs it decides per host, when a
+// worker starts there.
+type elasticAddrs struct {
+	listen string
+	port   string
+	fixed  string            // every host's: --network-interface's address, or loopback when every host is this machine
+	remote map[string]string // per other host: the address this machine reaches it from
+
+	loopback bool // workers of this machine were given loopback, no other host being listed
+	warned   bool
+}
+
+func newElasticAddrs(iface string, discovery bool, fixed []elastic.Host) (*elasticAddrs, error) {
+	a := &elasticAddrs{remote: map[string]string{}}
+	if iface != "" {
+		ip, _, err := netif.InterfaceIP(iface)
+		if err != nil {
+			return nil, fmt.Errorf("--network-interface: %w", err)
+		}
+		a.listen, a.fixed = net.JoinHostPort(ip.String(), "0"), ip.String()
+		return a, nil
+	}
+	allLocal := !discovery
+	for _, h := range fixed {
+		allLocal = allLocal && IsLocal(h.Name)
+	}
+	if allLocal {
+		a.listen, a.fixed = "127.0.0.1:0", "127.0.0.1"
+		return a, nil
+	}
+	a.listen = ":0"
+	return a, nil
+}
+
+// forHost is the address the workers of host dial; hosts is the current discovery.
+func (a *elasticAddrs) forHost(host string, hosts []elastic.Host) string {
+	if a.fixed != "" {
+		return a.fixed
+	}
+	if !IsLocal(host) {
+		return a.remoteAddr(host)
+	}
+	// A worker tells its peers the address it reaches the rendezvous from: a worker of this
+	// machine gets the address other hosts reach it at, when there are other hosts.
+	for _, h := range hosts {
+		if !IsLocal(h.Name) {
+			return a.remoteAddr(h.Name)
+		}
+	}
+	a.loopback = true
+	return "127.0.0.1"
+}
+
+func (a *elasticAddrs) remoteAddr(host string) string {
+	if v, ok := a.remote[host]; ok {
+		return v
+	}
+	if a.loopback && !a.warned {
+		a.warned = true
+		slog.Warn("workers of this machine were started on loopback, when no other host was listed; the workers of other hosts may not reach them: give --network-interface", "host", host)
+	}
+	ip, err := netif.SourceIP(host)
+	if err == nil {
+		a.remote[host] = ip.String()
+		return a.remote[host]
+	}
+	// ssh may know the host by a name only its config resolves: give the workers our name.
+	hn, herr := os.Hostname()
+	if herr != nil {
+		hn = "127.0.0.1" // the worker's dial fails and says so
+	}
+	slog.Warn("cannot tell which address of this machine host reaches; giving its workers this machine's name (use --network-interface to choose)", "host", host, "err", err, "name", hn)
+	a.remote[host] = hn
+	return hn
+}
