@@ -117,3 +117,21 @@ func TestInvalidListingIsAFailedDiscovery(t *testing.T) {
 		t.Errorf("stray exit: got %v, warning %q", d, d.Warning)
 	}
 }
+
+// The launcher feeds the planner the wall clock: the seconds a reason counts are rounded to a
+// tenth, not printed to the nanosecond ("waited 1.234567891 s").
+func TestWaitSecondsAreRounded(t *testing.T) {
+	p, err := NewPlanner(Config{NP: 2, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := p.Discovered(epoch, []Host{{"a", 1}}); d.Action != Wait {
+		t.Fatalf("first decision %v, want a wait", d)
+	}
+	if d := p.Tick(epoch.Add(1234567891 * time.Nanosecond)); !strings.HasSuffix(d.Reason, "waited 1.2 s of 10 s") {
+		t.Errorf("reason %q, want it to end in %q", d.Reason, "waited 1.2 s of 10 s")
+	}
+	if d := p.Tick(epoch.Add(10*time.Second + 345678)); d.Action != Fail || !strings.HasSuffix(d.Reason, "waited 10 s") {
+		t.Errorf("decision %v, want a failure after waiting 10 s", d)
+	}
+}
