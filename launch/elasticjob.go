@@ -361,6 +361,9 @@ func (j *elasticJob) reset(d elastic.Decision) *elasticEnd {
 	}
 	j.log("round %d: %s", n, d.Reason)
 	j.reinitSince = time.Time{}
+	if j.startCtx.Err() != nil {
+		return nil // interrupted while stopping the lost workers: the loop ends the job
+	}
 	j.start(d.World, d.Start)
 	return nil
 }
@@ -635,7 +638,12 @@ func (j *elasticJob) fail(reason string, code int) *elasticEnd {
 	if code == 0 {
 		code = 1
 	}
-	io.WriteString(j.errw.w, j.summary(reason))
+	summary := j.summary(reason)
+	if j.errw.w != nil {
+		j.errw.mu.Lock()
+		io.WriteString(j.errw.w, summary)
+		j.errw.mu.Unlock()
+	}
 	return &elasticEnd{code: code}
 }
 

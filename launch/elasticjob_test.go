@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -26,6 +27,9 @@ type fakeWorker struct {
 	outR, errR *io.PipeReader
 	outW, errW *io.PipeWriter
 	exitc      chan Exit
+
+	ended       atomic.Bool
+	prevRunning bool // started while the worker before it at its place had not ended
 
 	mu         sync.Mutex
 	signals    []syscall.Signal
@@ -57,6 +61,7 @@ func (p *fakeWorker) Signal(sig syscall.Signal) error {
 func (p *fakeWorker) end(e Exit) {
 	select {
 	case p.exitc <- e:
+		p.ended.Store(true)
 	default:
 	}
 }
@@ -90,6 +95,9 @@ func (f *fakeElasticStarter) Start(_ context.Context, w Worker) (Process, error)
 	defer f.mu.Unlock()
 	if f.procs == nil {
 		f.procs = map[string][]*fakeWorker{}
+	}
+	if prev := f.procs[p.place]; len(prev) > 0 {
+		p.prevRunning = !prev[len(prev)-1].ended.Load()
 	}
 	f.procs[p.place] = append(f.procs[p.place], p)
 	return p, nil
@@ -268,7 +276,9 @@ func wantSignals(t *testing.T, p *fakeWorker, want ...syscall.Signal) {
 func TestElasticFirstRoundAndSuccess(t *testing.T) {
 	t.Setenv("KOLO_ELASTIC_TIMEOUT", "")
 	t.Setenv("HOROVOD_ELASTIC_TIMEOUT", "")
-	h := startElastic(t, testElasticSettings(), "-np", "3", "--min-np", "2", "-H", "localhost:2,127.0.0.1:2", "--elastic-timeout", "42")
+	outDir := t.TempDir()
+	h := startElastic(t, testElasticSettings(), "-np", "3", "--min-np", "2", "-H", "localhost:2,127.0.0.1:2", "--elastic-timeout", "42",
+		"--output-filename", outDir)
 	r := h.round("localhost[0]", 1)
 	want := jobenv.Round{Number: 1, Generation: 1, Ranks: []jobenv.RoundRank{
 		{Place: jobenv.Place{Host: "localhost", Slot: 0}, LocalRank: 0, LocalSize: 2, CrossRank: 0, CrossSize: 2},
@@ -320,6 +330,9 @@ func TestElasticFirstRoundAndSuccess(t *testing.T) {
 	}
 	if !strings.Contains(h.stdout.String(), "[localhost[1]]<stdout>:hello\n") || !strings.Contains(h.stderr.String(), "[localhost[1]]<stderr>:careful\n") {
 		t.Errorf("output not prefixed by place:\nstdout %q\nstderr %q", h.stdout.String(), h.stderr.String())
+	}
+	if b, err := os.ReadFile(filepath.Join(outDir, "localhost[1]", "stdout")); err != nil || string(b) != "hello\n" {
+		t.Errorf("--output-filename's file of localhost[1]: %q, %v", b, err)
 	}
 	for _, want := range []string{"kolo run: elastic: round 1: generation 1: 3 ranks on 2 hosts", "every worker of round 1 exited 0"} {
 		if !strings.Contains(h.stderr.String(), want) {
@@ -466,6 +479,52 @@ func TestElasticDiscoveryAddsAndRemovesHosts(t *testing.T) {
 	}
 	if !strings.Contains(h.stderr.String(), "lost localhost[0] (host left discovery)") {
 		t.Errorf("stderr lacks the removal:\n%s", h.stderr.String())
+	}
+}
+
+// A host back from its blacklist cooldown gets a new worker at the place whose worker failed.
+func TestElasticHostBackFromCooldown(t *testing.T) {
+	h := startElastic(t, testElasticSettings(), "-np", "2", "--min-np", "1", "-H", "localhost:1,127.0.0.1:1", "--blacklist-cooldown-range", "1", "1")
+	h.round("localhost[0]", 1)
+	h.worker("localhost[0]", 0).exit(2)
+	if r := h.round("localhost[0]", 2); places(r) != "127.0.0.1[0]" {
+		t.Fatalf("round 2 on %s, want 127.0.0.1[0]", places(r))
+	}
+	r := h.round("localhost[0]", 3) // a second later
+	if places(r) != "127.0.0.1[0] localhost[0]" || r.Generation != 3 {
+		t.Fatalf("round 3: generation %d on %s, want 3 on 127.0.0.1[0] localhost[0]", r.Generation, places(r))
+	}
+	again := h.worker("localhost[0]", 1)
+	if again.env[jobenv.ElasticRound] != "3" || again.env[jobenv.Rank] != "1" {
+		t.Errorf("restarted worker: round %s rank %s, want 3 and 1", again.env[jobenv.ElasticRound], again.env[jobenv.Rank])
+	}
+	if n := h.fake.starts("127.0.0.1[0]"); n != 1 {
+		t.Errorf("the survivor started %d times, want 1", n)
+	}
+	wantSignals(t, h.worker("127.0.0.1[0]", 0))
+}
+
+// A place can be lost and restarted in one reset: the job waits short of slots while the other
+// worker of a blacklisted host idles, then the host's cooldown ends. The old worker must have
+// ended before the new one starts at its place, or it would join the new round as that place.
+func TestElasticStopsBeforeItStartsAtThePlace(t *testing.T) {
+	h := startElastic(t, testElasticSettings(), "-np", "3", "--min-np", "3", "-H", "localhost:2,127.0.0.1:1",
+		"--blacklist-cooldown-range", "1", "1", "--elastic-timeout", "10")
+	h.round("localhost[0]", 1)
+	idle := h.worker("localhost[1]", 0)
+	idle.ignoreSIGTERM()
+	h.worker("localhost[0]", 0).exit(1)
+	r := h.round("localhost[0]", 2)
+	if places(r) != "127.0.0.1[0] localhost[0] localhost[1]" {
+		t.Fatalf("round 2 on %s", places(r))
+	}
+	if h.worker("localhost[1]", 1).prevRunning {
+		t.Error("a new worker started at localhost[1] while the old one still ran")
+	}
+	wantSignals(t, idle, syscall.SIGTERM, syscall.SIGKILL)
+	wantSignals(t, h.worker("127.0.0.1[0]", 0))
+	if !strings.Contains(h.stderr.String(), "waiting: below min-np") {
+		t.Errorf("stderr lacks the wait:\n%s", h.stderr.String())
 	}
 }
 
