@@ -45,3 +45,5 @@ _optional("functions", ["broadcast_parameters", "broadcast_optimizer_state", "br
 _optional("sync_batch_norm", ["SyncBatchNorm"])
 _optional("timeline", ["start_timeline", "stop_timeline"])
 del _optional
+
+from kolo.torch import elastic  # noqa: E402,F401  (hvd.elastic.run, TorchState, ...)
