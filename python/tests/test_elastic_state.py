@@ -660,3 +660,45 @@ def test_sync_from_several_survivors(tmp_path):
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
     assert p.returncode == 0, p.stdout
     assert p.stdout.count("ok sync") == 4 and p.stdout.count("roots [0, 2]") == 4, p.stdout
+
+
+# ---- elastic_worker.py (the integration tests' script) in a plain job --------------------------
+
+def test_elastic_worker_arguments():
+    sys.path.insert(0, HERE)
+    try:
+        import elastic_worker
+    finally:
+        sys.path.remove(HERE)
+    a = elastic_worker.parse_args(["--log", "x", "--exit-schedule", '{"(1, 2)": [0, 3], "[0, 5]": [1]}',
+                                   "--exit-mode", "kill", "--epochs", "4", "--batches-per-epoch", "6",
+                                   "--batches-per-commit", "2", "--seed", "9"])
+    assert a.exit_schedule == {(1, 2): {0, 3}, (0, 5): {1}}
+    assert (a.exit_mode, a.epochs, a.batches_per_commit, a.seed, a.samples) == ("kill", 4, 2, 9, 24)
+    with pytest.raises(SystemExit):
+        elastic_worker.parse_args(["--log", "x", "--exit-mode", "explode"])
+
+
+def _records(path):
+    import json
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_elastic_worker_in_a_plain_two_rank_job(tmp_path):
+    from test_ops import env
+    log = str(tmp_path / "log.jsonl")
+    p = subprocess.run([_kolo(), "run", "-np", "2", sys.executable, os.path.join(HERE, "elastic_worker.py"),
+                        "--log", log, "--epochs", "2", "--batches-per-epoch", "7", "--batch-size", "3"],
+                       env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout
+    records = _records(log)
+    for epoch in range(2):  # 21 samples, 2 ranks x 4 batches of 3: the 3 padding repeats left out
+        got = [i for r in records if r["kind"] == "batch" and r["epoch"] == epoch for i in r["indices"]]
+        assert sorted(got) == list(range(21)), (epoch, got)
+    checksums = {}
+    for r in records:
+        if r["kind"] in ("commit", "done"):
+            checksums.setdefault((r["kind"], r["commits"]), set()).add(r["checksum"])
+    assert checksums and all(len(v) == 1 for v in checksums.values()), checksums
+    assert sorted(r["rank"] for r in records if r["kind"] == "done") == [0, 1]
