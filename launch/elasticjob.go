@@ -300,7 +300,7 @@ func (j *elasticJob) act(d elastic.Decision) *elasticEnd {
 	case elastic.Wait:
 		// The reason counts the seconds waited: log it when what the job waits for changes.
 		what, _, _ := strings.Cut(d.Reason, "; waited ")
-		if what != j.lastWait || j.opts.Verbose {
+		if what != j.lastWait {
 			j.log("waiting: %s (the job fails at %s)", d.Reason, d.Deadline.Format("15:04:05"))
 		}
 		j.lastWait = what
