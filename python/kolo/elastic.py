@@ -53,7 +53,10 @@ class RoundNotices(object):
     def _poll(self):
         if not _lib.is_initialized() or _lib._forked():
             return
-        update = _lib.elastic_update()
+        try:
+            update = _lib.elastic_update()
+        except ValueError:  # the engine is gone: the next collective says why
+            return
         if update is not None and update[0] > self._newest_polled:
             self._newest_polled = update[0]
             self._notices.append(update)

@@ -316,6 +316,24 @@ def test_sync_in_one_rank_keeps_the_state_and_counts_commits():
     _assert_identical(model.state_dict(), want_model)
 
 
+def test_a_sync_that_fails_half_way_leaves_no_commit(monkeypatch):
+    """A receiver whose sync failed holds part old, part received buffers: it must not be taken
+    as a root afterwards."""
+    state = hvd.elastic.TorchState(_mlp(), epoch=0)
+    state.commit()
+    state.commit()
+    monkeypatch.setattr(state_mod, "allgather_object", lambda obj, name=None: [-1, 5])  # rank 0 (this one) a newcomer
+
+    def fail(handlers, roots):
+        assert roots == [1]
+        raise hvd.HorovodInternalError("rank 1 lost")
+
+    monkeypatch.setattr(state_mod, "_broadcast_snapshots", fail)
+    with pytest.raises(hvd.HorovodInternalError):
+        state.sync()
+    assert state._commits == -1
+
+
 # ---- check_host_updates ---------------------------------------------------------------------
 
 def test_check_host_updates_in_a_plain_job_raises_nothing():

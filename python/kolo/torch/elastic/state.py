@@ -65,6 +65,10 @@ class TorchState(ObjectState):
             h.save()  # the live state is what gets sent; restore() then loads what arrived
         counts = allgather_object(self._commits, name="kolo.elastic.sync.commits")
         roots = sync_roots(counts)
+        if rank() not in roots:
+            # Until the sync completes this rank holds no commit: a failure half-way through
+            # leaves its buffers part old, part received, and it must not be a root next time.
+            self._commits = -1
         _broadcast_snapshots(snapshots, roots)
         for name, h in self._handlers.items():
             if name in snapshots:
