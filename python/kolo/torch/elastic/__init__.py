@@ -1,10 +1,10 @@
 """Elastic training for kolo.torch, as horovod.torch.elastic: hvd.elastic.run, TorchState and
 ElasticSampler (see kolo.elastic for how a reset works, and docs/elastic.md)."""
 
-from kolo._lib import HorovodInternalError, HostsUpdatedInterrupt, KoloInternalError
-from kolo.elastic import ObjectState, State, run_fn
-from kolo.torch.elastic.sampler import ElasticSampler
-from kolo.torch.elastic.state import TorchState
+from kolo._lib import HorovodInternalError, HostsUpdatedInterrupt, KoloInternalError  # noqa: F401
+from kolo.elastic import ObjectState, State, run_fn  # noqa: F401
+from kolo.torch.elastic.sampler import ElasticSampler  # noqa: F401
+from kolo.torch.elastic.state import TorchState  # noqa: F401
 from kolo.torch.mpi_ops import init, shutdown
 
 
