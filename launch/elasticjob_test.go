@@ -277,7 +277,7 @@ func TestElasticFirstRoundAndSuccess(t *testing.T) {
 	t.Setenv("KOLO_ELASTIC_TIMEOUT", "")
 	t.Setenv("HOROVOD_ELASTIC_TIMEOUT", "")
 	outDir := t.TempDir()
-	h := startElastic(t, testElasticSettings(), "-np", "3", "--min-np", "2", "-H", "localhost:2,127.0.0.1:2", "--elastic-timeout", "42",
+	h := startElastic(t, testElasticSettings(), "-np", "3", "--min-np", "2", "--max-np", "3", "-H", "localhost:2,127.0.0.1:2", "--elastic-timeout", "42",
 		"--output-filename", outDir)
 	r := h.round("localhost[0]", 1)
 	want := jobenv.Round{Number: 1, Generation: 1, Ranks: []jobenv.RoundRank{

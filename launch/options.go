@@ -55,7 +55,7 @@ type Options struct {
 	// Elastic mode (elasticjob.go), on when DiscoveryScript, MinNP or MaxNP is given: workers come
 	// and go while the job runs, and the survivors keep running.
 	MinNP             int              // --min-np, --min-num-proc; 0: -np
-	MaxNP             int              // --max-np, --max-num-proc; 0: -np
+	MaxNP             int              // --max-np, --max-num-proc; 0: no limit (every slot discovered), as in Horovod
 	DiscoveryScript   string           // --host-discovery-script: run with sh -c, prints host[:slots] lines
 	SlotsPerHost      int              // --slots-per-host: slots of a discovered host listed without ":N"
 	ResetLimit        int              // --reset-limit; -1 (the default): no limit
@@ -113,7 +113,7 @@ func ParseRunFlags(args []string, stderr io.Writer) (*Options, error) {
 
 	fs.IntVar(&o.MinNP, "min-np", 0, "elastic mode: fewest ranks the job runs with (default -np)")
 	fs.IntVar(&o.MinNP, "min-num-proc", 0, "same as --min-np")
-	fs.IntVar(&o.MaxNP, "max-np", 0, "elastic mode: most ranks the job runs with (default -np)")
+	fs.IntVar(&o.MaxNP, "max-np", 0, "elastic mode: most ranks the job runs with (default: no limit, every slot the hosts have)")
 	fs.IntVar(&o.MaxNP, "max-num-proc", 0, "same as --max-np")
 	fs.StringVar(&o.DiscoveryScript, "host-discovery-script", "", "elastic mode: command (run with sh -c every second) printing the hosts available now, one host or host:slots a line")
 	fs.IntVar(&o.SlotsPerHost, "slots-per-host", 0, "elastic mode: slots of a discovered host listed without :slots")

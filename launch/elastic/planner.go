@@ -16,6 +16,7 @@ package elastic
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -29,7 +30,7 @@ const DefaultTimeout = 600 * time.Second
 type Config struct {
 	NP    int // -np: slots needed before the first generation starts; 0: MinNP
 	MinNP int // --min-np: fewer slots than this and the job waits; 0: NP
-	MaxNP int // --max-np: a generation never has more ranks; 0: NP (Horovod's default)
+	MaxNP int // --max-np: a generation never has more ranks; 0: no limit (Horovod's default: every slot discovered)
 
 	// Timeout is how long the job may wait for NP (MinNP, after the start) slots, or for a
 	// survivor's host to come back, before it fails; 0: DefaultTimeout.
@@ -176,15 +177,12 @@ func NewPlanner(cfg Config) (*Planner, error) {
 	if cfg.MinNP == 0 {
 		cfg.MinNP = cfg.NP
 	}
-	if cfg.MaxNP == 0 {
-		cfg.MaxNP = cfg.NP
-	}
 	switch {
 	case cfg.MinNP <= 0:
 		return nil, fmt.Errorf("elastic: -np or --min-np must be at least 1 (got -np %d, --min-np %d)", cfg.NP, cfg.MinNP)
-	case cfg.MaxNP < cfg.MinNP:
+	case cfg.MaxNP != 0 && cfg.MaxNP < cfg.MinNP:
 		return nil, fmt.Errorf("elastic: --max-np %d is below --min-np %d", cfg.MaxNP, cfg.MinNP)
-	case cfg.NP < cfg.MinNP || cfg.NP > cfg.MaxNP:
+	case cfg.NP < cfg.MinNP || (cfg.MaxNP != 0 && cfg.NP > cfg.MaxNP):
 		return nil, fmt.Errorf("elastic: -np %d is outside --min-np %d .. --max-np %d", cfg.NP, cfg.MinNP, cfg.MaxNP)
 	case cfg.Timeout < 0:
 		return nil, fmt.Errorf("elastic: negative timeout %v", cfg.Timeout)
@@ -306,7 +304,11 @@ func (p *Planner) decide(now time.Time) Decision {
 		}
 	}
 	survivors, lost := p.survivors(avail)
-	ranks, err := Assign(survivors, avail, p.cfg.MaxNP)
+	limit := p.cfg.MaxNP
+	if limit == 0 {
+		limit = math.MaxInt
+	}
+	ranks, err := Assign(survivors, avail, limit)
 	if err != nil {
 		// Survivors come from avail and never exceed MaxNP, so this is a bug in this package;
 		// failing the job says so without taking the launcher down with a panic.

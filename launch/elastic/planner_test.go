@@ -15,7 +15,7 @@ func TestNewPlannerConfig(t *testing.T) {
 		want Config // NP, MinNP, MaxNP, Timeout after defaults
 		err  string
 	}{
-		{name: "np alone is min and max, as in Horovod", cfg: Config{NP: 4}, want: Config{NP: 4, MinNP: 4, MaxNP: 4, Timeout: DefaultTimeout}},
+		{name: "np alone is the minimum, and no maximum, as in Horovod", cfg: Config{NP: 4}, want: Config{NP: 4, MinNP: 4, MaxNP: 0, Timeout: DefaultTimeout}},
 		{name: "min-np alone starts at it", cfg: Config{MinNP: 2, MaxNP: 8}, want: Config{NP: 2, MinNP: 2, MaxNP: 8, Timeout: DefaultTimeout}},
 		{name: "all given", cfg: Config{NP: 4, MinNP: 2, MaxNP: 8, Timeout: time.Minute}, want: Config{NP: 4, MinNP: 2, MaxNP: 8, Timeout: time.Minute}},
 		{name: "nothing given", cfg: Config{}, err: "-np or --min-np must be at least 1"},
