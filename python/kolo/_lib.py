@@ -255,7 +255,7 @@ def init(ranks=None):
     of the launcher's job (kolo.WithRanks). After the engine stopped on an error (a lost or
     failed rank), init() joins a new world with the ranks that call it again. Ctrl-C interrupts
     the wait for the other ranks; joining goes on in the engine, and calling init() again waits
-    for it."""
+    for it. Returns whether it joined a world (False: already in one)."""
     global _topology
     lib = _load()
     # An init or shutdown that Ctrl-C interrupted: its outcome is the engine's state. An init that
@@ -264,6 +264,7 @@ def init(ranks=None):
     what, err = _finish_pending()
     if what == "init" and err is not None:
         raise err
+    joined = False
     if not lib.kolo_is_initialized() or lib.kolo_failed():
         # Not yet, or the engine stopped on an error (a lost rank, a failed collective): join a
         # new world, with the ranks that call init() again.
@@ -271,10 +272,12 @@ def init(ranks=None):
         arr = None if ranks is None else (ctypes.c_int64 * max(len(ranks), 1))(*ranks)
         n = 0 if ranks is None else len(ranks)
         _call(lambda: lib.kolo_init_async(arr, n), "init")
+        joined = True
     if _topology is None:
         _topology = (lib.kolo_rank(), lib.kolo_size(), lib.kolo_local_rank(), lib.kolo_local_size(),
                      lib.kolo_cross_rank(), lib.kolo_cross_size(), lib.kolo_is_homogeneous() == 1)
     _install_excepthook()
+    return joined
 
 
 def abort(reason):

@@ -62,6 +62,17 @@ _handle_map = {}
 # ----------------------------------------------------------------------------------------------
 # Basics
 
+def _drop_handles():
+    """Releases the handles of ops nobody synchronized, once a new world is joined: an elastic
+    reset abandons the ops of the world left, and their engine entries must not pile up across
+    resets (horovod#3109)."""
+    for entry in _handle_map.values():
+        for o in (entry.ops if entry.__class__ is _Group else (entry,)):
+            if _lib.C.kolo_poll(o.h) != _lib.PENDING:
+                _lib.C.kolo_release(o.h)
+    _handle_map.clear()
+
+
 def init(comm=None, process_sets=None):
     """Joins the job that `kolo run` (or mpirun/srun) started this process in. Idempotent; after
     shutdown() it joins again.
@@ -73,8 +84,8 @@ def init(comm=None, process_sets=None):
     not through MPI: an mpi4py communicator is read for its members' world ranks only.
     process_sets are ProcessSet objects to register at start-up, as add_process_set does."""
     ranks = _comm_ranks(comm)
-    _lib.init(ranks)
-    _handle_map.clear()
+    if _lib.init(ranks):
+        _drop_handles()
     if process_sets:
         from kolo.torch import process_sets as _ps
         setup = getattr(_ps, "_init_process_sets", None)

@@ -13,9 +13,22 @@ import warnings
 import torch
 
 from kolo import _lib
+from kolo._lib import KoloInternalError
 from kolo.torch import mpi_ops
 from kolo.torch.compression import Compression
 from kolo.torch.mpi_ops import Average, global_process_set
+
+
+def _forget(handles):
+    """Drops an abandoned step's allreduces (handles: key -> (handle, ctx)): each is waited for
+    if still running, so the engine no longer writes into the gradients, and released."""
+    for h, _ in handles.values():
+        if h is not None:
+            try:
+                mpi_ops.synchronize(h)
+            except KoloInternalError:
+                pass  # the failure that abandoned the step
+    handles.clear()
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -54,8 +67,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hook_handles = []
         self._synchronized = False
         self._should_synchronize = True
-        if process_set.included() and mpi_ops.size() > 1:
+        # In an elastic job a world of one may grow: the hooks must be there when it does.
+        if process_set.included() and (mpi_ops.size() > 1 or _lib.elastic_enabled()):
             self._register_hooks()
+
+    def load_state_dict(self, *args, **kwargs):
+        # Loading a state (hvd.elastic's restore after a lost rank, a checkpoint) starts a new
+        # step: the allreduces in flight belong to the step abandoned, as in Horovod.
+        _forget(self._handles)
+        self._synchronized = False
+        self._should_synchronize = True
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        return self._kolo_base.load_state_dict(self, *args, **kwargs)
 
     def _make_groups(self, groups):
         """Maps each parameter that is allreduced as part of a group to that group (a tuple)."""
@@ -314,6 +338,14 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = passes
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = passes
+
+    def load_state_dict(self, *args, **kwargs):
+        # As _DistributedOptimizer.load_state_dict: the step in flight is abandoned.
+        _forget(self._handles)
+        self._start.clear()
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        return self._kolo_base.load_state_dict(self, *args, **kwargs)
 
     def _make_hook(self, p):
         def hook(*ignore):

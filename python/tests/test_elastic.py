@@ -1,0 +1,184 @@
+"""Elastic training end to end: `kolo run` in elastic mode starting python/tests/elastic_worker.py
+on two host names of this machine (localhost and 127.0.0.1 are two hosts to kolo, as in
+Horovod's own elastic tests), with workers failing by exception and by SIGKILL, hosts added and
+removed by a discovery script, and the ways a job must end: all ranks failed, below --min-np past
+the timeout, the reset limit.
+
+Each test reads the workers' JSON-lines log and checks what the issue asks: survivors keep their
+process, no committed step is lost, every rank ends with bit-identical parameters, and every
+sample of an epoch is processed exactly once.
+
+    make lib build && /usr/bin/python3 -m pytest python/tests/test_elastic.py
+"""
+
+import collections
+import json
+import os
+import time
+
+import pytest
+
+from test_ops import HERE, KOLO, PY, run
+
+WORKER = os.path.join(HERE, "elastic_worker.py")
+
+
+def elastic_run(tmp_path, flags, worker_args, timeout=240):
+    log = tmp_path / "log.jsonl"
+    start = time.monotonic()
+    rc, out = run([KOLO, "run"] + flags + [PY, WORKER, "--log", str(log)] + worker_args,
+                  timeout=timeout)
+    took = time.monotonic() - start
+    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return rc, out, records, took
+
+
+def committed_indices(records):
+    """The samples each epoch processed for good. Every rank of a round takes each step
+    together, and the state the next round starts from is a commit of this round: the commit
+    count the next round starts at (its lowest; the job's end for the last round) says which of
+    this round's batches made it. A batch after that commit was rolled back and is redone; a
+    batch of a worker that was then removed still counts, since its gradients are in the
+    committed step."""
+    rounds = sorted({r["round"] for r in records})
+    kept = {}
+    for this, nxt in zip(rounds, rounds[1:] + [None]):
+        if nxt is None:
+            kept[this] = max(r["commits"] for r in records if r["kind"] == "done")
+        else:
+            kept[this] = min(r["commits"] for r in records if r["round"] == nxt)
+    done = collections.defaultdict(list)  # epoch -> sample indices
+    for r in records:
+        if r["kind"] == "batch" and r["commits"] < kept[r["round"]]:
+            done[r["epoch"]].extend(r["indices"])
+    return done
+
+
+def check_exactly_once(records, epochs, samples):
+    done = committed_indices(records)
+    for e in range(epochs):
+        got = collections.Counter(done[e])
+        twice = sorted(i for i, n in got.items() if n > 1)
+        missing = sorted(set(range(samples)) - set(got))
+        assert not twice and not missing, "epoch %d: processed twice %s, never %s" % (e, twice, missing)
+
+
+def check_identical_end(records, size):
+    ends = [r for r in records if r["kind"] == "done"]
+    assert len(ends) == size, ends
+    assert len({r["checksum"] for r in ends}) == 1, "parameters differ at the end: %s" % ends
+    assert {r["size"] for r in ends} == {size}, ends
+    return ends
+
+
+def pids_by_start_rank(records):
+    pids = collections.defaultdict(set)
+    for r in records:
+        pids[r["start_rank"]].add(r["pid"])
+    return pids
+
+
+@pytest.mark.parametrize("mode", ["exception", "kill"])
+def test_a_failed_worker_leaves_the_survivors_training(tmp_path, mode):
+    # Start rank 3 (127.0.0.1's second worker) fails at epoch 1, batch 2: its host is
+    # blacklisted, its other worker stopped, and localhost's two workers go on as a world of 2.
+    epochs, batches, bsz = 3, 32, 2  # 8 batches per epoch for each of 4 ranks
+    rc, out, records, _ = elastic_run(
+        tmp_path, ["-np", "4", "--min-np", "2", "--max-np", "4", "-H", "localhost:2,127.0.0.1:2"],
+        ["--epochs", str(epochs), "--batches-per-epoch", str(batches), "--batch-size", str(bsz),
+         "--exit-schedule", '{"(1, 2)": [3]}', "--exit-mode", mode])
+    assert rc == 0, out
+    assert "round 2: generation 2 (reset 1): lost 127.0.0.1[0] (host blacklisted), 127.0.0.1[1] (failed)" in out, out
+    pids = pids_by_start_rank(records)
+    assert len(pids[0]) == 1 and len(pids[1]) == 1, "a survivor was restarted: %s" % dict(pids)
+    ends = check_identical_end(records, 2)
+    assert {r["start_rank"] for r in ends} == {0, 1}, ends
+    check_exactly_once(records, epochs, batches * bsz)
+    # No committed step lost: the survivors synced once more, from a commit at or after the
+    # batch before the failure (at most the batch in flight is redone).
+    resync = [r for r in records if r["kind"] == "sync" and r["round"] == 2]
+    assert {r["start_rank"] for r in resync} == {0, 1}, resync
+    assert all((r["epoch"], r["batch"]) >= (1, 1) for r in resync), resync
+
+
+def test_hosts_added_then_removed(tmp_path):
+    # The discovery script prints what the test writes: localhost first, then 127.0.0.1 joins,
+    # then localhost leaves. The job grows from 2 to 4 ranks without restarting anyone, then
+    # shrinks to 127.0.0.1's two workers, which carry the state on.
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\ncat %s\n" % hosts)
+    script.chmod(0o755)
+    log = tmp_path / "log.jsonl"
+    import subprocess
+    from test_ops import env
+    p = subprocess.Popen([KOLO, "run", "-np", "2", "--min-np", "2", "--max-np", "4",
+                          "--host-discovery-script", str(script), PY, WORKER, "--log", str(log),
+                          "--epochs", "3", "--batches-per-epoch", "40", "--batch-size", "2",
+                          "--batch-wait", "0.05"],
+                         env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def wait_for(pred, what, timeout=90):
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if log.exists():
+                    recs = [json.loads(l) for l in log.read_text().splitlines() if l.strip()]
+                    if pred(recs):
+                        return recs
+                assert p.poll() is None, "kolo run ended early:\n" + p.communicate()[0]
+                time.sleep(0.1)
+            raise AssertionError("timed out waiting for " + what)
+
+        wait_for(lambda rs: any(r["kind"] == "commit" and r["commits"] >= 3 for r in rs), "commits in round 1")
+        hosts.write_text("localhost:2\n127.0.0.1:2\n")
+        wait_for(lambda rs: any(r["kind"] == "commit" and r["size"] == 4 for r in rs), "a round of 4")
+        hosts.write_text("127.0.0.1:2\n")
+        out = p.communicate(timeout=180)[0]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    records = [json.loads(l) for l in log.read_text().splitlines() if l.strip()]
+    assert p.returncode == 0, out
+    sizes = []
+    for r in records:
+        if r["kind"] == "commit" and (not sizes or sizes[-1] != r["size"]):
+            sizes.append(r["size"])
+    assert sizes == [2, 4, 2], (sizes, out)
+    pids = pids_by_start_rank(records)
+    assert all(len(v) == 1 for v in pids.values()), "a worker was restarted: %s" % dict(pids)
+    ends = check_identical_end(records, 2)
+    assert {r["start_rank"] for r in ends} == {2, 3}, ends
+    check_exactly_once(records, 3, 40 * 2)
+
+
+def test_every_rank_failing_ends_the_job(tmp_path):
+    rc, out, _, took = elastic_run(
+        tmp_path, ["-np", "2", "--min-np", "1", "--max-np", "2", "-H", "localhost:1,127.0.0.1:1"],
+        ["--epochs", "2", "--exit-schedule", '{"(0, 2)": [0, 1]}'])
+    assert rc != 0, out
+    assert "all ranks failed" in out, out
+    assert took < 60, out
+
+
+def test_below_min_np_fails_after_the_elastic_timeout(tmp_path):
+    # 127.0.0.1's only worker dies: one slot is left, --min-np is 2, so the job waits for
+    # --elastic-timeout (3 s) and then fails, saying why; the survivor is not left waiting.
+    rc, out, records, took = elastic_run(
+        tmp_path, ["-np", "2", "--min-np", "2", "-H", "localhost:1,127.0.0.1:1", "--elastic-timeout", "3"],
+        ["--epochs", "3", "--batches-per-epoch", "20", "--exit-schedule", '{"(0, 3)": [1]}',
+         "--exit-mode", "kill"])
+    assert rc != 0, out
+    assert "below min-np" in out, out
+    assert took < 60, "took %.0f s:\n%s" % (took, out)
+
+
+def test_reset_limit_ends_the_job(tmp_path):
+    # Two failures at different times, --reset-limit 1: the second reset is refused.
+    rc, out, _, _ = elastic_run(
+        tmp_path, ["-np", "3", "--min-np", "1", "-H", "localhost:1,127.0.0.1:1,%s:1" % os.uname().nodename,
+                   "--reset-limit", "1"],
+        ["--epochs", "3", "--batches-per-epoch", "12", "--exit-schedule", '{"(0, 2)": [2], "(1, 2)": [1]}'])
+    assert rc != 0, out
+    assert "reset limit reached" in out, out
