@@ -14,13 +14,14 @@ import sys
 import pytest
 import torch
 
-import kolo.torch as hvd
-from kolo import elastic as common
-from kolo.torch.elastic import sampler as sampler_mod
-from kolo.torch.elastic import state as state_mod
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "python"))  # as `make test-python` runs it: no PYTHONPATH
+
+import kolo.torch as hvd  # noqa: E402
+from kolo import elastic as common  # noqa: E402
+from kolo.torch.elastic import sampler as sampler_mod  # noqa: E402
+from kolo.torch.elastic import state as state_mod  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
