@@ -1,6 +1,7 @@
 package timeline
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -26,11 +27,41 @@ func readTrace(t *testing.T, path string) []traceEvent {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return parseTrace(t, data)
+}
+
+func parseTrace(t *testing.T, data []byte) []traceEvent {
+	t.Helper()
 	var evs []traceEvent
 	if err := json.Unmarshal(data, &evs); err != nil {
 		t.Fatalf("trace is not a JSON array: %v\n%s", err, data)
 	}
 	return evs
+}
+
+// readSettledTrace is readTrace for a file being written: a read that overlaps one of the
+// writer's (the file grew between the reader's read calls) is torn, so a file counts only once
+// two reads in a row agree; what it then holds must be valid, since the writer leaves a valid
+// file after every write.
+func readSettledTrace(t *testing.T, path string) []traceEvent {
+	t.Helper()
+	prev, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 100 {
+		time.Sleep(2 * time.Millisecond)
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Equal(data, prev) {
+			return parseTrace(t, data)
+		}
+		prev = data
+	}
+	t.Fatalf("%s kept changing for 100 reads", path)
+	return nil
 }
 
 // rows renders each tensor's events as "label: ph name, ph name, ..." in file order (timestamps
@@ -138,7 +169,7 @@ func TestValidWhileRunning(t *testing.T) {
 		tl.Done(0, []string{name})
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			if _, ok := rows(t, readTrace(t, path))[name]; ok {
+			if _, ok := rows(t, readSettledTrace(t, path))[name]; ok {
 				break
 			}
 			if time.Now().After(deadline) {
