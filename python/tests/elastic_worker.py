@@ -14,9 +14,9 @@ check what the job did:
     {"kind": "commit", ..., "processed_num": n, "checksum": "..."}  after each commit's save
     {"kind": "exit", ...}    just before a scheduled exit
     {"kind": "done", ..., "checksum": "..."}  at the end
-  Every record has pid, start_rank, rank, size, round, epoch, batch and commits. checksum is
-  the sha256 of the model's parameters (concatenated bytes, in parameters() order): equal on
-  every rank after each commit, as data-parallel replicas must be.
+  Every record has pid, start_rank, rank, size, round, epoch, batch, commits and time (Unix
+  seconds). checksum is the sha256 of the model's parameters (concatenated bytes, in
+  parameters() order): equal on every rank after each commit, as data-parallel replicas must be.
 * --exit-schedule '{"(epoch, batch)": [start ranks]}' (Horovod's format) makes the workers whose
   start rank (HOROVOD_RANK when the process started) is listed leave before processing batch
   `batch` of epoch `epoch`: --exit-mode exception raises RuntimeError (the exception hook tells
@@ -110,7 +110,7 @@ def main(argv=None):
     def log(kind, state, **extra):
         record = dict(kind=kind, pid=os.getpid(), start_rank=start_rank, rank=hvd.rank(),
                       size=hvd.size(), round=_lib.elastic_round(), epoch=state.epoch,
-                      batch=state.batch, commits=state.commits)
+                      batch=state.batch, commits=state.commits, time=time.time())
         record.update(extra)
         with open(args.log, "a") as f:
             f.write(json.dumps(record) + "\n")

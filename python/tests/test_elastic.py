@@ -14,11 +14,12 @@ sample of an epoch is processed exactly once.
 import collections
 import json
 import os
+import subprocess
 import time
 
 import pytest
 
-from test_ops import HERE, KOLO, PY, run
+from test_ops import HERE, KOLO, PY, env, run
 
 WORKER = os.path.join(HERE, "elastic_worker.py")
 
@@ -111,12 +112,10 @@ def test_hosts_added_then_removed(tmp_path):
     script.write_text("#!/bin/sh\ncat %s\n" % hosts)
     script.chmod(0o755)
     log = tmp_path / "log.jsonl"
-    import subprocess
-    from test_ops import env
     p = subprocess.Popen([KOLO, "run", "-np", "2", "--min-np", "2", "--max-np", "4",
                           "--host-discovery-script", str(script), PY, WORKER, "--log", str(log),
-                          "--epochs", "3", "--batches-per-epoch", "40", "--batch-size", "2",
-                          "--batch-wait", "0.05"],
+                          "--epochs", "3", "--batches-per-epoch", "80", "--batch-size", "2",
+                          "--batch-wait", "0.1"],
                          env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         def wait_for(pred, what, timeout=90):
@@ -150,7 +149,7 @@ def test_hosts_added_then_removed(tmp_path):
     assert all(len(v) == 1 for v in pids.values()), "a worker was restarted: %s" % dict(pids)
     ends = check_identical_end(records, 2)
     assert {r["start_rank"] for r in ends} == {2, 3}, ends
-    check_exactly_once(records, 3, 40 * 2)
+    check_exactly_once(records, 3, 80 * 2)
 
 
 def test_every_rank_failing_ends_the_job(tmp_path):
