@@ -188,9 +188,7 @@ func runElastic(steps, batch, nf, nc, samples int, lr float32, commit int, pace 
 	}
 	err := kolo.ElasticRun(ctx, st, func(ctx context.Context) error {
 		rank, size := kolo.Rank(), kolo.Size()
-		if rank == 0 {
-			fmt.Printf("round %d: %d ranks from step %d\n", kolo.ElasticRound(), size, st.step)
-		}
+		from := st.step
 		t := newTrainer(x, y, nf, nc, batch, lr, rank, size)
 		for st.step < int64(steps) {
 			began := time.Now()
@@ -200,6 +198,10 @@ func runElastic(steps, batch, nf, nc, samples int, lr float32, commit int, pace 
 			}
 			st.step++
 			kolo.MarkStep()
+			if rank == 0 && st.step == from+1 {
+				// Once its first step is done: the round is up.
+				fmt.Printf("round %d: %d ranks from step %d\n", kolo.ElasticRound(), size, from)
+			}
 			if rank == 0 && (st.step%50 == 0 || st.step == int64(steps)) {
 				fmt.Printf("step %4d  loss %.4f\n", st.step, loss)
 			}
