@@ -74,7 +74,7 @@ type elasticHostJob struct {
 	code   int
 }
 
-func startElasticHostJob(t *testing.T, kolo, softmax string, hosts *e2e.SSHHosts, slots int, args ...string) *elasticHostJob {
+func startElasticHostJob(t *testing.T, kolo, softmax string, hosts *e2e.SSHHosts, slots int, flags []string, args ...string) *elasticHostJob {
 	t.Helper()
 	var spec []string
 	for _, a := range hosts.Addrs {
@@ -83,7 +83,8 @@ func startElasticHostJob(t *testing.T, kolo, softmax string, hosts *e2e.SSHHosts
 	np := slots * len(hosts.Addrs)
 	argv := append([]string{"run"}, hosts.SSHFlags()...)
 	argv = append(argv, "-np", strconv.Itoa(np), "--min-np", "1", "-H", strings.Join(spec, ","),
-		"--network-interface", hosts.Bridge+",eth0", softmax, "-elastic")
+		"--network-interface", hosts.Bridge+",eth0")
+	argv = append(append(argv, flags...), softmax, "-elastic")
 	argv = append(argv, args...)
 	j := &elasticHostJob{cmd: exec.Command(kolo, argv...), done: make(chan struct{})}
 	j.cmd.Env = launchEnv()
@@ -158,7 +159,7 @@ func killHost(t *testing.T, hosts *e2e.SSHHosts, i int) {
 func TestElasticHostKilled(t *testing.T) {
 	hosts := e2e.NewSSHHosts(t, 4, 12346)
 	kolo, softmax := buildKolo(t), buildSoftmax(t)
-	j := startElasticHostJob(t, kolo, softmax, hosts, 2, "-steps", "1500", "-commit", "10", "-pace", "5ms")
+	j := startElasticHostJob(t, kolo, softmax, hosts, 2, nil, "-steps", "1500", "-commit", "10", "-pace", "5ms")
 	start := time.Now()
 	j.await(t, regexp.MustCompile(`<stdout>:step +200 `), start, 90*time.Second)
 	before := workerPids(j.out.String())
@@ -205,4 +206,50 @@ func TestElasticHostKilled(t *testing.T) {
 	}
 	t.Logf("host %s killed; 6 survivors took their first step in round %s %.2f s later, from step %d", victim, m[1], resumed.Seconds(), from)
 	checkNoOrphans(t, hosts.Netns, hosts.SSHDPids())
+}
+
+// A host that died comes back (its blacklisting ends: --blacklist-cooldown-range): the launcher
+// starts its workers again, the survivors move to the round with them at their next commit
+// without a restart, and the job trains on 8 ranks again.
+func TestElasticHostComesBack(t *testing.T) {
+	hosts := e2e.NewSSHHosts(t, 4, 12347)
+	kolo, softmax := buildKolo(t), buildSoftmax(t)
+	j := startElasticHostJob(t, kolo, softmax, hosts, 2, []string{"--blacklist-cooldown-range", "2", "3"},
+		"-steps", "2500", "-commit", "10", "-pace", "5ms")
+	start := time.Now()
+	j.await(t, regexp.MustCompile(`<stdout>:step +100 `), start, 90*time.Second)
+	before := workerPids(j.out.String())
+	killed := time.Now()
+	killHost(t, hosts, 2)
+	shrunk := j.await(t, regexp.MustCompile(`<stdout>:round \d+: 6 ranks from step`), killed, 60*time.Second)
+	back := j.await(t, regexp.MustCompile(`<stdout>:round \d+: 8 ranks from step`), shrunk.at, 60*time.Second)
+	select {
+	case <-j.done:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("kolo run still running\n%s", j.output())
+	}
+	if j.code != 0 {
+		t.Fatalf("kolo run exited %d\n%s", j.code, j.output())
+	}
+	after := workerPids(j.out.String())
+	dead := hosts.Addrs[2] + "["
+	for place, pids := range before {
+		got := after[place]
+		if strings.HasPrefix(place, dead) {
+			if len(got) != 2 {
+				t.Errorf("%s ran %d workers, want 2 (the one killed, then one after the cooldown)", place, len(got))
+			}
+		} else if len(got) != 1 || got[0] != pids[0] {
+			t.Errorf("survivor %s: pids %v, want only %d", place, got, pids[0])
+		}
+	}
+	if !strings.Contains(j.out.String(), "trained on 8 ranks: every rank holds identical weights") {
+		t.Errorf("no identical-weights line on 8 ranks\n%s", j.output())
+	}
+	// The cooldown is at most 3 s after the kill; the host's workers start, meet the survivors
+	// at their next commit and train: 10 s covers that with room.
+	if d := back.at.Sub(killed); d > 3*time.Second+10*time.Second {
+		t.Errorf("the host was back in the job %.1f s after the kill, want within 13 s (3 s of cooldown + 10)", d.Seconds())
+	}
+	t.Logf("killed at 0; 6 ranks trained at %.2f s; 8 ranks again at %.2f s", shrunk.at.Sub(killed).Seconds(), back.at.Sub(killed).Seconds())
 }
