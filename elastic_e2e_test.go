@@ -12,7 +12,7 @@ import (
 )
 
 // buildSoftmax builds the Go example into a temporary directory of t.
-func buildSoftmax(t *testing.T) string {
+func buildSoftmax(t testing.TB) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "softmax")
 	out, err := exec.Command("go", "build", "-o", bin, "./examples/softmax").CombinedOutput()

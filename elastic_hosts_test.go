@@ -74,7 +74,7 @@ type elasticHostJob struct {
 	code   int
 }
 
-func startElasticHostJob(t *testing.T, kolo, softmax string, hosts *e2e.SSHHosts, slots int, flags []string, args ...string) *elasticHostJob {
+func startElasticHostJob(t testing.TB, kolo, softmax string, hosts *e2e.SSHHosts, slots int, flags []string, args ...string) *elasticHostJob {
 	t.Helper()
 	var spec []string
 	for _, a := range hosts.Addrs {
@@ -114,7 +114,7 @@ func (j *elasticHostJob) output() string {
 }
 
 // await waits for a line matching re that arrives after since.
-func (j *elasticHostJob) await(t *testing.T, re *regexp.Regexp, since time.Time, timeout time.Duration) stampedLine {
+func (j *elasticHostJob) await(t testing.TB, re *regexp.Regexp, since time.Time, timeout time.Duration) stampedLine {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -138,7 +138,7 @@ func (j *elasticHostJob) await(t *testing.T, re *regexp.Regexp, since time.Time,
 
 // killHost kills every process of namespace host i but its sshd: the workers, their wrapper
 // shells and the ssh sessions, as a host that dies takes them all at once.
-func killHost(t *testing.T, hosts *e2e.SSHHosts, i int) {
+func killHost(t testing.TB, hosts *e2e.SSHHosts, i int) {
 	t.Helper()
 	out, err := exec.Command("ip", "netns", "pids", hosts.Names[i]).Output()
 	if err != nil {

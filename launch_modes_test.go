@@ -19,7 +19,7 @@ import (
 )
 
 // buildKolo builds the kolo command into a temporary directory of t.
-func buildKolo(t *testing.T) string {
+func buildKolo(t testing.TB) string {
 	t.Helper()
 	gobin, err := exec.LookPath("go")
 	if err != nil {
