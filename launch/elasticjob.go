@@ -112,16 +112,43 @@ func runElastic(ctx context.Context, opts *Options, set elasticSettings, stdout,
 		}
 		starter = HostStarter{Local: LocalStarter{Guard: guard}, Remote: ssh}
 	}
-	j := &elasticJob{
-		opts: opts, set: set, planner: planner, srv: srv, starter: starter, addrs: addrs,
-		secret: secret, jobID: NewJobID(), extra: workerExtraEnv(opts),
+	j := newElasticJob(opts, set, planner, srv, starter, secret, NewJobID(), stdout, stderr)
+	j.workerRendezvous = func(host string) string {
+		return net.JoinHostPort(addrs.forHost(host, j.hosts), addrs.port)
+	}
+	source := j.discover
+	if opts.DiscoveryScript == "" {
+		source = fixedHosts(fixed)
+	}
+	return j.run(ctx, source)
+}
+
+func newElasticJob(opts *Options, set elasticSettings, planner *elastic.Planner, srv *rendezvous.Server, starter Starter,
+	secret, jobID string, stdout, stderr io.Writer) *elasticJob {
+	return &elasticJob{
+		opts: opts, set: set, planner: planner, srv: srv, starter: starter,
+		secret: secret, jobID: jobID, extra: workerExtraEnv(opts),
 		timeout: planner.Config().Timeout,
 		out:     &lineWriter{w: stdout, ts: opts.Timestamps},
 		errw:    &lineWriter{w: stderr, ts: opts.Timestamps},
 		procs:   map[elastic.Worker]*elasticProc{},
 		exits:   make(chan elasticExit),
 	}
-	return j.run(ctx, fixed)
+}
+
+// hostSource feeds the event loop the hosts available, each listing as it comes, until ctx
+// ends: the --host-discovery-script (discover), the fixed -H hosts, or in no-ssh mode the nodes
+// that have joined (elasticNodes.watch). It must not block on anything the loop waits for.
+type hostSource func(ctx context.Context, out chan<- discovery)
+
+// fixedHosts lists hosts once.
+func fixedHosts(hosts []elastic.Host) hostSource {
+	return func(ctx context.Context, out chan<- discovery) {
+		select {
+		case out <- discovery{at: time.Now(), hosts: hosts}:
+		case <-ctx.Done():
+		}
+	}
 }
 
 // fixedElasticHosts are the hosts of an elastic job without a discovery script: -H, --hostfile,
@@ -151,11 +178,12 @@ type elasticJob struct {
 	planner *elastic.Planner
 	srv     *rendezvous.Server
 	starter Starter
-	addrs   *elasticAddrs
 	secret  string
 	jobID   string
 	extra   map[string]string
 	timeout time.Duration // the planner's, passed to the workers
+	// workerRendezvous is the HOST:PORT of the rendezvous the workers of host dial.
+	workerRendezvous func(host string) string
 
 	out, errw *lineWriter
 	startCtx  context.Context // what a start waits under (ssh sessions queue per host)
@@ -176,6 +204,7 @@ type elasticJob struct {
 	reinitSince time.Time        // when the loop first saw a worker of the current round ask for a re-forming
 
 	lastWait, lastNothing, lastWarning string
+	endNote                            string // why the job ended, with the summary when it failed
 }
 
 // elasticProc is one worker process: a place, started for one round.
@@ -214,7 +243,7 @@ type elasticEnd struct {
 	err  error
 }
 
-func (j *elasticJob) run(ctx context.Context, fixed []elastic.Host) (code int, err error) {
+func (j *elasticJob) run(ctx context.Context, source hostSource) (code int, err error) {
 	j.startCtx = ctx
 	dctx, cancel := context.WithCancel(ctx)
 	var discoverer sync.WaitGroup
@@ -225,15 +254,11 @@ func (j *elasticJob) run(ctx context.Context, fixed []elastic.Host) (code int, e
 		j.awaitStreams()
 		j.wg.Wait()
 	}()
-	if j.opts.DiscoveryScript != "" {
-		discoverer.Add(1)
-		go func() {
-			defer discoverer.Done()
-			j.discover(dctx, discoveries)
-		}()
-	} else if o := j.discovered(discovery{at: time.Now(), hosts: fixed}); o != nil {
-		return o.code, o.err
-	}
+	discoverer.Add(1)
+	go func() {
+		defer discoverer.Done()
+		source(dctx, discoveries)
+	}()
 
 	ticker := time.NewTicker(j.set.tick)
 	defer ticker.Stop()
@@ -425,22 +450,54 @@ func (j *elasticJob) start(world *elastic.Generation, newcomers []elastic.Worker
 
 // workerEnv is WorkerEnv of the worker's first round plus its place in the elastic job.
 func (j *elasticJob) workerEnv(s Slot, w elastic.Worker) []string {
-	rv := net.JoinHostPort(j.addrs.forHost(w.Host, j.hosts), j.addrs.port)
-	env := WorkerEnv(s, rv, j.jobID, j.secret, j.extra, j.opts.Env)
+	return elasticWorkerEnv(s, w.Slot, j.round.Number, j.timeout, j.workerRendezvous(w.Host), j.jobID, j.secret, j.extra, j.opts.Env)
+}
+
+// elasticWorkerEnv is the environment of a worker of an elastic job started for round at slot
+// of host s.Host (s: its numbers in that round): WorkerEnv and the place (jobenv/elastic.go).
+func elasticWorkerEnv(s Slot, slot, round int, timeout time.Duration, rv, jobID, secret string, extra map[string]string, forward []string) []string {
+	env := WorkerEnv(s, rv, jobID, secret, extra, forward)
 	return append(env,
 		jobenv.Elastic+"=1",
-		jobenv.ElasticHost+"="+w.Host,
-		jobenv.ElasticSlot+"="+strconv.Itoa(w.Slot),
-		jobenv.ElasticRound+"="+strconv.Itoa(j.round.Number),
-		jobenv.ElasticTimeout+"="+strconv.FormatFloat(j.timeout.Seconds(), 'f', -1, 64),
+		jobenv.ElasticHost+"="+s.Host,
+		jobenv.ElasticSlot+"="+strconv.Itoa(slot),
+		jobenv.ElasticRound+"="+strconv.Itoa(round),
+		jobenv.ElasticTimeout+"="+strconv.FormatFloat(timeout.Seconds(), 'f', -1, 64),
 	)
 }
 
 // watch starts the goroutines of a started worker: its two output pumps and its waiter.
 func (j *elasticJob) watch(p *elasticProc) {
-	files := j.placeFiles(p.place)
+	watchPlace(p, j.out, j.errw, j.opts, &j.wg, func(e Exit) {
+		j.exits <- elasticExit{p, e} // the loop drains exits until every worker has ended
+	})
+}
+
+// remoteOutput is a Process whose output is printed where it runs, not here (a worker another
+// node of a no-ssh elastic job started): the last lines of its stderr come with its exit.
+type remoteOutput interface {
+	StderrTail() []string
+}
+
+// watchPlace starts the goroutines of a started worker: its two output pumps, prefixed with its
+// place, and its waiter, which calls exited with its end once the process has ended.
+func watchPlace(p *elasticProc, out, errw *lineWriter, opts *Options, wg *sync.WaitGroup, exited func(Exit)) {
+	if r, ok := p.proc.(remoteOutput); ok {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e := p.proc.Wait()
+			for _, l := range r.StderrTail() {
+				p.tail.add(l)
+			}
+			close(p.drained)
+			exited(e)
+		}()
+		return
+	}
+	files := placeFiles(opts.OutputDir, p.place)
 	prefix := func(stream string) string {
-		if j.opts.PlainOutput {
+		if opts.PlainOutput {
 			return ""
 		}
 		return fmt.Sprintf("[%s]<%s>:", p.place, stream)
@@ -451,31 +508,31 @@ func (j *elasticJob) watch(p *elasticProc) {
 			close(p.drained)
 		}
 	}
-	j.wg.Add(3)
+	wg.Add(3)
 	go func() {
-		defer j.wg.Done()
+		defer wg.Done()
 		defer streamDone()
-		pump(p.proc.Stdout(), j.out, prefix("stdout"), files[0], nil)
+		pump(p.proc.Stdout(), out, prefix("stdout"), files[0], nil)
 	}()
 	go func() {
-		defer j.wg.Done()
+		defer wg.Done()
 		defer streamDone()
-		pump(p.proc.Stderr(), j.errw, prefix("stderr"), files[1], p.tail)
+		pump(p.proc.Stderr(), errw, prefix("stderr"), files[1], p.tail)
 	}()
 	go func() {
-		defer j.wg.Done()
-		j.exits <- elasticExit{p, p.proc.Wait()} // the loop drains exits until every worker has ended
+		defer wg.Done()
+		exited(p.proc.Wait())
 	}()
 }
 
 // placeFiles opens DIR/host[slot]/{stdout,stderr} of --output-filename for appending: a place may
 // run several workers in turn.
-func (j *elasticJob) placeFiles(w elastic.Worker) [2]io.Writer {
+func placeFiles(outputDir string, w elastic.Worker) [2]io.Writer {
 	var files [2]io.Writer
-	if j.opts.OutputDir == "" {
+	if outputDir == "" {
 		return files
 	}
-	dir := filepath.Join(j.opts.OutputDir, w.String())
+	dir := filepath.Join(outputDir, w.String())
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		slog.Warn("cannot write per-worker output", "worker", w.String(), "err", err)
 		return files
@@ -639,6 +696,7 @@ func (j *elasticJob) fail(reason string, code int) *elasticEnd {
 		code = 1
 	}
 	summary := j.summary(reason)
+	j.endNote = summary
 	if j.errw.w != nil {
 		j.errw.mu.Lock()
 		io.WriteString(j.errw.w, summary)
@@ -648,6 +706,7 @@ func (j *elasticJob) fail(reason string, code int) *elasticEnd {
 }
 
 func (j *elasticJob) interrupted() *elasticEnd {
+	j.endNote = "kolo run: elastic: the job was interrupted: stopped every worker"
 	if err := j.publish(jobenv.Round{Number: j.round.Number + 1, End: "kolo run was interrupted"}); err != nil {
 		slog.Warn("cannot publish the end of the job", "err", err)
 	}
