@@ -22,7 +22,8 @@ const (
 	// MaxFusionBytes and MaxCycleTime bound the search box (widened to the defaults if they lie
 	// beyond). Horovod searches cycle times of 1-100 ms, which leaves out its own 1 ms default and
 	// kolo's 0; kolo's box starts at 0 so that it holds the defaults, and ends at 25 ms because a
-	// longer cycle only adds latency to every step's negotiation.
+	// longer cycle only adds latency to every step's negotiation. A job whose step is short gets a
+	// shorter box: cycle times up to half its step time (cycleCap).
 	MaxFusionBytes = 256 * mib
 	MaxCycleTime   = 25 * time.Millisecond
 
@@ -37,16 +38,21 @@ const (
 	ColumnFusionBytes = "fusion_bytes"
 	ColumnCycleMs     = "cycle_ms"
 	// ColumnPhase is not a setting: it marks warm-up rows ("warmup"), which the decision ignores,
-	// apart from the measured ones ("tuning") and the decision ("decided"). csvlog's roles say
-	// which settings a row ran (default or candidate), not whether it counted.
+	// apart from the measured ones ("tuning"), a candidate's sample cut short because its first
+	// steps were far slower than the defaults' ("abandoned"), and the decision ("decided").
+	// csvlog's roles say which settings a row ran (default or candidate), not whether it counted.
 	ColumnPhase = "phase"
+	// ColumnSteps is not a setting either: the steps a sample measured (empty in the decision's
+	// row).
+	ColumnSteps = "steps"
 )
 
 // Values of ColumnPhase.
 const (
-	PhaseWarmup  = "warmup"
-	PhaseTuning  = "tuning"
-	PhaseDecided = "decided"
+	PhaseWarmup    = "warmup"
+	PhaseTuning    = "tuning"
+	PhaseAbandoned = "abandoned"
+	PhaseDecided   = "decided"
 )
 
 // String reads like "fusion 32 MiB, cycle 0 ms".
@@ -84,7 +90,9 @@ func (s Settings) columns(phase string) map[string]string {
 	}
 }
 
-var logColumns = []string{ColumnFusionBytes, ColumnCycleMs, ColumnPhase}
+// logColumns are the tuner's columns of the log: the settings, the row's phase and steps, and the
+// world it ran in (world.go).
+var logColumns = []string{ColumnFusionBytes, ColumnCycleMs, ColumnPhase, ColumnSteps, ColumnRound, ColumnRanks, ColumnHosts}
 
 // ParseSettings reads settings from a log row's columns, such as csvlog.ReadChosen returns, so that
 // a later run can start with an earlier run's decision. Columns it does not know are ignored.
@@ -115,13 +123,25 @@ type space struct {
 	dims []bayes.Dim
 }
 
-func newSpace(defaults Settings) space {
+// newSpace is the box from no fusion and cycle 0 to MaxFusionBytes and maxCycle, widened to hold the
+// defaults.
+func newSpace(defaults Settings, maxCycle time.Duration) space {
 	maxFusion := max(int64(MaxFusionBytes), defaults.FusionBytes)
-	maxCycle := max(MaxCycleTime, defaults.CycleTime)
+	maxCycle = max(maxCycle, defaults.CycleTime)
 	return space{dims: []bayes.Dim{
 		bayes.Int(ColumnFusionBytes, 0, maxFusion).LogScale(fusionLogOffset),
 		bayes.Real(ColumnCycleMs, 0, float64(maxCycle)/float64(time.Millisecond)),
 	}}
+}
+
+// cycleCap is the longest cycle time worth trying in a job whose defaults take stepSecs a step: half
+// a step, at most MaxCycleTime. A negotiation cycle delays the ops of every step by up to its length,
+// so a cycle of half a step already costs about a quarter to a half of the step, which no saving in
+// negotiation (microseconds an op) pays back; and on a 10 ms step a 25 ms candidate runs each of its
+// steps 3.5 times as long. Rounded to a microsecond, at least 1 ms.
+func cycleCap(stepSecs float64) time.Duration {
+	c := time.Duration(stepSecs / 2 * float64(time.Second)).Round(time.Microsecond)
+	return max(time.Millisecond, min(MaxCycleTime, c))
 }
 
 // point is s as the optimiser sees it.
@@ -196,10 +216,10 @@ func (sp space) grid(n int) [][]float64 {
 	return out
 }
 
-// farCorner is the corner of the box farthest from the defaults along every dimension: the first
-// candidate. With only the defaults measured, expected improvement is highest where the model
-// knows least, which is there; bayes, fitting length scales to a single point, cannot tell one
-// distant point from another and would return a random one.
+// farCorner is the corner of the box farthest from the defaults along every dimension: a point of
+// the initial design. With only the defaults measured, expected improvement is highest where the
+// model knows least, which is there; bayes, fitting length scales to a single point, cannot tell
+// one distant point from another and would return a random one.
 func (sp space) farCorner(defaults Settings) Settings {
 	x := sp.point(defaults)
 	c := make([]float64, len(x))

@@ -60,7 +60,7 @@ func TestFarCorner(t *testing.T) {
 		// 16 MiB is past the middle of log(bytes + 1 MiB) over [0, 256 MiB].
 		{Settings{16 << 20, 12 * time.Millisecond}, Settings{0, MaxCycleTime}},
 	} {
-		if got := newSpace(tc.defaults).farCorner(tc.defaults); got != tc.want {
+		if got := newSpace(tc.defaults, MaxCycleTime).farCorner(tc.defaults); got != tc.want {
 			t.Errorf("defaults %v: corner %v, want %v", tc.defaults, got, tc.want)
 		}
 	}

@@ -22,9 +22,19 @@ type Config struct {
 	Defaults Settings
 	// WarmupSamples are discarded at the start (default 3, Horovod's --autotune-warmup-samples).
 	WarmupSamples int
-	// StepsPerSample is the number of optimizer steps per sample (default 10,
-	// --autotune-steps-per-sample).
+	// StepsPerSample, when set (--autotune-steps-per-sample), is the number of optimizer steps in
+	// every sample. 0, the default, sizes samples by time: a sample lasts at least SampleTime and
+	// MinSampleSteps steps, and at most the steps that still let the tuner decide within
+	// StepBudget (MaxSampleSteps), whichever ends it first. An early abandon (doc.go) ends a
+	// candidate's sample sooner either way.
 	StepsPerSample int
+	// SampleTime is the least time a sample lasts when samples are sized by time (default 1 s).
+	SampleTime time.Duration
+	// MinSampleSteps is the fewest steps in a sample sized by time (default 5).
+	MinSampleSteps int
+	// StepBudget is the step by which a tuner whose samples are sized by time has decided (default
+	// 300): it caps the steps of a sample (MaxSampleSteps).
+	StepBudget int64
 	// MaxSamples is the number of measured samples after warm-up, defaults' and candidates'
 	// together, before the tuner must decide (default 20, --autotune-bayes-opt-max-samples). At
 	// least 7: a candidate is judged from 3 pairs, each between two defaults samples.
@@ -44,11 +54,16 @@ type Config struct {
 	// Lag is the number of steps between deciding a switch and the step it applies from (default
 	// 2): time for the broadcast to reach every rank.
 	Lag int64
+	// World is the world tuned for, written in every log row: a decision holds for a world like it
+	// (DecisionFor).
+	World World
 }
 
 const (
 	defaultWarmup         = 3
-	defaultStepsPerSample = 10
+	defaultSampleTime     = time.Second
+	defaultMinSampleSteps = 5
+	defaultStepBudget     = 300
 	defaultMaxSamples     = 20
 	defaultCandidatePairs = 5
 	defaultLag            = 2
@@ -69,6 +84,14 @@ func (c Config) withDefaults() (Config, error) {
 		return bad("warm-up samples %d < 0", c.WarmupSamples)
 	case c.StepsPerSample < 0:
 		return bad("steps per sample %d < 0", c.StepsPerSample)
+	case c.SampleTime < 0:
+		return bad("sample time %v < 0", c.SampleTime)
+	case c.MinSampleSteps < 0:
+		return bad("min steps per sample %d < 0", c.MinSampleSteps)
+	case c.StepBudget < 0:
+		return bad("step budget %d < 0", c.StepBudget)
+	case c.World.Round < 0 || c.World.Ranks < 0 || c.World.Hosts < 0:
+		return bad("world %+v: negative", c.World)
 	case c.MaxSamples < 0:
 		return bad("max samples %d < 0", c.MaxSamples)
 	case c.CandidatePairs < 0:
@@ -85,8 +108,14 @@ func (c Config) withDefaults() (Config, error) {
 	if c.WarmupSamples == 0 {
 		c.WarmupSamples = defaultWarmup
 	}
-	if c.StepsPerSample == 0 {
-		c.StepsPerSample = defaultStepsPerSample
+	if c.SampleTime == 0 {
+		c.SampleTime = defaultSampleTime
+	}
+	if c.MinSampleSteps == 0 {
+		c.MinSampleSteps = defaultMinSampleSteps
+	}
+	if c.StepBudget == 0 {
+		c.StepBudget = defaultStepBudget
 	}
 	if c.MaxSamples == 0 {
 		c.MaxSamples = defaultMaxSamples
@@ -110,6 +139,23 @@ func (c Config) withDefaults() (Config, error) {
 	return c, nil
 }
 
+// MaxSampleSteps is the most steps of a sample sized by time: the most that still decide within
+// StepBudget when every sample, warm-up included, runs that long and every measured sample but the
+// first follows a switch (Lag steps and the transitional one). At least MinSampleSteps. 10 at the
+// defaults (3 warm-up samples, 20 measured, Lag 2, 300 steps), the count Horovod uses.
+func (c Config) MaxSampleSteps() int {
+	c, err := c.withDefaults()
+	if err != nil {
+		return 0
+	}
+	return c.maxSampleSteps()
+}
+
+func (c Config) maxSampleSteps() int {
+	spare := c.StepBudget - int64(c.MaxSamples)*(c.Lag+1) - c.Lag
+	return max(c.MinSampleSteps, int(spare/int64(c.WarmupSamples+c.MaxSamples)))
+}
+
 type phase int
 
 const (
@@ -125,6 +171,7 @@ type evaluation struct {
 	defaults  []float64 // seconds per step, A samples, the first one shared with the previous candidate
 	candidate []float64 // B samples
 	result    decide.Result
+	abandoned bool // its sample was cut short, its first steps far slower than the defaults'
 }
 
 // Tuner is the autotuner's state. Create it with New.
@@ -132,6 +179,7 @@ type Tuner struct {
 	cfg   Config
 	space space
 	opt   *bayes.Optimizer
+	rng   *rand.Rand
 	log   *csvlog.Writer
 	err   error // the first log write error, returned by Close
 
@@ -145,6 +193,10 @@ type Tuner struct {
 	timing   bool // a sample is being timed, from the end of markStep
 	mark     time.Time
 	markStep int64
+	prevEnd  time.Time // the end of the last step of the sample being timed
+	slow     int64     // its steps so far that took abandonRatio times the defaults' step or longer
+
+	designed int // points of the initial design taken (design)
 
 	sampleIndex int         // samples logged so far, warm-up included
 	measured    int         // samples measured after warm-up
@@ -166,24 +218,34 @@ func New(cfg Config) (*Tuner, error) {
 	if err != nil {
 		return nil, err
 	}
-	sp := newSpace(cfg.Defaults)
-	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6b6f6c6f6175746f))
-	opt, err := bayes.New(sp.dims, bayes.Config{Noise: cfg.Noise}, rng)
-	if err != nil {
-		return nil, fmt.Errorf("autotune: %w", err)
+	t := &Tuner{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6b6f6c6f6175746f)), inForce: cfg.Defaults,
+		confidence: candidateConfidence(cfg)}
+	if err := t.setBox(MaxCycleTime); err != nil {
+		return nil, err
 	}
-	// The defaults' log time ratio to themselves is 0 by definition: the point every candidate's
-	// observation is relative to.
-	if err := opt.Add(sp.point(cfg.Defaults), 0); err != nil {
-		return nil, fmt.Errorf("autotune: defaults %v: %w", cfg.Defaults, err)
-	}
-	t := &Tuner{cfg: cfg, space: sp, opt: opt, inForce: cfg.Defaults, confidence: candidateConfidence(cfg)}
 	if cfg.Log != nil {
 		if t.log, err = csvlog.NewWriter(cfg.Log, logColumns); err != nil {
 			return nil, fmt.Errorf("autotune: %w", err)
 		}
 	}
 	return t, nil
+}
+
+// setBox makes the search box, with cycle times up to maxCycle, and a model that knows only the
+// defaults.
+func (t *Tuner) setBox(maxCycle time.Duration) error {
+	sp := newSpace(t.cfg.Defaults, maxCycle)
+	opt, err := bayes.New(sp.dims, bayes.Config{Noise: t.cfg.Noise}, t.rng)
+	if err != nil {
+		return fmt.Errorf("autotune: %w", err)
+	}
+	// The defaults' log time ratio to themselves is 0 by definition: the point every candidate's
+	// observation is relative to.
+	if err := opt.Add(sp.point(t.cfg.Defaults), 0); err != nil {
+		return fmt.Errorf("autotune: defaults %v: %w", t.cfg.Defaults, err)
+	}
+	t.space, t.opt = sp, opt
+	return nil
 }
 
 // Step reports that optimizer step `step` (1, 2, 3, ... consecutive) ended at `now` on this rank.
@@ -211,20 +273,24 @@ func (t *Tuner) Step(step int64, now time.Time) (s Settings, from int64, change 
 		t.startSample(step, now)
 		return Settings{}, 0, false
 	}
-	if !t.timing || gap {
+	if !t.timing || gap || !now.After(t.prevEnd) {
 		t.startSample(step, now)
 		return Settings{}, 0, false
 	}
-	n := int64(t.cfg.StepsPerSample)
-	if step-t.markStep < n {
+	n := step - t.markStep
+	if t.candidate && t.phase == tuning && t.eval != nil &&
+		now.Sub(t.prevEnd).Seconds() >= abandonRatio*geomean(t.eval.defaults) {
+		t.slow++
+	}
+	t.prevEnd = now
+	abandon := t.candidate && t.phase == tuning && n >= abandonSteps && t.slow == n
+	if !abandon && !t.sampleDone(n, now.Sub(t.mark)) {
 		return Settings{}, 0, false
 	}
-	secs := now.Sub(t.mark).Seconds() / float64(n)
-	if !(secs > 0) {
-		t.startSample(step, now)
-		return Settings{}, 0, false
+	if abandon {
+		t.eval.abandoned = true
 	}
-	next, final := t.sample(step, secs)
+	next, final := t.sample(step, n, now.Sub(t.mark).Seconds()/float64(n))
 	if final {
 		t.decide(step)
 	}
@@ -241,27 +307,55 @@ func (t *Tuner) Step(step int64, now time.Time) (s Settings, from int64, change 
 }
 
 func (t *Tuner) startSample(step int64, now time.Time) {
-	t.timing, t.mark, t.markStep = true, now, step
+	t.timing, t.mark, t.markStep, t.prevEnd, t.slow = true, now, step, now, 0
 }
 
-// sample takes a finished sample of secs seconds per step, ending at step, and says which settings
-// the next sample runs, and whether the tuner has decided (next is then the decision).
-func (t *Tuner) sample(step int64, secs float64) (next Settings, final bool) {
+// sampleDone says a sample of n steps that has lasted elapsed is complete.
+func (t *Tuner) sampleDone(n int64, elapsed time.Duration) bool {
+	if t.cfg.StepsPerSample > 0 {
+		return n >= int64(t.cfg.StepsPerSample)
+	}
+	return n >= int64(t.cfg.maxSampleSteps()) || n >= int64(t.cfg.MinSampleSteps) && elapsed >= t.cfg.SampleTime
+}
+
+// Abandoning a candidate early: its sample ends once its first abandonSteps steps, and every step
+// since, each took at least abandonRatio times the defaults' step time (the mean of the defaults
+// samples of its comparison). A candidate that far behind cannot win, and on a fast-step job each
+// of its steps costs the job a quarter of a step or more: a 25 ms cycle time on a 10 ms step runs
+// 3.5 times as long. A candidate no slower than the defaults passes the test unless each of two
+// steps runs 25% slow by chance, which per-step jitter of 10% (sd of the log) does one time in
+// 10,000 and of 20% one time in 70; it then only costs a missed candidate, never a wrong crown.
+const (
+	abandonSteps = 2
+	abandonRatio = 1.25
+)
+
+// sample takes a finished sample of n steps of secs seconds each, ending at step, and says which
+// settings the next sample runs, and whether the tuner has decided (next is then the decision).
+func (t *Tuner) sample(step, n int64, secs float64) (next Settings, final bool) {
 	row := csvlog.Row{Sample: t.sampleIndex, Step: step, StepTime: secs, Role: csvlog.Default,
 		Speedup: math.NaN(), CILow: math.NaN(), CIHigh: math.NaN()}
 	t.sampleIndex++
 	if t.phase == warmingUp {
-		row.Settings = t.inForce.columns(PhaseWarmup)
+		row.Settings = t.columns(t.inForce, PhaseWarmup, n)
 		t.write(row)
 		if t.sampleIndex == t.cfg.WarmupSamples {
 			t.phase = tuning
+			// The box's cycle times end at half the defaults' step, as the last warm-up sample
+			// measured it; the model starts over in it, knowing the defaults only.
+			if err := t.setBox(cycleCap(secs)); err != nil {
+				t.err = err
+			}
 		}
 		return t.inForce, false
 	}
 	t.measured++
-	row.Settings = t.inForce.columns(PhaseTuning)
+	row.Settings = t.columns(t.inForce, PhaseTuning, n)
 
 	if t.candidate {
+		if t.eval.abandoned {
+			row.Settings[ColumnPhase] = PhaseAbandoned
+		}
 		// A candidate sample: its row waits for the defaults sample after it, which completes
 		// its pair and gives the speed-up to write.
 		t.eval.candidate = append(t.eval.candidate, secs)
@@ -274,7 +368,7 @@ func (t *Tuner) sample(step int64, secs float64) (next Settings, final bool) {
 	t.defaultTime = append(t.defaultTime, secs)
 	if t.eval == nil {
 		t.write(row)
-		return t.startCandidate([]float64{secs}, t.space.farCorner(t.cfg.Defaults))
+		return t.next(secs)
 	}
 	e := t.eval
 	e.defaults = append(e.defaults, secs)
@@ -287,7 +381,7 @@ func (t *Tuner) sample(step int64, secs float64) (next Settings, final bool) {
 	e.result = res
 	t.flushPending(res)
 	t.write(row)
-	if !res.Done && !t.hopeless(e) {
+	if !res.Done && !e.abandoned && !t.hopeless(e) {
 		t.candidate = true
 		return e.settings, false
 	}
@@ -333,28 +427,32 @@ func (t *Tuner) stop() (Settings, bool) {
 	return t.cfg.Defaults, true
 }
 
-// design is the next point of the initial design, if one is left that lies clear of the points
-// measured. After the far corner: the middle of the fusion range (in log bytes) at the shorter of
-// the defaults' and the corner's cycle times, where a fusion threshold's usual optimum lies (small
-// ones send many small allreduces, large ones start communicating late) and which no corner sees
-// (a cycle only adds latency to negotiation, so the shorter is the likelier to win); then the
-// defaults with the cycle time alone moved to the corner's, which with the defaults and the corner
-// makes three corners of a rectangle and tells the two knobs' effects apart. The model takes over
-// from there, with points enough to fit a length scale per knob.
+// design is the next point of the initial design that lies clear of the points measured, if one is
+// left. First the middle of the fusion range (in log bytes) at the shorter of the defaults' and the
+// far corner's cycle times: where a fusion threshold's usual optimum lies (small ones send many
+// small allreduces, large ones start communicating late), which no corner sees, and the likeliest
+// winner (a cycle only adds latency to negotiation, so the shorter is the likelier to win); a
+// winner found first makes every later candidate that cannot beat it hopeless sooner. Then the far
+// corner, where a model that has seen one point expects the most. Then the defaults with the cycle
+// time alone moved to the corner's, which with the defaults and the corner makes three corners of
+// a rectangle and tells the two knobs' effects apart. The model takes over from there, with points
+// enough to fit a length scale per knob.
 func (t *Tuner) design() (Settings, bool) {
-	if len(t.evaluated) == 0 || len(t.evaluated) > 2 {
-		return Settings{}, false
+	corner := t.space.farCorner(t.cfg.Defaults)
+	cycle := min(t.cfg.Defaults.CycleTime, corner.CycleTime)
+	points := []Settings{
+		t.space.settings([]float64{t.space.middle(0), float64(cycle) / float64(time.Millisecond)}),
+		corner,
+		{FusionBytes: t.cfg.Defaults.FusionBytes, CycleTime: corner.CycleTime},
 	}
-	corner := t.evaluated[0].settings
-	s := Settings{FusionBytes: t.cfg.Defaults.FusionBytes, CycleTime: corner.CycleTime}
-	if len(t.evaluated) == 1 {
-		cycle := min(t.cfg.Defaults.CycleTime, corner.CycleTime)
-		s = t.space.settings([]float64{t.space.middle(0), float64(cycle) / float64(time.Millisecond)})
-		if !t.far(t.space.point(s)) {
-			s = Settings{FusionBytes: t.cfg.Defaults.FusionBytes, CycleTime: corner.CycleTime}
+	for t.designed < len(points) {
+		s := points[t.designed]
+		t.designed++
+		if t.far(t.space.point(s)) {
+			return s, true
 		}
 	}
-	return s, t.far(t.space.point(s))
+	return Settings{}, false
 }
 
 // minGain is the expected improvement (in log time ratio: a fraction of the step time) below which
@@ -583,7 +681,7 @@ func (t *Tuner) writeChosen() {
 		return
 	}
 	r := t.result
-	row := csvlog.Row{Step: r.DecidedAt, Settings: r.Chosen.columns(PhaseDecided), StepTime: t.meanTime(),
+	row := csvlog.Row{Step: r.DecidedAt, Settings: t.columns(r.Chosen, PhaseDecided, 0), StepTime: t.meanTime(),
 		Speedup: 1, CILow: math.NaN(), CIHigh: math.NaN()}
 	if !r.KeptDefaults {
 		row.Speedup, row.CILow, row.CIHigh = r.Speedup, finiteOrNaN(r.Low), finiteOrNaN(r.High)
@@ -602,6 +700,11 @@ func (t *Tuner) meanTime() float64 {
 	if t.incumbent != nil {
 		xs = t.incumbent.candidate
 	}
+	return geomean(xs)
+}
+
+// geomean is the geometric mean of xs, NaN if there are none.
+func geomean(xs []float64) float64 {
 	if len(xs) == 0 {
 		return math.NaN()
 	}

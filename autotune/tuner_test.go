@@ -6,6 +6,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +22,9 @@ type job struct {
 	jitter float64 // sd of the log of a step's time
 	// switchCost is extra seconds on the first step under new settings, which no sample may see.
 	switchCost float64
+	// sleepsOut adds the old settings' cycle time to the first step under new ones: a negotiation
+	// cycle that began in the old regime sleeps it out (doc.go).
+	sleepsOut bool
 }
 
 type switchAt struct {
@@ -35,13 +40,15 @@ type run struct {
 	steps    int64 // reported
 	// inForce is the settings each step ran under, by step (index 0 unused).
 	inForce []Settings
+	// secs is each step's time, by step (index 0 unused).
+	secs []float64
 }
 
 // simulate runs j under cfg for at most maxSteps steps, applying the tuner's switches as the
 // engine would, and stops a few steps after the tuner is done and every switch has applied.
 func simulate(t *testing.T, cfg Config, j job, seed uint64, maxSteps int64) *run {
 	t.Helper()
-	r := &run{cfg: cfg, log: &bytes.Buffer{}, inForce: []Settings{{}}}
+	r := &run{cfg: cfg, log: &bytes.Buffer{}, inForce: []Settings{{}}, secs: []float64{0}}
 	cfg.Log = r.log
 	tu, err := New(cfg)
 	if err != nil {
@@ -56,11 +63,16 @@ func simulate(t *testing.T, cfg Config, j job, seed uint64, maxSteps int64) *run
 	for step := int64(1); step <= maxSteps; step++ {
 		secs := j.mean(inForce, step) * math.Exp(j.jitter*rng.NormFloat64())
 		if s, ok := pending[step]; ok {
+			old := inForce
 			inForce = s
 			delete(pending, step)
 			secs = j.mean(inForce, step)*math.Exp(j.jitter*rng.NormFloat64()) + j.switchCost
+			if j.sleepsOut {
+				secs += old.CycleTime.Seconds()
+			}
 		}
 		r.inForce = append(r.inForce, inForce)
+		r.secs = append(r.secs, secs)
 		now = now.Add(time.Duration(secs * float64(time.Second)))
 		s, from, change := tu.Step(step, now)
 		r.steps = step
@@ -111,6 +123,9 @@ func TestKeepsDefaultsWhenNothingMatters(t *testing.T) {
 		// 30% slower over 400 steps: measured one after the other, later candidates would look slower.
 		{"drift", job{mean: func(_ Settings, step int64) float64 { return 0.1 * (1 + 0.3*float64(step)/400) }, jitter: 0.02}},
 		{"switches cost", job{mean: flat(0.1), jitter: 0.02, switchCost: 0.1}},
+		// Samples sized by time: 10 steps of a 10 ms job, 5 of a 400 ms one.
+		{"10 ms steps, 15% jitter", job{mean: flat(0.01), jitter: 0.15}},
+		{"400 ms steps, 3% jitter", job{mean: flat(0.4), jitter: 0.03}},
 	} {
 		for seed := uint64(1); seed <= 6; seed++ {
 			r := simulate(t, Config{Defaults: defaults, Seed: seed}, tc.job, seed, 2000)
@@ -195,7 +210,6 @@ func TestSwitchSchedule(t *testing.T) {
 				t.Errorf("%s: switch to %v returned at step %d applies from %d, want %d", tc.name, sw.s, sw.at, sw.from, sw.at+cfg.Lag)
 			}
 		}
-		n := int64(cfg.StepsPerSample)
 		l := readLog(t, r)
 		samples := 0
 		for _, row := range l.Rows {
@@ -203,6 +217,13 @@ func TestSwitchSchedule(t *testing.T) {
 				continue
 			}
 			samples++
+			n, err := strconv.ParseInt(row.Settings[ColumnSteps], 10, 64)
+			if err != nil || n < 1 {
+				t.Fatalf("%s: sample %d: steps %q", tc.name, row.Sample, row.Settings[ColumnSteps])
+			}
+			if want := int64(cfg.StepsPerSample); want > 0 && n != want && row.Settings[ColumnPhase] != PhaseAbandoned {
+				t.Errorf("%s: sample %d measured %d steps, want %d", tc.name, row.Sample, n, want)
+			}
 			first := row.Step - n + 1 // the sample is steps first..row.Step, timed from the end of first-1
 			if first < 2 {
 				t.Errorf("%s: sample %d timed from step %d: the first step's start is unknown", tc.name, row.Sample, first-1)
@@ -263,7 +284,7 @@ func TestLog(t *testing.T) {
 					t.Errorf("%d steps: row %+v: want a warm-up defaults row", steps, row)
 				}
 			}
-			if !reflect.DeepEqual(l.Settings, []string{ColumnFusionBytes, ColumnCycleMs, ColumnPhase}) {
+			if !reflect.DeepEqual(l.Settings, []string{ColumnFusionBytes, ColumnCycleMs, ColumnPhase, ColumnSteps, ColumnRound, ColumnRanks, ColumnHosts}) {
 				t.Errorf("columns %q", l.Settings)
 			}
 		}
@@ -439,8 +460,8 @@ func largeFusionCost(perDoubling float64) func(Settings, int64) float64 {
 // 0, 1, 2, 5, 10 and 20 ms: the exhaustive search the tuner is measured against.
 func bestOnGrid(defaults Settings, mean func(Settings, int64) float64) float64 {
 	best := math.Inf(1)
-	for _, x := range newSpace(defaults).grid(gridSize) {
-		best = math.Min(best, mean(newSpace(defaults).settings(x), 0))
+	for _, x := range newSpace(defaults, MaxCycleTime).grid(gridSize) {
+		best = math.Min(best, mean(newSpace(defaults, MaxCycleTime).settings(x), 0))
 	}
 	for f := int64(1 << 20); f <= MaxFusionBytes; f *= 2 {
 		for _, ms := range []time.Duration{0, 1, 2, 5, 10, 20} {
@@ -510,6 +531,10 @@ func TestFalseCrownRate(t *testing.T) {
 			{"5% jitter", job{mean: flat(0.1), jitter: 0.05}},
 			{"drift, 2% jitter", job{mean: drift, jitter: 0.02}},
 			{"drift, 5% jitter", job{mean: drift, jitter: 0.05}},
+			// Fast steps, whose per-step jitter also abandons some candidates early, and slow
+			// ones, whose samples sized by time are 5 steps.
+			{"10 ms, 20% jitter", job{mean: flat(0.01), jitter: 0.2}},
+			{"400 ms, 5% jitter", job{mean: flat(0.4), jitter: 0.05}},
 		} {
 			kept, candidates, last := 0, 0, int64(0)
 			for seed := uint64(1); seed <= 100; seed++ {
@@ -546,6 +571,122 @@ func TestCandidateConfidence(t *testing.T) {
 		}
 		if got := candidateConfidence(cfg); math.Abs(got-tc.want) > 1e-12 {
 			t.Errorf("max samples %d: confidence %g, want %g", tc.maxSamples, got, tc.want)
+		}
+	}
+}
+
+// overhead is what tuning cost the job up to its decision: its time for steps 1 to DecidedAt over
+// the same steps at the defaults' mean step time, less 1.
+func (r *run) overhead(j job) float64 {
+	at := r.tuner.Result().DecidedAt
+	var got, want float64
+	for step := int64(1); step <= at; step++ {
+		got += r.secs[step]
+		want += j.mean(r.cfg.Defaults, step)
+	}
+	return got/want - 1
+}
+
+// fastStep is a cnn:16-like job: a 10 ms step at kolo's defaults, which every millisecond of cycle
+// time lengthens by a millisecond, and which runs 30% slower without fusion and 5% faster at a
+// fusion threshold of 4-32 MiB.
+func fastStep(s Settings, _ int64) float64 {
+	t := 0.010
+	switch {
+	case s.FusionBytes < 1<<20:
+		t *= 1.3
+	case s.FusionBytes >= 4<<20 && s.FusionBytes <= 32<<20:
+		t *= 0.95
+	}
+	return t + s.CycleTime.Seconds()
+}
+
+// TestFastStepOverhead: on a 10 ms step, where a 25 ms cycle time would run each step 3.5 times as
+// long, tuning costs the job under 5% of its time up to the decision, which comes within 300 steps;
+// no candidate has a cycle time over half a step; a candidate far slower is abandoned within its
+// first steps.
+func TestFastStepOverhead(t *testing.T) {
+	defaults := Settings{FusionBytes: 128 << 20, CycleTime: 0}
+	for _, jitter := range []float64{0.05, 0.15} {
+		j := job{mean: fastStep, jitter: jitter, sleepsOut: true}
+		var overheads []float64
+		abandoned := 0
+		for seed := uint64(1); seed <= 20; seed++ {
+			r := simulate(t, Config{Defaults: defaults, Seed: seed}, j, seed, 2000)
+			res := r.tuner.Result()
+			if !res.Decided || res.DecidedAt > 300 {
+				t.Fatalf("jitter %g, seed %d: %v", jitter, seed, res)
+			}
+			if !res.KeptDefaults && fastStep(res.Chosen, 0) > fastStep(defaults, 0) {
+				t.Errorf("jitter %g, seed %d: chose a slower point: %v", jitter, seed, res)
+			}
+			for _, sw := range r.switches {
+				if sw.s.CycleTime > 6*time.Millisecond { // half a step as the last warm-up sample measured it
+					t.Errorf("jitter %g, seed %d: tried %v, a cycle over half the 10 ms step", jitter, seed, sw.s)
+				}
+			}
+			for _, row := range readLog(t, r).Rows {
+				if row.Settings[ColumnPhase] != PhaseAbandoned {
+					continue
+				}
+				abandoned++
+				if row.Settings[ColumnSteps] != "2" && row.Settings[ColumnSteps] != "3" {
+					t.Errorf("jitter %g, seed %d: abandoned after %s steps, want 2 or 3", jitter, seed, row.Settings[ColumnSteps])
+				}
+			}
+			overheads = append(overheads, r.overhead(j))
+			if seed == 1 {
+				t.Logf("jitter %g: %v (%d candidates)", jitter, res, res.Candidates)
+			}
+		}
+		slices.Sort(overheads)
+		med := overheads[len(overheads)/2]
+		t.Logf("jitter %g: overhead median %.3f, range %.3f-%.3f; %d samples abandoned in 20 runs", jitter, med, overheads[0], overheads[len(overheads)-1], abandoned)
+		if med > 0.05 || overheads[len(overheads)-1] > 0.08 {
+			t.Errorf("jitter %g: overhead median %.3f, max %.3f: want under 0.05 and 0.08", jitter, med, overheads[len(overheads)-1])
+		}
+		if abandoned == 0 {
+			t.Errorf("jitter %g: no candidate abandoned early", jitter)
+		}
+	}
+}
+
+// TestSampleSize: samples sized by time last 1 s and at least 5 steps, at most 10 (what decides
+// within 300 steps); an explicit StepsPerSample is every sample's length, as in Horovod.
+func TestSampleSize(t *testing.T) {
+	if got := (Config{}).MaxSampleSteps(); got != 10 {
+		t.Errorf("MaxSampleSteps at the defaults %d, want 10", got)
+	}
+	if got := (Config{StepBudget: 600}).MaxSampleSteps(); got != 23 {
+		t.Errorf("MaxSampleSteps with a budget of 600 steps %d, want 23", got)
+	}
+	for _, tc := range []struct {
+		name  string
+		cfg   Config
+		secs  float64
+		steps int
+	}{
+		{"10 ms", Config{}, 0.010, 10},
+		{"150 ms", Config{}, 0.150, 7},
+		{"400 ms", Config{}, 0.400, 5},
+		{"2 s", Config{}, 2, 5},
+		{"10 ms, 4 steps asked", Config{StepsPerSample: 4}, 0.010, 4},
+		{"400 ms, 10 steps asked", Config{StepsPerSample: 10}, 0.400, 10},
+		{"50 ms, 0.5 s", Config{SampleTime: 500 * time.Millisecond, MinSampleSteps: 2}, 0.050, 10},
+		{"400 ms, 0.5 s", Config{SampleTime: 500 * time.Millisecond, MinSampleSteps: 2}, 0.400, 2},
+	} {
+		cfg := tc.cfg
+		cfg.Defaults = Settings{FusionBytes: 64 << 20}
+		r := simulate(t, cfg, job{mean: flat(tc.secs)}, 1, 2000)
+		res := r.tuner.Result()
+		if !res.Decided || res.DecidedAt > 300 {
+			t.Errorf("%s: %v", tc.name, res)
+		}
+		for _, row := range readLog(t, r).Rows {
+			if row.Role != csvlog.Chosen && row.Settings[ColumnSteps] != strconv.Itoa(tc.steps) {
+				t.Errorf("%s: sample %d measured %s steps, want %d", tc.name, row.Sample, row.Settings[ColumnSteps], tc.steps)
+				break
+			}
 		}
 	}
 }
