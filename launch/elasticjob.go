@@ -44,6 +44,11 @@ type elasticSettings struct {
 	reinitGrace     time.Duration // how long after another's request a worker may take to ask for a re-forming; 30 s
 	stopGrace       time.Duration // SIGTERM to SIGKILL when stopping a worker; 3 s
 	streamWait      time.Duration // how long the end waits for the workers' output to end; 5 s
+
+	// No-ssh mode (elasticnode.go, elasticagent.go).
+	beat        time.Duration   // a joined node's heartbeat interval; beatInterval
+	nodeSilence time.Duration   // a node silent this long has left the job (and the serving node, for it); nodeSilence
+	vanish      <-chan struct{} // tests: a joined node closed it stops dead, as if killed, telling nobody
 }
 
 func (s *elasticSettings) fill() {
@@ -59,6 +64,8 @@ func (s *elasticSettings) fill() {
 	def(&s.reinitGrace, 30*time.Second)
 	def(&s.stopGrace, 3*time.Second)
 	def(&s.streamWait, 5*time.Second)
+	def(&s.beat, beatInterval)
+	def(&s.nodeSilence, nodeSilence)
 }
 
 // RunElastic runs an elastic job: workers on the hosts the --host-discovery-script lists (or the
@@ -188,13 +195,14 @@ type elasticJob struct {
 	out, errw *lineWriter
 	startCtx  context.Context // what a start waits under (ssh sessions queue per host)
 
-	hosts []elastic.Host                  // the last discovery
-	round jobenv.Round                    // the newest round published; Number 0: none yet
-	ended bool                            // the end record is published (as round.Number+1)
-	procs map[elastic.Worker]*elasticProc // the newest process of each place of the current world
-	all   []*elasticProc                  // every process started, for the end
-	exits chan elasticExit                // from the per-worker waiters; the loop always drains it
-	wg    sync.WaitGroup                  // the per-worker goroutines: waiters and output pumps
+	hosts  []elastic.Host                  // the last discovery
+	listed bool                            // a discovery came: the planner is ticked from then on
+	round  jobenv.Round                    // the newest round published; Number 0: none yet
+	ended  bool                            // the end record is published (as round.Number+1)
+	procs  map[elastic.Worker]*elasticProc // the newest process of each place of the current world
+	all    []*elasticProc                  // every process started, for the end
+	exits  chan elasticExit                // from the per-worker waiters; the loop always drains it
+	wg     sync.WaitGroup                  // the per-worker goroutines: waiters and output pumps
 
 	pending     []*elasticProc   // failed exits not yet reported to the planner
 	batchC      <-chan time.Time // fires when pending is due
@@ -279,7 +287,7 @@ func (j *elasticJob) run(ctx context.Context, source hostSource) (code int, err 
 				o = j.reportFailures(time.Now())
 			}
 		case now := <-ticker.C:
-			if !j.finishing {
+			if !j.finishing && j.listed {
 				if o = j.act(j.planner.Tick(now)); o == nil {
 					o = j.checkReinit(now)
 				}
@@ -296,6 +304,7 @@ func (j *elasticJob) run(ctx context.Context, source hostSource) (code int, err 
 }
 
 func (j *elasticJob) discovered(d discovery) *elasticEnd {
+	j.listed = true
 	if d.err != nil {
 		return j.act(j.planner.DiscoveryFailed(d.at, d.err))
 	}
@@ -558,6 +567,9 @@ func (j *elasticJob) onExit(e elasticExit) {
 		if j.opts.Verbose {
 			j.log("%s stopped: %s", p.place, e.exit)
 		}
+	case errors.Is(e.exit.Err, errNodeLeft) && !j.finishing:
+		// No-ssh mode: the listing without its node, which follows, makes the next round.
+		j.log("%s (started for round %d as rank %d): %s", p.place, p.round, p.rank, e.exit)
 	case e.exit.Failed():
 		j.log("%s (started for round %d as rank %d) %s", p.place, p.round, p.rank, e.exit)
 		j.pending = append(j.pending, p)

@@ -191,11 +191,23 @@ func (o *Options) nodeSlots() (int, error) {
 	return 0, errors.New("say how many ranks this node runs: --nproc-per-node N, -H localhost:N, or -np TOTAL (split evenly over --nnodes)")
 }
 
-// RunNode runs this node's part of a no-ssh job (see the comment at the top of this file). It
-// returns the job's exit code (the same on every node: 0, the first failing rank's,
-// ExitInterrupted, ExitUsage, or 1) and an error to print, if any; the failure summary is already
-// written to stderr.
+// elasticNodeSlots is how many workers this node of a no-ssh elastic job runs: -np counts the
+// job's ranks there, so it says nothing about a node's.
+func (o *Options) elasticNodeSlots() (int, error) {
+	if o.NprocPerNode == 0 && o.Hosts == "" {
+		return 0, errors.New("say how many workers this node runs: --nproc-per-node N or -H localhost:N (in elastic mode -np, --min-np and --max-np count the job's ranks)")
+	}
+	return o.nodeSlots()
+}
+
+// RunNode runs this node's part of a no-ssh job (see the comment at the top of this file), or of
+// an elastic one (elasticnode.go). It returns the job's exit code (the same on every node: 0, the
+// first failing rank's, ExitInterrupted, ExitUsage, or 1) and an error to print, if any; the
+// failure summary is already written to stderr.
 func RunNode(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int, error) {
+	if opts.Elastic() {
+		return runElasticNode(ctx, opts, elasticSettings{}, stdout, stderr)
+	}
 	secret, err := NodeSecret(opts)
 	if err != nil {
 		return ExitUsage, err
@@ -259,55 +271,22 @@ func (n *node) close() {
 	}
 }
 
+// jobRecord is what the serving node publishes at keyJob.
+type jobRecord struct {
+	ID      string `json:"id"`
+	Elastic bool   `json:"elastic,omitempty"` // an elastic job (elasticnode.go)
+}
+
 // meet serves or reaches the rendezvous, registers this node and waits (within --start-timeout)
 // for the others.
 func (n *node) meet(ctx context.Context) (int, error) {
 	o := n.opts
-	host, port, _ := net.SplitHostPort(o.Rendezvous)
-	n.port = port
 	ctx, cancel := context.WithTimeout(ctx, o.StartTimeout)
 	defer cancel()
-
-	if n.shouldServe(host) {
-		srv := rendezvous.NewServer(n.secret)
-		_, err := srv.Listen(net.JoinHostPort("", port))
-		switch {
-		case err == nil:
-			n.srv = srv
-			rec, _ := json.Marshal(map[string]string{"id": NewJobID()})
-			srv.Set(keyJob, rec)
-			if o.Verbose {
-				slog.Info("serving the rendezvous", "port", port)
-			}
-		case errors.Is(err, syscall.EADDRINUSE):
-			// Another node on this machine serves it (or a stranger holds the port: the
-			// handshake below says so).
-			if o.Verbose {
-				slog.Info("rendezvous port in use here; joining as a client", "port", port)
-			}
-		default:
-			return 1, fmt.Errorf("serve the rendezvous on port %s: %w", port, err)
-		}
+	if code, err := n.connect(ctx); err != nil {
+		return code, err
 	}
-	dial := o.Rendezvous
-	if n.srv != nil {
-		dial = net.JoinHostPort("127.0.0.1", port)
-	}
-	rv, err := rendezvous.Dial(ctx, dial, n.secret)
-	if err != nil {
-		return 1, fmt.Errorf("reach the rendezvous at %s: %w", o.Rendezvous, err)
-	}
-	n.rv = rv
-	var job struct{ ID string }
-	v, err := rv.Get(ctx, keyJob)
-	if err == nil {
-		err = json.Unmarshal(v, &job)
-	}
-	if err != nil {
-		return 1, fmt.Errorf("read the job id at %s: %w", o.Rendezvous, err)
-	}
-	n.jobID = job.ID
-
+	rv := n.rv
 	if code, err := n.register(ctx); err != nil {
 		return code, err
 	}
@@ -354,6 +333,61 @@ func (n *node) meet(ctx context.Context) (int, error) {
 		}
 	}
 	return n.checkInfos()
+}
+
+// connect serves the rendezvous when this node should (shouldServe), else reaches it, and reads
+// the job id. A node whose job is elastic and the serving node's not (or the other way round)
+// fails here, saying so.
+func (n *node) connect(ctx context.Context) (int, error) {
+	o := n.opts
+	host, port, _ := net.SplitHostPort(o.Rendezvous)
+	n.port = port
+	if n.shouldServe(host) {
+		srv := rendezvous.NewServer(n.secret)
+		_, err := srv.Listen(net.JoinHostPort("", port))
+		switch {
+		case err == nil:
+			n.srv = srv
+			rec, _ := json.Marshal(jobRecord{ID: NewJobID(), Elastic: o.Elastic()})
+			srv.Set(keyJob, rec)
+			if o.Verbose {
+				slog.Info("serving the rendezvous", "port", port)
+			}
+		case errors.Is(err, syscall.EADDRINUSE):
+			// Another node on this machine serves it (or a stranger holds the port: the
+			// handshake below says so).
+			if o.Verbose {
+				slog.Info("rendezvous port in use here; joining as a client", "port", port)
+			}
+		default:
+			return 1, fmt.Errorf("serve the rendezvous on port %s: %w", port, err)
+		}
+	}
+	dial := o.Rendezvous
+	if n.srv != nil {
+		dial = net.JoinHostPort("127.0.0.1", port)
+	}
+	rv, err := rendezvous.Dial(ctx, dial, n.secret)
+	if err != nil {
+		return 1, fmt.Errorf("reach the rendezvous at %s: %w", o.Rendezvous, err)
+	}
+	n.rv = rv
+	var job jobRecord
+	v, err := rv.Get(ctx, keyJob)
+	if err == nil {
+		err = json.Unmarshal(v, &job)
+	}
+	if err != nil {
+		return 1, fmt.Errorf("read the job id at %s: %w", o.Rendezvous, err)
+	}
+	n.jobID = job.ID
+	switch {
+	case job.Elastic && !o.Elastic():
+		return ExitUsage, fmt.Errorf("the node serving the rendezvous at %s runs an elastic job: start every node with the same elastic flags (--min-np, --max-np)", o.Rendezvous)
+	case !job.Elastic && o.Elastic():
+		return ExitUsage, fmt.Errorf("the node serving the rendezvous at %s runs a job that is not elastic: start every node with the same flags (this one has --min-np or --max-np)", o.Rendezvous)
+	}
+	return 0, nil
 }
 
 // abandon, when this node fails before the job starts, tells the nodes still waiting why; the

@@ -192,10 +192,20 @@ func (o *Options) checkNodeFlags() error {
 	if _, _, err := net.SplitHostPort(o.Rendezvous); err != nil {
 		return fmt.Errorf("--rendezvous %q: want HOST:PORT: %w", o.Rendezvous, err)
 	}
+	if o.Elastic() {
+		// Nodes come and go: --nnodes is how many the first round waits for (default 1), and
+		// ranks are the planner's, round by round.
+		switch {
+		case o.NNodes < 0:
+			return fmt.Errorf("--nnodes %d must be positive", o.NNodes)
+		case o.NodeRank >= 0:
+			return errors.New("--node-rank has no meaning in elastic mode: nodes join in any order, and each round numbers the ranks anew")
+		}
+	}
 	switch {
-	case o.NNodes < 1:
+	case o.NNodes < 1 && !o.Elastic():
 		return errors.New("--rendezvous needs --nnodes N (how many nodes run kolo run for this job)")
-	case o.NodeRank >= o.NNodes:
+	case o.NodeRank >= o.NNodes && !o.Elastic():
 		return fmt.Errorf("--node-rank %d is outside 0..%d (--nnodes %d)", o.NodeRank, o.NNodes-1, o.NNodes)
 	case o.Hostfile != "":
 		return errors.New("--hostfile cannot be used with --rendezvous: each node runs its own ranks (-H localhost:N or --nproc-per-node N)")
@@ -225,8 +235,8 @@ func (o *Options) checkElasticFlags(fs *flag.FlagSet, cooldown *cooldownFlag) er
 		return nil
 	}
 	switch {
-	case o.Rendezvous != "":
-		return errors.New("elastic mode (--host-discovery-script, --min-np, --max-np) with --rendezvous is not available yet: run elastic jobs from one launcher, which starts the ranks of other hosts over ssh")
+	case o.Rendezvous != "" && o.DiscoveryScript != "":
+		return errors.New("--host-discovery-script cannot be used with --rendezvous: without ssh, the hosts of an elastic job are the nodes that join the rendezvous (each node runs kolo run)")
 	case o.BindTo == BindCore:
 		return errors.New("--bind-to core is not available in elastic mode: the ranks of a host change while the job runs")
 	case o.DiscoveryScript != "" && (o.Hosts != "" || o.Hostfile != ""):
@@ -250,6 +260,14 @@ func (o *Options) checkElasticFlags(fs *flag.FlagSet, cooldown *cooldownFlag) er
 	}
 	_, err = elastic.NewPlanner(o.ElasticConfig())
 	return err
+}
+
+// elasticNodeFlags are, in a canonical form, the elastic flags every node of a no-ssh elastic job
+// must agree on: the serving node refuses a node whose flags differ. The elastic timeout and
+// --nnodes are the serving node's alone.
+func (o *Options) elasticNodeFlags() string {
+	return fmt.Sprintf("-np %d --min-np %d --max-np %d --reset-limit %d --blacklist-cooldown-range %d,%d",
+		o.NP, o.MinNP, o.MaxNP, o.ResetLimit, int(o.BlacklistCooldown.Min.Seconds()), int(o.BlacklistCooldown.Max.Seconds()))
 }
 
 // ElasticConfig is the planner's configuration of an elastic job.

@@ -34,15 +34,16 @@ func runCmd(args []string) int {
 	return code
 }
 
-// runJob picks the launch mode: elastic (--min-np, --max-np, --host-discovery-script), where
-// workers come and go; with --rendezvous this node is one of several that each run kolo run (no
-// ssh); otherwise this launcher starts every rank, locally or over ssh.
+// runJob picks the launch mode: with --rendezvous this node is one of several that each run kolo
+// run (no ssh), elastic or not; otherwise elastic mode (--min-np, --max-np,
+// --host-discovery-script), where workers come and go, or a job whose every rank this launcher
+// starts, locally or over ssh.
 func runJob(ctx context.Context, opts *launch.Options) (int, error) {
-	if opts.Elastic() {
-		return launch.RunElastic(ctx, opts, os.Stdout, os.Stderr)
-	}
-	if opts.Rendezvous != "" {
+	switch {
+	case opts.Rendezvous != "":
 		return launch.RunNode(ctx, opts, os.Stdout, os.Stderr)
+	case opts.Elastic():
+		return launch.RunElastic(ctx, opts, os.Stdout, os.Stderr)
 	}
 	return launch.RunHosts(ctx, opts, os.Stdout, os.Stderr)
 }

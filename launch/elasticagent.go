@@ -1,0 +1,337 @@
+package launch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/launch/elastic"
+)
+
+// The joining side of a no-ssh elastic job (elasticnode.go has the serving side): a node that does
+// not serve the rendezvous joins the job as a host, starts and stops its own workers when the
+// serving node orders it to (jobenv.NodeOrder, read in order with blocking Gets, as workers read
+// rounds), prints their output prefixed with their place, reports each exit (jobenv.NodeExit) and
+// heartbeats. It ends when the serving node sends the end, exiting with the job's code; when its
+// own kolo run is interrupted, it leaves the job (its host leaves; the job goes on); when the
+// rendezvous is gone, the job has ended with the serving node.
+
+// reportTimeout bounds each write of a joined node to the rendezvous.
+const reportTimeout = 5 * time.Second
+
+// joinElasticJob registers this node, waits (--start-timeout) for the serving node's welcome and
+// runs the node's part of the job.
+func joinElasticJob(ctx context.Context, n *node, set elasticSettings) (int, error) {
+	o, rv := n.opts, n.rv
+	hn, err := os.Hostname()
+	if err != nil {
+		return 1, fmt.Errorf("this node's host name: %w", err)
+	}
+	ip := ""
+	if ta, ok := rv.LocalAddr().(*net.TCPAddr); ok {
+		ip = ta.IP.String()
+	}
+	jctx, cancel := context.WithTimeout(ctx, o.StartTimeout)
+	defer cancel()
+	num, err := rv.Add(jctx, jobenv.NodesKey, 1)
+	if err == nil {
+		err = rv.Set(jctx, jobenv.NodeKey(int(num)), jobenv.NodeJoin{Hostname: hn, Slots: n.slots, Addr: ip, Flags: o.elasticNodeFlags()}.Encode())
+	}
+	if err != nil {
+		return 1, fmt.Errorf("join the elastic job at %s: %w", o.Rendezvous, err)
+	}
+	v, err := rv.Get(jctx, jobenv.NodeWelcomeKey(int(num)))
+	if err != nil {
+		if ctx.Err() != nil {
+			return ExitInterrupted, errors.New("interrupted while waiting for the serving node's welcome")
+		}
+		return 1, fmt.Errorf("waited up to %s (--start-timeout) at %s for the serving node to welcome this node (node %d): %w", o.StartTimeout, o.Rendezvous, num, err)
+	}
+	w, err := jobenv.DecodeNodeWelcome(v)
+	if err != nil {
+		return 1, fmt.Errorf("the serving node's welcome: %w", err)
+	}
+	if w.Refused != "" {
+		return ExitUsage, fmt.Errorf("the serving node at %s refused this node: %s", o.Rendezvous, w.Refused)
+	}
+	starter := set.starter
+	if starter == nil {
+		guard := startGuard()
+		defer guard.Close()
+		starter = LocalStarter{Guard: guard}
+	}
+	a := &elasticAgent{
+		n: n, set: set, num: int(num), welcome: w, starter: starter, extra: workerExtraEnv(o),
+		out:   &lineWriter{w: n.stdout, ts: o.Timestamps},
+		errw:  &lineWriter{w: n.stderr, ts: o.Timestamps},
+		procs: map[int]*elasticProc{},
+		exits: make(chan agentExit),
+	}
+	a.log("joined the job at %s as host %s (node %d, %s)", o.Rendezvous, w.Host, num, countOf(n.slots, "slot"))
+	return a.run(ctx)
+}
+
+// elasticAgent is a joined node's state; only run's goroutine touches it.
+type elasticAgent struct {
+	n       *node
+	set     elasticSettings
+	num     int
+	welcome jobenv.NodeWelcome
+	starter Starter
+	extra   map[string]string
+
+	out, errw *lineWriter
+	procs     map[int]*elasticProc // by worker number (the order that started it), until it exits
+	exits     chan agentExit
+	wg        sync.WaitGroup // the workers' pumps and waiters
+	reported  int            // exit records written
+}
+
+type agentExit struct {
+	num  int
+	p    *elasticProc
+	exit Exit
+}
+
+// errRendezvousLost wraps why a joined node lost the rendezvous.
+var errRendezvousLost = errors.New("lost the rendezvous")
+
+func (a *elasticAgent) run(ctx context.Context) (int, error) {
+	bg, stop := context.WithCancel(context.Background())
+	defer func() {
+		stop()
+		a.awaitOutput()
+	}()
+	orders := make(chan jobenv.NodeOrder)
+	lost := make(chan error, 2)
+	go a.readOrders(bg, orders, lost)
+	go a.heartbeat(bg, lost)
+	for {
+		select {
+		case <-ctx.Done():
+			return a.leave()
+		case <-a.set.vanish:
+			a.stopAll(false, syscall.SIGKILL)
+			a.n.rv.Close()
+			return 1, errors.New("vanished (test)")
+		case err := <-lost:
+			return a.lost(err)
+		case o := <-orders:
+			switch o.Kind {
+			case jobenv.OrderStart:
+				if err := a.start(o); err != nil {
+					return a.lost(err)
+				}
+			case jobenv.OrderStop:
+				if p := a.procs[o.Worker]; p != nil {
+					p.stopped = true
+					_ = p.proc.Signal(syscall.Signal(o.Signal))
+				}
+			case jobenv.OrderEnd:
+				return a.end(o)
+			}
+		case x := <-a.exits:
+			if err := a.report(x, false); err != nil {
+				return a.lost(err)
+			}
+		}
+	}
+}
+
+// readOrders reads this node's orders in order, each with a blocking Get: an order may come
+// hours after the last. The heartbeat bounds the wait: when the serving node stops answering,
+// it ends the node and with it this Get.
+func (a *elasticAgent) readOrders(ctx context.Context, out chan<- jobenv.NodeOrder, lost chan<- error) {
+	for k := 1; ; k++ {
+		v, err := a.n.rv.Get(ctx, jobenv.NodeOrderKey(a.num, k))
+		if ctx.Err() != nil {
+			return
+		}
+		var o jobenv.NodeOrder
+		if err == nil {
+			o, err = jobenv.DecodeNodeOrder(v)
+		}
+		if err != nil {
+			lost <- fmt.Errorf("reading order %d: %w", k, err)
+			return
+		}
+		select {
+		case out <- o:
+		case <-ctx.Done():
+			return
+		}
+		if o.Kind == jobenv.OrderEnd {
+			return
+		}
+	}
+}
+
+// heartbeat tells the serving node this node is alive, and notices when the serving node is not:
+// a closed connection, or no answer for nodeSilence.
+func (a *elasticAgent) heartbeat(ctx context.Context, lost chan<- error) {
+	t := time.NewTicker(a.set.beat)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		bctx, cancel := context.WithTimeout(ctx, a.set.beat)
+		_, err := a.n.rv.Add(bctx, jobenv.NodeBeatKey(a.num), 1)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err == nil:
+			last = time.Now()
+		case !errors.Is(err, context.DeadlineExceeded):
+			lost <- err
+			return
+		case time.Since(last) >= a.set.nodeSilence:
+			lost <- fmt.Errorf("the serving node has not answered for %.1f s", time.Since(last).Seconds())
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// start starts the worker an order asks for. A worker that cannot be started is reported as an
+// exit.
+func (a *elasticAgent) start(o jobenv.NodeOrder) error {
+	opts, w := a.n.opts, a.welcome
+	s := Slot{Rank: o.Rank, Size: o.Size, Host: w.Host, LocalRank: o.LocalRank, LocalSize: o.LocalSize,
+		CrossRank: o.CrossRank, CrossSize: o.CrossSize}
+	env := elasticWorkerEnv(s, o.Slot, o.Round, w.Timeout, opts.Rendezvous, w.JobID, string(a.n.secret), a.extra, opts.Env)
+	p := &elasticProc{place: elastic.Worker{Host: w.Host, Slot: o.Slot}, round: o.Round, rank: o.Rank,
+		tail: &tailBuffer{max: 20}, drained: make(chan struct{})}
+	proc, err := a.starter.Start(context.Background(), Worker{Slot: s, Argv: opts.Command, Env: env})
+	if err != nil {
+		close(p.drained)
+		a.log("%s could not be started: %v", p.place, err)
+		return a.report(agentExit{num: o.Worker, p: p, exit: Exit{Code: -1, Err: fmt.Errorf("start %s: %w", p.place, err)}}, false)
+	}
+	p.proc = proc
+	a.procs[o.Worker] = p
+	if opts.Verbose {
+		a.log("started %s for round %d as rank %d", p.place, p.round, p.rank)
+	}
+	watchPlace(p, a.out, a.errw, opts, &a.wg, func(e Exit) {
+		a.exits <- agentExit{num: o.Worker, p: p, exit: e} // run drains exits until every worker has ended
+	})
+	return nil
+}
+
+// report tells the serving node that a worker ended, with the last lines of its stderr when it
+// failed.
+func (a *elasticAgent) report(x agentExit, leaving bool) error {
+	p := x.p
+	p.exited, p.exit = true, x.exit
+	delete(a.procs, x.num)
+	rec := jobenv.NodeExit{Worker: x.num, Code: x.exit.Code, Signal: int(x.exit.Signal), Leaving: leaving}
+	if x.exit.Err != nil {
+		rec.Err = x.exit.Err.Error()
+	}
+	if x.exit.Failed() {
+		select {
+		case <-p.drained:
+		case <-time.After(time.Second):
+		}
+		rec.Tail = p.tail.lines()
+		if !leaving && !p.stopped {
+			a.log("%s (started for round %d as rank %d) %s", p.place, p.round, p.rank, x.exit)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), reportTimeout)
+	defer cancel()
+	a.reported++
+	if err := a.n.rv.Set(ctx, jobenv.NodeExitKey(a.num, a.reported), rec.Encode()); err != nil {
+		return fmt.Errorf("report how %s ended: %w", p.place, err)
+	}
+	return nil
+}
+
+// end is the serving node's end of the job: every node exits with its code.
+func (a *elasticAgent) end(o jobenv.NodeOrder) (int, error) {
+	a.stopAll(false, syscall.SIGTERM) // none runs unless the end came from a node dropped as lost
+	if o.Reason != "" {
+		a.errw.writeLine("", o.Reason+"\n")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	a.n.rv.Set(ctx, jobenv.NodeDoneKey(a.num), []byte("1"))
+	return o.Code, nil
+}
+
+// leave takes this node out of the job when its kolo run is interrupted: the serving node first
+// learns that the node leaves, so that its workers' ends are no failures, then they are stopped.
+func (a *elasticAgent) leave() (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), reportTimeout)
+	err := a.n.rv.Set(ctx, jobenv.NodeLeftKey(a.num), []byte("its kolo run was interrupted"))
+	cancel()
+	a.stopAll(err == nil, syscall.SIGTERM)
+	return ExitInterrupted, fmt.Errorf("interrupted: this node (host %s) left the elastic job and stopped its workers; the job goes on without them", a.welcome.Host)
+}
+
+// lost ends the node when the rendezvous, which lives on the serving node, is gone.
+func (a *elasticAgent) lost(err error) (int, error) {
+	a.stopAll(false, syscall.SIGTERM)
+	return 1, fmt.Errorf("%w at %s (%v): the job ended with the serving node, which holds the rendezvous and the planner; stopped this node's workers",
+		errRendezvousLost, a.n.opts.Rendezvous, err)
+}
+
+// stopAll stops every running worker (sig, then SIGKILL after stopGrace) and waits for their
+// exits, reporting them (as the exits of a node that leaves) when report is set.
+func (a *elasticAgent) stopAll(report bool, sig syscall.Signal) {
+	if len(a.procs) == 0 {
+		return
+	}
+	for _, p := range a.procs {
+		p.stopped = true
+		_ = p.proc.Signal(sig)
+	}
+	kill := time.NewTimer(a.set.stopGrace)
+	defer kill.Stop()
+	for len(a.procs) > 0 {
+		select {
+		case x := <-a.exits:
+			if report {
+				if err := a.report(x, true); err != nil {
+					report = false
+				}
+			} else {
+				x.p.exited = true
+				delete(a.procs, x.num)
+			}
+		case <-kill.C:
+			for _, p := range a.procs {
+				_ = p.proc.Signal(syscall.SIGKILL)
+			}
+		}
+	}
+}
+
+// awaitOutput waits, streamWait at most, for the workers' output to end.
+func (a *elasticAgent) awaitOutput() {
+	done := make(chan struct{})
+	go func() {
+		a.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(a.set.streamWait):
+		a.log("a process a worker started still holds its output open; not waiting for it")
+	}
+}
+
+// log writes a "kolo run: elastic:" line to stderr, between the workers' lines.
+func (a *elasticAgent) log(format string, args ...any) {
+	a.errw.writeLine("", "kolo run: elastic: "+fmt.Sprintf(format, args...)+"\n")
+}
