@@ -3,6 +3,8 @@ package kolo_test
 import (
 	"bytes"
 	"fmt"
+	"math/rand/v2"
+	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -252,4 +254,134 @@ func TestElasticHostComesBack(t *testing.T) {
 		t.Errorf("the host was back in the job %.1f s after the kill, want within 13 s (3 s of cooldown + 10)", d.Seconds())
 	}
 	t.Logf("killed at 0; 6 ranks trained at %.2f s; 8 ranks again at %.2f s", shrunk.at.Sub(killed).Seconds(), back.at.Sub(killed).Seconds())
+}
+
+// workerPidsOn lists the pids of the Go example's workers running on namespace host i.
+func workerPidsOn(hosts *e2e.SSHHosts, i int) []int {
+	out, err := exec.Command("ip", "netns", "pids", hosts.Names[i]).Output()
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(out)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			continue
+		}
+		if cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && bytes.Contains(cmd, []byte("-elastic")) && !bytes.HasPrefix(cmd, []byte("sh\x00")) && !bytes.HasPrefix(cmd, []byte("/bin/sh\x00")) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// Chaos: random kills of whole hosts and of single workers (rank 0's host included), some
+// right after the previous kill, while the survivors re-form their world, and some while hosts
+// back from their cooldown are joining and syncing. Every kill must be followed by training in a
+// new world within 30 s (no hang), and Ctrl-C at the end stops everything within seconds.
+// KOLO_CHAOS_KILLS sets the number of kills (default 12; docs/elastic.md reports a run of 100).
+func TestElasticChaos(t *testing.T) {
+	kills := 12
+	if v := os.Getenv("KOLO_CHAOS_KILLS"); v != "" {
+		kills, _ = strconv.Atoi(v)
+	}
+	hosts := e2e.NewSSHHosts(t, 4, 12348)
+	kolo, softmax := buildKolo(t), buildSoftmax(t)
+	list := fmt.Sprintf("%s/hosts", t.TempDir())
+	var lines []string
+	for _, a := range hosts.Addrs {
+		lines = append(lines, a+":2")
+	}
+	if err := os.WriteFile(list, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	script := list + ".sh"
+	if err := os.WriteFile(script, []byte("#!/bin/sh\ncat "+list+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A discovery script instead of -H: startElasticHostJob's -H is replaced.
+	j := &elasticHostJob{done: make(chan struct{})}
+	argv := append([]string{"run"}, hosts.SSHFlags()...)
+	argv = append(argv, "-np", "8", "--min-np", "1", "--host-discovery-script", script,
+		"--blacklist-cooldown-range", "1", "2", "--network-interface", hosts.Bridge+",eth0",
+		softmax, "-elastic", "-steps", "100000000", "-commit", "5", "-pace", "2ms")
+	j.cmd = exec.Command(kolo, argv...)
+	j.cmd.Env = launchEnv()
+	j.cmd.Stdout, j.cmd.Stderr = &j.out, &j.stderr
+	j.cmd.WaitDelay = 5 * time.Second
+	if err := j.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		j.cmd.Wait()
+		j.code = j.cmd.ProcessState.ExitCode()
+		close(j.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-j.done:
+		default:
+			j.cmd.Process.Kill()
+			<-j.done
+		}
+	})
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	roundRe := regexp.MustCompile(`<stdout>:round \d+: (\d+) ranks from step`)
+	last := j.await(t, roundRe, time.Now().Add(-time.Hour), 90*time.Second)
+	var worst time.Duration
+	kinds := map[string]int{}
+	for k := 0; k < kills; k++ {
+		// Half the kills come 0-300 ms after the last one's new world started training (its
+		// neighbours may still be syncing or joining); the others 0.3-2 s after.
+		if rng.IntN(2) == 0 {
+			time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
+		} else {
+			time.Sleep(300*time.Millisecond + time.Duration(rng.IntN(1700))*time.Millisecond)
+		}
+		h := rng.IntN(len(hosts.Addrs))
+		pids := workerPidsOn(hosts, h)
+		if len(pids) == 0 {
+			kinds["host already down"]++
+			k--
+			continue
+		}
+		killed := time.Now()
+		if rng.IntN(2) == 0 {
+			killHost(t, hosts, h)
+			kinds["host"]++
+		} else {
+			syscall.Kill(pids[rng.IntN(len(pids))], syscall.SIGKILL)
+			kinds["worker"]++
+		}
+		l, ok := time.Time{}, false
+		deadline := killed.Add(30 * time.Second)
+		for !ok && time.Now().Before(deadline) {
+			var line stampedLine
+			if line, ok = j.out.first(roundRe, killed); ok {
+				l = line.at
+				break
+			}
+			select {
+			case <-j.done:
+				t.Fatalf("kill %d: kolo run ended (exit %d)\n%s", k+1, j.code, j.output())
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		if !ok {
+			t.Fatalf("kill %d (host %d): no new world trained within 30 s: a hang\n%s", k+1, h, j.output())
+		}
+		worst = max(worst, l.Sub(killed))
+	}
+	j.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-j.done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("kolo run still running 20 s after Ctrl-C\n%s", j.output())
+	}
+	if j.code != 130 {
+		t.Errorf("kolo run exited %d after Ctrl-C, want 130\n%s", j.code, j.output())
+	}
+	checkNoOrphans(t, hosts.Netns, hosts.SSHDPids())
+	t.Logf("%d kills (%v): every one followed by a training world, the slowest after %.2f s; %d rounds in all; first round at %s",
+		kills, kinds, worst.Seconds(), len(roundRe.FindAllString(j.out.String(), -1)), last.at.Format("15:04:05"))
 }
