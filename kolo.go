@@ -327,6 +327,9 @@ func Init(opts ...Option) error {
 		return fmt.Errorf("kolo.Init: %w", err)
 	}
 	job = w.Job // with the local and cross ranks derived where the launcher could not say them
+	if ew != nil {
+		cfg.Autotune.Round = ew.round.Number // the autotuner tunes each round's world anew
+	}
 	e, err := engine.New(cfg, engine.Group{
 		Rank: job.Rank, Size: job.Size, Hosts: w.Hosts, Comm: w.Comm, Messenger: w.Messenger,
 		Local: w.Local, LocalRanks: w.LocalRanks, Cross: w.Cross, Abort: w.Abort,

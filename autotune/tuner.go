@@ -51,6 +51,9 @@ type Config struct {
 	// Log receives the CSV log (package csvlog); nil: none. New writes the header, so a job that
 	// ends in warm-up still leaves a log.
 	Log io.Writer
+	// AppendLog says Log already holds a log whose columns are this tuner's (CanAppend): New
+	// writes no header, and the rows follow the earlier ones (an elastic job's later rounds).
+	AppendLog bool
 	// Lag is the number of steps between deciding a switch and the step it applies from (default
 	// 2): time for the broadcast to reach every rank.
 	Lag int64
@@ -224,7 +227,11 @@ func New(cfg Config) (*Tuner, error) {
 		return nil, err
 	}
 	if cfg.Log != nil {
-		if t.log, err = csvlog.NewWriter(cfg.Log, logColumns); err != nil {
+		newWriter := csvlog.NewWriter
+		if cfg.AppendLog {
+			newWriter = csvlog.AppendWriter
+		}
+		if t.log, err = newWriter(cfg.Log, logColumns); err != nil {
 			return nil, fmt.Errorf("autotune: %w", err)
 		}
 	}

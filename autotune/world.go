@@ -3,6 +3,7 @@ package autotune
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/kolo-dl/kolo/autotune/csvlog"
@@ -112,3 +113,7 @@ func (t *Tuner) columns(s Settings, phase string, n int64) map[string]string {
 	c[ColumnRound], c[ColumnRanks], c[ColumnHosts] = strconv.Itoa(w.Round), strconv.Itoa(w.Ranks), strconv.Itoa(w.Hosts)
 	return c
 }
+
+// CanAppend says a tuner can append its rows to l (Config.AppendLog): its columns are the ones a
+// tuner writes.
+func CanAppend(l *csvlog.Log) bool { return slices.Equal(l.Settings, logColumns) }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,8 +38,13 @@ type tuning struct {
 	tuner   stepTuner            // rank 0 with autotuning on; nil once it decided
 	logFile *os.File
 	result  *autotune.Result // the decision, once taken (rank 0)
-	reused  bool             // rank 0 took an earlier run's decision from the log instead of tuning
-	buf     []byte
+	world   autotune.World   // the world tuned for (rank 0)
+	// reused is an earlier run's (or round's) decision that rank 0 took from the log instead of
+	// tuning, made in world reusedIn; toSend says every rank still has to be told it.
+	reused   *autotune.Settings
+	reusedIn autotune.World
+	toSend   bool
+	buf      []byte
 }
 
 // stepTuner is what the engine needs of an *autotune.Tuner (tests script one).
@@ -58,8 +64,13 @@ type AppliedSettings struct {
 }
 
 // initTuning sets the settings in force from cfg and, on rank 0 with autotuning on, starts the
-// tuner: from the log of an earlier run's decision if cfg names one that has it (the job then
-// starts tuned), else from scratch with cfg's settings as the defaults it must beat.
+// tuner: from the log's decision for a world like this one if cfg names a log that has it (the job
+// then starts tuned), else from scratch with cfg's settings as the defaults it must beat.
+//
+// In an elastic job every round is a new engine, and rank 0 of each round (perhaps another
+// process than the last round's) does this anew: it reads what the earlier rounds wrote, takes a
+// decision made for a world of the same ranks and hosts, and otherwise tunes for its own world,
+// from the job's own settings, appending its rows, tagged with the round, to the same log.
 func (e *Engine) initTuning(cfg Config) error {
 	e.tune.cycle.Store(int64(cfg.CycleTime))
 	e.tune.fusion.Store(-1)
@@ -67,23 +78,33 @@ func (e *Engine) initTuning(cfg Config) error {
 	if !at.Enabled || e.g.Rank != 0 {
 		return nil
 	}
+	t := &e.tune
+	t.world = autotune.World{Round: at.Round, Ranks: e.g.Size, Hosts: countHosts(e.g.Hosts)}
 	defaults := autotune.Settings{FusionBytes: max(cfg.FusionBytes, 0), CycleTime: cfg.CycleTime} // negative: never fuse, the tuner's 0
+	appendLog := false
 	if at.LogFile != "" {
-		if f, err := os.Open(at.LogFile); err == nil {
-			chosen, rerr := csvlog.ReadChosen(f)
-			f.Close()
-			if rerr == nil {
-				s, err := autotune.ParseSettings(chosen)
-				if err != nil {
-					return fmt.Errorf("autotune: the decision in %s: %w", at.LogFile, err)
-				}
-				slog.Info("autotune: starting with the settings an earlier run decided", "log", at.LogFile, "settings", s.String())
-				e.tune.pending = append(e.tune.pending, negotiate.Settings{From: 1, FusionBytes: s.FusionBytes, CycleTime: s.CycleTime})
-				e.tune.reused = true
+		l, err := readLog(at.LogFile)
+		switch {
+		case err != nil && at.Round > 1:
+			// A later round must not fail the job over its log: it tunes without one.
+			slog.Warn("autotune: the log is unreadable; this round tunes without writing it", "log", at.LogFile, "round", at.Round, "err", err)
+			at.LogFile = ""
+		case err != nil:
+			return fmt.Errorf("autotune: read %s: %w", at.LogFile, err)
+		case l != nil:
+			s, w, derr := autotune.DecisionFor(l, t.world)
+			switch {
+			case derr == nil:
+				slog.Info("autotune: starting with the settings decided for a world like this one", "log", at.LogFile,
+					"settings", s.String(), "decided in", w.String(), "world", t.world.String())
+				t.reused, t.reusedIn, t.toSend = &s, w, true
 				return nil
-			}
-			if !errors.Is(rerr, csvlog.ErrNoDecision) {
-				return fmt.Errorf("autotune: read %s: %w", at.LogFile, rerr)
+			case errors.Is(derr, csvlog.ErrNoDecision), errors.Is(derr, autotune.ErrNoDecisionForWorld):
+				// Earlier rounds' rows, and decisions for other worlds, stay; a log of another
+				// job that decided nothing is replaced, as outside elastic jobs.
+				appendLog = autotune.CanAppend(l) && (at.Round > 1 || errors.Is(derr, autotune.ErrNoDecisionForWorld))
+			default:
+				return fmt.Errorf("autotune: the decision in %s: %w", at.LogFile, derr)
 			}
 		}
 	}
@@ -94,24 +115,59 @@ func (e *Engine) initTuning(cfg Config) error {
 		MaxSamples:     at.MaxSamples,
 		Noise:          at.Noise,
 		Seed:           1,
+		World:          t.world,
+		AppendLog:      appendLog,
 	}
 	if at.LogFile != "" {
-		f, err := os.Create(at.LogFile)
-		if err != nil {
-			return fmt.Errorf("autotune: create the log: %w", err)
+		flags := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
+		if appendLog {
+			// One write per row (csvlog flushes each), so a row of a rank 0 that is still
+			// leaving the last round cannot split one of this round's.
+			flags = os.O_WRONLY | os.O_APPEND
 		}
-		e.tune.logFile = f
+		f, err := os.OpenFile(at.LogFile, flags, 0o644)
+		if err != nil {
+			return fmt.Errorf("autotune: open the log: %w", err)
+		}
+		t.logFile = f
 		tc.Log = f
 	}
-	t, err := autotune.New(tc)
+	tu, err := autotune.New(tc)
 	if err != nil {
-		if e.tune.logFile != nil {
-			e.tune.logFile.Close()
+		if t.logFile != nil {
+			t.logFile.Close()
+			t.logFile = nil
 		}
 		return fmt.Errorf("autotune: %w", err)
 	}
-	e.tune.tuner = t
+	t.tuner = tu
 	return nil
+}
+
+// readLog reads the autotune log at path: nil and no error when there is none yet (no file, or an
+// empty one).
+func readLog(path string) (*csvlog.Log, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Size() == 0 {
+		return nil, nil
+	}
+	return csvlog.Read(f)
+}
+
+// countHosts is the number of distinct hosts in hosts (0 when none are known).
+func countHosts(hosts []string) int {
+	seen := map[string]bool{}
+	for _, h := range hosts {
+		seen[h] = true
+	}
+	return len(seen)
 }
 
 // MarkStep tells the engine that the program finished an optimizer step (the Python
@@ -124,6 +180,14 @@ func (e *Engine) MarkStep() {
 	e.applyDueLocked(step)
 	var send *negotiate.Settings
 	var done *autotune.Result
+	if t.toSend {
+		// A decision read back from the log: every rank switches to it at the same step, as to
+		// a tuner's.
+		t.toSend = false
+		ns := negotiate.Settings{From: step + reuseLag, FusionBytes: t.reused.FusionBytes, CycleTime: t.reused.CycleTime}
+		t.pending = append(t.pending, ns)
+		send = &ns
+	}
 	if t.tuner != nil {
 		if s, from, change := t.tuner.Step(step, time.Now()); change {
 			ns := negotiate.Settings{From: from, FusionBytes: s.FusionBytes, CycleTime: s.CycleTime}
@@ -149,6 +213,10 @@ func (e *Engine) MarkStep() {
 		slog.Info("autotune decided", "rank", e.g.Rank, "result", done.String())
 	}
 }
+
+// reuseLag is how many steps after rank 0's first a decision read back from the log applies: the
+// tuner's Lag, time for the message to reach every rank.
+const reuseLag = 2
 
 // sendSettings sends a Settings message to every other rank, at once and for at most
 // tellWait: a rank it does not reach applies nothing, and its ops then run under other settings,
@@ -250,21 +318,36 @@ func (e *Engine) AppliedSettings() []AppliedSettings {
 
 // AutotuneReport is the line that says what the autotuner did, for rank 0 to print when the job
 // ends ("" elsewhere, or with autotuning off). A job that ends before the tuner decided says so,
-// and how far it got; its log has no decision, so the next run tunes again.
+// and how far it got; its log has no decision, so the next run tunes again. In an elastic job each
+// round's engine says it for its round ("autotune, round 2, 2 ranks on 1 host: ..."), when the
+// round ends: the last such line is the job's.
 func (e *Engine) AutotuneReport() string {
 	t := &e.tune
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	var line string
 	switch {
 	case t.result != nil:
-		return t.result.String()
-	case t.reused:
-		return "autotune: used the settings decided by an earlier run (" + e.cfg.Autotune.LogFile + ")"
+		line = t.result.String()
+	case t.reused != nil:
+		line = "autotune: used the settings decided by an earlier run (" + e.cfg.Autotune.LogFile + "): " + t.reused.String()
+		if e.cfg.Autotune.Round > 0 {
+			line = "autotune: used the settings decided for " + t.reusedIn.String() + " (" + e.cfg.Autotune.LogFile + "): " + t.reused.String()
+		}
 	case t.tuner != nil:
 		r := t.tuner.Result()
 		e.finishTunerLocked()
-		return fmt.Sprintf("autotune: the job ended before a decision (%d samples, %d steps): it ran with the defaults (%v) but for its samples",
-			r.Samples, t.steps.Load(), autotune.Settings{FusionBytes: max(e.cfg.FusionBytes, 0), CycleTime: e.cfg.CycleTime})
+		what := "the job"
+		if e.cfg.Autotune.Round > 0 {
+			what = "the round"
+		}
+		line = fmt.Sprintf("autotune: %s ended before a decision (%d samples, %d steps): it ran with the defaults (%v) but for its samples",
+			what, r.Samples, t.steps.Load(), autotune.Settings{FusionBytes: max(e.cfg.FusionBytes, 0), CycleTime: e.cfg.CycleTime})
+	default:
+		return ""
 	}
-	return ""
+	if e.cfg.Autotune.Round > 0 {
+		line = "autotune, " + t.world.String() + ":" + strings.TrimPrefix(line, "autotune:")
+	}
+	return line
 }

@@ -1,13 +1,17 @@
 package engine
 
 import (
+	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/kolo-dl/kolo/autotune"
+	"github.com/kolo-dl/kolo/autotune/csvlog"
 	"github.com/kolo-dl/kolo/transport/inmem"
 )
 
@@ -92,5 +96,146 @@ func TestTunedSettingsSwitchAtOneStepOnEveryRank(t *testing.T) {
 	}
 	if r := c.engines[1].AutotuneReport(); r != "" {
 		t.Errorf("rank 1 reports %q; only rank 0 tunes", r)
+	}
+}
+
+// autotuneRound runs one round of an elastic job with autotuning on: n engines of round `round`
+// that log to log, steps data-parallel steps (an allreduce, then MarkStep, on every rank), and the
+// round's end as kolo.Init's reset does it (AutotuneReport, which closes the log). It returns the
+// engines and rank 0's report.
+func autotuneRound(t *testing.T, n, round, steps int, log string) (*cluster, string) {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Autotune = AutotuneConfig{Enabled: true, LogFile: log, WarmupSamples: 1, StepsPerSample: 1, MaxSamples: 7, Round: round}
+	c := newClusterWith(t, n, cfg, []inmem.Option{inmem.WithoutShared()}, nil)
+	ctx := waitCtx(t)
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range steps {
+				buf := f32(1)
+				if err := c.engines[r].Enqueue(allreduceReq("g", 1), buf, buf).Wait(ctx); err != nil {
+					errs[r] = err
+					return
+				}
+				c.engines[r].MarkStep()
+			}
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("round %d, rank %d: %v", round, r, err)
+		}
+	}
+	for r := 1; r < n; r++ {
+		if rep := c.engines[r].AutotuneReport(); rep != "" {
+			t.Errorf("round %d: rank %d reports %q", round, r, rep)
+		}
+	}
+	return c, c.engines[0].AutotuneReport()
+}
+
+// logRows reads the autotune log at path.
+func logRows(t *testing.T, path string) []csvlog.Row {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	l, err := csvlog.Read(f)
+	if err != nil {
+		b, _ := os.ReadFile(path)
+		t.Fatalf("%v\n%s", err, b)
+	}
+	return l.Rows
+}
+
+// Under elastic training every round is a new engine, and rank 0 of each round tunes for its own
+// world: the rows of every round go to one log, tagged with the round and world; a round that ends
+// undecided says so for its round; a decision is read back by a later round of the same world only,
+// and then every rank switches to it at the same step.
+func TestAutotuneAcrossElasticRounds(t *testing.T) {
+	captureLog(t)
+	log := filepath.Join(t.TempDir(), "autotune.csv")
+
+	_, rep := autotuneRound(t, 3, 1, 6, log)
+	if !strings.HasPrefix(rep, "autotune, round 1, 3 ranks on 1 host: the round ended before a decision") {
+		t.Errorf("round 1 reports %q", rep)
+	}
+	_, rep = autotuneRound(t, 2, 2, 80, log)
+	if !strings.HasPrefix(rep, "autotune, round 2, 2 ranks on 1 host: ") || !strings.Contains(rep, "decided at step") {
+		t.Errorf("round 2 reports %q", rep)
+	}
+	rows := logRows(t, log)
+	perRound := map[string]int{}
+	for _, row := range rows {
+		perRound[row.Settings[autotune.ColumnRound]+"/"+row.Settings[autotune.ColumnRanks]]++
+	}
+	last := rows[len(rows)-1]
+	if perRound["1/3"] == 0 || perRound["2/2"] == 0 || len(perRound) != 2 || last.Role != csvlog.Chosen || last.Settings[autotune.ColumnRound] != "2" {
+		t.Errorf("rows per round/ranks %v, last %+v", perRound, last)
+	}
+	decided, err := autotune.ParseSettings(last.Settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A world of 3 again: nothing was decided for it, so round 3 tunes, appending.
+	_, rep = autotuneRound(t, 3, 3, 4, log)
+	if !strings.HasPrefix(rep, "autotune, round 3, 3 ranks on 1 host: the round ended before a decision") {
+		t.Errorf("round 3 reports %q", rep)
+	}
+	if got := logRows(t, log); len(got) <= len(rows) || got[len(rows)-1].Role != csvlog.Chosen || got[len(got)-1].Settings[autotune.ColumnRound] != "3" {
+		t.Errorf("round 3 did not append its rows after round 2's decision: %d rows, then %d", len(rows), len(got))
+	}
+
+	// A world of 2 again: round 4 starts with round 2's decision, on every rank at step 3.
+	c, rep := autotuneRound(t, 2, 4, 5, log)
+	if want := "autotune, round 4, 2 ranks on 1 host: used the settings decided for round 2, 2 ranks on 1 host"; !strings.HasPrefix(rep, want) {
+		t.Errorf("round 4 reports %q, want %q...", rep, want)
+	}
+	want := fmt.Sprint([]AppliedSettings{{Step: 3, Wanted: 3, FusionBytes: decided.FusionBytes, CycleTime: decided.CycleTime}})
+	for r, e := range c.engines {
+		if got := fmt.Sprint(e.AppliedSettings()); got != want {
+			t.Errorf("round 4, rank %d applied %s, want %s", r, got, want)
+		}
+	}
+}
+
+// A log that is empty, or that a job which decided nothing left, is started afresh outside elastic
+// jobs; one that is not an autotune log stops the job's start with an error naming it.
+func TestAutotuneLogStart(t *testing.T) {
+	captureLog(t)
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty.csv")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	autotuneRound(t, 2, 0, 3, empty)
+	if b, _ := os.ReadFile(empty); !strings.HasPrefix(string(b), csvlog.Comment) {
+		t.Errorf("the empty log was not started: %q", b)
+	}
+	autotuneRound(t, 2, 0, 3, empty) // undecided: replaced, one header
+	if b, _ := os.ReadFile(empty); strings.Count(string(b), csvlog.Comment) != 1 {
+		t.Errorf("an undecided log was appended to, not replaced:\n%s", b)
+	}
+	bad := filepath.Join(dir, "bad.csv")
+	if err := os.WriteFile(bad, []byte("not a log\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Autotune = AutotuneConfig{Enabled: true, LogFile: bad}
+	eps := inmem.New(1)
+	t.Cleanup(func() { eps[0].Close() })
+	if e, err := New(cfg, Group{Rank: 0, Size: 1, Comm: eps[0].Comm(), Messenger: eps[0], Local: eps[0].Comm(), Hosts: []string{"h"}, LocalRanks: []int{0}}); err == nil || !strings.Contains(err.Error(), bad) {
+		t.Errorf("New with a log that is not one: %v", err)
+		if e != nil {
+			e.Shutdown(context.Background())
+		}
 	}
 }

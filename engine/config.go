@@ -63,6 +63,10 @@ type AutotuneConfig struct {
 	StepsPerSample int     // steps per sample
 	MaxSamples     int     // measured samples before it must decide
 	Noise          float64 // the Gaussian process's noise, in [0, 1]
+	// Round is the elastic job's round this engine serves (1, 2, ...; 0 outside elastic jobs):
+	// rank 0 of each round tunes for its own world and appends to the same log (kolo.Init sets
+	// it, not the environment).
+	Round int
 }
 
 // DefaultYields is how many times a driver that does not poll yields its CPU (sched_yield) before

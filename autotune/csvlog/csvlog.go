@@ -85,6 +85,16 @@ func NewWriter(w io.Writer, settings []string) (*Writer, error) {
 	return lw, nil
 }
 
+// AppendWriter returns a Writer that appends rows with the named settings to a log w already holds
+// (Read it, and check its Settings are these, first): it writes no header, so the log reads as
+// one, its rows in file order. Rank 0 of each round of an elastic job appends its rows so.
+func AppendWriter(w io.Writer, settings []string) (*Writer, error) {
+	if err := checkNames(settings); err != nil {
+		return nil, err
+	}
+	return &Writer{w: csv.NewWriter(w), settings: append([]string(nil), settings...)}, nil
+}
+
 func checkNames(settings []string) error {
 	seen := map[string]bool{}
 	for _, n := range append(append([]string(nil), fixedBefore...), fixedAfter...) {

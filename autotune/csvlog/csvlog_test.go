@@ -277,3 +277,43 @@ func FuzzRead(f *testing.F) {
 		}
 	})
 }
+
+// TestAppend: a second writer appends to a log without a header, and the whole reads as one log,
+// rows in file order, the last decision the newest.
+func TestAppend(t *testing.T) {
+	nan := math.NaN()
+	var buf bytes.Buffer
+	w, err := NewWriter(&buf, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := Row{Step: 50, Settings: settings("1", "0", "0", "round 1"), StepTime: 0.1, Role: Default, Speedup: nan, CILow: nan, CIHigh: nan}
+	if err := w.Sample(first); err != nil {
+		t.Fatal(err)
+	}
+	a, err := AppendWriter(&buf, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := Row{Step: 20, Settings: settings("2", "0", "0", "round 2"), StepTime: 0.2, Role: Default, Speedup: nan, CILow: nan, CIHigh: nan}
+	if err := a.Sample(second); err != nil {
+		t.Fatal(err)
+	}
+	chosen := Row{Sample: -1, Step: 30, Settings: settings("2", "0", "0", ""), StepTime: nan, Role: Chosen, Speedup: 1, CILow: nan, CIHigh: nan}
+	if err := a.Chosen(chosen); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(buf.String(), "sample,step"); n != 1 {
+		t.Errorf("%d headers:\n%s", n, buf.String())
+	}
+	l, err := Read(strings.NewReader(buf.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Rows) != 3 || !sameRow(l.Rows[0], first) || !sameRow(l.Rows[1], second) || !sameRow(l.Rows[2], chosen) {
+		t.Errorf("rows %+v", l.Rows)
+	}
+	if _, err := AppendWriter(&buf, []string{"step"}); err == nil {
+		t.Error("AppendWriter took a fixed column's name")
+	}
+}
