@@ -135,7 +135,7 @@ func addWorkerFlags(fs *flag.FlagSet, env map[string]string) {
 	add("autotune-warmup-samples", EnvAutotuneWarmupSamples, false, nonNegInt,
 		"autotune samples discarded at the start (default 3)")
 	add("autotune-steps-per-sample", EnvAutotuneStepsPerSample, false, nonNegInt,
-		"optimizer steps per autotune sample (default 10)")
+		"optimizer steps per autotune sample (default: sized by time, at least 1 s and 5 steps, at most what still decides within 300 steps, 10 at the defaults)")
 	add("autotune-bayes-opt-max-samples", EnvAutotuneBayesOptMax, false, nonNegInt,
 		"measured autotune samples (the defaults' and candidates') before it must decide (default 20)")
 	add("autotune-gaussian-process-noise", EnvAutotuneGaussianNoise, false, unitInterval,

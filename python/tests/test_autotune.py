@@ -4,6 +4,7 @@
 """
 
 import csv
+import json
 import os
 
 from test_ops import HERE, KOLO, PY, run
@@ -65,3 +66,33 @@ def test_autotune_under_mpirun(tmp_path):
     assert rc == 0 and out.count("ok autotune worker") == 2, out
     assert any("autotune:" in l and "decided at step" in l for l in out.splitlines()), out
     assert [r for r in rows(log) if r["role"] == "chosen"], open(log).read()
+
+
+def test_autotune_under_elastic_training_retunes_each_round(tmp_path):
+    # Three workers on two host names; 127.0.0.1's leaves at epoch 1, batch 2, and localhost's two
+    # go on as round 2. Rank 0 of each round tunes for its own world, appending to the one log
+    # with its rows tagged by round, ranks and hosts; each round's closing line names its round,
+    # and the job's last one is round 2's.
+    log = str(tmp_path / "autotune.csv")
+    elog = str(tmp_path / "elastic.jsonl")
+    rc, out = run([KOLO, "run", "--autotune", "--autotune-log-file", log, "-np", "3", "--min-np", "2",
+                   "-H", "localhost:2,127.0.0.1:1", PY, os.path.join(HERE, "elastic_worker.py"), "--log", elog,
+                   "--exit-schedule", '{"(1, 2)": [2]}', "--epochs", "3", "--batches-per-epoch", "120"], timeout=240)
+    assert rc == 0, out
+    assert "round 2: generation 2 (reset 1)" in out, out
+    with open(log) as f:
+        text = f.read()
+    assert text.count("# kolo autotune log") == 1, text
+    rs = rows(log)
+    worlds = {(r["round"], r["ranks"], r["hosts"]) for r in rs}
+    assert worlds == {("1", "3", "2"), ("2", "2", "1")}, text
+    assert all(float(r["step_time_s"]) > 0 for r in rs if r["role"] != "chosen"), text
+    # A decision, if a round reached one, is the last row of its round.
+    for r in (r for r in rs if r["role"] == "chosen"):
+        assert r["phase"] == "decided", text
+    lines = [l.split("<stderr>:", 1)[-1] for l in out.splitlines() if "autotune, round" in l]
+    assert lines and lines[-1].startswith("autotune, round 2, 2 ranks on 1 host: "), out
+    assert any(l.startswith("autotune, round 1, 3 ranks on 2 hosts: ") for l in lines), out
+    with open(elog) as f:
+        done = [json.loads(l) for l in f if '"done"' in l]
+    assert len(done) == 2 and {d["size"] for d in done} == {2}, done
