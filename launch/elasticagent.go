@@ -49,6 +49,10 @@ func joinElasticJob(ctx context.Context, n *node, set elasticSettings) (int, err
 	v, err := rv.Get(jctx, jobenv.NodeWelcomeKey(int(num)))
 	if err != nil {
 		if ctx.Err() != nil {
+			// The welcome may still come: then the node is in the job, and leaves at once.
+			lctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			rv.Set(lctx, jobenv.NodeLeftKey(int(num)), []byte("its kolo run was interrupted before it was welcomed"))
+			cancel()
 			return ExitInterrupted, errors.New("interrupted while waiting for the serving node's welcome")
 		}
 		return 1, fmt.Errorf("waited up to %s (--start-timeout) at %s for the serving node to welcome this node (node %d): %w", o.StartTimeout, o.Rendezvous, num, err)

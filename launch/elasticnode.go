@@ -107,8 +107,11 @@ func serveElastic(ctx context.Context, n *node, set elasticSettings) (int, error
 	stopPolling()
 	<-polled
 	note := j.endNote
-	if note == "" && err != nil {
+	switch {
+	case note == "" && err != nil:
 		note = "kolo run: elastic: " + err.Error()
+	case note == "" && code == 0:
+		note = fmt.Sprintf("kolo run: elastic: the job is done: every worker of round %d exited 0", j.round.Number)
 	}
 	nodes.end(code, note)
 	return code, err

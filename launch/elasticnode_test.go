@@ -206,7 +206,7 @@ func TestElasticNodesStartTogetherAndSucceed(t *testing.T) {
 		t.Errorf("node 1's stdout lacks its worker's line: %q", got)
 	}
 	h.wantStderr(0, "node 1 joined from 127.0.0.1: host "+h.hostOf(1)+" with 2 slots", "round 1: ")
-	h.wantStderr(1, "joined the job at "+h.addr+" as host "+h.hostOf(1))
+	h.wantStderr(1, "joined the job at "+h.addr+" as host "+h.hostOf(1), "the job is done: every worker of round 1 exited 0")
 }
 
 // A worker of the joined node failing: its host is blacklisted, its other worker stopped by an
