@@ -181,3 +181,50 @@ def test_reset_limit_ends_the_job(tmp_path):
         ["--epochs", "3", "--batches-per-epoch", "12", "--exit-schedule", '{"(0, 2)": [2], "(1, 2)": [1]}'])
     assert rc != 0, out
     assert "reset limit reached" in out, out
+
+
+def test_no_ssh_nodes_a_failed_worker_leaves_the_other_node_training(tmp_path):
+    # Elastic mode without ssh: two `kolo run --rendezvous` nodes of two workers each on this
+    # machine (hosts HOSTNAME and HOSTNAME-node2). The first serves the rendezvous and plans;
+    # the second joins. Start rank 3, the second node's second worker, is killed at epoch 1,
+    # batch 2: that node's host is blacklisted, its other worker stopped on its orders, and the
+    # first node's two workers go on as a world of 2 with identical parameters. Both nodes
+    # exit 0.
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "log.jsonl"
+    epochs, batches, bsz = 3, 32, 2
+    flags = ["--rendezvous", "127.0.0.1:%d" % port, "--nnodes", "2", "--nproc-per-node", "2",
+             "--min-np", "2", "--max-np", "4"]
+    worker = [PY, WORKER, "--log", str(log), "--epochs", str(epochs), "--batches-per-epoch",
+              str(batches), "--batch-size", str(bsz), "--exit-schedule", '{"(1, 2)": [3]}',
+              "--exit-mode", "kill"]
+    e = env()
+    e["KOLO_SECRET"] = "no-ssh-elastic-test"
+    nodes = []
+    try:
+        for i in range(2):
+            nodes.append(subprocess.Popen([KOLO, "run"] + flags + worker, env=e, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+            if i == 0:
+                time.sleep(0.5)  # the first node serves the rendezvous
+        outs = [p.communicate(timeout=240)[0] for p in nodes]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    host = socket.gethostname()
+    assert [p.returncode for p in nodes] == [0, 0], "\n----\n".join(outs)
+    assert "node 1 joined from 127.0.0.1: host %s-node2 with 2 slots" % host in outs[0], outs[0]
+    lost = "round 2: generation 2 (reset 1): lost %s-node2[0] (host blacklisted), %s-node2[1] (failed)" % (host, host)
+    assert lost in outs[0], outs[0]
+    assert "joined the job at 127.0.0.1:%d as host %s-node2" % (port, host) in outs[1], outs[1]
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    pids = pids_by_start_rank(records)
+    assert len(pids[0]) == 1 and len(pids[1]) == 1, "a survivor was restarted: %s" % dict(pids)
+    ends = check_identical_end(records, 2)
+    assert {r["start_rank"] for r in ends} == {0, 1}, ends
+    check_exactly_once(records, epochs, batches * bsz)
