@@ -79,7 +79,7 @@ func serveElastic(ctx context.Context, n *node, set elasticSettings) (int, error
 	nodes := &elasticNodes{
 		st: n.srv, set: set, flags: o.elasticNodeFlags(), jobID: n.jobID, timeout: planner.Config().Timeout,
 		nnodes: max(o.NNodes, 1), startTimeout: o.StartTimeout, startBy: time.Now().Add(o.StartTimeout),
-		verbose: o.Verbose, byHost: map[string]*elasticNode{}, changed: make(chan struct{}, 1),
+		byHost: map[string]*elasticNode{}, changed: make(chan struct{}, 1),
 	}
 	nodes.add(&elasticNode{host: hn, slots: n.slots}, time.Now())
 	local := set.starter
@@ -161,7 +161,6 @@ type elasticNodes struct {
 	nnodes       int // nodes the first listing waits for
 	startTimeout time.Duration
 	startBy      time.Time // when the first listing stops waiting for them
-	verbose      bool
 	log          func(format string, args ...any)
 
 	mu      sync.Mutex

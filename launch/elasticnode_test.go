@@ -2,6 +2,7 @@ package launch
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -380,4 +381,82 @@ func TestElasticNodeNeedsItsSlots(t *testing.T) {
 	if code != ExitUsage || err == nil || !strings.Contains(err.Error(), "--nproc-per-node N or -H localhost:N") {
 		t.Errorf("exit %d, %v", code, err)
 	}
+}
+
+// A joined node against a rendezvous this test plays the serving node at: it registers, takes
+// its welcome and orders, reports an exit with its stderr tail, and when the serving node is
+// gone (the rendezvous closes) it stops its workers and ends the job, saying why.
+func TestElasticNodeAgentFollowsOrdersUntilTheServingNodeGoes(t *testing.T) {
+	t.Setenv("KOLO_SECRET", "agent-test")
+	srv := rendezvous.NewServer([]byte("agent-test"))
+	addr, err := srv.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	rec, _ := json.Marshal(jobRecord{ID: "job1", Elastic: true})
+	srv.Set(keyJob, rec)
+	opts, err := ParseRunFlags([]string{"--rendezvous", addr.String(), "--nproc-per-node", "2", "--min-np", "1", "-x", "EXTRA=1", "prog"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := &fakeElasticStarter{}
+	set := testNodeSettings()
+	set.starter = fake
+	set.fill()
+	var stderr syncBuffer
+	done := make(chan struct{})
+	var code int
+	go func() {
+		defer close(done)
+		code, err = runElasticNode(context.Background(), opts, set, io.Discard, &stderr)
+	}()
+	get := func(key string) []byte {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		v, err := srv.Get(ctx, key)
+		if err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		return v
+	}
+	join, jerr := jobenv.DecodeNodeJoin(get(jobenv.NodeKey(1)))
+	if jerr != nil || join.Slots != 2 || join.Flags != opts.elasticNodeFlags() || join.Addr != "127.0.0.1" {
+		t.Fatalf("registration %+v, %v", join, jerr)
+	}
+	srv.Set(jobenv.NodeWelcomeKey(1), jobenv.NodeWelcome{Host: "h1", JobID: "job1", Timeout: 7 * time.Second}.Encode())
+	srv.Set(jobenv.NodeOrderKey(1, 1), jobenv.NodeOrder{Kind: jobenv.OrderStart, Worker: 1, Slot: 1, Round: 2,
+		Rank: 1, Size: 2, LocalRank: 0, LocalSize: 1, CrossRank: 1, CrossSize: 2}.Encode())
+	h := &elasticHarness{t: t, fake: fake}
+	w := h.worker("h1[1]", 0)
+	for name, v := range map[string]string{jobenv.Rank: "1", jobenv.Size: "2", jobenv.CrossRank: "1", jobenv.Hostname: "h1",
+		jobenv.Rendezvous: addr.String(), jobenv.JobID: "job1", jobenv.Secret: "agent-test", jobenv.ElasticRound: "2",
+		jobenv.ElasticTimeout: "7", "EXTRA": "1"} {
+		if w.env[name] != v {
+			t.Errorf("worker: %s=%q, want %q", name, w.env[name], v)
+		}
+	}
+	io.WriteString(w.errW, "ValueError: bad batch\n")
+	w.exit(3)
+	x, xerr := jobenv.DecodeNodeExit(get(jobenv.NodeExitKey(1, 1)))
+	if xerr != nil || x.Worker != 1 || x.Code != 3 || fmt.Sprint(x.Tail) != "[ValueError: bad batch]" {
+		t.Errorf("exit record %+v, %v", x, xerr)
+	}
+	srv.Set(jobenv.NodeOrderKey(1, 2), jobenv.NodeOrder{Kind: jobenv.OrderStart, Worker: 2, Slot: 0, Round: 3,
+		Rank: 0, Size: 1, LocalRank: 0, LocalSize: 1, CrossRank: 0, CrossSize: 1}.Encode())
+	w2 := h.worker("h1[0]", 0)
+	if beats, _, _ := srv.TryGet(jobenv.NodeBeatKey(1)); len(beats) == 0 {
+		t.Error("no heartbeat")
+	}
+	srv.Close()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the node did not end after the rendezvous closed")
+	}
+	if code != 1 || err == nil || !strings.Contains(err.Error(), "lost the rendezvous") || !strings.Contains(err.Error(), "the job ended with the serving node") {
+		t.Errorf("exit %d, %v", code, err)
+	}
+	wantSignals(t, w2, syscall.SIGTERM)
 }
