@@ -106,7 +106,7 @@ func ParseRunFlags(args []string, stderr io.Writer) (*Options, error) {
 	fs.StringVar(&o.NetworkInterface, "network-interface", "", "interface(s) whose address workers and the rendezvous use, e.g. eth0 or ib0,eth0 (the first present on a host); workers get KOLO_NETWORK_INTERFACE")
 	fs.StringVar(&o.BindTo, "bind-to", BindNone, "core: bind each rank to cores of its own, this machine's CPUs split evenly among its ranks, whole cores first (as mpirun --bind-to core; torch's default thread count then follows); none: no binding")
 	fs.StringVar(&o.Rendezvous, "rendezvous", "", "no-ssh mode: every node runs kolo run with the same HOST:PORT and --nnodes; the node that owns HOST (or --node-rank 0) serves the rendezvous there; the job secret comes from --secret-file, else KOLO_SECRET, else KOLO_SECRET_FILE")
-	fs.IntVar(&o.NNodes, "nnodes", 0, "no-ssh mode: how many nodes (kolo run processes) the job has")
+	fs.IntVar(&o.NNodes, "nnodes", 0, "no-ssh mode: how many nodes (kolo run processes) the job has; in elastic mode, how many the first round waits for (default 1), more may join later")
 	fs.IntVar(&o.NodeRank, "node-rank", -1, "no-ssh mode: this node's index in 0..nnodes-1, orders the ranks (give it on every node or on none; default: order of arrival)")
 	fs.IntVar(&o.NprocPerNode, "nproc-per-node", 0, "no-ssh mode: ranks this node runs (default: N of -H localhost:N, else -np divided by --nnodes)")
 	fs.StringVar(&o.SecretFile, "secret-file", "", "no-ssh mode: file holding the job secret shared by every node (default: KOLO_SECRET, else the file KOLO_SECRET_FILE names)")
@@ -115,7 +115,7 @@ func ParseRunFlags(args []string, stderr io.Writer) (*Options, error) {
 	fs.IntVar(&o.MinNP, "min-num-proc", 0, "same as --min-np")
 	fs.IntVar(&o.MaxNP, "max-np", 0, "elastic mode: most ranks the job runs with (default: no limit, every slot the hosts have)")
 	fs.IntVar(&o.MaxNP, "max-num-proc", 0, "same as --max-np")
-	fs.StringVar(&o.DiscoveryScript, "host-discovery-script", "", "elastic mode: command (run with sh -c every second) printing the hosts available now, one host or host:slots a line")
+	fs.StringVar(&o.DiscoveryScript, "host-discovery-script", "", "elastic mode: command (run with sh -c every second) printing the hosts available now, one host or host:slots a line (not with --rendezvous, where the nodes that join are the hosts)")
 	fs.IntVar(&o.SlotsPerHost, "slots-per-host", 0, "elastic mode: slots of a discovered host listed without :slots")
 	fs.IntVar(&o.ResetLimit, "reset-limit", -1, "elastic mode: how many times the job may change its workers (default: no limit)")
 	var cooldown cooldownFlag
