@@ -102,6 +102,19 @@ def test_a_failed_worker_leaves_the_survivors_training(tmp_path, mode):
     assert all((r["epoch"], r["batch"]) >= (1, 1) for r in resync), resync
 
 
+def test_a_world_shrunk_to_one_rank_trains_on(tmp_path):
+    # The survivor of a 2-rank job trains alone: the optimizer's hooks (installed in any elastic
+    # world) still have their allreduces waited for.
+    rc, out, records, _ = elastic_run(
+        tmp_path, ["-np", "2", "--min-np", "1", "-H", "localhost:1,127.0.0.1:1"],
+        ["--epochs", "2", "--batches-per-epoch", "12", "--exit-schedule", '{"(0, 3)": [1]}',
+         "--exit-mode", "kill"])
+    assert rc == 0, out
+    ends = check_identical_end(records, 1)
+    assert ends[0]["start_rank"] == 0, ends
+    check_exactly_once(records, 2, 12 * 4)
+
+
 def test_hosts_added_then_removed(tmp_path):
     # The discovery script prints what the test writes: localhost first, then 127.0.0.1 joins,
     # then localhost leaves. The job grows from 2 to 4 ranks without restarting anyone, then

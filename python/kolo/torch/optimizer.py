@@ -195,7 +195,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Gradients whose hook did not fire (parameters unused in this pass, or fewer backward passes
         than backward_passes_per_step) are allreduced here, so every rank submits the same set.
         """
-        if mpi_ops.size() == 1 or not self._process_set.included():
+        if not self._process_set.included() or (mpi_ops.size() == 1 and not self._handles):
+            # Alone there is nothing to average, unless the hooks started allreduces anyway
+            # (an elastic job's world of one): those are waited for below like any.
             self._synchronized = True
             return
         done = set()
