@@ -12,13 +12,21 @@ settings (fusion 1 MiB, cycle 20 ms). For each job:
 - the tuned runs (--tuned-repeats): `kolo run --autotune` from the job's settings for
   --tuned-steps steps; from its log come the step it decided at and what it chose; the tuned
   steps/s is the step rate after the decision (from 5 steps past it), the tuning overhead is
-  1 - (steps/s while tuning) / (the grid's steps/s at the job's own settings).
+  1 - (steps/s while tuning) / (the grid's steps/s at the job's own settings); the in-run overhead
+  is the time to the decision over the same steps at the run's own defaults samples' step time,
+  less 1 (a reference measured in the same minutes, which a drifting machine moves alike).
 Runs alternate grid points and tuned runs with --pause seconds between them, because this VM's
 speed drifts; the table gives medians with ranges.
+
+--compare-root DIR (another kolo checkout, built with `make lib build`, such as an earlier
+commit's `git archive`) adds that build's tuned runs beside this one's, each slot running both in
+alternating order, and a row per job marked with --compare-label: an A/B of two tuners on the same
+machine at the same time, where tables measured on different days compare the days as well.
 """
 import argparse
 import csv
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -60,15 +68,15 @@ hvd.shutdown()
 '''
 
 
-def run_job(model, batch, steps, env, flags=(), timeout=900):
+def run_job(model, batch, steps, env, flags=(), timeout=900, root=ROOT):
     with tempfile.TemporaryDirectory() as d:
         w = os.path.join(d, "worker.py")
         with open(w, "w") as f:
-            f.write(WORKER % {"examples": os.path.join(ROOT, "examples")})
+            f.write(WORKER % {"examples": os.path.join(root, "examples")})
         e = dict(os.environ)
-        e["PYTHONPATH"] = os.path.join(ROOT, "python")
+        e["PYTHONPATH"] = os.path.join(root, "python")
         e.update(env)
-        p = subprocess.run([KOLO, "run", "-np", "2", *flags, PY, w, model, str(batch), str(steps)],
+        p = subprocess.run([os.path.join(root, "bin", "kolo"), "run", "-np", "2", *flags, PY, w, model, str(batch), str(steps)],
                            env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
     if p.returncode != 0:
         raise RuntimeError(f"{model}:{batch} failed ({p.returncode}):\n{p.stdout[-3000:]}")
@@ -99,6 +107,20 @@ def decision(log):
     return None, None, None
 
 
+def abandoned(log):
+    """Candidate samples the tuner cut short (logs that have the phase)."""
+    with open(log) as f:
+        return sum(1 for r in csv.DictReader(l for l in f if not l.startswith("#")) if r.get("phase") == "abandoned")
+
+
+def defaults_step(log):
+    """Seconds per step of the defaults' measured samples in the log (geometric mean), or None."""
+    with open(log) as f:
+        xs = [float(r["step_time_s"]) for r in csv.DictReader(l for l in f if not l.startswith("#"))
+              if r["role"] == "default" and r["phase"] == "tuning"]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
 def med(v, fmt="%.2f"):
     if not v:
         return "-"
@@ -119,7 +141,10 @@ def main():
     p.add_argument("--tuned-repeats", type=int, default=2)
     p.add_argument("--pause", type=float, default=2.0)
     p.add_argument("--json", help="write every run's figures here")
+    p.add_argument("--compare-root", help="another built kolo checkout whose tuned runs go beside this one's")
+    p.add_argument("--compare-label", default="old")
     args = p.parse_args()
+    roots = [(ROOT, "")] + ([(os.path.abspath(args.compare_root), " (" + args.compare_label + ")")] if args.compare_root else [])
     fusions = [float(x) for x in args.fusion_mib.split(",")]
     cycles = [float(x) for x in args.cycle_ms.split(",")]
     out = {}
@@ -129,7 +154,7 @@ def main():
         model, batch, bad = parts[0], int(parts[1]), len(parts) > 2 and parts[2] == "bad"
         own = (1.0, 20.0) if bad else (128.0, 0.0)
         grid = {}
-        tuned = []
+        tuned = {label: [] for _, label in roots}
         points = [(f, c) for f in fusions for c in cycles]
         if own not in points:
             points.append(own)
@@ -140,44 +165,58 @@ def main():
             ends, _ = run_job(model, batch, args.warmup + args.grid_steps, settings_env(f, c))
             grid[(f, c)] = rate(ends, args.warmup)
             print(f"# {job} grid fusion {f:g} MiB cycle {c:g} ms: {grid[(f, c)]:.3f} steps/s", file=sys.stderr, flush=True)
-            if i in slots:
+            if i not in slots:
+                continue
+            # With two builds, each slot runs both, in an order that alternates from slot to slot.
+            order = roots if sorted(slots).index(i) % 2 == 0 else roots[::-1]
+            for root, label in order:
                 time.sleep(args.pause)
                 with tempfile.TemporaryDirectory() as d:
                     log = os.path.join(d, "at.csv")
                     ends, text = run_job(model, batch, args.tuned_steps, settings_env(*own),
-                                         flags=("--autotune", "--autotune-log-file", log))
+                                         flags=("--autotune", "--autotune-log-file", log), root=root)
                     step, cf, cc = decision(log)
+                    cut = abandoned(log)
+                    ref = defaults_step(log)
                 line = next((l for l in text.splitlines() if "autotune:" in l and "INFO" not in l), "")
-                t = {"decided_at": step, "chosen": (cf, cc), "line": line.split("autotune:", 1)[-1].strip()}
+                t = {"decided_at": step, "chosen": (cf, cc), "abandoned": cut, "line": line.split("autotune:", 1)[-1].strip()}
                 if step and step + 5 < len(ends):
                     t["tuned_rate"] = rate(ends, step + 5)
                     t["tuning_rate"] = rate(ends, 1, step)
-                tuned.append(t)
-                print(f"# {job} tuned: {t}", file=sys.stderr, flush=True)
+                    if ref:
+                        # The same run's defaults samples, interleaved with the candidates', are
+                        # the reference: a machine whose speed drifts between runs moves both.
+                        t["in_run_overhead"] = (ends[step - 1] - ends[0]) / ((step - 1) * ref) - 1
+                tuned[label].append(t)
+                print(f"# {job}{label} tuned: {t}", file=sys.stderr, flush=True)
         best = max(grid, key=grid.get)
         out[job] = {"grid": {f"{f:g},{c:g}": r for (f, c), r in grid.items()}, "tuned": tuned}
-        rates = [t["tuned_rate"] for t in tuned if "tuned_rate" in t]
-        rows.append({
-            "job": job, "own": grid[own], "best": grid[best], "best_at": best,
-            "tuned": rates, "vs_best": [r / grid[best] for r in rates],
-            "decided": [t["decided_at"] for t in tuned if t["decided_at"]],
-            "overhead": [1 - t["tuning_rate"] / grid[own] for t in tuned if "tuning_rate" in t],
-            "chosen": [t["chosen"] for t in tuned],
-            "undecided": sum(1 for t in tuned if not t["decided_at"]),
-        })
+        for _, label in roots:
+            tl = tuned[label]
+            rates = [t["tuned_rate"] for t in tl if "tuned_rate" in t]
+            rows.append({
+                "job": job + label, "own": grid[own], "best": grid[best], "best_at": best,
+                "tuned": rates, "vs_best": [r / grid[best] for r in rates],
+                "decided": [t["decided_at"] for t in tl if t["decided_at"]],
+                "overhead": [1 - t["tuning_rate"] / grid[own] for t in tl if "tuning_rate" in t],
+                "in_run": [t["in_run_overhead"] for t in tl if "in_run_overhead" in t],
+                "chosen": [t["chosen"] for t in tl],
+                "undecided": sum(1 for t in tl if not t["decided_at"]),
+            })
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     print(f"# kolo run --autotune vs an exhaustive grid (fusion {args.fusion_mib} MiB x cycle {args.cycle_ms} ms), "
           f"2 ranks, {args.tuned_repeats} tuned runs per job; medians (ranges)")
     print("| job | job's settings steps/s | grid's best steps/s (at) | tuned steps/s | tuned / best | decided at step "
-          "| tuning overhead | chosen (fusion MiB, cycle ms) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
+          "| tuning overhead | in-run overhead | chosen (fusion MiB, cycle ms) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         f, c = r["best_at"]
         chosen = "; ".join(f"{cf:g}, {cc:g}" if cf is not None else "undecided" for cf, cc in r["chosen"])
         print(f"| {r['job']} | {r['own']:.2f} | {r['best']:.2f} ({f:g}, {c:g}) | {med(r['tuned'])} "
-              f"| {med(r['vs_best'], '%.3f')} | {med(r['decided'], '%.0f')} | {med(r['overhead'], '%.3f')} | {chosen} |")
+              f"| {med(r['vs_best'], '%.3f')} | {med(r['decided'], '%.0f')} | {med(r['overhead'], '%.3f')} "
+              f"| {med(r['in_run'], '%.3f')} | {chosen} |")
 
 
 if __name__ == "__main__":
