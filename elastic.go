@@ -11,8 +11,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kolo-dl/kolo/engine"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/rendezvous"
+	"github.com/kolo-dl/kolo/transport"
 )
 
 // A worker of an elastic job (kolo run --min-np/--max-np/--host-discovery-script) is known by its
@@ -28,6 +30,9 @@ import (
 var (
 	elasticMu     sync.Mutex
 	elasticJoined int
+	// elasticSuspects are the workers the engine of the round left found stuck: the next Init
+	// names them to the launcher when it asks for the next round.
+	elasticSuspects []jobenv.Place
 )
 
 // ErrElasticEnded is wrapped by Init's error in an elastic worker when the launcher ended the job
@@ -84,7 +89,11 @@ func joinElastic(env map[string]string, base jobenv.Job, secret []byte, connect 
 		// every one of them asked and nobody was lost (an error that killed nobody). When a
 		// newer round exists already (a lost rank, hosts updated), this is moot.
 		want = max(started, last+1)
-		if err := client.Set(ctx, jobenv.ReinitKey(last, place), []byte("1")); err != nil {
+		elasticMu.Lock()
+		suspects := elasticSuspects
+		elasticSuspects = nil
+		elasticMu.Unlock()
+		if err := client.Set(ctx, jobenv.ReinitKey(last, place), jobenv.EncodeReinit(suspects)); err != nil {
 			return nil, base, fmt.Errorf("elastic worker %s: ask for the round after %d: %w", place, last, err)
 		}
 	}
@@ -191,6 +200,37 @@ func (w *elasticWorker) update() (newest int, removalOnly, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.newest, w.removalOnly, w.newest > 0
+}
+
+// leaving records, as this worker leaves its round with the engine's error err, the worker err
+// blames (a progress deadline passed waiting on it, or its connection broke: a stopped process,
+// a cut link), for the next Init to name to the launcher, which otherwise cannot tell a worker
+// that will never ask for the next round from one still computing. A lost peer's rank is trusted
+// only when its host agrees with the round's: errors of a host's shared memory may number ranks
+// within the host, and a rank misread there names a worker of the host that failed anyway.
+func (w *elasticWorker) leaving(err error) {
+	rank, host := -1, ""
+	var stuck *engine.StuckError
+	var stall *transport.StallError
+	var lost *transport.PeerError
+	switch {
+	case errors.As(err, &stuck):
+		rank = stuck.Rank
+	case errors.As(err, &stall):
+		rank = stall.Rank
+	case errors.As(err, &lost):
+		rank, host = lost.Rank, lost.Host
+	}
+	var suspects []jobenv.Place
+	if rank >= 0 && rank < len(w.round.Ranks) {
+		p := w.round.Ranks[rank].Place
+		if p != w.place && (host == "" || host == p.Host) {
+			suspects = []jobenv.Place{p}
+		}
+	}
+	elasticMu.Lock()
+	elasticSuspects = suspects
+	elasticMu.Unlock()
 }
 
 // close stops the watcher and leaves the rendezvous.

@@ -394,3 +394,53 @@ func TestElasticChaos(t *testing.T) {
 	t.Logf("%d kills (%v): every one followed by a training world, the slowest after %.2f s; %d rounds in all; first round at %s",
 		kills, kinds, worst.Seconds(), len(roundRe.FindAllString(j.out.String(), -1)), last.at.Format("15:04:05"))
 }
+
+// A host cut off (its link down: its processes live on, nothing reaches them): the survivors'
+// engines stop, on the progress deadline (3 s here) when a collective waits on the host, or
+// on TCP's own time-out of the connection when negotiation does (the coordinator cannot tell a
+// rank that has not submitted from one computing); they name the rank they blame when they ask
+// for the next round, and the launcher stops its worker at once rather than after the grace it
+// gives workers that merely have not asked yet. The survivors train on.
+func TestElasticHostCutOff(t *testing.T) {
+	hosts := e2e.NewSSHHosts(t, 3, 12349)
+	kolo, softmax := buildKolo(t), buildSoftmax(t)
+	j := startElasticHostJob(t, kolo, softmax, hosts, 2, []string{"--progress-timeout-seconds", "3"},
+		"-steps", "2000", "-commit", "10", "-pace", "5ms")
+	j.await(t, regexp.MustCompile(`<stdout>:step +100 `), time.Now().Add(-time.Hour), 90*time.Second)
+	before := workerPids(j.out.String())
+	cut := time.Now()
+	if out, err := exec.Command("ip", "-n", hosts.Names[2], "link", "set", "eth0", "down").CombinedOutput(); err != nil {
+		t.Fatalf("cut host 2's link: %v: %s", err, out)
+	}
+	t.Cleanup(func() { killHost(t, hosts, 2) }) // its workers live on behind the cut
+	l := j.await(t, regexp.MustCompile(`<stdout>:round \d+: 4 ranks from step`), cut, 60*time.Second)
+	resumed := l.at.Sub(cut)
+	select {
+	case <-j.done:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("kolo run still running\n%s", j.output())
+	}
+	if j.code != 0 {
+		t.Fatalf("kolo run exited %d\n%s", j.code, j.output())
+	}
+	after := workerPids(j.out.String())
+	for place, pids := range before {
+		if strings.HasPrefix(place, hosts.Addrs[2]+"[") {
+			continue
+		}
+		if got := after[place]; len(got) != 1 || got[0] != pids[0] {
+			t.Errorf("survivor %s: pids %v, want only %d", place, got, pids[0])
+		}
+	}
+	if !strings.Contains(j.stderr.String(), "found stuck by the other workers") {
+		t.Errorf("the launcher did not stop the cut-off worker as named by its peers\n%s", j.output())
+	}
+	if !strings.Contains(j.out.String(), "trained on 4 ranks: every rank holds identical weights") {
+		t.Errorf("no identical-weights line\n%s", j.output())
+	}
+	// The engines' failure (3 s, or TCP's time-out), the new round: before the 30 s grace.
+	if resumed > 25*time.Second {
+		t.Errorf("the survivors trained again %.1f s after the cut, want within 25 s", resumed.Seconds())
+	}
+	t.Logf("host cut off; the 4 survivors trained again %.2f s later", resumed.Seconds())
+}

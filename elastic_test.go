@@ -3,13 +3,16 @@ package kolo
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kolo-dl/kolo/engine"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/rendezvous"
+	"github.com/kolo-dl/kolo/transport"
 )
 
 // elasticBed is a launcher's rendezvous with a client that publishes rounds, as kolo run's
@@ -225,5 +228,53 @@ func TestJoinElasticAgainAsksForTheNextRound(t *testing.T) {
 	b.publish(roundOf(2, 1, a0))
 	if err := <-joined; err != nil || job.JobID != "job.r2" {
 		t.Fatalf("second join: %+v, %v", job, err)
+	}
+}
+
+// A worker whose engine stopped on a stuck peer names that peer's place when it asks for the
+// next round; one that left for any other reason names nobody.
+func TestJoinElasticNamesTheStuckPeer(t *testing.T) {
+	b := newElasticBed(t)
+	a0, c0 := jobenv.Place{Host: "a", Slot: 0}, jobenv.Place{Host: "c", Slot: 0}
+	b.publish(roundOf(1, 1, a0, c0))
+	w, _, err := joinElastic(b.env("a", 0, 1), b.base(), b.secret, noConnect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.leaving(fmt.Errorf("allreduce: %w", &engine.StuckError{Rank: 1, Reason: "rank 1 (c) made no progress for 1m0s"}))
+	w.close()
+	go func() {
+		if w, _, err := joinElastic(b.env("a", 0, 1), b.base(), b.secret, noConnect); err == nil {
+			w.close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	v, err := b.pub.Get(ctx, jobenv.ReinitKey(1, a0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := jobenv.DecodeReinit(v); err != nil || len(got) != 1 || got[0] != c0 {
+		t.Fatalf("reinit record %q names %v (%v), want %v", v, got, err, c0)
+	}
+	b.publish(roundOf(2, 2, a0))
+
+	// A lost peer is named when its host agrees with the round's.
+	w.leaving(fmt.Errorf("rank 0: %w", &transport.PeerError{Rank: 1, Host: "c", Op: "recv", Err: errors.New("timed out")}))
+	elasticMu.Lock()
+	named := elasticSuspects
+	elasticMu.Unlock()
+	if len(named) != 1 || named[0] != c0 {
+		t.Errorf("a lost peer on its host: named %v, want %v", named, c0)
+	}
+	for _, err := range []error{nil, errors.New("rank 1 on c lost during recv"), &engine.StuckError{Rank: 0, Reason: "itself"},
+		&transport.PeerError{Rank: 1, Host: "a", Op: "recv", Err: errors.New("a host's own numbering")}} {
+		w.leaving(err)
+		elasticMu.Lock()
+		named := elasticSuspects
+		elasticMu.Unlock()
+		if named != nil {
+			t.Errorf("leaving with %v names %v, want nobody", err, named)
+		}
 	}
 }

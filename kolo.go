@@ -424,6 +424,7 @@ func (s *state) close() error {
 		err = cerr
 	}
 	if s.elastic != nil {
+		s.elastic.leaving(s.engine.Err())
 		s.elastic.close()
 	}
 	return err

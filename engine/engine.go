@@ -1007,16 +1007,28 @@ func (e *Engine) resolveStall(first negotiate.Abort, own bool, timeout time.Dura
 			notes[a.Rank] = a
 		}
 	}
-	e.stop(errors.New(stallReason(notes, first)))
+	reason, stuck := stallReason(notes, first)
+	e.stop(&StuckError{Rank: stuck, Reason: reason})
 }
+
+// StuckError is how an engine stops when a peer stopped making progress: Rank is the rank every
+// rank found stuck (see resolveStall), Reason the message every rank reports. An elastic worker
+// names that rank to the launcher, which then need not wait to find out which worker of the
+// round will never ask for the next one.
+type StuckError struct {
+	Rank   int
+	Reason string
+}
+
+func (e *StuckError) Error() string { return e.Reason }
 
 // stallReason follows the waits of notes (by sender) from the rank first blamed to the rank stuck,
 // one that sent no notice, and returns the reason of the notice that names it: first's own if it
 // does, else the lowest sender's, so that every rank picks the same. When the waits go round in a
 // cycle, the rank stuck is the one most notices name (the lowest of those): a stuck rank that ran
 // again after its peers' deadlines passed, and then met its own, blamed one of them in turn.
-func stallReason(notes map[int]negotiate.Abort, first negotiate.Abort) string {
-	stuck := first.StalledOn
+func stallReason(notes map[int]negotiate.Abort, first negotiate.Abort) (reason string, stuck int) {
+	stuck = first.StalledOn
 	for range len(notes) {
 		n, ok := notes[stuck]
 		if !ok {
@@ -1036,7 +1048,7 @@ func stallReason(notes map[int]negotiate.Abort, first negotiate.Abort) string {
 		}
 	}
 	if first.StalledOn == stuck {
-		return first.Reason
+		return first.Reason, stuck
 	}
 	best := -1
 	for r, n := range notes {
@@ -1044,7 +1056,7 @@ func stallReason(notes map[int]negotiate.Abort, first negotiate.Abort) string {
 			best = r
 		}
 	}
-	return notes[best].Reason
+	return notes[best].Reason, stuck
 }
 
 func (e *Engine) host(r int) string {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -42,8 +43,13 @@ func TestStallReason(t *testing.T) {
 			for _, n := range tc.more {
 				notes[n.Rank] = n
 			}
-			if got := stallReason(notes, tc.first); got != tc.want {
+			got, stuck := stallReason(notes, tc.first)
+			if got != tc.want {
 				t.Errorf("got %q, want %q", got, tc.want)
+			}
+			// The reason is the notice of a rank that waited on the stuck one.
+			if want := tc.want[strings.LastIndexByte(tc.want, ' ')+1:]; strconv.Itoa(stuck) != want {
+				t.Errorf("stuck rank %d, want %s", stuck, want)
 			}
 		})
 	}
@@ -114,6 +120,12 @@ func TestStalledRankFailsEveryRank(t *testing.T) {
 		}
 		if max := limit + stallListen(limit) + time.Second; res.took > max {
 			t.Errorf("rank %d failed after %v, want within %v", res.rank, res.took, max)
+		}
+		// The engine's own error says which rank is stuck (an elastic worker names it to the
+		// launcher), whether this rank waited on it directly or through another.
+		var stuck *StuckError
+		if !errors.As(c.engines[res.rank].Err(), &stuck) || stuck.Rank != 1 {
+			t.Errorf("rank %d: engine error %#v, want a *StuckError naming rank 1", res.rank, c.engines[res.rank].Err())
 		}
 	}
 	// The others' processes exit; the stuck rank runs again.

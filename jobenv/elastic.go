@@ -47,6 +47,40 @@ func RoundKey(n int) string { return "elastic/round/" + strconv.Itoa(n) }
 // did are stuck, and the launcher stops them as failed.
 func ReinitKey(n int, p Place) string { return RoundKey(n) + "/reinit/" + p.String() }
 
+// EncodeReinit is the value a worker sets at its ReinitKey: the places of the workers its
+// engine found stuck or lost (one "suspect HOST SLOT" line each; none: it does not know). The
+// launcher stops a suspect that has not asked for the next round at once, rather than after its
+// grace: a worker cut off from the others, or stopped, would never ask.
+func EncodeReinit(suspects []Place) []byte {
+	var b bytes.Buffer
+	for _, p := range suspects {
+		fmt.Fprintf(&b, "suspect %s %d\n", p.Host, p.Slot)
+	}
+	return b.Bytes()
+}
+
+// DecodeReinit reads what EncodeReinit wrote. An empty value (or "1", what workers of earlier
+// kolo versions set) names nobody.
+func DecodeReinit(data []byte) ([]Place, error) {
+	var out []Place
+	text := strings.TrimSpace(string(data))
+	if text == "" || text == "1" {
+		return nil, nil
+	}
+	for _, line := range strings.Split(text, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 || f[0] != "suspect" {
+			return nil, fmt.Errorf("elastic reinit: bad line %q", line)
+		}
+		slot, err := strconv.Atoi(f[2])
+		if err != nil || slot < 0 {
+			return nil, fmt.Errorf("elastic reinit: bad slot in %q", line)
+		}
+		out = append(out, Place{Host: f[1], Slot: slot})
+	}
+	return out, nil
+}
+
 // Place is a worker's identity in an elastic job: a host and a slot on it.
 type Place struct {
 	Host string

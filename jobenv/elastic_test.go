@@ -242,3 +242,35 @@ func FuzzDecodeNodeExit(f *testing.F) {
 		}
 	})
 }
+
+func TestReinitRoundTrip(t *testing.T) {
+	in := []Place{{"10.0.0.2", 1}, {"b", 0}}
+	got, err := DecodeReinit(EncodeReinit(in))
+	if err != nil || len(got) != 2 || got[0] != in[0] || got[1] != in[1] {
+		t.Fatalf("round trip: %v, %v", got, err)
+	}
+	for _, none := range []string{"", "1", "\n"} {
+		if got, err := DecodeReinit([]byte(none)); err != nil || got != nil {
+			t.Errorf("DecodeReinit(%q) = %v, %v; want nobody", none, got, err)
+		}
+	}
+	for _, bad := range []string{"suspect a", "suspect a -1", "blame a 0", "suspect a x"} {
+		if _, err := DecodeReinit([]byte(bad)); err == nil {
+			t.Errorf("DecodeReinit(%q): no error", bad)
+		}
+	}
+}
+
+func FuzzDecodeReinit(f *testing.F) {
+	f.Add([]byte("suspect a 0\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ps, err := DecodeReinit(b)
+		if err != nil {
+			return
+		}
+		again, err := DecodeReinit(EncodeReinit(ps))
+		if err != nil || len(again) != len(ps) {
+			t.Fatalf("re-decoding %v: %v, %v", ps, again, err)
+		}
+	})
+}

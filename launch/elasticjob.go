@@ -617,21 +617,40 @@ func (j *elasticJob) checkReinit(now time.Time) *elasticEnd {
 	}
 	asked := 0
 	var waiting []*elasticProc
+	suspect := map[jobenv.Place]bool{} // named stuck by a worker that asked
 	for _, k := range j.round.Ranks {
 		p := j.procs[elastic.Worker{Host: k.Host, Slot: k.Slot}]
 		if p == nil || p.exited || p.reported || p.stopped {
 			j.reinitSince = time.Time{}
 			return nil
 		}
-		_, ok, err := j.srv.TryGet(jobenv.ReinitKey(n, k.Place))
+		v, ok, err := j.srv.TryGet(jobenv.ReinitKey(n, k.Place))
 		if err != nil {
 			return nil
 		}
 		if ok {
 			asked++
+			names, err := jobenv.DecodeReinit(v)
+			if err != nil {
+				j.log("%s asked for a new round with a bad record: %v", k.Place, err)
+			}
+			for _, s := range names {
+				suspect[s] = true
+			}
 		} else {
 			waiting = append(waiting, p)
 		}
+	}
+	// A worker its peers found stuck (a progress deadline: stopped, cut off) will not ask: it
+	// is stopped now rather than after the grace. Others that have not asked get the grace.
+	var named []*elasticProc
+	for _, p := range waiting {
+		if suspect[jobenv.Place{Host: p.place.Host, Slot: p.place.Slot}] {
+			named = append(named, p)
+		}
+	}
+	if len(named) > 0 {
+		return j.stopStuck(now, named, fmt.Sprintf("found stuck by the other workers of round %d (they passed their progress deadline waiting on it)", n))
 	}
 	switch {
 	case asked == 0:
@@ -656,9 +675,15 @@ func (j *elasticJob) checkReinit(now time.Time) *elasticEnd {
 	case now.Sub(j.reinitSince) < j.set.reinitGrace:
 		return nil
 	}
-	ws := make([]elastic.Worker, len(waiting))
+	return j.stopStuck(now, waiting, fmt.Sprintf("did not ask for a new round within %s of the other workers of round %d", j.set.reinitGrace, n))
+}
+
+// stopStuck kills workers of the round that will not move to the next one and reports them to
+// the planner as failed.
+func (j *elasticJob) stopStuck(now time.Time, stuck []*elasticProc, why string) *elasticEnd {
+	ws := make([]elastic.Worker, len(stuck))
 	j.lastBatch = j.lastBatch[:0]
-	for i, p := range waiting {
+	for i, p := range stuck {
 		ws[i] = p.place
 		p.stuck, p.reported, p.failedAs = true, true, j.placeIn(p.place)
 		_ = p.proc.Signal(syscall.SIGKILL)
@@ -666,8 +691,7 @@ func (j *elasticJob) checkReinit(now time.Time) *elasticEnd {
 		j.lastBatch = append(j.lastBatch, p)
 	}
 	j.reinitSince = time.Time{}
-	j.log("%s did not ask for a new round within %s of the other workers of round %d: stopped as stuck",
-		elasticPlaces(ws), j.set.reinitGrace, n)
+	j.log("%s %s: stopped as stuck", elasticPlaces(ws), why)
 	return j.act(j.planner.Failed(now, ws...))
 }
 

@@ -237,10 +237,14 @@ func (h *elasticHarness) latest(place string) string {
 }
 
 // ask sets the reinit request of place for round n, as its worker would.
-func (h *elasticHarness) ask(n int, host string, slot int) {
+func (h *elasticHarness) ask(n int, host string, slot int, suspects ...jobenv.Place) {
 	h.t.Helper()
 	key := jobenv.ReinitKey(n, jobenv.Place{Host: host, Slot: slot})
-	if err := h.client(host+"["+fmt.Sprint(slot)+"]").Set(context.Background(), key, []byte("1")); err != nil {
+	value := []byte("1") // what a worker that names nobody set before suspects existed
+	if len(suspects) > 0 {
+		value = jobenv.EncodeReinit(suspects)
+	}
+	if err := h.client(host+"["+fmt.Sprint(slot)+"]").Set(context.Background(), key, value); err != nil {
 		h.t.Fatal(err)
 	}
 }
@@ -598,6 +602,30 @@ func TestElasticStuckWorkerIsStopped(t *testing.T) {
 	wantSignals(t, h.worker("localhost[0]", 0))
 	if !strings.Contains(h.stderr.String(), "127.0.0.1[0] did not ask for a new round within 300ms of the other workers of round 1: stopped as stuck") {
 		t.Errorf("stderr lacks the laggard:\n%s", h.stderr.String())
+	}
+}
+
+// A worker that asks for a new round naming another as stuck (its engine passed the progress
+// deadline waiting on it): the suspect is stopped at once, not after the grace.
+func TestElasticSuspectIsStoppedAtOnce(t *testing.T) {
+	set := testElasticSettings()
+	set.reinitGrace = time.Minute
+	h := startElastic(t, set, "-np", "3", "-H", "localhost:2,127.0.0.1:1", "--min-np", "1")
+	h.round("localhost[0]", 1)
+	start := time.Now()
+	h.ask(1, "localhost", 0, jobenv.Place{Host: "127.0.0.1", Slot: 0})
+	r := h.round("localhost[0]", 2)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the suspect was stopped after %v", took)
+	}
+	if places(r) != "localhost[0] localhost[1]" || r.Generation != 2 {
+		t.Errorf("round 2: generation %d on %s, want 2 on localhost[0] localhost[1]", r.Generation, places(r))
+	}
+	wantSignals(t, h.worker("127.0.0.1[0]", 0), syscall.SIGKILL)
+	// localhost[1] has not asked either, but nobody named it: it is left alone (the grace).
+	wantSignals(t, h.worker("localhost[1]", 0))
+	if !strings.Contains(h.stderr.String(), "127.0.0.1[0] found stuck by the other workers of round 1") {
+		t.Errorf("stderr lacks the suspect:\n%s", h.stderr.String())
 	}
 }
 
