@@ -241,3 +241,23 @@ def test_no_ssh_nodes_a_failed_worker_leaves_the_other_node_training(tmp_path):
     ends = check_identical_end(records, 2)
     assert {r["start_rank"] for r in ends} == {0, 1}, ends
     check_exactly_once(records, epochs, batches * bsz)
+
+
+def test_mnist_elastic_example_survives_a_kill(tmp_path):
+    # examples/pytorch_mnist_elastic.py end to end for a few steps: 2 ranks on two host names,
+    # the worker started as rank 1 SIGKILLs itself before step 5 (after the commit at step 4),
+    # the survivor resets to a world of one, trains to the end and prints the accuracy line.
+    import re
+    example = os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples",
+                           "pytorch_mnist_elastic.py")
+    rc, out = run([KOLO, "run", "-np", "2", "--min-np", "1", "--max-np", "2",
+                   "-H", "localhost:1,127.0.0.1:1", PY, example, "--epochs", "1",
+                   "--max-steps", "8", "--batches-per-commit", "2", "--max-test-samples", "500",
+                   "--log-interval", "1", "--kill-at-step", "5", "--kill-rank", "1"],
+                  timeout=120)
+    assert rc == 0, out
+    assert "killing myself before step 5" in out, out
+    assert "round 2: generation 2 (reset 1): lost 127.0.0.1[0] (failed)" in out, out
+    assert "reset 1: now 1 ranks, global batch 64, lr 0.0015 (epoch 0, step 4)" in out, out
+    assert re.search(r"final test accuracy \d+\.\d\d% after 1 epochs on 1 ranks "
+                     r"\(8 steps, 1 reset, \d+ s\)", out), out
