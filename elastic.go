@@ -121,6 +121,9 @@ func joinElastic(env map[string]string, base jobenv.Job, secret []byte, connect 
 		err = connect(cctx, job)
 		ccancel()
 		if err == nil {
+			if err := client.Set(ctx, jobenv.JoinedKey(r.Number, place), []byte("1")); err != nil {
+				slog.Warn("kolo: elastic worker could not tell the launcher it joined its round", "place", place, "round", r.Number, "err", err)
+			}
 			// A newer round published meanwhile is the watcher's to report: this world is
 			// complete, and the training loop resets at its next commit.
 			w := &elasticWorker{place: place, client: client, round: r, done: make(chan struct{})}

@@ -174,9 +174,20 @@ func TestJoinElasticMovesToANewerRound(t *testing.T) {
 	a0, b0 := jobenv.Place{Host: "a", Slot: 0}, jobenv.Place{Host: "b", Slot: 0}
 	b.publish(roundOf(1, 1, a0, b0))
 	var tried []string
+	published := make(chan error, 1)
 	go func() {
 		time.Sleep(100 * time.Millisecond)
-		b.publish(roundOf(2, 2, a0))
+		r := roundOf(2, 2, a0)
+		err := b.pub.Set(context.Background(), jobenv.RoundKey(2), r.Encode())
+		if err == nil {
+			err = b.pub.Set(context.Background(), jobenv.LatestRoundKey, []byte("2"))
+		}
+		published <- err
+	}()
+	defer func() {
+		if err := <-published; err != nil {
+			t.Errorf("publish round 2: %v", err)
+		}
 	}()
 	w, job, err := joinElastic(b.env("a", 0, 1), b.base(), b.secret, func(ctx context.Context, j jobenv.Job) error {
 		tried = append(tried, j.JobID)

@@ -71,7 +71,9 @@ func Join(ctx context.Context, env map[string]string, hostname string, opt Optio
 		return nil, err
 	}
 	s := &Session{Job: d.Job, Launcher: d.Launcher}
-	if d.Job.Size == 1 {
+	// An elastic worker meets its launcher at the rendezvous whatever its first world's size:
+	// later rounds may have more ranks.
+	if d.Job.Size == 1 && env[jobenv.Elastic] != "1" {
 		return s, nil
 	}
 	secret, err := auth.JobSecret("", env) // nil when the user gave none

@@ -75,6 +75,21 @@ func TestJoinPlainAndKoloRun(t *testing.T) {
 	}
 }
 
+// An elastic worker whose first world is itself alone still reads the job's secret: it meets the
+// launcher at the rendezvous for its rounds (a job of one that grows).
+func TestJoinElasticWorldOfOneReadsTheSecret(t *testing.T) {
+	env := jobenv.Encode(jobenv.Job{Size: 1, LocalSize: 1, CrossSize: 1, Hostname: "h", Rendezvous: "h:1", JobID: "j"})
+	env[jobenv.Secret] = "s3cret"
+	if s, err := Join(context.Background(), env, "me", Options{}); err != nil || s.Secret != nil {
+		t.Fatalf("a plain job of one: %+v, %v (needs no secret)", s, err)
+	}
+	env[jobenv.Elastic] = "1"
+	s, err := Join(context.Background(), env, "me", Options{})
+	if err != nil || string(s.Secret) != "s3cret" {
+		t.Fatalf("an elastic worker alone: %+v, %v", s, err)
+	}
+}
+
 // The ranks of an mpirun job find rank 0's rendezvous through a private file, and rank 0 removes
 // it when the job ends.
 func TestJoinThroughFile(t *testing.T) {

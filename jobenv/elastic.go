@@ -47,6 +47,12 @@ func RoundKey(n int) string { return "elastic/round/" + strconv.Itoa(n) }
 // did are stuck, and the launcher stops them as failed.
 func ReinitKey(n int, p Place) string { return RoundKey(n) + "/reinit/" + p.String() }
 
+// JoinedKey is set by the worker at p once it has joined round n (its connections are made).
+// The launcher reads it when the job ends: a worker that exits 0 finished training in the last
+// round it joined, and workers started for a later round, which can never form without it, are
+// stopped rather than left waiting.
+func JoinedKey(n int, p Place) string { return RoundKey(n) + "/joined/" + p.String() }
+
 // EncodeReinit is the value a worker sets at its ReinitKey: the places of the workers its
 // engine found stuck or lost (one "suspect HOST SLOT" line each; none: it does not know). The
 // launcher stops a suspect that has not asked for the next round at once, rather than after its

@@ -198,6 +198,8 @@ type elasticJob struct {
 	hosts  []elastic.Host                  // the last discovery
 	listed bool                            // a discovery came: the planner is ticked from then on
 	round  jobenv.Round                    // the newest round published; Number 0: none yet
+	rounds map[int]jobenv.Round            // every round published, by number
+	done   *jobenv.Round                   // once finishing: the round the job finished training in
 	ended  bool                            // the end record is published (as round.Number+1)
 	procs  map[elastic.Worker]*elasticProc // the newest process of each place of the current world
 	all    []*elasticProc                  // every process started, for the end
@@ -294,7 +296,11 @@ func (j *elasticJob) run(ctx context.Context, source hostSource) (code int, err 
 			}
 		}
 		if o == nil && j.succeeded() {
-			j.log("every worker of round %d exited 0: the job is done", j.round.Number)
+			n := j.round.Number
+			if j.done != nil {
+				n = j.done.Number
+			}
+			j.log("every worker of round %d exited 0: the job is done", n)
 			o = &elasticEnd{}
 		}
 		if o != nil {
@@ -412,6 +418,10 @@ func (j *elasticJob) publish(r jobenv.Round) error {
 	}
 	if r.End == "" {
 		j.round = r
+		if j.rounds == nil {
+			j.rounds = map[int]jobenv.Round{}
+		}
+		j.rounds[r.Number] = r
 	} else {
 		j.ended = true
 	}
@@ -580,9 +590,46 @@ func (j *elasticJob) onExit(e elasticExit) {
 		if j.opts.Verbose {
 			j.log("%s exited 0", p.place)
 		}
-		if j.procs[p.place] == p {
+		if j.procs[p.place] == p && !j.finishing {
 			j.finishing = true // no new round: the job ends with this one
+			j.finishedIn(p)
 		}
+	}
+}
+
+// finishedIn settles, at the first worker to exit 0, which round the job finished training in:
+// the last one that worker joined. Every worker of that round must exit 0 too; workers started
+// for a later round (a host that joined, or came back, as the others finished) wait for a round
+// that can no longer form, and are stopped: they are not failures.
+func (j *elasticJob) finishedIn(p *elasticProc) {
+	for n := j.round.Number; n >= 1; n-- {
+		r, ok := j.rounds[n]
+		if !ok {
+			continue
+		}
+		if _, joined, err := j.srv.TryGet(jobenv.JoinedKey(n, jobenv.Place{Host: p.place.Host, Slot: p.place.Slot})); err != nil || !joined {
+			continue
+		}
+		j.done = &r
+		in := map[elastic.Worker]bool{}
+		for _, k := range r.Ranks {
+			in[elastic.Worker{Host: k.Host, Slot: k.Slot}] = true
+		}
+		var idle []*elasticProc
+		for w, q := range j.procs {
+			if !in[w] && !q.exited && !q.stopped {
+				idle = append(idle, q)
+			}
+		}
+		if len(idle) > 0 {
+			ws := make([]elastic.Worker, len(idle))
+			for i, q := range idle {
+				ws[i] = q.place
+			}
+			j.log("training finished in round %d; %s, started for a later round, stopped", n, elasticPlaces(ws))
+			j.stopAndAwait(idle)
+		}
+		return
 	}
 }
 
@@ -700,7 +747,11 @@ func (j *elasticJob) succeeded() bool {
 	if !j.finishing || j.round.Number == 0 || len(j.pending) > 0 {
 		return false
 	}
-	for _, k := range j.round.Ranks {
+	r := j.round
+	if j.done != nil {
+		r = *j.done
+	}
+	for _, k := range r.Ranks {
 		p := j.procs[elastic.Worker{Host: k.Host, Slot: k.Slot}]
 		if p == nil || !p.exited || p.stopped || p.exit.Failed() {
 			return false

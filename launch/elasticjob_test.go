@@ -533,6 +533,35 @@ func TestElasticStopsBeforeItStartsAtThePlace(t *testing.T) {
 }
 
 // A discovery script that fails on its first run fails the job: a misconfiguration.
+// The survivors finish training in round 1 while a host that joined waits in round 2, which can
+// no longer form: the launcher stops the newcomer (no failure) and the job succeeds.
+func TestElasticFinishStopsWorkersOfALaterRound(t *testing.T) {
+	dir := t.TempDir()
+	hosts := filepath.Join(dir, "hosts")
+	writeHosts(t, hosts, "localhost:1\n")
+	script := filepath.Join(dir, "discover.sh")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\ncat "+hosts+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h := startElastic(t, testElasticSettings(), "-np", "1", "--min-np", "1", "--host-discovery-script", script)
+	h.round("localhost[0]", 1)
+	survivor := jobenv.Place{Host: "localhost", Slot: 0}
+	if err := h.client("localhost[0]").Set(context.Background(), jobenv.JoinedKey(1, survivor), []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	writeHosts(t, hosts, "localhost:1\n127.0.0.1:1\n")
+	h.round("localhost[0]", 2)
+	newcomer := h.worker("127.0.0.1[0]", 0)
+	h.worker("localhost[0]", 0).exit(0) // finished in round 1, never in round 2
+	if code := h.wait(); code != 0 {
+		t.Fatalf("exit %d, want 0\n%s", code, h.stderr.String())
+	}
+	wantSignals(t, newcomer, syscall.SIGTERM)
+	if !strings.Contains(h.stderr.String(), "training finished in round 1; 127.0.0.1[0], started for a later round, stopped") {
+		t.Errorf("stderr lacks the finish:\n%s", h.stderr.String())
+	}
+}
+
 func TestElasticDiscoveryFailsFirst(t *testing.T) {
 	h := startElastic(t, testElasticSettings(), "--min-np", "1", "--host-discovery-script", "echo no hosts here >&2; exit 4")
 	if code := h.wait(); code != 1 {
