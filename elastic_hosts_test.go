@@ -87,7 +87,12 @@ func startElasticHostJob(t testing.TB, kolo, softmax string, hosts *e2e.SSHHosts
 	argv = append(argv, "-np", strconv.Itoa(np), "--min-np", "1", "-H", strings.Join(spec, ","),
 		"--network-interface", hosts.Bridge+",eth0")
 	argv = append(append(argv, flags...), softmax, "-elastic")
-	argv = append(argv, args...)
+	return startKoloRun(t, kolo, append(argv, args...)...)
+}
+
+// startKoloRun starts kolo with argv, stamping its output lines; t's cleanup kills it.
+func startKoloRun(t testing.TB, kolo string, argv ...string) *elasticHostJob {
+	t.Helper()
 	j := &elasticHostJob{cmd: exec.Command(kolo, argv...), done: make(chan struct{})}
 	j.cmd.Env = launchEnv()
 	j.cmd.Stdout, j.cmd.Stderr = &j.out, &j.stderr
@@ -299,32 +304,11 @@ func TestElasticChaos(t *testing.T) {
 	if err := os.WriteFile(script, []byte("#!/bin/sh\ncat "+list+"\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	// A discovery script instead of -H: startElasticHostJob's -H is replaced.
-	j := &elasticHostJob{done: make(chan struct{})}
+	// A discovery script instead of startElasticHostJob's -H.
 	argv := append([]string{"run"}, hosts.SSHFlags()...)
-	argv = append(argv, "-np", "8", "--min-np", "1", "--host-discovery-script", script,
+	j := startKoloRun(t, kolo, append(argv, "-np", "8", "--min-np", "1", "--host-discovery-script", script,
 		"--blacklist-cooldown-range", "1", "2", "--network-interface", hosts.Bridge+",eth0",
-		softmax, "-elastic", "-steps", "100000000", "-commit", "5", "-pace", "2ms")
-	j.cmd = exec.Command(kolo, argv...)
-	j.cmd.Env = launchEnv()
-	j.cmd.Stdout, j.cmd.Stderr = &j.out, &j.stderr
-	j.cmd.WaitDelay = 5 * time.Second
-	if err := j.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		j.cmd.Wait()
-		j.code = j.cmd.ProcessState.ExitCode()
-		close(j.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-j.done:
-		default:
-			j.cmd.Process.Kill()
-			<-j.done
-		}
-	})
+		softmax, "-elastic", "-steps", "100000000", "-commit", "5", "-pace", "2ms")...)
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	roundRe := regexp.MustCompile(`<stdout>:round \d+: (\d+) ranks from step`)
 	last := j.await(t, roundRe, time.Now().Add(-time.Hour), 90*time.Second)
