@@ -11,7 +11,10 @@ learning rate for the new world size. When a worker is lost the survivors go bac
 commit, form a smaller world and go on; the sampler splits the samples the epoch has not yet
 processed among them, so every sample of an epoch is trained on once. --batch-size is per rank,
 so the global batch, and with it the learning rate (--lr x ranks, as in Horovod), follows the
-world size.
+world size. With --global-batch-size G instead, the global batch and the learning rate stay as
+they are and each rank takes G / ranks samples a step: the sampler deals the epoch's order
+round-robin, so step k's global batch is the same samples on 4 ranks or 2, and a job that lost a
+worker does the computation an uninterrupted one does, up to the order of floating-point sums.
 
 Data, model and evaluation are examples/pytorch_mnist.py's (imported from it). With the same
 --seed a run is the same computation each time up to the order of floating-point sums (one
@@ -43,6 +46,9 @@ def parse_args():
                    help="directory of MNIST-format IDX files (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=64,
                    help="samples per rank per step (default: %(default)s)")
+    p.add_argument("--global-batch-size", type=int, default=0,
+                   help="samples per step over all ranks, split evenly whatever the world size; "
+                        "overrides --batch-size and keeps --lr as given (0: off)")
     p.add_argument("--test-batch-size", type=int, default=1000)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--max-steps", type=int, default=0,
@@ -53,7 +59,8 @@ def parse_args():
     p.add_argument("--max-test-samples", type=int, default=0,
                    help="evaluate on the first N test samples only (0: all)")
     p.add_argument("--lr", type=float, default=1.5e-3,
-                   help="Adam learning rate per rank: the optimizer's is this x the world size")
+                   help="Adam learning rate per rank: the optimizer's is this x the world size "
+                        "(with --global-batch-size: the optimizer's)")
     p.add_argument("--lr-decay", type=float, default=0.6,
                    help="multiply the learning rate by this after each epoch")
     p.add_argument("--batches-per-commit", type=int, default=10,
@@ -89,26 +96,34 @@ def main():
     train_set = Tensors(x_train, y_train)
     # The elastic sampler: this rank's share of what the epoch has left, re-split after a reset.
     sampler = hvd.elastic.ElasticSampler(train_set, shuffle=True, seed=args.seed)
-    loader = torch.utils.data.DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+
+    def local_batch():
+        if args.global_batch_size:
+            return max(1, args.global_batch_size // hvd.size())
+        return args.batch_size
 
     model = Net()
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr * hvd.size())
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     # No broadcast here: the state's first sync gives every rank rank 0's model and optimizer.
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
 
     def set_lr(epoch):
+        scale = 1 if args.global_batch_size else hvd.size()
         for group in optimizer.param_groups:
-            group["lr"] = args.lr * hvd.size() * args.lr_decay ** epoch
+            group["lr"] = args.lr * scale * args.lr_decay ** epoch
+
+    set_lr(0)
 
     resets = [0]
 
     def on_state_reset():
-        # After a reset the world may have another size: scale the learning rate to it.
+        # After a reset the world may have another size: scale the learning rate to it (with
+        # --global-batch-size the lr stays, and the loader's batch follows the size instead).
         resets[0] += 1
         set_lr(state.epoch)
         if hvd.rank() == 0:
             print("reset %d: now %d ranks, global batch %d, lr %g (epoch %d, step %d)"
-                  % (resets[0], hvd.size(), args.batch_size * hvd.size(),
+                  % (resets[0], hvd.size(), local_batch() * hvd.size(),
                      optimizer.param_groups[0]["lr"], state.epoch, state.step), flush=True)
 
     def maybe_kill(step):
@@ -120,6 +135,10 @@ def main():
     @hvd.elastic.run
     def train(state):
         while state.epoch < args.epochs:
+            # A loader per pass: after a reset the sampler has re-split what the epoch has
+            # left, and with --global-batch-size this rank's batch has changed too.
+            loader = torch.utils.data.DataLoader(train_set, batch_size=local_batch(),
+                                                 sampler=sampler)
             for data, target in loader:
                 if args.max_steps and state.batch >= args.max_steps:
                     break
@@ -128,7 +147,7 @@ def main():
                 loss = F.nll_loss(model(data), target)
                 loss.backward()
                 optimizer.step()
-                sampler.record_batch(state.batch, args.batch_size)
+                sampler.record_batch(state.batch, local_batch())
                 if hvd.rank() == 0 and state.batch % args.log_interval == 0:
                     print("epoch %d step %d (%d/%d samples) loss %.4f on %d ranks"
                           % (state.epoch, state.batch, sampler.processed_num, len(train_set),
@@ -147,13 +166,21 @@ def main():
 
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0, step=0)
     state.register_reset_callbacks([on_state_reset])
+    if hvd.rank() == 0:
+        print("training on %d ranks: global batch %d (%d per rank), lr %g, %d epochs of %d samples"
+              % (hvd.size(), local_batch() * hvd.size(), local_batch(),
+                 optimizer.param_groups[0]["lr"], args.epochs, len(train_set)), flush=True)
+        if args.global_batch_size and args.global_batch_size % hvd.size():
+            print("note: global batch %d does not split over %d ranks: %d per rank"
+                  % (args.global_batch_size, hvd.size(), local_batch()), flush=True)
     start = time.time()
     train(state)
 
     acc, test_loss = evaluate(model, x_test, y_test, args.test_batch_size)
     if hvd.rank() == 0:
         print("test loss %.4f on %d samples" % (test_loss, len(y_test)), flush=True)
-        print("final test accuracy %.2f%% after %d epochs on %d ranks (%d steps, %d reset%s, %.0f s)"
+        print("final test accuracy %.2f%% after %d epochs on %d ranks "
+              "(%d steps, %d reset%s, %.0f s)"
               % (acc, state.epoch, hvd.size(), state.step, resets[0],
                  "" if resets[0] == 1 else "s", time.time() - start), flush=True)
     hvd.shutdown()
