@@ -56,8 +56,10 @@ func checkStall(t *testing.T, err error, peer int, op, detail string, waited, li
 	if se.Rank != peer || se.Host != host || se.Op != op || se.For != limit || !strings.Contains(se.Detail, detail) {
 		t.Errorf("stall %+v, want rank %d on %s, op %s, for %v, detail with %q", *se, peer, host, op, limit, detail)
 	}
-	if waited < limit || waited > limit+2*progressTick(limit)+500*time.Millisecond {
-		t.Errorf("failed after %v, want between %v and %v", waited, limit, limit+2*progressTick(limit))
+	// Not before the limit; after it, within the watchdog's ticks plus what a loaded machine
+	// adds (a run beside other jobs on 2 CPUs took 1.1 s for a 400 ms limit).
+	if most := limit + 2*progressTick(limit) + 2*time.Second; waited < limit || waited > most {
+		t.Errorf("failed after %v, want between %v and %v", waited, limit, most)
 	}
 }
 
