@@ -143,6 +143,20 @@ func (j *elasticHostJob) await(t testing.TB, re *regexp.Regexp, since time.Time,
 	}
 }
 
+// checkSurvivorsKept checks that every worker seen before the loss of host lost, except that
+// host's, is the same process at the end: never restarted.
+func checkSurvivorsKept(t testing.TB, before, after map[string][]int, lost string) {
+	t.Helper()
+	for place, pids := range before {
+		if strings.HasPrefix(place, lost+"[") {
+			continue
+		}
+		if got := after[place]; len(got) != 1 || got[0] != pids[0] {
+			t.Errorf("survivor %s: pids %v, want only %d: it was restarted", place, got, pids[0])
+		}
+	}
+}
+
 // killHost kills every process of namespace host i but its sshd: the workers, their wrapper
 // shells and the ssh sessions, as a host that dies takes them all at once.
 func killHost(t testing.TB, hosts *e2e.SSHHosts, i int) {
@@ -187,14 +201,7 @@ func TestElasticHostKilled(t *testing.T) {
 		t.Fatalf("kolo run exited %d\n%s", j.code, j.output())
 	}
 	after := workerPids(j.out.String())
-	for place, pids := range before {
-		if strings.HasPrefix(place, victim+"[") {
-			continue
-		}
-		if got := after[place]; len(got) != 1 || got[0] != pids[0] {
-			t.Errorf("survivor %s: pids %v, want only %d: it was restarted", place, got, pids[0])
-		}
-	}
+	checkSurvivorsKept(t, before, after, victim)
 	for _, s := range []int{0, 1} {
 		if p := after[fmt.Sprintf("%s[%d]", victim, s)]; len(p) != 1 {
 			t.Errorf("the dead host's slot %d ran %d workers, want 1 (it is blacklisted)", s, len(p))
@@ -240,14 +247,10 @@ func TestElasticHostComesBack(t *testing.T) {
 	}
 	after := workerPids(j.out.String())
 	dead := hosts.Addrs[2] + "["
-	for place, pids := range before {
-		got := after[place]
-		if strings.HasPrefix(place, dead) {
-			if len(got) != 2 {
-				t.Errorf("%s ran %d workers, want 2 (the one killed, then one after the cooldown)", place, len(got))
-			}
-		} else if len(got) != 1 || got[0] != pids[0] {
-			t.Errorf("survivor %s: pids %v, want only %d", place, got, pids[0])
+	checkSurvivorsKept(t, before, after, hosts.Addrs[2])
+	for place := range before {
+		if got := after[place]; strings.HasPrefix(place, dead) && len(got) != 2 {
+			t.Errorf("%s ran %d workers, want 2 (the one killed, then one after the cooldown)", place, len(got))
 		}
 	}
 	if !strings.Contains(j.out.String(), "trained on 8 ranks: every rank holds identical weights") {
@@ -408,14 +411,7 @@ func TestElasticHostCutOff(t *testing.T) {
 		t.Fatalf("kolo run exited %d\n%s", j.code, j.output())
 	}
 	after := workerPids(j.out.String())
-	for place, pids := range before {
-		if strings.HasPrefix(place, hosts.Addrs[2]+"[") {
-			continue
-		}
-		if got := after[place]; len(got) != 1 || got[0] != pids[0] {
-			t.Errorf("survivor %s: pids %v, want only %d", place, got, pids[0])
-		}
-	}
+	checkSurvivorsKept(t, before, after, hosts.Addrs[2])
 	if !strings.Contains(j.stderr.String(), "found stuck by the other workers") {
 		t.Errorf("the launcher did not stop the cut-off worker as named by its peers\n%s", j.output())
 	}
