@@ -658,6 +658,26 @@ func TestElasticSuspectIsStoppedAtOnce(t *testing.T) {
 	}
 }
 
+// A reinit record the launcher cannot read (a stranger's, a newer kolo's) still counts as asking,
+// names nobody, and is logged: the round re-forms as usual.
+func TestElasticBadReinitRecordCountsAsAsking(t *testing.T) {
+	h := startElastic(t, testElasticSettings(), "-np", "2", "-H", "localhost:1,127.0.0.1:1", "--min-np", "1")
+	h.round("localhost[0]", 1)
+	key := jobenv.ReinitKey(1, jobenv.Place{Host: "localhost", Slot: 0})
+	if err := h.client("localhost[0]").Set(context.Background(), key, []byte("blame everyone")); err != nil {
+		t.Fatal(err)
+	}
+	h.ask(1, "127.0.0.1", 0)
+	if r := h.round("localhost[0]", 2); r.Generation != 1 || places(r) != "localhost[0] 127.0.0.1[0]" {
+		t.Errorf("round 2: generation %d on %s, want round 1's workers", r.Generation, places(r))
+	}
+	wantSignals(t, h.worker("localhost[0]", 0))
+	wantSignals(t, h.worker("127.0.0.1[0]", 0))
+	if !strings.Contains(h.stderr.String(), `localhost[0] asked for a new round with a bad record: elastic reinit: bad line "blame everyone"`) {
+		t.Errorf("stderr lacks the bad record:\n%s", h.stderr.String())
+	}
+}
+
 func TestElasticResetLimit(t *testing.T) {
 	h := startElastic(t, testElasticSettings(), "-np", "2", "-H", "localhost:1,127.0.0.1:1", "--min-np", "1", "--reset-limit", "0")
 	h.round("localhost[0]", 1)
