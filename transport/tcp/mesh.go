@@ -67,6 +67,12 @@ type Config struct {
 	// in which this process did not run does not count.
 	ProgressTimeout time.Duration
 
+	// Adopt holds, by rank, connections to peers that an earlier mesh among the same processes
+	// left open (Mesh.Detach): Connect resyncs them instead of dialing, and falls back to dialing
+	// (or to waiting for the peer's dial) for a set the peer no longer holds. Both ends must know
+	// each other as the same process they detached from; the caller matches them.
+	Adopt map[int]*Carried
+
 	chunk       int           // tests shrink it to exercise striping with small buffers
 	userTimeout time.Duration // tests shrink it; DefaultUserTimeout otherwise
 	log         *slog.Logger
@@ -138,6 +144,7 @@ type Mesh struct {
 	peers      []*peer       // by rank; nil for ranks outside the mesh
 	log        *slog.Logger
 	inbox      chan transport.Msg
+	adopted    int // peers whose connections came from an earlier mesh
 
 	// opMu is held shared by every Comm and Messenger call, and exclusively by Close once it has
 	// closed the connections: Close returns only after every call has, and only then stops the
@@ -163,6 +170,15 @@ type peer struct {
 
 	ctrlMu  sync.Mutex // one message at a time on the control connection
 	ctrlBuf []byte
+
+	// left says the peer detached (its leave notice came): it is lost for this mesh, but its
+	// connections stay open for Detach to carry.
+	left atomic.Bool
+	// ctrlPre holds control bytes read before this mesh (after an adopted set's token);
+	// ctrlRest, what readControl had read but not examined when it stopped (owned by readControl
+	// until it returns).
+	ctrlPre  []byte
+	ctrlRest []byte
 }
 
 // Connect forms the mesh: it dials the peers above this rank, waits for those below to dial in
@@ -176,11 +192,17 @@ func Connect(ctx context.Context, l *Listener, cfg Config) (*Mesh, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
 	defer cancel()
 
-	var below, above []int
+	var below, above, adopted []int
 	for _, p := range cfg.Peers {
-		if p < cfg.Rank {
+		switch {
+		case cfg.Adopt[p] != nil:
+			adopted = append(adopted, p)
+			if p < cfg.Rank {
+				below = append(below, p) // it dials in if it no longer holds the set
+			}
+		case p < cfg.Rank:
 			below = append(below, p)
-		} else {
+		default:
 			above = append(above, p)
 		}
 	}
@@ -195,9 +217,9 @@ func Connect(ctx context.Context, l *Listener, cfg Config) (*Mesh, error) {
 		arrival
 		err error
 	}
-	dials := make(chan dialed, len(above)*perPeer)
+	dials := make(chan dialed, (len(above)+len(adopted))*perPeer)
 	var dialers sync.WaitGroup
-	for _, p := range above {
+	dialAll := func(p int) {
 		for i := range perPeer {
 			id := connID{peer: p, lane: laneControl}
 			if i > 0 {
@@ -211,13 +233,31 @@ func Connect(ctx context.Context, l *Listener, cfg Config) (*Mesh, error) {
 			}()
 		}
 	}
+	for _, p := range above {
+		dialAll(p)
+	}
+	adopts := make(chan adoptResult, len(adopted))
+	for _, p := range adopted {
+		dialers.Add(1)
+		go func() {
+			defer dialers.Done()
+			adopts <- adopt(ctx, &cfg, p, cfg.Adopt[p])
+		}()
+	}
 	conns := map[connID]*net.TCPConn{}
+	rests := map[int][]byte{}
 	// fail tears down what was made. With err nil (ctx ended) it reports the first dial that
 	// failed, or else the first peer that never dialed in.
 	fail := func(err error) (*Mesh, error) {
 		cancel()
 		dialers.Wait()
 		close(dials)
+		close(adopts)
+		for a := range adopts {
+			for _, c := range a.conns {
+				c.Close()
+			}
+		}
 		for d := range dials {
 			if d.conn != nil {
 				d.conn.Close()
@@ -237,19 +277,40 @@ func Connect(ctx context.Context, l *Listener, cfg Config) (*Mesh, error) {
 	for want := len(cfg.Peers) * perPeer; len(conns) < want; {
 		select {
 		case a := <-reg.ch:
+			if old := conns[a.id]; old != nil {
+				// The peer gave up a set this end adopted (its resync failed after ours
+				// succeeded): its new connections replace the set's.
+				old.Close()
+				delete(rests, a.id.peer)
+			}
 			conns[a.id] = a.conn
 		case d := <-dials:
 			if d.err != nil {
 				return fail(&transport.PeerError{Rank: d.id.peer, Host: cfg.host(d.id.peer), Op: "connect", Err: d.err})
 			}
 			conns[d.id] = d.conn
+		case a := <-adopts:
+			if a.err != nil {
+				cfg.log.Debug("tcp transport: connections kept from the last world not adopted; connecting anew",
+					"rank", cfg.Rank, "peer", a.peer, "host", cfg.host(a.peer), "err", a.err)
+				if a.peer > cfg.Rank {
+					dialAll(a.peer)
+				}
+				continue
+			}
+			for id, c := range a.conns {
+				conns[id] = c
+			}
+			rests[a.peer] = a.rest
 		case <-l.done:
 			return fail(fmt.Errorf("listener %s closed", l.Addr()))
 		case <-ctx.Done():
 			return fail(nil)
 		}
 	}
-	return newMesh(&cfg, conns), nil
+	m := newMesh(&cfg, conns, rests)
+	m.adopted = len(rests)
+	return m, nil
 }
 
 // missing names the first peer that never dialed in.
@@ -372,7 +433,7 @@ func isHangUp(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
-func newMesh(cfg *Config, conns map[connID]*net.TCPConn) *Mesh {
+func newMesh(cfg *Config, conns map[connID]*net.TCPConn, rests map[int][]byte) *Mesh {
 	m := &Mesh{
 		rank:  cfg.Rank,
 		size:  cfg.Size,
@@ -386,7 +447,7 @@ func newMesh(cfg *Config, conns map[connID]*net.TCPConn) *Mesh {
 		m.progress = cfg.ProgressTimeout
 	}
 	for _, r := range cfg.Peers {
-		p := &peer{m: m, rank: r, host: cfg.host(r), ctrl: conns[connID{peer: r, lane: laneControl}]}
+		p := &peer{m: m, rank: r, host: cfg.host(r), ctrl: conns[connID{peer: r, lane: laneControl}], ctrlPre: rests[r]}
 		setUserTimeout(p.ctrl, cfg.userTimeout)
 		data := make([]*net.TCPConn, cfg.Streams)
 		for s := range data {

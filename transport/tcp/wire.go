@@ -15,6 +15,7 @@ import (
 //	hello: "KOLOTCP1" | u8 lane | u16 stream | u16 streams | u32 from | u32 to | u32 size | u8 len | job id
 //	ack:   u8 status | u16 len | reason
 //	msg:   u32 len | body
+//	leave: u32 0xFFFFFFFF (the sender detached: Mesh.Detach)
 
 const (
 	helloMagic    = "KOLOTCP1"
@@ -161,6 +162,9 @@ func readMsg(r io.Reader) ([]byte, error) {
 	var hdr [4]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return nil, err
+	}
+	if binary.BigEndian.Uint32(hdr[:]) == leaveNotice {
+		return nil, errLeftNotice
 	}
 	n := int(binary.BigEndian.Uint32(hdr[:]))
 	if n > MaxMsg {

@@ -1,0 +1,246 @@
+package tcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kolo-dl/kolo/transport"
+)
+
+// detachAll detaches every mesh of w at once, as the ranks of a failed world do.
+func detachAll(w *world) []map[int]*Carried {
+	out := make([]map[int]*Carried, len(w.ms))
+	var wg sync.WaitGroup
+	for r, m := range w.ms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[r] = m.Detach()
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// reform connects a new world among w's processes, in which old rank o has rank perm[o], adopting
+// what carried holds (by old ranks) and dialing addrs for the rest.
+func reform(t *testing.T, w *world, carried []map[int]*Carried, perm []int, addrs []string, job string) *world {
+	t.Helper()
+	n := len(w.ls)
+	nw := &world{ls: make([]*Listener, n), sink: w.sink, addrs: make([]string, n), hosts: make([]string, n)}
+	for o, r := range perm {
+		nw.ls[r], nw.addrs[r], nw.hosts[r] = w.ls[o], addrs[o], w.hosts[o]
+	}
+	nw.ms = make([]*Mesh, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for o, r := range perm {
+		cfg := nw.cfg(r, 2, 64<<10)
+		cfg.JobID = job
+		cfg.Adopt = map[int]*Carried{}
+		for op, c := range carried[o] {
+			cfg.Adopt[perm[op]] = c
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			nw.ms[r], errs[r] = Connect(context.Background(), nw.ls[r], cfg)
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("new rank %d: %v", r, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, m := range nw.ms {
+			m.Close()
+		}
+	})
+	return nw
+}
+
+// exchange has every pair of w's ranks swap data (several sizes, across the striping) and a
+// message, and checks both.
+func exchange(t *testing.T, w *world, round int) {
+	t.Helper()
+	n := len(w.ms)
+	for _, size := range []int{1, 4099, 300<<10 + 7} {
+		w.each(t, func(r int, c transport.Comm) error {
+			for k := 1; k < n; k++ {
+				to, from := (r+k)%n, (r-k+n)%n
+				rb := make([]byte, size)
+				if err := c.SendRecv(context.Background(), to, payload(r, to, round, size), from, rb); err != nil {
+					return err
+				}
+				if err := check(rb, from, r, round); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	for r, m := range w.ms {
+		for p := range n {
+			if p != r {
+				if err := m.Messenger().SendMsg(context.Background(), p, fmt.Appendf(nil, "round %d from %d", round, r)); err != nil {
+					t.Fatalf("rank %d: message to %d: %v", r, p, err)
+				}
+			}
+		}
+	}
+	for r, m := range w.ms {
+		got := map[int]string{}
+		for len(got) < n-1 {
+			select {
+			case msg := <-m.Messenger().Inbox():
+				if msg.Body == nil {
+					t.Fatalf("rank %d: rank %d lost: %v", r, msg.From, m.Messenger().Lost(msg.From))
+				}
+				got[msg.From] = string(msg.Body)
+			case <-time.After(5 * time.Second):
+				t.Fatalf("rank %d: messages of round %d: got %v", r, round, got)
+			}
+		}
+		for p, body := range got {
+			if want := fmt.Sprintf("round %d from %d", round, p); body != want {
+				t.Fatalf("rank %d: from rank %d %q, want %q", r, p, body, want)
+			}
+		}
+	}
+}
+
+// Survivors of a world re-form with new ranks over the connections they had, across whatever the
+// old world left in flight: a send cut short, a receive cut short, unread messages.
+func TestDetachAdopt(t *testing.T) {
+	w := connectAll(t, 3, 2, 64<<10)
+	exchange(t, w, 1)
+
+	// Leave the streams out of step, as a failed collective does.
+	sendDone := make(chan error, 1)
+	go func() { sendDone <- w.ms[0].Comm().Send(context.Background(), 1, make([]byte, 24<<20)) }()
+	if err := w.ms[1].Comm().Recv(context.Background(), 0, make([]byte, 1<<20+5)); err != nil {
+		t.Fatal(err)
+	}
+	recvDone := make(chan error, 1)
+	go func() { recvDone <- w.ms[2].Comm().Recv(context.Background(), 1, make([]byte, 3<<20)) }()
+	if err := w.ms[1].Comm().Send(context.Background(), 2, make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		if err := w.ms[2].Messenger().SendMsg(context.Background(), 0, []byte(fmt.Sprintf("stale %d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	carried := detachAll(w)
+	for _, ch := range []chan error{sendDone, recvDone} {
+		select {
+		case err := <-ch:
+			if err == nil {
+				t.Fatal("a call cut short by Detach succeeded")
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a call still blocked 5 s after Detach")
+		}
+	}
+	for r, c := range carried {
+		if len(c) != 2 {
+			t.Fatalf("rank %d carried %d peers, want 2", r, len(c))
+		}
+	}
+
+	// Addresses nobody listens on: a dial would fail the test.
+	nowhere := []string{"127.0.0.1:1", "127.0.0.1:1", "127.0.0.1:1"}
+	nw := reform(t, w, carried, []int{1, 2, 0}, nowhere, "job-2")
+	for r, m := range nw.ms {
+		if m.Adopted() != 2 {
+			t.Errorf("new rank %d adopted %d peers, want 2", r, m.Adopted())
+		}
+	}
+	exchange(t, nw, 2)
+
+	// And again, in another order.
+	nw2 := reform(t, nw, detachAll(nw), []int{2, 0, 1}, nowhere, "job-3")
+	exchange(t, nw2, 3)
+}
+
+// A peer that gave its set up (closed it) is connected to anew, by the usual dial; the others are
+// still adopted.
+func TestAdoptFallsBackToDialing(t *testing.T) {
+	for _, gaveUp := range []struct{ who, peer int }{{2, 0}, {0, 2}} {
+		t.Run(fmt.Sprintf("rank %d closed its set for rank %d", gaveUp.who, gaveUp.peer), func(t *testing.T) {
+			w := connectAll(t, 3, 2, 64<<10)
+			carried := detachAll(w)
+			carried[gaveUp.who][gaveUp.peer].Close()
+			delete(carried[gaveUp.who], gaveUp.peer)
+			nw := reform(t, w, carried, []int{0, 1, 2}, w.addrs, "job-2")
+			want := []int{1, 2, 1}
+			for r, m := range nw.ms {
+				if m.Adopted() != want[r] {
+					t.Errorf("rank %d adopted %d peers, want %d", r, m.Adopted(), want[r])
+				}
+			}
+			exchange(t, nw, 2)
+		})
+	}
+}
+
+// A rank that detaches is lost to its peers at once, with ErrLeft, as a closed connection would
+// be; the rest of the mesh goes on.
+func TestDetachedPeerFailsWaitingCalls(t *testing.T) {
+	w := connectAll(t, 3, 2, ChunkSize)
+	errc := make(chan error, 2)
+	go func() { errc <- w.ms[1].Comm().Recv(context.Background(), 2, make([]byte, 3<<20)) }()
+	go func() { errc <- w.ms[0].Comm().Send(context.Background(), 2, make([]byte, 64<<20)) }()
+	time.Sleep(100 * time.Millisecond)
+	start := time.Now()
+	c2 := w.ms[2].Detach()
+	for range 2 {
+		select {
+		case err := <-errc:
+			var pe *transport.PeerError
+			if !errors.As(err, &pe) || pe.Rank != 2 || !errors.Is(err, ErrLeft) {
+				t.Fatalf("after %s: %v, want a PeerError for rank 2 that left", time.Since(start), err)
+			}
+		case <-time.After(2 * time.Second):
+			t.Fatal("a call on the detached peer still blocked after 2 s")
+		}
+	}
+	for _, r := range []int{0, 1} {
+		ms := w.ms[r].Messenger()
+		select {
+		case msg := <-ms.Inbox():
+			if msg.From != 2 || msg.Body != nil {
+				t.Fatalf("rank %d inbox: %+v, want the nil-body loss notice from rank 2", r, msg)
+			}
+		case <-time.After(time.Second):
+			t.Fatalf("rank %d: no loss notice in the inbox", r)
+		}
+		if err := ms.SendMsg(context.Background(), 2, []byte("x")); !errors.Is(err, ErrLeft) {
+			t.Fatalf("rank %d: SendMsg to the detached rank: %v", r, err)
+		}
+	}
+	sub := &world{ms: w.ms[:2]}
+	sub.each(t, func(r int, c transport.Comm) error {
+		rb := make([]byte, 1000)
+		if err := c.SendRecv(context.Background(), 1-r, payload(r, 1-r, 5, len(rb)), 1-r, rb); err != nil {
+			return err
+		}
+		return check(rb, 1-r, r, 5)
+	})
+	// The three re-form over the connections they had, rank 2's included on both sides.
+	carried := append(detachAll(&world{ms: w.ms[:2]}), c2)
+	for r, c := range carried {
+		if len(c) != 2 {
+			t.Fatalf("rank %d carried %d peers, want 2", r, len(c))
+		}
+	}
+	nw := reform(t, w, carried, []int{2, 1, 0}, []string{"127.0.0.1:1", "127.0.0.1:1", "127.0.0.1:1"}, "job-2")
+	exchange(t, nw, 2)
+}
