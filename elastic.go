@@ -221,7 +221,8 @@ func (w *elasticWorker) leaving(err error) {
 		rank = stuck.Rank
 	case errors.As(err, &stall):
 		rank = stall.Rank
-	case errors.As(err, &lost):
+	case errors.As(err, &lost) && !errors.Is(err, transport.ErrPeerLeft):
+		// (A peer that left is a survivor that saw the failure first, not its cause.)
 		rank, host = lost.Rank, lost.Host
 	}
 	var suspects []jobenv.Place
@@ -262,6 +263,17 @@ func ElasticRound() int {
 		return 0
 	}
 	return s.elastic.round.Number
+}
+
+// ElasticKeptPeers is the number of ranks on other hosts whose connections this worker kept from
+// its last round (the survivors it was connected to: only ranks new to it were dialed); 0 when
+// this is not an elastic worker or it is not initialized.
+func ElasticKeptPeers() int {
+	s, err := get()
+	if err != nil || s.elastic == nil {
+		return 0
+	}
+	return s.world.Adopted()
 }
 
 // ElasticUpdate reports whether the launcher has published a round after this worker's: hosts

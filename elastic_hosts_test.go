@@ -215,6 +215,11 @@ func TestElasticHostKilled(t *testing.T) {
 	if !strings.Contains(j.out.String(), "trained on 6 ranks: every rank holds identical weights") {
 		t.Errorf("no identical-weights line\n%s", j.output())
 	}
+	// The engine was not re-made from scratch: the new rank 0 (a survivor) kept its connections to
+	// the other 4 survivors on other hosts and dialed none.
+	if kept := fmt.Sprintf("round %s: rank 0 kept its connections to 4 ranks on other hosts", m[1]); !strings.Contains(j.out.String(), kept) {
+		t.Errorf("no line %q\n%s", kept, j.output())
+	}
 	if resumed > 5*time.Second {
 		t.Errorf("the new world's first step came %.2f s after the kill, want within 5 s\n%s", resumed.Seconds(), j.output())
 	}

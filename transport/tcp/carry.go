@@ -48,10 +48,6 @@ func (c *Carried) Close() {
 	}
 }
 
-// ErrLeft is why a peer that detached its mesh (Mesh.Detach) is lost: it left this world, and its
-// connections wait for the next one.
-var ErrLeft = errors.New("it left this world (its process goes on, to form the next world)")
-
 // leaveNotice is the length prefix that stands for "this rank left": larger than any message.
 const leaveNotice = 0xFFFFFFFF
 
@@ -65,7 +61,7 @@ const noticeTimeout = time.Second
 // Detach ends the mesh as Close does, but leaves open the connections of every peer still healthy
 // and returns them by rank, for the next mesh among the same processes to adopt (Config.Adopt).
 // It first tells each such peer that this rank left (a notice on the control lane), so that a call
-// of the peer's waiting on this rank fails at once with ErrLeft, as a closed connection would
+// of the peer's waiting on this rank fails at once with transport.ErrPeerLeft, as a closed connection would
 // make it fail. A peer lost otherwise, or one whose control lane is busy, is closed as by Close.
 func (m *Mesh) Detach() map[int]*Carried {
 	out := map[int]*Carried{}
@@ -127,10 +123,10 @@ func (p *peer) interrupt() {
 	}
 }
 
-// leave marks p lost because it detached: its calls fail at once with ErrLeft, and its connections
+// leave marks p lost because it detached: its calls fail at once with transport.ErrPeerLeft, and its connections
 // stay open for Detach to carry.
 func (p *peer) leave() {
-	pe := &transport.PeerError{Rank: p.rank, Host: p.host, Op: "recv message", Err: ErrLeft}
+	pe := &transport.PeerError{Rank: p.rank, Host: p.host, Op: "recv message", Err: transport.ErrPeerLeft}
 	if p.lost.CompareAndSwap(nil, pe) {
 		p.left.Store(true)
 		p.m.log.Debug("tcp transport: peer left the world", "rank", p.m.rank, "peer", p.rank, "host", p.host)

@@ -123,7 +123,8 @@ func TestDetachAdopt(t *testing.T) {
 
 	// Leave the streams out of step, as a failed collective does.
 	sendDone := make(chan error, 1)
-	go func() { sendDone <- w.ms[0].Comm().Send(context.Background(), 1, make([]byte, 24<<20)) }()
+	// More than the sockets of two streams buffer: it cannot complete.
+	go func() { sendDone <- w.ms[0].Comm().Send(context.Background(), 1, make([]byte, 80<<20)) }()
 	if err := w.ms[1].Comm().Recv(context.Background(), 0, make([]byte, 1<<20+5)); err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +192,7 @@ func TestAdoptFallsBackToDialing(t *testing.T) {
 	}
 }
 
-// A rank that detaches is lost to its peers at once, with ErrLeft, as a closed connection would
+// A rank that detaches is lost to its peers at once, with transport.ErrPeerLeft, as a closed connection would
 // be; the rest of the mesh goes on.
 func TestDetachedPeerFailsWaitingCalls(t *testing.T) {
 	w := connectAll(t, 3, 2, ChunkSize)
@@ -205,7 +206,7 @@ func TestDetachedPeerFailsWaitingCalls(t *testing.T) {
 		select {
 		case err := <-errc:
 			var pe *transport.PeerError
-			if !errors.As(err, &pe) || pe.Rank != 2 || !errors.Is(err, ErrLeft) {
+			if !errors.As(err, &pe) || pe.Rank != 2 || !errors.Is(err, transport.ErrPeerLeft) {
 				t.Fatalf("after %s: %v, want a PeerError for rank 2 that left", time.Since(start), err)
 			}
 		case <-time.After(2 * time.Second):
@@ -222,7 +223,7 @@ func TestDetachedPeerFailsWaitingCalls(t *testing.T) {
 		case <-time.After(time.Second):
 			t.Fatalf("rank %d: no loss notice in the inbox", r)
 		}
-		if err := ms.SendMsg(context.Background(), 2, []byte("x")); !errors.Is(err, ErrLeft) {
+		if err := ms.SendMsg(context.Background(), 2, []byte("x")); !errors.Is(err, transport.ErrPeerLeft) {
 			t.Fatalf("rank %d: SendMsg to the detached rank: %v", r, err)
 		}
 	}

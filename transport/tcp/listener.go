@@ -29,8 +29,11 @@ const (
 	keepAliveIdle  = 5 * time.Second
 	keepAliveIntvl = time.Second
 	keepAliveCount = 5
-	// DefaultUserTimeout is TCP_USER_TIMEOUT on control connections.
+	// DefaultUserTimeout is TCP_USER_TIMEOUT on control connections, unless the progress timeout
+	// is shorter (ctrlUserTimeout).
 	DefaultUserTimeout = 10 * time.Second
+	// minUserTimeout is the least TCP_USER_TIMEOUT a short progress timeout sets.
+	minUserTimeout = 2 * time.Second
 )
 
 // tune makes a connection fit for bulk transfer and quick to notice a dead peer; all best effort.

@@ -103,11 +103,11 @@ func (cfg *Config) check() error {
 	if cfg.chunk <= 0 {
 		cfg.chunk = ChunkSize
 	}
-	if cfg.userTimeout <= 0 {
-		cfg.userTimeout = DefaultUserTimeout
-	}
 	if cfg.ProgressTimeout == 0 {
 		cfg.ProgressTimeout = transport.DefaultProgressTimeout
+	}
+	if cfg.userTimeout <= 0 {
+		cfg.userTimeout = ctrlUserTimeout(cfg.ProgressTimeout)
 	}
 	if cfg.log == nil {
 		cfg.log = slog.Default()
@@ -449,6 +449,8 @@ func newMesh(cfg *Config, conns map[connID]*net.TCPConn, rests map[int][]byte) *
 	for _, r := range cfg.Peers {
 		p := &peer{m: m, rank: r, host: cfg.host(r), ctrl: conns[connID{peer: r, lane: laneControl}], ctrlPre: rests[r]}
 		setUserTimeout(p.ctrl, cfg.userTimeout)
+		ka := ctrlKeepAlive(cfg.userTimeout)
+		p.ctrl.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: ka, Interval: ka, Count: keepAliveCount})
 		data := make([]*net.TCPConn, cfg.Streams)
 		for s := range data {
 			data[s] = conns[connID{peer: r, lane: laneData, stream: s}]
@@ -471,6 +473,27 @@ func newMesh(cfg *Config, conns map[connID]*net.TCPConn, rests map[int][]byte) *
 		go m.watchProgress()
 	}
 	return m
+}
+
+// ctrlUserTimeout is how long a control connection's sent data may stay unacknowledged (and an
+// idle one unanswered by keepalive probes) before the peer is lost: a host that died or was cut
+// off. Its kernel answers while the peer process is stopped, so this never fires on a live but
+// stuck rank (the progress deadline handles those); it follows a progress timeout shorter than
+// DefaultUserTimeout, since a user who tolerates only that long without progress wants a vanished
+// host noticed as soon, but never below minUserTimeout, which retransmissions on a congested link
+// can take.
+func ctrlUserTimeout(progress time.Duration) time.Duration {
+	if progress > 0 && progress < DefaultUserTimeout {
+		return max(progress, minUserTimeout)
+	}
+	return DefaultUserTimeout
+}
+
+// ctrlKeepAlive is the idle time before a control connection's first keepalive probe and between
+// probes: several probes fit in the user timeout, so an idle connection to a vanished host is
+// noticed within it.
+func ctrlKeepAlive(userTimeout time.Duration) time.Duration {
+	return min(max(userTimeout/4, 250*time.Millisecond), keepAliveIdle)
 }
 
 // progressTick is how often the progress watchdog looks at the running calls.

@@ -84,3 +84,42 @@ func TestStalledReceiverIsNotLost(t *testing.T) {
 		t.Fatal("data differs")
 	}
 }
+
+// A progress timeout shorter than DefaultUserTimeout shortens the control lane's user timeout and
+// keepalive with it (a vanished host is noticed as soon as a stuck one), never below
+// minUserTimeout; a longer one, or none, leaves the default.
+func TestControlTimeoutFollowsProgressTimeout(t *testing.T) {
+	for _, tc := range []struct{ progress, want time.Duration }{
+		{-1, DefaultUserTimeout},
+		{time.Minute, DefaultUserTimeout},
+		{3 * time.Second, 3 * time.Second},
+		{500 * time.Millisecond, minUserTimeout},
+	} {
+		w := newListeners(t, 2)
+		w.ms = make([]*Mesh, 2)
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for r := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				cfg := w.cfg(r, 1, ChunkSize)
+				cfg.ProgressTimeout = tc.progress
+				w.ms[r], errs[r] = Connect(context.Background(), w.ls[r], cfg)
+			}()
+		}
+		wg.Wait()
+		for r, err := range errs {
+			if err != nil {
+				t.Fatalf("progress %s: rank %d: %v", tc.progress, r, err)
+			}
+			if got := userTimeoutOf(t, w.ms[r].peers[1-r].ctrl); got != tc.want {
+				t.Errorf("progress timeout %s: control TCP_USER_TIMEOUT %s, want %s", tc.progress, got, tc.want)
+			}
+			w.ms[r].Close()
+		}
+		if ka := ctrlKeepAlive(tc.want); ka*keepAliveCount > tc.want+keepAliveIdle || ka > tc.want/2 {
+			t.Errorf("user timeout %s: keepalive every %s does not probe within it", tc.want, ka)
+		}
+	}
+}

@@ -1,0 +1,134 @@
+package world
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/rendezvous"
+)
+
+// member is one endpoint's place in a world: its host and what it carries from its last world.
+type member struct {
+	host  string
+	carry *Carry
+}
+
+// form connects a world of members (rank r is members[r]) under job id job.
+func form(t *testing.T, addr, job string, secret []byte, shmDir string, members []member) []*World {
+	t.Helper()
+	n := len(members)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	worlds := make([]*World, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r, m := range members {
+		local, localSize := 0, 0
+		for q, o := range members {
+			if o.host == m.host {
+				if q < r {
+					local++
+				}
+				localSize++
+			}
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			j := jobenv.Job{Rank: r, Size: n, LocalRank: local, LocalSize: localSize, Hostname: m.host, Rendezvous: addr, JobID: job}
+			worlds[r], errs[r] = Connect(ctx, j, secret, Options{ListenAddr: "127.0.0.1:0", ShmDir: shmDir, Carry: m.carry})
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("%s: rank %d: %v", job, r, err)
+		}
+	}
+	return worlds
+}
+
+// ring sends a message from every rank to the next over the job's routed group and checks it.
+func ring(t *testing.T, worlds []*World, tag string) {
+	t.Helper()
+	n := len(worlds)
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for r, w := range worlds {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			send := bytes.Repeat([]byte(fmt.Sprintf("%s from %d;", tag, r)), 50000)
+			want := bytes.Repeat([]byte(fmt.Sprintf("%s from %d;", tag, (r+n-1)%n)), 50000)
+			got := make([]byte, len(want))
+			if err := w.Comm.SendRecv(ctx, (r+1)%n, send, (r+n-1)%n, got); err != nil {
+				errs[r] = err
+			} else if !bytes.Equal(got, want) {
+				errs[r] = fmt.Errorf("got %.30q..., want %.30q...", got, want)
+			}
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("%s: rank %d: %v", tag, r, err)
+		}
+	}
+}
+
+// An elastic job's next world keeps the TCP connections among its survivors, whatever their new
+// ranks, and dials only the endpoints new to each other.
+func TestNextWorldAdoptsSurvivorsConnections(t *testing.T) {
+	secret := []byte("carry-test-secret")
+	srv := rendezvous.NewServer(secret)
+	addr, err := srv.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	shmDir := t.TempDir()
+
+	w1 := form(t, addr.String(), "round-1", secret, shmDir, []member{{host: "a"}, {host: "a"}, {host: "b"}, {host: "b"}})
+	ring(t, w1, "round 1")
+	carries := make([]*Carry, len(w1))
+	for r, w := range w1 {
+		if carries[r], err = w.Detach(); err != nil {
+			t.Fatalf("rank %d: detach: %v", r, err)
+		}
+	}
+	if got := []int{carries[0].Len(), carries[1].Len(), carries[2].Len(), carries[3].Len()}; fmt.Sprint(got) != "[2 2 2 2]" {
+		t.Fatalf("carried TCP peers per rank %v, want 2 each (the other host's ranks)", got)
+	}
+	carries[2].Close() // its process is gone
+
+	// Round 2: old rank 3 first, then host a's two; and a newcomer on host c.
+	w2 := form(t, addr.String(), "round-2", secret, shmDir, []member{
+		{host: "b", carry: carries[3]}, {host: "a", carry: carries[0]}, {host: "a", carry: carries[1]}, {host: "c"}})
+	defer func() {
+		for _, w := range w2 {
+			w.Close()
+		}
+	}()
+	// Rank 0 (old 3) kept 2 peers (host a's) and dialed the newcomer; host a's ranks kept 1
+	// (old 3) each, not old 2's, which is gone; the newcomer kept nothing.
+	want := []int{2, 1, 1, 0}
+	for r, w := range w2 {
+		if w.Adopted() != want[r] {
+			t.Errorf("round 2 rank %d adopted %d peers, want %d", r, w.Adopted(), want[r])
+		}
+	}
+	// What nobody adopted stays for the caller to close: host a's sets for the gone process.
+	if got := []int{carries[0].Len(), carries[1].Len(), carries[3].Len()}; fmt.Sprint(got) != "[1 1 0]" {
+		t.Errorf("sets left in the carries after round 2: %v, want [1 1 0]", got)
+	}
+	carries[0].Close()
+	carries[1].Close()
+	ring(t, w2, "round 2")
+}
