@@ -4,8 +4,8 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"io"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/kolo-dl/kolo/transport"
