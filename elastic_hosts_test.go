@@ -423,9 +423,11 @@ func TestElasticHostCutOff(t *testing.T) {
 	if !strings.Contains(j.out.String(), "trained on 4 ranks: every rank holds identical weights") {
 		t.Errorf("no identical-weights line\n%s", j.output())
 	}
-	// The engines' failure (3 s, or TCP's time-out), the new round: before the 30 s grace.
-	if resumed > 25*time.Second {
-		t.Errorf("the survivors trained again %.1f s after the cut, want within 25 s", resumed.Seconds())
+	// The control connections' user timeout follows the 3 s progress timeout, the worker named
+	// stuck is stopped without waiting for it (it cannot be told), the new round forms: about
+	// 3 s, bounded loosely for a loaded machine.
+	if resumed > 10*time.Second {
+		t.Errorf("the survivors trained again %.1f s after the cut, want within 10 s", resumed.Seconds())
 	}
 	t.Logf("host cut off; the 4 survivors trained again %.2f s later", resumed.Seconds())
 }

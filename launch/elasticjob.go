@@ -207,6 +207,7 @@ type elasticJob struct {
 	wg     sync.WaitGroup                  // the per-worker goroutines: waiters and output pumps
 
 	pending     []*elasticProc   // failed exits not yet reported to the planner
+	dying       []dyingProc      // stopped without waiting (stopLater), to be killed after a grace
 	batchC      <-chan time.Time // fires when pending is due
 	lastBatch   []*elasticProc   // the last failures reported, for the exit code
 	failures    []*elasticProc   // every failure reported, for the summary
@@ -261,6 +262,15 @@ func (j *elasticJob) run(ctx context.Context, source hostSource) (code int, err 
 	defer func() {
 		cancel()
 		discoverer.Wait()
+		// Workers stopped without waiting (stopLater) may still run: their exits are the
+		// last the loop drains.
+		var left []*elasticProc
+		for _, d := range j.dying {
+			if !d.p.exited {
+				left = append(left, d.p)
+			}
+		}
+		j.stopAndAwait(left)
 		j.awaitStreams()
 		j.wg.Wait()
 	}()
@@ -289,6 +299,7 @@ func (j *elasticJob) run(ctx context.Context, source hostSource) (code int, err 
 				o = j.reportFailures(time.Now())
 			}
 		case now := <-ticker.C:
+			j.killDying(now)
 			if !j.finishing && j.listed {
 				if o = j.act(j.planner.Tick(now)); o == nil {
 					o = j.checkReinit(now)
@@ -374,7 +385,22 @@ func (j *elasticJob) reset(d elastic.Decision) *elasticEnd {
 			stop = append(stop, p) // never expected: a newcomer's place is free
 		}
 	}
-	j.stopAndAwait(stop)
+	// Only a place of the new world can be claimed by its old worker: the rest are stopped
+	// without waiting for them (a cut-off host's workers cannot even be told).
+	inWorld := map[elastic.Worker]bool{}
+	for _, k := range d.World.Ranks {
+		inWorld[elastic.Worker{Host: k.Host, Slot: k.Slot}] = true
+	}
+	var await, release []*elasticProc
+	for _, p := range stop {
+		if inWorld[p.place] {
+			await = append(await, p)
+		} else {
+			release = append(release, p)
+		}
+	}
+	j.stopAndAwait(await)
+	j.stopLater(release, time.Now())
 	keep := j.pending[:0]
 	for _, p := range j.pending {
 		if lost[p.place] {
@@ -799,6 +825,44 @@ func (j *elasticJob) interrupted() *elasticEnd {
 	}
 	j.stopAndAwait(j.all)
 	return &elasticEnd{code: ExitInterrupted, err: errors.New("interrupted: stopped every worker")}
+}
+
+// stopLater stops the workers of ps that still run (SIGTERM, SIGKILL stopGrace after now, from
+// the loop's ticks: killDying) without waiting for them.
+func (j *elasticJob) stopLater(ps []*elasticProc, now time.Time) {
+	for _, p := range ps {
+		if p.exited || p.proc == nil {
+			continue
+		}
+		if !p.stopped && !p.stuck {
+			p.stopped = true
+			_ = p.proc.Signal(stopSignal)
+		}
+		j.dying = append(j.dying, dyingProc{p: p, killAt: now.Add(j.set.stopGrace)})
+	}
+}
+
+// killDying SIGKILLs the workers stopLater stopped that still run past their grace.
+func (j *elasticJob) killDying(now time.Time) {
+	keep := j.dying[:0]
+	for _, d := range j.dying {
+		if d.p.exited {
+			continue
+		}
+		if !d.killed && !now.Before(d.killAt) {
+			_ = d.p.proc.Signal(syscall.SIGKILL)
+			d.killed = true
+		}
+		keep = append(keep, d) // until its exit: the end of the job waits for it
+	}
+	j.dying = keep
+}
+
+// dyingProc is a worker stopped without waiting, and when it is to be killed.
+type dyingProc struct {
+	p      *elasticProc
+	killAt time.Time
+	killed bool
 }
 
 // stopAndAwait stops the workers of ps that still run (SIGTERM, SIGKILL after stopGrace) and

@@ -34,6 +34,9 @@ type fakeWorker struct {
 	mu         sync.Mutex
 	signals    []syscall.Signal
 	ignoreTerm bool
+	// killTakes is how long a SIGKILL takes to end it: a worker behind a cut link, whose ssh
+	// client the starter kills only after a while.
+	killTakes time.Duration
 }
 
 func (p *fakeWorker) Stdout() io.Reader { return p.outR }
@@ -50,7 +53,12 @@ func (p *fakeWorker) Signal(sig syscall.Signal) error {
 	p.mu.Lock()
 	p.signals = append(p.signals, sig)
 	ignore := p.ignoreTerm && sig == syscall.SIGTERM
+	takes := p.killTakes
 	p.mu.Unlock()
+	if sig == syscall.SIGKILL && takes > 0 {
+		time.AfterFunc(takes, func() { p.end(Exit{Code: -1, Signal: sig}) })
+		return nil
+	}
 	if !ignore {
 		p.end(Exit{Code: -1, Signal: sig})
 	}
@@ -656,6 +664,39 @@ func TestElasticSuspectIsStoppedAtOnce(t *testing.T) {
 	if !strings.Contains(h.stderr.String(), "127.0.0.1[0] found stuck by the other workers of round 1") {
 		t.Errorf("stderr lacks the suspect:\n%s", h.stderr.String())
 	}
+}
+
+// A named suspect behind a cut link cannot be told to stop (its SIGKILL takes the starter's
+// seconds): the next round does not wait for it, since its place is not in that round, and the
+// job's end still collects its exit.
+func TestElasticUnreachableSuspectDoesNotDelayTheRound(t *testing.T) {
+	set := testElasticSettings()
+	set.reinitGrace, set.stopGrace = time.Minute, 5*time.Second
+	h := startElastic(t, set, "-np", "3", "-H", "localhost:2,127.0.0.1:1", "--min-np", "1")
+	h.round("localhost[0]", 1)
+	cut := h.worker("127.0.0.1[0]", 0)
+	cut.mu.Lock()
+	cut.ignoreTerm, cut.killTakes = true, 2*time.Second
+	cut.mu.Unlock()
+	start := time.Now()
+	h.ask(1, "localhost", 0, jobenv.Place{Host: "127.0.0.1", Slot: 0})
+	h.ask(1, "localhost", 1, jobenv.Place{Host: "127.0.0.1", Slot: 0})
+	r := h.round("localhost[0]", 2)
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("round 2 came %v after the suspect was named: it waited for the unreachable worker", took)
+	}
+	if places(r) != "localhost[0] localhost[1]" {
+		t.Errorf("round 2 on %s, want localhost[0] localhost[1]", places(r))
+	}
+	h.worker("localhost[0]", 0).exit(0)
+	h.worker("localhost[1]", 0).exit(0)
+	if code := h.wait(); code != 0 {
+		t.Errorf("exit %d, want 0", code)
+	}
+	if !cut.ended.Load() {
+		t.Error("the job ended before the unreachable worker's exit")
+	}
+	wantSignals(t, cut, syscall.SIGKILL)
 }
 
 // A reinit record the launcher cannot read (a stranger's, a newer kolo's) still counts as asking,
