@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
@@ -72,4 +73,136 @@ func BenchmarkElasticHostLoss(b *testing.B) {
 		p95 := r.d[min(len(r.d)-1, (len(r.d)*95+99)/100-1)]
 		fmt.Fprintf(os.Stdout, "| %d | %d | %d | %d | %.2f | %.2f | %.2f |\n", r.hosts, 2*r.hosts, len(r.d), r.rank0Hit, r.d[len(r.d)/2], p95, r.d[len(r.d)-1])
 	}
+}
+
+// p95 is the 95th percentile of sorted d (the nearest rank above).
+func p95(d []float64) float64 { return d[min(len(d)-1, (len(d)*95+99)/100-1)] }
+
+// BenchmarkElasticHostCut is BenchmarkElasticHostLoss with the host's link cut instead of its
+// processes killed (`ip link set eth0 down`: they live on, unreachable), 4 hosts x 2 ranks, with
+// --progress-timeout-seconds 3 (a cut host is noticed by the control connections' TCP user
+// timeout, which follows it): the cut to the survivors' first step in their new world.
+//
+//	go test -run '^$' -bench ElasticHostCut -benchtime 20x .
+func BenchmarkElasticHostCut(b *testing.B) {
+	kolo, softmax := buildKolo(b), buildSoftmax(b)
+	rng := rand.New(rand.NewPCG(2026, 12))
+	const n = 4
+	hosts := e2e.NewSSHHosts(b, n, 12360)
+	var d []float64
+	rank0 := 0
+	for range b.N {
+		victim := rng.IntN(n)
+		if victim == 0 {
+			rank0++
+		}
+		j := startElasticHostJob(b, kolo, softmax, hosts, 2, []string{"--progress-timeout-seconds", "3"},
+			"-steps", "1500", "-commit", "10", "-pace", "5ms")
+		j.await(b, regexp.MustCompile(`<stdout>:step +100 `), time.Now().Add(-time.Hour), 90*time.Second)
+		time.Sleep(time.Duration(rng.IntN(500)) * time.Millisecond)
+		cut := time.Now()
+		if out, err := exec.Command("ip", "-n", hosts.Names[victim], "link", "set", "eth0", "down").CombinedOutput(); err != nil {
+			b.Fatalf("cut host %d: %v: %s", victim, err, out)
+		}
+		l := j.await(b, regexp.MustCompile(`<stdout>:round \d+: `+strconv.Itoa(2*(n-1))+` ranks from step`), cut, 60*time.Second)
+		d = append(d, l.at.Sub(cut).Seconds())
+		select {
+		case <-j.done:
+		case <-time.After(2 * time.Minute):
+			b.Fatalf("kolo run still running\n%s", j.output())
+		}
+		if j.code != 0 {
+			b.Fatalf("kolo run exited %d\n%s", j.code, j.output())
+		}
+		killHost(b, hosts, victim) // its workers lived on behind the cut
+		if out, err := exec.Command("ip", "-n", hosts.Names[victim], "link", "set", "eth0", "up").CombinedOutput(); err != nil {
+			b.Fatalf("restore host %d's link: %v: %s", victim, err, out)
+		}
+		time.Sleep(time.Second)
+	}
+	slices.Sort(d)
+	b.ReportMetric(d[len(d)/2], "s-median")
+	b.ReportMetric(p95(d), "s-p95")
+	fmt.Fprintf(os.Stdout, "\nlink of a host cut -> survivors' first step in the new world (4 hosts x 2 ranks, --progress-timeout-seconds 3)\n\n")
+	fmt.Fprintf(os.Stdout, "| hosts | ranks | trials | rank 0's host cut | median s | p95 s | max s |\n|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(os.Stdout, "| %d | %d | %d | %d | %.2f | %.2f | %.2f |\n", n, 2*n, len(d), rank0, d[len(d)/2], p95(d), d[len(d)-1])
+}
+
+// BenchmarkElasticHostRejoin kills a host (4 hosts x 2 ranks) and lets it come back after a 2-3
+// s cooldown. It reports how long after the kill the 8 ranks train again, and whether
+// throughput is back at once: the time of the first 10 steps of the 8-rank world that follows,
+// against the median time of 10 steps before the kill (from rank 0's line per step, with its time
+// as it is printed; no -pace: the steps go as fast as 8 ranks on this machine's 2 cores allow).
+//
+//	go test -run '^$' -bench ElasticHostRejoin -benchtime 10x .
+func BenchmarkElasticHostRejoin(b *testing.B) {
+	kolo, softmax := buildKolo(b), buildSoftmax(b)
+	rng := rand.New(rand.NewPCG(2026, 13))
+	const n = 4
+	hosts := e2e.NewSSHHosts(b, n, 12361)
+	stepRe := regexp.MustCompile(`<stdout>:step +(\d+) .* t (\d+\.\d+)$`)
+	var back, ratio, pre10, post10 []float64
+	for range b.N {
+		victim := 1 + rng.IntN(n-1) // not rank 0's host: the rejoin is what is timed
+		j := startElasticHostJob(b, kolo, softmax, hosts, 2, []string{"--blacklist-cooldown-range", "2", "3"},
+			"-steps", "20000", "-commit", "10", "-log-every", "1")
+		j.await(b, regexp.MustCompile(`<stdout>:step +300 `), time.Now().Add(-time.Hour), 90*time.Second)
+		killed := time.Now()
+		killHost(b, hosts, victim)
+		shrunk := j.await(b, regexp.MustCompile(`<stdout>:round \d+: 6 ranks from step`), killed, 60*time.Second)
+		full := j.await(b, regexp.MustCompile(`<stdout>:round \d+: 8 ranks from step (\d+)`), shrunk.at, 60*time.Second)
+		from, _ := strconv.Atoi(regexp.MustCompile(`from step (\d+)`).FindStringSubmatch(full.text)[1])
+		select {
+		case <-j.done:
+		case <-time.After(2 * time.Minute):
+			b.Fatalf("kolo run still running\n%s", j.output())
+		}
+		if j.code != 0 {
+			b.Fatalf("kolo run exited %d\n%s", j.code, j.output())
+		}
+		// Rank 0's step lines (its clock, the same process throughout: its host is never the
+		// victim) before the kill and in the 8-rank world after it.
+		pre, post := map[int]float64{}, map[int]float64{}
+		var before []float64
+		j.out.mu.Lock()
+		for _, l := range j.out.lines {
+			if m := stepRe.FindStringSubmatch(l.text); m != nil {
+				s, _ := strconv.Atoi(m[1])
+				t, _ := strconv.ParseFloat(m[2], 64)
+				if l.at.Before(killed) {
+					pre[s] = t
+				} else if l.at.After(full.at.Add(-time.Millisecond)) && s > from {
+					post[s] = t
+				}
+			}
+		}
+		j.out.mu.Unlock()
+		for s := 100; s+10 <= 300; s += 10 {
+			a, ok1 := pre[s]
+			z, ok2 := pre[s+10]
+			if ok1 && ok2 {
+				before = append(before, z-a)
+			}
+		}
+		a, ok1 := post[from+1]
+		z, ok2 := post[from+11]
+		if len(before) == 0 || !ok1 || !ok2 {
+			b.Fatalf("missing step lines (from %d)\n%s", from, j.output())
+		}
+		slices.Sort(before)
+		back = append(back, full.at.Sub(killed).Seconds())
+		ratio = append(ratio, (z-a)/before[len(before)/2])
+		pre10, post10 = append(pre10, 1e3*before[len(before)/2]), append(post10, 1e3*(z-a))
+		time.Sleep(time.Second)
+	}
+	slices.Sort(back)
+	slices.Sort(ratio)
+	slices.Sort(pre10)
+	slices.Sort(post10)
+	b.ReportMetric(back[len(back)/2], "s-back-median")
+	b.ReportMetric(ratio[len(ratio)/2], "x-10steps-median")
+	fmt.Fprintf(os.Stdout, "\nhost killed, back after a 2-3 s cooldown (4 hosts x 2 ranks): 8 ranks again, and their first 10 steps against 10 steps before the kill\n\n")
+	fmt.Fprintf(os.Stdout, "| trials | 8 ranks again after kill: median s | p95 s | 10 steps before the kill: median ms | first 10 steps after the rejoin: median ms | ratio: median | max |\n|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(os.Stdout, "| %d | %.2f | %.2f | %.1f | %.1f | %.2fx | %.2fx |\n", len(back), back[len(back)/2], p95(back),
+		pre10[len(pre10)/2], post10[len(post10)/2], ratio[len(ratio)/2], ratio[len(ratio)-1])
 }

@@ -33,11 +33,12 @@ func main() {
 	elastic := flag.Bool("elastic", false, "survive lost ranks and added hosts under kolo run's elastic mode")
 	commit := flag.Int("commit", 10, "with -elastic: steps between commits of the weights")
 	pace := flag.Duration("pace", 0, "with -elastic: least time per step (slows a demo down to watch, or to kill a rank in)")
+	logEvery := flag.Int("log-every", 50, "with -elastic: steps between the loss lines rank 0 prints")
 	flag.Parse()
 	train := run
 	if *elastic {
 		train = func(steps, batch, nf, nc, samples int, lr float32) error {
-			return runElastic(steps, batch, nf, nc, samples, lr, *commit, *pace)
+			return runElastic(steps, batch, nf, nc, samples, lr, *commit, max(*logEvery, 1), *pace)
 		}
 	}
 	if err := train(*steps, *batch, *features, *classes, *samples, float32(*lr)); err != nil {
@@ -169,9 +170,13 @@ func (s *elasticState) Sync(ctx context.Context) error {
 	return s.Save()
 }
 
+// started is when this process began: the elastic step lines carry the time since, so that step
+// times can be read from them without the jitter of the pipes they travel through.
+var started = time.Now()
+
 // runElastic trains as run does, across the rounds of an elastic job: a lost rank costs at most
 // the steps since the last commit.
-func runElastic(steps, batch, nf, nc, samples int, lr float32, commit int, pace time.Duration) error {
+func runElastic(steps, batch, nf, nc, samples int, lr float32, commit, logEvery int, pace time.Duration) error {
 	// Each worker says which process it is: kolo run prefixes the line with the worker's place,
 	// and a process that survives a reset never prints it again.
 	fmt.Printf("worker pid %d\n", os.Getpid())
@@ -203,8 +208,8 @@ func runElastic(steps, batch, nf, nc, samples int, lr float32, commit int, pace 
 				fmt.Printf("round %d: %d ranks from step %d\n", kolo.ElasticRound(), size, from)
 				fmt.Printf("round %d: rank 0 kept its connections to %d ranks on other hosts\n", kolo.ElasticRound(), kolo.ElasticKeptPeers())
 			}
-			if rank == 0 && (st.step%50 == 0 || st.step == int64(steps)) {
-				fmt.Printf("step %4d  loss %.4f\n", st.step, loss)
+			if rank == 0 && (st.step%int64(logEvery) == 0 || st.step == int64(steps)) {
+				fmt.Printf("step %4d  loss %.4f  t %.4f\n", st.step, loss, time.Since(started).Seconds())
 			}
 			if st.step%int64(commit) == 0 {
 				if err := kolo.Commit(ctx, st); err != nil {
