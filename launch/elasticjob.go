@@ -36,14 +36,15 @@ import (
 // elasticSettings are the loop's timings and its starter; tests shorten them. Zero fields take
 // the defaults.
 type elasticSettings struct {
-	starter         Starter       // nil: local processes, ssh for other hosts
-	discoverEvery   time.Duration // pause between runs of the discovery script; 1 s, Horovod's
-	discoverTimeout time.Duration // a discovery run that takes longer failed; 30 s
-	tick            time.Duration // planner ticks and reinit checks; 100 ms
-	batch           time.Duration // failed exits seen within this are reported together; 100 ms
-	reinitGrace     time.Duration // how long after another's request a worker may take to ask for a re-forming; 30 s
-	stopGrace       time.Duration // SIGTERM to SIGKILL when stopping a worker; 3 s
-	streamWait      time.Duration // how long the end waits for the workers' output to end; 5 s
+	starter         Starter           // nil: local processes, ssh for other hosts (srun inside a Slurm allocation)
+	env             map[string]string // nil: the process's; where a Slurm allocation is read from
+	discoverEvery   time.Duration     // pause between runs of the discovery script; 1 s, Horovod's
+	discoverTimeout time.Duration     // a discovery run that takes longer failed; 30 s
+	tick            time.Duration     // planner ticks and reinit checks; 100 ms
+	batch           time.Duration     // failed exits seen within this are reported together; 100 ms
+	reinitGrace     time.Duration     // how long after another's request a worker may take to ask for a re-forming; 30 s
+	stopGrace       time.Duration     // SIGTERM to SIGKILL when stopping a worker; 3 s
+	streamWait      time.Duration     // how long the end waits for the workers' output to end; 5 s
 
 	// No-ssh mode (elasticnode.go, elasticagent.go).
 	beat        time.Duration   // a joined node's heartbeat interval; beatInterval
@@ -85,7 +86,22 @@ func runElastic(ctx context.Context, opts *Options, set elasticSettings, stdout,
 		return ExitUsage, err
 	}
 	var fixed []elastic.Host
-	if opts.DiscoveryScript == "" {
+	var slurm *SlurmAllocation
+	if opts.DiscoveryScript == "" && opts.Hosts == "" && opts.Hostfile == "" && opts.Rendezvous == "" {
+		// Inside a Slurm allocation, its nodes are the hosts and srun starts the workers.
+		env := set.env
+		if env == nil {
+			env = jobenv.FromEnviron(os.Environ())
+		}
+		a, ok, err := slurmAllocation(env, opts.SlotsPerHost)
+		if err != nil {
+			return ExitUsage, err
+		}
+		if ok {
+			slurm, fixed = &a, a.Hosts
+		}
+	}
+	if opts.DiscoveryScript == "" && slurm == nil {
 		if fixed, err = opts.fixedElasticHosts(); err != nil {
 			return ExitUsage, err
 		}
@@ -110,6 +126,11 @@ func runElastic(ctx context.Context, opts *Options, set elasticSettings, stdout,
 	}
 
 	starter := set.starter
+	if starter == nil && slurm != nil {
+		guard := startGuard()
+		defer guard.Close()
+		starter = &SlurmStarter{JobID: slurm.JobID, Local: LocalStarter{Guard: guard}}
+	}
 	if starter == nil {
 		guard := startGuard()
 		defer guard.Close()
@@ -120,6 +141,9 @@ func runElastic(ctx context.Context, opts *Options, set elasticSettings, stdout,
 		starter = HostStarter{Local: LocalStarter{Guard: guard}, Remote: ssh}
 	}
 	j := newElasticJob(opts, set, planner, srv, starter, secret, NewJobID(), stdout, stderr)
+	if slurm != nil {
+		j.log("hosts from Slurm job %s's allocation; each worker starts as a job step of its own (srun)", slurm.JobID)
+	}
 	j.workerRendezvous = func(host string) string {
 		return net.JoinHostPort(addrs.forHost(host, j.hosts), addrs.port)
 	}

@@ -1,0 +1,200 @@
+package launch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/launch/elastic"
+)
+
+// An elastic kolo run inside a Slurm allocation (a batch script, or salloc's shell) takes its
+// hosts from the allocation and starts each worker as a job step of its own (srun on one node,
+// one task), not over ssh: Slurm places, accounts for and cleans up every worker, and a node that
+// fails ends only the steps on it, which the launcher sees as those workers failing. Everything
+// else (rounds, blacklisting, the rendezvous) is as over ssh.
+
+// SlurmAllocation is the allocation a launcher runs in, read from the variables sbatch and salloc
+// set.
+type SlurmAllocation struct {
+	JobID string
+	Hosts []elastic.Host
+}
+
+// slurmAllocation reads the allocation from env: ok is false outside one, and inside a job step
+// (an srun task is a worker, not a launcher). Slots per node are the tasks the allocation asked
+// for per node (SLURM_TASKS_PER_NODE, from -n/--ntasks-per-node), else its CPUs per node; a
+// positive slotsPerHost (--slots-per-host) overrides both.
+func slurmAllocation(env map[string]string, slotsPerHost int) (SlurmAllocation, bool, error) {
+	id := firstOf(env, "SLURM_JOB_ID", "SLURM_JOBID")
+	if id == "" || firstOf(env, "SLURM_STEP_ID", "SLURM_STEPID") != "" {
+		return SlurmAllocation{}, false, nil
+	}
+	nl := firstOf(env, "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+	if nl == "" {
+		return SlurmAllocation{}, false, fmt.Errorf("inside Slurm job %s, but SLURM_JOB_NODELIST is not set", id)
+	}
+	names, err := jobenv.ExpandNodelist(nl)
+	if err != nil {
+		return SlurmAllocation{}, false, fmt.Errorf("Slurm job %s's SLURM_JOB_NODELIST: %w", id, err)
+	}
+	slots := make([]int, len(names))
+	if slotsPerHost > 0 {
+		for i := range slots {
+			slots[i] = slotsPerHost
+		}
+	} else {
+		v, from := env["SLURM_TASKS_PER_NODE"], "SLURM_TASKS_PER_NODE"
+		if v == "" {
+			v, from = env["SLURM_JOB_CPUS_PER_NODE"], "SLURM_JOB_CPUS_PER_NODE"
+		}
+		if v == "" {
+			return SlurmAllocation{}, false, fmt.Errorf("Slurm job %s sets neither SLURM_TASKS_PER_NODE nor SLURM_JOB_CPUS_PER_NODE: give --slots-per-host", id)
+		}
+		per, err := jobenv.ParseTasksPerNode(v)
+		if err != nil {
+			return SlurmAllocation{}, false, fmt.Errorf("Slurm job %s's %s: %w", id, from, err)
+		}
+		if len(per) != len(names) {
+			return SlurmAllocation{}, false, fmt.Errorf("Slurm job %s: %s=%q counts %d nodes, SLURM_JOB_NODELIST=%q names %d", id, from, v, len(per), nl, len(names))
+		}
+		copy(slots, per)
+	}
+	a := SlurmAllocation{JobID: id}
+	for i, n := range names {
+		a.Hosts = append(a.Hosts, elastic.Host{Name: n, Slots: slots[i]})
+	}
+	return a, true, nil
+}
+
+func firstOf(env map[string]string, keys ...string) string {
+	for _, k := range keys {
+		if v := env[k]; v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// SlurmStarter starts each worker as a job step of one task on its host, with srun, inside the
+// allocation JobID. The step shares the allocation's CPUs with the other workers' steps
+// (--overlap), is not killed when another fails (--kill-on-bad-exit=0), and gets the worker's
+// environment (srun passes its own on; the job secret never appears on a command line).
+type SlurmStarter struct {
+	JobID   string
+	Program string // the srun command; default "srun" (tests substitute a fake)
+	// Local starts the srun process itself: its own process group, the orphan guard.
+	Local LocalStarter
+	// KillAfter is how long a stopped step may take to end before srun itself is killed; 3 s.
+	KillAfter time.Duration
+}
+
+// SlurmArgs is the srun command line that starts w: exported for the documentation's sake and
+// the tests.
+func (s *SlurmStarter) SlurmArgs(w Worker) []string {
+	prog := s.Program
+	if prog == "" {
+		prog = "srun"
+	}
+	args := []string{prog,
+		"--jobid=" + s.JobID,
+		"--nodes=1", "--ntasks=1", "--nodelist=" + w.Slot.Host,
+		"--overlap", "--kill-on-bad-exit=0", "--cpu-bind=none", "--mpi=none",
+		"--export=ALL", "--unbuffered", "--quiet",
+		"--job-name=kolo:" + slurmStepName(w),
+	}
+	if w.Dir != "" {
+		args = append(args, "--chdir="+w.Dir)
+	}
+	return append(append(args, "--"), w.Argv...)
+}
+
+// slurmStepName names a worker's step after its place, as kolo run's output does ("node1[0]").
+func slurmStepName(w Worker) string {
+	if p, _, ok, err := jobenv.ElasticPlace(jobenv.FromEnviron(w.Env)); ok && err == nil {
+		return p.String()
+	}
+	return w.Slot.Host + "[" + strconv.Itoa(w.Slot.LocalRank) + "]"
+}
+
+func (s *SlurmStarter) Start(ctx context.Context, w Worker) (Process, error) {
+	if len(w.Argv) == 0 {
+		return nil, errors.New("no command to run")
+	}
+	if w.Slot.Host == "" {
+		return nil, errors.New("a Slurm worker needs a host")
+	}
+	sw := w
+	sw.Argv = s.SlurmArgs(w)
+	sw.Env = withoutSlurmLayout(w.Env)
+	p, err := s.Local.Start(ctx, sw)
+	if err != nil {
+		return nil, fmt.Errorf("srun on %s: %w", w.Slot.Host, err)
+	}
+	after := s.KillAfter
+	if after <= 0 {
+		after = 3 * time.Second
+	}
+	return &slurmProcess{Process: p, killAfter: after, exited: make(chan struct{})}, nil
+}
+
+// withoutSlurmLayout drops the variables an allocation's shell holds that srun would read as
+// options of the step's layout (SLURM_NTASKS=8 from sbatch -n 8, ...): every worker's step is one
+// task on one node, which the command line says.
+func withoutSlurmLayout(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
+			"SLURM_DISTRIBUTION", "SLURM_CPUS_PER_TASK", "SLURM_CPU_BIND", "SLURM_NODELIST", "SLURM_JOB_NODELIST",
+			"SLURM_MEM_PER_CPU", "SLURM_MEM_PER_NODE", "SLURM_EXCLUSIVE", "SLURM_OVERLAP":
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+// slurmProcess is srun running one worker's step. srun forwards SIGTERM and SIGINT to the task;
+// a SIGKILL becomes two SIGINTs in a row, on which srun ends the whole step (its tasks killed on
+// their node), and srun itself is killed if it has not ended after killAfter.
+type slurmProcess struct {
+	Process
+	killAfter time.Duration
+	once      sync.Once
+	exited    chan struct{}
+}
+
+func (p *slurmProcess) Wait() Exit {
+	e := p.Process.Wait()
+	p.once.Do(func() { close(p.exited) })
+	return e
+}
+
+func (p *slurmProcess) Signal(sig syscall.Signal) error {
+	if sig != syscall.SIGKILL {
+		return p.Process.Signal(sig)
+	}
+	err := p.Process.Signal(syscall.SIGINT)
+	go func() {
+		select {
+		case <-p.exited:
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+		p.Process.Signal(syscall.SIGINT) // the second within a second: srun kills the step
+		select {
+		case <-p.exited:
+		case <-time.After(p.killAfter):
+			p.Process.Signal(syscall.SIGKILL)
+		}
+	}()
+	return err
+}
