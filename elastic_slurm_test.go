@@ -3,9 +3,11 @@ package kolo_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os/exec"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -106,4 +108,76 @@ func TestElasticSlurm(t *testing.T) {
 		}
 		t.Logf("step %s killed; the job ended %.1f s later", victim, time.Since(killed).Seconds())
 	})
+}
+
+// Elastic mode across the nodes of an allocation (3 Slurm nodes, each in a network namespace, 2
+// tasks each): a worker of the third node is SIGKILLed. Its step fails, the launcher blacklists
+// the node and ends its other step, and the workers of the other two nodes, in their own steps
+// and never restarted, go on as a world of 4 from their last commit.
+func TestElasticSlurmNodeLost(t *testing.T) {
+	ns := e2e.NewNetns(t, 3)
+	slurm := e2e.StartSlurmNodes(t, ns, 2)
+	kolo, softmax := buildKolo(t), buildSoftmax(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := slurm.Command(ctx, nil, "salloc", "-N", "3", "--ntasks-per-node", "2", "--", kolo, "run", "--min-np", "2",
+		"--network-interface", ns.Bridge+",eth0", softmax, "-elastic", "-steps", "1500", "-commit", "10", "-pace", "5ms")
+	cmd.Env = launchEnv(cmd.Env...)
+	var out lockedBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	deadline := time.Now().Add(90 * time.Second)
+	for !regexp.MustCompile(`<stdout>:step +200 `).MatchString(out.String()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no step 200 within 90 s\n%s", out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	before := workerPids(out.String())
+	victim := before[slurm.Nodes[2]+"[1]"]
+	if len(before) != 6 || len(victim) != 1 {
+		t.Fatalf("worker pids: %v\n%s", before, out.String())
+	}
+	killed := time.Now()
+	if err := syscall.Kill(victim[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var resumed time.Duration
+	for !regexp.MustCompile(`<stdout>:round \d+: 4 ranks from step`).MatchString(out.String()) {
+		if time.Since(killed) > 60*time.Second {
+			t.Fatalf("no round of 4 ranks within 60 s of the kill\n%s", out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	resumed = time.Since(killed)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("salloc kolo run: %v\n%s", err, out.String())
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("kolo run still running\n%s", out.String())
+	}
+	after := workerPids(out.String())
+	for _, n := range slurm.Nodes[:2] {
+		for s := range 2 {
+			place := fmt.Sprintf("%s[%d]", n, s)
+			if len(after[place]) != 1 || after[place][0] != before[place][0] {
+				t.Errorf("survivor %s was restarted: pids %v", place, after[place])
+			}
+		}
+	}
+	for _, want := range []string{"each worker starts as a job step of its own (srun)", "trained on 4 ranks: every rank holds identical weights"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q\n%s", want, out.String())
+		}
+	}
+	if resumed > 10*time.Second {
+		t.Errorf("the survivors trained again %.1f s after the kill, want within 10 s", resumed.Seconds())
+	}
+	t.Logf("worker %s killed; the 4 survivors trained again within %.2f s", slurm.Nodes[2]+"[1]", resumed.Seconds())
 }

@@ -22,11 +22,13 @@ import (
 // and socket), slurmctld and slurmd on free loopback ports, state and logs in Dir. Commands run
 // against it with Env (SLURM_CONF points at its slurm.conf).
 type Slurm struct {
-	Dir  string // configuration, state, logs; removed at cleanup unless the test failed
-	Conf string // slurm.conf
-	Node string // the node's name (this machine's host name)
-	CPUs int    // CPUs the node claims (may exceed the real cores: tasks oversubscribe)
+	Dir   string   // configuration, state, logs; removed at cleanup unless the test failed
+	Conf  string   // slurm.conf
+	Node  string   // the first node's name (this machine's host name for a one-node cluster)
+	Nodes []string // every node's name
+	CPUs  int      // CPUs each node claims (may exceed the real cores: tasks oversubscribe)
 
+	ns      *Netns // nodes in network namespaces (StartSlurmNodes); nil: this machine
 	daemons []*exec.Cmd
 }
 
@@ -34,6 +36,19 @@ type Slurm struct {
 // done here (not root, Debian's slurm-wlm/munge not installed). Everything it starts is stopped by
 // PID in t.Cleanup, after cancelling jobs still running.
 func StartSlurm(t testing.TB, cpus int) *Slurm {
+	t.Helper()
+	return startSlurm(t, cpus, nil)
+}
+
+// StartSlurmNodes is StartSlurm with one node per host of ns: each node's slurmd runs in its
+// namespace, under a host name of its own (a UTS namespace), and slurmctld here, reached at the
+// bridge's address. Jobs span the nodes; a node's processes can be killed as a host's are.
+func StartSlurmNodes(t testing.TB, ns *Netns, cpus int) *Slurm {
+	t.Helper()
+	return startSlurm(t, cpus, ns)
+}
+
+func startSlurm(t testing.TB, cpus int, ns *Netns) *Slurm {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		Unavailable(t, "a private Slurm cluster needs root (slurmd runs jobs as their users)")
@@ -56,7 +71,14 @@ func StartSlurm(t testing.TB, cpus int) *Slurm {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Slurm{Dir: dir, Conf: filepath.Join(dir, "slurm.conf"), Node: node, CPUs: cpus}
+	s := &Slurm{Dir: dir, Conf: filepath.Join(dir, "slurm.conf"), Node: node, Nodes: []string{node}, CPUs: cpus, ns: ns}
+	if ns != nil {
+		s.Nodes = nil
+		for i := range ns.Names {
+			s.Nodes = append(s.Nodes, fmt.Sprintf("%sn%d", ns.Bridge, i+1))
+		}
+		s.Node = s.Nodes[0]
+	}
 	t.Cleanup(func() {
 		s.stop(t)
 		if !t.Failed() {
@@ -133,14 +155,30 @@ func (s *Slurm) start(mu *user.User) error {
 	if err != nil {
 		return err
 	}
-	for _, d := range []string{"state", "spool"} {
-		if err := os.Mkdir(s.path(d), 0o755); err != nil {
+	if err := os.Mkdir(s.path("state"), 0o755); err != nil {
+		return err
+	}
+	ctldName, ctldAddr := s.Node, "127.0.0.1"
+	nodes := fmt.Sprintf("NodeName=%s NodeAddr=127.0.0.1 CPUs=%d State=UNKNOWN\n", s.Node, s.CPUs)
+	if s.ns != nil {
+		// slurmctld insists on running on the host SlurmctldHost names: this machine.
+		host, err := os.Hostname()
+		if err != nil {
+			return err
+		}
+		ctldName, ctldAddr, nodes = host, s.ns.Gateway, ""
+		for i, n := range s.Nodes {
+			nodes += fmt.Sprintf("NodeName=%s NodeAddr=%s CPUs=%d State=UNKNOWN\n", n, s.ns.Addrs[i], s.CPUs)
+		}
+	}
+	for _, n := range s.Nodes {
+		if err := os.Mkdir(s.path("spool-"+n), 0o755); err != nil {
 			return err
 		}
 	}
-	conf := fmt.Sprintf(`# private one-node cluster of a kolo test
+	conf := fmt.Sprintf(`# private cluster of a kolo test
 ClusterName=kolotest
-SlurmctldHost=%[1]s(127.0.0.1)
+SlurmctldHost=%[1]s(%[7]s)
 SlurmctldPort=%[2]d
 SlurmdPort=%[3]d
 SlurmUser=root
@@ -157,15 +195,14 @@ SelectTypeParameters=CR_CPU
 MpiDefault=none
 ReturnToService=2
 StateSaveLocation=%[5]s/state
-SlurmdSpoolDir=%[5]s/spool
+SlurmdSpoolDir=%[5]s/spool-%%n
 SlurmctldPidFile=%[5]s/slurmctld.pid
-SlurmdPidFile=%[5]s/slurmd.pid
+SlurmdPidFile=%[5]s/slurmd-%%n.pid
 SlurmctldLogFile=%[5]s/slurmctld.log
-SlurmdLogFile=%[5]s/slurmd.log
+SlurmdLogFile=%[5]s/slurmd-%%n.log
 SlurmdParameters=config_overrides
-NodeName=%[1]s NodeAddr=127.0.0.1 CPUs=%[6]d State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-`, s.Node, ports[0], ports[1], socket, s.Dir, s.CPUs)
+%[6]sPartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+`, ctldName, ports[0], ports[1], socket, s.Dir, nodes, ctldAddr)
 	if err := os.WriteFile(s.Conf, []byte(conf), 0o644); err != nil {
 		return err
 	}
@@ -174,16 +211,28 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 	if err := s.daemon(s.cmd(ctld, "-D", "-i"), "slurmctld.out"); err != nil {
 		return err
 	}
-	if err := s.daemon(s.cmd(slurmd, "-D"), "slurmd.out"); err != nil {
-		return err
+	if s.ns == nil {
+		if err := s.daemon(s.cmd(slurmd, "-D", "-N", s.Node), "slurmd.out"); err != nil {
+			return err
+		}
+	} else {
+		for i, n := range s.Nodes {
+			// nsenter, not ip netns exec: that mounts a /sys of the namespace, without the
+			// cgroup hierarchy slurmd insists on finding.
+			c := s.cmd("nsenter", "--net=/run/netns/"+s.ns.Names[i], "unshare", "--uts", "sh", "-c",
+				fmt.Sprintf("hostname %s && exec %s -D -N %s", n, slurmd, n))
+			if err := s.daemon(c, "slurmd-"+n+".out"); err != nil {
+				return err
+			}
+		}
 	}
-	return poll(30*time.Second, "the node to become idle (sinfo)", func() error {
+	return poll(30*time.Second, "every node to become idle (sinfo)", func() error {
 		out, err := s.cmd("sinfo", "-h", "-N", "-o", "%t").Output()
 		if err != nil {
 			return err
 		}
-		if st := strings.TrimSpace(string(out)); st != "idle" {
-			return fmt.Errorf("node state %q", st)
+		if st := strings.Fields(string(out)); len(st) != len(s.Nodes) || strings.Trim(strings.Join(st, " "), "idle ") != "" {
+			return fmt.Errorf("node states %q", st)
 		}
 		return nil
 	})
@@ -293,7 +342,11 @@ func (s *Slurm) daemon(c *exec.Cmd, logName string) error {
 // logs is the tail of every daemon log, for failure messages.
 func (s *Slurm) logs() string {
 	var b strings.Builder
-	for _, name := range []string{"munged.out", "munge/log", "slurmctld.out", "slurmctld.log", "slurmd.out", "slurmd.log"} {
+	names := []string{"munged.out", "munge/log", "slurmctld.out", "slurmctld.log", "slurmd.out"}
+	for _, n := range s.Nodes {
+		names = append(names, "slurmd-"+n+".out", "slurmd-"+n+".log")
+	}
+	for _, name := range names {
 		data, err := os.ReadFile(s.path(name))
 		if err != nil || len(data) == 0 {
 			continue
