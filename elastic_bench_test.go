@@ -106,6 +106,11 @@ func BenchmarkElasticHostCut(b *testing.B) {
 		}
 		l := j.await(b, regexp.MustCompile(`<stdout>:round \d+: `+strconv.Itoa(2*(n-1))+` ranks from step`), cut, 60*time.Second)
 		d = append(d, l.at.Sub(cut).Seconds())
+		if l.at.Sub(cut) > 10*time.Second {
+			// Far beyond the user timeout: say what the launcher saw.
+			b.Logf("trial %d: the survivors trained again %.1f s after the cut of host %d; launcher:\n%s",
+				len(d), l.at.Sub(cut).Seconds(), victim, j.stderr.String())
+		}
 		select {
 		case <-j.done:
 		case <-time.After(2 * time.Minute):
