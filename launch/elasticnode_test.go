@@ -49,6 +49,11 @@ func testNodeSettings() elasticSettings {
 // startElasticNodes starts node 0 with args and its own extra flags; add starts the others.
 func startElasticNodes(t *testing.T, args ...string) *elasticNodeHarness {
 	t.Helper()
+	return startElasticNodesWith(t, testNodeSettings(), args...)
+}
+
+func startElasticNodesWith(t *testing.T, set elasticSettings, args ...string) *elasticNodeHarness {
+	t.Helper()
 	t.Setenv("KOLO_SECRET", "elastic-node-test-secret")
 	t.Setenv("KOLO_ELASTIC_TIMEOUT", "")
 	t.Setenv("HOROVOD_ELASTIC_TIMEOUT", "")
@@ -56,7 +61,7 @@ func startElasticNodes(t *testing.T, args ...string) *elasticNodeHarness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &elasticNodeHarness{t: t, fake: &fakeElasticStarter{}, set: testNodeSettings(),
+	h := &elasticNodeHarness{t: t, fake: &fakeElasticStarter{}, set: set,
 		addr: "127.0.0.1:" + freePort(t), args: args, host: hn}
 	t.Cleanup(func() {
 		for _, n := range h.nodes {
@@ -318,6 +323,32 @@ func TestElasticNodesNodeKilled(t *testing.T) {
 	if n := h.fake.starts(h.place(0, 0)); n != 1 {
 		t.Errorf("%s started %d times, want 1", h.place(0, 0), n)
 	}
+}
+
+// A node killed outright whose worker the survivors name (their engines lost it) is not waited
+// for until its silence: the named worker is taken as failed at once, and the next round forms
+// without it.
+func TestElasticNodesKilledNodeNamedBySurvivors(t *testing.T) {
+	set := testNodeSettings()
+	set.nodeSilence = 4 * time.Second
+	h := startElasticNodesWith(t, set, "--nnodes", "2", "--nproc-per-node", "1", "--min-np", "1")
+	h.add()
+	h.round(1)
+	start := time.Now()
+	close(h.nodes[1].vanish)
+	survivor := jobenv.Place{Host: h.hostOf(0), Slot: 0}
+	dead := jobenv.Place{Host: h.hostOf(1), Slot: 0}
+	if err := h.rv.Set(context.Background(), jobenv.ReinitKey(1, survivor), jobenv.EncodeReinit([]jobenv.Place{dead})); err != nil {
+		t.Fatal(err)
+	}
+	r := h.round(2)
+	if got := places(r); got != h.place(0, 0) {
+		t.Fatalf("round 2 places %s, want %s", got, h.place(0, 0))
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("round 2 came %s after the node died: it waited for the dead node's silence (%s)", took, set.nodeSilence)
+	}
+	h.wantStderr(0, h.place(1, 0)+" found stuck by the other workers of round 1")
 }
 
 // Below --min-np the job fails at the elastic timeout, and every node says why and exits 1.
