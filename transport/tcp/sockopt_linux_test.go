@@ -113,10 +113,14 @@ func TestControlTimeoutFollowsProgressTimeout(t *testing.T) {
 			if err != nil {
 				t.Fatalf("progress %s: rank %d: %v", tc.progress, r, err)
 			}
-			if got := userTimeoutOf(t, w.ms[r].peers[1-r].ctrl); got != tc.want {
-				t.Errorf("progress timeout %s: control TCP_USER_TIMEOUT %s, want %s", tc.progress, got, tc.want)
+		}
+		for r, m := range w.ms {
+			if got := userTimeoutOf(t, m.peers[1-r].ctrl); got != tc.want {
+				t.Errorf("progress timeout %s: rank %d: control TCP_USER_TIMEOUT %s, want %s", tc.progress, r, got, tc.want)
 			}
-			w.ms[r].Close()
+		}
+		for _, m := range w.ms {
+			m.Close()
 		}
 		if ka := ctrlKeepAlive(tc.want); ka*keepAliveCount > tc.want+keepAliveIdle || ka > tc.want/2 {
 			t.Errorf("user timeout %s: keepalive every %s does not probe within it", tc.want, ka)
