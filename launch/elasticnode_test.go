@@ -277,6 +277,7 @@ func TestElasticNodesNodeLeaves(t *testing.T) {
 	h := startElasticNodes(t, "--nnodes", "2", "--nproc-per-node", "2", "--min-np", "2")
 	h.add()
 	h.round(1)
+	h.worker(h.place(1, 0), 0) // both started before the node leaves: it stops both
 	h.worker(h.place(1, 1), 0)
 	h.nodes[1].cancel()
 	r := h.round(2)
