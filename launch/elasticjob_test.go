@@ -285,6 +285,17 @@ func wantSignals(t *testing.T, p *fakeWorker, want ...syscall.Signal) {
 	}
 }
 
+// awaitSignals is wantSignals for a worker stopped without waiting (its order may still be on its
+// way to the node that runs it): it waits up to 5 s for the signals to arrive.
+func awaitSignals(t *testing.T, p *fakeWorker, want ...syscall.Signal) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for fmt.Sprint(p.signalled()) != fmt.Sprint(want) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	wantSignals(t, p, want...)
+}
+
 func TestElasticFirstRoundAndSuccess(t *testing.T) {
 	t.Setenv("KOLO_ELASTIC_TIMEOUT", "")
 	t.Setenv("HOROVOD_ELASTIC_TIMEOUT", "")
