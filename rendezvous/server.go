@@ -27,7 +27,7 @@ type Server struct {
 	log              *slog.Logger
 	handshakeTimeout time.Duration
 
-	requests atomic.Int64 // frames served, for the start-up scaling table
+	requests atomic.Int64  // frames served, for the start-up scaling table
 	liveness time.Duration // SetLiveness; 0: the kernel's defaults
 
 	mu     sync.Mutex
