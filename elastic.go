@@ -33,7 +33,22 @@ var (
 	// elasticSuspects are the workers the engine of the round left found stuck: the next Init
 	// names them to the launcher when it asks for the next round.
 	elasticSuspects []jobenv.Place
+	// elasticLingering is the rendezvous connection of the round this process left: it stays
+	// open, keeping the worker's presence record (jobenv.AliveKey), until the next round's
+	// connection has set its own.
+	elasticLingering *rendezvous.Client
 )
+
+// lingerClient keeps c open as the lingering connection, closing the one before; nil closes it.
+func lingerClient(c *rendezvous.Client) {
+	elasticMu.Lock()
+	old := elasticLingering
+	elasticLingering = c
+	elasticMu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+}
 
 // ErrElasticEnded is wrapped by Init's error in an elastic worker when the launcher ended the job
 // (below --min-np past the timeout, the reset limit, every host blacklisted) instead of
@@ -121,6 +136,12 @@ func joinElastic(env map[string]string, base jobenv.Job, secret []byte, connect 
 		err = connect(cctx, job)
 		ccancel()
 		if err == nil {
+			// Present before joined: the launcher reads a joined worker without a presence
+			// record as unreachable.
+			if err := client.SetSession(ctx, jobenv.AliveKey(place), []byte(fmt.Sprintf("round %d", r.Number))); err != nil {
+				slog.Warn("kolo: elastic worker could not record its presence at the launcher", "place", place, "round", r.Number, "err", err)
+			}
+			lingerClient(nil) // the record is this connection's now
 			if err := client.Set(ctx, jobenv.JoinedKey(r.Number, place), []byte("1")); err != nil {
 				slog.Warn("kolo: elastic worker could not tell the launcher it joined its round", "place", place, "round", r.Number, "err", err)
 			}
@@ -235,17 +256,30 @@ func (w *elasticWorker) leaving(err error) {
 	elasticMu.Lock()
 	elasticSuspects = suspects
 	elasticMu.Unlock()
+	if err != nil {
+		// Ask for the next round now, while this connection still holds the presence record:
+		// the launcher never sees this worker both silent and unrecorded. (The next Init asks
+		// again, the same way.)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if serr := w.client.Set(ctx, jobenv.ReinitKey(w.round.Number, w.place), jobenv.EncodeReinit(suspects)); serr != nil {
+			slog.Debug("kolo: elastic worker could not ask for the next round as it left", "place", w.place, "err", serr)
+		}
+	}
 }
 
-// close stops the watcher and leaves the rendezvous.
+// close stops the watcher; the rendezvous connection lingers (lingerClient) until the next
+// round's replaces it, or the process ends.
 func (w *elasticWorker) close() {
 	w.cancel()
-	w.client.Close()
 	select {
 	case <-w.done:
 	case <-time.After(5 * time.Second):
 		slog.Warn("kolo: elastic worker's round watcher did not stop within 5 s", "place", w.place)
+		w.client.Close()
+		return
 	}
+	lingerClient(w.client)
 }
 
 // IsElastic reports whether this process is a worker of an elastic job (kolo run with --min-np,

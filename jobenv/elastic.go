@@ -53,6 +53,15 @@ func ReinitKey(n int, p Place) string { return RoundKey(n) + "/reinit/" + p.Stri
 // stopped rather than left waiting.
 func JoinedKey(n int, p Place) string { return RoundKey(n) + "/joined/" + p.String() }
 
+// AliveKey is the worker at p's presence record: it sets it, as a session record of its
+// rendezvous connection (rendezvous.Client.SetSession), before it sets its JoinedKey, and keeps
+// that connection open until its next round's record replaces it. The record disappears only
+// when the connection does: the process died, or its host stopped answering (the launcher's
+// rendezvous gives up on it after transport.DeadHostTimeout). A worker of the current round that
+// joined, has not asked for the next one and has no record can no longer be reached: the
+// launcher stops it at once instead of waiting for it.
+func AliveKey(p Place) string { return "elastic/alive/" + p.String() }
+
 // EncodeReinit is the value a worker sets at its ReinitKey: the places of the workers its
 // engine found stuck or lost (one "suspect HOST SLOT" line each; none: it does not know). The
 // launcher stops a suspect that has not asked for the next round at once, rather than after its

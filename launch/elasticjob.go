@@ -21,6 +21,7 @@ import (
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/elastic"
 	"github.com/kolo-dl/kolo/rendezvous"
+	"github.com/kolo-dl/kolo/transport"
 )
 
 // Elastic mode, the launcher's half (kolo run --min-np/--max-np/--host-discovery-script).
@@ -115,6 +116,9 @@ func runElastic(ctx context.Context, opts *Options, set elasticSettings, stdout,
 		return 1, err
 	}
 	srv := rendezvous.NewServer([]byte(secret))
+	// A worker whose host stops answering loses its connection, and with it its presence record
+	// (jobenv.AliveKey), as soon as its peers' connections give up on it.
+	srv.SetLiveness(transport.DeadHostTimeout(opts.progressTimeout()))
 	addr, err := srv.Listen(addrs.listen)
 	if err != nil {
 		return 1, fmt.Errorf("start rendezvous: %w", err)
@@ -184,6 +188,19 @@ func fixedHosts(hosts []elastic.Host) hostSource {
 
 // fixedElasticHosts are the hosts of an elastic job without a discovery script: -H, --hostfile,
 // or this machine with as many slots as the job may use.
+// progressTimeout is the workers' progress deadline (--progress-timeout-seconds, else the
+// launcher's own KOLO_PROGRESS_TIMEOUT_SECONDS, which workers inherit; 0: the default).
+func (o *Options) progressTimeout() time.Duration {
+	v, ok := o.EngineEnv["KOLO_PROGRESS_TIMEOUT_SECONDS"]
+	if !ok {
+		v = os.Getenv("KOLO_PROGRESS_TIMEOUT_SECONDS")
+	}
+	if f, err := strconv.ParseFloat(v, 64); err == nil && f > 0 {
+		return time.Duration(f * float64(time.Second))
+	}
+	return 0
+}
+
 func (o *Options) fixedElasticHosts() ([]elastic.Host, error) {
 	var hosts []Host
 	if o.Hosts != "" || o.Hostfile != "" {
@@ -739,15 +756,25 @@ func (j *elasticJob) checkReinit(now time.Time) *elasticEnd {
 		}
 	}
 	// A worker its peers found stuck (a progress deadline: stopped, cut off) will not ask: it
-	// is stopped now rather than after the grace. Others that have not asked get the grace.
-	var named []*elasticProc
+	// is stopped now rather than after the grace. So is one that joined the round and can no
+	// longer be reached (its presence record went with its connection), once another asked:
+	// not before, since a launcher cut off from every worker for a while must not end a job
+	// that trains on without it. Others that have not asked get the grace.
+	var named, unreachable []*elasticProc
 	for _, p := range waiting {
-		if suspect[jobenv.Place{Host: p.place.Host, Slot: p.place.Slot}] {
+		pl := jobenv.Place{Host: p.place.Host, Slot: p.place.Slot}
+		switch {
+		case suspect[pl]:
 			named = append(named, p)
+		case asked > 0 && j.unreachable(n, pl):
+			unreachable = append(unreachable, p)
 		}
 	}
 	if len(named) > 0 {
 		return j.stopStuck(now, named, fmt.Sprintf("found stuck by the other workers of round %d (they passed their progress deadline waiting on it)", n))
+	}
+	if len(unreachable) > 0 {
+		return j.stopStuck(now, unreachable, fmt.Sprintf("joined round %d but can no longer be reached (its connection to the launcher is gone: its host is down or cut off)", n))
 	}
 	switch {
 	case asked == 0:
@@ -773,6 +800,15 @@ func (j *elasticJob) checkReinit(now time.Time) *elasticEnd {
 		return nil
 	}
 	return j.stopStuck(now, waiting, fmt.Sprintf("did not ask for a new round within %s of the other workers of round %d", j.set.reinitGrace, n))
+}
+
+// unreachable reports whether the worker at pl joined round n and has lost its presence record.
+func (j *elasticJob) unreachable(n int, pl jobenv.Place) bool {
+	if _, joined, err := j.srv.TryGet(jobenv.JoinedKey(n, pl)); err != nil || !joined {
+		return false
+	}
+	_, alive, err := j.srv.TryGet(jobenv.AliveKey(pl))
+	return err == nil && !alive
 }
 
 // stopStuck kills workers of the round that will not move to the next one and reports them to

@@ -710,6 +710,52 @@ func TestElasticUnreachableSuspectDoesNotDelayTheRound(t *testing.T) {
 	wantSignals(t, cut, syscall.SIGKILL)
 }
 
+// A worker that joined its round and whose connection to the launcher is gone (its presence
+// record with it: a host down or cut off) is stopped as soon as the others ask for a new round,
+// not after the grace; one whose connection lives is left alone.
+func TestElasticUnreachableWorkerIsStoppedAtOnce(t *testing.T) {
+	set := testElasticSettings()
+	set.reinitGrace = time.Minute
+	h := startElastic(t, set, "-np", "3", "-H", "localhost:2,127.0.0.1:1", "--min-np", "1")
+	h.round("localhost[0]", 1)
+	env := h.worker("127.0.0.1[0]", 0).env
+	sessions := map[string]*rendezvous.Client{}
+	for _, pl := range []jobenv.Place{{Host: "localhost", Slot: 0}, {Host: "localhost", Slot: 1}, {Host: "127.0.0.1", Slot: 0}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c, err := rendezvous.Dial(ctx, env[jobenv.Rendezvous], []byte(env[jobenv.Secret]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := c.SetSession(ctx, jobenv.AliveKey(pl), []byte("round 1")); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Set(ctx, jobenv.JoinedKey(1, pl), []byte("1")); err != nil {
+			t.Fatal(err)
+		}
+		sessions[pl.String()] = c
+	}
+	h.ask(1, "localhost", 0)
+	time.Sleep(200 * time.Millisecond) // ticks pass: nobody is stopped while every record lives
+	wantSignals(t, h.worker("localhost[1]", 0))
+	wantSignals(t, h.worker("127.0.0.1[0]", 0))
+	start := time.Now()
+	sessions["127.0.0.1[0]"].Close() // as the launcher's rendezvous drops a cut host's connection
+	h.ask(1, "localhost", 1)
+	r := h.round("localhost[0]", 2)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the unreachable worker was stopped after %v", took)
+	}
+	if places(r) != "localhost[0] localhost[1]" {
+		t.Errorf("round 2 on %s, want localhost[0] localhost[1]", places(r))
+	}
+	wantSignals(t, h.worker("127.0.0.1[0]", 0), syscall.SIGKILL)
+	if !strings.Contains(h.stderr.String(), "127.0.0.1[0] joined round 1 but can no longer be reached") {
+		t.Errorf("stderr lacks the unreachable worker:\n%s", h.stderr.String())
+	}
+}
+
 // A reinit record the launcher cannot read (a stranger's, a newer kolo's) still counts as asking,
 // names nobody, and is logged: the round re-forms as usual.
 func TestElasticBadReinitRecordCountsAsAsking(t *testing.T) {

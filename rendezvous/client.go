@@ -173,6 +173,24 @@ func (c *Client) Set(ctx context.Context, key string, value []byte) error {
 	return nil
 }
 
+// SetSession sets key to value for as long as this client's connection lasts: when the
+// connection ends (Close, the process's death, or the server giving up on a peer that stopped
+// answering: Server.SetLiveness), the server deletes the key, unless a later write replaced its
+// value. Presence records use it: the key says its writer can still be reached.
+func (c *Client) SetSession(ctx context.Context, key string, value []byte) error {
+	if err := checkSizes(key, value); err != nil {
+		return fmt.Errorf("rendezvous %s: setsession: %w", c.addr, err)
+	}
+	f, err := c.call(ctx, verbSetSession, key, value)
+	if err != nil {
+		return fmt.Errorf("rendezvous %s: setsession %q: %w", c.addr, key, err)
+	}
+	if f.verb != verbOK {
+		return c.unexpected("setsession", key, f)
+	}
+	return nil
+}
+
 // SetIfAbsent stores value under key only if key is not set, and reports whether it did (see
 // Store.SetIfAbsent).
 func (c *Client) SetIfAbsent(ctx context.Context, key string, value []byte) (stored bool, err error) {

@@ -12,10 +12,12 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kolo-dl/kolo/auth"
+	"github.com/kolo-dl/kolo/internal/sockopt"
 )
 
 var secret = []byte("test-secret")
@@ -549,5 +551,77 @@ func TestSetIfAbsentOneWinner(t *testing.T) {
 	s.Close()
 	if _, err := s.SetIfAbsent("after", nil); !errors.Is(err, ErrClosed) {
 		t.Errorf("SetIfAbsent on a closed store: %v", err)
+	}
+}
+
+// A session record lasts as long as the connection that set it, unless a later write replaced it.
+func TestSessionRecordsEndWithTheirConnection(t *testing.T) {
+	s, addr, _ := startServer(t)
+	a, b, c := dial(t, addr), dial(t, addr), dial(t, addr)
+	ctx := ctxT(t, 10*time.Second)
+	for _, kv := range [][2]string{{"alive/a", "1"}, {"alive/a", "2"}, {"alive/b", "x"}} {
+		if err := a.SetSession(ctx, kv[0], []byte(kv[1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.SetSession(ctx, "alive/c", []byte("b's")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Set(ctx, "alive/b", []byte("replaced")); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok, _ := s.TryGet("alive/a"); !ok || string(v) != "2" {
+		t.Fatalf("alive/a = %q, %v while its session lives", v, ok)
+	}
+	a.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, ok, _ := s.TryGet("alive/a")
+		if !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("alive/a still set 5 s after its connection closed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if v, ok, _ := s.TryGet("alive/b"); !ok || string(v) != "replaced" {
+		t.Errorf("alive/b = %q, %v: a record another client replaced was deleted with the first's session", v, ok)
+	}
+	if v, ok, _ := s.TryGet("alive/c"); !ok || string(v) != "b's" {
+		t.Errorf("alive/c = %q, %v: another client's session ended with the first's", v, ok)
+	}
+}
+
+// With a liveness bound, every accepted connection carries it as TCP_USER_TIMEOUT, with keepalive
+// probes that fit in it: a client whose host is cut off is dropped, and its sessions end, within
+// it (the elastic tests cut a host's link for real).
+func TestLivenessSetsTheSocketOptions(t *testing.T) {
+	s := newServer(secret, slog.Default(), time.Second)
+	s.SetLiveness(3 * time.Second)
+	addr, err := s.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	dial(t, addr.String())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.conns) != 1 {
+		t.Fatalf("%d server connections", len(s.conns))
+	}
+	for sc := range s.conns {
+		raw, err := sc.c.(*net.TCPConn).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ut, ka int
+		raw.Control(func(fd uintptr) {
+			ut, _ = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, sockopt.TCPUserTimeout)
+			ka, _ = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_KEEPALIVE)
+		})
+		if ut != 3000 || ka != 1 {
+			t.Errorf("TCP_USER_TIMEOUT %d ms, SO_KEEPALIVE %d; want 3000 and 1", ut, ka)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kolo-dl/kolo/auth"
 	"github.com/kolo-dl/kolo/internal/accept"
+	"github.com/kolo-dl/kolo/internal/sockopt"
 )
 
 // HandshakeTimeout bounds how long an accepted connection may take to prove it knows the secret.
@@ -26,7 +27,8 @@ type Server struct {
 	log              *slog.Logger
 	handshakeTimeout time.Duration
 
-	requests atomic.Int64 // frames served, for the start-up scaling table
+	requests atomic.Int64  // frames served, for the start-up scaling table
+	liveness time.Duration // SetLiveness; 0: the kernel's defaults
 
 	mu     sync.Mutex
 	ln     net.Listener
@@ -49,6 +51,12 @@ func newServer(secret []byte, log *slog.Logger, handshakeTimeout time.Duration) 
 		conns:            map[*serverConn]struct{}{},
 	}
 }
+
+// SetLiveness makes the server give up on a client whose host stops acknowledging for d (it
+// vanished, or its link was cut): keepalive probes an idle connection and TCP_USER_TIMEOUT ends it,
+// its parked calls, and its session records (Client.SetSession). A client process that is merely
+// stopped or busy is not affected: its kernel still answers. Call it before Listen.
+func (s *Server) SetLiveness(d time.Duration) { s.liveness = d }
 
 // Listen starts serving on addr (":0" picks a port) in the background and returns the bound address.
 func (s *Server) Listen(addr string) (net.Addr, error) {
@@ -82,6 +90,11 @@ func (s *Server) accept(ln net.Listener) {
 		if s.closed {
 			s.mu.Unlock()
 			return false
+		}
+		if tc, ok := c.(*net.TCPConn); ok && s.liveness > 0 {
+			probe := min(max(s.liveness/4, 100*time.Millisecond), 5*time.Second)
+			tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: probe, Interval: probe, Count: 5})
+			sockopt.UserTimeout(tc, s.liveness)
 		}
 		sc := &serverConn{s: s, c: c, wake: make(chan struct{}, 1), parked: map[uint64]func() bool{}}
 		s.conns[sc] = struct{}{}
@@ -124,11 +137,12 @@ type serverConn struct {
 	s *Server
 	c net.Conn
 
-	mu     sync.Mutex
-	out    []frame
-	done   bool
-	wake   chan struct{}
-	parked map[uint64]func() bool // request id -> cancel of a parked Get
+	mu      sync.Mutex
+	out     []frame
+	done    bool
+	wake    chan struct{}
+	parked  map[uint64]func() bool // request id -> cancel of a parked Get
+	session map[string][]byte      // records this connection set with SetSession (read loop only)
 }
 
 func (sc *serverConn) serve() {
@@ -161,6 +175,9 @@ func (sc *serverConn) serve() {
 	for _, cancel := range parked {
 		cancel()
 	}
+	for k, v := range sc.session {
+		sc.s.Store.deleteIf(k, v)
+	}
 	sc.c.Close()
 	select {
 	case sc.wake <- struct{}{}:
@@ -192,6 +209,16 @@ func (sc *serverConn) handle(f frame) {
 			sc.reply(frame{id: f.id, verb: verbError, value: []byte(err.Error())})
 			return
 		}
+		sc.reply(frame{id: f.id, verb: verbOK})
+	case verbSetSession:
+		if err := st.Set(f.key, f.value); err != nil {
+			sc.reply(frame{id: f.id, verb: verbError, value: []byte(err.Error())})
+			return
+		}
+		if sc.session == nil {
+			sc.session = map[string][]byte{}
+		}
+		sc.session[f.key] = append([]byte(nil), f.value...)
 		sc.reply(frame{id: f.id, verb: verbOK})
 	case verbSetIfAbsent:
 		stored, err := st.SetIfAbsent(f.key, f.value)

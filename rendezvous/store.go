@@ -104,6 +104,18 @@ func (s *Store) SetIfAbsent(key string, value []byte) (stored bool, err error) {
 	return true, nil
 }
 
+// deleteIf removes key if it still holds value (a session's record that no later writer
+// replaced), and reports whether it did.
+func (s *Store) deleteIf(key string, value []byte) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v, ok := s.vals[key]; ok && !s.closed && bytes.Equal(v, value) {
+		delete(s.vals, key)
+		return true
+	}
+	return false
+}
+
 // TryGet returns a copy of key's value, or ok false if it is not set.
 func (s *Store) TryGet(key string) (value []byte, ok bool, err error) {
 	v, ok, err := s.peek(key)

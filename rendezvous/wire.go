@@ -41,6 +41,10 @@ const (
 	// verbGather is Store.Gather; value: u32 members | u32 index | the member's value; answer: the
 	// encoded table, once every member has arrived (parks as a Get does; cancelled the same way).
 	verbGather verb = 7
+	// verbSetSession is verbSet for a record that lasts as long as the connection that set it:
+	// when the connection ends (the client closed it, or it died), the server deletes the key,
+	// unless a later write replaced the value.
+	verbSetSession verb = 8
 
 	// Responses.
 	verbOK      verb = 0x81
@@ -65,6 +69,8 @@ func (v verb) String() string {
 		return "setifabsent"
 	case verbGather:
 		return "gather"
+	case verbSetSession:
+		return "setsession"
 	case verbOK:
 		return "ok"
 	case verbValue:

@@ -152,6 +152,26 @@ func (e *PeerError) Is(target error) bool { return target == ErrPeerLost }
 // and is Horovod's stall warning.
 const DefaultProgressTimeout = 60 * time.Second
 
+// Dead-host bounds: DeadHostTimeout's default and least value.
+const (
+	DefaultDeadHostTimeout = 10 * time.Second
+	MinDeadHostTimeout     = 2 * time.Second
+)
+
+// DeadHostTimeout is how long a connection may go unacknowledged (its sent data, or the keepalive
+// probes of an idle one) before its peer's host counts as gone: it vanished, or its link was cut.
+// A peer process that is stopped or busy is not affected, since its kernel still answers (the
+// progress deadline handles those). It follows a progress timeout shorter than
+// DefaultDeadHostTimeout, since a user who tolerates only that long without progress wants a
+// vanished host noticed as soon, but never below MinDeadHostTimeout, which retransmissions on a
+// congested link can take.
+func DeadHostTimeout(progress time.Duration) time.Duration {
+	if progress > 0 && progress < DefaultDeadHostTimeout {
+		return max(progress, MinDeadHostTimeout)
+	}
+	return DefaultDeadHostTimeout
+}
+
 // ErrStalled is the sentinel every *StallError matches with errors.Is.
 var ErrStalled = errors.New("peer made no progress")
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kolo-dl/kolo/auth"
 	"github.com/kolo-dl/kolo/internal/accept"
+	"github.com/kolo-dl/kolo/transport"
 )
 
 const (
@@ -30,10 +31,8 @@ const (
 	keepAliveIntvl = time.Second
 	keepAliveCount = 5
 	// DefaultUserTimeout is TCP_USER_TIMEOUT on control connections, unless the progress timeout
-	// is shorter (ctrlUserTimeout).
-	DefaultUserTimeout = 10 * time.Second
-	// minUserTimeout is the least TCP_USER_TIMEOUT a short progress timeout sets.
-	minUserTimeout = 2 * time.Second
+	// is shorter (transport.DeadHostTimeout).
+	DefaultUserTimeout = transport.DefaultDeadHostTimeout
 )
 
 // tune makes a connection fit for bulk transfer and quick to notice a dead peer; all best effort.

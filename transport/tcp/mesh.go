@@ -107,7 +107,7 @@ func (cfg *Config) check() error {
 		cfg.ProgressTimeout = transport.DefaultProgressTimeout
 	}
 	if cfg.userTimeout <= 0 {
-		cfg.userTimeout = ctrlUserTimeout(cfg.ProgressTimeout)
+		cfg.userTimeout = transport.DeadHostTimeout(cfg.ProgressTimeout)
 	}
 	if cfg.log == nil {
 		cfg.log = slog.Default()
@@ -473,20 +473,6 @@ func newMesh(cfg *Config, conns map[connID]*net.TCPConn, rests map[int][]byte) *
 		go m.watchProgress()
 	}
 	return m
-}
-
-// ctrlUserTimeout is how long a control connection's sent data may stay unacknowledged (and an
-// idle one unanswered by keepalive probes) before the peer is lost: a host that died or was cut
-// off. Its kernel answers while the peer process is stopped, so this never fires on a live but
-// stuck rank (the progress deadline handles those); it follows a progress timeout shorter than
-// DefaultUserTimeout, since a user who tolerates only that long without progress wants a vanished
-// host noticed as soon, but never below minUserTimeout, which retransmissions on a congested link
-// can take.
-func ctrlUserTimeout(progress time.Duration) time.Duration {
-	if progress > 0 && progress < DefaultUserTimeout {
-		return max(progress, minUserTimeout)
-	}
-	return DefaultUserTimeout
 }
 
 // ctrlKeepAlive is the idle time before a control connection's first keepalive probe and between

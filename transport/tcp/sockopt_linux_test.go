@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kolo-dl/kolo/transport"
 )
 
 func userTimeoutOf(t *testing.T, c *net.TCPConn) time.Duration {
@@ -87,13 +89,13 @@ func TestStalledReceiverIsNotLost(t *testing.T) {
 
 // A progress timeout shorter than DefaultUserTimeout shortens the control lane's user timeout and
 // keepalive with it (a vanished host is noticed as soon as a stuck one), never below
-// minUserTimeout; a longer one, or none, leaves the default.
+// transport.MinDeadHostTimeout; a longer one, or none, leaves the default.
 func TestControlTimeoutFollowsProgressTimeout(t *testing.T) {
 	for _, tc := range []struct{ progress, want time.Duration }{
 		{-1, DefaultUserTimeout},
 		{time.Minute, DefaultUserTimeout},
 		{3 * time.Second, 3 * time.Second},
-		{500 * time.Millisecond, minUserTimeout},
+		{500 * time.Millisecond, transport.MinDeadHostTimeout},
 	} {
 		w := newListeners(t, 2)
 		w.ms = make([]*Mesh, 2)
