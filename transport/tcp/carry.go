@@ -91,16 +91,7 @@ func (m *Mesh) Detach() map[int]*Carried {
 				p.closeConns()
 			}
 		}
-		m.opMu.Lock() // every call has returned
-		for _, p := range m.peers {
-			if p != nil {
-				p.out.stopWorkers()
-				p.in.stopWorkers()
-			}
-		}
-		m.opMu.Unlock()
-		m.wg.Wait()
-		close(m.inbox)
+		m.stop()
 		for r, p := range m.peers {
 			if p == nil || !keep[r] {
 				continue

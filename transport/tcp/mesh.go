@@ -533,18 +533,25 @@ func (m *Mesh) Close() error {
 				p.closeConns()
 			}
 		}
-		m.opMu.Lock() // every call has returned: no one hands work to the goroutines any more
-		for _, p := range m.peers {
-			if p != nil {
-				p.out.stopWorkers()
-				p.in.stopWorkers()
-			}
-		}
-		m.opMu.Unlock()
-		m.wg.Wait()
-		close(m.inbox)
+		m.stop()
 	})
 	return nil
+}
+
+// stop ends the mesh's goroutines once its connections are closed or interrupted (Close,
+// Detach): it waits for every call to return, so that no one hands work to the workers any
+// more, stops them and closes the inbox.
+func (m *Mesh) stop() {
+	m.opMu.Lock()
+	for _, p := range m.peers {
+		if p != nil {
+			p.out.stopWorkers()
+			p.in.stopWorkers()
+		}
+	}
+	m.opMu.Unlock()
+	m.wg.Wait()
+	close(m.inbox)
 }
 
 func (p *peer) closeConns() {

@@ -91,6 +91,12 @@ func (w *world) cfg(r, streams, chunk int) Config {
 // connectAll forms the full mesh among n ranks, connecting them concurrently.
 func connectAll(t testing.TB, n, streams, chunk int) *world {
 	t.Helper()
+	return connectAllWith(t, n, streams, chunk, nil)
+}
+
+// connectAllWith is connectAll with each rank's Config changed by edit first.
+func connectAllWith(t testing.TB, n, streams, chunk int, edit func(cfg *Config)) *world {
+	t.Helper()
 	w := newListeners(t, n)
 	w.ms = make([]*Mesh, n)
 	errs := make([]error, n)
@@ -99,7 +105,11 @@ func connectAll(t testing.TB, n, streams, chunk int) *world {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w.ms[r], errs[r] = Connect(context.Background(), w.ls[r], w.cfg(r, streams, chunk))
+			cfg := w.cfg(r, streams, chunk)
+			if edit != nil {
+				edit(&cfg)
+			}
+			w.ms[r], errs[r] = Connect(context.Background(), w.ls[r], cfg)
 		}()
 	}
 	wg.Wait()

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"net"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -30,26 +29,7 @@ func userTimeoutOf(t *testing.T, c *net.TCPConn) time.Duration {
 // alive: its peers' blocked Sends must wait for it, not declare it lost. Only the control lane,
 // which is always drained, carries the user timeout.
 func TestStalledReceiverIsNotLost(t *testing.T) {
-	w := newListeners(t, 2)
-	w.ms = make([]*Mesh, 2)
-	var wg sync.WaitGroup
-	errs := make([]error, 2)
-	for r := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cfg := w.cfg(r, 2, ChunkSize)
-			cfg.userTimeout = 400 * time.Millisecond
-			w.ms[r], errs[r] = Connect(context.Background(), w.ls[r], cfg)
-		}()
-	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", r, err)
-		}
-		defer w.ms[r].Close()
-	}
+	w := connectAllWith(t, 2, 2, ChunkSize, func(cfg *Config) { cfg.userTimeout = 400 * time.Millisecond })
 	for _, m := range w.ms {
 		p := m.peers[1-m.rank]
 		if got := userTimeoutOf(t, p.ctrl); got != 400*time.Millisecond {
@@ -97,32 +77,11 @@ func TestControlTimeoutFollowsProgressTimeout(t *testing.T) {
 		{3 * time.Second, 3 * time.Second},
 		{500 * time.Millisecond, transport.MinDeadHostTimeout},
 	} {
-		w := newListeners(t, 2)
-		w.ms = make([]*Mesh, 2)
-		var wg sync.WaitGroup
-		errs := make([]error, 2)
-		for r := range 2 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				cfg := w.cfg(r, 1, ChunkSize)
-				cfg.ProgressTimeout = tc.progress
-				w.ms[r], errs[r] = Connect(context.Background(), w.ls[r], cfg)
-			}()
-		}
-		wg.Wait()
-		for r, err := range errs {
-			if err != nil {
-				t.Fatalf("progress %s: rank %d: %v", tc.progress, r, err)
-			}
-		}
+		w := connectAllWith(t, 2, 1, ChunkSize, func(cfg *Config) { cfg.ProgressTimeout = tc.progress })
 		for r, m := range w.ms {
 			if got := userTimeoutOf(t, m.peers[1-r].ctrl); got != tc.want {
 				t.Errorf("progress timeout %s: rank %d: control TCP_USER_TIMEOUT %s, want %s", tc.progress, r, got, tc.want)
 			}
-		}
-		for _, m := range w.ms {
-			m.Close()
 		}
 		if ka := ctrlKeepAlive(tc.want); ka*keepAliveCount > tc.want+keepAliveIdle || ka > tc.want/2 {
 			t.Errorf("user timeout %s: keepalive every %s does not probe within it", tc.want, ka)
