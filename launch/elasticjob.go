@@ -890,6 +890,15 @@ func (j *elasticJob) interrupted() *elasticEnd {
 // stopLater stops the workers of ps that still run (SIGTERM, SIGKILL stopGrace after now, from
 // the loop's ticks: killDying) without waiting for them.
 func (j *elasticJob) stopLater(ps []*elasticProc, now time.Time) {
+	for _, p := range stopping(ps) {
+		j.dying = append(j.dying, dyingProc{p: p, killAt: now.Add(j.set.stopGrace)})
+	}
+}
+
+// stopping signals the workers of ps that still run and were not stopped yet (SIGTERM; one
+// killed as stuck has had its SIGKILL), and returns those that still run.
+func stopping(ps []*elasticProc) []*elasticProc {
+	var running []*elasticProc
 	for _, p := range ps {
 		if p.exited || p.proc == nil {
 			continue
@@ -898,8 +907,9 @@ func (j *elasticJob) stopLater(ps []*elasticProc, now time.Time) {
 			p.stopped = true
 			_ = p.proc.Signal(stopSignal)
 		}
-		j.dying = append(j.dying, dyingProc{p: p, killAt: now.Add(j.set.stopGrace)})
+		running = append(running, p)
 	}
+	return running
 }
 
 // killDying SIGKILLs the workers stopLater stopped that still run past their grace.
@@ -928,17 +938,7 @@ type dyingProc struct {
 // stopAndAwait stops the workers of ps that still run (SIGTERM, SIGKILL after stopGrace) and
 // waits for their exits, recording every other exit that arrives meanwhile.
 func (j *elasticJob) stopAndAwait(ps []*elasticProc) {
-	var running []*elasticProc
-	for _, p := range ps {
-		if p.exited || p.proc == nil {
-			continue
-		}
-		if !p.stopped && !p.stuck {
-			p.stopped = true
-			_ = p.proc.Signal(stopSignal)
-		}
-		running = append(running, p)
-	}
+	running := stopping(ps)
 	if len(running) == 0 {
 		return
 	}
