@@ -87,7 +87,7 @@ func runElastic(ctx context.Context, opts *Options, set elasticSettings, stdout,
 		return ExitUsage, err
 	}
 	var fixed []elastic.Host
-	var slurm *SlurmAllocation
+	var slurm *slurmAlloc
 	if opts.DiscoveryScript == "" && opts.Hosts == "" && opts.Hostfile == "" && opts.Rendezvous == "" {
 		// Inside a Slurm allocation, its nodes are the hosts and srun starts the workers.
 		env := set.env

@@ -20,9 +20,8 @@ import (
 // fails ends only the steps on it, which the launcher sees as those workers failing. Everything
 // else (rounds, blacklisting, the rendezvous) is as over ssh.
 
-// SlurmAllocation is the allocation a launcher runs in, read from the variables sbatch and salloc
-// set.
-type SlurmAllocation struct {
+// slurmAlloc is the allocation a launcher runs in, read from the variables sbatch and salloc set.
+type slurmAlloc struct {
 	JobID string
 	Hosts []elastic.Host
 }
@@ -31,18 +30,18 @@ type SlurmAllocation struct {
 // (an srun task is a worker, not a launcher). Slots per node are the tasks the allocation asked
 // for per node (SLURM_TASKS_PER_NODE, from -n/--ntasks-per-node), else its CPUs per node; a
 // positive slotsPerHost (--slots-per-host) overrides both.
-func slurmAllocation(env map[string]string, slotsPerHost int) (SlurmAllocation, bool, error) {
+func slurmAllocation(env map[string]string, slotsPerHost int) (slurmAlloc, bool, error) {
 	id := firstOf(env, "SLURM_JOB_ID", "SLURM_JOBID")
 	if id == "" || firstOf(env, "SLURM_STEP_ID", "SLURM_STEPID") != "" {
-		return SlurmAllocation{}, false, nil
+		return slurmAlloc{}, false, nil
 	}
 	nl := firstOf(env, "SLURM_JOB_NODELIST", "SLURM_NODELIST")
 	if nl == "" {
-		return SlurmAllocation{}, false, fmt.Errorf("inside Slurm job %s, but SLURM_JOB_NODELIST is not set", id)
+		return slurmAlloc{}, false, fmt.Errorf("inside Slurm job %s, but SLURM_JOB_NODELIST is not set", id)
 	}
 	names, err := jobenv.ExpandNodelist(nl)
 	if err != nil {
-		return SlurmAllocation{}, false, fmt.Errorf("Slurm job %s's SLURM_JOB_NODELIST: %w", id, err)
+		return slurmAlloc{}, false, fmt.Errorf("Slurm job %s's SLURM_JOB_NODELIST: %w", id, err)
 	}
 	slots := make([]int, len(names))
 	if slotsPerHost > 0 {
@@ -55,18 +54,18 @@ func slurmAllocation(env map[string]string, slotsPerHost int) (SlurmAllocation, 
 			v, from = env["SLURM_JOB_CPUS_PER_NODE"], "SLURM_JOB_CPUS_PER_NODE"
 		}
 		if v == "" {
-			return SlurmAllocation{}, false, fmt.Errorf("Slurm job %s sets neither SLURM_TASKS_PER_NODE nor SLURM_JOB_CPUS_PER_NODE: give --slots-per-host", id)
+			return slurmAlloc{}, false, fmt.Errorf("Slurm job %s sets neither SLURM_TASKS_PER_NODE nor SLURM_JOB_CPUS_PER_NODE: give --slots-per-host", id)
 		}
 		per, err := jobenv.ParseTasksPerNode(v)
 		if err != nil {
-			return SlurmAllocation{}, false, fmt.Errorf("Slurm job %s's %s: %w", id, from, err)
+			return slurmAlloc{}, false, fmt.Errorf("Slurm job %s's %s: %w", id, from, err)
 		}
 		if len(per) != len(names) {
-			return SlurmAllocation{}, false, fmt.Errorf("Slurm job %s: %s=%q counts %d nodes, SLURM_JOB_NODELIST=%q names %d", id, from, v, len(per), nl, len(names))
+			return slurmAlloc{}, false, fmt.Errorf("Slurm job %s: %s=%q counts %d nodes, SLURM_JOB_NODELIST=%q names %d", id, from, v, len(per), nl, len(names))
 		}
 		copy(slots, per)
 	}
-	a := SlurmAllocation{JobID: id}
+	a := slurmAlloc{JobID: id}
 	for i, n := range names {
 		a.Hosts = append(a.Hosts, elastic.Host{Name: n, Slots: slots[i]})
 	}
@@ -95,9 +94,8 @@ type SlurmStarter struct {
 	KillAfter time.Duration
 }
 
-// SlurmArgs is the srun command line that starts w: exported for the documentation's sake and
-// the tests.
-func (s *SlurmStarter) SlurmArgs(w Worker) []string {
+// slurmArgs is the srun command line that starts w.
+func (s *SlurmStarter) slurmArgs(w Worker) []string {
 	prog := s.Program
 	if prog == "" {
 		prog = "srun"
@@ -131,7 +129,7 @@ func (s *SlurmStarter) Start(ctx context.Context, w Worker) (Process, error) {
 		return nil, errors.New("a Slurm worker needs a host")
 	}
 	sw := w
-	sw.Argv = s.SlurmArgs(w)
+	sw.Argv = s.slurmArgs(w)
 	sw.Env = withoutSlurmLayout(w.Env)
 	p, err := s.Local.Start(ctx, sw)
 	if err != nil {
