@@ -47,14 +47,7 @@ func BenchmarkElasticHostLoss(b *testing.B) {
 				killHost(b, hosts, victim)
 				l := j.await(b, regexp.MustCompile(`<stdout>:round \d+: `+strconv.Itoa(2*(n-1))+` ranks from step`), killed, 60*time.Second)
 				r.d = append(r.d, l.at.Sub(killed).Seconds())
-				select {
-				case <-j.done:
-				case <-time.After(2 * time.Minute):
-					b.Fatalf("kolo run still running\n%s", j.output())
-				}
-				if j.code != 0 {
-					b.Fatalf("kolo run exited %d\n%s", j.code, j.output())
-				}
+				j.awaitSuccess(b)
 				time.Sleep(time.Second) // let the machine settle between trials
 			}
 			slices.Sort(r.d)
@@ -111,14 +104,7 @@ func BenchmarkElasticHostCut(b *testing.B) {
 			b.Logf("trial %d: the survivors trained again %.1f s after the cut of host %d; launcher:\n%s",
 				len(d), l.at.Sub(cut).Seconds(), victim, j.stderr.String())
 		}
-		select {
-		case <-j.done:
-		case <-time.After(2 * time.Minute):
-			b.Fatalf("kolo run still running\n%s", j.output())
-		}
-		if j.code != 0 {
-			b.Fatalf("kolo run exited %d\n%s", j.code, j.output())
-		}
+		j.awaitSuccess(b)
 		killHost(b, hosts, victim) // its workers lived on behind the cut
 		if out, err := exec.Command("ip", "-n", hosts.Names[victim], "link", "set", "eth0", "up").CombinedOutput(); err != nil {
 			b.Fatalf("restore host %d's link: %v: %s", victim, err, out)
@@ -157,14 +143,7 @@ func BenchmarkElasticHostRejoin(b *testing.B) {
 		shrunk := j.await(b, regexp.MustCompile(`<stdout>:round \d+: 6 ranks from step`), killed, 60*time.Second)
 		full := j.await(b, regexp.MustCompile(`<stdout>:round \d+: 8 ranks from step (\d+)`), shrunk.at, 60*time.Second)
 		from, _ := strconv.Atoi(regexp.MustCompile(`from step (\d+)`).FindStringSubmatch(full.text)[1])
-		select {
-		case <-j.done:
-		case <-time.After(2 * time.Minute):
-			b.Fatalf("kolo run still running\n%s", j.output())
-		}
-		if j.code != 0 {
-			b.Fatalf("kolo run exited %d\n%s", j.code, j.output())
-		}
+		j.awaitSuccess(b)
 		// Rank 0's step lines (its clock, the same process throughout: its host is never the
 		// victim) before the kill and in the 8-rank world after it.
 		pre, post := map[int]float64{}, map[int]float64{}

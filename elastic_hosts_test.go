@@ -120,6 +120,19 @@ func (j *elasticHostJob) output() string {
 	return "stdout:\n" + j.out.String() + "\nstderr:\n" + j.stderr.String()
 }
 
+// awaitSuccess waits, up to 2 minutes, for kolo run to end, and fails t unless it exited 0.
+func (j *elasticHostJob) awaitSuccess(t testing.TB) {
+	t.Helper()
+	select {
+	case <-j.done:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("kolo run still running after 2 minutes\n%s", j.output())
+	}
+	if j.code != 0 {
+		t.Fatalf("kolo run exited %d\n%s", j.code, j.output())
+	}
+}
+
 // await waits for a line matching re that arrives after since.
 func (j *elasticHostJob) await(t testing.TB, re *regexp.Regexp, since time.Time, timeout time.Duration) stampedLine {
 	t.Helper()
@@ -192,14 +205,7 @@ func TestElasticHostKilled(t *testing.T) {
 	killHost(t, hosts, 0)
 	l := j.await(t, regexp.MustCompile(`<stdout>:round \d+: 6 ranks from step \d+$`), killed, 60*time.Second)
 	resumed := l.at.Sub(killed)
-	select {
-	case <-j.done:
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("kolo run still running 2 minutes after the kill\n%s", j.output())
-	}
-	if j.code != 0 {
-		t.Fatalf("kolo run exited %d\n%s", j.code, j.output())
-	}
+	j.awaitSuccess(t)
 	after := workerPids(j.out.String())
 	checkSurvivorsKept(t, before, after, victim)
 	for _, s := range []int{0, 1} {
@@ -242,14 +248,7 @@ func TestElasticHostComesBack(t *testing.T) {
 	killHost(t, hosts, 2)
 	shrunk := j.await(t, regexp.MustCompile(`<stdout>:round \d+: 6 ranks from step`), killed, 60*time.Second)
 	back := j.await(t, regexp.MustCompile(`<stdout>:round \d+: 8 ranks from step`), shrunk.at, 60*time.Second)
-	select {
-	case <-j.done:
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("kolo run still running\n%s", j.output())
-	}
-	if j.code != 0 {
-		t.Fatalf("kolo run exited %d\n%s", j.code, j.output())
-	}
+	j.awaitSuccess(t)
 	after := workerPids(j.out.String())
 	dead := hosts.Addrs[2] + "["
 	checkSurvivorsKept(t, before, after, hosts.Addrs[2])
@@ -407,14 +406,7 @@ func TestElasticHostCutOff(t *testing.T) {
 	t.Cleanup(func() { killHost(t, hosts, 2) }) // its workers live on behind the cut
 	l := j.await(t, regexp.MustCompile(`<stdout>:round \d+: 4 ranks from step`), cut, 60*time.Second)
 	resumed := l.at.Sub(cut)
-	select {
-	case <-j.done:
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("kolo run still running\n%s", j.output())
-	}
-	if j.code != 0 {
-		t.Fatalf("kolo run exited %d\n%s", j.code, j.output())
-	}
+	j.awaitSuccess(t)
 	after := workerPids(j.out.String())
 	checkSurvivorsKept(t, before, after, hosts.Addrs[2])
 	if !strings.Contains(j.stderr.String(), "found stuck by the other workers") {

@@ -22,20 +22,9 @@ func TestElasticSlurm(t *testing.T) {
 	kolo, softmax := buildKolo(t), buildSoftmax(t)
 
 	// salloc runs kolo run here, in an allocation of 4 tasks on the node.
-	start := func(t *testing.T, steps string) (*exec.Cmd, *lockedBuffer, chan error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		t.Cleanup(cancel)
-		cmd := slurm.Command(ctx, nil, "salloc", "-n", "4", "--", kolo, "run", "--min-np", "2", "--max-np", "4",
+	start := func(t *testing.T, steps string) (*lockedBuffer, chan error) {
+		return salloc(t, slurm, []string{"-n", "4"}, kolo, "run", "--min-np", "2", "--max-np", "4",
 			softmax, "-elastic", "-steps", steps, "-commit", "10", "-pace", "5ms")
-		cmd.Env = launchEnv(cmd.Env...)
-		var out lockedBuffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		return cmd, &out, done
 	}
 	// steps lists the job's kolo worker steps: "jobid.stepid name" per line.
 	steps := func() []string {
@@ -62,7 +51,7 @@ func TestElasticSlurm(t *testing.T) {
 	}
 
 	t.Run("every worker a step", func(t *testing.T) {
-		_, out, done := start(t, "400")
+		out, done := start(t, "400")
 		ws := awaitSteps(t, 4, out)
 		if err := <-done; err != nil {
 			t.Fatalf("salloc kolo run: %v\n%s", err, out.String())
@@ -84,7 +73,7 @@ func TestElasticSlurm(t *testing.T) {
 
 	// Its one host blacklisted, the job cannot go on: it says so and ends, every step with it.
 	t.Run("a worker's step killed", func(t *testing.T) {
-		_, out, done := start(t, "100000")
+		out, done := start(t, "100000")
 		ws := awaitSteps(t, 4, out)
 		victim := strings.Fields(ws[len(ws)-1])[0]
 		killed := time.Now()
@@ -118,25 +107,9 @@ func TestElasticSlurmNodeLost(t *testing.T) {
 	ns := e2e.NewNetns(t, 3)
 	slurm := e2e.StartSlurmNodes(t, ns, 2)
 	kolo, softmax := buildKolo(t), buildSoftmax(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := slurm.Command(ctx, nil, "salloc", "-N", "3", "--ntasks-per-node", "2", "--", kolo, "run", "--min-np", "2",
+	out, done := salloc(t, slurm, []string{"-N", "3", "--ntasks-per-node", "2"}, kolo, "run", "--min-np", "2",
 		"--network-interface", ns.Bridge+",eth0", softmax, "-elastic", "-steps", "1500", "-commit", "10", "-pace", "5ms")
-	cmd.Env = launchEnv(cmd.Env...)
-	var out lockedBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	deadline := time.Now().Add(90 * time.Second)
-	for !regexp.MustCompile(`<stdout>:step +200 `).MatchString(out.String()) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no step 200 within 90 s\n%s", out.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	awaitMatch(t, out, regexp.MustCompile(`<stdout>:step +200 `), 90*time.Second)
 	before := workerPids(out.String())
 	victim := before[slurm.Nodes[2]+"[1]"]
 	if len(before) != 6 || len(victim) != 1 {
@@ -146,14 +119,8 @@ func TestElasticSlurmNodeLost(t *testing.T) {
 	if err := syscall.Kill(victim[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	var resumed time.Duration
-	for !regexp.MustCompile(`<stdout>:round \d+: 4 ranks from step`).MatchString(out.String()) {
-		if time.Since(killed) > 60*time.Second {
-			t.Fatalf("no round of 4 ranks within 60 s of the kill\n%s", out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	resumed = time.Since(killed)
+	awaitMatch(t, out, regexp.MustCompile(`<stdout>:round \d+: 4 ranks from step`), 60*time.Second)
+	resumed := time.Since(killed)
 	select {
 	case err := <-done:
 		if err != nil {
@@ -180,4 +147,32 @@ func TestElasticSlurmNodeLost(t *testing.T) {
 		t.Errorf("the survivors trained again %.1f s after the kill, want within 10 s", resumed.Seconds())
 	}
 	t.Logf("worker %s killed; the 4 survivors trained again within %.2f s", slurm.Nodes[2]+"[1]", resumed.Seconds())
+}
+
+// salloc starts kolo (argv) under salloc with its allocation flags, in the test's cluster; the
+// command's output collects in out and its end arrives on done. t's cleanup stops it.
+func salloc(t *testing.T, slurm *e2e.Slurm, flags []string, argv ...string) (out *lockedBuffer, done chan error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	cmd := slurm.Command(ctx, nil, "salloc", append(append(flags, "--"), argv...)...)
+	cmd.Env = launchEnv(cmd.Env...)
+	out = &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done = make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	return out, done
+}
+
+// awaitMatch waits, up to timeout, for out to match re.
+func awaitMatch(t *testing.T, out *lockedBuffer, re *regexp.Regexp, timeout time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(timeout); !re.MatchString(out.String()); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing matched %s within %s\n%s", re, timeout, out.String())
+		}
+	}
 }

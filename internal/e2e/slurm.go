@@ -53,9 +53,16 @@ func startSlurm(t testing.TB, cpus int, ns *Netns) *Slurm {
 	if os.Geteuid() != 0 {
 		Unavailable(t, "a private Slurm cluster needs root (slurmd runs jobs as their users)")
 	}
-	for _, bin := range []string{"munged", "munge", "slurmctld", "slurmd", "srun", "sbatch", "sinfo", "scontrol", "scancel", "squeue"} {
+	for _, bin := range []string{"munged", "munge", "slurmctld", "slurmd", "srun", "salloc", "sbatch", "sinfo", "scontrol", "scancel", "squeue"} {
 		if _, err := lookPath(bin); err != nil {
 			Unavailable(t, "no %s (apt-get install slurm-wlm munge)", bin)
+		}
+	}
+	if ns != nil {
+		for _, bin := range []string{"nsenter", "unshare"} {
+			if _, err := lookPath(bin); err != nil {
+				Unavailable(t, "no %s (apt-get install util-linux)", bin)
+			}
 		}
 	}
 	mu, err := user.Lookup("munge")
