@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/jobenv"
-	"github.com/kolo-dl/kolo/rendezvous"
 )
 
 // member is one endpoint's place in a world: its host and what it carries from its last world.
@@ -87,18 +86,14 @@ func ring(t *testing.T, worlds []*World, tag string) {
 // ranks, and dials only the endpoints new to each other.
 func TestNextWorldAdoptsSurvivorsConnections(t *testing.T) {
 	secret := []byte("carry-test-secret")
-	srv := rendezvous.NewServer(secret)
-	addr, err := srv.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	_, addr := serveRendezvous(t, secret)
 	shmDir := t.TempDir()
 
-	w1 := form(t, addr.String(), "round-1", secret, shmDir, []member{{host: "a"}, {host: "a"}, {host: "b"}, {host: "b"}})
+	w1 := form(t, addr, "round-1", secret, shmDir, []member{{host: "a"}, {host: "a"}, {host: "b"}, {host: "b"}})
 	ring(t, w1, "round 1")
 	carries := make([]*Carry, len(w1))
 	for r, w := range w1 {
+		var err error
 		if carries[r], err = w.Detach(); err != nil {
 			t.Fatalf("rank %d: detach: %v", r, err)
 		}
@@ -109,7 +104,7 @@ func TestNextWorldAdoptsSurvivorsConnections(t *testing.T) {
 	carries[2].Close() // its process is gone
 
 	// Round 2: old rank 3 first, then host a's two; and a newcomer on host c.
-	w2 := form(t, addr.String(), "round-2", secret, shmDir, []member{
+	w2 := form(t, addr, "round-2", secret, shmDir, []member{
 		{host: "b", carry: carries[3]}, {host: "a", carry: carries[0]}, {host: "a", carry: carries[1]}, {host: "c"}})
 	defer func() {
 		for _, w := range w2 {

@@ -7,19 +7,13 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/jobenv"
-	"github.com/kolo-dl/kolo/rendezvous"
 )
 
 // Under mpirun the launcher does not say which hosts run which ranks (CrossSize 0): Connect
 // derives the cross rank and size from the hosts the ranks publish.
 func TestConnectDerivesCrossRank(t *testing.T) {
 	secret := []byte("cross-test-secret")
-	srv := rendezvous.NewServer(secret)
-	addr, err := srv.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	_, addr := serveRendezvous(t, secret)
 	hosts := []string{"a", "a", "b"} // a runs local ranks 0 and 1, b only local rank 0
 	local := []int{0, 1, 0}
 	localSize := []int{2, 2, 1}
@@ -35,7 +29,7 @@ func TestConnectDerivesCrossRank(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			job := jobenv.Job{Rank: r, Size: 3, LocalRank: local[r], LocalSize: localSize[r], Hostname: hosts[r],
-				Rendezvous: addr.String(), JobID: "cross-test"}
+				Rendezvous: addr, JobID: "cross-test"}
 			worlds[r], errs[r] = Connect(ctx, job, secret, Options{ListenAddr: "127.0.0.1:0", ShmDir: shmDir})
 		}()
 	}

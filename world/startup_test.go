@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/jobenv"
-	"github.com/kolo-dl/kolo/rendezvous"
 )
 
 // A world of 3 hosts x 2 ranks costs the rendezvous one request per rank (its address table
@@ -17,12 +16,7 @@ func TestStartupCostsOneRequestPerRank(t *testing.T) {
 	const hosts, per = 3, 2
 	const n = hosts * per
 	secret := []byte("startup-test-secret")
-	srv := rendezvous.NewServer(secret)
-	ln, err := srv.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	srv, ln := serveRendezvous(t, secret)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	worlds := make([]*World, n)
@@ -33,7 +27,7 @@ func TestStartupCostsOneRequestPerRank(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			job := jobenv.Job{Rank: r, Size: n, LocalRank: r % per, LocalSize: per, CrossRank: r / per, CrossSize: hosts,
-				Hostname: fmt.Sprintf("host%d", r/per), Rendezvous: ln.String(), JobID: "startup-test"}
+				Hostname: fmt.Sprintf("host%d", r/per), Rendezvous: ln, JobID: "startup-test"}
 			worlds[r], errs[r] = Connect(ctx, job, secret, Options{NoShm: true, Timeout: 20 * time.Second})
 		}()
 	}
