@@ -28,7 +28,7 @@ func detachAll(w *world) []map[int]*Carried {
 
 // reform connects a new world among w's processes, in which old rank o has rank perm[o], adopting
 // what carried holds (by old ranks) and dialing addrs for the rest.
-func reform(t *testing.T, w *world, carried []map[int]*Carried, perm []int, addrs []string, job string) *world {
+func reform(t testing.TB, w *world, carried []map[int]*Carried, perm []int, addrs []string, job string) *world {
 	t.Helper()
 	n := len(w.ls)
 	nw := &world{ls: make([]*Listener, n), sink: w.sink, addrs: make([]string, n), hosts: make([]string, n)}
