@@ -245,3 +245,32 @@ func TestDetachedPeerFailsWaitingCalls(t *testing.T) {
 	nw := reform(t, w, carried, []int{2, 1, 0}, []string{"127.0.0.1:1", "127.0.0.1:1", "127.0.0.1:1"}, "job-2")
 	exchange(t, nw, 2)
 }
+
+// A peer whose control lane is busy when the mesh detaches (a message being written: the leave
+// notice cannot be put between its bytes) is not carried but closed, and the next world dials it.
+func TestDetachClosesAPeerWithABusyControlLane(t *testing.T) {
+	w := connectAll(t, 3, 2, 64<<10)
+	busy := w.ms[0].peers[2]
+	busy.ctrlMu.Lock()
+	c0 := w.ms[0].Detach()
+	busy.ctrlMu.Unlock()
+	if len(c0) != 1 || c0[1] == nil {
+		t.Fatalf("rank 0 carried peers %v, want only rank 1", keys(c0))
+	}
+	carried := []map[int]*Carried{c0, w.ms[1].Detach(), w.ms[2].Detach()}
+	nw := reform(t, w, carried, []int{0, 1, 2}, w.addrs, "job-2")
+	for r, want := range []int{1, 2, 1} {
+		if got := nw.ms[r].Adopted(); got != want {
+			t.Errorf("rank %d adopted %d peers, want %d", r, got, want)
+		}
+	}
+	exchange(t, nw, 2)
+}
+
+func keys(m map[int]*Carried) []int {
+	var ks []int
+	for k := range m {
+		ks = append(ks, k)
+	}
+	return ks
+}
