@@ -49,6 +49,9 @@ lint:
 test: deps lint
 	$(GO) test -count=1 ./...
 	$(GO) test -count=1 -race $(RACE_PKGS)
+	# The TCP transport's tests again with lazy meshes (what worlds use): every connection is
+	# then made by the call that first needs it, on both ends at once.
+	KOLO_TCP_TEST_LAZY=1 $(GO) test -count=1 -race ./transport/tcp/
 	$(MAKE) test-python
 	$(MAKE) test-deploy
 

@@ -323,6 +323,9 @@ func Init(opts ...Option) error {
 	if isElastic {
 		o.world.Carry = kept
 	}
+	if o.env("KOLO_TCP_FULL_MESH") == "1" {
+		o.world.FullMesh = true
+	}
 	cfg0, wopt0 := cfg, o.world // an elastic worker may try several rounds, of other local sizes
 	connect := func(ctx context.Context, j jobenv.Job) error {
 		cfg, o.world = spinSettings(cfg0, wopt0, j.LocalSize)

@@ -20,6 +20,12 @@ type member struct {
 // form connects a world of members (rank r is members[r]) under job id job.
 func form(t *testing.T, addr, job string, secret []byte, shmDir string, members []member) []*World {
 	t.Helper()
+	return formWith(t, addr, job, secret, shmDir, members, nil)
+}
+
+// formWith is form with each rank's Options changed by edit first.
+func formWith(t testing.TB, addr, job string, secret []byte, shmDir string, members []member, edit func(*Options)) []*World {
+	t.Helper()
 	n := len(members)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -40,7 +46,11 @@ func form(t *testing.T, addr, job string, secret []byte, shmDir string, members 
 		go func() {
 			defer wg.Done()
 			j := jobenv.Job{Rank: r, Size: n, LocalRank: local, LocalSize: localSize, Hostname: m.host, Rendezvous: addr, JobID: job}
-			worlds[r], errs[r] = Connect(ctx, j, secret, Options{ListenAddr: "127.0.0.1:0", ShmDir: shmDir, Carry: m.carry})
+			opt := Options{ListenAddr: "127.0.0.1:0", ShmDir: shmDir, Carry: m.carry}
+			if edit != nil {
+				edit(&opt)
+			}
+			worlds[r], errs[r] = Connect(ctx, j, secret, opt)
 		}()
 	}
 	wg.Wait()

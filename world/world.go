@@ -50,6 +50,10 @@ type Options struct {
 	// *transport.StallError. 0: transport.DefaultProgressTimeout; negative: never. kolo.Init sets
 	// it from engine.Config.ProgressTimeout (KOLO_PROGRESS_TIMEOUT_SECONDS).
 	ProgressTimeout time.Duration
+	// FullMesh connects every rank of another host at Connect, as before lazy meshes
+	// (KOLO_TCP_FULL_MESH=1). By default Connect connects only the remote ranks the collectives
+	// use at once (eagerPeers), and the others on first use.
+	FullMesh bool
 	// Carry holds connections an earlier world of this process left (World.Detach). Connect
 	// adopts those to processes that are members again, instead of dialing them, and takes
 	// them out of Carry; the caller closes what is left once it has joined.
@@ -232,6 +236,7 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 			Rank: job.Rank, Size: job.Size, Peers: remote, Addrs: addrs, Hosts: w.Hosts,
 			Secret: secret, JobID: job.JobID, Streams: opt.TCPStreams, ConnectTimeout: opt.Timeout,
 			ProgressTimeout: opt.ProgressTimeout, Adopt: adopt,
+			Lazy: !opt.FullMesh, Eager: eagerPeers(job.Rank, job.Size, remote, crossGroup(w.Hosts, job)),
 		})
 		if err != nil {
 			for _, c := range adopt {
@@ -297,6 +302,15 @@ func (w *World) Detach() (*Carry, error) {
 		}
 	}
 	return c, w.Close()
+}
+
+// RemoteConnected is the number of ranks of other hosts this rank has connections to: with a
+// lazy mesh (the default), those its collectives have needed so far.
+func (w *World) RemoteConnected() int {
+	if w.mesh == nil {
+		return 0
+	}
+	return w.mesh.ConnectedPeers()
 }
 
 // Adopted is the number of ranks whose connections came from an earlier world (Options.Carry).
@@ -385,6 +399,26 @@ func crossGroup(hosts []string, job jobenv.Job) []int {
 		cross = append(cross, byHost[h][job.LocalRank])
 	}
 	return cross
+}
+
+// eagerPeers are the remote ranks a rank connects to at start-up: those its first collectives
+// use. The coordinator, rank 0, exchanges the negotiation with every rank; the hierarchical
+// allreduce goes between the ranks of the same local rank on each host (cross); the ring
+// algorithms over the whole job go to the next and previous rank. Each relation is symmetric, as
+// tcp.Config.Eager requires. The rest (an alltoall's, recursive doubling's partners) connect on
+// first use.
+func eagerPeers(rank, size int, remote, cross []int) []int {
+	want := map[int]bool{(rank + 1) % size: true, (rank + size - 1) % size: true, 0: true}
+	for _, r := range cross {
+		want[r] = true
+	}
+	var out []int
+	for _, r := range remote {
+		if want[r] || rank == 0 {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // publicAddr combines the IP this process uses to reach the rendezvous (so peers on other hosts

@@ -66,12 +66,11 @@ const noticeTimeout = time.Second
 func (m *Mesh) Detach() map[int]*Carried {
 	out := map[int]*Carried{}
 	m.once.Do(func() {
-		m.closed.Store(true)
-		close(m.quit)
+		m.begin()
 		keep := make([]bool, len(m.peers))
 		for r, p := range m.peers {
-			if p == nil {
-				continue
+			if p == nil || !p.closeLink() {
+				continue // never connected: nothing to carry or close
 			}
 			switch {
 			case p.left.Load():
@@ -246,4 +245,4 @@ func skipTo(c *net.TCPConn, pre, tok []byte) ([]byte, error) {
 }
 
 // Adopted is the number of peers whose connections this mesh took over from an earlier one.
-func (m *Mesh) Adopted() int { return m.adopted }
+func (m *Mesh) Adopted() int { return int(m.nAdopted.Load()) }

@@ -30,6 +30,12 @@ func detachAll(w *world) []map[int]*Carried {
 // what carried holds (by old ranks) and dialing addrs for the rest.
 func reform(t testing.TB, w *world, carried []map[int]*Carried, perm []int, addrs []string, job string) *world {
 	t.Helper()
+	return reformWith(t, w, carried, perm, addrs, job, nil)
+}
+
+// reformWith is reform with each rank's Config changed by edit first.
+func reformWith(t testing.TB, w *world, carried []map[int]*Carried, perm []int, addrs []string, job string, edit func(*Config)) *world {
+	t.Helper()
 	n := len(w.ls)
 	nw := &world{ls: make([]*Listener, n), sink: w.sink, addrs: make([]string, n), hosts: make([]string, n)}
 	for o, r := range perm {
@@ -44,6 +50,9 @@ func reform(t testing.TB, w *world, carried []map[int]*Carried, perm []int, addr
 		cfg.Adopt = map[int]*Carried{}
 		for op, c := range carried[o] {
 			cfg.Adopt[perm[op]] = c
+		}
+		if edit != nil {
+			edit(&cfg)
 		}
 		wg.Add(1)
 		go func() {
@@ -177,6 +186,7 @@ func TestAdoptFallsBackToDialing(t *testing.T) {
 	for _, gaveUp := range []struct{ who, peer int }{{2, 0}, {0, 2}} {
 		t.Run(fmt.Sprintf("rank %d closed its set for rank %d", gaveUp.who, gaveUp.peer), func(t *testing.T) {
 			w := connectAll(t, 3, 2, 64<<10)
+			exchange(t, w, 1) // a lazy mesh connects here
 			carried := detachAll(w)
 			carried[gaveUp.who][gaveUp.peer].Close()
 			delete(carried[gaveUp.who], gaveUp.peer)
@@ -250,6 +260,7 @@ func TestDetachedPeerFailsWaitingCalls(t *testing.T) {
 // notice cannot be put between its bytes) is not carried but closed, and the next world dials it.
 func TestDetachClosesAPeerWithABusyControlLane(t *testing.T) {
 	w := connectAll(t, 3, 2, 64<<10)
+	w.linkAll(t)
 	busy := w.ms[0].peers[2]
 	busy.ctrlMu.Lock()
 	c0 := w.ms[0].Detach()

@@ -373,7 +373,7 @@ func (c *meshComm) transfer(ctx context.Context, peer int, b []byte, op string) 
 	m := (*Mesh)(c)
 	m.opMu.RLock()
 	defer m.opMu.RUnlock()
-	p, err := m.dataPeer(peer, op)
+	p, err := m.dataPeer(ctx, peer, op)
 	if err != nil || len(b) == 0 {
 		return err
 	}
@@ -409,12 +409,12 @@ func (c *meshComm) SendRecv(ctx context.Context, to int, sb []byte, from int, rb
 	var po, pi *peer
 	var err error
 	if len(sb) > 0 || len(rb) == 0 {
-		if po, err = m.dataPeer(to, "send"); err != nil {
+		if po, err = m.dataPeer(ctx, to, "send"); err != nil {
 			return err
 		}
 	}
 	if len(rb) > 0 {
-		if pi, err = m.dataPeer(from, "recv"); err != nil {
+		if pi, err = m.dataPeer(ctx, from, "recv"); err != nil {
 			return err
 		}
 	}
@@ -470,8 +470,8 @@ func firstErr(a, b error) error {
 }
 
 // dataPeer is peerFor for the data lane, which a transfer cut short midway has left out of step.
-func (m *Mesh) dataPeer(r int, op string) (*peer, error) {
-	p, err := m.peerFor(r, op)
+func (m *Mesh) dataPeer(ctx context.Context, r int, op string) (*peer, error) {
+	p, err := m.peerFor(ctx, r, op)
 	if err != nil {
 		return nil, err
 	}

@@ -51,8 +51,9 @@ func tune(c *net.TCPConn) {
 }
 
 // Listener accepts the connections peers dial to this rank. It authenticates each one and reads its
-// hello in the background, then hands it to the Connect that is waiting for it (or parks it until
-// that Connect starts: peers may dial before this rank gets there).
+// hello in the background, then hands it to the mesh it is meant for (or parks it until that mesh's
+// Connect starts: peers may dial before this rank gets there). A mesh takes connections for its
+// whole life, since a lazy one (Config.Lazy) connects to most peers on first use.
 type Listener struct {
 	ln               *net.TCPListener
 	secret           []byte
@@ -73,15 +74,19 @@ type regKey struct {
 	rank int
 }
 
-// registration is one Connect waiting for the connections its lower-ranked peers dial.
+// registration is one mesh taking the connections its peers dial, from its Connect until it closes.
 type registration struct {
 	key     regKey
 	size    int
 	streams int
-	expect  map[int]bool    // ranks that dial this one
+	expect  map[int]bool    // ranks that may dial this one
 	got     map[connID]bool // claimed by an accepted hello
-	active  bool            // false once Connect stopped listening on ch
+	active  bool            // false once the mesh stopped listening on ch
 	ch      chan arrival
+	// decide, called before a claimed connection is acked (never under the Listener's lock),
+	// lets the mesh take it (ackTaken) or decline it: ackCrossed when the mesh is dialing that
+	// peer itself and its own set is the one both keep, ackRefused with why otherwise.
+	decide func(id connID) (status byte, why string)
 }
 
 type connID struct {
@@ -272,7 +277,7 @@ func (r *registration) claimLocked(h hello) string {
 	id := connID{peer: h.from, lane: h.lane, stream: h.stream}
 	switch {
 	case !r.active:
-		return "the Connect it was meant for has finished"
+		return "the mesh it was meant for has closed"
 	case h.size != r.size:
 		return fmt.Sprintf("group size mismatch: %d here, %d at the dialer (rank %d)", r.size, h.size, h.from)
 	case h.streams != r.streams:
@@ -293,9 +298,23 @@ func (l *Listener) refuse(c *net.TCPConn, h hello, why string) {
 	l.reject(c, fmt.Sprintf("rank %d of job %q: %s", h.from, h.job, why), errRejected)
 }
 
-// deliver acks a claimed connection and passes it to the registration's Connect.
+// deliver acks a claimed connection and passes it to the registration's mesh, unless the mesh
+// declines it.
 func (l *Listener) deliver(reg *registration, c *net.TCPConn, h hello) {
 	id := connID{peer: h.from, lane: h.lane, stream: h.stream}
+	if status, why := reg.decide(id); status != ackTaken {
+		l.mu.Lock()
+		delete(reg.got, id)
+		l.mu.Unlock()
+		c.SetWriteDeadline(time.Now().Add(ackTimeout))
+		c.Write(appendAckStatus(nil, status, why))
+		if status == ackCrossed {
+			c.Close() // the usual outcome of two ranks' first use at once: nothing to warn about
+			return
+		}
+		l.reject(c, fmt.Sprintf("rank %d of job %q: %s", h.from, h.job, why), errRejected)
+		return
+	}
 	c.SetWriteDeadline(time.Now().Add(ackTimeout))
 	_, err := c.Write(appendAck(nil, ""))
 	c.SetWriteDeadline(time.Time{})
@@ -309,10 +328,10 @@ func (l *Listener) deliver(reg *registration, c *net.TCPConn, h hello) {
 	reg.ch <- arrival{id: id, conn: c} // sized for every expected connection: never blocks
 }
 
-// register announces that Connect for (job, rank) now waits for the connections dialed by the
-// ranks in expect, and hands it any of them that arrived early. Parked connections of another job
-// or rank are refused: they are a stale job's ranks or misaddressed.
-func (l *Listener) register(key regKey, size, streams int, expect []int) (*registration, error) {
+// register announces that the mesh of (job, rank) now takes the connections dialed by the ranks
+// in expect, as decide says, and hands it any of them that arrived early. Parked connections of
+// another job or rank are refused: they are a stale job's ranks or misaddressed.
+func (l *Listener) register(key regKey, size, streams int, expect []int, decide func(connID) (byte, string)) (*registration, error) {
 	reg := &registration{
 		key:     key,
 		size:    size,
@@ -321,6 +340,7 @@ func (l *Listener) register(key regKey, size, streams int, expect []int) (*regis
 		got:     map[connID]bool{},
 		active:  true,
 		ch:      make(chan arrival, len(expect)*(1+streams)),
+		decide:  decide,
 	}
 	for _, r := range expect {
 		reg.expect[r] = true
@@ -332,7 +352,7 @@ func (l *Listener) register(key regKey, size, streams int, expect []int) (*regis
 	}
 	if l.regs[key] != nil {
 		l.mu.Unlock()
-		return nil, fmt.Errorf("tcp transport: a Connect for job %q rank %d is already running on listener %s", key.job, key.rank, l.ln.Addr())
+		return nil, fmt.Errorf("tcp transport: a mesh for job %q rank %d is already open on listener %s", key.job, key.rank, l.ln.Addr())
 	}
 	l.regs[key] = reg
 	l.purgeLocked(time.Now())
@@ -366,7 +386,7 @@ func (l *Listener) register(key regKey, size, streams int, expect []int) (*regis
 	return reg, nil
 }
 
-// unregister ends a registration and closes whatever reached it that Connect did not take.
+// unregister ends a registration and closes whatever reached it that its mesh did not take.
 func (l *Listener) unregister(reg *registration) {
 	l.mu.Lock()
 	reg.active = false

@@ -45,8 +45,8 @@ type Config struct {
 	Rank, Size int
 	// Peers are the ranks to connect to; every other rank is unreachable through this mesh.
 	Peers []int
-	// Addrs[r] is "host:port" of rank r's Listener. Needed for the peers this rank dials (the ones
-	// with a higher rank: the lower rank of a pair dials the higher).
+	// Addrs[r] is "host:port" of rank r's Listener. Needed for the peers this rank dials: the
+	// ones with a higher rank, and with Lazy every peer.
 	Addrs []string
 	// Hosts[r], optional, names rank r's host in errors ("rank 3 on node2 lost ...").
 	Hosts  []string
@@ -66,6 +66,13 @@ type Config struct {
 	// second), so a stall is reported between 1 and 1.25 timeouts after the last byte moved; time
 	// in which this process did not run does not count.
 	ProgressTimeout time.Duration
+
+	// Lazy connects a peer only when a call first needs it (a Send, Recv or SendMsg to it) or
+	// when the peer connects first, except for the peers in Eager, which Connect connects before
+	// it returns. Without Lazy, Connect connects every peer. Eager must agree at both ends of a
+	// pair (the lower rank dials, the higher waits for it); the others may be dialed by either.
+	Lazy  bool
+	Eager []int
 
 	// Adopt holds, by rank, connections to peers that an earlier mesh among the same processes
 	// left open (Mesh.Detach): Connect resyncs them instead of dialing, and falls back to dialing
@@ -121,10 +128,15 @@ func (cfg *Config) check() error {
 			return fmt.Errorf("peer list contains this rank (%d)", p)
 		case seen[p]:
 			return fmt.Errorf("peer %d listed twice", p)
-		case p > cfg.Rank && (p >= len(cfg.Addrs) || cfg.Addrs[p] == ""):
+		case (p > cfg.Rank || cfg.Lazy) && (p >= len(cfg.Addrs) || cfg.Addrs[p] == ""):
 			return fmt.Errorf("no address for peer %d (this rank dials it)", p)
 		}
 		seen[p] = true
+	}
+	for _, p := range cfg.Eager {
+		if !seen[p] {
+			return fmt.Errorf("eager peer %d is not in the peer list", p)
+		}
 	}
 	return nil
 }
@@ -138,13 +150,19 @@ func (cfg *Config) host(r int) string {
 
 // Mesh is this rank's connections to its peers.
 type Mesh struct {
+	cfg        Config // what later dials need (Lazy)
+	l          *Listener
+	reg        *registration // the mesh's place at l, from Connect to Close
 	rank, size int
 	chunk      uint64
 	progress   time.Duration // the progress timeout; 0: none
 	peers      []*peer       // by rank; nil for ranks outside the mesh
 	log        *slog.Logger
 	inbox      chan transport.Msg
-	adopted    int // peers whose connections came from an earlier mesh
+	nAdopted   atomic.Int32 // peers whose connections came from an earlier mesh
+	// life bounds the dials a call starts (Lazy): Close ends it.
+	life    context.Context
+	endLife context.CancelFunc
 
 	// opMu is held shared by every Comm and Messenger call, and exclusively by Close once it has
 	// closed the connections: Close returns only after every call has, and only then stops the
@@ -160,6 +178,18 @@ type peer struct {
 	m    *Mesh
 	rank int
 	host string
+
+	// The link: whether the peer's connections exist yet (link.go). Every field below it is
+	// set once, by install under linkMu, before up is stored: a call that sees up (or waited on
+	// ready) may use them without the lock.
+	linkMu  sync.Mutex
+	link    linkState
+	ready   chan struct{} // closed when link settles (up, failed, idle or closed)
+	partial map[connID]*net.TCPConn
+	expiry  *time.Timer // fails a set the peer began and did not finish
+	eager   bool        // Connect waits for it; an adopted set that fails falls back to connecting now
+	up      atomic.Bool
+
 	ctrl *net.TCPConn
 	out  dir // our stream to the peer
 	in   dir // the peer's stream to us
@@ -181,9 +211,12 @@ type peer struct {
 	ctrlRest []byte
 }
 
-// Connect forms the mesh: it dials the peers above this rank, waits for those below to dial in
-// through l, and returns once every connection of every peer is up, or fails naming the peer it
-// could not reach.
+// Connect forms the mesh. Without Config.Lazy it connects every peer: it dials the peers above
+// this rank, waits for those below to dial in through l, and returns once every connection of
+// every peer is up, or fails naming the peer it could not reach. With Lazy it connects only the
+// peers in Config.Eager that way, and the others when a call first needs them (see link.go).
+// Either way it first resyncs the sets in Config.Adopt, and l keeps taking the mesh's incoming
+// connections until the mesh is closed.
 func Connect(ctx context.Context, l *Listener, cfg Config) (*Mesh, error) {
 	if err := cfg.check(); err != nil {
 		return nil, fmt.Errorf("tcp transport: rank %d: bad config: %w", cfg.Rank, err)
@@ -192,145 +225,123 @@ func Connect(ctx context.Context, l *Listener, cfg Config) (*Mesh, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
 	defer cancel()
 
-	var below, above, adopted []int
-	for _, p := range cfg.Peers {
-		switch {
-		case cfg.Adopt[p] != nil:
-			adopted = append(adopted, p)
-			if p < cfg.Rank {
-				below = append(below, p) // it dials in if it no longer holds the set
-			}
-		case p < cfg.Rank:
-			below = append(below, p)
-		default:
-			above = append(above, p)
-		}
-	}
-	reg, err := l.register(regKey{cfg.JobID, cfg.Rank}, cfg.Size, cfg.Streams, below)
+	m := newMesh(&cfg, l)
+	reg, err := l.register(regKey{cfg.JobID, cfg.Rank}, cfg.Size, cfg.Streams, cfg.Peers, m.decide)
 	if err != nil {
+		m.Close()
 		return nil, fmt.Errorf("tcp transport: rank %d: %w", cfg.Rank, err)
 	}
-	defer l.unregister(reg)
+	m.reg = reg
+	m.wg.Add(1)
+	go m.arrivals()
 
-	perPeer := 1 + cfg.Streams
-	type dialed struct {
-		arrival
-		err error
+	eager := cfg.Peers
+	if cfg.Lazy {
+		eager = cfg.Eager
 	}
-	dials := make(chan dialed, (len(above)+len(adopted))*perPeer)
-	var dialers sync.WaitGroup
-	dialAll := func(p int) {
-		for i := range perPeer {
-			id := connID{peer: p, lane: laneControl}
-			if i > 0 {
-				id = connID{peer: p, lane: laneData, stream: i - 1}
+	isEager := map[int]bool{}
+	for _, p := range eager {
+		isEager[p] = true
+	}
+	// waitFor are the peers Connect returns only once they are settled; below, those of them that
+	// dial this rank.
+	var waitFor, below []int
+	for _, r := range cfg.Peers {
+		p := m.peers[r]
+		switch {
+		case cfg.Adopt[r] != nil:
+			p.linkMu.Lock()
+			p.eager = isEager[r]
+			if p.link == linkIdle {
+				p.link, p.ready = linkAdopting, make(chan struct{})
 			}
-			dialers.Add(1)
+			p.linkMu.Unlock()
+			m.wg.Add(1)
 			go func() {
-				defer dialers.Done()
-				c, err := dialPeer(ctx, &cfg, id)
-				dials <- dialed{arrival{id, c}, err}
+				defer m.wg.Done()
+				m.adopted(ctx, p, adopt(ctx, &cfg, r, cfg.Adopt[r]))
 			}()
+		case !isEager[r]:
+			continue
+		case r > cfg.Rank:
+			p.linkMu.Lock()
+			if p.link == linkIdle { // it may have dialed in already
+				m.dialLocked(p, ctx, 0)
+			}
+			p.linkMu.Unlock()
+		default:
+			p.linkMu.Lock()
+			if p.link == linkIdle { // it may have dialed in already
+				p.link, p.ready = linkAccepting, make(chan struct{})
+			}
+			p.linkMu.Unlock()
+		}
+		waitFor = append(waitFor, r)
+		if r < cfg.Rank {
+			below = append(below, r)
 		}
 	}
-	for _, p := range above {
-		dialAll(p)
-	}
-	adopts := make(chan adoptResult, len(adopted))
-	for _, p := range adopted {
-		dialers.Add(1)
-		go func() {
-			defer dialers.Done()
-			adopts <- adopt(ctx, &cfg, p, cfg.Adopt[p])
-		}()
-	}
-	conns := map[connID]*net.TCPConn{}
-	rests := map[int][]byte{}
-	// fail tears down what was made. With err nil (ctx ended) it reports the first dial that
-	// failed, or else the first peer that never dialed in.
 	fail := func(err error) (*Mesh, error) {
 		cancel()
-		dialers.Wait()
-		close(dials)
-		close(adopts)
-		for a := range adopts {
-			for _, c := range a.conns {
-				c.Close()
-			}
-		}
-		for d := range dials {
-			if d.conn != nil {
-				d.conn.Close()
-			}
-			if err == nil && d.err != nil {
-				err = &transport.PeerError{Rank: d.id.peer, Host: cfg.host(d.id.peer), Op: "connect", Err: d.err}
-			}
-		}
-		for _, c := range conns {
-			c.Close()
-		}
-		if err == nil {
-			err = missing(&cfg, below, conns, time.Since(start), ctx.Err())
-		}
+		m.Close()
 		return nil, fmt.Errorf("tcp transport: rank %d: connect: %w", cfg.Rank, err)
 	}
-	for want := len(cfg.Peers) * perPeer; len(conns) < want; {
-		select {
-		case a := <-reg.ch:
-			if old := conns[a.id]; old != nil {
-				// The peer gave up a set this end adopted (its resync failed after ours
-				// succeeded): its new connections replace the set's.
-				old.Close()
-				delete(rests, a.id.peer)
+	for _, r := range waitFor {
+		p := m.peers[r]
+		for {
+			p.linkMu.Lock()
+			st, ready := p.link, p.ready
+			p.linkMu.Unlock()
+			if st == linkFailed {
+				return fail(p.lost.Load())
 			}
-			conns[a.id] = a.conn
-		case d := <-dials:
-			if d.err != nil {
-				return fail(&transport.PeerError{Rank: d.id.peer, Host: cfg.host(d.id.peer), Op: "connect", Err: d.err})
+			if st == linkUp || st == linkIdle {
+				break
 			}
-			conns[d.id] = d.conn
-		case a := <-adopts:
-			if a.err != nil {
-				cfg.log.Debug("tcp transport: connections kept from the last world not adopted; connecting anew",
-					"rank", cfg.Rank, "peer", a.peer, "host", cfg.host(a.peer), "err", a.err)
-				if a.peer > cfg.Rank {
-					dialAll(a.peer)
+			select {
+			case <-ready:
+			case <-l.done:
+				return fail(fmt.Errorf("listener %s closed", l.Addr()))
+			case <-ctx.Done():
+				// A dial that failed says more than the peers still missing. The dials and
+				// resyncs end with ctx: let them settle first.
+				settleBy := time.After(time.Second)
+				for _, r := range waitFor {
+					q := m.peers[r]
+					q.linkMu.Lock()
+					st, ready := q.link, q.ready
+					q.linkMu.Unlock()
+					if st == linkDialing || st == linkAdopting {
+						select {
+						case <-ready:
+						case <-settleBy:
+						}
+					}
 				}
-				continue
+				for _, r := range waitFor {
+					if pe := m.peers[r].lost.Load(); pe != nil {
+						return fail(pe)
+					}
+				}
+				return fail(m.missing(below, time.Since(start), ctx.Err()))
 			}
-			for id, c := range a.conns {
-				conns[id] = c
-			}
-			rests[a.peer] = a.rest
-		case <-l.done:
-			return fail(fmt.Errorf("listener %s closed", l.Addr()))
-		case <-ctx.Done():
-			return fail(nil)
 		}
 	}
-	m := newMesh(&cfg, conns, rests)
-	m.adopted = len(rests)
 	return m, nil
 }
 
-// missing names the first peer that never dialed in.
-func missing(cfg *Config, below []int, conns map[connID]*net.TCPConn, waited time.Duration, cause error) error {
+// missing names the first peer of below (those that dial this rank) that never connected.
+func (m *Mesh) missing(below []int, waited time.Duration, cause error) error {
 	var absent []int
-	for _, p := range below {
-		n := 0
-		for id := range conns {
-			if id.peer == p {
-				n++
-			}
-		}
-		if n < 1+cfg.Streams {
-			absent = append(absent, p)
+	for _, r := range below {
+		if !m.peers[r].up.Load() {
+			absent = append(absent, r)
 		}
 	}
 	if len(absent) == 0 {
 		return cause
 	}
-	return &transport.PeerError{Rank: absent[0], Host: cfg.host(absent[0]), Op: "connect",
+	return &transport.PeerError{Rank: absent[0], Host: m.cfg.host(absent[0]), Op: "connect",
 		Err: fmt.Errorf("waited %s for it to dial in (ranks still missing: %v): %w", waited.Round(time.Millisecond), absent, cause)}
 }
 
@@ -347,7 +358,7 @@ func dialPeer(ctx context.Context, cfg *Config, id connID) (*net.TCPConn, error)
 		if err == nil {
 			return c, nil
 		}
-		if errors.Is(err, auth.ErrDenied) || errors.Is(err, errRejected) {
+		if errors.Is(err, auth.ErrDenied) || errors.Is(err, errRejected) || errors.Is(err, errCrossed) {
 			return nil, fmt.Errorf("%v connection to %s: %w", id.lane, addr, err)
 		}
 		if errors.Is(err, errHungUp) {
@@ -399,6 +410,12 @@ func dialOnce(ctx context.Context, addr string, secret []byte, h hello) (*net.TC
 	if dl, ok := ctx.Deadline(); ok {
 		c.SetDeadline(dl)
 	}
+	if err := ctx.Err(); err != nil {
+		// ctx ended before the deadline above was set, which then undid the past deadline the
+		// AfterFunc set: the ack could be waited for until dl.
+		c.Close()
+		return nil, err
+	}
 	if _, err := c.Write(appendHello(nil, h)); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("send hello: %w", err)
@@ -406,7 +423,7 @@ func dialOnce(ctx context.Context, addr string, secret []byte, h hello) (*net.TC
 	// The ack comes once the peer's Connect has claimed the connection, which may be a while.
 	if err := readAck(c); err != nil {
 		c.Close()
-		if errors.Is(err, errRejected) {
+		if errors.Is(err, errRejected) || errors.Is(err, errCrossed) {
 			return nil, err
 		}
 		return nil, fmt.Errorf("waiting for rank %d to take the connection (its Connect may not have started): %w", h.to, err)
@@ -433,8 +450,11 @@ func isHangUp(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
-func newMesh(cfg *Config, conns map[connID]*net.TCPConn, rests map[int][]byte) *Mesh {
+// newMesh makes a mesh with every peer unconnected and starts its progress watchdog.
+func newMesh(cfg *Config, l *Listener) *Mesh {
 	m := &Mesh{
+		cfg:   *cfg,
+		l:     l,
 		rank:  cfg.Rank,
 		size:  cfg.Size,
 		chunk: uint64(cfg.chunk),
@@ -443,36 +463,48 @@ func newMesh(cfg *Config, conns map[connID]*net.TCPConn, rests map[int][]byte) *
 		inbox: make(chan transport.Msg, inboxCap),
 		quit:  make(chan struct{}),
 	}
+	m.life, m.endLife = context.WithCancel(context.Background())
 	if cfg.ProgressTimeout > 0 {
 		m.progress = cfg.ProgressTimeout
 	}
 	for _, r := range cfg.Peers {
-		p := &peer{m: m, rank: r, host: cfg.host(r), ctrl: conns[connID{peer: r, lane: laneControl}], ctrlPre: rests[r]}
-		setUserTimeout(p.ctrl, cfg.userTimeout)
-		ka := ctrlKeepAlive(cfg.userTimeout)
-		p.ctrl.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: ka, Interval: ka, Count: keepAliveCount})
-		data := make([]*net.TCPConn, cfg.Streams)
-		for s := range data {
-			data[s] = conns[connID{peer: r, lane: laneData, stream: s}]
-		}
-		p.out.init(p, true, data)
-		p.in.init(p, false, data)
-		m.peers[r] = p
-	}
-	for _, p := range m.peers {
-		if p == nil {
-			continue
-		}
-		m.wg.Add(1)
-		go p.readControl()
-		p.out.startWorkers(&m.wg)
-		p.in.startWorkers(&m.wg)
+		m.peers[r] = &peer{m: m, rank: r, host: cfg.host(r)}
 	}
 	if m.progress > 0 {
 		m.wg.Add(1)
 		go m.watchProgress()
 	}
 	return m
+}
+
+// install makes conns (a whole set: the control connection and every data stream) p's
+// connections and starts their goroutines. It runs under p.linkMu; on a closed mesh it closes them.
+func (m *Mesh) install(p *peer, conns map[connID]*net.TCPConn, rest []byte) {
+	if m.closed.Load() {
+		for _, c := range conns {
+			c.Close()
+		}
+		return
+	}
+	p.ctrl = conns[connID{peer: p.rank, lane: laneControl}]
+	p.ctrlPre = rest
+	setUserTimeout(p.ctrl, m.cfg.userTimeout)
+	ka := ctrlKeepAlive(m.cfg.userTimeout)
+	p.ctrl.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: ka, Interval: ka, Count: keepAliveCount})
+	data := make([]*net.TCPConn, m.cfg.Streams)
+	for s := range data {
+		data[s] = conns[connID{peer: p.rank, lane: laneData, stream: s}]
+	}
+	p.out.init(p, true, data)
+	p.in.init(p, false, data)
+	// Close sets closed before it takes any peer's linkMu, and waits for the group only after
+	// it has taken every one: these goroutines are counted before that wait begins.
+	m.wg.Add(1)
+	go p.readControl()
+	p.out.startWorkers(&m.wg)
+	p.in.startWorkers(&m.wg)
+	p.up.Store(true)
+	p.settle(linkUp)
 }
 
 // ctrlKeepAlive is the idle time before a control connection's first keepalive probe and between
@@ -508,7 +540,7 @@ func (m *Mesh) watchProgress() {
 		frozen := transport.NotRunning(now.Sub(last), every)
 		last = now
 		for _, p := range m.peers {
-			if p != nil {
+			if p != nil && p.up.Load() {
 				p.out.tick(now, frozen, m.progress)
 				p.in.tick(now, frozen, m.progress)
 			}
@@ -526,10 +558,9 @@ func (m *Mesh) Messenger() transport.Messenger { return (*messenger)(m) }
 // and the peers see this rank as lost.
 func (m *Mesh) Close() error {
 	m.once.Do(func() {
-		m.closed.Store(true)
-		close(m.quit)
+		m.begin()
 		for _, p := range m.peers {
-			if p != nil {
+			if p != nil && p.closeLink() {
 				p.closeConns()
 			}
 		}
@@ -538,13 +569,24 @@ func (m *Mesh) Close() error {
 	return nil
 }
 
+// begin starts closing (Close, Detach): no call, dial or arrival makes a peer's link up after
+// it, and the listener stops handing the mesh connections.
+func (m *Mesh) begin() {
+	m.closed.Store(true)
+	close(m.quit)
+	m.endLife()
+	if m.reg != nil {
+		m.l.unregister(m.reg)
+	}
+}
+
 // stop ends the mesh's goroutines once its connections are closed or interrupted (Close,
 // Detach): it waits for every call to return, so that no one hands work to the workers any
 // more, stops them and closes the inbox.
 func (m *Mesh) stop() {
 	m.opMu.Lock()
 	for _, p := range m.peers {
-		if p != nil {
+		if p != nil && p.up.Load() {
 			p.out.stopWorkers()
 			p.in.stopWorkers()
 		}
@@ -555,14 +597,18 @@ func (m *Mesh) stop() {
 }
 
 func (p *peer) closeConns() {
+	if !p.up.Load() {
+		return
+	}
 	p.ctrl.Close()
 	for _, c := range p.out.conns {
 		c.Close()
 	}
 }
 
-// peerFor returns the peer for a call, or why the call cannot use it.
-func (m *Mesh) peerFor(r int, op string) (*peer, error) {
+// peerFor returns the peer for a call, connected (a lazy mesh connects it now, within ctx), or
+// why the call cannot use it.
+func (m *Mesh) peerFor(ctx context.Context, r int, op string) (*peer, error) {
 	if m.closed.Load() {
 		return nil, fmt.Errorf("rank %d: %s rank %d: %w", m.rank, op, r, transport.ErrClosed)
 	}
@@ -572,6 +618,11 @@ func (m *Mesh) peerFor(r int, op string) (*peer, error) {
 	p := m.peers[r]
 	if pe := p.lost.Load(); pe != nil {
 		return nil, &transport.PeerError{Rank: p.rank, Host: p.host, Op: op, Err: pe.Err}
+	}
+	if !p.up.Load() {
+		if err := m.ensure(ctx, p, op); err != nil {
+			return nil, err
+		}
 	}
 	return p, nil
 }

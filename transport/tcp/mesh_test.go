@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -77,6 +78,18 @@ func newListeners(t testing.TB, n int) *world {
 	return w
 }
 
+// lazyMode runs the package's tests with lazy meshes (KOLO_TCP_TEST_LAZY=1, as make test does
+// in a second pass): every connection is then made by the calls that need it, so every test of
+// data, messages and failures exercises that path too. Tests of Connect's own waiting skip.
+var lazyMode = os.Getenv("KOLO_TCP_TEST_LAZY") == "1"
+
+func skipIfLazy(t *testing.T, why string) {
+	t.Helper()
+	if lazyMode {
+		t.Skip("lazy mode: " + why)
+	}
+}
+
 func (w *world) cfg(r, streams, chunk int) Config {
 	var peers []int
 	for p := range w.ls {
@@ -85,7 +98,8 @@ func (w *world) cfg(r, streams, chunk int) Config {
 		}
 	}
 	return Config{Rank: r, Size: len(w.ls), Peers: peers, Addrs: w.addrs, Hosts: w.hosts, Secret: testSecret,
-		JobID: "job-1", Streams: streams, ConnectTimeout: 10 * time.Second, chunk: chunk, log: slog.New(w.sink)}
+		JobID: "job-1", Streams: streams, ConnectTimeout: 10 * time.Second, chunk: chunk, log: slog.New(w.sink),
+		Lazy: lazyMode}
 }
 
 // connectAll forms the full mesh among n ranks, connecting them concurrently.
@@ -124,6 +138,22 @@ func connectAllWith(t testing.TB, n, streams, chunk int, edit func(cfg *Config))
 		}
 	})
 	return w
+}
+
+// linkAll connects every pair of a lazy mesh (an empty Send connects and moves nothing), for
+// tests that look at the connections themselves.
+func (w *world) linkAll(t *testing.T) {
+	t.Helper()
+	w.each(t, func(r int, c transport.Comm) error {
+		for p := range w.ms {
+			if p != r {
+				if err := c.Send(context.Background(), p, nil); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
 }
 
 // each runs f for every rank concurrently and fails the test with every rank's error.

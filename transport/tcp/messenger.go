@@ -43,7 +43,7 @@ func (ms *messenger) SendMsg(ctx context.Context, peer int, body []byte) error {
 	if len(body) > MaxMsg {
 		return fmt.Errorf("rank %d: send message of %d bytes to rank %d: larger than %d", m.rank, len(body), peer, MaxMsg)
 	}
-	p, err := m.peerFor(peer, op)
+	p, err := m.peerFor(ctx, peer, op)
 	if err != nil {
 		return err
 	}

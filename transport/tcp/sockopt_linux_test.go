@@ -30,6 +30,7 @@ func userTimeoutOf(t *testing.T, c *net.TCPConn) time.Duration {
 // which is always drained, carries the user timeout.
 func TestStalledReceiverIsNotLost(t *testing.T) {
 	w := connectAllWith(t, 2, 2, ChunkSize, func(cfg *Config) { cfg.userTimeout = 400 * time.Millisecond })
+	w.linkAll(t)
 	for _, m := range w.ms {
 		p := m.peers[1-m.rank]
 		if got := userTimeoutOf(t, p.ctrl); got != 400*time.Millisecond {
@@ -78,6 +79,7 @@ func TestControlTimeoutFollowsProgressTimeout(t *testing.T) {
 		{500 * time.Millisecond, transport.MinDeadHostTimeout},
 	} {
 		w := connectAllWith(t, 2, 1, ChunkSize, func(cfg *Config) { cfg.ProgressTimeout = tc.progress })
+		w.linkAll(t)
 		for r, m := range w.ms {
 			if got := userTimeoutOf(t, m.peers[1-r].ctrl); got != tc.want {
 				t.Errorf("progress timeout %s: rank %d: control TCP_USER_TIMEOUT %s, want %s", tc.progress, r, got, tc.want)

@@ -13,7 +13,7 @@ import (
 // (control lane). All integers are big-endian.
 //
 //	hello: "KOLOTCP1" | u8 lane | u16 stream | u16 streams | u32 from | u32 to | u32 size | u8 len | job id
-//	ack:   u8 status | u16 len | reason
+//	ack:   u8 status (0 taken, 1 refused, 2 crossed) | u16 len | reason
 //	msg:   u32 len | body
 //	leave: u32 0xFFFFFFFF (the sender detached: Mesh.Detach)
 
@@ -120,12 +120,24 @@ func readHello(r io.Reader) (hello, error) {
 
 // ack is the acceptor's answer to a hello; reason is empty when the connection was accepted.
 func appendAck(dst []byte, reason string) []byte {
+	status := byte(ackTaken)
+	if reason != "" {
+		status = ackRefused
+	}
+	return appendAckStatus(dst, status, reason)
+}
+
+// Ack statuses. ackCrossed answers a lazy mesh's dial that met the peer's own dial to this rank:
+// the lower rank's set is the one both keep, so the higher rank drops its dial and waits.
+const (
+	ackTaken   = 0
+	ackRefused = 1
+	ackCrossed = 2
+)
+
+func appendAckStatus(dst []byte, status byte, reason string) []byte {
 	if len(reason) > maxReason {
 		reason = reason[:maxReason]
-	}
-	status := byte(0)
-	if reason != "" {
-		status = 1
 	}
 	dst = append(dst, status)
 	dst = binary.BigEndian.AppendUint16(dst, uint16(len(reason)))
@@ -135,6 +147,9 @@ func appendAck(dst []byte, reason string) []byte {
 // errRejected marks a connection the acceptor refused after reading its hello: retrying cannot help.
 var errRejected = errors.New("connection rejected by peer")
 
+// errCrossed marks a dial the acceptor declined because it is dialing this rank itself (ackCrossed).
+var errCrossed = errors.New("the peer is dialing this rank itself")
+
 // readAck returns nil if the acceptor took the connection, an error wrapping errRejected with its
 // reason if it refused it, or the I/O or format error.
 func readAck(r io.Reader) error {
@@ -143,7 +158,7 @@ func readAck(r io.Reader) error {
 		return fmt.Errorf("read ack: %w", err)
 	}
 	n := int(binary.BigEndian.Uint16(b[1:]))
-	if b[0] > 1 || n > maxReason || (b[0] == 0) != (n == 0) {
+	if b[0] > ackCrossed || n > maxReason || (b[0] == ackTaken) != (n == 0) {
 		return fmt.Errorf("%w: ack status %d with %d-byte reason", errMalformed, b[0], n)
 	}
 	if n == 0 {
@@ -152,6 +167,9 @@ func readAck(r io.Reader) error {
 	reason := make([]byte, n)
 	if _, err := io.ReadFull(r, reason); err != nil {
 		return fmt.Errorf("read ack reason: %w", err)
+	}
+	if b[0] == ackCrossed {
+		return fmt.Errorf("%w: %s", errCrossed, reason)
 	}
 	return fmt.Errorf("%w: %s", errRejected, reason)
 }
