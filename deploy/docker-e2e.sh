@@ -182,7 +182,7 @@ set -e
 [ $code != 0 ] || fail "a job on a 1 MiB /dev/shm succeeded"
 grep -q -- '--ipc=host' "$tmp/shm.log" && grep -q -- '--shm-size' "$tmp/shm.log" \
   || { cat "$tmp/shm.log" >&2; fail "a too small /dev/shm fails without naming --ipc=host and --shm-size"; }
-log "small /dev/shm: $(grep -o 'segment [^ ]* needs [0-9]* MiB but [^ ]* has [0-9]* MiB free' "$tmp/shm.log" | head -1)"
+log "small /dev/shm: $(grep -o 'segment [^ ]* needs [0-9.]* MiB at start ([^)]*) but [^ ]* has [0-9]* [KM]iB free' "$tmp/shm.log" | head -1)"
 lap "small /dev/shm fails with the fix named"
 
 # --- 6. SSH mode

@@ -103,6 +103,9 @@ func (c *comm) Send(ctx context.Context, peer int, b []byte) error {
 	}
 	defer c.g.mu.RUnlock()
 	r := &c.send[peer]
+	if err := c.g.reserveRing(r, "data", peer); err != nil {
+		return fmt.Errorf("shm: rank %d: send %d bytes to rank %d: %w", c.g.rank, len(b), peer, err)
+	}
 	w := c.waiter(ctx)
 	defer w.done()
 	gone := func(procs bool) error { return c.g.peerGone(peer, "send", stateCommClosed, procs) }
@@ -197,6 +200,9 @@ func (c *comm) SendRecv(ctx context.Context, to int, sb []byte, from int, rb []b
 	}
 	defer c.g.mu.RUnlock()
 	s, r := &c.send[to], &c.recv[from]
+	if err := c.g.reserveRing(s, "data", to); err != nil {
+		return fmt.Errorf("shm: rank %d: sendrecv %d bytes to rank %d, %d from rank %d: %w", me, len(sb), to, len(rb), from, err)
+	}
 	var so, ro int
 	ready := func() bool {
 		return (so < len(sb) && s.writable()) || (ro < len(rb) && r.readable())

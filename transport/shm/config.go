@@ -1,8 +1,19 @@
 // Package shm is the transport among the ranks of one host: one shared-memory segment per host,
-// created once for the job by local rank 0, mapped by every local rank and pre-faulted at Open, so
-// that no operation ever pays for fresh pages. It provides a transport.Comm (with the
-// transport.Shared capability: per-rank slots and a barrier) and a transport.Messenger, built from
-// single-producer single-consumer byte rings, atomics on the mapping and futex waits.
+// created once for the job by local rank 0 and mapped by every local rank. It provides a
+// transport.Comm (with the transport.Shared capability: per-rank slots and a barrier) and a
+// transport.Messenger, built from single-producer single-consumer byte rings, atomics on the
+// mapping and futex waits.
+//
+// The segment's memory is reserved (fallocate) before any page of it is touched, because a page
+// fault on a full tmpfs is a SIGBUS that kills the process, where a failed fallocate is an error
+// that can say what to change. The header, ring controls and slots are reserved by rank 0 at Open
+// and pre-faulted by every rank then. The rings, one data ring and one message ring per ordered
+// pair of local ranks, stay a hole in the file until first used: a ring's sender reserves and
+// pre-faults it the first time it sends on it, before it writes a byte, and the receiver
+// pre-faults it the first time it finds data in it (which the sender publishes only after it
+// reserved the ring). So /dev/shm holds the rings the job's traffic uses (an allreduce: those to
+// and from rank 0 and a few partners), not all n(n-1) pairs' (an alltoall still uses them all),
+// and a ring that does not fit fails the Send that first needed it, naming the ring.
 //
 // Waits spin for a few microseconds and then sleep on a futex with a short timeout, checking on
 // every wake-up the caller's context, an abort word in the segment, and whether the peer process is
@@ -85,7 +96,9 @@ const (
 	// ranks: 4.7 GiB), so past a few ranks each kind shares a fixed budget: the segment is then
 	// n slots plus budgets, 476 MiB at 64 ranks, until the rings reach their floors
 	// (transport.MinBuffered and 8 KiB, so 72 KiB a pair) past about 34 ranks for the data
-	// rings, whose n² term then dominates again (128 ranks: 1.4 GiB).
+	// rings, whose n² term then dominates again (128 ranks: 1.4 GiB). These sizes are the
+	// worst case, every ring used (an alltoall); a ring is reserved only at its first use, so a
+	// job whose ranks talk to few peers holds the slots and those few rings.
 	slotBudget    = 192 << 20
 	minSlotBytes  = 2 << 20
 	ringBudget    = 64 << 20
@@ -166,9 +179,10 @@ func (cfg Config) normalize() (Config, error) {
 
 func roundUp(n, to int) int { return (n + to - 1) / to * to }
 
-// SegmentBytes is the size of the segment Open will create for cfg (after defaults), so a caller
-// can compare it with the free space of /dev/shm first (containers default to 64 MiB) and say what
-// to change. It returns 0 for a config Open would reject.
+// SegmentBytes is the size of the segment Open will create for cfg (after defaults): the most of
+// /dev/shm it can take, once every ring has been used. Open reserves only ReservedBytes of it; the
+// rest is reserved ring by ring as ranks first send to each other. It returns 0 for a config Open
+// would reject.
 func SegmentBytes(cfg Config) int64 {
 	n, err := cfg.normalize()
 	if err != nil {
@@ -177,13 +191,26 @@ func SegmentBytes(cfg Config) int64 {
 	return newLayout(n).total
 }
 
+// ReservedBytes is the part of the segment Open reserves up front (header, ring controls and
+// slots), so a caller can compare it with the free space of /dev/shm first (containers default to
+// 64 MiB) and say what to change; SegmentBytes minus ReservedBytes is the most the rings can add
+// later. It returns 0 for a config Open would reject.
+func ReservedBytes(cfg Config) int64 {
+	n, err := cfg.normalize()
+	if err != nil {
+		return 0
+	}
+	return newLayout(n).reserved()
+}
+
 // Segment layout. Everything is at a fixed offset computed from the config, so no offsets are
 // stored; the header records the sizes and every rank checks them against its own config.
 //
 //	global header (one page): identity, ready word, attach count, abort word and reason, barrier
 //	per-rank blocks (rankBlockBytes each): pid, state, barrier arrivals, futex doorbells
 //	ring controls (ringCtlBytes each): tail and head, on separate cache lines; data rings, then msg rings
-//	slots, data rings, msg rings: each page-aligned
+//	slots, data rings, msg rings: each page-aligned; the rings come last, so that what is
+//	reserved at create is one prefix of the file and the rings a hole after it until first used
 const (
 	cacheLine = 64
 
@@ -263,6 +290,9 @@ func (l layout) pair(src, dst int) int {
 	}
 	return src*(l.size-1) + dst
 }
+
+// reserved is the prefix of the segment reserved at create: everything before the rings.
+func (l layout) reserved() int64 { return l.rings }
 
 func (l layout) rankBlock(r int) int64 { return int64(l.rankBlocks + r*rankBlockBytes) }
 func (l layout) ringCtl(src, dst int) int64 {

@@ -49,6 +49,11 @@ type Group struct {
 	starts []uint64 // every rank's process start time, to tell a reused pid
 	procs  []bool   // whether a rank's process can be checked from here (same pid namespace)
 
+	// fd is the segment file, kept open after rank 0 unlinks it because each rank reserves the
+	// rings it sends on at their first use (reserve needs a descriptor; the mapping alone pins
+	// the file, so keeping it costs one descriptor and no memory). Closed with the mapping.
+	fd int
+
 	// mu guards the mapping against Close: every operation holds it shared while it touches mem,
 	// and the mapping is released under the exclusive lock once Comm and Messenger are both closed.
 	mu       sync.RWMutex
@@ -83,15 +88,16 @@ func Open(ctx context.Context, cfg Config) (*Group, error) {
 	defer cancel()
 
 	var mem []byte
+	var fd int
 	if cfg.Rank == 0 {
-		mem, err = create(path, lay)
+		mem, fd, err = create(path, lay)
 	} else {
-		mem, err = attach(ctx, begin, path, cfg, lay)
+		mem, fd, err = attach(ctx, begin, path, cfg, lay)
 	}
 	if err != nil {
 		return nil, err
 	}
-	g := &Group{cfg: cfg, lay: lay, path: path, rank: cfg.Rank, size: cfg.Size, mem: mem}
+	g := &Group{cfg: cfg, lay: lay, path: path, rank: cfg.Rank, size: cfg.Size, mem: mem, fd: fd}
 	if err := g.join(ctx, begin); err != nil {
 		if g.rank == 0 {
 			g.abort(fmt.Sprintf("rank 0 gave up waiting for ranks to attach: %v", err))
@@ -100,6 +106,7 @@ func Open(ctx context.Context, cfg Config) (*Group, error) {
 			}
 		}
 		syscall.Munmap(mem)
+		syscall.Close(fd)
 		return nil, err
 	}
 	g.comm = newComm(g)
@@ -107,34 +114,41 @@ func Open(ctx context.Context, cfg Config) (*Group, error) {
 	return g, nil
 }
 
-// create makes the segment file exclusively, reserves all its memory (so a full /dev/shm fails
-// here with a message instead of a SIGBUS on some later page fault), maps it and writes the header,
-// the ready word last.
-func create(path string, lay layout) ([]byte, error) {
+// shmAdvice is what to do about a /dev/shm too small for the segment.
+const shmAdvice = "a container's /dev/shm is 64 MiB unless raised: run it with --ipc=host or --shm-size=1g, or in Kubernetes mount an emptyDir with medium Memory at /dev/shm"
+
+// create makes the segment file exclusively, reserves the part every rank touches at once (header,
+// ring controls and slots: a full /dev/shm fails here with a message instead of a SIGBUS on some
+// later page fault), sizes the file for the rings too, which stay a hole until first used, maps it
+// and writes the header, the ready word last.
+func create(path string, lay layout) ([]byte, int, error) {
 	fd, err := syscall.Open(path, syscall.O_RDWR|syscall.O_CREAT|syscall.O_EXCL|syscall.O_CLOEXEC, 0o600)
 	if errors.Is(err, syscall.EEXIST) {
-		return nil, fmt.Errorf("shm: segment %s already exists: left by a crashed job, or another job uses the same name; remove it if no job is running: %w", path, err)
+		return nil, -1, fmt.Errorf("shm: segment %s already exists: left by a crashed job, or another job uses the same name; remove it if no job is running: %w", path, err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("shm: create segment %s: %w", path, err)
+		return nil, -1, fmt.Errorf("shm: create segment %s: %w", path, err)
 	}
-	defer syscall.Close(fd)
-	fail := func(err error) ([]byte, error) {
+	fail := func(err error) ([]byte, int, error) {
+		syscall.Close(fd)
 		syscall.Unlink(path)
-		return nil, err
+		return nil, -1, err
 	}
-	err = syscall.Fallocate(fd, 0, 0, lay.total)
-	if errors.Is(err, syscall.EOPNOTSUPP) || errors.Is(err, syscall.ENOSYS) {
-		err = syscall.Ftruncate(fd, lay.total)
+	rings := lay.total - lay.reserved()
+	if err := reserve(fd, 0, lay.reserved()); err != nil {
+		return fail(fmt.Errorf("shm: segment %s needs %s at start (its rings may take up to %s more, each at its first use) but %s has %s free (%s): %w",
+			path, sizeText(lay.reserved()), sizeText(rings), filepath.Dir(path), freeSpace(fd), shmAdvice, err))
 	}
-	if err != nil {
-		var st syscall.Statfs_t
-		free := "unknown"
-		if syscall.Statfs(filepath.Dir(path), &st) == nil {
-			free = fmt.Sprintf("%d MiB", int64(st.Bavail)*int64(st.Bsize)>>20)
-		}
-		return fail(fmt.Errorf("shm: segment %s needs %d MiB but %s has %s free (a container's /dev/shm is 64 MiB unless raised: run it with --ipc=host or --shm-size=1g, or in Kubernetes mount an emptyDir with medium Memory at /dev/shm): %w",
-			path, (lay.total+(1<<20)-1)>>20, filepath.Dir(path), free, err))
+	if err := syscall.Ftruncate(fd, lay.total); err != nil {
+		return fail(fmt.Errorf("shm: size segment %s to %d bytes: %w", path, lay.total, err))
+	}
+	var st syscall.Statfs_t
+	if syscall.Fstatfs(fd, &st) == nil && st.Blocks > 0 && int64(st.Bavail)*int64(st.Bsize) < rings {
+		// Not an error: most jobs use few of the rings. One that uses many (alltoall) fails at
+		// the Send that first needs a ring that does not fit, and says so then.
+		slog.Warn("shm: not every ring of the segment fits the free space; a Send that first needs one that does not fit will fail",
+			"path", path, "reserved", sizeText(lay.reserved()), "rings_at_most", sizeText(rings),
+			"free", freeSpace(fd), "fix", shmAdvice)
 	}
 	mem, err := syscall.Mmap(fd, 0, int(lay.total), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 	if err != nil {
@@ -153,28 +167,28 @@ func create(path string, lay layout) ([]byte, error) {
 	*u64(mem, offCreatorPidNS) = pidNamespace()
 	*u32(mem, offHostCPUs) = uint32(spin.HostCPUs())
 	atomic.StoreUint32(u32(mem, offReady), headerReadyMarker)
-	return mem, nil
+	return mem, fd, nil
 }
 
 // attach waits for rank 0's segment to exist and be ready, maps it and checks that it was made
 // for the same config.
-func attach(ctx context.Context, begin time.Time, path string, cfg Config, lay layout) ([]byte, error) {
+func attach(ctx context.Context, begin time.Time, path string, cfg Config, lay layout) ([]byte, int, error) {
 	why := "the file does not exist"
 	for delay := time.Millisecond; ; delay = min(2*delay, 20*time.Millisecond) {
-		mem, err := tryAttach(path, lay)
+		mem, fd, err := tryAttach(path, lay)
 		if err == nil {
-			return mem, nil
+			return mem, fd, nil
 		}
 		var notYet errNotYet
 		if !errors.As(err, &notYet) {
-			return nil, err
+			return nil, -1, err
 		}
 		why = string(notYet)
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, fmt.Errorf("shm: rank %d: segment %s not ready after %v: %s (is local rank 0 running with the same segment name?): %w",
+			return nil, -1, fmt.Errorf("shm: rank %d: segment %s not ready after %v: %s (is local rank 0 running with the same segment name?): %w",
 				cfg.Rank, path, time.Since(begin).Round(time.Millisecond), why, context.Cause(ctx))
 		case <-t.C:
 		}
@@ -185,31 +199,34 @@ type errNotYet string
 
 func (e errNotYet) Error() string { return string(e) }
 
-func tryAttach(path string, lay layout) ([]byte, error) {
+func tryAttach(path string, lay layout) ([]byte, int, error) {
 	fd, err := syscall.Open(path, syscall.O_RDWR|syscall.O_CLOEXEC, 0)
 	if errors.Is(err, syscall.ENOENT) {
-		return nil, errNotYet("the file does not exist")
+		return nil, -1, errNotYet("the file does not exist")
 	}
 	if err != nil {
-		return nil, fmt.Errorf("shm: open segment %s: %w", path, err)
+		return nil, -1, fmt.Errorf("shm: open segment %s: %w", path, err)
 	}
-	defer syscall.Close(fd)
+	fail := func(err error) ([]byte, int, error) {
+		syscall.Close(fd)
+		return nil, -1, err
+	}
 	var st syscall.Stat_t
 	if err := syscall.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("shm: stat segment %s: %w", path, err)
+		return fail(fmt.Errorf("shm: stat segment %s: %w", path, err))
 	}
 	if st.Size < globalBytes {
-		return nil, errNotYet("rank 0 is still creating it")
+		return fail(errNotYet("rank 0 is still creating it"))
 	}
 	mem, err := syscall.Mmap(fd, 0, int(st.Size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 	if err != nil {
-		return nil, fmt.Errorf("shm: map segment %s (%d bytes): %w", path, st.Size, err)
+		return fail(fmt.Errorf("shm: map segment %s (%d bytes): %w", path, st.Size, err))
 	}
 	if err := checkHeader(path, mem, lay, st.Size); err != nil {
 		syscall.Munmap(mem)
-		return nil, err
+		return fail(err)
 	}
-	return mem, nil
+	return mem, fd, nil
 }
 
 func checkHeader(path string, mem []byte, lay layout, fileSize int64) error {
@@ -237,23 +254,45 @@ func checkHeader(path string, mem []byte, lay layout, fileSize int64) error {
 	return nil
 }
 
-// populateMine maps into this process the pages it will touch: the header, every slot (the shared
-// collectives read every rank's) and the rings it sends or receives on, so that no operation pays
-// a page fault. The other ranks' rings (O(n²) of them) it never touches stay out of its page
-// tables, which keeps start-up and page-table memory linear in the local ranks.
-func (g *Group) populateMine() {
-	l := g.lay
-	populate(g.mem[:l.rings])
-	ring := func(off int64, n int) { populate(g.mem[off : off+int64(n)]) }
-	for p := range g.size {
-		if p == g.rank {
-			continue
-		}
-		ring(l.ring(g.rank, p), l.ringBytes)
-		ring(l.ring(p, g.rank), l.ringBytes)
-		ring(l.msgRing(g.rank, p), l.msgRingBytes)
-		ring(l.msgRing(p, g.rank), l.msgRingBytes)
+// populateMine maps into this process the pages every rank touches from the start: the header,
+// the ring controls and every slot (the shared collectives read every rank's), all reserved by
+// rank 0, so that no operation pays a page fault on them. A ring is mapped in by its sender when
+// it first sends on it (reserveRing) and by its receiver when it first finds data in it.
+func (g *Group) populateMine() error {
+	if err := populate(g.mem[:g.lay.reserved()]); err != nil {
+		return fmt.Errorf("shm: rank %d: map the header and slots of segment %s: %w", g.rank, g.path, err)
 	}
+	return nil
+}
+
+// reserveRing reserves and maps in ring r, which this rank sends on to peer, unless it did so
+// already: the writer must do it before it writes a byte, and does it only once it needs the
+// ring, so that /dev/shm holds only the rings a job uses. Being the ring's only writer, it needs
+// no coordination with the reader, which touches the data only after the tail moved, so after
+// this returned. kind names the ring in errors ("data", "message"). The caller holds g.mu shared.
+func (g *Group) reserveRing(r *ringEnd, kind string, peer int) error {
+	if r.ready {
+		return nil
+	}
+	n := int64(len(r.data))
+	if err := reserve(g.fd, r.off, n); err != nil {
+		names := fmt.Sprintf("local ranks %d->%d", g.rank, peer)
+		if g.cfg.Ranks != nil {
+			names += fmt.Sprintf(" (job ranks %d->%d)", g.cfg.Ranks[g.rank], g.cfg.Ranks[peer])
+		}
+		advice := ""
+		if errors.Is(err, syscall.ENOSPC) {
+			advice = "; " + shmAdvice
+		}
+		return fmt.Errorf("reserve the %s ring %s of segment %s at its first use: it needs %s but %s has %s free (the segment reserved %s at start, and its rings may add up to %s, each at its first use%s): %w",
+			kind, names, g.path, sizeText(n), filepath.Dir(g.path), freeSpace(g.fd), sizeText(g.lay.reserved()),
+			sizeText(g.lay.total-g.lay.reserved()), advice, err)
+	}
+	if err := populate(r.data); err != nil {
+		return fmt.Errorf("map in the %s ring to local rank %d of segment %s: %w", kind, peer, g.path, err)
+	}
+	r.ready = true
+	return nil
 }
 
 // join claims this rank's block, maps the pages it uses, counts this rank in and waits for the others.
@@ -268,7 +307,11 @@ func (g *Group) join(ctx context.Context, begin time.Time) error {
 	atomic.StoreUint64(g.u64(g.lay.rankBlock(g.rank)+rStart), start)
 	atomic.StoreUint64(g.u64(g.lay.rankBlock(g.rank)+rPidNS), pidNamespace())
 	atomic.StoreUint64(g.u64(g.lay.rankBlock(g.rank)+rPid), uint64(os.Getpid()))
-	g.populateMine()
+	if err := g.populateMine(); err != nil {
+		atomic.OrUint32(state, stateCommClosed|stateMsgClosed)
+		g.abort(err.Error()) // the others would wait for this rank until their timeout
+		return err
+	}
 	attached := g.u32(offAttached)
 	atomic.AddUint32(attached, 1)
 
@@ -432,6 +475,7 @@ func (g *Group) closeHalf(bit uint32) {
 				slog.Warn("shm: unmap segment", "path", g.path, "err", err)
 			}
 			g.mem = nil
+			syscall.Close(g.fd)
 		}
 		g.mu.Unlock()
 	}

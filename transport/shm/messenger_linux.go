@@ -144,6 +144,10 @@ func (m *messenger) SendMsg(ctx context.Context, peer int, body []byte) error {
 		return fmt.Errorf("shm: rank %d: send message to rank %d: %w", me, peer, err)
 	}
 	r := &m.send[peer]
+	if err := g.reserveRing(r, "message", peer); err != nil {
+		// Nothing was written: the stream is intact, and a later SendMsg tries again.
+		return fmt.Errorf("shm: rank %d: send message of %d bytes to rank %d: %w", me, len(body), peer, err)
+	}
 	w := g.newWaiter(ctx, g.bell(me, rMsgSpaceBell), &g.msgClosed, false)
 	defer w.done()
 	gone := func(procs bool) error { return g.peerGone(peer, "send", stateMsgClosed, procs) }

@@ -12,8 +12,14 @@ import "sync/atomic"
 // The writer copies data in and then publishes tail with an atomic store; the reader loads tail
 // and only then copies out, so it never sees bytes before they are written (and symmetrically for
 // head and free space).
+//
+// The data pages are not reserved until the writer first sends (Group.reserveRing sets ready on
+// the writer's end), so the reader must not touch them before it has seen the tail move; its end
+// maps them in then (ready on the reader's end). The controls are reserved from the start.
 type ringEnd struct {
 	data  []byte
+	off   int64 // where data starts in the segment
+	ready bool  // this end has reserved (writer) or mapped in (reader) the data pages
 	size  uint64
 	mine  *uint64 // tail for the writer, head for the reader
 	other *uint64
@@ -30,7 +36,7 @@ const maxChunk = 64 << 10
 
 func newRingEnd(mem []byte, ctl, data int64, size int, writer bool, peer doorbell) ringEnd {
 	tail, head := u64(mem, ctl+ctlTail), u64(mem, ctl+ctlHead)
-	r := ringEnd{data: mem[data : data+int64(size) : data+int64(size)], size: uint64(size),
+	r := ringEnd{data: mem[data : data+int64(size) : data+int64(size)], off: data, size: uint64(size),
 		chunk: uint64(max(min(size/4, maxChunk), 1)), peer: peer}
 	if writer {
 		r.mine, r.other = tail, head
@@ -55,6 +61,17 @@ func (r *ringEnd) copyIn(b []byte) {
 	n := copy(r.data[r.pos%r.size:], b)
 	copy(r.data, b[n:])
 	r.pos += uint64(len(b))
+}
+
+// mapIn maps the ring's pages into this process the first time the reader finds data in it, so
+// that reading pays one system call rather than a fault per page. The writer reserved them before
+// publishing the tail this end has seen (an atomic load ordered after the writer's fallocate), so
+// the faults cannot hit a hole. A failure is left to the faults it was to spare: the pages exist.
+func (r *ringEnd) mapIn() {
+	if !r.ready {
+		populate(r.data)
+		r.ready = true
+	}
 }
 
 // copyOut reads len(b) bytes at the reader's position without publishing; they must be avail().
@@ -87,6 +104,7 @@ func (r *ringEnd) get(b []byte) int {
 	if n == 0 {
 		return 0
 	}
+	r.mapIn()
 	r.copyOut(b[:n])
 	r.publish()
 	return int(n)
@@ -96,6 +114,10 @@ func (r *ringEnd) get(b []byte) int {
 // without consuming them; skip consumes.
 func (r *ringEnd) peek() (a, b []byte) {
 	n := r.avail()
+	if n == 0 {
+		return nil, nil
+	}
+	r.mapIn()
 	p := r.pos % r.size
 	if p+n <= r.size {
 		return r.data[p : p+n], nil

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -540,10 +541,11 @@ func TestOpenErrors(t *testing.T) {
 	t.Run("stale creator", func(t *testing.T) {
 		cfg := testConfig(t, 2)
 		n, _ := cfg.normalize()
-		mem, err := create(filepath.Join(cfg.Dir, cfg.Name), newLayout(n))
+		mem, fd, err := create(filepath.Join(cfg.Dir, cfg.Name), newLayout(n))
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer syscall.Close(fd)
 		*u64(mem, offCreatorPid) = uint64(deadPid(t))
 		cfg.Rank = 1
 		_, err = Open(ctx, cfg)

@@ -5,7 +5,6 @@ package shm
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,18 +13,20 @@ import (
 )
 
 // A container's /dev/shm is a 64 MiB tmpfs unless the user raises it. A segment that does not fit
-// must fail at Open with a message that names the size needed and the fix (--ipc=host or
+// must fail at Open with a message that names the size needed (at start, and what the rings may add
+// later) and the fix (--ipc=host or
 // --shm-size), not with a SIGBUS on some later page fault.
 func TestOpenTooSmallDirSaysHowToFix(t *testing.T) {
 	dir := smallTmpfs(t, "1m")
-	cfg := Config{Name: "kolo-small-shm", Size: 2, Dir: dir} // default sizes: ~19 MiB
-	need := fmt.Sprintf("needs %d MiB", (SegmentBytes(cfg)+(1<<20)-1)>>20)
+	cfg := Config{Name: "kolo-small-shm", Size: 2, Dir: dir} // default sizes: 16 MiB, rings 2.2 MiB more
+	need := "needs " + sizeText(ReservedBytes(cfg)) + " at start"
+	rings := "up to " + sizeText(SegmentBytes(cfg)-ReservedBytes(cfg)) + " more"
 	_, err := Open(context.Background(), cfg)
 	t.Log(err)
 	if err == nil {
 		t.Fatal("Open succeeded on a 1 MiB tmpfs")
 	}
-	for _, want := range []string{need, dir, "--ipc=host", "--shm-size"} {
+	for _, want := range []string{need, rings, dir, "--ipc=host", "--shm-size"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not say %q: %v", want, err)
 		}

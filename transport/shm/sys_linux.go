@@ -153,15 +153,26 @@ func pidNamespace() uint64 {
 }
 
 // populate maps every page of m into this process's page tables now, so no operation pays a page
-// fault later. The pages themselves were allocated by rank 0's fallocate.
-func populate(m []byte) {
+// fault later. The pages must have been reserved (fallocate) first: on a tmpfs, faulting in a page
+// of a hole allocates it, and when the file system is full that fault is a SIGBUS. MADV_POPULATE_WRITE
+// reports that case as an error instead, but the fallback for older kernels cannot.
+func populate(m []byte) error {
 	const madvPopulateWrite = 23 // Linux 5.14
 	if len(m) == 0 {
-		return
+		return nil
 	}
-	_, _, e := syscall.Syscall(syscall.SYS_MADVISE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), madvPopulateWrite)
-	if e == 0 {
-		return
+	for {
+		_, _, e := syscall.Syscall(syscall.SYS_MADVISE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), madvPopulateWrite)
+		switch e {
+		case 0:
+			return nil
+		case syscall.EINTR, syscall.EAGAIN:
+			continue
+		case syscall.EINVAL: // a kernel older than the advice
+		default:
+			return fmt.Errorf("madvise(MADV_POPULATE_WRITE) %d bytes: %w", len(m), e)
+		}
+		break
 	}
 	// Older kernels: touch every page by reading it (a read leaves the contents alone, which
 	// matters because peers may already be writing their rings).
@@ -169,4 +180,52 @@ func populate(m []byte) {
 	for i := 0; i < len(m); i += pageBytes {
 		atomic.LoadUint32((*uint32)(unsafe.Pointer(&m[i])))
 	}
+	return nil
+}
+
+// reserve allocates bytes [off, off+n) of the file fd, so that faulting them in later cannot fail
+// for want of space. On a file system that cannot reserve (no fallocate), it does nothing and the
+// pages are allocated as they are first touched, as with any file there.
+func reserve(fd int, off, n int64) error {
+	for {
+		err := syscall.Fallocate(fd, 0, off, n)
+		switch {
+		case err == syscall.EINTR:
+			// tmpfs gives up a long fallocate when a signal arrives, and the Go runtime sends
+			// them (preemption): the space it took is released, so try again.
+			continue
+		case err == syscall.EOPNOTSUPP || err == syscall.ENOSYS:
+			return nil
+		}
+		return err
+	}
+}
+
+// freeSpace says how much room the file system of fd has left, for errors about a full /dev/shm.
+func freeSpace(fd int) string {
+	var st syscall.Statfs_t
+	if syscall.Fstatfs(fd, &st) != nil {
+		return "unknown"
+	}
+	if st.Blocks == 0 {
+		return "unknown (no size limit)" // a tmpfs mounted with size=0 reports no blocks
+	}
+	free := int64(st.Bavail) * int64(st.Bsize)
+	if free < 1<<20 {
+		return fmt.Sprintf("%d KiB", free>>10)
+	}
+	return fmt.Sprintf("%d MiB", free>>20) // rounded down, unlike a need: never promise room
+}
+
+// sizeText writes a byte count needed in the unit that keeps it short: KiB below a MiB, else MiB
+// to a tenth, both rounded up (a need rounded down would promise room that is not there).
+func sizeText(n int64) string {
+	if n < 1<<20 {
+		return fmt.Sprintf("%d KiB", (n+1<<10-1)>>10)
+	}
+	tenths := (n*10 + 1<<20 - 1) >> 20
+	if tenths%10 == 0 {
+		return fmt.Sprintf("%d MiB", tenths/10)
+	}
+	return fmt.Sprintf("%d.%d MiB", tenths/10, tenths%10)
 }
