@@ -68,6 +68,39 @@ type Startup struct {
 	// Sockets is the most sockets any rank holds once connected (rendezvous client, listener, and
 	// every TCP connection to a peer): the connections per rank.
 	Sockets int `json:"sockets_max"`
+	// SocketsOthers is the most sockets a rank other than rank 0 holds: rank 0 coordinates the
+	// negotiation, so it talks to every rank, while the others talk to those their algorithms
+	// use.
+	SocketsOthers int `json:"sockets_max_not_rank0"`
+	// SocketsEnd and SocketsOthersEnd are the same once the benchmark ran: a lazy mesh (the
+	// default) connects the peers an algorithm needs when it first runs.
+	SocketsEnd       int `json:"sockets_max_end"`
+	SocketsOthersEnd int `json:"sockets_max_not_rank0_end"`
+}
+
+// socketMaxima returns the most sockets any rank holds now, and any rank but rank 0.
+func socketMaxima(ctx context.Context, name string) (all, others int, err error) {
+	mine := float64(countSockets())
+	vals := []float64{mine, mine}
+	if kolo.Rank() == 0 {
+		vals[1] = 0
+	}
+	buf := make([]byte, 16)
+	for i, v := range vals {
+		binary.LittleEndian.PutUint64(buf[8*i:], math.Float64bits(v))
+	}
+	t := kolo.Tensor{Data: buf, DType: dtype.Float64, Shape: []int64{2}}
+	if err := kolo.Allreduce(ctx, name, t, kolo.Max); err != nil {
+		return 0, 0, fmt.Errorf("gather the sockets held: %w", err)
+	}
+	return int(math.Float64frombits(binary.LittleEndian.Uint64(buf))), int(math.Float64frombits(binary.LittleEndian.Uint64(buf[8:]))), nil
+}
+
+// MeasureSocketsEnd fills s.SocketsEnd and s.SocketsOthersEnd.
+func MeasureSocketsEnd(ctx context.Context, s *Startup) error {
+	var err error
+	s.SocketsEnd, s.SocketsOthersEnd, err = socketMaxima(ctx, "bench.sockets.end")
+	return err
 }
 
 // MeasureStartup completes s after kolo.Init, which took initTook on this rank: the first
@@ -89,7 +122,9 @@ func MeasureStartup(ctx context.Context, initTook time.Duration) (*Startup, erro
 	}
 	s.InitSeconds = math.Float64frombits(binary.LittleEndian.Uint64(buf))
 	s.Sockets = int(math.Float64frombits(binary.LittleEndian.Uint64(buf[8:])))
-	return s, nil
+	var err error
+	_, s.SocketsOthers, err = socketMaxima(ctx, "bench.sockets.start")
+	return s, err
 }
 
 // countSockets counts this process's open sockets (0 where /proc is missing).

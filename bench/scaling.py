@@ -18,6 +18,16 @@ For each rank count it runs `kolo run --verbose -np N kolo bench allreduce` and 
 Runs of a rank count alternate kolo and OpenMPI with a pause between runs, and the table gives
 medians with ranges over the repeats. Ranks beyond the machine's cores are oversubscribed: the
 allreduce times then measure scheduling as much as the transport.
+
+    python3 bench/scaling.py --hosts 8 --ranks 16,32,64 --repeats 3
+
+emulates hosts instead: the job runs as that many no-SSH `kolo run --rendezvous` nodes on this
+machine (each node a host of its own name, ranks of different nodes talking TCP over loopback),
+and each row is measured twice, alternately: with the lazy mesh kolo uses (connections to rank 0,
+the ring neighbours and the hierarchical allreduce's peers at start-up, the rest on first use) and
+with KOLO_TCP_FULL_MESH=1 (every remote rank connected at start-up, as before). Sockets per rank
+are counted after the first allreduce and again at the end of the benchmark. OpenMPI is left out
+there: its ranks on one machine would talk through shared memory.
 """
 import argparse
 import json
@@ -69,6 +79,95 @@ def env_with(extra=None):
     if extra:
         e.update(extra)
     return e
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_nodes(kolo, n, args, full_mesh):
+    """One job of n ranks as args.hosts no-SSH nodes of this machine."""
+    hosts = args.hosts
+    if n % hosts:
+        raise RuntimeError(f"{n} ranks do not split over {hosts} hosts")
+    extra = {"KOLO_SECRET": "scaling-bench", "KOLO_TCP_FULL_MESH": "1" if full_mesh else "0"}
+    port = free_port()
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "kolo.json")
+        bench_cmd = [kolo, "bench", "allreduce", "--sizes", "4,4MiB", "--iters", str(args.iters), "--warmup", "3",
+                     "--json", out]
+        sampler = PeakSampler()
+        t0 = time.time_ns()
+        procs = []
+        try:
+            for i in range(hosts):
+                cmd = [kolo, "run", "--verbose", "--rendezvous", f"127.0.0.1:{port}", "--nnodes", str(hosts),
+                       "--node-rank", str(i), "--nproc-per-node", str(n // hosts)] + bench_cmd
+                procs.append(subprocess.Popen(cmd, env=env_with(extra), stdout=subprocess.PIPE,
+                                              stderr=subprocess.STDOUT, text=True))
+            outs = [p.communicate(timeout=args.timeout)[0] for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
+        peak = sampler.peak()
+        for p, o in zip(procs, outs):
+            if p.returncode != 0:
+                raise RuntimeError(f"node failed ({p.returncode}):\n{o[-3000:]}")
+        rep = json.load(open(out))
+    m = re.search(r"rendezvous served.* requests=(\d+)", outs[0])
+    st = rep["startup"]
+    times = {r["bytes"]: r["median_us"] for r in rep["results"]}
+    return {
+        "shm_peak": peak,
+        "startup_s": (st["first_allreduce_unix_ns"] - t0) / 1e9,
+        "init_s": st["init_s"],
+        "requests": int(m.group(1)) if m else None,
+        "sockets": st["sockets_max"],
+        "sockets_end": st.get("sockets_max_end"),
+        "sockets_others": st.get("sockets_max_not_rank0"),
+        "sockets_others_end": st.get("sockets_max_not_rank0_end"),
+        "us4": times[4],
+        "us4m": times[4 << 20],
+    }
+
+
+def hosts_table(args, ranks):
+    rows = {}
+    for n in ranks:
+        runs = {"lazy": [], "full": []}
+        for rep in range(args.repeats):
+            order = ["lazy", "full"] if rep % 2 == 0 else ["full", "lazy"]
+            for who in order:
+                time.sleep(args.pause)
+                runs[who].append(run_nodes(args.kolo, n, args, full_mesh=(who == "full")))
+            print(f"# {n} ranks on {args.hosts} hosts, repeat {rep + 1}: lazy {runs['lazy'][-1]}, "
+                  f"full mesh {runs['full'][-1]}", file=sys.stderr, flush=True)
+        rows[n] = runs
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({str(n): r for n, r in rows.items()}, f, indent=1)
+    sec = lambda v: f"{v:.2f}"  # noqa: E731
+    num = lambda v: f"{v:.0f}"  # noqa: E731
+    us = lambda v: f"{v:.1f}"  # noqa: E731
+    ms_ = lambda v: f"{v / 1000:.2f}"  # noqa: E731
+    print(f"# kolo across {args.hosts} emulated hosts (no-SSH nodes on one machine, {os.cpu_count()} CPUs), "
+          f"{args.repeats} repeats alternated, medians (ranges)")
+    print("| ranks | mesh | start-up to first allreduce s | slowest Init s | rendezvous requests "
+          "| sockets, rank 0 | sockets, other ranks (most) | other ranks at the end "
+          "| 4 B allreduce us | 4 MiB allreduce ms |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n, runs in rows.items():
+        for who, label in (("lazy", "lazy (default)"), ("full", "full (KOLO_TCP_FULL_MESH=1)")):
+            ks = runs[who]
+            print(f"| {n} | {label} | {med([k['startup_s'] for k in ks], sec)} | {med([k['init_s'] for k in ks], sec)} "
+                  f"| {med([k['requests'] for k in ks], num)} | {med([k['sockets'] for k in ks], num)} "
+                  f"| {med([k['sockets_others'] for k in ks], num)} | {med([k['sockets_others_end'] for k in ks], num)} "
+                  f"| {med([k['us4'] for k in ks], us)} | {med([k['us4m'] for k in ks], ms_)} |")
 
 
 def run_kolo(kolo, n, args):
@@ -136,8 +235,13 @@ def main():
     p.add_argument("--kolo", default=os.path.join(ROOT, "bin", "kolo"), help="the kolo binary (default bin/kolo)")
     p.add_argument("--no-mpi", action="store_true", help="leave OpenMPI out")
     p.add_argument("--json", help="also write every run's figures here")
+    p.add_argument("--hosts", type=int, default=1,
+                   help="emulate this many hosts with no-SSH nodes on this machine, lazy mesh against full mesh")
     args = p.parse_args()
     ranks = [int(x) for x in args.ranks.split(",")]
+    if args.hosts > 1:
+        hosts_table(args, ranks)
+        return
     rows = {}
     for n in ranks:
         ks, ms = [], []

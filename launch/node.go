@@ -267,6 +267,9 @@ func (n *node) close() {
 		n.rv.Close()
 	}
 	if n.srv != nil {
+		if n.opts.Verbose {
+			slog.Info("rendezvous served", "requests", n.srv.Requests(), "nodes", n.opts.NNodes)
+		}
 		n.srv.Close()
 	}
 }

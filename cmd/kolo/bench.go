@@ -90,6 +90,9 @@ func benchCmd(args []string) int {
 	}
 	cfg := bench.Config{Op: op, Sizes: sz, DType: d, Iters: *iters, Warmup: *warmup, Check: *check}
 	results, err := bench.Run(ctx, cfg)
+	if err == nil {
+		err = bench.MeasureSocketsEnd(ctx, startup)
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kolo bench: rank %d: %v\n", kolo.Rank(), err)
 		return 1
