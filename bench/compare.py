@@ -8,6 +8,15 @@ Every peer is timed the same way (median wall time of one blocking allreduce aft
 buffers, float32 sum). A peer that is not installed is reported as missing, not silently skipped.
 Glibc is told to keep freed memory (MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_) for every peer, so
 that none of them pays to fault fresh pages per op.
+
+    python3 bench/compare.py --np 2 --sizes 4MiB,64MiB --peers kolo,openmpi --repeats 6 --pause 5
+
+repeats the comparison: round i runs the peers in a rotated order, and every second round runs
+them back to back (no pause: each run starts right after the other peer's, when the machine is
+in whatever state that one left), the others --pause seconds apart. The table then gives, per
+size, each peer's median busbw with its range over the rounds, and the ratio of the medians; the
+rounds run right after another peer are also summarised apart, since a run's speed can depend on
+what ran just before it.
 """
 import argparse
 import json
@@ -16,7 +25,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import statistics
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -109,6 +120,91 @@ def human(n):
     return f"{n}B"
 
 
+def measure(name, fn, args, tmp, tag):
+    """One run of a peer over every size: {bytes: result}."""
+    out = {}
+    for i, (sizes, iters) in enumerate(split_sizes(args)):
+        path = os.path.join(tmp, f"{name}-{tag}-{i}.json")
+        fn(argparse.Namespace(**dict(vars(args), sizes=sizes, iters=iters)), path)
+        with open(path) as f:
+            out.update({r["bytes"]: r for r in json.load(f)["results"]})
+    return out
+
+
+def span(vals, fmt):
+    m = statistics.median(vals)
+    if len(vals) == 1:
+        return fmt(m)
+    return f"{fmt(m)} ({fmt(min(vals))}-{fmt(max(vals))})"
+
+
+def repeated(args, peers):
+    """--repeats > 1: rounds of every peer, rotated, half of them back to back."""
+    tmp = tempfile.mkdtemp(prefix="kolo-compare-")
+    runs = []  # (round, peer, right_after, {bytes: result})
+    missing = {}
+    last = None
+    for rnd in range(args.repeats):
+        order = peers[rnd % len(peers):] + peers[:rnd % len(peers)]
+        back_to_back = rnd % 2 == 1
+        for name, fn in order:
+            if name in missing:
+                continue
+            right_after = back_to_back and last is not None
+            if not right_after:
+                time.sleep(args.pause)
+            try:
+                res = measure(name, fn, args, tmp, f"r{rnd}")
+            except Exception as e:
+                missing[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
+                continue
+            runs.append((rnd, name, right_after, res))
+            print(f"# round {rnd + 1} {name}{' (right after ' + last + ')' if right_after else ''}: " +
+                  ", ".join(f"{human(b)} {r['busbw_GBps']:.2f} GB/s" for b, r in sorted(res.items())),
+                  file=sys.stderr, flush=True)
+            last = name
+    names = [n for n, _ in peers if n not in missing]
+    print(f"# allreduce float32 sum, np={args.np}, {args.repeats} rounds (peers rotated; rounds 2, 4, ... back to "
+          f"back, the others {args.pause:g} s apart), each run the median of {args.iters} ops "
+          f"({max(args.small_iters, args.iters)} up to {human(SMALL_BYTES)}) after {args.warmup} untimed; "
+          f"busbw GB/s = algbw x 2(n-1)/n, median (range) over the rounds; ratios > 1 mean kolo is faster")
+    others = [n for n in names if n != "kolo"]
+    hdr = ["size"] + [f"{n} busbw" for n in names] + [f"kolo/{n}" for n in others] +           [f"kolo/{n} right after" for n in others]
+    print("| " + " | ".join(hdr) + " |")
+    print("|" + "---:|" * len(hdr))
+    sizes = sorted({b for _, _, _, res in runs for b in res})
+    gb = lambda v: f"{v:.2f}"  # noqa: E731
+    for b in sizes:
+        row = [human(b)]
+        med = {}
+        for n in names:
+            vals = [res[b]["busbw_GBps"] for _, pn, _, res in runs if pn == n and b in res]
+            med[n] = statistics.median(vals) if vals else None
+            row.append(span(vals, gb) if vals else "-")
+        for n in others:
+            row.append(f"{med['kolo'] / med[n]:.2f}x" if med.get("kolo") and med.get(n) else "-")
+        for n in others:
+            k = [res[b]["busbw_GBps"] for _, pn, ra, res in runs if pn == "kolo" and ra and b in res]
+            o = [res[b]["busbw_GBps"] for _, pn, ra, res in runs if pn == n and ra and b in res]
+            row.append(f"{statistics.median(k) / statistics.median(o):.2f}x" if k and o else "-")
+        print("| " + " | ".join(row) + " |")
+    for b in sizes:
+        widths = []
+        for n in names:
+            vals = [res[b]["busbw_GBps"] for _, pn, _, res in runs if pn == n and b in res]
+            if vals:
+                widths.append(f"{n} {(max(vals) - min(vals)) / statistics.median(vals) * 100:.0f}%")
+        print(f"# {human(b)}: range as a share of the median: " + ", ".join(widths))
+    for name, why in missing.items():
+        print(f"# {name}: not measured: {why}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"np": args.np, "warmup": args.warmup, "runs": [
+                {"round": r, "peer": n, "right_after": ra, "results": res} for r, n, ra, res in runs],
+                "missing": missing}, f, indent=2)
+    return 0 if "kolo" in names else 1
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--np", type=int, default=2)
@@ -119,10 +215,23 @@ def main():
     p.add_argument("--warmup", type=int, default=3,
                    help="untimed iterations per size, for every peer (default 3, as kolo bench's)")
     p.add_argument("--json", help="write the combined table as JSON here")
+    p.add_argument("--peers", default="kolo,gloo,openmpi", help="which peers to run (kolo always first in tables)")
+    p.add_argument("--repeats", type=int, default=1, help="rounds of every peer (see above; default 1)")
+    p.add_argument("--pause", type=float, default=5.0, help="seconds before a run that is not back to back")
     args = p.parse_args()
 
+    known = {"kolo": bench_kolo, "gloo": bench_gloo, "openmpi": bench_mpi}
+    wanted = [n.strip() for n in args.peers.split(",") if n.strip()]
+    for n in wanted:
+        if n not in known:
+            p.error(f"unknown peer {n!r} (known: {', '.join(known)})")
+    if "kolo" not in wanted:
+        p.error("--peers must include kolo")
+    peers = [(n, known[n]) for n in wanted]
+    if args.repeats > 1:
+        return repeated(args, peers)
+
     tmp = tempfile.mkdtemp(prefix="kolo-compare-")
-    peers = [("kolo", bench_kolo), ("gloo", bench_gloo), ("openmpi", bench_mpi)]
     data, missing = {}, {}
     for name, fn in peers:
         try:

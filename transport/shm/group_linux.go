@@ -134,13 +134,16 @@ func create(path string, lay layout) ([]byte, int, error) {
 		syscall.Unlink(path)
 		return nil, -1, err
 	}
+	// Sized before anything is reserved: a rank attaching meanwhile must never see a size short of
+	// the total (reserving the start first made the file that long for a moment, and a rank that
+	// read that size and then the ready word took the segment for another config).
+	if err := syscall.Ftruncate(fd, lay.total); err != nil {
+		return fail(fmt.Errorf("shm: size segment %s to %d bytes: %w", path, lay.total, err))
+	}
 	rings := lay.total - lay.reserved()
 	if err := reserve(fd, 0, lay.reserved()); err != nil {
 		return fail(fmt.Errorf("shm: segment %s needs %s at start (its rings may take up to %s more, each at its first use) but %s has %s free (%s): %w",
 			path, sizeText(lay.reserved()), sizeText(rings), filepath.Dir(path), freeSpace(fd), shmAdvice, err))
-	}
-	if err := syscall.Ftruncate(fd, lay.total); err != nil {
-		return fail(fmt.Errorf("shm: size segment %s to %d bytes: %w", path, lay.total, err))
 	}
 	var st syscall.Statfs_t
 	if syscall.Fstatfs(fd, &st) == nil && st.Blocks > 0 && int64(st.Bavail)*int64(st.Bsize) < rings {
