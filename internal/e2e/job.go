@@ -21,8 +21,16 @@ import (
 // WorkerEnv is set in a re-executed test binary to the scenario it must run as a rank.
 const WorkerEnv = "KOLO_E2E_SCENARIO"
 
-// Main is called from a test package's TestMain: in a worker it runs the scenario and exits.
+// Main is called from a test package's TestMain: in a worker it runs the scenario and exits; in
+// one end of a TCPStream, that end.
 func Main() {
+	if role := os.Getenv(StreamEnv); role != "" {
+		if err := runStream(role); err != nil {
+			fmt.Fprintln(os.Stderr, "tcp stream:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if s := os.Getenv(WorkerEnv); s != "" {
 		if err := Run(s); err != nil {
 			fmt.Fprintln(os.Stderr, "E2E-FAIL:", err)
