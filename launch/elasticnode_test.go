@@ -377,6 +377,9 @@ func TestElasticNodesServingNodeInterrupted(t *testing.T) {
 	h := startElasticNodes(t, "--nnodes", "2", "--nproc-per-node", "1", "--min-np", "2")
 	h.add()
 	h.round(1)
+	for i := range 2 {
+		h.worker(h.place(i, 0), 0) // started: under load the round is published well before
+	}
 	h.nodes[0].cancel()
 	for i := range 2 {
 		if n := h.wait(i); n.code != ExitInterrupted {
