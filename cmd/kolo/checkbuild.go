@@ -8,12 +8,15 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kolo-dl/kolo"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch"
+	"github.com/kolo-dl/kolo/transport/shm"
 )
 
 // beforeLaunch handles what kolo run does before (or instead of) launching: -v, -cb, and the
@@ -31,7 +34,11 @@ func beforeLaunch(opts *launch.Options, stdout io.Writer) (code int, done bool) 
 	case opts.CheckBuild:
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		fmt.Fprint(stdout, formatCheckBuild(probeBuild(ctx)))
+		local := opts.NprocPerNode
+		if local == 0 && opts.Hosts == "" && opts.Hostfile == "" {
+			local = opts.NP // -np N alone runs N ranks here
+		}
+		fmt.Fprint(stdout, formatCheckBuild(probeBuild(ctx, local)))
 		return 0, true
 	}
 	return 0, false
@@ -43,7 +50,29 @@ type buildInfo struct {
 	PyTorch       bool   // a python3 imports kolo.torch and the engine library is there
 	PyTorchDetail string // per interpreter probed: which one, and why not or which library
 	SharedMemory  bool   // Linux with a /dev/shm directory
+	ShmFree       int64  // free bytes in /dev/shm; -1 unknown
+	// ShmSizes is the host's segment by local ranks: what Open reserves, and the most once every
+	// ring is used (an alltoall's traffic), with the default sizes.
+	ShmSizes []shmSize
 }
+
+type shmSize struct {
+	ranks           int
+	reserved, total int64
+}
+
+// shmRanks are the local rank counts --check-build sizes the segment for: the common ones, and
+// the job's own when -np or --nproc-per-node says it.
+func shmRanks(local int) []int {
+	out := []int{2, 8, 32, 64, 128}
+	if local > 1 && !slices.Contains(out, local) {
+		out = append(out, local)
+		slices.Sort(out)
+	}
+	return out
+}
+
+func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 
 // checkbox lines in horovodrun --check-build's layout.
 func formatCheckBuild(b buildInfo) string {
@@ -65,13 +94,39 @@ func formatCheckBuild(b buildInfo) string {
 	if b.PyTorchDetail != "" {
 		fmt.Fprintf(&s, "\nPyTorch: %s\n", b.PyTorchDetail)
 	}
+	if b.SharedMemory && len(b.ShmSizes) > 0 {
+		free := "unknown"
+		if b.ShmFree >= 0 {
+			free = mib(b.ShmFree)
+		}
+		fmt.Fprintf(&s, "\nShared memory per host (/dev/shm: %s free; a container's is 64 MiB unless raised):\n", free)
+		fmt.Fprintf(&s, "    %-12s %-20s %s\n", "local ranks", "reserved at start", "at most (every ring used)")
+		for _, z := range b.ShmSizes {
+			warn := ""
+			switch {
+			case b.ShmFree >= 0 && z.reserved > b.ShmFree:
+				warn = "  <- does not fit: the job cannot start"
+			case b.ShmFree >= 0 && z.total > b.ShmFree:
+				warn = "  <- an alltoall-heavy job may fill it"
+			}
+			fmt.Fprintf(&s, "    %-12d %-20s %s%s\n", z.ranks, mib(z.reserved), mib(z.total), warn)
+		}
+	}
 	return s.String()
 }
 
-func probeBuild(ctx context.Context) buildInfo {
-	b := buildInfo{Version: kolo.Version}
+func probeBuild(ctx context.Context, localRanks int) buildInfo {
+	b := buildInfo{Version: kolo.Version, ShmFree: -1}
 	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() && runtime.GOOS == "linux" {
 		b.SharedMemory = true
+		var st syscall.Statfs_t
+		if syscall.Statfs("/dev/shm", &st) == nil && st.Blocks > 0 {
+			b.ShmFree = int64(st.Bavail) * int64(st.Bsize)
+		}
+		for _, n := range shmRanks(localRanks) {
+			cfg := shm.Config{Name: "check-build", Size: n}
+			b.ShmSizes = append(b.ShmSizes, shmSize{ranks: n, reserved: shm.ReservedBytes(cfg), total: shm.SegmentBytes(cfg)})
+		}
 	}
 	var details []string
 	for _, py := range pythons() {

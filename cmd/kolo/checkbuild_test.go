@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,6 +25,13 @@ func TestFormatCheckBuild(t *testing.T) {
 				"    [X] kolo (TCP rendezvous", "    [ ] MPI", "    [ ] Gloo", "Available Tensor Operations:", "    [ ] NCCL",
 				"    [X] shared memory", "    [X] TCP"},
 			[]string{"[X] NCCL", "[X] MPI", "[X] Gloo", "[X] TensorFlow"}},
+		{"shared memory sized", buildInfo{Version: "0.1.0", SharedMemory: true, ShmFree: 100 << 20, ShmSizes: []shmSize{
+			{ranks: 2, reserved: 16 << 20, total: 18 << 20}, {ranks: 64, reserved: 90 << 20, total: 500 << 20},
+			{ranks: 128, reserved: 260 << 20, total: 1403 << 20}}},
+			[]string{"Shared memory per host (/dev/shm: 100.0 MiB free", "    2            16.0 MiB             18.0 MiB\n",
+				"64           90.0 MiB             500.0 MiB  <- an alltoall-heavy job may fill it",
+				"128          260.0 MiB            1403.0 MiB  <- does not fit: the job cannot start"},
+			nil},
 		{"no binding, no /dev/shm", buildInfo{Version: "0.1.0", PyTorchDetail: "python3 cannot import kolo.torch: ModuleNotFoundError"},
 			[]string{"    [ ] PyTorch", "    [ ] shared memory", "PyTorch: python3 cannot import kolo.torch"},
 			[]string{"[X] PyTorch", "[X] shared memory"}},
@@ -102,5 +110,22 @@ func TestBeforeLaunch(t *testing.T) {
 	}
 	if _, done := beforeLaunch(&launch.Options{Command: []string{"prog"}}, &b); done {
 		t.Error("a launch ended before launching")
+	}
+}
+
+func TestShmRanks(t *testing.T) {
+	for _, tc := range []struct {
+		local int
+		want  string
+	}{
+		{0, "[2 8 32 64 128]"},
+		{1, "[2 8 32 64 128]"},
+		{8, "[2 8 32 64 128]"},
+		{12, "[2 8 12 32 64 128]"},
+		{256, "[2 8 32 64 128 256]"},
+	} {
+		if got := fmt.Sprint(shmRanks(tc.local)); got != tc.want {
+			t.Errorf("shmRanks(%d) = %s, want %s", tc.local, got, tc.want)
+		}
 	}
 }
