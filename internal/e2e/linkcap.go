@@ -13,13 +13,14 @@ import (
 )
 
 // CapEgress puts a token-bucket filter on every host's eth0, so that what a host sends leaves it
-// at no more than rate (tc's syntax: 1gbit, 500mbit). Only egress is shaped: traffic between two
-// hosts crosses the sender's cap, once. The qdiscs go with the namespaces.
-func (ns *Netns) CapEgress(rate string) error {
+// at no more than rate (tc's syntax: 1gbit, 500mbit), queueing at most latency's worth of it (tc's
+// syntax: 400ms). Only egress is shaped: traffic between two hosts crosses the sender's cap, once.
+// The qdiscs go with the namespaces.
+func (ns *Netns) CapEgress(rate, latency string) error {
 	for _, name := range ns.Names {
 		// A 256 kbit burst keeps a 1 Gbit/s cap at ~95% of its rate; a 32 kbit one halves it.
 		out, err := exec.Command("ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "eth0", "root",
-			"tbf", "rate", rate, "burst", "256kbit", "latency", "400ms").CombinedOutput()
+			"tbf", "rate", rate, "burst", "256kbit", "latency", latency).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("tc qdisc add (tbf rate %s) in %s: %v: %s", rate, name, err, strings.TrimSpace(string(out)))
 		}
