@@ -11,9 +11,10 @@ that none of them pays to fault fresh pages per op.
 
     python3 bench/compare.py --np 2 --sizes 4MiB,64MiB --peers kolo,openmpi --repeats 6 --pause 5
 
-repeats the comparison: round i runs the peers in a rotated order, and every second round runs
-them back to back (no pause: each run starts right after the other peer's, when the machine is
-in whatever state that one left), the others --pause seconds apart. The table then gives, per
+repeats the comparison: round i runs the peers in a rotated order, and rounds 2, 3, 6, 7, ... run
+them back to back (no pause: a run starts right after the other peer's, when the machine is in
+whatever state that one left; with two peers each peer gets such runs), the others --pause seconds
+apart. The table then gives, per
 size, each peer's median busbw with its range over the rounds, and the ratio of the medians; the
 rounds run right after another peer are also summarised apart, since a run's speed can depend on
 what ran just before it.
@@ -141,35 +142,40 @@ def span(vals, fmt):
 def repeated(args, peers):
     """--repeats > 1: rounds of every peer, rotated, half of them back to back."""
     tmp = tempfile.mkdtemp(prefix="kolo-compare-")
-    runs = []  # (round, peer, right_after, {bytes: result})
+    runs = []  # (round, peer, right_after, {bytes: result}); right_after: another peer's run just ended
     missing = {}
     last = None
     for rnd in range(args.repeats):
         order = peers[rnd % len(peers):] + peers[:rnd % len(peers)]
-        back_to_back = rnd % 2 == 1
+        # Rounds 2, 3, 6, 7, ... run back to back: with two peers, each then starts right after
+        # the other's run once in every four rounds.
+        back_to_back = rnd % 4 in (1, 2)
         for name, fn in order:
             if name in missing:
                 continue
-            right_after = back_to_back and last is not None
-            if not right_after:
+            if not back_to_back or last is None:
                 time.sleep(args.pause)
+                after = None
+            else:
+                after = last
             try:
                 res = measure(name, fn, args, tmp, f"r{rnd}")
             except Exception as e:
                 missing[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
                 continue
+            right_after = after is not None and after != name
             runs.append((rnd, name, right_after, res))
-            print(f"# round {rnd + 1} {name}{' (right after ' + last + ')' if right_after else ''}: " +
+            print(f"# round {rnd + 1} {name}{' (right after ' + after + ')' if after else ''}: " +
                   ", ".join(f"{human(b)} {r['busbw_GBps']:.2f} GB/s" for b, r in sorted(res.items())),
                   file=sys.stderr, flush=True)
             last = name
     names = [n for n, _ in peers if n not in missing]
-    print(f"# allreduce float32 sum, np={args.np}, {args.repeats} rounds (peers rotated; rounds 2, 4, ... back to "
+    print(f"# allreduce float32 sum, np={args.np}, {args.repeats} rounds (peers rotated; rounds 2, 3, 6, 7, ... back to "
           f"back, the others {args.pause:g} s apart), each run the median of {args.iters} ops "
           f"({max(args.small_iters, args.iters)} up to {human(SMALL_BYTES)}) after {args.warmup} untimed; "
           f"busbw GB/s = algbw x 2(n-1)/n, median (range) over the rounds; ratios > 1 mean kolo is faster")
     others = [n for n in names if n != "kolo"]
-    hdr = ["size"] + [f"{n} busbw" for n in names] + [f"kolo/{n}" for n in others] +           [f"kolo/{n} right after" for n in others]
+    hdr = ["size"] + [f"{n} busbw" for n in names] + [f"kolo/{n}" for n in others] +           [f"kolo/{n}, runs right after the other" for n in others]
     print("| " + " | ".join(hdr) + " |")
     print("|" + "---:|" * len(hdr))
     sizes = sorted({b for _, _, _, res in runs for b in res})

@@ -35,6 +35,9 @@ type Tuning struct {
 	SmallBroadcastBytes int
 	// NoShared makes Allreduce and Barrier ignore a transport.Shared capability.
 	NoShared bool
+	// SlotStores is how the shared-memory algorithms write their slots; SlotStoresAuto (the
+	// zero value) measures it per group (see SlotStores).
+	SlotStores SlotStores
 }
 
 // Defaults for Tuning's zero fields; the engine's autotuner may override them per job.
@@ -95,7 +98,7 @@ func AllreduceScaled(ctx context.Context, c transport.Comm, buf []byte, t dtype.
 		err = RecursiveDoublingAllreduce(ctx, c, buf, t, op)
 	default:
 		if s, ok := sharedOf(c, t.Size()); ok && !tun.noShared() {
-			return sharedAllreduce(ctx, c, s, buf, t, op, scale)
+			return sharedAllreduce(ctx, c, s, buf, t, op, scale, tun)
 		}
 		err = RingAllreduce(ctx, c, buf, t, op)
 	}

@@ -36,6 +36,9 @@ var allreduceAlgos = []struct {
 	{"auto-plain-ring-only", []inmem.Option{inmem.WithoutShared()}, plainComm, autoRun(&Tuning{SmallAllreduceBytes: 1})},
 	// Pipes smaller than MinBuffered: only algorithms that never rely on buffering survive.
 	{"ring-tiny-pipes", []inmem.Option{inmem.WithoutShared(), inmem.WithBuffer(3)}, plainComm, RingAllreduce},
+	// Each way of writing the slots, as a config fixes it.
+	{"auto-shared-streaming-stores", []inmem.Option{inmem.WithSlotBytes(3 << 20)}, nil, autoRun(&Tuning{SlotStores: SlotStoresStreaming})},
+	{"auto-shared-plain-stores", []inmem.Option{inmem.WithSlotBytes(3 << 20)}, nil, autoRun(&Tuning{SlotStores: SlotStoresPlain})},
 }
 
 func sharedRun(ctx context.Context, c transport.Comm, buf []byte, t dtype.DType, op reduce.Op) error {

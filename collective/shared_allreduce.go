@@ -25,9 +25,8 @@ const sharedChunkBytes = 1 << 20
 // its slot; Barrier; every rank copies the other slices out of their owners' slots; Barrier, so
 // no rank overwrites its slot while others still read it.
 //
-// Everything written to a slot is read by another core, so it is written with streaming stores
-// (reduce.StreamCopy): read from memory, it moves at memory speed; read from the writer's cache, at
-// the speed of one cache line per cross-core round trip (see StreamCopy).
+// Everything written to a slot is read by another core, so how it is written matters: streaming
+// stores (reduce.StreamCopy) or plain ones, whichever the group measured faster (SlotStores).
 //
 // Each slice is reduced by exactly one rank and then only copied, so every rank ends with the same
 // bits. Memory traffic per rank is about 4x the buffer, with no data through Send/Recv at all.
@@ -35,13 +34,13 @@ func SharedAllreduce(ctx context.Context, c transport.Comm, s transport.Shared, 
 	if err := checkReduce("shared allreduce", buf, t, op); err != nil {
 		return err
 	}
-	return sharedAllreduce(ctx, c, s, buf, t, op, 1)
+	return sharedAllreduce(ctx, c, s, buf, t, op, 1, nil)
 }
 
 // sharedAllreduce is SharedAllreduce that also scales the result (AllreduceScaled): each rank
 // scales the slice it reduced before publishing it, so every rank still ends with the same bits.
-func sharedAllreduce(ctx context.Context, c transport.Comm, s transport.Shared, buf []byte, t dtype.DType, op reduce.Op, scale float64) error {
-	return sharedRounds(ctx, "shared allreduce", c, s, nil, buf, t, op, scale, nil)
+func sharedAllreduce(ctx context.Context, c transport.Comm, s transport.Shared, buf []byte, t dtype.DType, op reduce.Op, scale float64, tun *Tuning) error {
+	return sharedRounds(ctx, "shared allreduce", c, s, nil, buf, t, op, scale, tun)
 }
 
 // sharedRounds runs SharedAllreduce's rounds. With a cross Comm (HierarchicalAllreduce), each
@@ -61,6 +60,10 @@ func sharedRounds(ctx context.Context, what string, c transport.Comm, s transpor
 		}
 		return nil
 	}
+	stores, err := slotStores(ctx, c, s, tun)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
 	es := t.Size()
 	mine := s.Slot(r)
 	chunkMax := len(mine) / es * es
@@ -78,8 +81,8 @@ func sharedRounds(ctx context.Context, what string, c transport.Comm, s transpor
 		chunk := buf[off:min(off+chunkMax, len(buf))]
 		// Stage only what the other ranks reduce: this rank's own slice is read from chunk.
 		lo, hi := part(len(chunk), es, n, r)
-		reduce.StreamCopy(mine[:lo], chunk[:lo])
-		reduce.StreamCopy(mine[hi:len(chunk)], chunk[hi:])
+		slotCopy(stores, mine[:lo], chunk[:lo])
+		slotCopy(stores, mine[hi:len(chunk)], chunk[hi:])
 		if err := s.Barrier(ctx); err != nil {
 			return fmt.Errorf("%s: bytes [%d,%d): barrier after copy-in: %w", what, off, off+len(chunk), err)
 		}
@@ -98,7 +101,7 @@ func sharedRounds(ctx context.Context, what string, c transport.Comm, s transpor
 		case scale != 1:
 			reduce.Scale(t, chunk[lo:hi], scale)
 		}
-		reduce.StreamCopy(mine[lo:hi], chunk[lo:hi])
+		slotCopy(stores, mine[lo:hi], chunk[lo:hi])
 		if err := s.Barrier(ctx); err != nil {
 			return fmt.Errorf("%s: bytes [%d,%d): barrier after reducing: %w", what, off, off+len(chunk), err)
 		}

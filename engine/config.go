@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kolo-dl/kolo/collective"
 	"github.com/kolo-dl/kolo/internal/spin"
 	"github.com/kolo-dl/kolo/transport"
 )
@@ -35,8 +36,11 @@ type Config struct {
 	// a coordinator (rank 0) that sends neither answers nor keep-alives (keepalive.go).
 	ProgressTimeout time.Duration
 
-	StallCheck   bool          // the stall inspector (warnings and both deadlines); default true
-	Hierarchical bool          // two-level allreduce (shm within hosts, TCP across) where hosts run equal numbers of several ranks; default on
+	StallCheck   bool // the stall inspector (warnings and both deadlines); default true
+	Hierarchical bool // two-level allreduce (shm within hosts, TCP across) where hosts run equal numbers of several ranks; default on
+	// SlotStores is how the shared-memory allreduce writes its slots (KOLO_SHM_STREAM_STORES: 1
+	// streaming stores, 0 plain ones); the default measures both on the group's first one.
+	SlotStores   collective.SlotStores
 	SetupTimeout time.Duration // connecting to peers; default 60 s
 	ShutdownWait time.Duration // how long Shutdown waits for the other ranks; default 30 s
 	// Spin is how long idle waits poll before parking; 0 = never. Negative, as in DefaultConfig,
@@ -195,6 +199,18 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	boolVar("STALL_CHECK_DISABLE", &disable)
 	c.StallCheck = !disable
 	boolVar("HIERARCHICAL_ALLREDUCE", &c.Hierarchical)
+	if k, v := get("SHM_STREAM_STORES"); k != "" {
+		switch strings.ToLower(strings.TrimSpace(v)) {
+		case "1", "true", "on":
+			c.SlotStores = collective.SlotStoresStreaming
+		case "0", "false", "off":
+			c.SlotStores = collective.SlotStoresPlain
+		case "", "auto":
+			c.SlotStores = collective.SlotStoresAuto
+		default:
+			errs = append(errs, fmt.Sprintf("%s=%q: want 1 (streaming stores), 0 (plain) or auto", k, v))
+		}
+	}
 	durVar("START_TIMEOUT", time.Second, &c.SetupTimeout)
 	durVar("SPIN_TIME", time.Microsecond, &c.Spin)
 	if k, v := get("TIMELINE"); k != "" {

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kolo-dl/kolo/collective"
 )
 
 func TestConfigFromEnv(t *testing.T) {
@@ -29,6 +31,10 @@ func TestConfigFromEnv(t *testing.T) {
 			func(c Config) bool { return c.Timeline == "/a.json" && !c.TimelineMarkCycles }, ""},
 		{"spin unset", nil, func(c Config) bool { return c.Spin < 0 }, ""},
 		{"spin us", map[string]string{"KOLO_SPIN_TIME": "20"}, func(c Config) bool { return c.Spin == 20*time.Microsecond }, ""},
+		{"plain slot stores", map[string]string{"KOLO_SHM_STREAM_STORES": "0"}, func(c Config) bool { return c.SlotStores == collective.SlotStoresPlain }, ""},
+		{"streaming slot stores", map[string]string{"KOLO_SHM_STREAM_STORES": "1"}, func(c Config) bool { return c.SlotStores == collective.SlotStoresStreaming }, ""},
+		{"measured slot stores", map[string]string{"KOLO_SHM_STREAM_STORES": "auto"}, func(c Config) bool { return c.SlotStores == collective.SlotStoresAuto }, ""},
+		{"bad slot stores", map[string]string{"KOLO_SHM_STREAM_STORES": "sometimes"}, nil, "want 1 (streaming stores), 0 (plain) or auto"},
 		{"spin off", map[string]string{"HOROVOD_SPIN_TIME": "0"}, func(c Config) bool { return c.Spin == 0 }, ""},
 		{"progress default", nil, func(c Config) bool { return c.ProgressTimeout == 60*time.Second }, ""},
 		{"progress seconds", map[string]string{"KOLO_PROGRESS_TIMEOUT_SECONDS": "2.5"},

@@ -34,17 +34,19 @@ type executor struct {
 	// the byte size of each of the response's tensors, and the indices of those fused.
 	sizes  []int64
 	fused  []int
-	counts []int // element counts of the fused tensors, for Adasum
+	counts []int             // element counts of the fused tensors, for Adasum
+	tun    collective.Tuning // from cfg (tuning), set where the executor is made
 }
 
 func newExecutor(g Group, cfg Config) *executor {
-	return &executor{g: g, cfg: cfg, fusion: new([]byte), single: len(g.LocalRanks) == g.Size && g.Local != nil, hosts: g.Hosts}
+	return &executor{g: g, cfg: cfg, fusion: new([]byte), single: len(g.LocalRanks) == g.Size && g.Local != nil, hosts: g.Hosts,
+		tun: collective.Tuning{SlotStores: cfg.SlotStores}}
 }
 
 // sub is the executor of a process set over g (its own ranks and Comm; no host or cross groups, so
 // only the message-passing algorithms), sharing x's fusion buffer.
 func (x *executor) sub(g Group) *executor {
-	return &executor{g: g, cfg: x.cfg, fusion: x.fusion, hosts: x.hosts}
+	return &executor{g: g, cfg: x.cfg, fusion: x.fusion, hosts: x.hosts, tun: x.tun}
 }
 
 // mark starts activity on r's tensors in the timeline, if one is recording.
@@ -164,6 +166,14 @@ func quoteNames(names []string) string {
 	return fmt.Sprintf("%q (fused)", names)
 }
 
+// tuning is what the config tells the collectives (nil: their defaults, without allocating).
+func (x *executor) tuning() *collective.Tuning {
+	if x.cfg.SlotStores == collective.SlotStoresAuto {
+		return nil
+	}
+	return &x.tun
+}
+
 // reduceAll reduces buf across the group and multiplies the result by scale.
 func (x *executor) reduceAll(ctx context.Context, buf []byte, t dtype.DType, op reduce.Op, scale float64) error {
 	switch {
@@ -173,9 +183,9 @@ func (x *executor) reduceAll(ctx context.Context, buf []byte, t dtype.DType, op 
 		}
 		return nil
 	case x.cfg.Hierarchical && x.g.Cross != nil && x.g.Local != nil && x.g.Local.Size() > 1 && !x.single:
-		return collective.HierarchicalAllreduceScaled(ctx, x.g.Local, x.g.Cross, buf, t, op, scale, nil)
+		return collective.HierarchicalAllreduceScaled(ctx, x.g.Local, x.g.Cross, buf, t, op, scale, x.tuning())
 	}
-	return collective.AllreduceScaled(ctx, x.comm(), buf, t, op, scale, nil)
+	return collective.AllreduceScaled(ctx, x.comm(), buf, t, op, scale, x.tuning())
 }
 
 func postScale(r negotiate.Response, size int) float64 {

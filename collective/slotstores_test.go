@@ -1,0 +1,81 @@
+package collective
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/kolo-dl/kolo/transport"
+	"github.com/kolo-dl/kolo/transport/inmem"
+)
+
+// The measured store mode is one for the whole group, taken once: a later call on one rank alone
+// returns it without any barrier. A fixed mode, or a group whose ranks outnumber the CPUs, needs
+// no measurement at all.
+func TestSlotStoresMeasuredOnceForTheGroup(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		opts     []inmem.Option
+		tun      *Tuning
+		want     SlotStores // 0: either measured mode, alike on every rank
+		measured bool
+	}{
+		{"measured", []inmem.Option{inmem.WithSlotBytes(2 << 20)}, nil, 0, true},
+		{"small slots", []inmem.Option{inmem.WithSlotBytes(100)}, nil, 0, true},
+		{"fixed streaming", nil, &Tuning{SlotStores: SlotStoresStreaming}, SlotStoresStreaming, false},
+		{"fixed plain", nil, &Tuning{SlotStores: SlotStoresPlain}, SlotStoresPlain, false},
+		{"oversubscribed", []inmem.Option{inmem.WithOversubscribed()}, nil, SlotStoresStreaming, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const n = 3
+			got := make([]SlotStores, n)
+			var shared []transport.Shared
+			eps := inmem.New(n, tc.opts...)
+			defer func() {
+				for _, e := range eps {
+					e.Close()
+				}
+			}()
+			for _, e := range eps {
+				shared = append(shared, e)
+			}
+			one := func(r int) error {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				m, err := slotStores(ctx, eps[r], shared[r], tc.tun)
+				got[r] = m
+				return err
+			}
+			if !tc.measured {
+				// Alone: a measurement would wait for the others' barriers and time out.
+				for r := range n {
+					if err := one(r); err != nil || got[r] != tc.want {
+						t.Fatalf("rank %d alone: %v, %v; want %v at once", r, got[r], err, tc.want)
+					}
+				}
+				return
+			}
+			errs := make(chan error, n)
+			for r := range n {
+				go func() { errs <- one(r) }()
+			}
+			for range n {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got[0] != SlotStoresStreaming && got[0] != SlotStoresPlain {
+				t.Fatalf("measured mode %v", got[0])
+			}
+			for r := range n {
+				if got[r] != got[0] {
+					t.Fatalf("ranks chose differently: %v", got)
+				}
+			}
+			first := got[0]
+			if err := one(1); err != nil || got[1] != first {
+				t.Fatalf("rank 1 asking again alone: %v, %v; want the group's %v without a barrier", got[1], err, first)
+			}
+		})
+	}
+}
