@@ -165,11 +165,13 @@ func TestSSHStarterFailureStopsOthers(t *testing.T) {
 
 func TestSSHStarterSignalAndConnectionFailure(t *testing.T) {
 	prog, _ := fakeSSH(t)
-	ws := sshWorkers("/", os.Environ(), `kill -9 $$`, `sleep 30`)
+	// Rank 0 dies a moment later than rank 1's connection fails: the other way round, the runner
+	// could stop rank 1 before its ssh said why (under load it did).
+	ws := sshWorkers("/", os.Environ(), `sleep 1; kill -9 $$`, `sleep 30`)
 	ws[1].Slot.Host = "unreachable-host"
 	var errOut syncBuffer
 	results, _ := (&Runner{Starter: &SSHStarter{Program: prog}, Stderr: &errOut}).Run(context.Background(), ws)
-	// Either may end first; each must say how it ended.
+	// Each must say how it ended (rank 0 killed, or stopped once rank 1 failed).
 	if e := results[0].Exit; e.Signal != syscall.SIGKILL && !results[0].Stopped {
 		t.Errorf("rank 0 killed by signal 9: got %+v", e)
 	}
