@@ -120,7 +120,12 @@ def run_nodes(kolo, n, args, full_mesh):
                 raise RuntimeError(f"node failed ({p.returncode}):\n{o[-3000:]}")
         rep = json.load(open(out))
     # Every node here owns 127.0.0.1: whichever binds the port first serves the rendezvous.
-    m = re.search(r"rendezvous served.* requests=(\d+)", "\n".join(outs))
+    return figures(rep, "\n".join(outs), t0, peak)
+
+
+def figures(rep, log, t0, peak):
+    """One run's row: kolo bench's JSON report, the launcher's log, the launch time, the shm peak."""
+    m = re.search(r"rendezvous served.* requests=(\d+)", log)
     st = rep["startup"]
     times = {r["bytes"]: r["median_us"] for r in rep["results"]}
     return {
@@ -184,18 +189,7 @@ def run_kolo(kolo, n, args):
         if p.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}")
         rep = json.load(open(out))
-    m = re.search(r"rendezvous served.* requests=(\d+)", p.stdout)
-    st = rep["startup"]
-    times = {r["bytes"]: r["median_us"] for r in rep["results"]}
-    return {
-        "shm_peak": peak,
-        "startup_s": (st["first_allreduce_unix_ns"] - t0) / 1e9,
-        "init_s": st["init_s"],
-        "requests": int(m.group(1)) if m else None,
-        "sockets": st["sockets_max"],
-        "us4": times[4],
-        "us4m": times[4 << 20],
-    }
+    return figures(rep, p.stdout, t0, peak)
 
 
 def run_mpi(n, args):
