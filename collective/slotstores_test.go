@@ -9,9 +9,9 @@ import (
 	"github.com/kolo-dl/kolo/transport/inmem"
 )
 
-// The measured store mode is one for the whole group, taken once: a later call on one rank alone
-// returns it without any barrier. A fixed mode, or a group whose ranks outnumber the CPUs, needs
-// no measurement at all.
+// The measured store mode is one for the whole group, taken once (also where ranks outnumber the
+// CPUs): a later call on one rank alone returns it without any barrier. A fixed mode needs no
+// measurement at all.
 func TestSlotStoresMeasuredOnceForTheGroup(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -24,7 +24,7 @@ func TestSlotStoresMeasuredOnceForTheGroup(t *testing.T) {
 		{"small slots", []inmem.Option{inmem.WithSlotBytes(100)}, nil, 0, true},
 		{"fixed streaming", nil, &Tuning{SlotStores: SlotStoresStreaming}, SlotStoresStreaming, false},
 		{"fixed plain", nil, &Tuning{SlotStores: SlotStoresPlain}, SlotStoresPlain, false},
-		{"oversubscribed", []inmem.Option{inmem.WithOversubscribed()}, nil, SlotStoresStreaming, false},
+		{"oversubscribed", []inmem.Option{inmem.WithOversubscribed(), inmem.WithSlotBytes(2 << 20)}, nil, 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const n = 3
