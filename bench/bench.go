@@ -78,29 +78,42 @@ type Startup struct {
 	SocketsOthersEnd int `json:"sockets_max_not_rank0_end"`
 }
 
-// socketMaxima returns the most sockets any rank holds now, and any rank but rank 0.
-func socketMaxima(ctx context.Context, name string) (all, others int, err error) {
-	mine := float64(countSockets())
-	vals := []float64{mine, mine}
-	if kolo.Rank() == 0 {
-		vals[1] = 0
-	}
-	buf := make([]byte, 16)
+// maxima returns, for each of vals, its largest value over the ranks (one allreduce).
+func maxima(ctx context.Context, name string, vals ...float64) ([]float64, error) {
+	buf := make([]byte, 8*len(vals))
 	for i, v := range vals {
 		binary.LittleEndian.PutUint64(buf[8*i:], math.Float64bits(v))
 	}
-	t := kolo.Tensor{Data: buf, DType: dtype.Float64, Shape: []int64{2}}
+	t := kolo.Tensor{Data: buf, DType: dtype.Float64, Shape: []int64{int64(len(vals))}}
 	if err := kolo.Allreduce(ctx, name, t, kolo.Max); err != nil {
-		return 0, 0, fmt.Errorf("gather the sockets held: %w", err)
+		return nil, err
 	}
-	return int(math.Float64frombits(binary.LittleEndian.Uint64(buf))), int(math.Float64frombits(binary.LittleEndian.Uint64(buf[8:]))), nil
+	out := make([]float64, len(vals))
+	for i := range out {
+		out[i] = math.Float64frombits(binary.LittleEndian.Uint64(buf[8*i:]))
+	}
+	return out, nil
+}
+
+// sockets is this rank's open sockets, twice: for the maximum over every rank, and for the
+// maximum over the ranks but rank 0 (which counts 0 there).
+func sockets() (all, notRank0 float64) {
+	n := float64(countSockets())
+	if kolo.Rank() == 0 {
+		return n, 0
+	}
+	return n, n
 }
 
 // MeasureSocketsEnd fills s.SocketsEnd and s.SocketsOthersEnd.
 func MeasureSocketsEnd(ctx context.Context, s *Startup) error {
-	var err error
-	s.SocketsEnd, s.SocketsOthersEnd, err = socketMaxima(ctx, "bench.sockets.end")
-	return err
+	all, others := sockets()
+	m, err := maxima(ctx, "bench.sockets.end", all, others)
+	if err != nil {
+		return fmt.Errorf("gather the sockets held at the end: %w", err)
+	}
+	s.SocketsEnd, s.SocketsOthersEnd = int(m[0]), int(m[1])
+	return nil
 }
 
 // MeasureStartup completes s after kolo.Init, which took initTook on this rank: the first
@@ -111,20 +124,13 @@ func MeasureStartup(ctx context.Context, initTook time.Duration) (*Startup, erro
 		return nil, fmt.Errorf("first allreduce: %w", err)
 	}
 	s := &Startup{FirstAllreduceUnixNano: time.Now().UnixNano()}
-	vals := []float64{initTook.Seconds(), float64(countSockets())}
-	buf := make([]byte, 8*len(vals))
-	for i, v := range vals {
-		binary.LittleEndian.PutUint64(buf[8*i:], math.Float64bits(v))
-	}
-	t := kolo.Tensor{Data: buf, DType: dtype.Float64, Shape: []int64{int64(len(vals))}}
-	if err := kolo.Allreduce(ctx, "bench.startup.max", t, kolo.Max); err != nil {
+	all, others := sockets()
+	m, err := maxima(ctx, "bench.startup.max", initTook.Seconds(), all, others)
+	if err != nil {
 		return nil, fmt.Errorf("gather start-up figures: %w", err)
 	}
-	s.InitSeconds = math.Float64frombits(binary.LittleEndian.Uint64(buf))
-	s.Sockets = int(math.Float64frombits(binary.LittleEndian.Uint64(buf[8:])))
-	var err error
-	_, s.SocketsOthers, err = socketMaxima(ctx, "bench.sockets.start")
-	return s, err
+	s.InitSeconds, s.Sockets, s.SocketsOthers = m[0], int(m[1]), int(m[2])
+	return s, nil
 }
 
 // countSockets counts this process's open sockets (0 where /proc is missing).
