@@ -132,6 +132,11 @@ def measure(name, fn, args, tmp, tag):
     return out
 
 
+def reason(e):
+    """Why a peer was not measured, in one line."""
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 def span(vals, fmt):
     m = statistics.median(vals)
     if len(vals) == 1:
@@ -161,7 +166,7 @@ def repeated(args, peers):
             try:
                 res = measure(name, fn, args, tmp, f"r{rnd}")
             except Exception as e:
-                missing[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
+                missing[name] = reason(e)
                 continue
             right_after = after is not None and after != name
             runs.append((rnd, name, right_after, res))
@@ -241,13 +246,9 @@ def main():
     data, missing = {}, {}
     for name, fn in peers:
         try:
-            for i, (sizes, iters) in enumerate(split_sizes(args)):
-                out = os.path.join(tmp, f"{name}-{i}.json")
-                fn(argparse.Namespace(**dict(vars(args), sizes=sizes, iters=iters)), out)
-                with open(out) as f:
-                    data.setdefault(name, {}).update({r["bytes"]: r for r in json.load(f)["results"]})
+            data[name] = measure(name, fn, args, tmp, "single")
         except Exception as e:  # a missing peer is reported, the others still run
-            missing[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
+            missing[name] = reason(e)
     print(f"# allreduce float32 sum, np={args.np}, median of {args.iters} ops "
           f"({max(args.small_iters, args.iters)} up to {human(SMALL_BYTES)}) after {args.warmup} untimed, "
           f"warm buffers; busbw = algbw x 2(n-1)/n; ratios > 1 mean kolo is faster")
