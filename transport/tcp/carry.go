@@ -141,12 +141,8 @@ func adopt(ctx context.Context, cfg *Config, peer int, c *Carried) adoptResult {
 		res.err = fmt.Errorf("carried %d data connections, this mesh uses %d", len(c.data), cfg.Streams)
 		return res
 	}
-	ids := []connID{{peer: peer, lane: laneControl}}
-	conns := []*net.TCPConn{c.ctrl}
-	for s, d := range c.data {
-		ids = append(ids, connID{peer: peer, lane: laneData, stream: s})
-		conns = append(conns, d)
-	}
+	ids := setIDs(peer, len(c.data))
+	conns := append([]*net.TCPConn{c.ctrl}, c.data...)
 	if dl, ok := ctx.Deadline(); ok {
 		for _, cn := range conns {
 			cn.SetDeadline(dl)

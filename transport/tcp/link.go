@@ -109,7 +109,7 @@ func (m *Mesh) dialLocked(p *peer, parent context.Context, timeout time.Duration
 func (m *Mesh) dialSet(ctx context.Context, p *peer) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	ids := m.setIDs(p.rank)
+	ids := setIDs(p.rank, m.cfg.Streams)
 	type dialed struct {
 		id   connID
 		conn *net.TCPConn
@@ -159,10 +159,10 @@ func (m *Mesh) dialSet(ctx context.Context, p *peer) {
 	}
 }
 
-// setIDs names the connections of the set to peer.
-func (m *Mesh) setIDs(peer int) []connID {
+// setIDs names the connections of a set to peer: the control connection, then each data stream.
+func setIDs(peer, streams int) []connID {
 	ids := []connID{{peer: peer, lane: laneControl}}
-	for s := range m.cfg.Streams {
+	for s := range streams {
 		ids = append(ids, connID{peer: peer, lane: laneData, stream: s})
 	}
 	return ids
