@@ -253,7 +253,7 @@ func Connect(ctx context.Context, l *Listener, cfg Config) (*Mesh, error) {
 			p.linkMu.Lock()
 			p.eager = isEager[r]
 			if p.link == linkIdle {
-				p.link, p.ready = linkAdopting, make(chan struct{})
+				p.transition(linkAdopting)
 			}
 			p.linkMu.Unlock()
 			m.wg.Add(1)
@@ -272,7 +272,7 @@ func Connect(ctx context.Context, l *Listener, cfg Config) (*Mesh, error) {
 		default:
 			p.linkMu.Lock()
 			if p.link == linkIdle { // it may have dialed in already
-				p.link, p.ready = linkAccepting, make(chan struct{})
+				p.transition(linkAccepting) // Connect's own deadline bounds the wait
 			}
 			p.linkMu.Unlock()
 		}
