@@ -327,7 +327,9 @@ func hostsBusbw(runs []hostsRun, size int64) []float64 {
 	return v
 }
 
+// median of v, in any order (v is not changed).
 func median(v []float64) float64 {
+	v = slices.Sorted(slices.Values(v))
 	if len(v)%2 == 1 {
 		return v[len(v)/2]
 	}
