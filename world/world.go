@@ -230,13 +230,14 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 		w.Local = g.Comm()
 	}
 
+	cross := crossGroup(w.Hosts, job) // the hierarchical allreduce's peers: connected at once, and Cross
 	if len(remote) > 0 {
 		adopt := opt.Carry.take(remote, w.procs)
 		m, err := tcp.Connect(ctx, ln, tcp.Config{
 			Rank: job.Rank, Size: job.Size, Peers: remote, Addrs: addrs, Hosts: w.Hosts,
 			Secret: secret, JobID: job.JobID, Streams: opt.TCPStreams, ConnectTimeout: opt.Timeout,
 			ProgressTimeout: opt.ProgressTimeout, Adopt: adopt,
-			Lazy: !opt.FullMesh, Eager: eagerPeers(job.Rank, job.Size, remote, crossGroup(w.Hosts, job)),
+			Lazy: !opt.FullMesh, Eager: eagerPeers(job.Rank, job.Size, remote, cross),
 		})
 		if err != nil {
 			for _, c := range adopt {
@@ -260,7 +261,7 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 			return nil, err
 		}
 	}
-	if cross := crossGroup(w.Hosts, job); cross != nil && len(cross) > 1 {
+	if len(cross) > 1 {
 		w.Cross, err = transport.Sub(route, cross)
 		if err != nil {
 			return nil, err
