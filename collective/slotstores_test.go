@@ -2,6 +2,8 @@ package collective
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -77,5 +79,23 @@ func TestSlotStoresMeasuredOnceForTheGroup(t *testing.T) {
 				t.Fatalf("rank 1 asking again alone: %v, %v; want the group's %v without a barrier", got[1], err, first)
 			}
 		})
+	}
+}
+
+// A rank lost before the measurement fails it on every other rank, naming the loss, instead of
+// leaving them at a barrier.
+func TestSlotStoresMeasurementLosesARank(t *testing.T) {
+	const n = 3
+	errs := ranks(t, n, []inmem.Option{inmem.WithSlotBytes(2 << 20)}, nil, func(ctx context.Context, r int, c transport.Comm) error {
+		if r == 1 {
+			return errors.New("rank 1 dies before the first allreduce")
+		}
+		_, err := slotStores(ctx, c, c.(transport.Shared), nil)
+		return err
+	})
+	for _, r := range []int{0, 2} {
+		if !errors.Is(errs[r], transport.ErrPeerLost) || !strings.Contains(errs[r].Error(), "calibrate slot stores") {
+			t.Errorf("rank %d: %v, want a lost peer during the measurement", r, errs[r])
+		}
 	}
 }
