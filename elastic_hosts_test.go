@@ -394,7 +394,8 @@ func TestElasticChaos(t *testing.T) {
 // on TCP's own time-out of the connection when negotiation does (the coordinator cannot tell a
 // rank that has not submitted from one computing); they name the rank they blame when they ask
 // for the next round, and the launcher stops its worker at once rather than after the grace it
-// gives workers that merely have not asked yet. The survivors train on.
+// gives workers that merely have not asked yet (or stops it as unreachable, its presence record
+// gone with its connection, if that comes first). The survivors train on.
 func TestElasticHostCutOff(t *testing.T) {
 	hosts := e2e.NewSSHHosts(t, 3, 12349)
 	kolo, softmax := buildKolo(t), buildSoftmax(t)
@@ -412,8 +413,13 @@ func TestElasticHostCutOff(t *testing.T) {
 	j.awaitSuccess(t)
 	after := workerPids(j.out.String())
 	checkSurvivorsKept(t, before, after, hosts.Addrs[2])
-	if !strings.Contains(j.stderr.String(), "found stuck by the other workers") {
-		t.Errorf("the launcher did not stop the cut-off worker as named by its peers\n%s", j.output())
+	// Two mechanisms stop the cut-off workers at once, and whichever fires first wins: the
+	// survivors naming the rank they found stuck, or the workers' presence records at the
+	// launcher ending with their connections (TCP's time-out of the same length). With a lazy
+	// mesh fewer survivors hold a connection to the cut host of their own, and the second
+	// sometimes comes first. Either way no grace is waited out (the 10 s bound below).
+	if e := j.stderr.String(); !strings.Contains(e, "found stuck by the other workers") && !strings.Contains(e, "can no longer be reached") {
+		t.Errorf("the launcher did not stop the cut-off workers at once (named by their peers, or unreachable)\n%s", j.output())
 	}
 	if !strings.Contains(j.out.String(), "trained on 4 ranks: every rank holds identical weights") {
 		t.Errorf("no identical-weights line\n%s", j.output())
