@@ -8,15 +8,21 @@ A job is MODEL:BATCH (2 ranks, DistributedOptimizer, synthetic data, the models 
 examples/pytorch_synthetic_benchmark.py), started from kolo's defaults, or with ":bad" from bad
 settings (fusion 1 MiB, cycle 20 ms). For each job:
 - the grid: every (fusion threshold, cycle time) point of --fusion-mib x --cycle-ms runs
-  --grid-steps steps after --warmup; its steps/s is the median step rate of rank 0;
+  --grid-steps steps after --warmup, in --grid-repeats rounds that rotate the points' order; a
+  point's steps/s is the median over the rounds of rank 0's rate;
 - the tuned runs (--tuned-repeats): `kolo run --autotune` from the job's settings for
   --tuned-steps steps; from its log come the step it decided at and what it chose; the tuned
   steps/s is the step rate after the decision (from 5 steps past it), the tuning overhead is
   1 - (steps/s while tuning) / (the grid's steps/s at the job's own settings); the in-run overhead
   is the time to the decision over the same steps at the run's own defaults samples' step time,
-  less 1 (a reference measured in the same minutes, which a drifting machine moves alike).
-Runs alternate grid points and tuned runs with --pause seconds between them, because this VM's
-speed drifts; the table gives medians with ranges.
+  less 1 (a reference measured in the same minutes, which a drifting machine moves alike);
+- beside each tuned run (unless --no-paired), a run fixed at the grid's best point and one at the
+  job's settings, as long, in an order that rotates from slot to slot: "tuned / best, paired" is
+  the tuned run's rate after its decision over the best point's run's rate over the same steps.
+  The grid's best of a dozen noisy points is biased up (the winner's curse) and measured minutes
+  away from the tuned runs; the paired ratio is what the tuner's choice is worth against it.
+Runs are --pause seconds apart, because this VM's speed drifts; the table gives medians with
+ranges.
 
 --compare-root DIR (another kolo checkout, built with `make lib build`, such as an earlier
 commit's `git archive`) adds that build's tuned runs beside this one's, each slot running both in
@@ -130,6 +136,10 @@ def med(v, fmt="%.2f"):
     return fmt % m
 
 
+def median_rate(runs):
+    return statistics.median(runs) if runs else None
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", default="mlp:16,mlp:64,cnn:16,cnn:64,mlp:16:bad")
@@ -137,8 +147,12 @@ def main():
     p.add_argument("--cycle-ms", default="0,5,20", help="grid cycle times, ms")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--grid-steps", type=int, default=40)
+    p.add_argument("--grid-repeats", type=int, default=2,
+                   help="rounds over the grid, each in another order; a point's rate is its median")
     p.add_argument("--tuned-steps", type=int, default=340)
     p.add_argument("--tuned-repeats", type=int, default=2)
+    p.add_argument("--no-paired", action="store_true",
+                   help="skip the fixed runs at the grid's best point and at the job's settings beside each tuned run")
     p.add_argument("--pause", type=float, default=2.0)
     p.add_argument("--json", help="write every run's figures here")
     p.add_argument("--compare-root", help="another built kolo checkout whose tuned runs go beside this one's")
@@ -154,23 +168,44 @@ def main():
         model, batch, bad = parts[0], int(parts[1]), len(parts) > 2 and parts[2] == "bad"
         own = (1.0, 20.0) if bad else (128.0, 0.0)
         grid = {}
-        tuned = {label: [] for _, label in roots}
         points = [(f, c) for f in fusions for c in cycles]
         if own not in points:
             points.append(own)
-        # Tuned runs go between grid points, spread over the grid's time.
-        slots = {int(len(points) * (i + 1) / (args.tuned_repeats + 1)) for i in range(args.tuned_repeats)}
-        for i, (f, c) in enumerate(points):
-            time.sleep(args.pause)
-            ends, _ = run_job(model, batch, args.warmup + args.grid_steps, settings_env(f, c))
-            grid[(f, c)] = rate(ends, args.warmup)
-            print(f"# {job} grid fusion {f:g} MiB cycle {c:g} ms: {grid[(f, c)]:.3f} steps/s", file=sys.stderr, flush=True)
-            if i not in slots:
-                continue
-            # With two builds, each slot runs both, in an order that alternates from slot to slot.
-            order = roots if sorted(slots).index(i) % 2 == 0 else roots[::-1]
-            for root, label in order:
+        # The grid first, in rounds that rotate the points' order (a drifting machine then slows
+        # different points in different rounds); a point's rate is its median over the rounds.
+        for k in range(args.grid_repeats):
+            shift = k * len(points) // max(args.grid_repeats, 1)
+            order = points[shift:] + points[:shift]
+            if k % 2:
+                order = order[::-1]
+            for f, c in order:
                 time.sleep(args.pause)
+                ends, _ = run_job(model, batch, args.warmup + args.grid_steps, settings_env(f, c))
+                grid.setdefault((f, c), []).append(rate(ends, args.warmup))
+                print(f"# {job} grid round {k + 1} fusion {f:g} MiB cycle {c:g} ms: {grid[(f, c)][-1]:.3f} steps/s",
+                      file=sys.stderr, flush=True)
+        gridm = {pt: median_rate(v) for pt, v in grid.items()}
+        best = max(gridm, key=gridm.get)
+        # Then the tuned runs, each beside a run fixed at the grid's best point and one at the job's
+        # own settings, as long as the tuned run, in an order that rotates from slot to slot. The
+        # grid's best of 12 noisy points is biased up (the winner's curse), and runs minutes apart
+        # see different machines; the paired runs, compared over the steps after the tuned run's
+        # decision, measure what the tuner's choice is worth against the best and the start.
+        tuned = {label: [] for _, label in roots}
+        for slot in range(args.tuned_repeats):
+            runs = [("tuned", root, label) for root, label in roots]
+            if not args.no_paired:
+                runs += [("best", ROOT, ""), ("own", ROOT, "")]
+            shift = slot % len(runs)
+            runs = runs[shift:] + runs[:shift]
+            fixed = {}
+            results = []
+            for kind, root, label in runs:
+                time.sleep(args.pause)
+                if kind != "tuned":
+                    ends, _ = run_job(model, batch, args.tuned_steps, settings_env(*(best if kind == "best" else own)))
+                    fixed[kind] = ends
+                    continue
                 with tempfile.TemporaryDirectory() as d:
                     log = os.path.join(d, "at.csv")
                     ends, text = run_job(model, batch, args.tuned_steps, settings_env(*own),
@@ -187,18 +222,27 @@ def main():
                         # The same run's defaults samples, interleaved with the candidates', are
                         # the reference: a machine whose speed drifts between runs moves both.
                         t["in_run_overhead"] = (ends[step - 1] - ends[0]) / ((step - 1) * ref) - 1
+                results.append((label, t))
+            for label, t in results:
+                if "tuned_rate" in t:
+                    first = t["decided_at"] + 5
+                    for kind, ends in fixed.items():
+                        if first < len(ends):
+                            t[kind + "_rate"] = rate(ends, first)
+                            t["vs_" + kind] = t["tuned_rate"] / t[kind + "_rate"]
                 tuned[label].append(t)
                 print(f"# {job}{label} tuned: {t}", file=sys.stderr, flush=True)
-        best = max(grid, key=grid.get)
-        out[job] = {"grid": {f"{f:g},{c:g}": r for (f, c), r in grid.items()}, "tuned": tuned}
+        out[job] = {"grid": {f"{f:g},{c:g}": r for (f, c), r in grid.items()}, "best": list(best), "tuned": tuned}
         for _, label in roots:
             tl = tuned[label]
             rates = [t["tuned_rate"] for t in tl if "tuned_rate" in t]
             rows.append({
-                "job": job + label, "own": grid[own], "best": grid[best], "best_at": best,
-                "tuned": rates, "vs_best": [r / grid[best] for r in rates],
+                "job": job + label, "own": gridm[own], "best": gridm[best], "best_at": best,
+                "tuned": rates, "vs_grid": [r / gridm[best] for r in rates],
+                "vs_best": [t["vs_best"] for t in tl if "vs_best" in t],
+                "vs_own": [t["vs_own"] for t in tl if "vs_own" in t],
                 "decided": [t["decided_at"] for t in tl if t["decided_at"]],
-                "overhead": [1 - t["tuning_rate"] / grid[own] for t in tl if "tuning_rate" in t],
+                "overhead": [1 - t["tuning_rate"] / gridm[own] for t in tl if "tuning_rate" in t],
                 "in_run": [t["in_run_overhead"] for t in tl if "in_run_overhead" in t],
                 "chosen": [t["chosen"] for t in tl],
                 "undecided": sum(1 for t in tl if not t["decided_at"]),
@@ -206,16 +250,19 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
-    print(f"# kolo run --autotune vs an exhaustive grid (fusion {args.fusion_mib} MiB x cycle {args.cycle_ms} ms), "
-          f"2 ranks, {args.tuned_repeats} tuned runs per job; medians (ranges)")
-    print("| job | job's settings steps/s | grid's best steps/s (at) | tuned steps/s | tuned / best | decided at step "
-          "| tuning overhead | in-run overhead | chosen (fusion MiB, cycle ms) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    print(f"# kolo run --autotune vs an exhaustive grid (fusion {args.fusion_mib} MiB x cycle {args.cycle_ms} ms, "
+          f"{args.grid_repeats} rounds), 2 ranks, {args.tuned_repeats} tuned runs per job; medians (ranges). "
+          "'paired' ratios: the tuned run's steps/s after its decision over a run fixed at the grid's best point "
+          "(or at the job's settings), same steps, run beside it")
+    print("| job | job's settings steps/s | grid's best steps/s (at) | tuned steps/s | tuned / grid's best | tuned / best, paired "
+          "| tuned / job's settings, paired | decided at step | tuning overhead | in-run overhead | chosen (fusion MiB, cycle ms) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         f, c = r["best_at"]
         chosen = "; ".join(f"{cf:g}, {cc:g}" if cf is not None else "undecided" for cf, cc in r["chosen"])
         print(f"| {r['job']} | {r['own']:.2f} | {r['best']:.2f} ({f:g}, {c:g}) | {med(r['tuned'])} "
-              f"| {med(r['vs_best'], '%.3f')} | {med(r['decided'], '%.0f')} | {med(r['overhead'], '%.3f')} "
+              f"| {med(r['vs_grid'], '%.3f')} | {med(r['vs_best'], '%.3f')} | {med(r['vs_own'], '%.3f')} "
+              f"| {med(r['decided'], '%.0f')} | {med(r['overhead'], '%.3f')} "
               f"| {med(r['in_run'], '%.3f')} | {chosen} |")
 
 

@@ -12,8 +12,11 @@ import (
 // differs) and may be zero. It runs a ring: at each of n-1 steps every rank passes on to rank+1
 // the block it received last, so each link carries each block once.
 //
+// When c's ranks share memory, the blocks go through their owners' slots instead
+// (sharedAllgather): every rank reads every block once, all at once, one barrier per piece.
+//
 // send may be recv's own block (in place); otherwise it must not overlap recv.
-func Allgather(ctx context.Context, c transport.Comm, send []byte, recv []byte, counts []int) error {
+func Allgather(ctx context.Context, c transport.Comm, send []byte, recv []byte, counts []int, tun *Tuning) error {
 	n, r := c.Size(), c.Rank()
 	if len(counts) != n {
 		return fmt.Errorf("allgather: %d counts for %d ranks", len(counts), n)
@@ -36,6 +39,9 @@ func Allgather(ctx context.Context, c transport.Comm, send []byte, recv []byte, 
 	copy(recv[bounds[r]:bounds[r+1]], send)
 	if n == 1 {
 		return nil
+	}
+	if s, ok := sharedOf(c, 128); ok && !tun.noShared() {
+		return sharedAllgather(ctx, c, s, recv, bounds, tun)
 	}
 	return ringAllgather(ctx, c, "allgather", recv, bounds)
 }

@@ -13,9 +13,9 @@ import (
 )
 
 func TestAllgather(t *testing.T) {
-	for _, shared := range []bool{false, true} {
+	for _, mode := range exchangeModes {
 		for _, n := range rankCounts {
-			t.Run(fmt.Sprintf("shared=%v/n=%d", shared, n), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/n=%d", mode.name, n), func(t *testing.T) {
 				rng := rand.New(rand.NewPCG(uint64(n), 11))
 				var countSets [][]int
 				for _, maxCount := range []int{0, 1, 50, 70_000} {
@@ -30,13 +30,7 @@ func TestAllgather(t *testing.T) {
 				if !testing.Short() && (n == 3 || n == 8) {
 					countSets = append(countSets, slices.Repeat([]int{3<<20/n + 1}, n))
 				}
-				var opts []inmem.Option
-				comm := plainComm
-				if !shared {
-					opts = []inmem.Option{inmem.WithoutShared()}
-				} else {
-					comm = nil
-				}
+				opts, comm := mode.opts, mode.comm
 				sends := make([][][]byte, len(countSets))
 				for i, counts := range countSets {
 					for r := range n {
@@ -50,14 +44,14 @@ func TestAllgather(t *testing.T) {
 				mustRanks(t, n, opts, comm, func(ctx context.Context, r int, c transport.Comm) error {
 					for i, counts := range countSets {
 						recv := make([]byte, sum(counts))
-						if err := Allgather(ctx, c, sends[i][r], recv, counts); err != nil {
+						if err := Allgather(ctx, c, sends[i][r], recv, counts, nil); err != nil {
 							return fmt.Errorf("counts %v: %w", counts, err)
 						}
 						// In place: send is recv's own block.
 						inPlace := make([]byte, len(recv))
 						off := sum(counts[:r])
 						copy(inPlace[off:], sends[i][r])
-						if err := Allgather(ctx, c, inPlace[off:off+counts[r]], inPlace, counts); err != nil {
+						if err := Allgather(ctx, c, inPlace[off:off+counts[r]], inPlace, counts, nil); err != nil {
 							return fmt.Errorf("in place, counts %v: %w", counts, err)
 						}
 						if !bytes.Equal(inPlace, recv) {
@@ -94,7 +88,7 @@ func TestAllgatherRejectsBadCounts(t *testing.T) {
 		{"send length", make([]byte, 2), make([]byte, 2), []int{1, 1}},
 		{"recv length", make([]byte, 1), make([]byte, 3), []int{1, 1}},
 	} {
-		if err := Allgather(ctx, c, tc.send, tc.recv, tc.counts); err == nil {
+		if err := Allgather(ctx, c, tc.send, tc.recv, tc.counts, nil); err == nil {
 			t.Errorf("%s: accepted", tc.name)
 		}
 	}

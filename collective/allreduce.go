@@ -33,7 +33,7 @@ type Tuning struct {
 	// SmallBroadcastBytes: buffers shorter than this use a binomial tree; longer ones a pipelined
 	// chain. Default DefaultSmallBroadcastBytes.
 	SmallBroadcastBytes int
-	// NoShared makes Allreduce and Barrier ignore a transport.Shared capability.
+	// NoShared makes the collectives ignore a transport.Shared capability (Barrier excepted).
 	NoShared bool
 	// SlotStores is how the shared-memory algorithms write their slots; SlotStoresAuto (the
 	// zero value) measures it per group (see SlotStores).

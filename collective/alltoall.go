@@ -11,8 +11,9 @@ import (
 // receives rank q's block for this rank into block q of recv (recvCounts[q] bytes). Splits may be
 // uneven and zero; recvCounts[q] on this rank must equal sendCounts[this rank] on rank q. It is a
 // pairwise exchange: at step k rank r sends to r+k while receiving from r-k, so every rank talks
-// to a different peer at each step and no link is idle or doubly loaded.
-func Alltoall(ctx context.Context, c transport.Comm, send []byte, sendCounts []int, recv []byte, recvCounts []int) error {
+// to a different peer at each step and no link is idle or doubly loaded. When c's ranks share
+// memory the blocks go through the slots (sharedAlltoall), which reserves no pair ring.
+func Alltoall(ctx context.Context, c transport.Comm, send []byte, sendCounts []int, recv []byte, recvCounts []int, tun *Tuning) error {
 	n, r := c.Size(), c.Rank()
 	if len(sendCounts) != n || len(recvCounts) != n {
 		return fmt.Errorf("alltoall: %d send counts and %d recv counts for %d ranks", len(sendCounts), len(recvCounts), n)
@@ -43,6 +44,12 @@ func Alltoall(ctx context.Context, c transport.Comm, send []byte, sendCounts []i
 		return fmt.Errorf("alltoall: rank %d sends itself %d bytes but expects %d", r, sendCounts[r], recvCounts[r])
 	}
 	copy(recv[roff[r]:roff[r+1]], send[soff[r]:soff[r+1]])
+	if n == 1 {
+		return nil
+	}
+	if s, ok := sharedOf(c, 128); ok && sharedAlltoallFits(s, n) && !tun.noShared() {
+		return sharedAlltoall(ctx, c, s, send, soff, recv, roff, tun)
+	}
 	for k := 1; k < n; k++ {
 		to, from := mod(r+k, n), mod(r-k, n)
 		if err := c.SendRecv(ctx, to, send[soff[to]:soff[to+1]], from, recv[roff[from]:roff[from+1]]); err != nil {

@@ -12,8 +12,16 @@ import (
 )
 
 func TestAlltoall(t *testing.T) {
-	for _, n := range rankCounts {
-		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
+	for _, mode := range exchangeModes {
+		for _, n := range rankCounts {
+			testAlltoall(t, mode.name, n, mode.opts, mode.comm)
+		}
+	}
+}
+
+func testAlltoall(t *testing.T, mode string, n int, opts []inmem.Option, comm func(*inmem.Endpoint) transport.Comm) {
+	{
+		t.Run(fmt.Sprintf("%s/n=%d", mode, n), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(n), 13))
 			for _, maxCount := range []int{0, 3, 100, 200_000} {
 				// split[r][q] bytes go from rank r to rank q; about a quarter are zero.
@@ -30,7 +38,7 @@ func TestAlltoall(t *testing.T) {
 					}
 				}
 				recvs := make([][]byte, n)
-				mustRanks(t, n, []inmem.Option{inmem.WithoutShared()}, nil, func(ctx context.Context, r int, c transport.Comm) error {
+				mustRanks(t, n, opts, comm, func(ctx context.Context, r int, c transport.Comm) error {
 					var send []byte
 					recvCounts := make([]int, n)
 					for q := range n {
@@ -38,7 +46,7 @@ func TestAlltoall(t *testing.T) {
 						recvCounts[q] = split[q][r]
 					}
 					recvs[r] = make([]byte, sum(recvCounts))
-					return Alltoall(ctx, c, send, split[r], recvs[r], recvCounts)
+					return Alltoall(ctx, c, send, split[r], recvs[r], recvCounts, nil)
 				})
 				for r := range n {
 					var want []byte
@@ -57,13 +65,13 @@ func TestAlltoall(t *testing.T) {
 func TestAlltoallRejectsBadCounts(t *testing.T) {
 	c := inmem.New(2)[0]
 	ctx := context.Background()
-	if err := Alltoall(ctx, c, make([]byte, 2), []int{1, 1}, make([]byte, 2), []int{2, 0}); err == nil {
+	if err := Alltoall(ctx, c, make([]byte, 2), []int{1, 1}, make([]byte, 2), []int{2, 0}, nil); err == nil {
 		t.Error("accepted a self block whose send and recv sizes differ")
 	}
-	if err := Alltoall(ctx, c, make([]byte, 2), []int{1, 1}, make([]byte, 3), []int{1, 1}); err == nil {
+	if err := Alltoall(ctx, c, make([]byte, 2), []int{1, 1}, make([]byte, 3), []int{1, 1}, nil); err == nil {
 		t.Error("accepted a recv buffer longer than the counts")
 	}
-	if err := Alltoall(ctx, c, make([]byte, 2), []int{2}, make([]byte, 2), []int{1, 1}); err == nil {
+	if err := Alltoall(ctx, c, make([]byte, 2), []int{2}, make([]byte, 2), []int{1, 1}, nil); err == nil {
 		t.Error("accepted one send count for two ranks")
 	}
 }

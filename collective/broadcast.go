@@ -10,7 +10,8 @@ import (
 // Broadcast copies root's buf into every other rank's buf. Small buffers go down a binomial tree
 // (ceil(log2 n) rounds, the latency optimum); large ones down a pipelined chain root -> root+1 ->
 // ... in segments, so that every link is busy at once and the time approaches one buffer transfer
-// plus n-2 segment transfers.
+// plus n-2 segment transfers; over shared memory, through root's slot (sharedBroadcast), where
+// every rank copies each piece out at once while root writes the next.
 func Broadcast(ctx context.Context, c transport.Comm, buf []byte, root int, tun *Tuning) error {
 	n := c.Size()
 	if root < 0 || root >= n {
@@ -21,6 +22,9 @@ func Broadcast(ctx context.Context, c transport.Comm, buf []byte, root int, tun 
 	}
 	if len(buf) < tun.smallBroadcast() {
 		return binomialBroadcast(ctx, c, buf, root)
+	}
+	if s, ok := sharedOf(c, 128); ok && !tun.noShared() {
+		return sharedBroadcast(ctx, c, s, buf, root, tun)
 	}
 	return chainBroadcast(ctx, c, buf, root)
 }

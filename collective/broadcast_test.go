@@ -20,8 +20,20 @@ func TestBroadcast(t *testing.T) {
 		{"tree", &Tuning{SmallBroadcastBytes: 1 << 30}},
 		{"chain", &Tuning{SmallBroadcastBytes: 1}},
 	}
-	for _, n := range rankCounts {
-		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
+	for _, mode := range exchangeModes {
+		for _, n := range rankCounts {
+			testBroadcast(t, mode.name, n, mode.opts, mode.comm, tunings)
+		}
+	}
+}
+
+func testBroadcast(t *testing.T, mode string, n int, opts []inmem.Option, comm func(*inmem.Endpoint) transport.Comm,
+	tunings []struct {
+		name string
+		tun  *Tuning
+	}) {
+	{
+		t.Run(fmt.Sprintf("%s/n=%d", mode, n), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(n), 17))
 			for _, size := range []int{0, 1, 13, 1000, 70_001, 600_003, 3<<20 + 7} {
 				if size > 1<<20 && testing.Short() {
@@ -36,7 +48,10 @@ func TestBroadcast(t *testing.T) {
 						}
 						roots = 1
 					}
-					mustRanks(t, n, []inmem.Option{inmem.WithoutShared()}, nil, func(ctx context.Context, r int, c transport.Comm) error {
+					if mode != "rings" && tn.tun != nil {
+						continue // the tunings choose between the ring algorithms
+					}
+					mustRanks(t, n, opts, comm, func(ctx context.Context, r int, c transport.Comm) error {
 						for i := range roots {
 							root := n - 1 - i
 							buf := make([]byte, size)

@@ -153,13 +153,13 @@ func TestContextCancelEndsCollectives(t *testing.T) {
 		{"barrier", false, func(ctx context.Context, c transport.Comm) error { return Barrier(ctx, c) }},
 		{"shared barrier", true, func(ctx context.Context, c transport.Comm) error { return Barrier(ctx, c) }},
 		{"allgather", false, func(ctx context.Context, c transport.Comm) error {
-			return Allgather(ctx, c, make([]byte, 10), make([]byte, 10*n), []int{10, 10, 10, 10})
+			return Allgather(ctx, c, make([]byte, 10), make([]byte, 10*n), []int{10, 10, 10, 10}, nil)
 		}},
 		{"broadcast", false, func(ctx context.Context, c transport.Comm) error {
 			return Broadcast(ctx, c, buf(), n-1, nil)
 		}},
 		{"reduce-scatter", false, func(ctx context.Context, c transport.Comm) error {
-			return ReduceScatter(ctx, c, make([]byte, 16*n), make([]byte, 16), []int{16, 16, 16, 16}, dtype.Int32, reduce.Max)
+			return ReduceScatter(ctx, c, make([]byte, 16*n), make([]byte, 16), []int{16, 16, 16, 16}, dtype.Int32, reduce.Max, nil)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

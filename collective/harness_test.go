@@ -87,3 +87,36 @@ func wantPeerLost(t testing.TB, what string, err error, rank int) {
 }
 
 var rankCounts = []int{1, 2, 3, 4, 5, 8}
+
+// exchangeModes are the transports the data-moving collectives (allgather, broadcast, alltoall,
+// reduce-scatter) are tested over: pair rings only, and shared slots, large (one piece) and small
+// (many pieces through both halves, and the fallback to rings where a half cannot hold a region
+// per rank), with pieces capped or whole halves when ranks outnumber CPUs.
+var exchangeModes = []struct {
+	name string
+	opts []inmem.Option
+	comm func(*inmem.Endpoint) transport.Comm
+}{
+	{"rings", []inmem.Option{inmem.WithoutShared()}, plainComm},
+	{"slots", nil, nil},
+	{"small-slots", []inmem.Option{inmem.WithSlotBytes(16 << 10)}, nil},
+	{"small-slots-oversubscribed", []inmem.Option{inmem.WithSlotBytes(16 << 10), inmem.WithOversubscribed()}, nil},
+	{"tiny-slots", []inmem.Option{inmem.WithSlotBytes(1 << 10)}, nil},
+}
+
+// slotsOnly is a Shared group whose pair links fail: a collective that passes over it moved
+// nothing through the rings.
+type slotsOnly struct {
+	transport.Comm
+	transport.Shared
+}
+
+func (s slotsOnly) Send(context.Context, int, []byte) error {
+	return errors.New("slotsOnly: Send used")
+}
+func (s slotsOnly) Recv(context.Context, int, []byte) error {
+	return errors.New("slotsOnly: Recv used")
+}
+func (s slotsOnly) SendRecv(context.Context, int, []byte, int, []byte) error {
+	return errors.New("slotsOnly: SendRecv used")
+}

@@ -12,8 +12,9 @@ import (
 // ReduceScatter reduces send across all ranks and leaves block r of the result (counts[r] bytes,
 // blocks in rank order) in rank r's recv. send is not modified. It is the reduce-scatter half of
 // the ring allreduce, run on a copy of send; counts must be multiples of the element size and may
-// differ and be zero.
-func ReduceScatter(ctx context.Context, c transport.Comm, send []byte, recv []byte, counts []int, t dtype.DType, op reduce.Op) error {
+// differ and be zero. When c's ranks share memory it goes through the slots instead
+// (sharedReduceScatter), with no copy of send.
+func ReduceScatter(ctx context.Context, c transport.Comm, send []byte, recv []byte, counts []int, t dtype.DType, op reduce.Op, tun *Tuning) error {
 	if err := checkReduce("reduce-scatter", send, t, op); err != nil {
 		return err
 	}
@@ -32,6 +33,16 @@ func ReduceScatter(ctx context.Context, c transport.Comm, send []byte, recv []by
 	if len(send) != total || len(recv) != counts[r] {
 		return fmt.Errorf("reduce-scatter: send holds %d bytes (counts add up to %d), recv %d (counts[%d] = %d)",
 			len(send), total, len(recv), r, counts[r])
+	}
+	if s, ok := sharedOf(c, 128); ok && n > 1 && sharedReduceScatterFits(s, n, t) && !tun.noShared() {
+		ws := getWorkspace(0, n)
+		bounds := append(ws.bounds[:0], 0)
+		for q, k := range counts {
+			bounds = append(bounds, bounds[q]+k)
+		}
+		err := sharedReduceScatter(ctx, c, s, send, recv, bounds, t, op, tun)
+		putWorkspace(ws)
+		return err
 	}
 	seg := min(largest, segmentBytes)
 	ws := getWorkspace(total+seg, n)

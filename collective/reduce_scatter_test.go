@@ -15,8 +15,16 @@ import (
 )
 
 func TestReduceScatter(t *testing.T) {
-	for _, n := range rankCounts {
-		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
+	for _, mode := range exchangeModes {
+		for _, n := range rankCounts {
+			testReduceScatter(t, mode.name, n, mode.opts, mode.comm)
+		}
+	}
+}
+
+func testReduceScatter(t *testing.T, mode string, n int, opts []inmem.Option, comm func(*inmem.Endpoint) transport.Comm) {
+	{
+		t.Run(fmt.Sprintf("%s/n=%d", mode, n), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(n), 19))
 			type rsCase struct {
 				t      dtype.DType
@@ -49,11 +57,11 @@ func TestReduceScatter(t *testing.T) {
 			for i := range outs {
 				outs[i] = make([][]byte, n)
 			}
-			mustRanks(t, n, []inmem.Option{inmem.WithoutShared()}, nil, func(ctx context.Context, r int, c transport.Comm) error {
+			mustRanks(t, n, opts, comm, func(ctx context.Context, r int, c transport.Comm) error {
 				for i, tc := range cases {
 					send := slices.Clone(tc.inputs[r])
 					recv := make([]byte, tc.counts[r])
-					if err := ReduceScatter(ctx, c, send, recv, tc.counts, tc.t, tc.op); err != nil {
+					if err := ReduceScatter(ctx, c, send, recv, tc.counts, tc.t, tc.op, nil); err != nil {
 						return fmt.Errorf("%v %v counts %v: %w", tc.t, tc.op, tc.counts, err)
 					}
 					if !bytes.Equal(send, tc.inputs[r]) {
@@ -83,10 +91,10 @@ func TestReduceScatter(t *testing.T) {
 func TestReduceScatterRejectsBadCounts(t *testing.T) {
 	c := inmem.New(2)[0]
 	ctx := context.Background()
-	if err := ReduceScatter(ctx, c, make([]byte, 8), make([]byte, 4), []int{4, 3}, dtype.Float32, reduce.Sum); err == nil {
+	if err := ReduceScatter(ctx, c, make([]byte, 8), make([]byte, 4), []int{4, 3}, dtype.Float32, reduce.Sum, nil); err == nil {
 		t.Error("accepted a count that is not whole elements")
 	}
-	if err := ReduceScatter(ctx, c, make([]byte, 8), make([]byte, 8), []int{4, 4}, dtype.Float32, reduce.Sum); err == nil {
+	if err := ReduceScatter(ctx, c, make([]byte, 8), make([]byte, 8), []int{4, 4}, dtype.Float32, reduce.Sum, nil); err == nil {
 		t.Error("accepted a recv buffer longer than its count")
 	}
 }

@@ -335,7 +335,7 @@ func (x *executor) broadcast(ctx context.Context, r negotiate.Response, entries 
 		if x.g.Size == 1 {
 			return nil
 		}
-		return collective.Broadcast(ctx, x.comm(), en.out, r.Root, nil)
+		return collective.Broadcast(ctx, x.comm(), en.out, r.Root, x.tuning())
 	}
 	var total int64
 	for _, s := range r.Shapes {
@@ -353,7 +353,7 @@ func (x *executor) broadcast(ctx context.Context, r negotiate.Response, entries 
 	}
 	x.mark(&r, collectiveLabel(r.Kind))
 	if x.g.Size > 1 {
-		if err := collective.Broadcast(ctx, x.comm(), buf, r.Root, nil); err != nil {
+		if err := collective.Broadcast(ctx, x.comm(), buf, r.Root, x.tuning()); err != nil {
 			return err
 		}
 	}
@@ -387,7 +387,7 @@ func (x *executor) allgather(ctx context.Context, r negotiate.Response, i int, e
 	}
 	if x.g.Size == 1 {
 		copy(out, send)
-	} else if err := collective.Allgather(ctx, x.comm(), send, out, counts); err != nil {
+	} else if err := collective.Allgather(ctx, x.comm(), send, out, counts, x.tuning()); err != nil {
 		return err
 	}
 	if en != nil {
@@ -417,7 +417,7 @@ func (x *executor) alltoall(ctx context.Context, r negotiate.Response, i int, en
 	}
 	if x.g.Size == 1 {
 		copy(out, send)
-	} else if err := collective.Alltoall(ctx, x.comm(), send, sendCounts, out, recvCounts); err != nil {
+	} else if err := collective.Alltoall(ctx, x.comm(), send, sendCounts, out, recvCounts, x.tuning()); err != nil {
 		return err
 	}
 	if en != nil {
@@ -464,7 +464,7 @@ func (x *executor) reducescatter(ctx context.Context, r negotiate.Response, i in
 	out := make([]byte, counts[x.g.Rank])
 	if x.g.Size == 1 {
 		copy(out, send)
-	} else if err := collective.ReduceScatter(ctx, x.comm(), send, out, counts, t, op); err != nil {
+	} else if err := collective.ReduceScatter(ctx, x.comm(), send, out, counts, t, op, x.tuning()); err != nil {
 		return err
 	}
 	if f := postScale(r, x.g.Size); f != 1 {

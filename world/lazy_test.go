@@ -92,7 +92,7 @@ func TestConnectOpensOnlyEagerPeers(t *testing.T) {
 				for i := range counts {
 					counts[i] = 4
 				}
-				return collective.Alltoall(context.Background(), w.Comm, make([]byte, 4*n), counts, make([]byte, 4*n), counts)
+				return collective.Alltoall(context.Background(), w.Comm, make([]byte, 4*n), counts, make([]byte, 4*n), counts, nil)
 			})
 			for r, w := range worlds {
 				if got := w.RemoteConnected(); got != n-perHost {
