@@ -11,8 +11,9 @@ import (
 // receives rank q's block for this rank into block q of recv (recvCounts[q] bytes). Splits may be
 // uneven and zero; recvCounts[q] on this rank must equal sendCounts[this rank] on rank q. It is a
 // pairwise exchange: at step k rank r sends to r+k while receiving from r-k, so every rank talks
-// to a different peer at each step and no link is idle or doubly loaded. When c's ranks share
-// memory the blocks go through the slots (sharedAlltoall), which reserves no pair ring.
+// to a different peer at each step and no link is idle or doubly loaded. When more than two ranks
+// share memory the blocks go through the slots (sharedAlltoall), which reserves no pair ring; two
+// have one ring each way, which the slots do not beat.
 func Alltoall(ctx context.Context, c transport.Comm, send []byte, sendCounts []int, recv []byte, recvCounts []int, tun *Tuning) error {
 	n, r := c.Size(), c.Rank()
 	if len(sendCounts) != n || len(recvCounts) != n {
@@ -47,7 +48,7 @@ func Alltoall(ctx context.Context, c transport.Comm, send []byte, sendCounts []i
 	if n == 1 {
 		return nil
 	}
-	if s, ok := sharedOf(c, 128); ok && sharedAlltoallFits(s, n) && !tun.noShared() {
+	if s, ok := sharedOf(c, 128); ok && n > 2 && sharedAlltoallFits(s, n) && !tun.noShared() {
 		return sharedAlltoall(ctx, c, s, send, soff, recv, roff, tun)
 	}
 	for k := 1; k < n; k++ {

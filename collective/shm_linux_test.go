@@ -5,6 +5,8 @@ package collective
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"syscall"
@@ -95,5 +97,117 @@ func TestSharedExchangesReserveNoRings(t *testing.T) {
 	})
 	if used() == base {
 		t.Errorf("a Send reserved nothing: the measurement does not see rings")
+	}
+}
+
+// BenchmarkExchanges times allgather, broadcast, alltoall and reduce-scatter over a real segment
+// (ranks are goroutines of this process, each with its own mapping), through the pair rings
+// (Tuning.NoShared: the algorithms kolo used before) and through the slots, side by side, so that
+// each pair of figures shares the machine's state. An op is timed from every rank's start to the
+// last rank's end. Bytes per op are the per-rank size: a broadcast's buffer, an allgather's
+// block, the share of an alltoall's or reduce-scatter's input that goes to each rank.
+func BenchmarkExchanges(b *testing.B) {
+	for _, n := range []int{2, 8} {
+		b.Run(fmt.Sprintf("ranks=%d", n), func(b *testing.B) {
+			ctx := context.Background()
+			gs := make([]*shm.Group, n)
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			name := fmt.Sprintf("kolo-bench-exchanges-%d-%d", os.Getpid(), n)
+			for r := range n {
+				wg.Go(func() { gs[r], errs[r] = shm.Open(ctx, shm.Config{Name: name, Rank: r, Size: n}) })
+			}
+			wg.Wait()
+			for r, err := range errs {
+				if err != nil {
+					b.Fatalf("open rank %d: %v", r, err)
+				}
+			}
+			defer func() {
+				for _, g := range gs {
+					g.Close()
+				}
+			}()
+			for _, op := range []string{"allgather", "broadcast", "alltoall", "reducescatter"} {
+				for _, size := range []int{4 << 10, 256 << 10, 4 << 20, 32 << 20} {
+					for _, path := range []string{"rings", "slots"} {
+						var tun *Tuning
+						if path == "rings" {
+							tun = &Tuning{NoShared: true}
+						}
+						b.Run(fmt.Sprintf("op=%s/bytes=%d/%s", op, size, path), func(b *testing.B) {
+							counts := slices.Repeat([]int{size}, n)
+							ins, outs := make([][]byte, n), make([][]byte, n)
+							for r := range n {
+								ins[r], outs[r] = make([]byte, n*size), make([]byte, n*size)
+							}
+							run := func(r int, c transport.Comm) error {
+								switch op {
+								case "allgather":
+									return Allgather(ctx, c, ins[r][:size], outs[r], counts, tun)
+								case "broadcast":
+									return Broadcast(ctx, c, ins[r][:size], 0, tun)
+								case "alltoall":
+									return Alltoall(ctx, c, ins[r], counts, outs[r], counts, tun)
+								}
+								return ReduceScatter(ctx, c, ins[r], outs[r][:size], counts, dtype.Float32, reduce.Sum, tun)
+							}
+							l := newShmLoop(gs, run)
+							defer l.stop()
+							if err := l.run(); err != nil { // warm buffers, rings, the store measurement
+								b.Fatal(err)
+							}
+							b.SetBytes(int64(size))
+							b.ResetTimer()
+							for b.Loop() {
+								if err := l.run(); err != nil {
+									b.Fatal(err)
+								}
+							}
+						})
+					}
+				}
+			}
+		})
+	}
+}
+
+// shmLoop keeps one goroutine per rank of a segment alive across runs, as rankLoop does for inmem.
+type shmLoop struct {
+	start []chan struct{}
+	done  chan error
+}
+
+func newShmLoop(gs []*shm.Group, op func(r int, c transport.Comm) error) *shmLoop {
+	l := &shmLoop{done: make(chan error, len(gs))}
+	for r, g := range gs {
+		start := make(chan struct{})
+		l.start = append(l.start, start)
+		c := g.Comm()
+		go func() {
+			for range start {
+				l.done <- op(r, c)
+			}
+		}()
+	}
+	return l
+}
+
+func (l *shmLoop) run() error {
+	for _, s := range l.start {
+		s <- struct{}{}
+	}
+	var first error
+	for range l.start {
+		if err := <-l.done; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func (l *shmLoop) stop() {
+	for _, s := range l.start {
+		close(s)
 	}
 }
