@@ -21,6 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from scaling import PeakSampler, env_with  # noqa: E402
+from autotune import med  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,15 +47,6 @@ def run(kolo, op, n, sizes, iters, small_iters):
         for r, s in zip(rep["results"], sz_set):
             out[s] = (r["busbw_GBps"], r["median_us"])
     return out, peak
-
-
-def med(v, fmt):
-    if not v:
-        return "-"
-    m = statistics.median(v)
-    if len(v) > 1 and min(v) != max(v):
-        return (fmt + " (" + fmt + "-" + fmt + ")") % (m, min(v), max(v))
-    return fmt % m
 
 
 def main():

@@ -20,12 +20,23 @@ type rankLoop struct {
 }
 
 func newRankLoop(n int, opts []inmem.Option, op func(ctx context.Context, r int, c transport.Comm) error) *rankLoop {
-	l := &rankLoop{done: make(chan error, n), eps: inmem.New(n, opts...)}
+	eps := inmem.New(n, opts...)
+	comms := make([]transport.Comm, n)
+	for r, e := range eps {
+		comms[r] = e.Comm()
+	}
+	l := startLoop(comms, op)
+	l.eps = eps
+	return l
+}
+
+// startLoop is newRankLoop over Comms of any transport, which the caller closes.
+func startLoop(comms []transport.Comm, op func(ctx context.Context, r int, c transport.Comm) error) *rankLoop {
+	l := &rankLoop{done: make(chan error, len(comms))}
 	ctx := context.Background()
-	for r, e := range l.eps {
+	for r, c := range comms {
 		start := make(chan struct{})
 		l.start = append(l.start, start)
-		c := e.Comm()
 		go func() {
 			for range start {
 				l.done <- op(ctx, r, c)

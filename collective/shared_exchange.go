@@ -85,14 +85,20 @@ func pieceRange(lo, hi, k, p int) (int, int) {
 	return a, min(a+p, hi)
 }
 
+// largestBlock is the longest of the blocks that bounds (n+1 offsets) delimit.
+func largestBlock(bounds []int) int {
+	largest := 0
+	for q := range len(bounds) - 1 {
+		largest = max(largest, bounds[q+1]-bounds[q])
+	}
+	return largest
+}
+
 // sharedAllgather is Allgather through the slots: piece k of every rank's block (recv's own block
 // already holds send) goes through its owner's slot to every other rank.
 func sharedAllgather(ctx context.Context, c transport.Comm, s transport.Shared, recv []byte, bounds []int, tun *Tuning) error {
 	n, r := c.Size(), c.Rank()
-	largest := 0
-	for q := range n {
-		largest = max(largest, bounds[q+1]-bounds[q])
-	}
+	largest := largestBlock(bounds)
 	if largest == 0 {
 		return nil
 	}
@@ -151,10 +157,7 @@ func sharedBroadcast(ctx context.Context, c transport.Comm, s transport.Shared, 
 func sharedReduceScatter(ctx context.Context, c transport.Comm, s transport.Shared, send, recv []byte, bounds []int,
 	t dtype.DType, op reduce.Op, tun *Tuning) error {
 	n, r := c.Size(), c.Rank()
-	largest := 0
-	for q := range n {
-		largest = max(largest, bounds[q+1]-bounds[q])
-	}
+	largest := largestBlock(bounds)
 	if largest == 0 {
 		return nil
 	}

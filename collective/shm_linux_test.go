@@ -37,25 +37,9 @@ func TestSharedExchangesReserveNoRings(t *testing.T) {
 	const n, block = 8, 300_000
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	gs := make([]*shm.Group, n)
+	gs := openSegment(t, shm.Config{Name: "kolo-exchange-test", Size: n, Dir: dir})
 	errs := make([]error, n)
 	var wg sync.WaitGroup
-	for r := range n {
-		wg.Go(func() {
-			gs[r], errs[r] = shm.Open(ctx, shm.Config{Name: "kolo-exchange-test", Rank: r, Size: n, Dir: dir})
-		})
-	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("open rank %d: %v", r, err)
-		}
-	}
-	defer func() {
-		for _, g := range gs {
-			g.Close()
-		}
-	}()
 	each := func(f func(r int, c transport.Comm) error) {
 		t.Helper()
 		for r := range n {
@@ -109,25 +93,7 @@ func TestSharedExchangesReserveNoRings(t *testing.T) {
 func BenchmarkExchanges(b *testing.B) {
 	for _, n := range []int{2, 8} {
 		b.Run(fmt.Sprintf("ranks=%d", n), func(b *testing.B) {
-			ctx := context.Background()
-			gs := make([]*shm.Group, n)
-			errs := make([]error, n)
-			var wg sync.WaitGroup
-			name := fmt.Sprintf("kolo-bench-exchanges-%d-%d", os.Getpid(), n)
-			for r := range n {
-				wg.Go(func() { gs[r], errs[r] = shm.Open(ctx, shm.Config{Name: name, Rank: r, Size: n}) })
-			}
-			wg.Wait()
-			for r, err := range errs {
-				if err != nil {
-					b.Fatalf("open rank %d: %v", r, err)
-				}
-			}
-			defer func() {
-				for _, g := range gs {
-					g.Close()
-				}
-			}()
+			gs := openSegment(b, shm.Config{Name: fmt.Sprintf("kolo-bench-exchanges-%d-%d", os.Getpid(), n), Size: n})
 			for _, op := range []string{"allgather", "broadcast", "alltoall", "reducescatter"} {
 				for _, size := range []int{4 << 10, 256 << 10, 4 << 20, 32 << 20} {
 					for _, path := range []string{"rings", "slots"} {
@@ -141,7 +107,7 @@ func BenchmarkExchanges(b *testing.B) {
 							for r := range n {
 								ins[r], outs[r] = make([]byte, n*size), make([]byte, n*size)
 							}
-							run := func(r int, c transport.Comm) error {
+							run := func(ctx context.Context, r int, c transport.Comm) error {
 								switch op {
 								case "allgather":
 									return Allgather(ctx, c, ins[r][:size], outs[r], counts, tun)
@@ -152,7 +118,11 @@ func BenchmarkExchanges(b *testing.B) {
 								}
 								return ReduceScatter(ctx, c, ins[r], outs[r][:size], counts, dtype.Float32, reduce.Sum, tun)
 							}
-							l := newShmLoop(gs, run)
+							comms := make([]transport.Comm, n)
+							for r, g := range gs {
+								comms[r] = g.Comm()
+							}
+							l := startLoop(comms, run)
 							defer l.stop()
 							if err := l.run(); err != nil { // warm buffers, rings, the store measurement
 								b.Fatal(err)
@@ -172,42 +142,32 @@ func BenchmarkExchanges(b *testing.B) {
 	}
 }
 
-// shmLoop keeps one goroutine per rank of a segment alive across runs, as rankLoop does for inmem.
-type shmLoop struct {
-	start []chan struct{}
-	done  chan error
-}
-
-func newShmLoop(gs []*shm.Group, op func(r int, c transport.Comm) error) *shmLoop {
-	l := &shmLoop{done: make(chan error, len(gs))}
-	for r, g := range gs {
-		start := make(chan struct{})
-		l.start = append(l.start, start)
-		c := g.Comm()
-		go func() {
-			for range start {
-				l.done <- op(r, c)
+// openSegment opens every rank of cfg's segment in this process, each with its own mapping, and
+// closes them when the test ends.
+func openSegment(t testing.TB, cfg shm.Config) []*shm.Group {
+	t.Helper()
+	gs := make([]*shm.Group, cfg.Size)
+	errs := make([]error, cfg.Size)
+	var wg sync.WaitGroup
+	for r := range cfg.Size {
+		wg.Go(func() {
+			c := cfg
+			c.Rank = r
+			gs[r], errs[r] = shm.Open(context.Background(), c)
+		})
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		for _, g := range gs {
+			if g != nil {
+				g.Close()
 			}
-		}()
-	}
-	return l
-}
-
-func (l *shmLoop) run() error {
-	for _, s := range l.start {
-		s <- struct{}{}
-	}
-	var first error
-	for range l.start {
-		if err := <-l.done; err != nil && first == nil {
-			first = err
+		}
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("open rank %d of segment %s: %v", r, cfg.Name, err)
 		}
 	}
-	return first
-}
-
-func (l *shmLoop) stop() {
-	for _, s := range l.start {
-		close(s)
-	}
+	return gs
 }
