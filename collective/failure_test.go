@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -86,6 +87,13 @@ func TestRankKilledMidOp(t *testing.T) {
 		{"ring allreduce", 2, 0, []int{1, 2}, []inmem.Option{inmem.WithoutShared()}, RingAllreduce},
 		{"recursive doubling allreduce", 3, 1, []int{1, 2}, []inmem.Option{inmem.WithoutShared()}, RecursiveDoublingAllreduce},
 		{"shared allreduce", 4, 2, []int{1, 2, 3, 5}, []inmem.Option{inmem.WithSlotBytes(4096)}, sharedRun},
+		// The exchanges through the slots, with pieces small enough that a kill lands mid-pipeline:
+		// in the group's slot-store measurement (the first ~30 barriers), in the first op's
+		// pipeline, and in the second's.
+		{"shared allgather", 4, 2, []int{1, 20, 30, 36, 40}, []inmem.Option{inmem.WithSlotBytes(1024)}, exchangeRun("allgather")},
+		{"shared alltoall", 4, 1, []int{2, 33, 38, 45}, []inmem.Option{inmem.WithSlotBytes(2048)}, exchangeRun("alltoall")},
+		{"shared reduce-scatter", 3, 0, []int{1, 33, 36, 41}, []inmem.Option{inmem.WithSlotBytes(2048)}, exchangeRun("reducescatter")},
+		{"shared broadcast", 3, 2, []int{3, 34, 40, 60}, []inmem.Option{inmem.WithSlotBytes(64 << 10)}, exchangeRun("broadcast")},
 	} {
 		for _, killAt := range tc.killAt {
 			t.Run(fmt.Sprintf("%s/n=%d/call=%d", tc.name, tc.n, killAt), func(t *testing.T) {
@@ -161,6 +169,18 @@ func TestContextCancelEndsCollectives(t *testing.T) {
 		{"reduce-scatter", false, func(ctx context.Context, c transport.Comm) error {
 			return ReduceScatter(ctx, c, make([]byte, 16*n), make([]byte, 16), []int{16, 16, 16, 16}, dtype.Int32, reduce.Max, nil)
 		}},
+		{"shared allgather", true, func(ctx context.Context, c transport.Comm) error {
+			return exchangeRun("allgather")(ctx, c, buf(), dtype.Float32, reduce.Sum)
+		}},
+		{"shared alltoall", true, func(ctx context.Context, c transport.Comm) error {
+			return exchangeRun("alltoall")(ctx, c, buf(), dtype.Float32, reduce.Sum)
+		}},
+		{"shared reduce-scatter", true, func(ctx context.Context, c transport.Comm) error {
+			return exchangeRun("reducescatter")(ctx, c, buf(), dtype.Float32, reduce.Sum)
+		}},
+		{"shared broadcast", true, func(ctx context.Context, c transport.Comm) error {
+			return exchangeRun("broadcast")(ctx, c, buf(), dtype.Float32, reduce.Sum)
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var opts []inmem.Option
@@ -188,5 +208,25 @@ func TestContextCancelEndsCollectives(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// exchangeRun adapts allgather, alltoall, reduce-scatter and broadcast to allreduceFunc's shape, so
+// that the failure tests run them alike: buf is cut into one block per rank (a broadcast sends a
+// buffer large enough to take the slots, from the last rank).
+func exchangeRun(op string) allreduceFunc {
+	return func(ctx context.Context, c transport.Comm, buf []byte, t dtype.DType, rop reduce.Op) error {
+		n, r := c.Size(), c.Rank()
+		each := len(buf) / n / t.Size() * t.Size()
+		counts := slices.Repeat([]int{each}, n)
+		switch op {
+		case "allgather":
+			return Allgather(ctx, c, buf[r*each:(r+1)*each], buf[:n*each], counts, nil)
+		case "alltoall":
+			return Alltoall(ctx, c, buf[:n*each], counts, make([]byte, n*each), counts, nil)
+		case "reducescatter":
+			return ReduceScatter(ctx, c, buf[:n*each], make([]byte, each), counts, t, rop, nil)
+		}
+		return Broadcast(ctx, c, make([]byte, sharedBroadcastBytes), n-1, nil)
 	}
 }

@@ -104,7 +104,7 @@ func sharedAllgather(ctx context.Context, c transport.Comm, s transport.Shared, 
 	}
 	stores, err := slotStores(ctx, c, s, tun)
 	if err != nil {
-		return fmt.Errorf("allgather: %w", err)
+		return fmt.Errorf("shared allgather: %w", err)
 	}
 	p := pieceBytes(s, halfBytes(s, r))
 	return slotPipeline(ctx, s, "shared allgather",
@@ -130,7 +130,7 @@ func sharedBroadcast(ctx context.Context, c transport.Comm, s transport.Shared, 
 	r := c.Rank()
 	stores, err := slotStores(ctx, c, s, tun)
 	if err != nil {
-		return fmt.Errorf("broadcast: %w", err)
+		return fmt.Errorf("shared broadcast from rank %d: %w", root, err)
 	}
 	p := pieceBytes(s, halfBytes(s, root))
 	return slotPipeline(ctx, s, fmt.Sprintf("shared broadcast from rank %d", root),
@@ -163,7 +163,7 @@ func sharedReduceScatter(ctx context.Context, c transport.Comm, s transport.Shar
 	}
 	stores, err := slotStores(ctx, c, s, tun)
 	if err != nil {
-		return fmt.Errorf("reduce-scatter: %w", err)
+		return fmt.Errorf("shared reduce-scatter: %w", err)
 	}
 	es := t.Size()
 	p := pieceBytes(s, halfBytes(s, r)/n) / (64 * es) * (64 * es) // whole elements, whole cache lines
@@ -227,7 +227,7 @@ func sharedAlltoall(ctx context.Context, c transport.Comm, s transport.Shared, s
 	n, r := c.Size(), c.Rank()
 	stores, err := slotStores(ctx, c, s, tun)
 	if err != nil {
-		return fmt.Errorf("alltoall: %w", err)
+		return fmt.Errorf("shared alltoall: %w", err)
 	}
 	hdr := a2aHeader(n)
 	space := pieceBytes(s, halfBytes(s, r)) - hdr
