@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kolo-dl/kolo/dtype"
 	"github.com/kolo-dl/kolo/engine/negotiate"
+	"github.com/kolo-dl/kolo/reduce"
 	"github.com/kolo-dl/kolo/transport"
 	"github.com/kolo-dl/kolo/transport/inmem"
 )
@@ -179,6 +181,50 @@ func TestResumeBeforeProgressDeadline(t *testing.T) {
 				}
 				if !bytes.Equal(res.buf, want) {
 					t.Errorf("rank %d: wrong sum", res.rank)
+				}
+			}
+		})
+	}
+}
+
+// A rank that stops before an alltoall, allgather or reduce-scatter that goes through the shared
+// slots (4 ranks on one host) fails the op on every other rank after the progress timeout, naming
+// it, as the allreduce does: the exchanges wait at the same barriers.
+func TestStalledRankInSharedExchange(t *testing.T) {
+	const n, limit, floats = 4, 300 * time.Millisecond, 40_000
+	for _, tc := range []struct {
+		name string
+		req  negotiate.Request
+	}{
+		{"alltoall", negotiate.Request{Name: "x", Kind: negotiate.Alltoall, DType: dtype.Float32, Shape: []int64{floats},
+			Splits: slices.Repeat([]int64{floats / n}, n)}},
+		{"allgather", negotiate.Request{Name: "x", Kind: negotiate.Allgather, DType: dtype.Float32, Shape: []int64{floats}}},
+		{"reducescatter", negotiate.Request{Name: "x", Kind: negotiate.ReduceScatter, DType: dtype.Float32, Shape: []int64{floats},
+			ReduceOp: uint8(reduce.Sum)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := stallCluster(t, n, limit, inmem.WithSlotBytes(64<<10))
+			ctx := waitCtx(t)
+			c.eps[2].Pause()
+			type res struct {
+				rank int
+				err  error
+			}
+			out := make(chan res, n)
+			for r, e := range c.engines {
+				go func() {
+					out <- res{r, e.Enqueue(tc.req, make([]byte, 4*floats), nil).Wait(ctx)}
+				}()
+			}
+			want := "rank 2 (memhost) made no progress for 300ms"
+			for range n - 1 {
+				got := <-out
+				if got.rank == 2 {
+					t.Fatalf("the paused rank's op returned: %v", got.err)
+				}
+				if got.err == nil || !strings.Contains(got.err.Error(), want) || !strings.Contains(got.err.Error(), tc.name+` "x"`) ||
+					!strings.Contains(got.err.Error(), "shared") {
+					t.Errorf("rank %d: err = %v, want one with %q, the op and its shared algorithm", got.rank, got.err, want)
 				}
 			}
 		})
