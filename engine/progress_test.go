@@ -230,3 +230,55 @@ func TestStalledRankInSharedExchange(t *testing.T) {
 		})
 	}
 }
+
+// A rank paused for most of the timeout before a shared-slot alltoall and allgather costs nothing:
+// every rank gets the right blocks.
+func TestResumeBeforeProgressDeadlineInSharedExchange(t *testing.T) {
+	const n, limit, per = 3, 400 * time.Millisecond, 10_000 // floats each rank sends each rank
+	c := stallCluster(t, n, limit, inmem.WithSlotBytes(64<<10))
+	c.eps[2].Pause()
+	time.AfterFunc(limit*3/4, c.eps[2].Resume)
+	ctx := waitCtx(t)
+	errs := make(chan error, n)
+	for r, e := range c.engines {
+		go func() {
+			in := make([]float32, n*per)
+			for i := range in {
+				in[i] = float32(r*1_000_000 + i) // block q of rank r: r*1e6 + q*per + j
+			}
+			a2a := e.Enqueue(negotiate.Request{Name: "a2a", Kind: negotiate.Alltoall, DType: dtype.Float32, Shape: []int64{n * per},
+				Splits: slices.Repeat([]int64{per}, n)}, f32(in...), nil)
+			if err := a2a.Wait(ctx); err != nil {
+				errs <- fmt.Errorf("rank %d: alltoall: %w", r, err)
+				return
+			}
+			got := getF32(a2a.Output())
+			for q := range n {
+				for j := range per {
+					if want := float32(q*1_000_000 + r*per + j); got[q*per+j] != want {
+						errs <- fmt.Errorf("rank %d: alltoall: block from %d, element %d = %v, want %v", r, q, j, got[q*per+j], want)
+						return
+					}
+				}
+			}
+			ag := e.Enqueue(negotiate.Request{Name: "ag", Kind: negotiate.Allgather, DType: dtype.Float32, Shape: []int64{n * per}}, f32(in...), nil)
+			if err := ag.Wait(ctx); err != nil {
+				errs <- fmt.Errorf("rank %d: allgather: %w", r, err)
+				return
+			}
+			got = getF32(ag.Output())
+			for q := range n {
+				if want := float32(q*1_000_000 + n*per - 1); got[(q+1)*n*per-1] != want {
+					errs <- fmt.Errorf("rank %d: allgather: rank %d's block ends with %v, want %v", r, q, got[(q+1)*n*per-1], want)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}
