@@ -35,14 +35,7 @@ func ReduceScatter(ctx context.Context, c transport.Comm, send []byte, recv []by
 			len(send), total, len(recv), r, counts[r])
 	}
 	if s, ok := sharedOf(c, 128); ok && n > 1 && sharedReduceScatterFits(s, n, t) && !tun.noShared() {
-		ws := getWorkspace(0, n)
-		bounds := append(ws.bounds[:0], 0)
-		for q, k := range counts {
-			bounds = append(bounds, bounds[q]+k)
-		}
-		err := sharedReduceScatter(ctx, c, s, send, recv, bounds, t, op, tun)
-		putWorkspace(ws)
-		return err
+		return sharedReduceScatter(ctx, c, s, send, recv, counts, t, op, tun)
 	}
 	seg := min(largest, segmentBytes)
 	ws := getWorkspace(total+seg, n)

@@ -133,7 +133,7 @@ func sharedBroadcast(ctx context.Context, c transport.Comm, s transport.Shared, 
 		return fmt.Errorf("shared broadcast from rank %d: %w", root, err)
 	}
 	p := pieceBytes(s, halfBytes(s, root))
-	return slotPipeline(ctx, s, fmt.Sprintf("shared broadcast from rank %d", root),
+	err = slotPipeline(ctx, s, "shared broadcast",
 		func(k int) {
 			if r == root {
 				lo, hi := pieceRange(0, len(buf), k, p)
@@ -148,15 +148,25 @@ func sharedBroadcast(ctx context.Context, c transport.Comm, s transport.Shared, 
 			return nil
 		},
 		func(k int) bool { return (k+1)*p < len(buf) })
+	if err != nil {
+		return fmt.Errorf("broadcast from rank %d: %w", root, err) // formatted here: no string per op
+	}
+	return nil
 }
 
 // sharedReduceScatter is ReduceScatter through the slots: each half holds one region per rank,
 // and at piece k every rank writes there piece k of every other rank's block of send; each rank
 // then reduces its own piece from its own send and the others' regions, in rank order, straight
 // into recv. send is only read, so no copy of it is made.
-func sharedReduceScatter(ctx context.Context, c transport.Comm, s transport.Shared, send, recv []byte, bounds []int,
+func sharedReduceScatter(ctx context.Context, c transport.Comm, s transport.Shared, send, recv []byte, counts []int,
 	t dtype.DType, op reduce.Op, tun *Tuning) error {
 	n, r := c.Size(), c.Rank()
+	ws := getWorkspace(0, n)
+	defer putWorkspace(ws)
+	srcs, bounds := ws.srcs, append(ws.bounds[:0], 0)
+	for q, k := range counts {
+		bounds = append(bounds, bounds[q]+k)
+	}
 	largest := largestBlock(bounds)
 	if largest == 0 {
 		return nil
@@ -167,9 +177,6 @@ func sharedReduceScatter(ctx context.Context, c transport.Comm, s transport.Shar
 	}
 	es := t.Size()
 	p := pieceBytes(s, halfBytes(s, r)/n) / (64 * es) * (64 * es) // whole elements, whole cache lines
-	ws := getWorkspace(0, n)
-	defer putWorkspace(ws)
-	srcs := ws.srcs
 	return slotPipeline(ctx, s, "shared reduce-scatter",
 		func(k int) {
 			half := slotHalf(s, r, k)

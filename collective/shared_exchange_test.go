@@ -142,3 +142,45 @@ func TestSharedAlltoallMismatchedCountsFail(t *testing.T) {
 		})
 	}
 }
+
+// Repeating an exchange through the slots allocates nothing once the group's store measurement
+// and the scratch pool are warm.
+func TestSharedExchangesAllocateNothing(t *testing.T) {
+	const n, size = 4, 300_000 // several pieces; a broadcast of n*size takes the slots
+	for _, op := range []string{"allgather", "broadcast", "alltoall", "reducescatter"} {
+		t.Run(op, func(t *testing.T) {
+			ins, outs := make([][]byte, n), make([][]byte, n)
+			for r := range n {
+				ins[r], outs[r] = make([]byte, n*size), make([]byte, n*size)
+			}
+			counts := slices.Repeat([]int{size}, n)
+			l := newRankLoop(n, []inmem.Option{inmem.WithSlotBytes(64 << 10)}, func(ctx context.Context, r int, c transport.Comm) error {
+				switch op {
+				case "allgather":
+					return Allgather(ctx, c, ins[r][:size], outs[r], counts, nil)
+				case "broadcast":
+					return Broadcast(ctx, c, ins[r], 0, nil)
+				case "alltoall":
+					return Alltoall(ctx, c, ins[r], counts, outs[r], counts, nil)
+				}
+				return ReduceScatter(ctx, c, ins[r], outs[r][:size], counts, dtype.Float32, reduce.Sum, nil)
+			})
+			defer l.stop()
+			if err := l.run(); err != nil { // the store measurement, the pool
+				t.Fatal(err)
+			}
+			var err error
+			allocs := testing.AllocsPerRun(5, func() {
+				if e := l.run(); e != nil {
+					err = e
+				}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if allocs != 0 {
+				t.Errorf("%.1f allocations per op on %d ranks", allocs, n)
+			}
+		})
+	}
+}

@@ -19,7 +19,7 @@ type workspace struct {
 // because sync.Pool may drop entries at any GC (and at random under the race detector), which
 // would make the steady state allocate. It is bounded in entries and in the size of what it
 // keeps, so that a burst of ops does not pin memory forever; when full it keeps the larger
-// workspaces, which serve every smaller request. Concurrent collectives on different Comms (tests
+// workspaces (held), which serve every smaller request. Concurrent collectives on different Comms (tests
 // run every rank in one process) each take their own workspace.
 var pool struct {
 	mu   sync.Mutex
@@ -36,13 +36,20 @@ const maxPooled = 32
 const maxPooledBytes = 16 << 20
 
 // getWorkspace returns a workspace whose buf has at least nbytes bytes and whose srcs and bounds
-// have room for nsrcs entries. Put it back with putWorkspace.
+// have room for nsrcs entries. Put it back with putWorkspace. Of the pooled ones with buf enough it
+// takes one whose srcs and bounds fit too, if any, and of those the smallest buf: by buf alone, ops
+// of several kinds (whose scratch differs in srcs and bounds, not buf) would keep taking and
+// regrowing each other's workspaces, and allocate per op.
 func getWorkspace(nbytes, nsrcs int) *workspace {
 	pool.mu.Lock()
-	best := -1
+	best, bestFits := -1, false
 	for i, w := range pool.free {
-		if cap(w.buf) >= nbytes && (best < 0 || cap(w.buf) < cap(pool.free[best].buf)) {
-			best = i
+		if cap(w.buf) < nbytes {
+			continue
+		}
+		fits := cap(w.srcs) >= nsrcs && cap(w.bounds) >= nsrcs+1
+		if best < 0 || (fits && !bestFits) || (fits == bestFits && cap(w.buf) < cap(pool.free[best].buf)) {
+			best, bestFits = i, fits
 		}
 	}
 	var w *workspace
@@ -81,11 +88,15 @@ func putWorkspace(w *workspace) {
 	}
 	smallest := 0
 	for i, f := range pool.free {
-		if cap(f.buf) < cap(pool.free[smallest].buf) {
+		if f.held() < pool.free[smallest].held() {
 			smallest = i
 		}
 	}
-	if cap(pool.free[smallest].buf) < cap(w.buf) {
+	if pool.free[smallest].held() < w.held() {
 		pool.free[smallest] = w
 	}
 }
+
+// held is the memory w keeps, by which a full pool chooses what to keep: a workspace with more
+// room in any of buf, srcs and bounds serves requests a smaller one would regrow for.
+func (w *workspace) held() int { return cap(w.buf) + 24*cap(w.srcs) + 8*cap(w.bounds) }

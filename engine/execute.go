@@ -166,13 +166,8 @@ func quoteNames(names []string) string {
 	return fmt.Sprintf("%q (fused)", names)
 }
 
-// tuning is what the config tells the collectives (nil: their defaults, without allocating).
-func (x *executor) tuning() *collective.Tuning {
-	if x.cfg.SlotStores == collective.SlotStoresAuto {
-		return nil
-	}
-	return &x.tun
-}
+// tuning is what the config tells the collectives.
+func (x *executor) tuning() *collective.Tuning { return &x.tun }
 
 // reduceAll reduces buf across the group and multiplies the result by scale.
 func (x *executor) reduceAll(ctx context.Context, buf []byte, t dtype.DType, op reduce.Op, scale float64) error {
