@@ -19,12 +19,12 @@ import (
 // apart, streaming stores took a 2-rank 4 MiB allreduce from 5.5 to 9.5-12 GB/s busbw; on a 2-vCPU
 // Intel Xeon VM whose vCPUs share one last-level cache, plain stores were the faster (4 MiB:
 // 5.6-7.0 against 4.8-5.2 GB/s; 64 MiB: 6.1 against 3.8-4.5; `kolo bench allreduce -np 2`,
-// four runs each, alternated). So by default the first shared allreduce of a group measures
+// four runs each, alternated). So by default the first shared collective of a group measures
 // both (calibrateSlotStores) and every later one uses the faster.
 type SlotStores int8
 
 const (
-	SlotStoresAuto      SlotStores = iota // measured once per group, at its first shared allreduce
+	SlotStoresAuto      SlotStores = iota // measured once per group, at its first shared collective
 	SlotStoresStreaming                   // always streaming stores
 	SlotStoresPlain                       // always plain stores
 )
@@ -43,7 +43,7 @@ func (m SlotStores) String() string {
 var slotStoresOf sync.Map // transport.Shared -> SlotStores
 
 // slotStores returns the store mode for s's slots: tun's, else the one measured for s (measuring
-// it now, collectively, on the group's first shared allreduce). A group whose ranks outnumber the
+// it now, collectively, on the group's first shared collective). A group whose ranks outnumber the
 // CPUs measures too (plain stores gained 20% at 64 MiB with 4 ranks on the 2-vCPU Xeon VM): its
 // barriers sleep, which adds to both modes' times alike, and a noisy measurement keeps the
 // streaming stores unless plain ones are clearly faster.

@@ -38,8 +38,8 @@ type Config struct {
 
 	StallCheck   bool // the stall inspector (warnings and both deadlines); default true
 	Hierarchical bool // two-level allreduce (shm within hosts, TCP across) where hosts run equal numbers of several ranks; default on
-	// SlotStores is how the shared-memory allreduce writes its slots (KOLO_SHM_STREAM_STORES: 1
-	// streaming stores, 0 plain ones); the default measures both on the group's first one.
+	// SlotStores is how the shared-memory collectives write their slots (KOLO_SHM_STREAM_STORES:
+	// 1 streaming stores, 0 plain ones); the default measures both on the group's first one.
 	SlotStores   collective.SlotStores
 	SetupTimeout time.Duration // connecting to peers; default 60 s
 	ShutdownWait time.Duration // how long Shutdown waits for the other ranks; default 30 s

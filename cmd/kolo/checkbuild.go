@@ -52,7 +52,8 @@ type buildInfo struct {
 	SharedMemory  bool   // Linux with a /dev/shm directory
 	ShmFree       int64  // free bytes in /dev/shm; -1 unknown
 	// ShmSizes is the host's segment by local ranks: what Open reserves, and the most once every
-	// ring is used (an alltoall's traffic), with the default sizes.
+	// ring is used (the pair rings carry what process sets within a host exchange), with the
+	// default sizes.
 	ShmSizes []shmSize
 }
 
@@ -107,7 +108,7 @@ func formatCheckBuild(b buildInfo) string {
 			case b.ShmFree >= 0 && z.reserved > b.ShmFree:
 				warn = "  <- does not fit: the job cannot start"
 			case b.ShmFree >= 0 && z.total > b.ShmFree:
-				warn = "  <- an alltoall-heavy job may fill it"
+				warn = "  <- a job whose process sets within a host exchange much may fill it"
 			}
 			fmt.Fprintf(&s, "    %-12d %-20s %s%s\n", z.ranks, mib(z.reserved), mib(z.total), warn)
 		}

@@ -29,7 +29,7 @@ func TestFormatCheckBuild(t *testing.T) {
 			{ranks: 2, reserved: 16 << 20, total: 18 << 20}, {ranks: 64, reserved: 90 << 20, total: 500 << 20},
 			{ranks: 128, reserved: 260 << 20, total: 1403 << 20}}},
 			[]string{"Shared memory per host (/dev/shm: 100.0 MiB free", "    2            16.0 MiB             18.0 MiB\n",
-				"64           90.0 MiB             500.0 MiB  <- an alltoall-heavy job may fill it",
+				"64           90.0 MiB             500.0 MiB  <- a job whose process sets within a host exchange much may fill it",
 				"128          260.0 MiB            1403.0 MiB  <- does not fit: the job cannot start"},
 			nil},
 		{"no binding, no /dev/shm", buildInfo{Version: "0.1.0", PyTorchDetail: "python3 cannot import kolo.torch: ModuleNotFoundError"},

@@ -91,14 +91,15 @@ const (
 	maxRanks            = 4096
 
 	// The defaults' budgets. The slots, one per rank, carry the shared-memory collectives; the
-	// rings, one per ordered pair, carry Send/Recv (alltoall, and the ring algorithms' steps)
-	// and the control messages. At the full sizes the pairs make the segment grow as n² (64
+	// rings, one per ordered pair, carry Send/Recv (recursive doubling, small broadcasts, what
+	// two ranks or a process set within a host exchange) and the control messages. At the full sizes the pairs make the segment grow as n² (64
 	// ranks: 4.7 GiB), so past a few ranks each kind shares a fixed budget: the segment is then
 	// n slots plus budgets, 476 MiB at 64 ranks, until the rings reach their floors
 	// (transport.MinBuffered and 8 KiB, so 72 KiB a pair) past about 34 ranks for the data
 	// rings, whose n² term then dominates again (128 ranks: 1.4 GiB). These sizes are the
-	// worst case, every ring used (an alltoall); a ring is reserved only at its first use, so a
-	// job whose ranks talk to few peers holds the slots and those few rings.
+	// worst case, every ring used (an alltoall of a process set of most of a host's ranks); a ring
+	// is reserved only at its first use, so a job whose ranks talk to few peers holds the slots
+	// and those few rings.
 	slotBudget    = 192 << 20
 	minSlotBytes  = 2 << 20
 	ringBudget    = 64 << 20
