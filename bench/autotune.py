@@ -148,7 +148,8 @@ def main():
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--grid-steps", type=int, default=40)
     p.add_argument("--grid-repeats", type=int, default=2,
-                   help="rounds over the grid, each in another order; a point's rate is its median")
+                   help="rounds over the grid, each in another order; a point's rate is its median "
+                        "(0: no grid, the tuned runs paired with the job's settings only)")
     p.add_argument("--tuned-steps", type=int, default=340)
     p.add_argument("--tuned-repeats", type=int, default=2)
     p.add_argument("--no-paired", action="store_true",
@@ -185,7 +186,8 @@ def main():
                 print(f"# {job} grid round {k + 1} fusion {f:g} MiB cycle {c:g} ms: {grid[(f, c)][-1]:.3f} steps/s",
                       file=sys.stderr, flush=True)
         gridm = {pt: median_rate(v) for pt, v in grid.items()}
-        best = max(gridm, key=gridm.get)
+        # --grid-repeats 0: no grid; the tuned runs are paired with the job's settings only.
+        best = max(gridm, key=gridm.get) if gridm else own
         # Then the tuned runs, each beside a run fixed at the grid's best point and one at the job's
         # own settings, as long as the tuned run, in an order that rotates from slot to slot. The
         # grid's best of 12 noisy points is biased up (the winner's curse), and runs minutes apart
@@ -195,7 +197,7 @@ def main():
         for slot in range(args.tuned_repeats):
             runs = [("tuned", root, label) for root, label in roots]
             if not args.no_paired:
-                runs += [("best", ROOT, ""), ("own", ROOT, "")]
+                runs += ([("best", ROOT, "")] if best != own else []) + [("own", ROOT, "")]
             shift = slot % len(runs)
             runs = runs[shift:] + runs[:shift]
             fixed = {}
@@ -237,12 +239,12 @@ def main():
             tl = tuned[label]
             rates = [t["tuned_rate"] for t in tl if "tuned_rate" in t]
             rows.append({
-                "job": job + label, "own": gridm[own], "best": gridm[best], "best_at": best,
-                "tuned": rates, "vs_grid": [r / gridm[best] for r in rates],
+                "job": job + label, "own": gridm.get(own), "best": gridm.get(best), "best_at": best,
+                "tuned": rates, "vs_grid": [r / gridm[best] for r in rates] if gridm else [],
                 "vs_best": [t["vs_best"] for t in tl if "vs_best" in t],
                 "vs_own": [t["vs_own"] for t in tl if "vs_own" in t],
                 "decided": [t["decided_at"] for t in tl if t["decided_at"]],
-                "overhead": [1 - t["tuning_rate"] / gridm[own] for t in tl if "tuning_rate" in t],
+                "overhead": [1 - t["tuning_rate"] / gridm[own] for t in tl if "tuning_rate" in t and gridm],
                 "in_run": [t["in_run_overhead"] for t in tl if "in_run_overhead" in t],
                 "chosen": [t["chosen"] for t in tl],
                 "undecided": sum(1 for t in tl if not t["decided_at"]),
@@ -260,7 +262,9 @@ def main():
     for r in rows:
         f, c = r["best_at"]
         chosen = "; ".join(f"{cf:g}, {cc:g}" if cf is not None else "undecided" for cf, cc in r["chosen"])
-        print(f"| {r['job']} | {r['own']:.2f} | {r['best']:.2f} ({f:g}, {c:g}) | {med(r['tuned'])} "
+        own_s = f"{r['own']:.2f}" if r["own"] is not None else "-"
+        best_s = f"{r['best']:.2f} ({f:g}, {c:g})" if r["best"] is not None else "-"
+        print(f"| {r['job']} | {own_s} | {best_s} | {med(r['tuned'])} "
               f"| {med(r['vs_grid'], '%.3f')} | {med(r['vs_best'], '%.3f')} | {med(r['vs_own'], '%.3f')} "
               f"| {med(r['decided'], '%.0f')} | {med(r['overhead'], '%.3f')} "
               f"| {med(r['in_run'], '%.3f')} | {chosen} |")
