@@ -65,12 +65,11 @@ func (p *fakeWorker) Signal(sig syscall.Signal) error {
 	return nil
 }
 
-// end makes the process exit; the first end wins.
+// end makes the process exit; the first end wins. ended is set before the exit is delivered: a
+// launcher that has collected the exit (and a test that then looks) must see it set.
 func (p *fakeWorker) end(e Exit) {
-	select {
-	case p.exitc <- e:
-		p.ended.Store(true)
-	default:
+	if p.ended.CompareAndSwap(false, true) {
+		p.exitc <- e // buffered for the one exit
 	}
 }
 
