@@ -256,6 +256,19 @@ func (h *elasticHarness) ask(n int, host string, slot int, suspects ...jobenv.Pl
 	}
 }
 
+// logged reports whether the launcher's stderr has want, waiting up to 5 s for it: the launcher
+// logs a round after publishing it, so a test that has seen the round may look before the line.
+func (h *elasticHarness) logged(want string) bool {
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if strings.Contains(h.stderr.String(), want) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
 func (h *elasticHarness) wait() int {
 	h.t.Helper()
 	select {
@@ -350,14 +363,14 @@ func TestElasticFirstRoundAndSuccess(t *testing.T) {
 	if code := h.wait(); code != 0 || h.err != nil {
 		t.Fatalf("exit %d, %v; want 0", code, h.err)
 	}
-	if !strings.Contains(h.stdout.String(), "[localhost[1]]<stdout>:hello\n") || !strings.Contains(h.stderr.String(), "[localhost[1]]<stderr>:careful\n") {
+	if !strings.Contains(h.stdout.String(), "[localhost[1]]<stdout>:hello\n") || !h.logged("[localhost[1]]<stderr>:careful\n") {
 		t.Errorf("output not prefixed by place:\nstdout %q\nstderr %q", h.stdout.String(), h.stderr.String())
 	}
 	if b, err := os.ReadFile(filepath.Join(outDir, "localhost[1]", "stdout")); err != nil || string(b) != "hello\n" {
 		t.Errorf("--output-filename's file of localhost[1]: %q, %v", b, err)
 	}
 	for _, want := range []string{"kolo run: elastic: round 1: generation 1: 3 ranks on 2 hosts", "every worker of round 1 exited 0"} {
-		if !strings.Contains(h.stderr.String(), want) {
+		if !h.logged(want) {
 			t.Errorf("stderr lacks %q", want)
 		}
 	}
@@ -396,7 +409,7 @@ func TestElasticFailureDropsItsHost(t *testing.T) {
 	}
 	for _, want := range []string{"localhost[1] (started for round 1 as rank 1) exited with code 3",
 		"round 2: generation 2 (reset 1): lost localhost[0] (host blacklisted), localhost[1] (failed); 2 ranks on 1 host"} {
-		if !strings.Contains(h.stderr.String(), want) {
+		if !h.logged(want) {
 			t.Errorf("stderr lacks %q:\n%s", want, h.stderr.String())
 		}
 	}
@@ -429,7 +442,7 @@ func TestElasticBelowMinNPFailsAtTimeout(t *testing.T) {
 	for _, want := range []string{"waiting: below min-np: 1 slot available on 1 host, --min-np 2",
 		"kolo run: elastic: the job failed: below min-np", "localhost[0] (rank 0 of round 1) exited with code 3",
 		"Last lines of localhost[0]'s stderr:\n    ValueError: bad batch", "Other workers: 127.0.0.1[0]: stopped by the launcher (killed by signal 9"} {
-		if !strings.Contains(h.stderr.String(), want) {
+		if !h.logged(want) {
 			t.Errorf("stderr lacks %q:\n%s", want, h.stderr.String())
 		}
 	}
@@ -444,7 +457,7 @@ func TestElasticAllFailedExitsWithTheirCode(t *testing.T) {
 	if code := h.wait(); code != 5 {
 		t.Errorf("exit %d, want 5:\n%s", code, h.stderr.String())
 	}
-	if !strings.Contains(h.stderr.String(), "all ranks failed") {
+	if !h.logged("all ranks failed") {
 		t.Errorf("stderr lacks the reason:\n%s", h.stderr.String())
 	}
 }
@@ -499,7 +512,7 @@ func TestElasticDiscoveryAddsAndRemovesHosts(t *testing.T) {
 	if n := h.fake.total(); n != 3 {
 		t.Errorf("%d starts, want 3", n)
 	}
-	if !strings.Contains(h.stderr.String(), "lost localhost[0] (host left discovery)") {
+	if !h.logged("lost localhost[0] (host left discovery)") {
 		t.Errorf("stderr lacks the removal:\n%s", h.stderr.String())
 	}
 }
@@ -545,7 +558,7 @@ func TestElasticStopsBeforeItStartsAtThePlace(t *testing.T) {
 	}
 	wantSignals(t, idle, syscall.SIGTERM, syscall.SIGKILL)
 	wantSignals(t, h.worker("127.0.0.1[0]", 0))
-	if !strings.Contains(h.stderr.String(), "waiting: below min-np") {
+	if !h.logged("waiting: below min-np") {
 		t.Errorf("stderr lacks the wait:\n%s", h.stderr.String())
 	}
 }
@@ -575,7 +588,7 @@ func TestElasticFinishStopsWorkersOfALaterRound(t *testing.T) {
 		t.Fatalf("exit %d, want 0\n%s", code, h.stderr.String())
 	}
 	wantSignals(t, newcomer, syscall.SIGTERM)
-	if !strings.Contains(h.stderr.String(), "training finished in round 1; 127.0.0.1[0], started for a later round, stopped") {
+	if !h.logged("training finished in round 1; 127.0.0.1[0], started for a later round, stopped") {
 		t.Errorf("stderr lacks the finish:\n%s", h.stderr.String())
 	}
 }
@@ -585,7 +598,7 @@ func TestElasticDiscoveryFailsFirst(t *testing.T) {
 	if code := h.wait(); code != 1 {
 		t.Errorf("exit %d, want 1", code)
 	}
-	if !strings.Contains(h.stderr.String(), "host discovery failed on its first run") || !strings.Contains(h.stderr.String(), "no hosts here") {
+	if !h.logged("host discovery failed on its first run") || !h.logged("no hosts here") {
 		t.Errorf("stderr lacks the reason:\n%s", h.stderr.String())
 	}
 }
@@ -626,7 +639,7 @@ func TestElasticReinitReformsTheRound(t *testing.T) {
 	if n := h.fake.total(); n != 2 {
 		t.Errorf("%d starts, want 2", n)
 	}
-	if !strings.Contains(h.stderr.String(), "round 2: the same 2 workers as round 1") {
+	if !h.logged("round 2: the same 2 workers as round 1") {
 		t.Errorf("stderr lacks the re-forming:\n%s", h.stderr.String())
 	}
 }
@@ -647,7 +660,7 @@ func TestElasticStuckWorkerIsStopped(t *testing.T) {
 	}
 	wantSignals(t, h.worker("127.0.0.1[0]", 0), syscall.SIGKILL)
 	wantSignals(t, h.worker("localhost[0]", 0))
-	if !strings.Contains(h.stderr.String(), "127.0.0.1[0] did not ask for a new round within 300ms of the other workers of round 1: stopped as stuck") {
+	if !h.logged("127.0.0.1[0] did not ask for a new round within 300ms of the other workers of round 1: stopped as stuck") {
 		t.Errorf("stderr lacks the laggard:\n%s", h.stderr.String())
 	}
 }
@@ -671,7 +684,7 @@ func TestElasticSuspectIsStoppedAtOnce(t *testing.T) {
 	wantSignals(t, h.worker("127.0.0.1[0]", 0), syscall.SIGKILL)
 	// localhost[1] has not asked either, but nobody named it: it is left alone (the grace).
 	wantSignals(t, h.worker("localhost[1]", 0))
-	if !strings.Contains(h.stderr.String(), "127.0.0.1[0] found stuck by the other workers of round 1") {
+	if !h.logged("127.0.0.1[0] found stuck by the other workers of round 1") {
 		t.Errorf("stderr lacks the suspect:\n%s", h.stderr.String())
 	}
 }
@@ -750,7 +763,7 @@ func TestElasticUnreachableWorkerIsStoppedAtOnce(t *testing.T) {
 		t.Errorf("round 2 on %s, want localhost[0] localhost[1]", places(r))
 	}
 	wantSignals(t, h.worker("127.0.0.1[0]", 0), syscall.SIGKILL)
-	if !strings.Contains(h.stderr.String(), "127.0.0.1[0] joined round 1 but can no longer be reached") {
+	if !h.logged("127.0.0.1[0] joined round 1 but can no longer be reached") {
 		t.Errorf("stderr lacks the unreachable worker:\n%s", h.stderr.String())
 	}
 }
@@ -770,7 +783,7 @@ func TestElasticBadReinitRecordCountsAsAsking(t *testing.T) {
 	}
 	wantSignals(t, h.worker("localhost[0]", 0))
 	wantSignals(t, h.worker("127.0.0.1[0]", 0))
-	if !strings.Contains(h.stderr.String(), `localhost[0] asked for a new round with a bad record: elastic reinit: bad line "blame everyone"`) {
+	if !h.logged(`localhost[0] asked for a new round with a bad record: elastic reinit: bad line "blame everyone"`) {
 		t.Errorf("stderr lacks the bad record:\n%s", h.stderr.String())
 	}
 }
