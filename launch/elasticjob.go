@@ -475,12 +475,14 @@ func (j *elasticJob) reset(d elastic.Decision) *elasticEnd {
 	return nil
 }
 
-// publish makes r the newest round: its record first, then the pointer to it.
+// publish makes r the newest round: the pointer to it first, then its record.
 func (j *elasticJob) publish(r jobenv.Round) error {
-	if err := j.srv.Set(jobenv.RoundKey(r.Number), r.Encode()); err != nil {
+	// The pointer first: whoever sees round n then finds "latest" at n or later. A reader that
+	// follows the pointer before the round is there waits for it (a Get), which is harmless.
+	if err := j.srv.Set(jobenv.LatestRoundKey, []byte(strconv.Itoa(r.Number))); err != nil {
 		return fmt.Errorf("publish round %d: %w", r.Number, err)
 	}
-	if err := j.srv.Set(jobenv.LatestRoundKey, []byte(strconv.Itoa(r.Number))); err != nil {
+	if err := j.srv.Set(jobenv.RoundKey(r.Number), r.Encode()); err != nil {
 		return fmt.Errorf("publish round %d: %w", r.Number, err)
 	}
 	if r.End == "" {
