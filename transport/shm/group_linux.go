@@ -385,8 +385,9 @@ func (g *Group) Comm() transport.Comm { return g.comm }
 // the Group) is closed.
 func (g *Group) Messenger() transport.Messenger { return g.msgr }
 
-// Abort makes every current and future Comm call and Barrier of every rank of the segment fail
-// with an error that matches ErrAborted and carries err's text: the engine calls it when some rank
+// Abort makes every current and future Comm call and Barrier of every rank of the segment that
+// has to wait fail with an error that matches ErrAborted and carries err's text (one whose bytes
+// or arrivals are already there still completes): the engine calls it when some rank
 // is lost, so ranks waiting on each other here do not wait for their own timeouts. The first Abort
 // wins. The Messenger is not affected: it is how ranks may still tell each other why.
 func (g *Group) Abort(err error) {
@@ -622,7 +623,7 @@ func (w *waiter) check(ready func() bool, gone func(procs bool) error) error {
 		return transport.ErrClosed
 	}
 	if w.abort {
-		if err := w.g.aborted(); err != nil {
+		if err := w.g.aborted(); err != nil && !ready() {
 			return err
 		}
 	}

@@ -394,8 +394,20 @@ func TestAbortFailsEveryWait(t *testing.T) {
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("aborted waits took %v to fail", d)
 	}
-	if err := gs[1].Comm().Send(ctx, 0, []byte{1}); !errors.Is(err, ErrAborted) {
-		t.Fatalf("send after abort: %v", err)
+	// A call that has to wait fails; one that need not still completes, as a rank that finished
+	// an op and then aborted has sent what the others need to finish theirs.
+	if err := gs[1].Comm().Send(ctx, 0, make([]byte, 128<<10)); !errors.Is(err, ErrAborted) {
+		t.Fatalf("send larger than the ring after abort: %v", err)
+	}
+	if err := gs[2].Comm().Send(ctx, 0, payload(2, 0, 0, 100)); err != nil {
+		t.Fatalf("send that fits the ring after abort: %v", err)
+	}
+	got := make([]byte, 100)
+	if err := gs[0].Comm().Recv(ctx, 2, got); err != nil || !bytes.Equal(got, payload(2, 0, 0, 100)) {
+		t.Fatalf("recv of bytes already sent, after abort: err %v, equal %v", err, bytes.Equal(got, payload(2, 0, 0, 100)))
+	}
+	if err := gs[0].Comm().Recv(ctx, 2, got); !errors.Is(err, ErrAborted) {
+		t.Fatalf("recv of bytes never sent, after abort: %v", err)
 	}
 	// The Messenger keeps working, so ranks can still tell each other why.
 	if err := gs[1].Messenger().SendMsg(ctx, 0, []byte("why")); err != nil {

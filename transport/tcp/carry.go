@@ -84,6 +84,10 @@ func (m *Mesh) Detach() map[int]*Carried {
 				p.ctrlMu.Unlock()
 				keep[r] = err == nil
 			}
+			// The peer's own leave notice may have crossed ours: its reader marks it lost (and
+			// interrupts the connections, which can fail our notice's write) while we look. A peer
+			// that left is still carried: the resync skips whatever either side wrote before it.
+			keep[r] = keep[r] || p.left.Load()
 			if keep[r] {
 				p.interrupt()
 			} else {
@@ -117,8 +121,13 @@ func (p *peer) interrupt() {
 // stay open for Detach to carry.
 func (p *peer) leave() {
 	pe := &transport.PeerError{Rank: p.rank, Host: p.host, Op: "recv message", Err: transport.ErrPeerLeft}
+	if p.lost.Load() != nil {
+		return
+	}
+	// Before lost: a Detach that sees the peer lost must also see that it left, or it would close
+	// connections it can carry.
+	p.left.Store(true)
 	if p.lost.CompareAndSwap(nil, pe) {
-		p.left.Store(true)
 		p.m.log.Debug("tcp transport: peer left the world", "rank", p.m.rank, "peer", p.rank, "host", p.host)
 		p.interrupt()
 	}
