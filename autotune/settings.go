@@ -10,9 +10,49 @@ import (
 )
 
 // Settings are the knobs the tuner turns: the ones every rank must agree on at every step.
+//
+// FusionBytes and CycleTime are always tuned. The collective knobs after them are tuned when the
+// defaults set them (the engine sets those that can matter in its world: a shared-memory round
+// size only where ranks share memory and each has a CPU, hierarchical allreduce only across hosts
+// that run several ranks each); their zero value means "not tuned: the job's own setting".
 type Settings struct {
 	FusionBytes int64         // fusion threshold in bytes (0: no fusion)
 	CycleTime   time.Duration // negotiation cycle time (0: negotiate at once)
+
+	// SmallAllreduceBytes: allreduces shorter than this use recursive doubling, longer ones the
+	// shared-memory slots or the ring (collective.Tuning).
+	SmallAllreduceBytes int64
+	// SharedRoundBytes: what the shared-memory collectives move per rank per round of barriers.
+	SharedRoundBytes int64
+	// Hierarchical: the two-level allreduce across hosts.
+	Hierarchical Switch
+}
+
+// Switch is an on/off knob that may be left to the job.
+type Switch uint8
+
+const (
+	Unset Switch = iota // not tuned: the job's own setting
+	Off
+	On
+)
+
+// SwitchOf is On for true, Off for false.
+func SwitchOf(on bool) Switch {
+	if on {
+		return On
+	}
+	return Off
+}
+
+func (s Switch) String() string {
+	switch s {
+	case Off:
+		return "off"
+	case On:
+		return "on"
+	}
+	return ""
 }
 
 const (
@@ -35,8 +75,11 @@ const (
 
 // Column names of the settings in the CSV log, and of the map ParseSettings reads.
 const (
-	ColumnFusionBytes = "fusion_bytes"
-	ColumnCycleMs     = "cycle_ms"
+	ColumnFusionBytes    = "fusion_bytes"
+	ColumnCycleMs        = "cycle_ms"
+	ColumnSmallAllreduce = "small_allreduce_bytes"
+	ColumnSharedRound    = "shared_round_bytes"
+	ColumnHierarchical   = "hierarchical"
 	// ColumnPhase is not a setting: it marks warm-up rows ("warmup"), which the decision ignores,
 	// apart from the measured ones ("tuning"), a candidate's sample cut short because its first
 	// steps were far slower than the defaults' ("abandoned"), and the decision ("decided").
@@ -55,9 +98,20 @@ const (
 	PhaseDecided   = "decided"
 )
 
-// String reads like "fusion 32 MiB, cycle 0 ms".
+// String reads like "fusion 32 MiB, cycle 0 ms", followed by the collective knobs that are set:
+// ", small allreduce 64 KiB, shm round 1 MiB, hierarchical off".
 func (s Settings) String() string {
-	return "fusion " + formatBytes(s.FusionBytes) + ", cycle " + formatMs(s.CycleTime) + " ms"
+	out := "fusion " + formatBytes(s.FusionBytes) + ", cycle " + formatMs(s.CycleTime) + " ms"
+	if s.SmallAllreduceBytes != 0 {
+		out += ", small allreduce " + formatBytes(s.SmallAllreduceBytes)
+	}
+	if s.SharedRoundBytes != 0 {
+		out += ", shm round " + formatBytes(s.SharedRoundBytes)
+	}
+	if s.Hierarchical != Unset {
+		out += ", hierarchical " + s.Hierarchical.String()
+	}
+	return out
 }
 
 func formatBytes(b int64) string {
@@ -84,18 +138,30 @@ func round2(v float64) string {
 // columns are the log's setting columns, in order.
 func (s Settings) columns(phase string) map[string]string {
 	return map[string]string{
-		ColumnFusionBytes: strconv.FormatInt(s.FusionBytes, 10),
-		ColumnCycleMs:     strconv.FormatFloat(float64(s.CycleTime)/float64(time.Millisecond), 'f', -1, 64),
-		ColumnPhase:       phase,
+		ColumnFusionBytes:    strconv.FormatInt(s.FusionBytes, 10),
+		ColumnCycleMs:        strconv.FormatFloat(float64(s.CycleTime)/float64(time.Millisecond), 'f', -1, 64),
+		ColumnSmallAllreduce: optionalBytes(s.SmallAllreduceBytes),
+		ColumnSharedRound:    optionalBytes(s.SharedRoundBytes),
+		ColumnHierarchical:   s.Hierarchical.String(),
+		ColumnPhase:          phase,
 	}
+}
+
+// optionalBytes is b as a column: empty when 0 (not tuned).
+func optionalBytes(b int64) string {
+	if b == 0 {
+		return ""
+	}
+	return strconv.FormatInt(b, 10)
 }
 
 // logColumns are the tuner's columns of the log: the settings, the row's phase and steps, and the
 // world it ran in (world.go).
-var logColumns = []string{ColumnFusionBytes, ColumnCycleMs, ColumnPhase, ColumnSteps, ColumnRound, ColumnRanks, ColumnHosts}
+var logColumns = []string{ColumnFusionBytes, ColumnCycleMs, ColumnSmallAllreduce, ColumnSharedRound, ColumnHierarchical, ColumnPhase, ColumnSteps, ColumnRound, ColumnRanks, ColumnHosts}
 
 // ParseSettings reads settings from a log row's columns, such as csvlog.ReadChosen returns, so that
-// a later run can start with an earlier run's decision. Columns it does not know are ignored.
+// a later run can start with an earlier run's decision. Columns it does not know are ignored; the
+// collective knobs' columns may be empty or absent (not tuned, or a log of an older kolo).
 func ParseSettings(cols map[string]string) (Settings, error) {
 	var s Settings
 	f, ok := cols[ColumnFusionBytes]
@@ -115,23 +181,71 @@ func ParseSettings(cols map[string]string) (Settings, error) {
 		return Settings{}, fmt.Errorf("autotune: %s %q: want a number of milliseconds >= 0", ColumnCycleMs, c)
 	}
 	s.CycleTime = time.Duration(math.Round(ms * float64(time.Millisecond)))
+	for _, b := range []struct {
+		col string
+		dst *int64
+	}{{ColumnSmallAllreduce, &s.SmallAllreduceBytes}, {ColumnSharedRound, &s.SharedRoundBytes}} {
+		v := cols[b.col]
+		if v == "" {
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			return Settings{}, fmt.Errorf("autotune: %s %q: want a whole number of bytes > 0, or nothing", b.col, v)
+		}
+		*b.dst = n
+	}
+	switch v := cols[ColumnHierarchical]; v {
+	case "":
+	case "on":
+		s.Hierarchical = On
+	case "off":
+		s.Hierarchical = Off
+	default:
+		return Settings{}, fmt.Errorf("autotune: %s %q: want on, off or nothing", ColumnHierarchical, v)
+	}
 	return s, nil
 }
 
-// space is the search box of a tuner: fusion bytes (log-scaled) and cycle time in milliseconds.
+// The collective knobs' ranges. Recursive doubling below 1 KiB or above 4 MiB is never the better
+// choice (at 4 MiB the ring and the slots move a fraction of the bytes). A shared-memory round of
+// less than 128 KiB costs more in barriers than it gains in cache; one as large as the slot (8 MiB
+// by default) moves a slot, and the box reaches 16 MiB so that kolo's 1 MiB default lies below its
+// middle: with 4 ranks, rounds of a whole slot measured faster (collective.DefaultSharedRoundBytes).
+const (
+	MinSmallAllreduceBytes = 1 * kib
+	MaxSmallAllreduceBytes = 4 * mib
+	MinSharedRoundBytes    = 128 * kib
+	MaxSharedRoundBytes    = 16 * mib
+)
+
+// space is the search box of a tuner: fusion bytes (log-scaled) and cycle time in milliseconds,
+// then the collective knobs its defaults set, in Settings' order: the small-allreduce threshold
+// and the shared-memory round (log-scaled bytes), hierarchical allreduce (0 off, 1 on).
 type space struct {
-	dims []bayes.Dim
+	dims     []bayes.Dim
+	defaults Settings // the knobs not searched keep these values
 }
 
-// newSpace is the box from no fusion and cycle 0 to MaxFusionBytes and maxCycle, widened to hold the
-// defaults.
+// newSpace is the box from no fusion and cycle 0 to MaxFusionBytes and maxCycle, and over the
+// collective knobs' ranges, widened to hold the defaults.
 func newSpace(defaults Settings, maxCycle time.Duration) space {
 	maxFusion := max(int64(MaxFusionBytes), defaults.FusionBytes)
 	maxCycle = max(maxCycle, defaults.CycleTime)
-	return space{dims: []bayes.Dim{
+	dims := []bayes.Dim{
 		bayes.Int(ColumnFusionBytes, 0, maxFusion).LogScale(fusionLogOffset),
 		bayes.Real(ColumnCycleMs, 0, float64(maxCycle)/float64(time.Millisecond)),
-	}}
+	}
+	if b := defaults.SmallAllreduceBytes; b != 0 {
+		dims = append(dims, bayes.Int(ColumnSmallAllreduce, min(MinSmallAllreduceBytes, b), max(MaxSmallAllreduceBytes, b)).LogScale(0))
+	}
+	if b := defaults.SharedRoundBytes; b != 0 {
+		dims = append(dims, bayes.Int(ColumnSharedRound, min(MinSharedRoundBytes, b), max(MaxSharedRoundBytes, b)).LogScale(0))
+	}
+	if defaults.Hierarchical != Unset {
+		dims = append(dims, bayes.Int(ColumnHierarchical, 0, 1))
+	}
+	return space{dims: dims, defaults: defaults}
 }
 
 // cycleCap is the longest cycle time worth trying in a job whose defaults take stepSecs a step: half
@@ -146,16 +260,46 @@ func cycleCap(stepSecs float64) time.Duration {
 
 // point is s as the optimiser sees it.
 func (sp space) point(s Settings) []float64 {
-	return []float64{float64(s.FusionBytes), float64(s.CycleTime) / float64(time.Millisecond)}
+	x := make([]float64, len(sp.dims))
+	for i, d := range sp.dims {
+		switch d.Name {
+		case ColumnFusionBytes:
+			x[i] = float64(s.FusionBytes)
+		case ColumnCycleMs:
+			x[i] = float64(s.CycleTime) / float64(time.Millisecond)
+		case ColumnSmallAllreduce:
+			x[i] = float64(s.SmallAllreduceBytes)
+		case ColumnSharedRound:
+			x[i] = float64(s.SharedRoundBytes)
+		case ColumnHierarchical:
+			if s.Hierarchical == On {
+				x[i] = 1
+			}
+		}
+	}
+	return x
 }
 
 // settings is the point x, the cycle time rounded to a microsecond (finer means nothing to a
-// background loop's sleep).
+// background loop's sleep), byte sizes to whole elements of 8 bytes (so that every dtype's
+// elements fit a round whole), hierarchical to on or off; knobs not searched keep the defaults'.
 func (sp space) settings(x []float64) Settings {
-	return Settings{
-		FusionBytes: int64(math.Round(x[0])),
-		CycleTime:   time.Duration(math.Round(x[1]*1e3)) * time.Microsecond,
+	s := sp.defaults
+	for i, d := range sp.dims {
+		switch d.Name {
+		case ColumnFusionBytes:
+			s.FusionBytes = int64(math.Round(x[i]))
+		case ColumnCycleMs:
+			s.CycleTime = time.Duration(math.Round(x[i]*1e3)) * time.Microsecond
+		case ColumnSmallAllreduce:
+			s.SmallAllreduceBytes = max(8, int64(math.Round(x[i]/8))*8)
+		case ColumnSharedRound:
+			s.SharedRoundBytes = max(8, int64(math.Round(x[i]/8))*8)
+		case ColumnHierarchical:
+			s.Hierarchical = SwitchOf(x[i] >= 0.5)
+		}
 	}
+	return s
 }
 
 // unit is where v lies along dimension d of the box, from 0 to 1, in the coordinates the Gaussian

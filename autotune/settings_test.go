@@ -11,12 +11,12 @@ func TestSettingsString(t *testing.T) {
 		s    Settings
 		want string
 	}{
-		{Settings{32 << 20, 0}, "fusion 32 MiB, cycle 0 ms"},
-		{Settings{128 << 20, time.Millisecond}, "fusion 128 MiB, cycle 1 ms"},
-		{Settings{0, 2500 * time.Microsecond}, "fusion off, cycle 2.5 ms"},
-		{Settings{3 << 19, 1234567 * time.Nanosecond}, "fusion 1.5 MiB, cycle 1.23 ms"},
-		{Settings{640 << 10, 25 * time.Millisecond}, "fusion 640 KiB, cycle 25 ms"},
-		{Settings{100, time.Second}, "fusion 100 B, cycle 1000 ms"},
+		{Settings{FusionBytes: 32 << 20, CycleTime: 0}, "fusion 32 MiB, cycle 0 ms"},
+		{Settings{FusionBytes: 128 << 20, CycleTime: time.Millisecond}, "fusion 128 MiB, cycle 1 ms"},
+		{Settings{FusionBytes: 0, CycleTime: 2500 * time.Microsecond}, "fusion off, cycle 2.5 ms"},
+		{Settings{FusionBytes: 3 << 19, CycleTime: 1234567 * time.Nanosecond}, "fusion 1.5 MiB, cycle 1.23 ms"},
+		{Settings{FusionBytes: 640 << 10, CycleTime: 25 * time.Millisecond}, "fusion 640 KiB, cycle 25 ms"},
+		{Settings{FusionBytes: 100, CycleTime: time.Second}, "fusion 100 B, cycle 1000 ms"},
 	} {
 		if got := tc.s.String(); got != tc.want {
 			t.Errorf("%#v: %q, want %q", tc.s, got, tc.want)
@@ -25,7 +25,10 @@ func TestSettingsString(t *testing.T) {
 }
 
 func TestParseSettings(t *testing.T) {
-	for _, s := range []Settings{{}, {1 << 20, 20 * time.Millisecond}, {123456789, 1234 * time.Microsecond}, {256 << 20, 25 * time.Millisecond}} {
+	for _, s := range []Settings{{}, {FusionBytes: 1 << 20, CycleTime: 20 * time.Millisecond},
+		{FusionBytes: 123456789, CycleTime: 1234 * time.Microsecond}, {FusionBytes: 256 << 20, CycleTime: 25 * time.Millisecond},
+		{FusionBytes: 64 << 20, SmallAllreduceBytes: 32 << 10, SharedRoundBytes: 1 << 20, Hierarchical: Off},
+		{SharedRoundBytes: 3 << 19, Hierarchical: On}} {
 		got, err := ParseSettings(s.columns(PhaseDecided))
 		if err != nil || got != s {
 			t.Errorf("%v: read back %v, %v", s, got, err)
@@ -54,11 +57,11 @@ func TestFarCorner(t *testing.T) {
 	for _, tc := range []struct {
 		defaults, want Settings
 	}{
-		{Settings{1 << 20, 20 * time.Millisecond}, Settings{MaxFusionBytes, 0}},
-		{Settings{128 << 20, 0}, Settings{0, MaxCycleTime}},
-		{Settings{0, 0}, Settings{MaxFusionBytes, MaxCycleTime}},
+		{Settings{FusionBytes: 1 << 20, CycleTime: 20 * time.Millisecond}, Settings{FusionBytes: MaxFusionBytes, CycleTime: 0}},
+		{Settings{FusionBytes: 128 << 20, CycleTime: 0}, Settings{FusionBytes: 0, CycleTime: MaxCycleTime}},
+		{Settings{FusionBytes: 0, CycleTime: 0}, Settings{FusionBytes: MaxFusionBytes, CycleTime: MaxCycleTime}},
 		// 16 MiB is past the middle of log(bytes + 1 MiB) over [0, 256 MiB].
-		{Settings{16 << 20, 12 * time.Millisecond}, Settings{0, MaxCycleTime}},
+		{Settings{FusionBytes: 16 << 20, CycleTime: 12 * time.Millisecond}, Settings{FusionBytes: 0, CycleTime: MaxCycleTime}},
 	} {
 		if got := newSpace(tc.defaults, MaxCycleTime).farCorner(tc.defaults); got != tc.want {
 			t.Errorf("defaults %v: corner %v, want %v", tc.defaults, got, tc.want)
@@ -72,18 +75,18 @@ func TestResultString(t *testing.T) {
 		r    Result
 		want string
 	}{
-		{Result{Decided: true, Chosen: Settings{32 << 20, 0}, Best: Settings{32 << 20, 0}, HaveBest: true,
+		{Result{Decided: true, Chosen: Settings{FusionBytes: 32 << 20, CycleTime: 0}, Best: Settings{FusionBytes: 32 << 20, CycleTime: 0}, HaveBest: true,
 			Speedup: 1.0712, Low: 1.0351, High: 1.0987, DecidedAt: 240},
 			"autotune: fusion 32 MiB, cycle 0 ms: 1.07x the defaults' steps/s (95% CI 1.04-1.10), decided at step 240"},
-		{Result{Decided: true, Chosen: Settings{128 << 20, 0}, KeptDefaults: true, Best: Settings{8 << 20, time.Millisecond}, HaveBest: true,
+		{Result{Decided: true, Chosen: Settings{FusionBytes: 128 << 20, CycleTime: 0}, KeptDefaults: true, Best: Settings{FusionBytes: 8 << 20, CycleTime: time.Millisecond}, HaveBest: true,
 			Speedup: 1.01, Low: 0.98, High: 1.04, DecidedAt: 300},
 			"autotune: kept the defaults (fusion 128 MiB, cycle 0 ms): no candidate was faster with 95% confidence (best: fusion 8 MiB, cycle 1 ms at 1.01x, 95% CI 0.98-1.04), decided at step 300"},
-		{Result{Decided: true, Chosen: Settings{128 << 20, 0}, KeptDefaults: true, Speedup: nan, Low: nan, High: nan, DecidedAt: 90},
+		{Result{Decided: true, Chosen: Settings{FusionBytes: 128 << 20, CycleTime: 0}, KeptDefaults: true, Speedup: nan, Low: nan, High: nan, DecidedAt: 90},
 			"autotune: kept the defaults (fusion 128 MiB, cycle 0 ms): no candidate was faster with 95% confidence, decided at step 90"},
-		{Result{Chosen: Settings{128 << 20, 0}, KeptDefaults: true, Samples: 4, Best: Settings{0, 25 * time.Millisecond}, HaveBest: true,
+		{Result{Chosen: Settings{FusionBytes: 128 << 20, CycleTime: 0}, KeptDefaults: true, Samples: 4, Best: Settings{FusionBytes: 0, CycleTime: 25 * time.Millisecond}, HaveBest: true,
 			Speedup: 0.5, Low: 0, High: math.Inf(1)},
 			"autotune: no decision yet after 4 samples (best so far: fusion off, cycle 25 ms at 0.50x, 95% CI not yet known)"},
-		{Result{Chosen: Settings{128 << 20, 0}, KeptDefaults: true, Speedup: nan, Low: nan, High: nan},
+		{Result{Chosen: Settings{FusionBytes: 128 << 20, CycleTime: 0}, KeptDefaults: true, Speedup: nan, Low: nan, High: nan},
 			"autotune: no decision yet after 0 samples"},
 	} {
 		if got := tc.r.String(); got != tc.want {

@@ -446,11 +446,19 @@ func (t *Tuner) stop() (Settings, bool) {
 // enough to fit a length scale per knob.
 func (t *Tuner) design() (Settings, bool) {
 	corner := t.space.farCorner(t.cfg.Defaults)
-	cycle := min(t.cfg.Defaults.CycleTime, corner.CycleTime)
-	points := []Settings{
-		t.space.settings([]float64{t.space.middle(0), float64(cycle) / float64(time.Millisecond)}),
-		corner,
-		{FusionBytes: t.cfg.Defaults.FusionBytes, CycleTime: corner.CycleTime},
+	x := t.space.point(t.cfg.Defaults)
+	x[0] = t.space.middle(0)
+	middle := t.space.settings(x) // the middle fusion threshold at the shorter cycle
+	middle.CycleTime = min(t.cfg.Defaults.CycleTime, corner.CycleTime)
+	cycle := t.cfg.Defaults // the far cycle time
+	cycle.CycleTime = corner.CycleTime
+	points := []Settings{middle, corner, cycle}
+	if len(t.space.dims) > 2 {
+		// The collective knobs alone at the corner, second: the far corner moves the cycle time
+		// too, which alone often makes it slow enough to abandon, and says nothing of them then.
+		coll := corner
+		coll.FusionBytes, coll.CycleTime = t.cfg.Defaults.FusionBytes, t.cfg.Defaults.CycleTime
+		points = []Settings{middle, coll, corner, cycle}
 	}
 	for t.designed < len(points) {
 		s := points[t.designed]
@@ -568,7 +576,7 @@ func (t *Tuner) suggest() (Settings, float64, bool) {
 	}
 	var best Settings
 	bestEI := math.Inf(-1)
-	for _, x := range t.space.grid(gridSize) {
+	for _, x := range t.space.grid(gridPoints(len(t.space.dims))) {
 		if !far(x) {
 			continue
 		}
@@ -579,8 +587,17 @@ func (t *Tuner) suggest() (Settings, float64, bool) {
 	return best, bestEI, !math.IsInf(bestEI, -1)
 }
 
-// gridSize is the number of grid values per dimension suggest falls back to.
+// gridSize is the number of grid values per dimension suggest falls back to in a box of two.
 const gridSize = 21
+
+// gridPoints is the values per dimension of suggest's grid over dims dimensions: gridSize for two,
+// fewer for more, so that the grid stays near gridSize² points (at least 3 values each).
+func gridPoints(dims int) int {
+	if dims <= 2 {
+		return gridSize
+	}
+	return max(3, int(math.Pow(gridSize*gridSize, 1/float64(dims))))
+}
 
 // startCandidate begins measuring s against the defaults, whose last sample opens the comparison,
 // if the samples left allow a verdict; otherwise the tuner keeps the defaults.

@@ -192,10 +192,10 @@ func TestSwitchSchedule(t *testing.T) {
 		cfg  Config
 		job  job
 	}{
-		{"faster cycle, lag 2", Config{Defaults: Settings{1 << 20, 20 * time.Millisecond}}, job{mean: cycleCost(0.05, 1), jitter: 0.02}},
-		{"noise, lag 1", Config{Defaults: Settings{64 << 20, 0}, Lag: 1}, job{mean: flat(0.1), jitter: 0.02}},
-		{"noise, lag 5, 4 steps", Config{Defaults: Settings{64 << 20, 0}, Lag: 5, StepsPerSample: 4, WarmupSamples: 1}, job{mean: flat(0.1), jitter: 0.03}},
-		{"noise, 1 step", Config{Defaults: Settings{0, 0}, StepsPerSample: 1, MaxSamples: 30}, job{mean: flat(0.1), jitter: 0.03}},
+		{"faster cycle, lag 2", Config{Defaults: Settings{FusionBytes: 1 << 20, CycleTime: 20 * time.Millisecond}}, job{mean: cycleCost(0.05, 1), jitter: 0.02}},
+		{"noise, lag 1", Config{Defaults: Settings{FusionBytes: 64 << 20, CycleTime: 0}, Lag: 1}, job{mean: flat(0.1), jitter: 0.02}},
+		{"noise, lag 5, 4 steps", Config{Defaults: Settings{FusionBytes: 64 << 20, CycleTime: 0}, Lag: 5, StepsPerSample: 4, WarmupSamples: 1}, job{mean: flat(0.1), jitter: 0.03}},
+		{"noise, 1 step", Config{Defaults: Settings{FusionBytes: 0, CycleTime: 0}, StepsPerSample: 1, MaxSamples: 30}, job{mean: flat(0.1), jitter: 0.03}},
 	} {
 		cfg, _ := tc.cfg.withDefaults()
 		r := simulate(t, tc.cfg, tc.job, 3, 3000)
@@ -252,7 +252,7 @@ func TestLog(t *testing.T) {
 	t.Run("ends in warm-up", func(t *testing.T) {
 		for _, steps := range []int64{0, 1, 15} {
 			var buf bytes.Buffer
-			tu, err := New(Config{Defaults: Settings{1 << 20, 0}, Log: &buf})
+			tu, err := New(Config{Defaults: Settings{FusionBytes: 1 << 20, CycleTime: 0}, Log: &buf})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -284,7 +284,8 @@ func TestLog(t *testing.T) {
 					t.Errorf("%d steps: row %+v: want a warm-up defaults row", steps, row)
 				}
 			}
-			if !reflect.DeepEqual(l.Settings, []string{ColumnFusionBytes, ColumnCycleMs, ColumnPhase, ColumnSteps, ColumnRound, ColumnRanks, ColumnHosts}) {
+			if !reflect.DeepEqual(l.Settings, []string{ColumnFusionBytes, ColumnCycleMs, ColumnSmallAllreduce, ColumnSharedRound, ColumnHierarchical,
+				ColumnPhase, ColumnSteps, ColumnRound, ColumnRanks, ColumnHosts}) {
 				t.Errorf("columns %q", l.Settings)
 			}
 		}
@@ -298,7 +299,7 @@ func TestLog(t *testing.T) {
 			{"switches", job{mean: cycleCost(0.05, 1), jitter: 0.02}, false},
 			{"keeps", job{mean: flat(0.05), jitter: 0.02}, true},
 		} {
-			r := simulate(t, Config{Defaults: Settings{1 << 20, 20 * time.Millisecond}, Seed: 5}, tc.job, 5, 2000)
+			r := simulate(t, Config{Defaults: Settings{FusionBytes: 1 << 20, CycleTime: 20 * time.Millisecond}, Seed: 5}, tc.job, 5, 2000)
 			res := r.tuner.Result()
 			if res.KeptDefaults != tc.keep {
 				t.Fatalf("%s: %v", tc.name, res)
@@ -349,7 +350,7 @@ func TestLog(t *testing.T) {
 
 // TestDeterministic: the same seed and the same step times give the same run, log included.
 func TestDeterministic(t *testing.T) {
-	cfg := Config{Defaults: Settings{8 << 20, 5 * time.Millisecond}, Seed: 42}
+	cfg := Config{Defaults: Settings{FusionBytes: 8 << 20, CycleTime: 5 * time.Millisecond}, Seed: 42}
 	j := job{mean: func(s Settings, _ int64) float64 {
 		return 0.1 + 0.002*math.Abs(math.Log2(float64(s.FusionBytes+1<<20))-25) + 0.5*s.CycleTime.Seconds()
 	}, jitter: 0.03}
@@ -367,7 +368,7 @@ func TestDeterministic(t *testing.T) {
 // the sample being timed instead of logging a wrong time.
 func TestStepsOutOfOrder(t *testing.T) {
 	var buf bytes.Buffer
-	tu, err := New(Config{Defaults: Settings{1 << 20, 0}, Log: &buf, StepsPerSample: 2, WarmupSamples: 5})
+	tu, err := New(Config{Defaults: Settings{FusionBytes: 1 << 20, CycleTime: 0}, Log: &buf, StepsPerSample: 2, WarmupSamples: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -465,7 +466,7 @@ func bestOnGrid(defaults Settings, mean func(Settings, int64) float64) float64 {
 	}
 	for f := int64(1 << 20); f <= MaxFusionBytes; f *= 2 {
 		for _, ms := range []time.Duration{0, 1, 2, 5, 10, 20} {
-			best = math.Min(best, mean(Settings{f, ms * time.Millisecond}, 0))
+			best = math.Min(best, mean(Settings{FusionBytes: f, CycleTime: ms * time.Millisecond}, 0))
 		}
 	}
 	return best
@@ -488,7 +489,7 @@ func TestFindsBestPoint(t *testing.T) {
 		{"far corner worse", bad, job{mean: largeFusionCost(0.015), jitter: 0.02}},
 		{"far corner worse, 5% jitter", bad, job{mean: largeFusionCost(0.015), jitter: 0.05}},
 		{"fusion optimum 24 MiB", bad, job{mean: fusionOptimum(0.05, 24<<20, 0.02), jitter: 0.02}},
-		{"fusion optimum 24 MiB, from 128 MiB / 0 ms", Settings{128 << 20, 0}, job{mean: fusionOptimum(0.05, 24<<20, 0.02), jitter: 0.02}},
+		{"fusion optimum 24 MiB, from 128 MiB / 0 ms", Settings{FusionBytes: 128 << 20, CycleTime: 0}, job{mean: fusionOptimum(0.05, 24<<20, 0.02), jitter: 0.02}},
 		{"fusion optimum 16 MiB, 5% jitter", bad, job{mean: fusionOptimum(0.05, 16<<20, 0.03), jitter: 0.05}},
 		{"fusion optimum 24 MiB, half the cycle time", bad, job{mean: func(s Settings, step int64) float64 {
 			return fusionOptimum(0.05, 24<<20, 0.02)(s, step) - s.CycleTime.Seconds()/2
@@ -522,7 +523,7 @@ func TestFindsBestPoint(t *testing.T) {
 // measures together, must crown one no more than 5% of the time. 100 seeds per job, deterministic.
 func TestFalseCrownRate(t *testing.T) {
 	drift := func(_ Settings, step int64) float64 { return 0.1 * (1 + 0.3*float64(step)/400) }
-	for _, defaults := range []Settings{{64 << 20, 0}, {1 << 20, 20 * time.Millisecond}} {
+	for _, defaults := range []Settings{{FusionBytes: 64 << 20}, {FusionBytes: 1 << 20, CycleTime: 20 * time.Millisecond}} {
 		for _, tc := range []struct {
 			name string
 			job  job
@@ -688,5 +689,55 @@ func TestSampleSize(t *testing.T) {
 				break
 			}
 		}
+	}
+}
+
+// collectiveJob is a job that gains from a larger shared-memory round up to the slot (8 MiB; each
+// halving below costs perHalving of the step, as with 4 ranks on the test VM, where whole-slot
+// rounds measured fastest) and from the flat allreduce (hierarchical on costs hier seconds a
+// step), and loses the cycle time; fusion and the small-allreduce threshold do not matter.
+func collectiveJob(base, perHalving, hier float64) func(Settings, int64) float64 {
+	return func(s Settings, _ int64) float64 {
+		l := math.Max(0, math.Log2(float64(8<<20)/float64(s.SharedRoundBytes)))
+		t := base*(1+perHalving*l) + s.CycleTime.Seconds()
+		if s.Hierarchical == On {
+			t += hier
+		}
+		return t
+	}
+}
+
+// TestTunesCollectiveKnobs: the collective knobs the defaults set are searched with fusion and the
+// cycle time, and the knobs they leave unset stay unset in every setting the tuner runs.
+func TestTunesCollectiveKnobs(t *testing.T) {
+	defaults := Settings{FusionBytes: 128 << 20, SmallAllreduceBytes: 64 << 10, SharedRoundBytes: 1 << 20, Hierarchical: On}
+	mean := collectiveJob(0.05, 0.04, 0.004)
+	// The box's best: rounds of 8 MiB or more, flat, cycle 0: 50 ms against the defaults' 60 ms.
+	best := mean(Settings{SharedRoundBytes: 8 << 20, Hierarchical: Off}, 0)
+	for seed := uint64(1); seed <= 8; seed++ {
+		r := simulate(t, Config{Defaults: defaults, Seed: seed, WarmupSamples: 3, StepsPerSample: 10}, job{mean: mean, jitter: 0.02}, seed, 1000)
+		res := r.tuner.Result()
+		if !res.Decided || res.KeptDefaults || !(res.Low > 1) {
+			t.Fatalf("seed %d: %v", seed, res)
+		}
+		if got := mean(res.Chosen, 0); got > 1.02*best {
+			t.Errorf("seed %d: chose %v, %.1f ms a step, the best is %.1f ms (%.1f%% slower)", seed, res.Chosen, 1e3*got, 1e3*best, 100*(got/best-1))
+		}
+		if res.DecidedAt > 300 {
+			t.Errorf("seed %d: decided at step %d, want <= 300", seed, res.DecidedAt)
+		}
+		if seed == 1 {
+			t.Logf("%v, %d candidates", res, res.Candidates)
+		}
+	}
+	// Fusion and cycle only: the collective knobs stay the job's own in every setting run.
+	r := simulate(t, Config{Defaults: Settings{FusionBytes: 1 << 20, CycleTime: 20 * time.Millisecond}, Seed: 3}, job{mean: cycleCost(0.05, 1), jitter: 0.02}, 3, 1000)
+	for step, s := range r.inForce {
+		if s.SmallAllreduceBytes != 0 || s.SharedRoundBytes != 0 || s.Hierarchical != Unset {
+			t.Fatalf("step %d ran %v: a knob the defaults leave unset was tuned", step, s)
+		}
+	}
+	if res := r.tuner.Result(); !res.Decided || res.Chosen.CycleTime != 0 && res.KeptDefaults {
+		t.Errorf("fusion and cycle only: %v", res)
 	}
 }

@@ -44,14 +44,14 @@ func TestAllgather(t *testing.T) {
 				mustRanks(t, n, opts, comm, func(ctx context.Context, r int, c transport.Comm) error {
 					for i, counts := range countSets {
 						recv := make([]byte, sum(counts))
-						if err := Allgather(ctx, c, sends[i][r], recv, counts, nil); err != nil {
+						if err := Allgather(ctx, c, sends[i][r], recv, counts, mode.tun); err != nil {
 							return fmt.Errorf("counts %v: %w", counts, err)
 						}
 						// In place: send is recv's own block.
 						inPlace := make([]byte, len(recv))
 						off := sum(counts[:r])
 						copy(inPlace[off:], sends[i][r])
-						if err := Allgather(ctx, c, inPlace[off:off+counts[r]], inPlace, counts, nil); err != nil {
+						if err := Allgather(ctx, c, inPlace[off:off+counts[r]], inPlace, counts, mode.tun); err != nil {
 							return fmt.Errorf("in place, counts %v: %w", counts, err)
 						}
 						if !bytes.Equal(inPlace, recv) {

@@ -38,6 +38,12 @@ type Tuning struct {
 	// SlotStores is how the shared-memory algorithms write their slots; SlotStoresAuto (the
 	// zero value) measures it per group (see SlotStores).
 	SlotStores SlotStores
+	// SharedRoundBytes caps what the shared-memory algorithms move per rank per round of barriers
+	// (the shared allreduce's round, the exchanges' piece) when every rank has a CPU; with more
+	// ranks than CPUs a round is as large as the slot (half a slot for the exchanges). Default
+	// DefaultSharedRoundBytes; less than MinSharedRoundBytes counts as that. Every rank of a group
+	// must use the same value.
+	SharedRoundBytes int
 }
 
 // Defaults for Tuning's zero fields; the engine's autotuner may override them per job.
@@ -68,6 +74,17 @@ func (tun *Tuning) smallBroadcast() int {
 	}
 	return tun.SmallBroadcastBytes
 }
+
+func (tun *Tuning) sharedRound() int {
+	if tun == nil || tun.SharedRoundBytes <= 0 {
+		return DefaultSharedRoundBytes
+	}
+	return max(tun.SharedRoundBytes, MinSharedRoundBytes)
+}
+
+// MinSharedRoundBytes is the smallest round the shared-memory collectives take: a reduce-scatter
+// piece is a whole number of cache lines of elements per rank, and a smaller round could hold none.
+const MinSharedRoundBytes = 4 << 10
 
 func (tun *Tuning) noShared() bool { return tun != nil && tun.NoShared }
 

@@ -24,7 +24,7 @@ var allreduceAlgos = []struct {
 }{
 	{"ring", []inmem.Option{inmem.WithoutShared()}, plainComm, RingAllreduce},
 	{"recursive-doubling", []inmem.Option{inmem.WithoutShared()}, plainComm, RecursiveDoublingAllreduce},
-	// Slots of 3 MiB: rounds of sharedChunkBytes, smaller than the slot.
+	// Slots of 3 MiB: rounds of DefaultSharedRoundBytes, smaller than the slot.
 	{"shared", []inmem.Option{inmem.WithSlotBytes(3 << 20)}, nil, sharedRun},
 	// More ranks than CPUs: rounds as large as the slot.
 	{"shared-oversubscribed", []inmem.Option{inmem.WithSlotBytes(2 << 20), inmem.WithOversubscribed()}, nil, sharedRun},
@@ -39,6 +39,8 @@ var allreduceAlgos = []struct {
 	// Each way of writing the slots, as a config fixes it.
 	{"auto-shared-streaming-stores", []inmem.Option{inmem.WithSlotBytes(3 << 20)}, nil, autoRun(&Tuning{SlotStores: SlotStoresStreaming})},
 	{"auto-shared-plain-stores", []inmem.Option{inmem.WithSlotBytes(3 << 20)}, nil, autoRun(&Tuning{SlotStores: SlotStoresPlain})},
+	// The smallest tuned rounds, and the shared algorithm down to the smallest buffers.
+	{"auto-shared-small-rounds", []inmem.Option{inmem.WithSlotBytes(3 << 20)}, nil, autoRun(&Tuning{SmallAllreduceBytes: 1, SharedRoundBytes: 96})}, // taken as MinSharedRoundBytes
 }
 
 func sharedRun(ctx context.Context, c transport.Comm, buf []byte, t dtype.DType, op reduce.Op) error {

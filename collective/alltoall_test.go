@@ -14,12 +14,12 @@ import (
 func TestAlltoall(t *testing.T) {
 	for _, mode := range exchangeModes {
 		for _, n := range rankCounts {
-			testAlltoall(t, mode.name, n, mode.opts, mode.comm)
+			testAlltoall(t, mode.name, n, mode.opts, mode.comm, mode.tun)
 		}
 	}
 }
 
-func testAlltoall(t *testing.T, mode string, n int, opts []inmem.Option, comm func(*inmem.Endpoint) transport.Comm) {
+func testAlltoall(t *testing.T, mode string, n int, opts []inmem.Option, comm func(*inmem.Endpoint) transport.Comm, tun *Tuning) {
 	{
 		t.Run(fmt.Sprintf("%s/n=%d", mode, n), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(n), 13))
@@ -46,7 +46,7 @@ func testAlltoall(t *testing.T, mode string, n int, opts []inmem.Option, comm fu
 						recvCounts[q] = split[q][r]
 					}
 					recvs[r] = make([]byte, sum(recvCounts))
-					return Alltoall(ctx, c, send, split[r], recvs[r], recvCounts, nil)
+					return Alltoall(ctx, c, send, split[r], recvs[r], recvCounts, tun)
 				})
 				for r := range n {
 					var want []byte

@@ -22,12 +22,12 @@ func TestBroadcast(t *testing.T) {
 	}
 	for _, mode := range exchangeModes {
 		for _, n := range rankCounts {
-			testBroadcast(t, mode.name, n, mode.opts, mode.comm, tunings)
+			testBroadcast(t, mode.name, n, mode.opts, mode.comm, mode.tun, tunings)
 		}
 	}
 }
 
-func testBroadcast(t *testing.T, mode string, n int, opts []inmem.Option, comm func(*inmem.Endpoint) transport.Comm,
+func testBroadcast(t *testing.T, mode string, n int, opts []inmem.Option, comm func(*inmem.Endpoint) transport.Comm, modeTun *Tuning,
 	tunings []struct {
 		name string
 		tun  *Tuning
@@ -58,7 +58,11 @@ func testBroadcast(t *testing.T, mode string, n int, opts []inmem.Option, comm f
 							if r == root {
 								copy(buf, data)
 							}
-							if err := Broadcast(ctx, c, buf, root, tn.tun); err != nil {
+							tun := tn.tun
+							if tun == nil {
+								tun = modeTun
+							}
+							if err := Broadcast(ctx, c, buf, root, tun); err != nil {
 								return fmt.Errorf("root %d: %w", root, err)
 							}
 							if !bytes.Equal(buf, data) {

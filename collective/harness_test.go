@@ -91,17 +91,20 @@ var rankCounts = []int{1, 2, 3, 4, 5, 8}
 // exchangeModes are the transports the data-moving collectives (allgather, broadcast, alltoall,
 // reduce-scatter) are tested over: pair rings only, and shared slots, large (one piece) and small
 // (many pieces through both halves, and the fallback to rings where a half cannot hold a region
-// per rank), with pieces capped or whole halves when ranks outnumber CPUs.
+// per rank), with pieces capped or whole halves when ranks outnumber CPUs, and large slots with
+// small pieces (a tuned SharedRoundBytes).
 var exchangeModes = []struct {
 	name string
 	opts []inmem.Option
 	comm func(*inmem.Endpoint) transport.Comm
+	tun  *Tuning
 }{
-	{"rings", []inmem.Option{inmem.WithoutShared()}, plainComm},
-	{"slots", nil, nil},
-	{"small-slots", []inmem.Option{inmem.WithSlotBytes(16 << 10)}, nil},
-	{"small-slots-oversubscribed", []inmem.Option{inmem.WithSlotBytes(16 << 10), inmem.WithOversubscribed()}, nil},
-	{"tiny-slots", []inmem.Option{inmem.WithSlotBytes(1 << 10)}, nil},
+	{"rings", []inmem.Option{inmem.WithoutShared()}, plainComm, nil},
+	{"slots", nil, nil, nil},
+	{"small-slots", []inmem.Option{inmem.WithSlotBytes(16 << 10)}, nil, nil},
+	{"small-slots-oversubscribed", []inmem.Option{inmem.WithSlotBytes(16 << 10), inmem.WithOversubscribed()}, nil, nil},
+	{"tiny-slots", []inmem.Option{inmem.WithSlotBytes(1 << 10)}, nil, nil},
+	{"slots-small-rounds", nil, nil, &Tuning{SharedRoundBytes: 4 << 10}},
 }
 
 // slotsOnly is a Shared group whose pair links fail: a collective that passes over it moved

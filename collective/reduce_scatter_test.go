@@ -17,12 +17,12 @@ import (
 func TestReduceScatter(t *testing.T) {
 	for _, mode := range exchangeModes {
 		for _, n := range rankCounts {
-			testReduceScatter(t, mode.name, n, mode.opts, mode.comm)
+			testReduceScatter(t, mode.name, n, mode.opts, mode.comm, mode.tun)
 		}
 	}
 }
 
-func testReduceScatter(t *testing.T, mode string, n int, opts []inmem.Option, comm func(*inmem.Endpoint) transport.Comm) {
+func testReduceScatter(t *testing.T, mode string, n int, opts []inmem.Option, comm func(*inmem.Endpoint) transport.Comm, tun *Tuning) {
 	{
 		t.Run(fmt.Sprintf("%s/n=%d", mode, n), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(n), 19))
@@ -61,7 +61,7 @@ func testReduceScatter(t *testing.T, mode string, n int, opts []inmem.Option, co
 				for i, tc := range cases {
 					send := slices.Clone(tc.inputs[r])
 					recv := make([]byte, tc.counts[r])
-					if err := ReduceScatter(ctx, c, send, recv, tc.counts, tc.t, tc.op, nil); err != nil {
+					if err := ReduceScatter(ctx, c, send, recv, tc.counts, tc.t, tc.op, tun); err != nil {
 						return fmt.Errorf("%v %v counts %v: %w", tc.t, tc.op, tc.counts, err)
 					}
 					if !bytes.Equal(send, tc.inputs[r]) {

@@ -9,14 +9,14 @@ import (
 	"github.com/kolo-dl/kolo/transport"
 )
 
-// sharedChunkBytes is how much of the buffer SharedAllreduce moves per round of barriers when every
+// DefaultSharedRoundBytes is how much of the buffer SharedAllreduce moves per round of barriers when every
 // rank has a CPU: small enough that a round's data is still in cache when the next phase reads it
 // back, large enough that three barriers per round are noise. With more ranks than CPUs each
 // barrier costs futex sleeps and wake-ups, so rounds are as large as the slot. On the 2-vCPU EPYC
 // VM (bin/kolo bench allreduce, 5 runs each, busbw GB/s at 4 MiB / 64 MiB), 2 ranks: 8 MiB
 // rounds 7.6-12.0 / 6.7-10.5, 2 MiB 9.6-12.2 / 9.2-9.9, 1 MiB 10.7-14.8 / 9.9-10.7, 512 KiB
 // 10.0-13.0 / 9.6-10.8; 4 ranks at 64 MiB: 8 MiB rounds 23-26 ms, 1 MiB 33-36 ms.
-const sharedChunkBytes = 1 << 20
+const DefaultSharedRoundBytes = 1 << 20
 
 // SharedAllreduce reduces buf in place across ranks that share memory (s is c's Shared
 // capability). Per round of at most one slot: every rank copies into its own slot what the others
@@ -68,7 +68,7 @@ func sharedRounds(ctx context.Context, what string, c transport.Comm, s transpor
 	mine := s.Slot(r)
 	chunkMax := len(mine) / es * es
 	if cross == nil && !s.Oversubscribed() {
-		chunkMax = min(chunkMax, sharedChunkBytes/es*es)
+		chunkMax = min(chunkMax, tun.sharedRound()/es*es)
 	}
 	if chunkMax == 0 {
 		return fmt.Errorf("%s: %d-byte slot cannot hold one %v element", what, len(mine), t)

@@ -24,11 +24,6 @@ import (
 // the barrier that ended its readers' step. A last barrier after the last reads keeps the next
 // collective, which writes the slots again from the start, off them. K pieces cost K+1 barriers.
 
-// pipeChunkBytes caps a piece per rank when every rank has a CPU: as the shared allreduce's round,
-// small enough to still be in cache when its readers copy it. With more ranks than CPUs each
-// barrier costs sleeps and wake-ups, and pieces are as large as half a slot.
-const pipeChunkBytes = sharedChunkBytes
-
 // halfBytes is the length of each of a slot's two halves: a multiple of 64 bytes, so that pieces
 // start on cache lines.
 func halfBytes(s transport.Shared, r int) int { return len(s.Slot(r)) / 2 &^ 63 }
@@ -41,12 +36,15 @@ func slotHalf(s transport.Shared, q, k int) []byte {
 }
 
 // pieceBytes is how many bytes a rank moves per piece, from a half of h bytes: every rank computes
-// the same value, since every slot has one length and Oversubscribed is the group's.
-func pieceBytes(s transport.Shared, h int) int {
+// the same value, since every slot has one length, Oversubscribed is the group's and the tuning
+// the same everywhere. When every rank has a CPU a piece is the shared allreduce's round (tun's
+// SharedRoundBytes), small enough to still be in cache when its readers copy it; with more ranks
+// than CPUs each barrier costs sleeps and wake-ups, and pieces are as large as half a slot.
+func pieceBytes(s transport.Shared, h int, tun *Tuning) int {
 	if s.Oversubscribed() {
 		return h
 	}
-	return min(h, pipeChunkBytes)
+	return min(h, tun.sharedRound())
 }
 
 // slotPipeline runs the steps. write(k) writes this rank's piece k into slotHalf(s, rank, k);
@@ -106,7 +104,7 @@ func sharedAllgather(ctx context.Context, c transport.Comm, s transport.Shared, 
 	if err != nil {
 		return fmt.Errorf("shared allgather: %w", err)
 	}
-	p := pieceBytes(s, halfBytes(s, r))
+	p := pieceBytes(s, halfBytes(s, r), tun)
 	return slotPipeline(ctx, s, "shared allgather",
 		func(k int) {
 			lo, hi := pieceRange(bounds[r], bounds[r+1], k, p)
@@ -132,7 +130,7 @@ func sharedBroadcast(ctx context.Context, c transport.Comm, s transport.Shared, 
 	if err != nil {
 		return fmt.Errorf("shared broadcast from rank %d: %w", root, err)
 	}
-	p := pieceBytes(s, halfBytes(s, root))
+	p := pieceBytes(s, halfBytes(s, root), tun)
 	err = slotPipeline(ctx, s, "shared broadcast",
 		func(k int) {
 			if r == root {
@@ -176,7 +174,7 @@ func sharedReduceScatter(ctx context.Context, c transport.Comm, s transport.Shar
 		return fmt.Errorf("shared reduce-scatter: %w", err)
 	}
 	es := t.Size()
-	p := pieceBytes(s, halfBytes(s, r)/n) / (64 * es) * (64 * es) // whole elements, whole cache lines
+	p := pieceBytes(s, halfBytes(s, r)/n, tun) / (64 * es) * (64 * es) // whole elements, whole cache lines
 	return slotPipeline(ctx, s, "shared reduce-scatter",
 		func(k int) {
 			half := slotHalf(s, r, k)
@@ -237,8 +235,8 @@ func sharedAlltoall(ctx context.Context, c transport.Comm, s transport.Shared, s
 		return fmt.Errorf("shared alltoall: %w", err)
 	}
 	hdr := a2aHeader(n)
-	space := pieceBytes(s, halfBytes(s, r)) - hdr
-	if space < 64*n { // a half below pipeChunkBytes: the whole half
+	space := pieceBytes(s, halfBytes(s, r), tun) - hdr
+	if space < 64*n { // a piece too small for its header: the whole half
 		space = halfBytes(s, r) - hdr
 	}
 	ws := getWorkspace(0, 3*n)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,7 +14,9 @@ import (
 
 	"github.com/kolo-dl/kolo/autotune"
 	"github.com/kolo-dl/kolo/autotune/csvlog"
+	"github.com/kolo-dl/kolo/collective"
 	"github.com/kolo-dl/kolo/engine/negotiate"
+	"github.com/kolo-dl/kolo/transport"
 )
 
 // The autotuner's side of the engine. Rank 0 runs the tuner (package autotune) on the steps the
@@ -31,10 +34,17 @@ type tuning struct {
 	cycle atomic.Int64
 	// fusion is a fusion threshold for the driver to hand the Hub (rank 0), or -1: none waiting.
 	fusion atomic.Int64
+	// retune is collective settings for the driver to hand the Hub (rank 0), or nil: none
+	// waiting. The Hub sends them as a Retune response, which every rank applies where it meets it
+	// in the response stream.
+	retune atomic.Pointer[negotiate.Collectives]
+	// colls are the collective settings rank 0 last asked the Hub for (the job's own at first).
+	colls negotiate.Collectives
 
 	mu      sync.Mutex
 	pending []negotiate.Settings // received, not in force yet (From > steps)
 	applied []AppliedSettings    // what came into force, at which step
+	retuned []AppliedCollectives // Retune responses executed, in order
 	tuner   stepTuner            // rank 0 with autotuning on; nil once it decided
 	logFile *os.File
 	result  *autotune.Result // the decision, once taken (rank 0)
@@ -63,6 +73,51 @@ type AppliedSettings struct {
 	CycleTime   time.Duration
 }
 
+// AppliedCollectives is a Retune response that this rank executed: the collective settings every
+// rank runs the responses after it under.
+type AppliedCollectives struct {
+	Seq  uint64 // the Retune's place in the global set's response stream
+	Step int64  // this rank's step count when it executed it
+	negotiate.Collectives
+}
+
+// AppliedCollectives returns the Retune responses this rank executed, in order.
+func (e *Engine) AppliedCollectives() []AppliedCollectives {
+	e.tune.mu.Lock()
+	defer e.tune.mu.Unlock()
+	return slices.Clone(e.tune.retuned)
+}
+
+// collectiveDefaults are the collective knobs, at this job's values, that can matter in this world:
+// the autotuner searches those (autotune.Settings). The small-allreduce threshold whenever there
+// are peers; the shared-memory round where ranks of this host share memory and each has a CPU
+// (with more ranks than CPUs a round is the whole slot, whatever the setting); hierarchical
+// allreduce where it would run: several hosts, each with the same number of several ranks.
+func (e *Engine) collectiveDefaults(cfg Config) autotune.Settings {
+	var s autotune.Settings
+	if e.g.Size < 2 {
+		return s
+	}
+	s.SmallAllreduceBytes = collective.DefaultSmallAllreduceBytes
+	if sh, ok := e.g.Local.(transport.Shared); ok && e.g.Local.Size() > 1 && len(sh.Slot(0)) > 0 && !sh.Oversubscribed() {
+		s.SharedRoundBytes = collective.DefaultSharedRoundBytes
+	}
+	if e.g.Cross != nil && e.g.Local != nil && e.g.Local.Size() > 1 && len(e.g.LocalRanks) < e.g.Size {
+		s.Hierarchical = autotune.SwitchOf(cfg.Hierarchical)
+	}
+	return s
+}
+
+// collectivesOf are the collective settings s brings into force; the knobs s leaves unset keep the
+// job's own (cfg's).
+func collectivesOf(s autotune.Settings, cfg Config) negotiate.Collectives {
+	c := negotiate.Collectives{SmallAllreduceBytes: s.SmallAllreduceBytes, SharedRoundBytes: s.SharedRoundBytes, Hierarchical: cfg.Hierarchical}
+	if s.Hierarchical != autotune.Unset {
+		c.Hierarchical = s.Hierarchical == autotune.On
+	}
+	return c
+}
+
 // initTuning sets the settings in force from cfg and, on rank 0 with autotuning on, starts the
 // tuner: from the log's decision for a world like this one if cfg names a log that has it (the job
 // then starts tuned), else from scratch with cfg's settings as the defaults it must beat.
@@ -74,13 +129,16 @@ type AppliedSettings struct {
 func (e *Engine) initTuning(cfg Config) error {
 	e.tune.cycle.Store(int64(cfg.CycleTime))
 	e.tune.fusion.Store(-1)
+	e.tune.colls = negotiate.Collectives{Hierarchical: cfg.Hierarchical}
 	at := cfg.Autotune
 	if !at.Enabled || e.g.Rank != 0 {
 		return nil
 	}
 	t := &e.tune
 	t.world = autotune.World{Round: at.Round, Ranks: e.g.Size, Hosts: countHosts(e.g.Hosts)}
-	defaults := autotune.Settings{FusionBytes: max(cfg.FusionBytes, 0), CycleTime: cfg.CycleTime} // negative: never fuse, the tuner's 0
+	defaults := e.collectiveDefaults(cfg)
+	defaults.FusionBytes, defaults.CycleTime = max(cfg.FusionBytes, 0), cfg.CycleTime // negative: never fuse, the tuner's 0
+	t.colls = collectivesOf(defaults, cfg)                                            // what every executor runs now, in the tuner's terms
 	appendLog := false
 	if at.LogFile != "" {
 		l, err := readLog(at.LogFile)
@@ -184,13 +242,14 @@ func (e *Engine) MarkStep() {
 		// A decision read back from the log: every rank switches to it at the same step, as to
 		// a tuner's.
 		t.toSend = false
-		ns := negotiate.Settings{From: step + reuseLag, FusionBytes: t.reused.FusionBytes, CycleTime: t.reused.CycleTime}
+		ns := negotiate.Settings{From: step + reuseLag, FusionBytes: t.reused.FusionBytes, CycleTime: t.reused.CycleTime,
+			Collectives: collectivesOf(*t.reused, e.cfg)}
 		t.pending = append(t.pending, ns)
 		send = &ns
 	}
 	if t.tuner != nil {
 		if s, from, change := t.tuner.Step(step, time.Now()); change {
-			ns := negotiate.Settings{From: from, FusionBytes: s.FusionBytes, CycleTime: s.CycleTime}
+			ns := negotiate.Settings{From: from, FusionBytes: s.FusionBytes, CycleTime: s.CycleTime, Collectives: collectivesOf(s, e.cfg)}
 			t.pending = append(t.pending, ns)
 			send = &ns
 		}
@@ -266,6 +325,11 @@ func (e *Engine) applyDueLocked(step int64) {
 		t.cycle.Store(int64(s.CycleTime))
 		if e.g.Rank == 0 {
 			t.fusion.Store(s.FusionBytes)
+			if s.Collectives != t.colls {
+				c := s.Collectives
+				t.colls = c
+				t.retune.Store(&c)
+			}
 			e.wakeDriver()
 		}
 		t.applied = append(t.applied, AppliedSettings{Step: step, Wanted: s.From, FusionBytes: s.FusionBytes, CycleTime: s.CycleTime})
@@ -276,10 +340,32 @@ func (e *Engine) applyDueLocked(step int64) {
 	t.pending = kept
 }
 
-// applyFusion hands the Hub a fusion threshold that came into force (the driver calls it).
+// retune brings a Retune response's collective settings into force in the global set's executor:
+// every rank does so at the same place in the response stream, so that every op runs under the
+// same settings everywhere. Process sets keep theirs (Hub.Retune).
+func (e *Engine) retune(r *negotiate.Response) {
+	x := e.global.exec
+	x.tun.SmallAllreduceBytes = int(r.Tune.SmallAllreduceBytes)
+	x.tun.SharedRoundBytes = int(r.Tune.SharedRoundBytes)
+	x.cfg.Hierarchical = r.Tune.Hierarchical
+	t := &e.tune
+	t.mu.Lock()
+	t.retuned = append(t.retuned, AppliedCollectives{Seq: r.Seq, Step: t.steps.Load(), Collectives: r.Tune})
+	t.mu.Unlock()
+	if tl := e.tl.Load(); tl != nil {
+		tl.Mark(fmt.Sprintf("AUTOTUNE response %d: small allreduce %d B, shm round %d B, hierarchical %v",
+			r.Seq, r.Tune.SmallAllreduceBytes, r.Tune.SharedRoundBytes, r.Tune.Hierarchical))
+	}
+}
+
+// applyFusion hands the Hub a fusion threshold and collective settings that came into force (the
+// driver calls it).
 func (e *Engine) applyFusion() {
 	if e.hub == nil {
 		return
+	}
+	if c := e.tune.retune.Swap(nil); c != nil {
+		e.hub.Retune(*c)
 	}
 	if n := e.tune.fusion.Swap(-1); n >= 0 {
 		if n == 0 {

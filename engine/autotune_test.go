@@ -12,6 +12,7 @@ import (
 
 	"github.com/kolo-dl/kolo/autotune"
 	"github.com/kolo-dl/kolo/autotune/csvlog"
+	"github.com/kolo-dl/kolo/engine/negotiate"
 	"github.com/kolo-dl/kolo/transport/inmem"
 )
 
@@ -96,6 +97,84 @@ func TestTunedSettingsSwitchAtOneStepOnEveryRank(t *testing.T) {
 	}
 	if r := c.engines[1].AutotuneReport(); r != "" {
 		t.Errorf("rank 1 reports %q; only rank 0 tunes", r)
+	}
+}
+
+// The collective settings rank 0's tuner asks for come into force on every rank at one place of
+// the response stream (a Retune), so that every op runs under the same algorithm everywhere: a
+// rank that switched one op earlier than another would run recursive doubling against the shared
+// slots, or slot rounds of different sizes, and hang or corrupt the sum. Over shared slots, with
+// ops on both sides of each threshold, and a rank that runs behind.
+func TestTunedCollectivesSwitchAtOneResponseOnEveryRank(t *testing.T) {
+	const n, steps = 4, 14
+	captureLog(t)
+	c := newClusterWith(t, n, DefaultConfig(), []inmem.Option{inmem.WithSlotBytes(256 << 10)}, nil)
+	// a: everything over the slots, in rounds of 4 KiB; b: recursive doubling up to 1 MiB, then
+	// the job's own rounds.
+	a := autotune.Settings{FusionBytes: 1 << 20, SmallAllreduceBytes: 8, SharedRoundBytes: 4 << 10, Hierarchical: autotune.Off}
+	b := autotune.Settings{FusionBytes: 0, SmallAllreduceBytes: 1 << 20, Hierarchical: autotune.Off}
+	e0 := c.engines[0]
+	e0.tune.mu.Lock()
+	e0.tune.tuner = &scriptTuner{at: map[int64]autotune.Settings{3: a, 8: b}, done: 11}
+	e0.tune.mu.Unlock()
+	ctx := waitCtx(t)
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	sizes := []int{1, 300, 20_000} // 4 B, 1.2 KB, 80 KB
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for s := 1; s <= steps; s++ {
+				if r == 2 {
+					time.Sleep(3 * time.Millisecond)
+				}
+				for i, size := range sizes {
+					vals := make([]float32, size)
+					for j := range vals {
+						vals[j] = float32(r + 1 + j%7)
+					}
+					buf := f32(vals...)
+					if err := c.engines[r].Enqueue(allreduceReq(fmt.Sprintf("g%d", i), size), buf, buf).Wait(ctx); err != nil {
+						errs[r] = fmt.Errorf("step %d: %w", s, err)
+						return
+					}
+					for j, got := range getF32(buf) {
+						if want := float32(10 + 4*(j%7)); got != want {
+							errs[r] = fmt.Errorf("step %d, %d floats: element %d is %v, want %v", s, size, j, got, want)
+							return
+						}
+					}
+				}
+				c.engines[r].MarkStep()
+			}
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	want := []negotiate.Collectives{
+		{SmallAllreduceBytes: 8, SharedRoundBytes: 4 << 10},
+		{SmallAllreduceBytes: 1 << 20},
+	}
+	first := c.engines[0].AppliedCollectives()
+	for r := range n {
+		got := c.engines[r].AppliedCollectives()
+		if len(got) != len(want) {
+			t.Fatalf("rank %d executed retunes %+v, want %+v", r, got, want)
+		}
+		for i := range got {
+			if got[i].Collectives != want[i] || got[i].Seq != first[i].Seq {
+				t.Errorf("rank %d: retune %d is %+v at response %d; rank 0's is at response %d, want %+v",
+					r, i, got[i].Collectives, got[i].Seq, first[i].Seq, want[i])
+			}
+		}
+		if x := c.engines[r].global.exec; x.tun.SmallAllreduceBytes != 1<<20 || x.tun.SharedRoundBytes != 0 || x.cfg.Hierarchical {
+			t.Errorf("rank %d's executor after the last retune: %+v, hierarchical %v", r, x.tun, x.cfg.Hierarchical)
+		}
 	}
 }
 

@@ -788,6 +788,14 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 		e.fail(err)
 		return false
 	}
+	if r.Kind == negotiate.Retune {
+		if ps != e.global {
+			e.fail(fmt.Errorf("rank %d: malformed control message: a retune in the responses of process set %d (only the global set's carry them)", e.g.Rank, ps.id))
+			return false
+		}
+		e.retune(r)
+		return true
+	}
 	if ps == e.global {
 		if r.Kind == negotiate.Barrier && r.Error == "" && slices.Contains(r.Names, shutdownName) {
 			e.leaving = true

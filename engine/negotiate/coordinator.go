@@ -74,6 +74,10 @@ type Coordinator struct {
 	last []time.Time
 
 	used []bool // scratch for Ready
+
+	// retune, when retuning, is a Retune for Ready to emit before anything else.
+	retune   Collectives
+	retuning bool
 }
 
 // op is one name waiting for submissions. Ops are pooled: the steady state allocates none.
@@ -828,15 +832,20 @@ func unnamedNumber(name string) (uint64, bool) {
 // Allreduce, Allgather, Broadcast and ReduceScatter fuse; Alltoall, Barrier and errors go alone.
 func (c *Coordinator) Ready() []Response {
 	items := c.ready
-	if len(items) == 0 {
+	if len(items) == 0 && !c.retuning {
 		return nil
+	}
+	out := make([]Response, 0, 1)
+	if c.retuning {
+		c.seq++
+		out = append(out, Response{Seq: c.seq, Kind: Retune, Tune: c.retune})
+		c.retuning = false
 	}
 	if cap(c.used) < len(items) {
 		c.used = make([]bool, len(items))
 	}
 	used := c.used[:len(items)]
 	clear(used)
-	out := make([]Response, 0, 1)
 	var members []*item
 	for i, it := range items {
 		if used[i] {
@@ -879,6 +888,12 @@ func (c *Coordinator) Ready() []Response {
 	}
 	c.ready = items[:0]
 	return out
+}
+
+// Retune has the next Ready (or Tick) emit a Retune response with s ahead of every op: the ops it
+// emits from then on run under s on every rank. Of two Retunes before a Ready, the last counts.
+func (c *Coordinator) Retune(s Collectives) {
+	c.retune, c.retuning = s, true
 }
 
 func (c *Coordinator) fuses(k OpKind) bool {

@@ -168,6 +168,15 @@ func (h *Hub) CachedName(set int, seen uint64, id uint32) (string, OpKind, bool)
 	return e.sig.name, e.sig.kind, true
 }
 
+// Retune has the global set's next responses start with a Retune to s (Coordinator.Retune). Process
+// sets keep the collective settings they were created under: their members meet the global
+// stream's Retune at different points of their own sets' streams.
+func (h *Hub) Retune(s Collectives) {
+	if g := h.sets[0]; g != nil {
+		g.co.Retune(s)
+	}
+}
+
 // Ready returns what every set resolved since the last call: the order in which the engine sends
 // and executes them. Sets come in ascending id, the global set last: process sets are added and
 // removed by ops of the global set, and a removal must follow the responses its set emitted in the

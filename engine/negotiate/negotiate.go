@@ -36,6 +36,10 @@ const (
 	ReduceScatter        // the reduction, split along dim 0, each rank keeping its share
 	Barrier              // no data: every rank waits for every other
 	Join                 // only in Responses: every rank has called Join
+	// Retune, only in Responses of the global set, brings its Tune into force on every rank:
+	// the responses after it run under those collective settings, those before it under the
+	// earlier ones (the autotuner's; see Collectives).
+	Retune
 )
 
 var opNames = [...]string{
@@ -47,6 +51,7 @@ var opNames = [...]string{
 	ReduceScatter: "reducescatter",
 	Barrier:       "barrier",
 	Join:          "join",
+	Retune:        "retune",
 }
 
 func (k OpKind) String() string {
@@ -209,7 +214,29 @@ type Response struct {
 	// FromCache says that every tensor was negotiated from a cache entry every rank already holds,
 	// unchanged: the codec then sends only CacheIDs, and Cache.Learn fills in the rest.
 	FromCache bool
+	// Tune, in a Retune response, is the collective settings every rank runs the responses after
+	// it under.
+	Tune Collectives
 }
+
+// Collectives are the settings by which the collectives choose and pace their algorithms. Unlike
+// the fusion threshold or cycle time, which only change how ops are grouped or when they are
+// negotiated, every rank must use the same ones for each op, or ranks would run different
+// algorithms against each other: so they change only through a Retune response, at one point of
+// the response stream that every rank executes in the same order.
+type Collectives struct {
+	// SmallAllreduceBytes: allreduces of fewer bytes use recursive doubling, larger ones the
+	// shared-memory slots or the ring (collective.Tuning); 0: the default.
+	SmallAllreduceBytes int64
+	// SharedRoundBytes caps the bytes per rank per round of the shared-memory algorithms
+	// (collective.Tuning); 0: the default.
+	SharedRoundBytes int64
+	// Hierarchical is the two-level allreduce (shared memory in hosts, TCP across).
+	Hierarchical bool
+}
+
+// MaxCollectiveBytes bounds Collectives' byte sizes on the wire.
+const MaxCollectiveBytes = 1 << 40
 
 // Stall reports an op that some ranks submitted and others, for a while, have not (or a grouped op
 // waiting for the rest of its group). The engine logs it; Fatal ones were also failed with an error

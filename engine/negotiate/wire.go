@@ -303,7 +303,8 @@ const (
 	respSplits
 	respRoot
 	respResync
-	respAll = respFromCache | respAverage | respScales | respError | respGroup | respDim0 | respSplits | respRoot | respResync
+	respTune
+	respAll = respFromCache | respAverage | respScales | respError | respGroup | respDim0 | respSplits | respRoot | respResync | respTune
 )
 
 // EncodeResponses appends rs's message to dst. A FromCache Response travels as its cache ids (and
@@ -361,7 +362,13 @@ func appendResponse(dst []byte, r *Response) []byte {
 	if r.Resync != 0 {
 		flags |= respResync
 	}
+	if r.Kind == Retune {
+		flags |= respTune
+	}
 	dst = binary.AppendUvarint(dst, flags)
+	if flags&respTune != 0 {
+		return appendCollectives(dst, r.Tune)
+	}
 	if r.Error != "" {
 		dst = appendString(dst, r.Error)
 	}
@@ -485,6 +492,18 @@ func (d *decoder) response(r *Response) {
 		r.Evict = d.ids("evicted ids")
 		return
 	}
+	if (flags&respTune != 0) != (r.Kind == Retune) {
+		d.fail("response of kind %v with tune flag %v", r.Kind, flags&respTune != 0)
+		return
+	}
+	if flags&respTune != 0 {
+		if flags != respTune {
+			d.fail("retune response with other flags %#x", flags)
+			return
+		}
+		r.Tune = d.collectives()
+		return
+	}
 	r.Average = flags&respAverage != 0
 	if flags&respError != 0 {
 		r.Error = d.str("error", MaxErrorLen)
@@ -541,6 +560,31 @@ func (d *decoder) response(r *Response) {
 	}
 }
 
+func appendCollectives(dst []byte, c Collectives) []byte {
+	dst = binary.AppendVarint(dst, c.SmallAllreduceBytes)
+	dst = binary.AppendVarint(dst, c.SharedRoundBytes)
+	if c.Hierarchical {
+		return append(dst, 1)
+	}
+	return append(dst, 0)
+}
+
+func (d *decoder) collectives() Collectives {
+	c := Collectives{SmallAllreduceBytes: d.varint("small allreduce bytes"), SharedRoundBytes: d.varint("shared round bytes")}
+	switch h := d.byte("hierarchical"); h {
+	case 0:
+	case 1:
+		c.Hierarchical = true
+	default:
+		d.fail("hierarchical %d: want 0 or 1", h)
+	}
+	if d.err == nil && (c.SmallAllreduceBytes < 0 || c.SmallAllreduceBytes > MaxCollectiveBytes ||
+		c.SharedRoundBytes < 0 || c.SharedRoundBytes > MaxCollectiveBytes) {
+		d.fail("collective settings out of range: small allreduce %d bytes, shared round %d bytes", c.SmallAllreduceBytes, c.SharedRoundBytes)
+	}
+	return c
+}
+
 // EncodeAbort appends a's message to dst. A stall notice ends with StalledOn; other notices end
 // with the reason.
 func EncodeAbort(dst []byte, a Abort) []byte {
@@ -573,6 +617,9 @@ type Settings struct {
 	// FusionBytes is the fusion threshold (0: no fusion); CycleTime the negotiation cycle time.
 	FusionBytes int64
 	CycleTime   time.Duration
+	// Collectives are the collective settings rank 0 brings into force (by a Retune response)
+	// when it reaches From: the other ranks learn them from that response, not from here.
+	Collectives Collectives
 }
 
 // EncodeSettings appends s's message to dst.
@@ -580,7 +627,8 @@ func EncodeSettings(dst []byte, s Settings) []byte {
 	dst = append(dst, WireVersion, byte(MsgSettings))
 	dst = binary.AppendVarint(dst, s.From)
 	dst = binary.AppendVarint(dst, s.FusionBytes)
-	return binary.AppendVarint(dst, int64(s.CycleTime))
+	dst = binary.AppendVarint(dst, int64(s.CycleTime))
+	return appendCollectives(dst, s.Collectives)
 }
 
 // DecodeSettings decodes a MsgSettings message.
@@ -588,6 +636,7 @@ func DecodeSettings(p []byte) (Settings, error) {
 	d := decoder{p: p, msg: "settings"}
 	d.header(MsgSettings)
 	s := Settings{From: d.varint("from"), FusionBytes: d.varint("fusion bytes"), CycleTime: time.Duration(d.varint("cycle time"))}
+	s.Collectives = d.collectives()
 	if d.err == nil && (s.From < 1 || s.FusionBytes < 0 || s.CycleTime < 0) {
 		d.fail("settings out of range: from step %d, fusion %d bytes, cycle %v", s.From, s.FusionBytes, s.CycleTime)
 	}

@@ -46,6 +46,8 @@ func sampleResponses() []Response {
 		{Seq: 7, Kind: Join, LastJoined: 3},
 		{Seq: 8, Kind: Allreduce, FromCache: true, CacheIDs: []uint32{0, 3}},
 		{Seq: 9, Kind: Barrier, Names: []string{"sync"}, Shapes: [][]int64{nil}},
+		{Seq: 10, Kind: Retune, Tune: Collectives{SmallAllreduceBytes: 32 << 10, SharedRoundBytes: 4 << 20, Hierarchical: true}},
+		{Seq: 11, Kind: Retune},
 	}
 }
 
@@ -182,6 +184,27 @@ func TestDecodeRejects(t *testing.T) {
 	if _, err := DecodeResponses([]byte{WireVersion, byte(MsgResponses), 1, 1, byte(Allreduce), respFromCache, 0, 0}); !errors.Is(err, ErrMalformed) {
 		t.Errorf("a cached response with no ids decoded: %v", err)
 	}
+	// Retunes: the tune flag (512: varint 0x80 0x04) only with kind Retune and alone, sizes in
+	// range, hierarchical 0 or 1.
+	for name, p := range map[string][]byte{
+		"retune without the flag":  {WireVersion, byte(MsgResponses), 1, 1, byte(Retune), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+		"tune flag on a barrier":   {WireVersion, byte(MsgResponses), 1, 1, byte(Barrier), 0x80, 0x04, 0, 0, 0},
+		"tune flag with another":   {WireVersion, byte(MsgResponses), 1, 1, byte(Retune), 0x82, 0x04, 0, 0, 0},
+		"negative round":           {WireVersion, byte(MsgResponses), 1, 1, byte(Retune), 0x80, 0x04, 0, 1, 0},
+		"hierarchical 2":           {WireVersion, byte(MsgResponses), 1, 1, byte(Retune), 0x80, 0x04, 0, 0, 2},
+		"truncated retune":         {WireVersion, byte(MsgResponses), 1, 1, byte(Retune), 0x80, 0x04, 0, 0},
+		"settings, hierarchical 7": append(EncodeSettings(nil, Settings{From: 2})[:len(EncodeSettings(nil, Settings{From: 2}))-1], 7),
+	} {
+		var err error
+		if name[0] == 's' {
+			_, err = DecodeSettings(p)
+		} else {
+			_, err = DecodeResponses(p)
+		}
+		if !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: err = %v, want ErrMalformed", name, err)
+		}
+	}
 	if _, err := DecodeAbort([]byte{WireVersion, byte(MsgAbort), 0, 0xff, 0xff, 0x7f}); !errors.Is(err, ErrMalformed) {
 		t.Errorf("an abort with a 2 MiB reason decoded: %v", err)
 	}
@@ -303,6 +326,7 @@ func TestSettingsRoundTrip(t *testing.T) {
 	for _, s := range []Settings{
 		{From: 1, FusionBytes: 128 << 20, CycleTime: 0},
 		{From: 240, FusionBytes: 0, CycleTime: 20 * time.Millisecond},
+		{From: 9, FusionBytes: 1 << 20, Collectives: Collectives{SmallAllreduceBytes: 1 << 10, SharedRoundBytes: 8 << 20, Hierarchical: true}},
 	} {
 		msg := EncodeSettings(nil, s)
 		if k, err := PeekKind(msg); err != nil || k != MsgSettings {
