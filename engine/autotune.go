@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -98,9 +99,9 @@ func (e *Engine) collectiveDefaults(cfg Config) autotune.Settings {
 	if e.g.Size < 2 {
 		return s
 	}
-	s.SmallAllreduceBytes = collective.DefaultSmallAllreduceBytes
+	s.SmallAllreduceBytes = cmp.Or(cfg.SmallAllreduceBytes, collective.DefaultSmallAllreduceBytes)
 	if sh, ok := e.g.Local.(transport.Shared); ok && e.g.Local.Size() > 1 && len(sh.Slot(0)) > 0 && !sh.Oversubscribed() {
-		s.SharedRoundBytes = collective.DefaultSharedRoundBytes
+		s.SharedRoundBytes = cmp.Or(cfg.SharedRoundBytes, collective.DefaultSharedRoundBytes)
 	}
 	if e.g.Cross != nil && e.g.Local != nil && e.g.Local.Size() > 1 && len(e.g.LocalRanks) < e.g.Size {
 		s.Hierarchical = autotune.SwitchOf(cfg.Hierarchical)
@@ -111,7 +112,8 @@ func (e *Engine) collectiveDefaults(cfg Config) autotune.Settings {
 // collectivesOf are the collective settings s brings into force; the knobs s leaves unset keep the
 // job's own (cfg's).
 func collectivesOf(s autotune.Settings, cfg Config) negotiate.Collectives {
-	c := negotiate.Collectives{SmallAllreduceBytes: s.SmallAllreduceBytes, SharedRoundBytes: s.SharedRoundBytes, Hierarchical: cfg.Hierarchical}
+	c := negotiate.Collectives{SmallAllreduceBytes: cmp.Or(s.SmallAllreduceBytes, cfg.SmallAllreduceBytes),
+		SharedRoundBytes: cmp.Or(s.SharedRoundBytes, cfg.SharedRoundBytes), Hierarchical: cfg.Hierarchical}
 	if s.Hierarchical != autotune.Unset {
 		c.Hierarchical = s.Hierarchical == autotune.On
 	}
@@ -129,7 +131,7 @@ func collectivesOf(s autotune.Settings, cfg Config) negotiate.Collectives {
 func (e *Engine) initTuning(cfg Config) error {
 	e.tune.cycle.Store(int64(cfg.CycleTime))
 	e.tune.fusion.Store(-1)
-	e.tune.colls = negotiate.Collectives{Hierarchical: cfg.Hierarchical}
+	e.tune.colls = negotiate.Collectives{SmallAllreduceBytes: cfg.SmallAllreduceBytes, SharedRoundBytes: cfg.SharedRoundBytes, Hierarchical: cfg.Hierarchical}
 	at := cfg.Autotune
 	if !at.Enabled || e.g.Rank != 0 {
 		return nil

@@ -40,9 +40,14 @@ type Config struct {
 	Hierarchical bool // two-level allreduce (shm within hosts, TCP across) where hosts run equal numbers of several ranks; default on
 	// SlotStores is how the shared-memory collectives write their slots (KOLO_SHM_STREAM_STORES:
 	// 1 streaming stores, 0 plain ones); the default measures both on the group's first one.
-	SlotStores   collective.SlotStores
-	SetupTimeout time.Duration // connecting to peers; default 60 s
-	ShutdownWait time.Duration // how long Shutdown waits for the other ranks; default 30 s
+	SlotStores collective.SlotStores
+	// SmallAllreduceBytes and SharedRoundBytes are collective.Tuning's knobs for every op of the
+	// job (KOLO_SMALL_ALLREDUCE_BYTES, KOLO_SHM_ROUND_BYTES); 0: the collectives' defaults. Every
+	// rank must be given the same. The autotuner may change them while the job runs.
+	SmallAllreduceBytes int64
+	SharedRoundBytes    int64
+	SetupTimeout        time.Duration // connecting to peers; default 60 s
+	ShutdownWait        time.Duration // how long Shutdown waits for the other ranks; default 30 s
 	// Spin is how long idle waits poll before parking; 0 = never. Negative, as in DefaultConfig,
 	// means unset: kolo.Init picks DefaultSpin for the host (and leaves the shared-memory waits
 	// their own default), New takes it as 0.
@@ -211,6 +216,8 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 			errs = append(errs, fmt.Sprintf("%s=%q: want 1 (streaming stores), 0 (plain) or auto", k, v))
 		}
 	}
+	bytesVar("SMALL_ALLREDUCE_BYTES", &c.SmallAllreduceBytes)
+	bytesVar("SHM_ROUND_BYTES", &c.SharedRoundBytes)
 	durVar("START_TIMEOUT", time.Second, &c.SetupTimeout)
 	durVar("SPIN_TIME", time.Microsecond, &c.Spin)
 	if k, v := get("TIMELINE"); k != "" {
