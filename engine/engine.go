@@ -728,6 +728,15 @@ func (e *Engine) publish(out []negotiate.SetResponses) bool {
 		if len(sr.Members) == 1 && sr.Members[0] == e.g.Rank {
 			continue
 		}
+		if e.sets[sr.Set].rank < 0 {
+			// Coordinated here, run by its members only: its negotiation ends now, before any
+			// member can complete the op (and a timeline stopped then still has the end).
+			if tl := e.tl.Load(); tl != nil {
+				for j := range sr.Responses {
+					tl.Done(sr.Set, sr.Responses[j].Names)
+				}
+			}
+		}
 		e.msgBuf = negotiate.EncodeSetResponses(e.msgBuf[:0], sr.Set, sr.Responses)
 		for _, r := range sr.Members {
 			if r == e.g.Rank {
@@ -743,13 +752,7 @@ func (e *Engine) publish(out []negotiate.SetResponses) bool {
 		sr := &out[i]
 		ps := e.sets[sr.Set]
 		if ps.rank < 0 {
-			// Coordinated here, run by its members only.
-			if tl := e.tl.Load(); tl != nil {
-				for j := range sr.Responses {
-					tl.Done(sr.Set, sr.Responses[j].Names)
-				}
-			}
-			continue
+			continue // coordinated here, run by its members only (marked done above)
 		}
 		for j := range sr.Responses {
 			if !e.execute(ps, &sr.Responses[j]) {
