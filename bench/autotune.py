@@ -7,7 +7,9 @@ same knobs, side by side in one run: the autotune table of docs/benchmarks.md.
 A job is MODEL:BATCH (2 ranks, DistributedOptimizer, synthetic data, the models of
 examples/pytorch_synthetic_benchmark.py), started from kolo's defaults, or with ":bad" from bad
 settings (fusion 1 MiB, cycle 20 ms). For each job:
-- the grid: every (fusion threshold, cycle time) point of --fusion-mib x --cycle-ms runs
+- the grid: every (fusion threshold, cycle time) point of --fusion-mib x --cycle-ms, times the
+  collective knobs' values of --small-kib (small-allreduce threshold) and --round-kib (shared-memory
+  round) when given (the tuner searches both on these 2-rank jobs; empty: the job's own), runs
   --grid-steps steps after --warmup, in --grid-repeats rounds that rotate the points' order; a
   point's steps/s is the median over the rounds of rank 0's rate;
 - the tuned runs (--tuned-repeats): `kolo run --autotune` from the job's settings for
@@ -99,9 +101,22 @@ def rate(ends, first, last=None):
     return (last - first) / (ends[last - 1] - ends[first - 1])
 
 
-def settings_env(fusion_mib, cycle_ms):
-    return {"KOLO_FUSION_THRESHOLD": str(int(fusion_mib * (1 << 20))) if fusion_mib else "0",
-            "KOLO_CYCLE_TIME": str(cycle_ms)}
+def settings_env(fusion_mib, cycle_ms, small_kib=None, round_kib=None):
+    e = {"KOLO_FUSION_THRESHOLD": str(int(fusion_mib * (1 << 20))) if fusion_mib else "0",
+         "KOLO_CYCLE_TIME": str(cycle_ms)}
+    if small_kib is not None:
+        e["KOLO_SMALL_ALLREDUCE_BYTES"] = str(int(small_kib * 1024))
+    if round_kib is not None:
+        e["KOLO_SHM_ROUND_BYTES"] = str(int(round_kib * 1024))
+    return e
+
+
+def point_str(pt):
+    f, c, s, r = pt
+    out = f"{f:g}, {c:g}"
+    if s is not None or r is not None:
+        out += ", " + ("-" if s is None else f"{s:g}") + ", " + ("-" if r is None else f"{r:g}")
+    return out
 
 
 def decision(log):
@@ -109,8 +124,10 @@ def decision(log):
         rows = list(csv.DictReader(l for l in f if not l.startswith("#")))
     for r in rows:
         if r["role"] == "chosen":
-            return int(r["step"]), float(r["fusion_bytes"]) / (1 << 20), float(r["cycle_ms"])
-    return None, None, None
+            kib = lambda col: float(r[col]) / 1024 if r.get(col) else None
+            return int(r["step"]), (float(r["fusion_bytes"]) / (1 << 20), float(r["cycle_ms"]),
+                                    kib("small_allreduce_bytes"), kib("shared_round_bytes"))
+    return None, None
 
 
 def abandoned(log):
@@ -145,6 +162,8 @@ def main():
     p.add_argument("--jobs", default="mlp:16,mlp:64,cnn:16,cnn:64,mlp:16:bad")
     p.add_argument("--fusion-mib", default="0,1,16,128", help="grid fusion thresholds, MiB (0: off)")
     p.add_argument("--cycle-ms", default="0,5,20", help="grid cycle times, ms")
+    p.add_argument("--small-kib", default="", help="grid small-allreduce thresholds, KiB (empty: the job's own)")
+    p.add_argument("--round-kib", default="", help="grid shared-memory rounds, KiB (empty: the job's own)")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--grid-steps", type=int, default=40)
     p.add_argument("--grid-repeats", type=int, default=2,
@@ -162,14 +181,19 @@ def main():
     roots = [(ROOT, "")] + ([(os.path.abspath(args.compare_root), " (" + args.compare_label + ")")] if args.compare_root else [])
     fusions = [float(x) for x in args.fusion_mib.split(",")]
     cycles = [float(x) for x in args.cycle_ms.split(",")]
+    smalls = [float(x) for x in args.small_kib.split(",")] if args.small_kib else [None]
+    rounds = [float(x) for x in args.round_kib.split(",")] if args.round_kib else [None]
+    # The job's own collective knobs, as the grid names them: kolo's defaults (64 KiB, 1 MiB).
+    own_small = 64.0 if args.small_kib else None
+    own_round = 1024.0 if args.round_kib else None
     out = {}
     rows = []
     for job in args.jobs.split(","):
         parts = job.split(":")
         model, batch, bad = parts[0], int(parts[1]), len(parts) > 2 and parts[2] == "bad"
-        own = (1.0, 20.0) if bad else (128.0, 0.0)
+        own = ((1.0, 20.0) if bad else (128.0, 0.0)) + (own_small, own_round)
         grid = {}
-        points = [(f, c) for f in fusions for c in cycles]
+        points = [(f, c, s, r) for f in fusions for c in cycles for s in smalls for r in rounds]
         if own not in points:
             points.append(own)
         # The grid first, in rounds that rotate the points' order (a drifting machine then slows
@@ -179,11 +203,11 @@ def main():
             order = points[shift:] + points[:shift]
             if k % 2:
                 order = order[::-1]
-            for f, c in order:
+            for pt in order:
                 time.sleep(args.pause)
-                ends, _ = run_job(model, batch, args.warmup + args.grid_steps, settings_env(f, c))
-                grid.setdefault((f, c), []).append(rate(ends, args.warmup))
-                print(f"# {job} grid round {k + 1} fusion {f:g} MiB cycle {c:g} ms: {grid[(f, c)][-1]:.3f} steps/s",
+                ends, _ = run_job(model, batch, args.warmup + args.grid_steps, settings_env(*pt))
+                grid.setdefault(pt, []).append(rate(ends, args.warmup))
+                print(f"# {job} grid round {k + 1} ({point_str(pt)}): {grid[pt][-1]:.3f} steps/s",
                       file=sys.stderr, flush=True)
         gridm = {pt: median_rate(v) for pt, v in grid.items()}
         # --grid-repeats 0: no grid; the tuned runs are paired with the job's settings only.
@@ -212,11 +236,11 @@ def main():
                     log = os.path.join(d, "at.csv")
                     ends, text = run_job(model, batch, args.tuned_steps, settings_env(*own),
                                          flags=("--autotune", "--autotune-log-file", log), root=root)
-                    step, cf, cc = decision(log)
+                    step, chosen = decision(log)
                     cut = abandoned(log)
                     ref = defaults_step(log)
                 line = next((l for l in text.splitlines() if "autotune:" in l and "INFO" not in l), "")
-                t = {"decided_at": step, "chosen": (cf, cc), "abandoned": cut, "line": line.split("autotune:", 1)[-1].strip()}
+                t = {"decided_at": step, "chosen": chosen, "abandoned": cut, "line": line.split("autotune:", 1)[-1].strip()}
                 if step and step + 5 < len(ends):
                     t["tuned_rate"] = rate(ends, step + 5)
                     t["tuning_rate"] = rate(ends, 1, step)
@@ -234,7 +258,7 @@ def main():
                             t["vs_" + kind] = t["tuned_rate"] / t[kind + "_rate"]
                 tuned[label].append(t)
                 print(f"# {job}{label} tuned: {t}", file=sys.stderr, flush=True)
-        out[job] = {"grid": {f"{f:g},{c:g}": r for (f, c), r in grid.items()}, "best": list(best), "tuned": tuned}
+        out[job] = {"grid": {point_str(pt): r for pt, r in grid.items()}, "best": list(best), "tuned": tuned}
         for _, label in roots:
             tl = tuned[label]
             rates = [t["tuned_rate"] for t in tl if "tuned_rate" in t]
@@ -252,18 +276,19 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
-    print(f"# kolo run --autotune vs an exhaustive grid (fusion {args.fusion_mib} MiB x cycle {args.cycle_ms} ms, "
+    knobs = f" x small allreduce {args.small_kib or 'own'} KiB x shm round {args.round_kib or 'own'} KiB"
+    print(f"# kolo run --autotune vs an exhaustive grid (fusion {args.fusion_mib} MiB x cycle {args.cycle_ms} ms{knobs}, "
           f"{args.grid_repeats} rounds), 2 ranks, {args.tuned_repeats} tuned runs per job; medians (ranges). "
           "'paired' ratios: the tuned run's steps/s after its decision over a run fixed at the grid's best point "
           "(or at the job's settings), same steps, run beside it")
     print("| job | job's settings steps/s | grid's best steps/s (at) | tuned steps/s | tuned / grid's best | tuned / best, paired "
-          "| tuned / job's settings, paired | decided at step | tuning overhead | in-run overhead | chosen (fusion MiB, cycle ms) |")
+          "| tuned / job's settings, paired | decided at step | tuning overhead | in-run overhead "
+          "| chosen (fusion MiB, cycle ms[, small allreduce KiB, shm round KiB]) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
-        f, c = r["best_at"]
-        chosen = "; ".join(f"{cf:g}, {cc:g}" if cf is not None else "undecided" for cf, cc in r["chosen"])
+        chosen = "; ".join(point_str(ch) if ch is not None else "undecided" for ch in r["chosen"])
         own_s = f"{r['own']:.2f}" if r["own"] is not None else "-"
-        best_s = f"{r['best']:.2f} ({f:g}, {c:g})" if r["best"] is not None else "-"
+        best_s = f"{r['best']:.2f} ({point_str(r['best_at'])})" if r["best"] is not None else "-"
         print(f"| {r['job']} | {own_s} | {best_s} | {med(r['tuned'])} "
               f"| {med(r['vs_grid'], '%.3f')} | {med(r['vs_best'], '%.3f')} | {med(r['vs_own'], '%.3f')} "
               f"| {med(r['decided'], '%.0f')} | {med(r['overhead'], '%.3f')} "
