@@ -34,40 +34,28 @@ func (s *scriptTuner) Result() autotune.Result {
 }
 func (s *scriptTuner) Close() error { return nil }
 
-// The settings rank 0's tuner asks for come into force on every rank at the step it names, not
-// when its message arrives, and the job's results do not change with them.
-func TestTunedSettingsSwitchAtOneStepOnEveryRank(t *testing.T) {
-	const n, steps = 3, 14
-	captureLog(t)
-	c := newClusterWith(t, n, DefaultConfig(), []inmem.Option{inmem.WithoutShared()}, nil)
-	a := autotune.Settings{FusionBytes: 1 << 20, CycleTime: 2 * time.Millisecond}
-	b := autotune.Settings{FusionBytes: 0, CycleTime: 0}
+// scriptSteps gives rank 0 of c a tuner that asks for at's settings at its steps and decides at
+// step 11, then runs steps steps on every rank: step's ops, then MarkStep. Rank 2 runs behind, as
+// a slow rank does. It fails the test with the first rank's error.
+func scriptSteps(t *testing.T, c *cluster, at map[int64]autotune.Settings, steps int, step func(ctx context.Context, r, s int) error) {
+	t.Helper()
 	e0 := c.engines[0]
 	e0.tune.mu.Lock()
-	e0.tune.tuner = &scriptTuner{at: map[int64]autotune.Settings{3: a, 8: b}, done: 11}
+	e0.tune.tuner = &scriptTuner{at: at, done: 11}
 	e0.tune.mu.Unlock()
 	ctx := waitCtx(t)
 	var wg sync.WaitGroup
-	errs := make([]error, n)
-	for r := range n {
+	errs := make([]error, len(c.engines))
+	for r := range c.engines {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// Rank 2 runs behind, as a slow rank does: it still switches at the same steps.
 			for s := 1; s <= steps; s++ {
 				if r == 2 {
 					time.Sleep(3 * time.Millisecond)
 				}
-				for i := range 3 {
-					buf := f32(float32(r + 1))
-					if err := c.engines[r].Enqueue(allreduceReq(fmt.Sprintf("g%d", i), 1), buf, buf).Wait(ctx); err != nil {
-						errs[r] = err
-						return
-					}
-					if got := getF32(buf)[0]; got != 6 {
-						errs[r] = fmt.Errorf("step %d: sum %v, want 6", s, got)
-						return
-					}
+				if errs[r] = step(ctx, r, s); errs[r] != nil {
+					return
 				}
 				c.engines[r].MarkStep()
 			}
@@ -79,6 +67,29 @@ func TestTunedSettingsSwitchAtOneStepOnEveryRank(t *testing.T) {
 			t.Fatalf("rank %d: %v", r, err)
 		}
 	}
+}
+
+// The settings rank 0's tuner asks for come into force on every rank at the step it names, not
+// when its message arrives, and the job's results do not change with them.
+func TestTunedSettingsSwitchAtOneStepOnEveryRank(t *testing.T) {
+	const n, steps = 3, 14
+	captureLog(t)
+	c := newClusterWith(t, n, DefaultConfig(), []inmem.Option{inmem.WithoutShared()}, nil)
+	a := autotune.Settings{FusionBytes: 1 << 20, CycleTime: 2 * time.Millisecond}
+	b := autotune.Settings{FusionBytes: 0, CycleTime: 0}
+	e0 := c.engines[0]
+	scriptSteps(t, c, map[int64]autotune.Settings{3: a, 8: b}, steps, func(ctx context.Context, r, s int) error {
+		for i := range 3 {
+			buf := f32(float32(r + 1))
+			if err := c.engines[r].Enqueue(allreduceReq(fmt.Sprintf("g%d", i), 1), buf, buf).Wait(ctx); err != nil {
+				return err
+			}
+			if got := getF32(buf)[0]; got != 6 {
+				return fmt.Errorf("step %d: sum %v, want 6", s, got)
+			}
+		}
+		return nil
+	})
 	want := []AppliedSettings{
 		{Step: 5, Wanted: 5, FusionBytes: a.FusionBytes, CycleTime: a.CycleTime},
 		{Step: 10, Wanted: 10, FusionBytes: b.FusionBytes, CycleTime: b.CycleTime},
@@ -113,49 +124,25 @@ func TestTunedCollectivesSwitchAtOneResponseOnEveryRank(t *testing.T) {
 	// the job's own rounds.
 	a := autotune.Settings{FusionBytes: 1 << 20, SmallAllreduceBytes: 8, SharedRoundBytes: 4 << 10, Hierarchical: autotune.Off}
 	b := autotune.Settings{FusionBytes: 0, SmallAllreduceBytes: 1 << 20, Hierarchical: autotune.Off}
-	e0 := c.engines[0]
-	e0.tune.mu.Lock()
-	e0.tune.tuner = &scriptTuner{at: map[int64]autotune.Settings{3: a, 8: b}, done: 11}
-	e0.tune.mu.Unlock()
-	ctx := waitCtx(t)
-	var wg sync.WaitGroup
-	errs := make([]error, n)
 	sizes := []int{1, 300, 20_000} // 4 B, 1.2 KB, 80 KB
-	for r := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for s := 1; s <= steps; s++ {
-				if r == 2 {
-					time.Sleep(3 * time.Millisecond)
-				}
-				for i, size := range sizes {
-					vals := make([]float32, size)
-					for j := range vals {
-						vals[j] = float32(r + 1 + j%7)
-					}
-					buf := f32(vals...)
-					if err := c.engines[r].Enqueue(allreduceReq(fmt.Sprintf("g%d", i), size), buf, buf).Wait(ctx); err != nil {
-						errs[r] = fmt.Errorf("step %d: %w", s, err)
-						return
-					}
-					for j, got := range getF32(buf) {
-						if want := float32(10 + 4*(j%7)); got != want {
-							errs[r] = fmt.Errorf("step %d, %d floats: element %d is %v, want %v", s, size, j, got, want)
-							return
-						}
-					}
-				}
-				c.engines[r].MarkStep()
+	scriptSteps(t, c, map[int64]autotune.Settings{3: a, 8: b}, steps, func(ctx context.Context, r, s int) error {
+		for i, size := range sizes {
+			vals := make([]float32, size)
+			for j := range vals {
+				vals[j] = float32(r + 1 + j%7)
 			}
-		}()
-	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", r, err)
+			buf := f32(vals...)
+			if err := c.engines[r].Enqueue(allreduceReq(fmt.Sprintf("g%d", i), size), buf, buf).Wait(ctx); err != nil {
+				return fmt.Errorf("step %d: %w", s, err)
+			}
+			for j, got := range getF32(buf) {
+				if want := float32(10 + 4*(j%7)); got != want {
+					return fmt.Errorf("step %d, %d floats: element %d is %v, want %v", s, size, j, got, want)
+				}
+			}
 		}
-	}
+		return nil
+	})
 	want := []negotiate.Collectives{
 		{SmallAllreduceBytes: 8, SharedRoundBytes: 4 << 10},
 		{SmallAllreduceBytes: 1 << 20},
