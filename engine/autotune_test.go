@@ -165,6 +165,57 @@ func TestTunedCollectivesSwitchAtOneResponseOnEveryRank(t *testing.T) {
 	}
 }
 
+// KOLO_SMALL_ALLREDUCE_BYTES and KOLO_SHM_ROUND_BYTES are rank 0's: a rank given other values (its
+// own environment under mpirun) runs rank 0's algorithms from the first op, where with its own it
+// would run recursive doubling against the others' shared slots and hang.
+func TestCollectiveKnobsAreRankZeros(t *testing.T) {
+	const n = 3
+	eps := inmem.New(n, inmem.WithSlotBytes(256<<10))
+	groups := make([]Group, n)
+	cfgs := make([]Config, n)
+	for r, ep := range eps {
+		groups[r] = Group{Comm: ep.Comm(), Messenger: ep, Local: ep.Comm()}
+		cfgs[r] = DefaultConfig()
+		cfgs[r].ProgressTimeout = 5 * time.Second
+		cfgs[r].SmallAllreduceBytes = 1 << 20 // recursive doubling for everything below
+	}
+	cfgs[0].SmallAllreduceBytes, cfgs[0].SharedRoundBytes = 8, 4<<10 // the slots, in 4 KiB rounds
+	c := startClusterEach(t, cfgs, "memhost", groups, func() {
+		for _, ep := range eps {
+			ep.Close()
+		}
+	})
+	ctx := waitCtx(t)
+	every(t, c, func(r int, e *Engine) error {
+		for i := range 3 {
+			vals := make([]float32, 20_000)
+			for j := range vals {
+				vals[j] = float32(r + j%5)
+			}
+			buf := f32(vals...)
+			if err := e.Enqueue(allreduceReq(fmt.Sprintf("x%d", i), len(vals)), buf, buf).Wait(ctx); err != nil {
+				return err
+			}
+			for j, got := range getF32(buf) {
+				if want := float32(3 + 3*(j%5)); got != want {
+					return fmt.Errorf("op %d: element %d is %v, want %v", i, j, got, want)
+				}
+			}
+		}
+		return nil
+	})
+	for r, e := range c.engines {
+		got := e.AppliedCollectives()
+		want := negotiate.Collectives{SmallAllreduceBytes: 8, SharedRoundBytes: 4 << 10, Hierarchical: true}
+		if len(got) != 1 || got[0].Seq != 1 || got[0].Collectives != want {
+			t.Errorf("rank %d executed retunes %+v, want one at response 1 with %+v", r, got, want)
+		}
+		if x := e.global.exec; x.tun.SmallAllreduceBytes != 8 || x.tun.SharedRoundBytes != 4<<10 {
+			t.Errorf("rank %d runs %+v", r, x.tun)
+		}
+	}
+}
+
 // autotuneRound runs one round of an elastic job with autotuning on: n engines of round `round`
 // that log to log, steps data-parallel steps (an allreduce, then MarkStep, on every rank), and the
 // round's end as kolo.Init's reset does it (AutotuneReport, which closes the log). It returns the

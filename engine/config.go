@@ -42,8 +42,10 @@ type Config struct {
 	// 1 streaming stores, 0 plain ones); the default measures both on the group's first one.
 	SlotStores collective.SlotStores
 	// SmallAllreduceBytes and SharedRoundBytes are collective.Tuning's knobs for every op of the
-	// job (KOLO_SMALL_ALLREDUCE_BYTES, KOLO_SHM_ROUND_BYTES); 0: the collectives' defaults. Every
-	// rank must be given the same. The autotuner may change them while the job runs.
+	// job (KOLO_SMALL_ALLREDUCE_BYTES, KOLO_SHM_ROUND_BYTES); 0: the collectives' defaults. Rank
+	// 0's count: it sends them (and its Hierarchical) to every rank in a Retune ahead of the first
+	// op, so a rank given others cannot run other algorithms. The autotuner may change them while
+	// the job runs.
 	SmallAllreduceBytes int64
 	SharedRoundBytes    int64
 	SetupTimeout        time.Duration // connecting to peers; default 60 s

@@ -291,6 +291,12 @@ func New(cfg Config, g Group) (*Engine, error) {
 		if tickEvery(cfg) > 0 {
 			e.nextTick = time.Now().Add(tickEvery(cfg))
 		}
+		if cfg.SmallAllreduceBytes != 0 || cfg.SharedRoundBytes != 0 {
+			// Rank 0's values, ahead of every op: a rank started with other ones (another
+			// environment under mpirun) must not run other algorithms than the rest.
+			e.hub.Retune(negotiate.Collectives{SmallAllreduceBytes: cfg.SmallAllreduceBytes,
+				SharedRoundBytes: cfg.SharedRoundBytes, Hierarchical: cfg.Hierarchical})
+		}
 	}
 	if cfg.Timeline != "" {
 		if err := e.StartTimeline(cfg.Timeline, cfg.TimelineMarkCycles); err != nil {

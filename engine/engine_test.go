@@ -56,6 +56,16 @@ func newClusterWith(t *testing.T, n int, cfg Config, opts []inmem.Option, edit f
 // one host) and, at cleanup, shuts them all down together and then runs closeAll.
 func startCluster(t testing.TB, cfg Config, host string, groups []Group, closeAll func()) *cluster {
 	t.Helper()
+	cfgs := make([]Config, len(groups))
+	for r := range cfgs {
+		cfgs[r] = cfg
+	}
+	return startClusterEach(t, cfgs, host, groups, closeAll)
+}
+
+// startClusterEach is startCluster with a config per rank.
+func startClusterEach(t testing.TB, cfgs []Config, host string, groups []Group, closeAll func()) *cluster {
+	t.Helper()
 	n := len(groups)
 	ranks := make([]int, n)
 	hosts := make([]string, n)
@@ -79,7 +89,7 @@ func startCluster(t testing.TB, cfg Config, host string, groups []Group, closeAl
 	})
 	for r, g := range groups {
 		g.Rank, g.Size, g.Hosts, g.LocalRanks = r, n, hosts, ranks
-		e, err := New(cfg, g)
+		e, err := New(cfgs[r], g)
 		if err != nil {
 			t.Fatal(err)
 		}

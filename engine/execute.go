@@ -40,7 +40,7 @@ type executor struct {
 
 func newExecutor(g Group, cfg Config) *executor {
 	return &executor{g: g, cfg: cfg, fusion: new([]byte), single: len(g.LocalRanks) == g.Size && g.Local != nil, hosts: g.Hosts,
-		tun: collective.Tuning{SlotStores: cfg.SlotStores, SmallAllreduceBytes: int(cfg.SmallAllreduceBytes), SharedRoundBytes: int(cfg.SharedRoundBytes)}}
+		tun: collective.Tuning{SlotStores: cfg.SlotStores}} // the byte knobs come from rank 0 (Config.SmallAllreduceBytes)
 }
 
 // sub is the executor of a process set over g (its own ranks and Comm; no host or cross groups, so
