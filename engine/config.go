@@ -37,7 +37,7 @@ type Config struct {
 	ProgressTimeout time.Duration
 
 	StallCheck   bool // the stall inspector (warnings and both deadlines); default true
-	Hierarchical bool // two-level allreduce (shm within hosts, TCP across) where hosts run equal numbers of several ranks; default on
+	Hierarchical bool // two-level allreduce (shm within hosts, TCP across) where hosts run equal numbers of several ranks; default on; across hosts rank 0's counts
 	// SlotStores is how the shared-memory collectives write their slots (KOLO_SHM_STREAM_STORES:
 	// 1 streaming stores, 0 plain ones); the default measures both on the group's first one.
 	SlotStores collective.SlotStores

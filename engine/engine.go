@@ -291,9 +291,10 @@ func New(cfg Config, g Group) (*Engine, error) {
 		if tickEvery(cfg) > 0 {
 			e.nextTick = time.Now().Add(tickEvery(cfg))
 		}
-		if cfg.SmallAllreduceBytes != 0 || cfg.SharedRoundBytes != 0 {
+		if cfg.SmallAllreduceBytes != 0 || cfg.SharedRoundBytes != 0 || len(g.LocalRanks) < g.Size {
 			// Rank 0's values, ahead of every op: a rank started with other ones (another
-			// environment under mpirun) must not run other algorithms than the rest.
+			// environment under mpirun) must not run other algorithms than the rest. Across
+			// hosts always, for the hierarchical allreduce (HOROVOD_HIERARCHICAL_ALLREDUCE).
 			e.hub.Retune(negotiate.Collectives{SmallAllreduceBytes: cfg.SmallAllreduceBytes,
 				SharedRoundBytes: cfg.SharedRoundBytes, Hierarchical: cfg.Hierarchical})
 		}

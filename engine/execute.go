@@ -38,6 +38,8 @@ type executor struct {
 	tun    collective.Tuning // from cfg (tuning), set where the executor is made
 }
 
+// newExecutor starts with cfg's hierarchical setting and the collectives' default thresholds; rank 0
+// replaces them with its own by a Retune ahead of the first op where they can differ (engine New).
 func newExecutor(g Group, cfg Config) *executor {
 	return &executor{g: g, cfg: cfg, fusion: new([]byte), single: len(g.LocalRanks) == g.Size && g.Local != nil, hosts: g.Hosts,
 		tun: collective.Tuning{SlotStores: cfg.SlotStores}} // the byte knobs come from rank 0 (Config.SmallAllreduceBytes)
