@@ -432,18 +432,7 @@ func TestAdasumAllocatesNothingInSteadyState(t *testing.T) {
 				return AdasumAllreduce(ctx, c, bufs[r], shape.t, counts)
 			})
 			defer l.stop()
-			var err error
-			allocs := testing.AllocsPerRun(5, func() {
-				if e := l.run(); e != nil {
-					err = e
-				}
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if allocs != 0 {
-				t.Errorf("%.1f allocations per op on %d ranks", allocs, shape.n)
-			}
+			l.mustNotAllocate(t)
 		})
 	}
 }

@@ -60,6 +60,23 @@ func (l *rankLoop) run() error {
 	return first
 }
 
+// mustNotAllocate fails t unless an op on every rank, in steady state, allocates nothing.
+func (l *rankLoop) mustNotAllocate(t *testing.T) {
+	t.Helper()
+	var err error
+	allocs := testing.AllocsPerRun(5, func() {
+		if e := l.run(); e != nil {
+			err = e
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if allocs != 0 {
+		t.Errorf("%.1f allocations per op on %d ranks", allocs, len(l.start))
+	}
+}
+
 func (l *rankLoop) stop() {
 	for _, s := range l.start {
 		close(s)
@@ -92,18 +109,7 @@ func TestAllreduceAllocatesNothingInSteadyState(t *testing.T) {
 					return algo.run(ctx, c, bufs[r], dtype.Float32, reduce.Sum)
 				})
 				defer l.stop()
-				var err error
-				allocs := testing.AllocsPerRun(5, func() {
-					if e := l.run(); e != nil {
-						err = e
-					}
-				})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if allocs != 0 {
-					t.Errorf("%.1f allocations per op on %d ranks", allocs, shape.n)
-				}
+				l.mustNotAllocate(t)
 			})
 		}
 	}

@@ -169,18 +169,7 @@ func TestSharedExchangesAllocateNothing(t *testing.T) {
 			if err := l.run(); err != nil { // the store measurement, the pool
 				t.Fatal(err)
 			}
-			var err error
-			allocs := testing.AllocsPerRun(5, func() {
-				if e := l.run(); e != nil {
-					err = e
-				}
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if allocs != 0 {
-				t.Errorf("%.1f allocations per op on %d ranks", allocs, n)
-			}
+			l.mustNotAllocate(t)
 		})
 	}
 }
