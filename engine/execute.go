@@ -35,14 +35,14 @@ type executor struct {
 	sizes  []int64
 	fused  []int
 	counts []int             // element counts of the fused tensors, for Adasum
-	tun    collective.Tuning // from cfg (tuning), set where the executor is made
+	tun    collective.Tuning // what the collectives run under; a Retune response changes it (engine.retune)
 }
 
 // newExecutor starts with cfg's hierarchical setting and the collectives' default thresholds; rank 0
 // replaces them with its own by a Retune ahead of the first op where they can differ (engine New).
 func newExecutor(g Group, cfg Config) *executor {
 	return &executor{g: g, cfg: cfg, fusion: new([]byte), single: len(g.LocalRanks) == g.Size && g.Local != nil, hosts: g.Hosts,
-		tun: collective.Tuning{SlotStores: cfg.SlotStores}} // the byte knobs come from rank 0 (Config.SmallAllreduceBytes)
+		tun: collective.Tuning{SlotStores: cfg.SlotStores}}
 }
 
 // sub is the executor of a process set over g (its own ranks and Comm; no host or cross groups, so
