@@ -254,7 +254,11 @@ func TestJoinElasticNamesTheStuckPeer(t *testing.T) {
 	}
 	w.leaving(fmt.Errorf("allreduce: %w", &engine.StuckError{Rank: 1, Reason: "rank 1 (c) made no progress for 1m0s"}))
 	w.close()
+	// The rejoin takes the suspects when it starts, so it must have finished before
+	// the checks below set them again: under load it may start late.
+	rejoined := make(chan struct{})
 	go func() {
+		defer close(rejoined)
 		if w, _, err := joinElastic(b.env("a", 0, 1), b.base(), b.secret, noConnect); err == nil {
 			w.close()
 		}
@@ -269,6 +273,11 @@ func TestJoinElasticNamesTheStuckPeer(t *testing.T) {
 		t.Fatalf("reinit record %q names %v (%v), want %v", v, got, err, c0)
 	}
 	b.publish(roundOf(2, 2, a0))
+	select {
+	case <-rejoined:
+	case <-ctx.Done():
+		t.Fatal("the rejoin did not finish after its round was published")
+	}
 
 	// A lost peer is named when its host agrees with the round's.
 	w.leaving(fmt.Errorf("rank 0: %w", &transport.PeerError{Rank: 1, Host: "c", Op: "recv", Err: errors.New("timed out")}))
