@@ -26,7 +26,7 @@ import (
 )
 
 // Ops lists the collectives bench can measure.
-var Ops = []string{"allreduce", "allgather", "broadcast", "alltoall", "reducescatter"}
+var Ops = []string{"allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier"}
 
 // Config is one benchmark run.
 type Config struct {
@@ -223,6 +223,8 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 				_, _, err = kolo.Alltoall(ctx, name, t, nil)
 			case "reducescatter":
 				_, err = kolo.ReduceScatter(ctx, name, t, kolo.Sum)
+			case "barrier":
+				err = kolo.Barrier(ctx)
 			default:
 				return nil, fmt.Errorf("unknown op %q (want one of %v)", cfg.Op, Ops)
 			}

@@ -174,6 +174,7 @@ type Cache struct {
 	slots      []*opSig // by id; grown on demand up to limit
 	byName     map[string]uint32
 	seen       uint64
+	evictions  uint64
 }
 
 // NewCache makes the cache of rank out of size ranks; capacity must be the Coordinator's
@@ -190,6 +191,10 @@ func NewCache(rank, size, capacity int) (*Cache, error) {
 
 // Seen is the Seq of the last Response learned: what this rank's Batches must carry.
 func (c *Cache) Seen() uint64 { return c.seen }
+
+// Evictions counts the ids this rank's cache has dropped. Two ranks that count the same number
+// agree on what every id they both hold stands for: an id is reused only after its eviction.
+func (c *Cache) Evictions() uint64 { return c.evictions }
 
 // Len is the number of ids this rank knows.
 func (c *Cache) Len() int { return len(c.byName) }
@@ -237,6 +242,7 @@ func (c *Cache) Learn(r *Response) error {
 		}
 		c.slots[id] = nil
 		delete(c.byName, s.name)
+		c.evictions++
 	}
 	if r.FromCache {
 		if r.Names == nil {

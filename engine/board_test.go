@@ -1,0 +1,350 @@
+//go:build linux
+
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kolo-dl/kolo/engine/negotiate"
+	"github.com/kolo-dl/kolo/reduce"
+)
+
+// The tests here run engines over one shared-memory segment, where cached small allreduces
+// negotiate on the board (board.go).
+
+func boardRan(c *cluster) (ran, fell int64) {
+	for _, e := range c.engines {
+		if e.brd == nil {
+			return -1, -1
+		}
+		ran += e.brd.ran.Load()
+		fell += e.brd.fellOps.Load()
+	}
+	return ran, fell
+}
+
+func fallbacks(c *cluster) int64 { return c.engines[0].brd.b.BoardFallbacks(0) }
+
+// boardOp is one op of the tests' mix.
+type boardOp struct {
+	name  string
+	elems int
+	op    reduce.Op
+	pre   float64
+	post  float64
+	avg   bool
+}
+
+func (o boardOp) req() negotiate.Request {
+	r := allreduceReq(o.name, o.elems)
+	r.ReduceOp, r.PreScale, r.PostScale, r.Average = uint8(o.op), o.pre, o.post, o.avg
+	if o.avg {
+		r.PostScale = 0 // Average's division is postScale's, as the API layer sets it
+	}
+	return r
+}
+
+// want is the result every rank must get, computed in float64 from each rank's input.
+func (o boardOp) want(n int) []float64 {
+	out := make([]float64, o.elems)
+	for r := range n {
+		for i, v := range input(o.name, r, o.elems) {
+			x := float64(v)
+			if o.pre != 0 {
+				x *= o.pre
+			}
+			switch {
+			case r == 0:
+				out[i] = x
+			case o.op == reduce.Sum:
+				out[i] += x
+			case o.op == reduce.Min:
+				out[i] = math.Min(out[i], x)
+			case o.op == reduce.Max:
+				out[i] = math.Max(out[i], x)
+			case o.op == reduce.Prod:
+				out[i] *= x
+			}
+		}
+	}
+	for i := range out {
+		if o.post != 0 {
+			out[i] *= o.post
+		}
+		if o.avg {
+			out[i] /= float64(n)
+		}
+	}
+	return out
+}
+
+func boardMix() []boardOp {
+	return []boardOp{
+		{name: "bias", elems: 1, op: reduce.Sum},
+		{name: "odd", elems: 3, op: reduce.Sum, pre: 0.5, post: 2},
+		{name: "avg", elems: 100, op: reduce.Sum, avg: true},
+		{name: "min", elems: 7, op: reduce.Min},
+		{name: "max", elems: 9, op: reduce.Max},
+		{name: "prod", elems: 2, op: reduce.Prod, pre: 0.001},
+		{name: "full", elems: boardMaxBytes / 4, op: reduce.Sum},  // the largest that goes on the board
+		{name: "over", elems: boardMaxBytes/4 + 1, op: reduce.Sum}, // the coordinator's way always
+	}
+}
+
+// runMix has every rank submit the mix iters times, in an order of its own each time, without
+// waiting in between, and checks every result against the reference and against rank 0's bits.
+func runMix(t *testing.T, c *cluster, iters int, pause func(r, it int)) {
+	t.Helper()
+	ctx := waitCtx(t)
+	n := len(c.engines)
+	mix := boardMix()
+	var wg sync.WaitGroup
+	results := make([][][]byte, n) // [rank][op] of the last iteration
+	errs := make(chan error, n)
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for it := range iters {
+				if pause != nil {
+					pause(r, it)
+				}
+				bufs := make([][]byte, len(mix))
+				hs := make([]*Handle, len(mix))
+				for j := range mix {
+					k := (j*(r+1) + it) % len(mix) // each rank its own order
+					for hs[k] != nil {
+						k = (k + 1) % len(mix)
+					}
+					o := mix[k]
+					bufs[k] = f32(input(o.name, r, o.elems)...)
+					hs[k] = c.engines[r].Enqueue(o.req(), bufs[k], bufs[k])
+				}
+				for k, h := range hs {
+					if err := h.Wait(ctx); err != nil {
+						errs <- fmt.Errorf("rank %d, iteration %d, %s: %w", r, it, mix[k].name, err)
+						return
+					}
+					want := mix[k].want(n)
+					for i, got := range getF32(bufs[k]) {
+						if d := math.Abs(float64(got) - want[i]); d > 1e-3*math.Max(1, math.Abs(want[i])) {
+							errs <- fmt.Errorf("rank %d, iteration %d, %s[%d] = %v, want %v", r, it, mix[k].name, i, got, want[i])
+							return
+						}
+					}
+				}
+				results[r] = bufs
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for r := 1; r < n; r++ {
+		for k := range mix {
+			if string(results[r][k]) != string(results[0][k]) {
+				t.Errorf("%s: rank %d's result differs from rank 0's in its bits", mix[k].name, r)
+			}
+		}
+	}
+}
+
+// Every kind of small allreduce comes out right, the same on every rank, whatever order each
+// rank submits them in; after the first iteration (which caches them) they run on the board.
+func TestBoardAllreduces(t *testing.T) {
+	for _, n := range []int{2, 4} {
+		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
+			c := newShmCluster(t, n, DefaultConfig())
+			const iters = 30
+			runMix(t, c, iters, nil)
+			ran, fell := boardRan(c)
+			t.Logf("%d ops ran on the board, %d fell back", ran, fell)
+			// Everything but "over" and the first iteration can go on the board; ops that
+			// wait for a rank descheduled past BoardWait go rank 0's way.
+			if most := int64(n * (iters - 1) * (len(boardMix()) - 1)); ran < most/2 || ran+fell > most {
+				t.Errorf("%d ops ran on the board, %d fell back; want at least %d and at most %d in all", ran, fell, most/2, most)
+			}
+			if f := fallbacks(c); f != 0 {
+				t.Errorf("the shared fallback count is %d after every op completed", f)
+			}
+		})
+	}
+}
+
+// The board can be turned off: every op goes rank 0's way.
+func TestBoardOff(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.CoordinatorOnly = true
+	c := newShmCluster(t, 2, cfg)
+	if c.engines[0].brd != nil {
+		t.Fatal("CoordinatorOnly left the board on")
+	}
+	runMix(t, c, 3, nil)
+}
+
+// A rank that comes late (past BoardWait) sends its ops to rank 0 as the others did after they
+// waited: the ops complete, and once they have, later ones use the board again.
+func TestBoardLateRankFallsBack(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.BoardWait = 5 * time.Millisecond
+	c := newShmCluster(t, 3, cfg)
+	runMix(t, c, 6, func(r, it int) {
+		if r == 2 && it == 2 {
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+	ran, fell := boardRan(c)
+	t.Logf("%d ops ran on the board, %d fell back", ran, fell)
+	if fell == 0 {
+		t.Error("no op fell back, though rank 2 came 50 ms late and BoardWait is 5 ms")
+	}
+	if f := fallbacks(c); f != 0 {
+		t.Errorf("the shared fallback count is %d after every op completed", f)
+	}
+	before := ran
+	runMix(t, c, 4, nil)
+	if ran, _ = boardRan(c); ran == before {
+		t.Error("the board was not used again after the fallback")
+	}
+}
+
+// A shape that differs on one rank: the op goes rank 0's way everywhere and fails on every rank
+// with the coordinator's mismatch error; the job goes on, on the board.
+func TestBoardMismatchFailsEveryRank(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.BoardWait = 5 * time.Millisecond
+	const n = 3
+	c := newShmCluster(t, n, cfg)
+	ctx := waitCtx(t)
+	each := func(size func(r int) int) []error {
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for r := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				buf := make([]byte, 4*size(r))
+				errs[r] = c.engines[r].Enqueue(allreduceReq("w", size(r)), buf, buf).Wait(ctx)
+			}()
+		}
+		wg.Wait()
+		return errs
+	}
+	for range 3 { // cached, and on the board
+		if err := errors.Join(each(func(int) int { return 4 })...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for r, err := range each(func(r int) int { return 4 + r/2 }) { // rank 2: 5 elements
+		var oe *OpError
+		if !errors.As(err, &oe) || !strings.Contains(err.Error(), `"w"`) || !strings.Contains(err.Error(), "rank 2") {
+			t.Errorf("rank %d: err = %v, want an OpError naming \"w\" and rank 2", r, err)
+		}
+	}
+	before, _ := boardRan(c)
+	for range 3 {
+		if err := errors.Join(each(func(int) int { return 4 })...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ran, _ := boardRan(c); ran == before {
+		t.Error("the board was not used again after the mismatch")
+	}
+}
+
+// A rank that joins sends what it had on the board to rank 0 first, and the other ranks' ops go
+// rank 0's way, with the joined rank contributing nothing, until every rank has joined; then the
+// board serves again.
+func TestBoardJoin(t *testing.T) {
+	const n = 3
+	c := newShmCluster(t, n, DefaultConfig())
+	ctx := waitCtx(t)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			steps := 5
+			if r == 0 {
+				steps = 2 // rank 0 runs out of data first
+			}
+			for it := range steps {
+				buf := f32(float32(r + 1))
+				if err := c.engines[r].Enqueue(allreduceReq("g", 1), buf, buf).Wait(ctx); err != nil {
+					t.Errorf("rank %d step %d: %v", r, it, err)
+					return
+				}
+				want := float32(6)
+				if it >= 2 {
+					want = 5 // rank 0 has joined
+				}
+				if got := getF32(buf)[0]; got != want {
+					t.Errorf("rank %d step %d: got %v, want %v", r, it, got, want)
+				}
+			}
+			if err := c.engines[r].Enqueue(negotiate.Request{Name: "join", Kind: negotiate.Join}, nil, nil).Wait(ctx); err != nil {
+				t.Errorf("rank %d: join: %v", r, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if f := fallbacks(c); f != 0 {
+		t.Errorf("the shared fallback count is %d after the join completed", f)
+	}
+	before, _ := boardRan(c)
+	runMix(t, c, 3, nil)
+	if ran, _ := boardRan(c); ran == before {
+		t.Error("the board was not used after the join")
+	}
+}
+
+// With a cache too small for the ops, ids are evicted and reused all the time, and ranks learn
+// that at different moments: ops still reduce the right tensors.
+func TestBoardCacheChurn(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.CacheCapacity = 3
+	c := newShmCluster(t, 3, cfg)
+	runMix(t, c, 20, nil)
+	ran, fell := boardRan(c)
+	t.Logf("%d ops ran on the board, %d fell back", ran, fell)
+	if ran == 0 {
+		t.Error("no op ran on the board")
+	}
+	if f := fallbacks(c); f != 0 {
+		t.Errorf("the shared fallback count is %d after every op completed", f)
+	}
+}
+
+// A rank that is gone while the others wait on the board: they go rank 0's way after BoardWait,
+// and fail there naming it, instead of waiting for a round that cannot complete.
+func TestBoardLostRank(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.BoardWait = 5 * time.Millisecond
+	const n = 3
+	c := newShmCluster(t, n, cfg)
+	runMix(t, c, 2, nil)
+	ctx := waitCtx(t)
+	c.close(2) // its segment attachment, as if the process were killed: no abort notice
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := f32(1)
+			err := c.engines[r].Enqueue(allreduceReq("bias", 1), buf, buf).Wait(ctx)
+			if err == nil || !strings.Contains(err.Error(), "rank 2") {
+				t.Errorf("rank %d: err = %v, want one naming rank 2", r, err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+

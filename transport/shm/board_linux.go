@@ -1,0 +1,73 @@
+package shm
+
+import (
+	"sync/atomic"
+
+	"github.com/kolo-dl/kolo/transport"
+)
+
+// BoardBlockBytes is the size of the board's blocks in the segment (transport.Board).
+const BoardBlockBytes = transport.BoardBlockBytes
+
+// The board's rounds count arrivals in two counters, one per parity, that only grow except for
+// withdrawals: round k has parity k&1 and completes when its counter reaches size*(k/2+1). No rank
+// arrives at round k+2 before round k+1 completed, and no rank arrives at k+1 before k completed, so
+// while round k is open its counter holds exactly the arrivals at k beyond the earlier rounds'.
+
+var _ transport.Board = (*comm)(nil)
+
+func (c *comm) BoardBlock(r, p int) []byte {
+	off := c.g.lay.board(r, p&1)
+	return c.g.mem[off : off+BoardBlockBytes : off+BoardBlockBytes]
+}
+
+func (c *comm) boardCount(k uint64) (*uint64, uint64) {
+	p := int64(k & 1)
+	return c.g.u64(offBoardArrived + cacheLine*p), uint64(c.g.size) * (k/2 + 1)
+}
+
+func (c *comm) BoardArrive(k uint64) bool {
+	cnt, target := c.boardCount(k)
+	v := atomic.AddUint64(cnt, 1)
+	if v != target && v != target-uint64(c.g.size)+1 {
+		return false
+	}
+	// A rank waiting for the round to complete, or with something to post once another rank
+	// arrives, may sleep on its messenger's doorbell (the engine's driver does): ring every one,
+	// which costs a load where nobody sleeps.
+	for r := range c.g.size {
+		c.g.bell(r, rMsgBell).ring()
+	}
+	return v == target
+}
+
+func (c *comm) BoardWithdraw(k uint64) bool {
+	cnt, target := c.boardCount(k)
+	for {
+		v := atomic.LoadUint64(cnt)
+		if v >= target {
+			return false
+		}
+		if atomic.CompareAndSwapUint64(cnt, v, v-1) {
+			return true
+		}
+	}
+}
+
+func (c *comm) BoardArrived(k uint64) int {
+	cnt, target := c.boardCount(k)
+	v := atomic.LoadUint64(cnt)
+	base := target - uint64(c.g.size)
+	if v <= base {
+		return 0
+	}
+	return int(min(v, target) - base)
+}
+
+func (c *comm) BoardFallbacks(delta int64) int64 {
+	p := c.g.u64(offBoardFalls)
+	if delta == 0 {
+		return int64(atomic.LoadUint64(p))
+	}
+	return int64(atomic.AddUint64(p, uint64(delta))) // two's complement: a negative delta subtracts
+}
