@@ -76,7 +76,7 @@ type board struct {
 	// its directory and where that entry's data starts.
 	srcs           [][]byte
 	cursor, offset []int
-	reqs    []negotiate.Request
+	reqs           []negotiate.Request
 	// For tests: ops completed on the board, and ops sent to rank 0 after they came to it.
 	ran, fellOps atomic.Int64
 }

@@ -92,7 +92,7 @@ func boardMix() []boardOp {
 		{name: "min", elems: 7, op: reduce.Min},
 		{name: "max", elems: 9, op: reduce.Max},
 		{name: "prod", elems: 2, op: reduce.Prod, pre: 0.001},
-		{name: "full", elems: boardMaxBytes / 4, op: reduce.Sum},  // the largest that goes on the board
+		{name: "full", elems: boardMaxBytes / 4, op: reduce.Sum},   // the largest that goes on the board
 		{name: "over", elems: boardMaxBytes/4 + 1, op: reduce.Sum}, // the coordinator's way always
 	}
 }
@@ -347,4 +347,3 @@ func TestBoardLostRank(t *testing.T) {
 	}
 	wg.Wait()
 }
-
