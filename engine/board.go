@@ -83,7 +83,7 @@ type board struct {
 
 // newBoard returns the board of a world on one host, or nil where ops go rank 0's way alone.
 func newBoard(cfg Config, g Group) *board {
-	if cfg.CoordinatorOnly || g.Size < 2 || g.Local == nil || len(g.LocalRanks) != g.Size || cfg.CacheCapacity <= 0 {
+	if g.Size < 2 || g.Local == nil || len(g.LocalRanks) != g.Size {
 		return nil
 	}
 	for i, r := range g.LocalRanks {
@@ -93,6 +93,12 @@ func newBoard(cfg Config, g Group) *board {
 	}
 	b, ok := g.Local.(transport.Board)
 	if !ok {
+		return nil
+	}
+	if cfg.CoordinatorOnly || cfg.CacheCapacity <= 0 {
+		// Turned off here, so off for every rank: this rank holds a fallback for the job's life,
+		// where ranks that kept it on would otherwise wait BoardWait for this one on every op.
+		b.BoardFallbacks(1)
 		return nil
 	}
 	wait := cfg.BoardWait

@@ -21,7 +21,7 @@ import (
 func boardRan(c *cluster) (ran, fell int64) {
 	for _, e := range c.engines {
 		if e.brd == nil {
-			return -1, -1
+			continue
 		}
 		ran += e.brd.ran.Load()
 		fell += e.brd.fellOps.Load()
@@ -179,15 +179,27 @@ func TestBoardAllreduces(t *testing.T) {
 	}
 }
 
-// The board can be turned off: every op goes rank 0's way.
+// The board can be turned off, and a rank that turns it off (its own environment under mpirun)
+// turns it off for every rank: every op goes rank 0's way at once, none waits BoardWait first.
 func TestBoardOff(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.CoordinatorOnly = true
-	c := newShmCluster(t, 2, cfg)
-	if c.engines[0].brd != nil {
-		t.Fatal("CoordinatorOnly left the board on")
+	for _, off := range []int{0, 1} {
+		t.Run(fmt.Sprintf("off on rank %d", off), func(t *testing.T) {
+			cfgs := make([]Config, 3)
+			for r := range cfgs {
+				cfgs[r] = DefaultConfig()
+				cfgs[r].BoardWait = time.Hour
+			}
+			cfgs[off].CoordinatorOnly = true
+			c := newShmClusterEach(t, cfgs)
+			if c.engines[off].brd != nil {
+				t.Fatal("CoordinatorOnly left the board on")
+			}
+			runMix(t, c, 3, nil) // waitCtx's 10 s, not BoardWait's hour
+			if ran, _ := boardRan(c); ran > 0 {
+				t.Errorf("%d ops ran on the board", ran)
+			}
+		})
 	}
-	runMix(t, c, 3, nil)
 }
 
 // A rank that comes late (past BoardWait) sends its ops to rank 0 as the others did after they

@@ -29,6 +29,17 @@ var segments atomic.Int64
 // newShmCluster is newCluster over a shared-memory segment.
 func newShmCluster(t testing.TB, n int, cfg Config) *cluster {
 	t.Helper()
+	cfgs := make([]Config, n)
+	for r := range cfgs {
+		cfgs[r] = cfg
+	}
+	return newShmClusterEach(t, cfgs)
+}
+
+// newShmClusterEach is newShmCluster with a config per rank.
+func newShmClusterEach(t testing.TB, cfgs []Config) *cluster {
+	t.Helper()
+	n := len(cfgs)
 	name := fmt.Sprintf("kolo-engine-test-%d-%d", os.Getpid(), segments.Add(1))
 	dir := t.TempDir()
 	gs := make([]*shm.Group, n)
@@ -53,7 +64,7 @@ func newShmCluster(t testing.TB, n int, cfg Config) *cluster {
 		}
 		groups[r] = Group{Comm: g.Comm(), Messenger: g.Messenger(), Local: g.Comm(), Abort: g.Abort}
 	}
-	c := startCluster(t, cfg, "shmhost", groups, func() {
+	c := startClusterEach(t, cfgs, "shmhost", groups, func() {
 		for _, g := range gs {
 			g.Close()
 		}
