@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Small-allreduce latency on one host, with more ranks than cores or not: kolo with its
+shared-memory negotiation (the board, the default), kolo with every op through rank 0
+(KOLO_SHM_NEGOTIATION=0), and OpenMPI (mpi4py), in one run.
+
+    python3 bench/small_ops.py --ranks 2,4,8,16 --repeats 3
+
+For each rank count the three peers run in turn, 3 s apart, the order rotating each repeat so
+that each peer also runs right after each other; each run times --iters ops of each size after
+--warmup untimed ones and reports the median per op. The table gives medians over the repeats
+with their ranges, and the ratios of the medians to OpenMPI's.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PY = "/usr/bin/python3"
+PEERS = ("board", "rank0", "mpi")
+LABELS = {"board": "kolo (board)", "rank0": "kolo, via rank 0", "mpi": "OpenMPI"}
+
+
+def run(peer, n, args):
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "r.json")
+        env = dict(os.environ)
+        if peer == "mpi":
+            mpirun = shutil.which("mpirun")
+            if not mpirun:
+                raise RuntimeError("mpirun not found (apt-get install openmpi-bin python3-mpi4py)")
+            cmd = [mpirun, "--oversubscribe", "-np", str(n), PY, os.path.join(HERE, "peers", "mpi_allreduce.py")]
+            if os.geteuid() == 0:
+                cmd.insert(1, "--allow-run-as-root")
+        else:
+            env["KOLO_SHM_NEGOTIATION"] = "1" if peer == "board" else "0"
+            cmd = [args.kolo, "run", "-np", str(n), args.kolo, "bench", "allreduce"]
+        cmd += ["--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup), "--json", out]
+        p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=args.timeout)
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}")
+        rep = json.load(open(out))
+    return {r["bytes"]: r["median_us"] for r in rep["results"]}
+
+
+def med(vals):
+    return f"{statistics.median(vals):.1f} ({min(vals):.1f}-{max(vals):.1f})"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", default="2,4,8,16")
+    p.add_argument("--sizes", default="4,1KiB")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--iters", type=int, default=2000)
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--pause", type=float, default=3.0)
+    p.add_argument("--timeout", type=int, default=600)
+    p.add_argument("--kolo", default=os.path.join(ROOT, "bin", "kolo"))
+    args = p.parse_args()
+    ranks = [int(x) for x in args.ranks.split(",")]
+    rows = {}
+    for n in ranks:
+        got = {peer: [] for peer in PEERS}
+        for rep in range(args.repeats):
+            order = PEERS[rep % 3:] + PEERS[:rep % 3]
+            for peer in order:
+                time.sleep(args.pause)
+                got[peer].append(run(peer, n, args))
+            print(f"# {n} ranks, repeat {rep + 1}: " + ", ".join(f"{peer} {got[peer][-1]}" for peer in PEERS),
+                  file=sys.stderr, flush=True)
+        rows[n] = got
+    sizes = sorted(rows[ranks[0]]["board"][0])
+    print(f"# small allreduces (float32 sum) on one host ({os.cpu_count()} CPUs), {args.iters} ops per run, "
+          f"{args.repeats} runs of each peer rotated; medians of the runs' per-op medians, us (ranges)")
+    head = "| ranks | size |" + "".join(f" {LABELS[p]} |" for p in PEERS) + " board / OpenMPI | rank 0 / OpenMPI |"
+    print(head)
+    print("|---:|---:|" + "---:|" * (len(PEERS) + 2))
+    for n, got in rows.items():
+        for s in sizes:
+            vals = {peer: [r[s] for r in got[peer]] for peer in PEERS}
+            m = statistics.median(vals["mpi"])
+            print(f"| {n} | {s} B |" + "".join(f" {med(vals[peer])} |" for peer in PEERS)
+                  + f" {statistics.median(vals['board']) / m:.2f}x | {statistics.median(vals['rank0']) / m:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
