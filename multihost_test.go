@@ -57,7 +57,7 @@ func TestMultiHostKilledRank(t *testing.T) {
 // SIGSTOP the rank of one of 2 hosts mid-allreduce: TCP.
 func TestMultiHostStoppedRank(t *testing.T) {
 	ns := e2e.NewNetns(t, 2)
-	testStoppedRank(t, ns.Hosts(1, 1), 2, e2e.Options{Listen: ns.Gateway + ":0", Advertise: ns.Gateway}, true)
+	testStoppedRank(t, "sigstop", ns.Hosts(1, 1), 2, e2e.Options{Listen: ns.Gateway + ":0", Advertise: ns.Gateway}, true)
 }
 
 // SIGSTOP rank 1 where other ranks wait on it only through ranks that wait on it: a TCP ring of 3
@@ -67,6 +67,6 @@ func TestMultiHostStoppedRank(t *testing.T) {
 func TestMultiHostStoppedRankInChain(t *testing.T) {
 	ns := e2e.NewNetns(t, 3)
 	opt := e2e.Options{Listen: ns.Gateway + ":0", Advertise: ns.Gateway}
-	t.Run("ring of 3", func(t *testing.T) { testStoppedRank(t, ns.Hosts(1, 1, 1), 3, opt, false) })
-	t.Run("2x2 hierarchical", func(t *testing.T) { testStoppedRank(t, ns.Hosts(2, 2), 4, opt, false) })
+	t.Run("ring of 3", func(t *testing.T) { testStoppedRank(t, "sigstop", ns.Hosts(1, 1, 1), 3, opt, false) })
+	t.Run("2x2 hierarchical", func(t *testing.T) { testStoppedRank(t, "sigstop", ns.Hosts(2, 2), 4, opt, false) })
 }

@@ -21,17 +21,18 @@ import (
 
 // Scenarios maps a name to what every rank runs. Each returns nil when this rank saw what it should.
 var Scenarios = map[string]func(ctx context.Context) error{
-	"ops":      opsScenario,
-	"big":      bigScenario,
-	"order":    orderScenario,
-	"mismatch": mismatchScenario,
-	"stall":    stallScenario,
-	"join":     joinScenario,
-	"kill":     killScenario,
-	"abort":    abortScenario,
-	"steady":   steadyScenario,
-	"loop":     loopScenario,
-	"sigstop":  sigstopScenario,
+	"ops":           opsScenario,
+	"big":           bigScenario,
+	"order":         orderScenario,
+	"mismatch":      mismatchScenario,
+	"stall":         stallScenario,
+	"join":          joinScenario,
+	"kill":          killScenario,
+	"abort":         abortScenario,
+	"steady":        steadyScenario,
+	"loop":          loopScenario,
+	"sigstop":       sigstopScenario,
+	"sigstop-small": sigstopSmallScenario,
 }
 
 // loopScenario allreduces until an op fails (a test kills part of the job) and returns that error.
@@ -454,30 +455,43 @@ const StopForEnv = "KOLO_E2E_STOP_SECONDS"
 // fails prints "STOP-RESULT rank=R silent=MS err=ERROR" (MS: how long it waited in the op) and
 // exits 3; a rank that finishes, every result checked, prints "STOP-OK rank=R".
 func sigstopScenario(ctx context.Context) error {
+	return sigstopRun(ctx, 1<<18, func(i int) string { return fmt.Sprintf("stop.%d", i) }, 200*time.Millisecond)
+}
+
+// sigstopSmallScenario is sigstopScenario with one 4-byte allreduce under one name: from the
+// second op on it is cached, and on one host negotiated through shared memory (engine/board.go).
+// Rank 1 is stopped 500 ms into the op, long after it waited BoardWait (50 ms) on the board for the
+// others and sent the op to rank 0; the others enter 800 ms late.
+func sigstopSmallScenario(ctx context.Context) error {
+	return sigstopRun(ctx, 1, func(int) string { return "stop" }, 500*time.Millisecond)
+}
+
+// sigstopRun stops rank 1 stopAfter into op 21; the others enter it stopAfter+300 ms late.
+func sigstopRun(ctx context.Context, elems int, name func(i int) string, stopAfter time.Duration) error {
 	rank, size := kolo.Rank(), kolo.Size()
 	stopFor, err := strconv.ParseFloat(os.Getenv(StopForEnv), 64)
 	if err != nil {
 		return fmt.Errorf("%s: %w", StopForEnv, err)
 	}
 	signal.Ignore(syscall.SIGTERM) // the test measures the engine's detection, not the launcher's stop
-	buf := make([]float32, 1<<18)
+	buf := make([]float32, elems)
 	for i := range 40 {
 		if i == 20 && rank == 1 {
 			pid := os.Getpid()
-			helper := exec.Command("sh", "-c", fmt.Sprintf("sleep 0.2; kill -STOP %d; sleep %g; kill -CONT %d", pid, stopFor, pid))
+			helper := exec.Command("sh", "-c", fmt.Sprintf("sleep %g; kill -STOP %d; sleep %g; kill -CONT %d", stopAfter.Seconds(), pid, stopFor, pid))
 			helper.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // out of reach of the launcher's stop
 			if err := helper.Start(); err != nil {
 				return err
 			}
 			go helper.Wait()
 		} else if i == 20 {
-			time.Sleep(500 * time.Millisecond)
+			time.Sleep(stopAfter + 300*time.Millisecond)
 		}
 		for j := range buf {
 			buf[j] = float32(rank + 1 + i)
 		}
 		start := time.Now()
-		if err := kolo.Allreduce(ctx, fmt.Sprintf("stop.%d", i), kolo.Of(buf), kolo.Sum); err != nil {
+		if err := kolo.Allreduce(ctx, name(i), kolo.Of(buf), kolo.Sum); err != nil {
 			fmt.Fprintf(os.Stderr, "STOP-RESULT rank=%d silent=%d err=%v\n", rank, time.Since(start).Milliseconds(), err)
 			os.Exit(3)
 		}
