@@ -14,15 +14,15 @@ package engine
 //
 // What keeps this correct next to the coordinator's path:
 //   - Only the global set's cached, ungrouped allreduces of at most boardMaxBytes take it, and
-//     only in a world on one host: the cache id says that every rank matched the op's signature
-//     before, and ranks that counted the same evictions agree on what every id means (a round
-//     whose ranks counted differently matches nothing).
+//     only in a world on one host. The cache entry says that every rank matched the op's
+//     signature before; an op is posted as its cache id and the Response that announced the id
+//     (Cache.Born), which name one entry on every rank, though ids are reused after evictions.
 //   - Its ops touch nothing the coordinator's collectives use (only the board), so the two paths
 //     may interleave differently on different ranks.
 //   - A rank arrives only with ops, and only when its set of ops changed or another rank waits
 //     at the round, so mismatched ranks do not spin through empty rounds.
-//   - An op that waited BoardWait without a match, any op of a rank whose cache changed under it,
-//     and every op while some rank has joined, goes the coordinator's way: the rank withdraws its
+//   - An op that waited BoardWait without a match, an op whose entry this rank's cache evicted
+//     before it was posted, and every op while some rank has joined, goes the coordinator's way: the rank withdraws its
 //     arrival (possible until the round completes) and submits the ops to rank 0, where the stall
 //     inspector and the mismatch errors see them. It counts them in the board's shared fallback
 //     count until they complete, and while that count is above zero every rank sends its new ops
@@ -50,14 +50,14 @@ const (
 	// scheduler slice is a few milliseconds), short next to the stall inspector's warning.
 	DefaultBoardWait = 50 * time.Millisecond
 
-	// Block layout: a header, a directory of (cache id, bytes) by ascending id, then the data of
-	// those ops in that order.
+	// Block layout: a header (the round, the count of ops), a directory of (cache id, bytes,
+	// born) by ascending id, then the data of those ops in that order.
 	bhRound    = 0
-	bhEvicted  = 8
-	bhCount    = 16
+	bhCount    = 8
 	bhDir      = 64
+	dirBytes   = 16
 	boardOps   = 64
-	boardData  = bhDir + 8*boardOps
+	boardData  = bhDir + dirBytes*boardOps
 	boardSpace = transport.BoardBlockBytes - boardData
 )
 
@@ -68,7 +68,6 @@ type board struct {
 	wait    time.Duration
 	round   uint64   // the round this rank takes part in next, or is arrived at
 	posted  int      // len(inRound); 0: not arrived
-	evicted uint64   // the cache's evictions when this rank arrived
 	changed bool     // pending changed since this rank last arrived
 	pending []*entry // by cache id (entry.boardID)
 	inRound []*entry // the ops this rank posted in the round it is arrived at, by cache id
@@ -127,7 +126,7 @@ func (e *Engine) boardable(en *entry) (uint32, bool) {
 // boardAdd takes en onto the board.
 func (e *Engine) boardAdd(en *entry, id uint32) {
 	b := e.brd
-	en.boardID = id
+	en.boardID, en.boardBorn = id, e.global.cache.Born(id)
 	i, _ := slices.BinarySearchFunc(b.pending, id, func(x *entry, id uint32) int { return int(x.boardID) - int(id) })
 	b.pending = slices.Insert(b.pending, i, en)
 	b.changed = true
@@ -159,24 +158,19 @@ func (e *Engine) boardStep(now time.Time) (progressed, ok bool) {
 		if b.b.BoardArrived(b.round) == b.n {
 			return true, e.boardRun()
 		}
-		falls := b.b.BoardFallbacks(0) > 0
-		stale := e.global.cache.Evictions() != b.evicted
-		if !falls && !stale && !e.oldestWaited(now) {
+		if b.b.BoardFallbacks(0) == 0 && !e.oldestWaited(now) {
 			return false, true
 		}
 		if !b.b.BoardWithdraw(b.round) {
 			return true, e.boardRun() // completed meanwhile
 		}
-		b.posted, b.changed = 0, true
-		if stale && !falls {
-			return true, true // arrive again with what the cache still holds
-		}
+		b.posted = 0
 		return true, e.boardFallBack(now)
 	}
 	if b.b.BoardFallbacks(0) > 0 || e.oldestWaited(now) {
 		return true, e.boardFallBack(now)
 	}
-	if !b.changed && e.global.cache.Evictions() == b.evicted && b.b.BoardArrived(b.round) == 0 {
+	if !b.changed && b.b.BoardArrived(b.round) == 0 {
 		return false, true
 	}
 	return true, e.boardArrive(now)
@@ -197,13 +191,13 @@ func (e *Engine) boardDeadline() time.Time {
 }
 
 // boardArrive writes this rank's block for the current round and arrives at it. Ops whose cache
-// ids no longer stand for them go to rank 0.
+// entries this rank evicted meanwhile go to rank 0: the other ranks will not find them either.
 func (e *Engine) boardArrive(now time.Time) bool {
 	b := e.brd
 	cache := e.global.cache
 	var gone []*entry
 	b.pending = slices.DeleteFunc(b.pending, func(en *entry) bool {
-		if id, ok := cache.Lookup(&en.req); !ok || id != en.boardID {
+		if id, ok := cache.Lookup(&en.req); !ok || id != en.boardID || cache.Born(id) != en.boardBorn {
 			gone = append(gone, en)
 			return true
 		}
@@ -225,8 +219,10 @@ func (e *Engine) boardArrive(now time.Time) bool {
 		if m == boardOps || used+sz > boardSpace {
 			break
 		}
-		binary.LittleEndian.PutUint32(blk[bhDir+8*m:], en.boardID)
-		binary.LittleEndian.PutUint32(blk[bhDir+8*m+4:], uint32(sz))
+		d := blk[bhDir+dirBytes*m:]
+		binary.LittleEndian.PutUint32(d, en.boardID)
+		binary.LittleEndian.PutUint32(d[4:], uint32(sz))
+		binary.LittleEndian.PutUint64(d[8:], en.boardBorn)
 		src := en.in
 		if len(src) == 0 {
 			src = en.out
@@ -240,9 +236,8 @@ func (e *Engine) boardArrive(now time.Time) bool {
 		b.inRound = append(b.inRound, en)
 	}
 	binary.LittleEndian.PutUint64(blk[bhRound:], b.round)
-	binary.LittleEndian.PutUint64(blk[bhEvicted:], cache.Evictions())
 	binary.LittleEndian.PutUint32(blk[bhCount:], uint32(m))
-	b.posted, b.evicted = m, cache.Evictions()
+	b.posted = m
 	b.changed = m < len(b.pending) // what did not fit goes in the next round
 	if b.b.BoardArrive(b.round) {
 		return e.boardRun()
@@ -254,17 +249,11 @@ func (e *Engine) boardArrive(now time.Time) bool {
 func (e *Engine) boardRun() bool {
 	b := e.brd
 	k, p := b.round, int(b.round&1)
-	mine := b.b.BoardBlock(b.rank, p)
-	evicted := binary.LittleEndian.Uint64(mine[bhEvicted:])
-	agree := true
 	for r := range b.n {
 		blk := b.b.BoardBlock(r, p)
 		if got := binary.LittleEndian.Uint64(blk[bhRound:]); got != k {
 			e.fail(fmt.Errorf("rank %d: shared-memory negotiation: local rank %d's block is for round %d in round %d", e.g.Rank, r, got, k))
 			return false
-		}
-		if binary.LittleEndian.Uint64(blk[bhEvicted:]) != evicted {
-			agree = false // ranks whose caches differ: nothing matches this round
 		}
 	}
 	tl := e.tl.Load()
@@ -273,30 +262,32 @@ func (e *Engine) boardRun() bool {
 	clear(offset)
 	done := 0
 	for _, en := range b.inRound {
-		if !agree {
-			break
-		}
 		id, sz := en.boardID, len(en.out)
 		all := true
 		for r := range b.n {
 			blk := b.b.BoardBlock(r, p)
 			cnt := int(binary.LittleEndian.Uint32(blk[bhCount:]))
 			for cursor[r] < cnt {
-				d := blk[bhDir+8*cursor[r]:]
+				d := blk[bhDir+dirBytes*cursor[r]:]
 				did, dsz := binary.LittleEndian.Uint32(d), int(binary.LittleEndian.Uint32(d[4:]))
 				if did >= id {
-					if did == id && dsz != sz {
-						e.fail(fmt.Errorf("rank %d: shared-memory negotiation: allreduce %q (cache id %d) is %d bytes here and %d on local rank %d", e.g.Rank, en.req.Name, id, sz, dsz, r))
-						return false
-					}
 					break
 				}
 				cursor[r]++
 				offset[r] += dsz
 			}
-			if cursor[r] == cnt || binary.LittleEndian.Uint32(blk[bhDir+8*cursor[r]:]) != id {
+			if cursor[r] == cnt {
 				all = false
 				continue
+			}
+			d := blk[bhDir+dirBytes*cursor[r]:]
+			if binary.LittleEndian.Uint32(d) != id || binary.LittleEndian.Uint64(d[8:]) != en.boardBorn {
+				all = false // not posted there, or posted for another entry of the id
+				continue
+			}
+			if dsz := int(binary.LittleEndian.Uint32(d[4:])); dsz != sz {
+				e.fail(fmt.Errorf("rank %d: shared-memory negotiation: allreduce %q (cache id %d) is %d bytes here and %d on local rank %d", e.g.Rank, en.req.Name, id, sz, dsz, r))
+				return false
 			}
 			b.srcs[r] = blk[boardData+offset[r] : boardData+offset[r]+sz]
 		}

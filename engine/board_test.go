@@ -319,12 +319,53 @@ func TestBoardJoin(t *testing.T) {
 }
 
 // With a cache too small for the ops, ids are evicted and reused all the time, and ranks learn
-// that at different moments: ops still reduce the right tensors.
+// that at different moments: ops still reduce the right tensors. Each iteration also runs an op
+// under a name of its own (as unnamed ops are), which takes an id and evicts another.
 func TestBoardCacheChurn(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.CacheCapacity = 3
-	c := newShmCluster(t, 3, cfg)
+	const n = 3
+	c := newShmCluster(t, n, cfg)
 	runMix(t, c, 20, nil)
+	ctx := waitCtx(t)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for it := range 60 {
+				names := []string{"bias", fmt.Sprintf("once.%d", it), "odd"}
+				if (r+it)%2 == 1 {
+					names[0], names[2] = names[2], names[0]
+				}
+				bufs := make([][]byte, len(names))
+				hs := make([]*Handle, len(names))
+				// Every op's data tells it apart: an op reduced with another's data shows.
+				val := func(name string, r int) []float32 { return input(fmt.Sprintf("%s.%d", name, it), r, 2) }
+				for k, name := range names {
+					bufs[k] = f32(val(name, r)...)
+					hs[k] = c.engines[r].Enqueue(allreduceReq(name, 2), bufs[k], bufs[k])
+				}
+				for k, h := range hs {
+					if err := h.Wait(ctx); err != nil {
+						t.Errorf("rank %d, iteration %d, %s: %v", r, it, names[k], err)
+						return
+					}
+					var want [2]float32
+					for q := range n {
+						for i, v := range val(names[k], q) {
+							want[i] += v
+						}
+					}
+					if got := getF32(bufs[k]); got[0] != want[0] || got[1] != want[1] {
+						t.Errorf("rank %d, iteration %d, %s: got %v, want %v", r, it, names[k], got, want)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
 	ran, fell := boardRan(c)
 	t.Logf("%d ops ran on the board, %d fell back", ran, fell)
 	if ran == 0 {
@@ -358,4 +399,78 @@ func TestBoardLostRank(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// An id the coordinator reused while a rank had the op of its old entry posted: rank 0 posts
+// "bias" under cache id 0 and waits on the board; the others, meanwhile, see "bias" evicted and id
+// 0 given to "odd", and post "odd" under id 0 in the same round. The ids match, the entries do
+// not (Cache.Born), so nothing may run in that round: every result must be its own op's sum.
+func TestBoardReusedIDNeverMatchesAnotherOp(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.CacheCapacity = 1 // ids 0 and 1
+	cfg.BoardWait = time.Hour
+	const n = 3
+	c := newShmCluster(t, n, cfg)
+	ctx := waitCtx(t)
+	val := func(name string, r int) []float32 { return input(name, r, 2) }
+	sum := func(name string) []float32 {
+		var s [2]float32
+		for q := range n {
+			for i, v := range val(name, q) {
+				s[i] += v
+			}
+		}
+		return s[:]
+	}
+	type op struct {
+		name string
+		buf  []byte
+		h    *Handle
+	}
+	submit := func(r int, name string) *op {
+		o := &op{name: name, buf: f32(val(name, r)...)}
+		o.h = c.engines[r].Enqueue(allreduceReq(name, 2), o.buf, o.buf)
+		return o
+	}
+	check := func(r int, o *op) {
+		t.Helper()
+		if err := o.h.Wait(ctx); err != nil {
+			t.Fatalf("rank %d, %s: %v", r, o.name, err)
+		}
+		if got, want := getF32(o.buf), sum(o.name); got[0] != want[0] || got[1] != want[1] {
+			t.Errorf("rank %d, %s: got %v, want %v", r, o.name, got, want)
+		}
+	}
+	each := func(f func(r int)) {
+		var wg sync.WaitGroup
+		for r := range n {
+			wg.Add(1)
+			go func() { defer wg.Done(); f(r) }()
+		}
+		wg.Wait()
+	}
+	each(func(r int) { check(r, submit(r, "bias")); check(r, submit(r, "bias")) }) // id 0, then the board
+	bias := submit(0, "bias") // rank 0 posts it, and its round waits for the others
+	each(func(r int) { check(r, submit(r, "x")) })   // evicts "bias"; "x" gets id 1
+	each(func(r int) { check(r, submit(r, "odd")) }) // evicts "x"; "odd" gets id 0 again
+	req := allreduceReq("odd", 2)
+	if id, ok := c.engines[1].global.cache.Lookup(&req); !ok || id != 0 {
+		t.Fatalf("the scenario did not happen: \"odd\" has cache id %d (%v), want 0", id, ok)
+	}
+	var odd [n]*op
+	for r := 1; r < n; r++ {
+		odd[r] = submit(r, "odd") // on the board under id 0, in rank 0's round
+	}
+	time.Sleep(20 * time.Millisecond)
+	odd[0] = submit(0, "odd")
+	for r := range n {
+		check(r, odd[r])
+	}
+	each(func(r int) {
+		if r == 0 {
+			check(0, bias)
+		} else {
+			check(r, submit(r, "bias"))
+		}
+	})
 }

@@ -211,6 +211,7 @@ type entry struct {
 	out       []byte // output bytes (nil when the engine allocates: allgather, alltoall, reducescatter)
 	h         *Handle
 	boardID   uint32 // the cache id it goes by on the board (board.go)
+	boardBorn uint64 // and the Response that announced that id
 }
 
 // outgoing is the requests of one process set going to the coordinator in one Batch.
