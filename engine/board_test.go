@@ -450,9 +450,9 @@ func TestBoardReusedIDNeverMatchesAnotherOp(t *testing.T) {
 		wg.Wait()
 	}
 	each(func(r int) { check(r, submit(r, "bias")); check(r, submit(r, "bias")) }) // id 0, then the board
-	bias := submit(0, "bias") // rank 0 posts it, and its round waits for the others
-	each(func(r int) { check(r, submit(r, "x")) })   // evicts "bias"; "x" gets id 1
-	each(func(r int) { check(r, submit(r, "odd")) }) // evicts "x"; "odd" gets id 0 again
+	bias := submit(0, "bias")                                                      // rank 0 posts it, and its round waits for the others
+	each(func(r int) { check(r, submit(r, "x")) })                                 // evicts "bias"; "x" gets id 1
+	each(func(r int) { check(r, submit(r, "odd")) })                               // evicts "x"; "odd" gets id 0 again
 	req := allreduceReq("odd", 2)
 	if id, ok := c.engines[1].global.cache.Lookup(&req); !ok || id != 0 {
 		t.Fatalf("the scenario did not happen: \"odd\" has cache id %d (%v), want 0", id, ok)
