@@ -649,7 +649,9 @@ func (h *Handle) JoinLast() int { return h.h.JoinLast() }
 
 func failed(err error) *Handle { return &Handle{early: err} }
 
-func submit(kind negotiate.OpKind, name string, in, out Tensor, op Op, root int, splits []int64, opts []OpOption) *Handle {
+// submit submits one op; waited says that the caller waits on it at once (the blocking calls), so
+// that the engine need not arm its kick for an op nobody drives (engine.EnqueueWaited).
+func submit(kind negotiate.OpKind, name string, in, out Tensor, op Op, root int, splits []int64, opts []OpOption, waited bool) *Handle {
 	s, err := get()
 	if err != nil {
 		return failed(err)
@@ -662,7 +664,7 @@ func submit(kind negotiate.OpKind, name string, in, out Tensor, op Op, root int,
 	if err != nil {
 		return s.refuse(p, err)
 	}
-	return s.enqueue(p)
+	return s.enqueue(p, waited)
 }
 
 // refuse submits p's op as refused by this rank for err (see engine.ArgumentError): the handle
@@ -742,8 +744,12 @@ func prepare(req negotiate.Request, in, out Tensor, op Op) (prepared, error) {
 	return p, nil
 }
 
-func (s *state) enqueue(p prepared) *Handle {
-	return &Handle{h: s.engine.Enqueue(p.req, p.in, p.outBytes), out: p.out, kind: p.req.Kind, size: s.job.Size}
+func (s *state) enqueue(p prepared, waited bool) *Handle {
+	enqueue := s.engine.Enqueue
+	if waited {
+		enqueue = s.engine.EnqueueWaited
+	}
+	return &Handle{h: enqueue(p.req, p.in, p.outBytes), out: p.out, kind: p.req.Kind, size: s.job.Size}
 }
 
 // submitGroup submits ops that every rank releases together, once all of them are ready
@@ -763,7 +769,7 @@ func submitGroup(kind negotiate.OpKind, name string, ins, outs []Tensor, op Op, 
 		if err != nil {
 			hs[i] = s.refuse(ps[i], err)
 		} else {
-			hs[i] = s.enqueue(ps[i])
+			hs[i] = s.enqueue(ps[i], false)
 		}
 	}
 	return hs
@@ -886,22 +892,22 @@ func ReduceScatterGroupAsync(name string, ts []Tensor, op Op, opts ...OpOption) 
 
 // AllreduceAsync reduces in across ranks into out (which may be in itself).
 func AllreduceAsync(name string, in, out Tensor, op Op, opts ...OpOption) *Handle {
-	return submit(negotiate.Allreduce, name, in, out, op, 0, nil, opts)
+	return submit(negotiate.Allreduce, name, in, out, op, 0, nil, opts, false)
 }
 
 // Allreduce reduces t in place across ranks.
 func Allreduce(ctx context.Context, name string, t Tensor, op Op, opts ...OpOption) error {
-	return AllreduceAsync(name, t, t, op, opts...).Wait(ctx)
+	return submit(negotiate.Allreduce, name, t, t, op, 0, nil, opts, true).Wait(ctx)
 }
 
 // AllgatherAsync concatenates every rank's t along dim 0 (dim 0 may differ per rank).
 func AllgatherAsync(name string, t Tensor, opts ...OpOption) *Handle {
-	return submit(negotiate.Allgather, name, t, Tensor{}, Sum, 0, nil, opts)
+	return submit(negotiate.Allgather, name, t, Tensor{}, Sum, 0, nil, opts, false)
 }
 
 // Allgather is the blocking AllgatherAsync.
 func Allgather(ctx context.Context, name string, t Tensor, opts ...OpOption) (Tensor, error) {
-	h := AllgatherAsync(name, t, opts...)
+	h := submit(negotiate.Allgather, name, t, Tensor{}, Sum, 0, nil, opts, true)
 	if err := h.Wait(ctx); err != nil {
 		return Tensor{}, err
 	}
@@ -910,12 +916,12 @@ func Allgather(ctx context.Context, name string, t Tensor, opts ...OpOption) (Te
 
 // BroadcastAsync copies root's t into t on every rank (root is a job rank, also in a process set).
 func BroadcastAsync(name string, t Tensor, root int, opts ...OpOption) *Handle {
-	return submit(negotiate.Broadcast, name, t, t, Sum, root, nil, opts)
+	return submit(negotiate.Broadcast, name, t, t, Sum, root, nil, opts, false)
 }
 
 // Broadcast is the blocking BroadcastAsync.
 func Broadcast(ctx context.Context, name string, t Tensor, root int, opts ...OpOption) error {
-	return BroadcastAsync(name, t, root, opts...).Wait(ctx)
+	return submit(negotiate.Broadcast, name, t, t, Sum, root, nil, opts, true).Wait(ctx)
 }
 
 // AlltoallAsync sends splits[r] rows (dim 0) of t to rank r, in rank order, and receives the rows
@@ -923,12 +929,12 @@ func Broadcast(ctx context.Context, name string, t Tensor, root int, opts ...OpO
 // to less than dim 0 (the rows past their sum are not sent), as in Horovod, never to more. In a
 // process set, splits and the rows received are per member, in rank order.
 func AlltoallAsync(name string, t Tensor, splits []int64, opts ...OpOption) *Handle {
-	return submit(negotiate.Alltoall, name, t, Tensor{}, Sum, 0, splits, opts)
+	return submit(negotiate.Alltoall, name, t, Tensor{}, Sum, 0, splits, opts, false)
 }
 
 // Alltoall is the blocking AlltoallAsync; it returns the received tensor and rows per source rank.
 func Alltoall(ctx context.Context, name string, t Tensor, splits []int64, opts ...OpOption) (Tensor, []int64, error) {
-	h := AlltoallAsync(name, t, splits, opts...)
+	h := submit(negotiate.Alltoall, name, t, Tensor{}, Sum, 0, splits, opts, true)
 	if err := h.Wait(ctx); err != nil {
 		return Tensor{}, nil, err
 	}
@@ -938,12 +944,12 @@ func Alltoall(ctx context.Context, name string, t Tensor, splits []int64, opts .
 // ReduceScatterAsync reduces t across ranks and leaves rank r with its share of dim 0 (ranks
 // below dim0 % Size get one extra row, as Horovod splits).
 func ReduceScatterAsync(name string, t Tensor, op Op, opts ...OpOption) *Handle {
-	return submit(negotiate.ReduceScatter, name, t, Tensor{}, op, 0, nil, opts)
+	return submit(negotiate.ReduceScatter, name, t, Tensor{}, op, 0, nil, opts, false)
 }
 
 // ReduceScatter is the blocking ReduceScatterAsync.
 func ReduceScatter(ctx context.Context, name string, t Tensor, op Op, opts ...OpOption) (Tensor, error) {
-	h := ReduceScatterAsync(name, t, op, opts...)
+	h := submit(negotiate.ReduceScatter, name, t, Tensor{}, op, 0, nil, opts, true)
 	if err := h.Wait(ctx); err != nil {
 		return Tensor{}, err
 	}
@@ -951,17 +957,19 @@ func ReduceScatter(ctx context.Context, name string, t Tensor, op Op, opts ...Op
 }
 
 // BarrierAsync completes when every rank (of the process set, with InProcessSet) has called Barrier.
-func BarrierAsync(opts ...OpOption) *Handle {
-	return submit(negotiate.Barrier, "", Tensor{DType: dtype.Uint8, Shape: []int64{0}}, Tensor{}, Sum, 0, nil, opts)
+func BarrierAsync(opts ...OpOption) *Handle { return barrier(opts, false) }
+
+func barrier(opts []OpOption, waited bool) *Handle {
+	return submit(negotiate.Barrier, "", Tensor{DType: dtype.Uint8, Shape: []int64{0}}, Tensor{}, Sum, 0, nil, opts, waited)
 }
 
 // Barrier blocks until every rank (of the process set, with InProcessSet) has called Barrier.
-func Barrier(ctx context.Context, opts ...OpOption) error { return BarrierAsync(opts...).Wait(ctx) }
+func Barrier(ctx context.Context, opts ...OpOption) error { return barrier(opts, true).Wait(ctx) }
 
 // JoinAsync says this rank has no more data: other ranks' allreduces go on with this rank
 // contributing zeros, until every rank has joined. JoinLast then gives the last rank to join.
 func JoinAsync() *Handle {
-	return submit(negotiate.Join, "", Tensor{DType: dtype.Uint8, Shape: []int64{0}}, Tensor{}, Sum, 0, nil, nil)
+	return submit(negotiate.Join, "", Tensor{DType: dtype.Uint8, Shape: []int64{0}}, Tensor{}, Sum, 0, nil, nil, false)
 }
 
 // Join is the blocking JoinAsync; it returns the last rank to join.

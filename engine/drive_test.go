@@ -202,6 +202,33 @@ func TestAsyncOpCompletesWithoutWait(t *testing.T) {
 	})
 }
 
+// An op submitted for a caller that waits at once (EnqueueWaited) arms no kick; a caller whose
+// context has already ended still takes it to the coordinator, and the op completes without it.
+func TestWaitedOpWhoseCallerLeftCompletes(t *testing.T) {
+	transports(t, 2, DefaultConfig(), func(t *testing.T, c *cluster) {
+		ctx := waitCtx(t)
+		for r := range 2 {
+			done, cancel := context.WithCancel(ctx)
+			cancel()
+			b := f32(float32(r + 1))
+			h := c.engines[r].EnqueueWaited(allreduceReq("left", 1), b, b)
+			if err := h.Wait(done); err == nil && !h.Poll() {
+				t.Fatalf("rank %d: Wait with an ended context returned nil before the op completed", r)
+			}
+			defer func() {
+				select {
+				case <-h.Done():
+				case <-ctx.Done():
+					t.Fatalf("rank %d: the op whose caller left never completed", r)
+				}
+				if err := h.Err(); err != nil || getF32(b)[0] != 3 {
+					t.Errorf("rank %d: %v, %v", r, err, getF32(b))
+				}
+			}()
+		}
+	})
+}
+
 // A Wait whose context ends while it drives returns the context's error promptly; the op then
 // completes in the background once the peer submits. (Rank 1 waits: unlike the coordinator, it
 // has no stall-inspector tick that would also wake its background goroutine.)

@@ -127,7 +127,7 @@ func (e *Engine) changeSets(c negotiate.SetChange) *Handle {
 	e.mu.Unlock()
 	req := negotiate.Request{Name: fmt.Sprintf("%s%d", setChangePrefix, k), Kind: negotiate.Allgather,
 		DType: dtype.Uint8, Shape: []int64{int64(len(payload))}}
-	return e.enqueue(req, payload, nil)
+	return e.enqueue(req, payload, nil, true)
 }
 
 // applySetChanges applies the set changes among r's tensors, which every rank has just gathered,
