@@ -66,13 +66,19 @@ func TestStallReported(t *testing.T) {
 
 var killResult = regexp.MustCompile(`\[(\d+)\]<stderr>:KILL-RESULT elapsed=(\d+) err=(.*)`)
 
-// kill -9 one rank mid-allreduce: every other rank fails within 5 s naming the lost rank.
+// kill -9 one rank mid-allreduce: every other rank fails within 5 s naming the lost rank. "kill"
+// runs 1 MiB allreduces; "kill-small" one 4-byte allreduce under one name, which goes through the
+// shared-memory board: the survivors wait there BoardWait, then at rank 0, which finds rank 1 gone.
 func TestKilledRankFailsOthers(t *testing.T) {
-	for _, np := range []int{2, 4} {
-		t.Run(fmt.Sprintf("np=%d", np), func(t *testing.T) {
+	for _, tc := range []struct {
+		scenario string
+		np       int
+	}{{"kill", 2}, {"kill", 4}, {"kill-small", 2}, {"kill-small", 4}} {
+		np := tc.np
+		t.Run(fmt.Sprintf("%s/np=%d", tc.scenario, np), func(t *testing.T) {
 			// The survivors ignore the launcher's SIGTERM and the grace is long, so what is measured is
 			// the engine's own detection, not the launcher stopping them.
-			job := e2e.Launch(t, "kill", e2e.LocalHosts(np), np, e2e.Options{Grace: 15 * time.Second})
+			job := e2e.Launch(t, tc.scenario, e2e.LocalHosts(np), np, e2e.Options{Grace: 15 * time.Second})
 			if job.First == nil || job.First.Slot.Rank != 1 {
 				t.Fatalf("first failure %+v, want rank 1 killed\n%s", job.First, job.Stderr)
 			}

@@ -28,6 +28,7 @@ var Scenarios = map[string]func(ctx context.Context) error{
 	"stall":         stallScenario,
 	"join":          joinScenario,
 	"kill":          killScenario,
+	"kill-small":    killSmallScenario,
 	"abort":         abortScenario,
 	"steady":        steadyScenario,
 	"loop":          loopScenario,
@@ -405,15 +406,25 @@ func joinScenario(ctx context.Context) error {
 // other rank must fail within 5 s with an error naming rank 1; it prints the error on stderr as
 // "KILL-RESULT elapsed=<ms> err=<error>" and exits 3 (the test reads it).
 func killScenario(ctx context.Context) error {
+	return killRun(ctx, 1<<18, func(i int) string { return fmt.Sprintf("kill.%d", i) })
+}
+
+// killSmallScenario is killScenario with one 4-byte allreduce under one name, which from the
+// second op on goes through the shared-memory board on one host (engine/board.go).
+func killSmallScenario(ctx context.Context) error {
+	return killRun(ctx, 1, func(int) string { return "kill" })
+}
+
+func killRun(ctx context.Context, elems int, name func(i int) string) error {
 	rank := kolo.Rank()
 	signal.Ignore(syscall.SIGTERM) // the test measures the engine's detection, not the launcher's stop
-	buf := make([]float32, 1<<18)
+	buf := make([]float32, elems)
 	for i := 0; ; i++ {
 		if rank == 1 && i == 20 {
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		}
 		start := time.Now()
-		err := kolo.Allreduce(ctx, fmt.Sprintf("kill.%d", i), kolo.Of(buf), kolo.Sum)
+		err := kolo.Allreduce(ctx, name(i), kolo.Of(buf), kolo.Sum)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "KILL-RESULT elapsed=%d err=%v\n", time.Since(start).Milliseconds(), err)
 			os.Exit(3)
