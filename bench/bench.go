@@ -195,6 +195,10 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	n := kolo.Size()
 	rank := kolo.Rank()
 	es := int64(cfg.DType.Size())
+	if cfg.Op == "barrier" {
+		// No data: one row, the barrier's latency (negotiation and the barrier itself).
+		cfg.Sizes, cfg.Check = []int64{0}, false
+	}
 	var results []Result
 	for _, size := range cfg.Sizes {
 		count := size / es
