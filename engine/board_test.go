@@ -31,6 +31,28 @@ func boardRan(c *cluster) (ran, fell int64) {
 
 func fallbacks(c *cluster) int64 { return c.engines[0].brd.b.BoardFallbacks(0) }
 
+// settled logs how many ops ran on the board and fell back, checks that no fallback is still
+// counted once every op completed, and returns the counts.
+func settled(t *testing.T, c *cluster) (ran, fell int64) {
+	t.Helper()
+	ran, fell = boardRan(c)
+	t.Logf("%d ops ran on the board, %d fell back", ran, fell)
+	if f := fallbacks(c); f != 0 {
+		t.Errorf("the shared fallback count is %d after every op completed", f)
+	}
+	return ran, fell
+}
+
+// onEachRank runs f for every rank at once and returns when all have.
+func onEachRank(n int, f func(r int)) {
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(r) }()
+	}
+	wg.Wait()
+}
+
 // boardOp is one op of the tests' mix.
 type boardOp struct {
 	name  string
@@ -165,15 +187,11 @@ func TestBoardAllreduces(t *testing.T) {
 			c := newShmCluster(t, n, DefaultConfig())
 			const iters = 30
 			runMix(t, c, iters, nil)
-			ran, fell := boardRan(c)
-			t.Logf("%d ops ran on the board, %d fell back", ran, fell)
+			ran, fell := settled(t, c)
 			// Everything but "over" and the first iteration can go on the board; ops that
 			// wait for a rank descheduled past BoardWait go rank 0's way.
 			if most := int64(n * (iters - 1) * (len(boardMix()) - 1)); ran < most/2 || ran+fell > most {
 				t.Errorf("%d ops ran on the board, %d fell back; want at least %d and at most %d in all", ran, fell, most/2, most)
-			}
-			if f := fallbacks(c); f != 0 {
-				t.Errorf("the shared fallback count is %d after every op completed", f)
 			}
 		})
 	}
@@ -213,13 +231,9 @@ func TestBoardLateRankFallsBack(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	})
-	ran, fell := boardRan(c)
-	t.Logf("%d ops ran on the board, %d fell back", ran, fell)
+	ran, fell := settled(t, c)
 	if fell == 0 {
 		t.Error("no op fell back, though rank 2 came 50 ms late and BoardWait is 5 ms")
-	}
-	if f := fallbacks(c); f != 0 {
-		t.Errorf("the shared fallback count is %d after every op completed", f)
 	}
 	before := ran
 	runMix(t, c, 4, nil)
@@ -238,16 +252,10 @@ func TestBoardMismatchFailsEveryRank(t *testing.T) {
 	ctx := waitCtx(t)
 	each := func(size func(r int) int) []error {
 		errs := make([]error, n)
-		var wg sync.WaitGroup
-		for r := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				buf := make([]byte, 4*size(r))
-				errs[r] = c.engines[r].Enqueue(allreduceReq("w", size(r)), buf, buf).Wait(ctx)
-			}()
-		}
-		wg.Wait()
+		onEachRank(n, func(r int) {
+			buf := make([]byte, 4*size(r))
+			errs[r] = c.engines[r].Enqueue(allreduceReq("w", size(r)), buf, buf).Wait(ctx)
+		})
 		return errs
 	}
 	for range 3 { // cached, and on the board
@@ -308,10 +316,7 @@ func TestBoardJoin(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if f := fallbacks(c); f != 0 {
-		t.Errorf("the shared fallback count is %d after the join completed", f)
-	}
-	before, _ := boardRan(c)
+	before, _ := settled(t, c)
 	runMix(t, c, 3, nil)
 	if ran, _ := boardRan(c); ran == before {
 		t.Error("the board was not used after the join")
@@ -366,13 +371,8 @@ func TestBoardCacheChurn(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	ran, fell := boardRan(c)
-	t.Logf("%d ops ran on the board, %d fell back", ran, fell)
-	if ran == 0 {
+	if ran, _ := settled(t, c); ran == 0 {
 		t.Error("no op ran on the board")
-	}
-	if f := fallbacks(c); f != 0 {
-		t.Errorf("the shared fallback count is %d after every op completed", f)
 	}
 }
 
@@ -441,14 +441,7 @@ func TestBoardReusedIDNeverMatchesAnotherOp(t *testing.T) {
 			t.Errorf("rank %d, %s: got %v, want %v", r, o.name, got, want)
 		}
 	}
-	each := func(f func(r int)) {
-		var wg sync.WaitGroup
-		for r := range n {
-			wg.Add(1)
-			go func() { defer wg.Done(); f(r) }()
-		}
-		wg.Wait()
-	}
+	each := func(f func(r int)) { onEachRank(n, f) }
 	each(func(r int) { check(r, submit(r, "bias")); check(r, submit(r, "bias")) }) // id 0, then the board
 	bias := submit(0, "bias")                                                      // rank 0 posts it, and its round waits for the others
 	each(func(r int) { check(r, submit(r, "x")) })                                 // evicts "bias"; "x" gets id 1
