@@ -101,7 +101,7 @@ func RefuseAsync(kind OpKind, name string, reason error, opts ...OpOption) *Hand
 	if err := refusable(kind); err != nil {
 		return failed(err)
 	}
-	req := newRequest(kind, Tensor{}, 0, nil, opts)
+	req, _ := newRequest(kind, Tensor{}, 0, nil, opts)
 	req.Name = s.names.name(req.Set, kind, name)
 	return s.refuse(prepared{req: req}, reason)
 }
@@ -591,13 +591,24 @@ func (t Tensor) check() error {
 }
 
 // OpOption adjusts one collective.
-type OpOption func(*negotiate.Request)
+type OpOption func(*opSettings)
+
+// opSettings is what OpOptions adjust: the op's request, and how it is submitted.
+type opSettings struct {
+	req    *negotiate.Request
+	waited bool
+}
 
 // Prescale multiplies the input by f before reducing.
-func Prescale(f float64) OpOption { return func(r *negotiate.Request) { r.PreScale *= f } }
+func Prescale(f float64) OpOption { return func(s *opSettings) { s.req.PreScale *= f } }
 
 // Postscale multiplies the result by f after reducing.
-func Postscale(f float64) OpOption { return func(r *negotiate.Request) { r.PostScale *= f } }
+func Postscale(f float64) OpOption { return func(s *opSettings) { s.req.PostScale *= f } }
+
+// WaitsAtOnce says that the caller waits on the op's handle right after submitting it, as the
+// blocking calls do (and the Python binding's, which are its async calls and a wait): the engine
+// then arms no timer to have the op driven in the background (engine.EnqueueWaited).
+func WaitsAtOnce() OpOption { return func(s *opSettings) { s.waited = true } }
 
 // Handle is the future of an async collective.
 type Handle struct {
@@ -656,7 +667,8 @@ func submit(kind negotiate.OpKind, name string, in, out Tensor, op Op, root int,
 	if err != nil {
 		return failed(err)
 	}
-	req := newRequest(kind, in, root, splits, opts)
+	req, waitsAtOnce := newRequest(kind, in, root, splits, opts)
+	waited = waited || waitsAtOnce
 	// Named before anything is checked: a call refused on this rank still uses up the name its
 	// peers give the same call, and its refusal reaches them under it (refuse).
 	req.Name = s.names.name(req.Set, kind, name)
@@ -682,16 +694,18 @@ type prepared struct {
 	out      Tensor
 }
 
-// newRequest is the op's request, unnamed, with the options applied.
-func newRequest(kind negotiate.OpKind, in Tensor, root int, splits []int64, opts []OpOption) negotiate.Request {
+// newRequest is the op's request, unnamed, with the options applied, and whether they say the
+// caller waits at once.
+func newRequest(kind negotiate.OpKind, in Tensor, root int, splits []int64, opts []OpOption) (negotiate.Request, bool) {
 	req := negotiate.Request{
 		Kind: kind, DType: in.DType, Shape: append([]int64(nil), in.Shape...),
 		Root: root, PreScale: 1, PostScale: 1, Splits: splits,
 	}
+	s := opSettings{req: &req}
 	for _, f := range opts {
-		f(&req)
+		f(&s)
 	}
-	return req
+	return req, s.waited
 }
 
 // prepare checks the named request req of in and out with reduction op. On error the returned
@@ -804,7 +818,7 @@ func (s *state) prepareGroup(kind negotiate.OpKind, name string, ins, outs []Ten
 func (s *state) groupRequests(kind negotiate.OpKind, name string, ins []Tensor, opts []OpOption) []negotiate.Request {
 	reqs := make([]negotiate.Request, len(ins))
 	for i, in := range ins {
-		reqs[i] = newRequest(kind, in, 0, nil, opts)
+		reqs[i], _ = newRequest(kind, in, 0, nil, opts)
 	}
 	var set int
 	if len(reqs) > 0 {

@@ -82,7 +82,7 @@ func InProcessSet(ps ProcessSet) OpOption { return inSet(ps.id) }
 // InProcessSetID is InProcessSet for a set known by its id (the C ABI passes ids).
 func InProcessSetID(id int) OpOption { return inSet(id) }
 
-func inSet(id int) OpOption { return func(r *negotiate.Request) { r.Set = id } }
+func inSet(id int) OpOption { return func(s *opSettings) { s.req.Set = id } }
 
 // AddProcessSet registers ranks (job ranks, any order) as a process set. It is collective: every
 // rank must call it with the same ranks, also the ranks outside the set; if they differ, every rank

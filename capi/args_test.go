@@ -60,7 +60,7 @@ func TestExportedFunctionsRefuseBadArguments(t *testing.T) {
 		// TestEnqueueRefusesBadArguments covers) and returns the failed op's handle, negative. 263
 		// is not float32's 7 once truncated to a byte: the C int reaches the check whole.
 		{"kolo_enqueue forwards and returns a negative handle", true, func() int64 {
-			return int64(kolo_enqueue(1, nil, 0, nil, nil, 256+7, nil, 0, 1, 0, 1, 1, nil, 0, 0))
+			return int64(kolo_enqueue(1, nil, 0, nil, nil, 256+7, nil, 0, 1, 0, 1, 1, nil, 0, 0, 0))
 		}, "argument dt = 263"},
 		{"kolo_enqueue_group null handles", false, func() int64 {
 			return int64(kolo_enqueue_group(1, nil, 0, 2, nil, nil, nil, nil, nil, 1, 1, 1, 0, nil))

@@ -202,17 +202,18 @@ func options(prescale, postscale float64, processSet int) ([]kolo.OpOption, erro
 // (kolo_result). splits (alltoall) may be null for an even split. op is horovod's numbering
 // (Average=0, Sum=1, Min=3, Max=4, Product=5) and must be one of them for every kind, as root must
 // be a rank (>= 0); barrier and join read no tensor, and ignore in, out, dt and shape. name may be
-// empty, for a name derived from what the op is.
+// empty, for a name derived from what the op is. waited, when not 0, says the caller waits on the
+// handle next (a synchronous call): the engine then arms no timer to drive the op without it.
 //
 //export kolo_enqueue
 func kolo_enqueue(kind C.int, name *C.char, nameLen C.int, in, out unsafe.Pointer, dt C.int,
 	shape *C.int64_t, ndim C.int, reduceOp C.int, root C.int, prescale, postscale C.double,
-	splits *C.int64_t, nsplits C.int, processSet C.int) C.int64_t {
+	splits *C.int64_t, nsplits C.int, processSet C.int, waited C.int) C.int64_t {
 	return issued(enqueue(enqueueArgs{
 		kind: int(kind), name: unsafe.Pointer(name), nameLen: int(nameLen), in: in, out: out,
 		dtype: int(dt), shape: unsafe.Pointer(shape), ndim: int(ndim), op: int(reduceOp), root: int(root),
 		prescale: float64(prescale), postscale: float64(postscale), splits: unsafe.Pointer(splits),
-		nsplits: int(nsplits), processSet: int(processSet),
+		nsplits: int(nsplits), processSet: int(processSet), waited: waited != 0,
 	}))
 }
 
@@ -230,6 +231,7 @@ type enqueueArgs struct {
 	splits              unsafe.Pointer
 	nsplits             int
 	processSet          int
+	waited              bool // the caller waits on the handle next (kolo.WaitsAtOnce)
 }
 
 func enqueue(a enqueueArgs) *op {
@@ -249,6 +251,9 @@ func enqueue(a enqueueArgs) *op {
 	opts, err := options(a.prescale, a.postscale, a.processSet)
 	if err != nil {
 		return fail(err)
+	}
+	if a.waited {
+		opts = append(opts, kolo.WaitsAtOnce())
 	}
 	var t, o kolo.Tensor
 	if a.kind != kindBarrier && a.kind != kindJoin {

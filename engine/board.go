@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/engine/negotiate"
+	"github.com/kolo-dl/kolo/internal/spin"
 	"github.com/kolo-dl/kolo/reduce"
 	"github.com/kolo-dl/kolo/transport"
 )
@@ -256,6 +257,9 @@ func (e *Engine) boardRun() bool {
 			return false
 		}
 	}
+	if e.cfg.Spin > 0 {
+		b.b.BoardSee(k) // for boardLinger, which only spinning ranks do
+	}
 	tl := e.tl.Load()
 	cursor, offset := b.cursor, b.offset
 	clear(cursor)
@@ -303,10 +307,17 @@ func (e *Engine) boardRun() bool {
 			tl.Negotiated(0, names, opLabel(en.req.Kind))
 			tl.Done(0, names)
 		}
-		en.h.finish(nil)
 		en.boardID = doneBoardID
 		done++
 		b.ran.Add(1)
+	}
+	if done > 0 {
+		e.boardLinger(k)
+	}
+	for _, en := range b.inRound {
+		if en.boardID == doneBoardID {
+			en.h.finish(nil)
+		}
 	}
 	clear(b.srcs)
 	clear(b.inRound)
@@ -318,6 +329,31 @@ func (e *Engine) boardRun() bool {
 	b.round++
 	b.posted = 0
 	return true
+}
+
+// boardLinger waits, where ranks spin (each has a CPU), up to the spin time for every rank to have
+// read round k before this rank returns its ops. Through the coordinator, the collective after the
+// response keeps the ranks' returns together; on the board the rank that completes a round would
+// otherwise return while a peer that had gone to sleep is still being woken, some tens of
+// microseconds later: enough for a program that times one rank's next op from its own previous
+// one (Horovod's barrier tests) to see a skew that a collective never showed.
+func (e *Engine) boardLinger(k uint64) {
+	b := e.brd
+	if b.b.BoardSeen(k) == b.n {
+		return
+	}
+	if e.cfg.Spin <= 0 {
+		// Ranks outnumber cores: lingering by yielding cost a third more per op at 32 ranks
+		// (166-185 against 116-139 us), and such a host shows skews of a scheduler slice anyway.
+		return
+	}
+	start := time.Now()
+	for i := 1; b.b.BoardSeen(k) < b.n; i++ {
+		if i%64 == 0 && time.Since(start) > e.cfg.Spin {
+			return
+		}
+		spin.Pause()
+	}
 }
 
 // doneBoardID marks an entry boardRun completed.

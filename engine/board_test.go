@@ -181,10 +181,18 @@ func runMix(t *testing.T, c *cluster, iters int, pause func(r, it int)) {
 
 // Every kind of small allreduce comes out right, the same on every rank, whatever order each
 // rank submits them in; after the first iteration (which caches them) they run on the board.
+// With spinning ranks every rank also marks each round seen, and the round's ops complete on no
+// rank before every rank has (or the spin time has passed).
 func TestBoardAllreduces(t *testing.T) {
-	for _, n := range []int{2, 4} {
-		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
-			c := newShmCluster(t, n, DefaultConfig())
+	for _, tc := range []struct {
+		n    int
+		spin time.Duration // spinning ranks linger until every rank has seen a round
+	}{{2, 0}, {4, 0}, {2, 30 * time.Microsecond}, {3, 30 * time.Microsecond}} {
+		n := tc.n
+		t.Run(fmt.Sprintf("ranks=%d/spin=%v", n, tc.spin), func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Spin = tc.spin
+			c := newShmCluster(t, n, cfg)
 			const iters = 30
 			runMix(t, c, iters, nil)
 			ran, fell := settled(t, c)

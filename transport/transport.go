@@ -250,6 +250,11 @@ type Board interface {
 	BoardWithdraw(k uint64) bool
 	// BoardArrived is how many ranks are arrived at round k now (all of them once it completed).
 	BoardArrived(k uint64) int
+	// BoardSee records that this rank has read completed round k; BoardSeen is how many ranks
+	// have. A rank may wait for the others to see a round before it returns its ops, so that
+	// ranks return from one op at nearly the same time, as they do from a collective.
+	BoardSee(k uint64)
+	BoardSeen(k uint64) int
 	// BoardFallbacks adds delta to a count every rank shares and returns its new value: the
 	// reasons, somewhere on the host, that ops must go the coordinator's way for now.
 	BoardFallbacks(delta int64) int64

@@ -71,3 +71,22 @@ func (c *comm) BoardFallbacks(delta int64) int64 {
 	}
 	return int64(atomic.AddUint64(p, uint64(delta))) // two's complement: a negative delta subtracts
 }
+
+func (c *comm) seenCount(k uint64) (*uint64, uint64) {
+	return c.g.u64(offBoardSeen + cacheLine*int64(k&1)), uint64(c.g.size) * (k/2 + 1)
+}
+
+func (c *comm) BoardSee(k uint64) {
+	cnt, _ := c.seenCount(k)
+	atomic.AddUint64(cnt, 1)
+}
+
+func (c *comm) BoardSeen(k uint64) int {
+	cnt, target := c.seenCount(k)
+	v := atomic.LoadUint64(cnt)
+	base := target - uint64(c.g.size)
+	if v <= base {
+		return 0
+	}
+	return int(min(v, target) - base)
+}

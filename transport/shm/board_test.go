@@ -65,6 +65,11 @@ func TestBoardRounds(t *testing.T) {
 						return
 					}
 				}
+				if got := b.BoardSeen(k); got >= n {
+					errs <- "a round was seen by every rank before this one saw it"
+					return
+				}
+				b.BoardSee(k)
 			}
 		}()
 	}
@@ -74,6 +79,11 @@ func TestBoardRounds(t *testing.T) {
 		t.Error(e)
 	}
 	b := boardOf(t, gs[0])
+	for k := uint64(rounds - 2); k < rounds; k++ {
+		if got := b.BoardSeen(k); got != n {
+			t.Errorf("round %d was seen by %d ranks, want %d", k, got, n)
+		}
+	}
 	if got := b.BoardFallbacks(2); got != 2 {
 		t.Errorf("fallbacks after adding 2: %d", got)
 	}

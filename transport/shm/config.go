@@ -240,6 +240,7 @@ const (
 	offBarWaiters   = 10 * cacheLine // uint32: ranks asleep on offBarGen
 	offBoardArrived = 11 * cacheLine // 2 uint64s, on lines of their own: the board's arrivals of even and odd rounds
 	offBoardFalls   = 13 * cacheLine // int64: the board's fallback count (transport.Board)
+	offBoardSeen    = 14 * cacheLine // 2 uint64s, on lines of their own: ranks that read even and odd rounds
 	globalBytes     = pageBytes
 
 	// per-rank block fields

@@ -59,6 +59,7 @@ _NO_RESULT_IN_ENGINE = frozenset((_ALLREDUCE, _BROADCAST, _BARRIER))
 _handle_map = {}
 
 
+
 # ----------------------------------------------------------------------------------------------
 # Basics
 
@@ -390,7 +391,9 @@ def _stage(kind, tensor, inplace):
 
 
 def _enqueue(kind, tensor, inplace, name, op=Sum, root=0, prescale_factor=1.0,
-             postscale_factor=1.0, splits=None, process_set=global_process_set):
+             postscale_factor=1.0, splits=None, process_set=global_process_set, waited=0):
+    """Submits one op and returns its handle. waited=1 says the caller synchronizes on it next (a
+    synchronous call): the engine then arms no timer to drive the op without it."""
     psid = _process_set_id(process_set)
     try:
         dt = _dtype_of(tensor)
@@ -409,7 +412,7 @@ def _enqueue(kind, tensor, inplace, name, op=Sum, root=0, prescale_factor=1.0,
     shape = inp.shape
     h = _lib.C.kolo_enqueue(kind, nm, nlen, inp.data_ptr(), out.data_ptr() if out is not None else None,
                             dt, _pack_int64s(shape), len(shape), op, root, prescale_factor,
-                            postscale_factor, sp, nsp, psid)
+                            postscale_factor, sp, nsp, psid, waited)
     if h < 0:
         raise _lib.take_error(-h)
     o.h = h
@@ -516,8 +519,9 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set):
     """Reduces tensor across ranks in place and returns it."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
-                                        process_set))
+    op = _reduce_op(op, average, _ALLREDUCE, name, process_set)
+    return synchronize(_enqueue(_ALLREDUCE, tensor, True, name, op, 0, prescale_factor, postscale_factor, None,
+                                process_set, waited=1))
 
 
 class HorovodAllreduce(torch.autograd.Function):
@@ -530,8 +534,9 @@ class HorovodAllreduce(torch.autograd.Function):
         ctx.prescale_factor = prescale_factor
         ctx.postscale_factor = postscale_factor
         ctx.process_set = process_set
-        return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
-                                           process_set))
+        op = _reduce_op(op, average, _ALLREDUCE, name, process_set)
+        return synchronize(_enqueue(_ALLREDUCE, tensor, False, name, op, 0, prescale_factor, postscale_factor,
+                                    None, process_set, waited=1))
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -657,7 +662,8 @@ class HorovodAllgather(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, name, process_set):
-        out = synchronize(allgather_async(tensor, name, process_set))  # raises for a scalar
+        # raises for a scalar
+        out = synchronize(_enqueue(_ALLGATHER, tensor, False, name, process_set=process_set, waited=1))
         ctx.dim = tensor.shape[0]
         ctx.process_set = process_set
         return out
@@ -723,7 +729,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """Copies root_rank's tensor into tensor on every rank and returns it."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return synchronize(_enqueue(_BROADCAST, tensor, True, name, root=root_rank, process_set=process_set, waited=1))
 
 
 class HorovodBroadcast(torch.autograd.Function):
@@ -733,7 +739,8 @@ class HorovodBroadcast(torch.autograd.Function):
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank = root_rank
         ctx.process_set = process_set
-        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+        return synchronize(_enqueue(_BROADCAST, tensor, False, name, root=root_rank, process_set=process_set,
+                                    waited=1))
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -763,7 +770,8 @@ class HorovodAlltoall(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        output, received_splits = synchronize(alltoall_async(tensor, splits, name, process_set))
+        output, received_splits = synchronize(_enqueue(_ALLTOALL, tensor, False, name, splits=splits,
+                                                       process_set=process_set, waited=1))
         ctx.process_set = process_set
         ctx.recvsplits = received_splits
         if splits is None:
@@ -813,8 +821,9 @@ class HorovodReducescatter(torch.autograd.Function):
         ctx.op = op
         ctx.process_set = process_set
         ctx.scale = (prescale_factor, postscale_factor)
-        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
-                                               postscale_factor))
+        rop = _reduce_op(op, None, _REDUCESCATTER, name, process_set)
+        return synchronize(_enqueue(_REDUCESCATTER, tensor, False, name, rop, 0, prescale_factor, postscale_factor,
+                                    process_set=process_set, waited=1))
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -877,7 +886,7 @@ def grouped_reducescatter(tensors, name=None, compression=_NO_COMPRESSION, op=Av
 def barrier(process_set=global_process_set):
     """Returns once every rank has called barrier."""
     h = _lib.C.kolo_enqueue(_BARRIER, None, 0, None, None, 0, None, 0, 0, 0, 1.0, 1.0, None, 0,
-                            _process_set_id(process_set))
+                            _process_set_id(process_set), 1)
     if h < 0:
         raise _lib.take_error(-h)
     o = _Op()
@@ -890,7 +899,7 @@ def join(device=-1):
     """Says this rank has no more data; other ranks' allreduces go on with it contributing
     nothing until every rank has joined. Returns the last rank to join. device is accepted for
     Horovod compatibility (kolo needs no device for the zeros it contributes)."""
-    h = _lib.C.kolo_enqueue(_JOIN, None, 0, None, None, 0, None, 0, 0, 0, 1.0, 1.0, None, 0, 0)
+    h = _lib.C.kolo_enqueue(_JOIN, None, 0, None, None, 0, None, 0, 0, 0, 1.0, 1.0, None, 0, 0, 1)
     if h < 0:
         raise _lib.take_error(-h)
     o = _Op()
