@@ -68,10 +68,12 @@ type board struct {
 	n, rank int
 	wait    time.Duration
 	round   uint64   // the round this rank takes part in next, or is arrived at
-	posted  int      // len(inRound); 0: not arrived
 	changed bool     // pending changed since this rank last arrived
 	pending []*entry // by cache id (entry.boardID)
-	inRound []*entry // the ops this rank posted in the round it is arrived at, by cache id
+	inRound []*entry // the ops this rank posted in the round it is arrived at (none: not arrived)
+	// evicted is the cache's eviction count when pending was last checked against it: while it
+	// stays, every pending op's id still stands for it.
+	evicted uint64
 	// Scratch of boardRun: one op's data in every rank's block, and per rank the next entry of
 	// its directory and where that entry's data starts.
 	srcs           [][]byte
@@ -141,7 +143,7 @@ func (e *Engine) boardReady() bool {
 		return false
 	}
 	got := b.b.BoardArrived(b.round)
-	if b.posted > 0 {
+	if len(b.inRound) > 0 {
 		return got == b.n
 	}
 	return got > 0
@@ -155,7 +157,7 @@ func (e *Engine) boardStep(now time.Time) (progressed, ok bool) {
 	if b == nil || len(b.pending) == 0 {
 		return false, true
 	}
-	if b.posted > 0 {
+	if len(b.inRound) > 0 {
 		if b.b.BoardArrived(b.round) == b.n {
 			return true, e.boardRun()
 		}
@@ -165,7 +167,6 @@ func (e *Engine) boardStep(now time.Time) (progressed, ok bool) {
 		if !b.b.BoardWithdraw(b.round) {
 			return true, e.boardRun() // completed meanwhile
 		}
-		b.posted = 0
 		return true, e.boardFallBack(now)
 	}
 	if b.b.BoardFallbacks(0) > 0 || e.oldestWaited(now) {
@@ -195,17 +196,19 @@ func (e *Engine) boardDeadline() time.Time {
 // entries this rank evicted meanwhile go to rank 0: the other ranks will not find them either.
 func (e *Engine) boardArrive(now time.Time) bool {
 	b := e.brd
-	cache := e.global.cache
-	var gone []*entry
-	b.pending = slices.DeleteFunc(b.pending, func(en *entry) bool {
-		if id, ok := cache.Lookup(&en.req); !ok || id != en.boardID || cache.Born(id) != en.boardBorn {
-			gone = append(gone, en)
-			return true
+	if cache := e.global.cache; cache.Evictions() != b.evicted {
+		b.evicted = cache.Evictions()
+		var gone []*entry
+		b.pending = slices.DeleteFunc(b.pending, func(en *entry) bool {
+			if id, ok := cache.Lookup(&en.req); !ok || id != en.boardID || cache.Born(id) != en.boardBorn {
+				gone = append(gone, en)
+				return true
+			}
+			return false
+		})
+		if len(gone) > 0 && !e.boardSubmit(now, gone) {
+			return false
 		}
-		return false
-	})
-	if len(gone) > 0 && !e.boardSubmit(now, gone) {
-		return false
 	}
 	if len(b.pending) == 0 {
 		b.changed = false
@@ -238,7 +241,6 @@ func (e *Engine) boardArrive(now time.Time) bool {
 	}
 	binary.LittleEndian.PutUint64(blk[bhRound:], b.round)
 	binary.LittleEndian.PutUint32(blk[bhCount:], uint32(m))
-	b.posted = m
 	b.changed = m < len(b.pending) // what did not fit goes in the next round
 	if b.b.BoardArrive(b.round) {
 		return e.boardRun()
@@ -327,7 +329,6 @@ func (e *Engine) boardRun() bool {
 		b.changed = true // what is left may now match ops other ranks had posted
 	}
 	b.round++
-	b.posted = 0
 	return true
 }
 
@@ -343,8 +344,9 @@ func (e *Engine) boardLinger(k uint64) {
 		return
 	}
 	if e.cfg.Spin <= 0 {
-		// Ranks outnumber cores: lingering by yielding cost a third more per op at 32 ranks
-		// (166-185 against 116-139 us), and such a host shows skews of a scheduler slice anyway.
+		// Ranks outnumber cores: a trial build that lingered by yielding took 166-185 us per
+		// 4-byte op at 32 ranks (`kolo bench`, two runs) where the runs just before without it
+		// took 116-139, and such a host shows skews of a scheduler slice anyway.
 		return
 	}
 	start := time.Now()
@@ -399,13 +401,10 @@ func (e *Engine) boardFlush(now time.Time) bool {
 	if b == nil || len(b.pending) == 0 {
 		return true
 	}
-	if b.posted > 0 {
-		if !b.b.BoardWithdraw(b.round) {
-			if !e.boardRun() {
-				return false
-			}
+	if len(b.inRound) > 0 && !b.b.BoardWithdraw(b.round) {
+		if !e.boardRun() {
+			return false
 		}
-		b.posted = 0
 	}
 	if len(b.pending) == 0 {
 		return true

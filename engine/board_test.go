@@ -31,6 +31,17 @@ func boardRan(c *cluster) (ran, fell int64) {
 
 func fallbacks(c *cluster) int64 { return c.engines[0].brd.b.BoardFallbacks(0) }
 
+// boardCluster is n engines over one segment whose ops wait wait on the board, with edits applied
+// to their config.
+func boardCluster(t *testing.T, n int, wait time.Duration, edits ...func(*Config)) *cluster {
+	cfg := DefaultConfig()
+	cfg.BoardWait = wait
+	for _, f := range edits {
+		f(&cfg)
+	}
+	return newShmCluster(t, n, cfg)
+}
+
 // settled logs how many ops ran on the board and fell back, checks that no fallback is still
 // counted once every op completed, and returns the counts.
 func settled(t *testing.T, c *cluster) (ran, fell int64) {
@@ -231,9 +242,7 @@ func TestBoardOff(t *testing.T) {
 // A rank that comes late (past BoardWait) sends its ops to rank 0 as the others did after they
 // waited: the ops complete, and once they have, later ones use the board again.
 func TestBoardLateRankFallsBack(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.BoardWait = 5 * time.Millisecond
-	c := newShmCluster(t, 3, cfg)
+	c := boardCluster(t, 3, 5*time.Millisecond)
 	runMix(t, c, 6, func(r, it int) {
 		if r == 2 && it == 2 {
 			time.Sleep(50 * time.Millisecond)
@@ -253,10 +262,8 @@ func TestBoardLateRankFallsBack(t *testing.T) {
 // A shape that differs on one rank: the op goes rank 0's way everywhere and fails on every rank
 // with the coordinator's mismatch error; the job goes on, on the board.
 func TestBoardMismatchFailsEveryRank(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.BoardWait = 5 * time.Millisecond
 	const n = 3
-	c := newShmCluster(t, n, cfg)
+	c := boardCluster(t, n, 5*time.Millisecond)
 	ctx := waitCtx(t)
 	each := func(size func(r int) int) []error {
 		errs := make([]error, n)
@@ -387,10 +394,8 @@ func TestBoardCacheChurn(t *testing.T) {
 // A rank that is gone while the others wait on the board: they go rank 0's way after BoardWait,
 // and fail there naming it, instead of waiting for a round that cannot complete.
 func TestBoardLostRank(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.BoardWait = 5 * time.Millisecond
 	const n = 3
-	c := newShmCluster(t, n, cfg)
+	c := boardCluster(t, n, 5*time.Millisecond)
 	runMix(t, c, 2, nil)
 	ctx := waitCtx(t)
 	c.close(2) // its segment attachment, as if the process were killed: no abort notice
@@ -414,11 +419,8 @@ func TestBoardLostRank(t *testing.T) {
 // 0 given to "odd", and post "odd" under id 0 in the same round. The ids match, the entries do
 // not (Cache.Born), so nothing may run in that round: every result must be its own op's sum.
 func TestBoardReusedIDNeverMatchesAnotherOp(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.CacheCapacity = 1 // ids 0 and 1
-	cfg.BoardWait = time.Hour
 	const n = 3
-	c := newShmCluster(t, n, cfg)
+	c := boardCluster(t, n, time.Hour, func(cfg *Config) { cfg.CacheCapacity = 1 }) // ids 0 and 1
 	ctx := waitCtx(t)
 	val := func(name string, r int) []float32 { return input(name, r, 2) }
 	sum := func(name string) []float32 {

@@ -1292,7 +1292,7 @@ func (e *Engine) halt(err error, tell bool) {
 		for _, en := range e.brd.pending {
 			en.h.finish(err)
 		}
-		e.brd.pending, e.brd.posted = nil, 0
+		e.brd.pending, e.brd.inRound = nil, nil
 	}
 	if e.joining != nil {
 		e.joining.h.finish(err)

@@ -175,6 +175,7 @@ type Cache struct {
 	born       []uint64 // by id: the Seq of the Response that announced the entry
 	byName     map[string]uint32
 	seen       uint64
+	evictions  uint64
 }
 
 // NewCache makes the cache of rank out of size ranks; capacity must be the Coordinator's
@@ -191,6 +192,10 @@ func NewCache(rank, size, capacity int) (*Cache, error) {
 
 // Seen is the Seq of the last Response learned: what this rank's Batches must carry.
 func (c *Cache) Seen() uint64 { return c.seen }
+
+// Evictions counts the ids this rank's cache has dropped: while it stays, every id this rank held
+// still stands for the same entry.
+func (c *Cache) Evictions() uint64 { return c.evictions }
 
 // Born is the Seq of the Response that announced id's entry (0 if this rank holds none). Every
 // rank learns the same Responses, so an id and its Born name one entry on every rank that holds
@@ -248,6 +253,7 @@ func (c *Cache) Learn(r *Response) error {
 		}
 		c.slots[id] = nil
 		delete(c.byName, s.name)
+		c.evictions++
 	}
 	if r.FromCache {
 		if r.Names == nil {

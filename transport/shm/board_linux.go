@@ -21,10 +21,13 @@ func (c *comm) BoardBlock(r, p int) []byte {
 	return c.g.mem[off : off+BoardBlockBytes : off+BoardBlockBytes]
 }
 
-func (c *comm) boardCount(k uint64) (*uint64, uint64) {
-	p := int64(k & 1)
-	return c.g.u64(offBoardArrived + cacheLine*p), uint64(c.g.size) * (k/2 + 1)
+// roundCounter is round k's counter of the pair at off (one per parity, on lines of their own),
+// and the value it reaches once every rank counted in round k.
+func (c *comm) roundCounter(off int64, k uint64) (*uint64, uint64) {
+	return c.g.u64(off + cacheLine*int64(k&1)), uint64(c.g.size) * (k/2 + 1)
 }
+
+func (c *comm) boardCount(k uint64) (*uint64, uint64) { return c.roundCounter(offBoardArrived, k) }
 
 func (c *comm) BoardArrive(k uint64) bool {
 	cnt, target := c.boardCount(k)
@@ -54,8 +57,11 @@ func (c *comm) BoardWithdraw(k uint64) bool {
 	}
 }
 
-func (c *comm) BoardArrived(k uint64) int {
-	cnt, target := c.boardCount(k)
+func (c *comm) BoardArrived(k uint64) int { return c.inRound(c.boardCount(k)) }
+
+// inRound is how many of the counts in cnt belong to the round whose last one is target: the
+// counters only grow (but for withdrawals), by one per rank and round of their parity.
+func (c *comm) inRound(cnt *uint64, target uint64) int {
 	v := atomic.LoadUint64(cnt)
 	base := target - uint64(c.g.size)
 	if v <= base {
@@ -72,21 +78,11 @@ func (c *comm) BoardFallbacks(delta int64) int64 {
 	return int64(atomic.AddUint64(p, uint64(delta))) // two's complement: a negative delta subtracts
 }
 
-func (c *comm) seenCount(k uint64) (*uint64, uint64) {
-	return c.g.u64(offBoardSeen + cacheLine*int64(k&1)), uint64(c.g.size) * (k/2 + 1)
-}
+func (c *comm) seenCount(k uint64) (*uint64, uint64) { return c.roundCounter(offBoardSeen, k) }
 
 func (c *comm) BoardSee(k uint64) {
 	cnt, _ := c.seenCount(k)
 	atomic.AddUint64(cnt, 1)
 }
 
-func (c *comm) BoardSeen(k uint64) int {
-	cnt, target := c.seenCount(k)
-	v := atomic.LoadUint64(cnt)
-	base := target - uint64(c.g.size)
-	if v <= base {
-		return 0
-	}
-	return int(min(v, target) - base)
-}
+func (c *comm) BoardSeen(k uint64) int { return c.inRound(c.seenCount(k)) }
