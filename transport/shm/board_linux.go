@@ -71,11 +71,17 @@ func (c *comm) inRound(cnt *uint64, target uint64) int {
 }
 
 func (c *comm) BoardFallbacks(delta int64) int64 {
-	p := c.g.u64(offBoardFalls)
 	if delta == 0 {
-		return int64(atomic.LoadUint64(p))
+		return int64(atomic.LoadUint64(c.g.u64(offBoardFalls))) // the driver's, while the segment is mapped
 	}
-	return int64(atomic.AddUint64(p, uint64(delta))) // two's complement: a negative delta subtracts
+	// A change may come from an op's completion at any time, also after the segment was released
+	// (an engine stopping after its world closed): then there is no count left to keep.
+	c.g.mu.RLock()
+	defer c.g.mu.RUnlock()
+	if c.g.released {
+		return 0
+	}
+	return int64(atomic.AddUint64(c.g.u64(offBoardFalls), uint64(delta))) // two's complement: a negative delta subtracts
 }
 
 func (c *comm) seenCount(k uint64) (*uint64, uint64) { return c.roundCounter(offBoardSeen, k) }

@@ -91,3 +91,17 @@ func TestBoardRounds(t *testing.T) {
 		t.Errorf("fallbacks after adding 2 and -2 on another rank: %d", got)
 	}
 }
+
+// An op that completes after its rank's segment was released (its engine stopping late) changes
+// the fallback count without touching the unmapped memory.
+func TestBoardFallbacksAfterClose(t *testing.T) {
+	gs := openAll(t, testConfig(t, 2))
+	b := boardOf(t, gs[0])
+	b.BoardFallbacks(1)
+	for _, g := range gs {
+		g.Close()
+	}
+	if got := b.BoardFallbacks(-1); got != 0 {
+		t.Errorf("a change after close returned %d, want 0", got)
+	}
+}
