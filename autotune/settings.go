@@ -26,6 +26,12 @@ type Settings struct {
 	SharedRoundBytes int64
 	// Hierarchical: the two-level allreduce across hosts.
 	Hierarchical Switch
+	// SpinTime: how long a rank's waits (the engine's and shared memory's) poll before they sleep.
+	// Unlike the collective knobs it is each rank's own business, so it comes into force by step
+	// number, like the fusion threshold. Tuned only where every local rank has a CPU: with more
+	// ranks than CPUs a polling rank steals the core the awaited one needs (internal/spin), and
+	// the default there is not to poll.
+	SpinTime time.Duration
 }
 
 // Switch is an on/off knob that may be left to the job.
@@ -80,6 +86,7 @@ const (
 	ColumnSmallAllreduce = "small_allreduce_bytes"
 	ColumnSharedRound    = "shared_round_bytes"
 	ColumnHierarchical   = "hierarchical"
+	ColumnSpinUs         = "spin_us"
 	// ColumnPhase is not a setting: it marks warm-up rows ("warmup"), which the decision ignores,
 	// apart from the measured ones ("tuning"), a candidate's sample cut short because its first
 	// steps were far slower than the defaults' ("abandoned"), and the decision ("decided").
@@ -99,7 +106,7 @@ const (
 )
 
 // String reads like "fusion 32 MiB, cycle 0 ms", followed by the collective knobs that are set:
-// ", small allreduce 64 KiB, shm round 1 MiB, hierarchical off".
+// ", small allreduce 64 KiB, shm round 1 MiB, hierarchical off, spin 50 us".
 func (s Settings) String() string {
 	out := "fusion " + formatBytes(s.FusionBytes) + ", cycle " + formatMs(s.CycleTime) + " ms"
 	if s.SmallAllreduceBytes != 0 {
@@ -110,6 +117,9 @@ func (s Settings) String() string {
 	}
 	if s.Hierarchical != Unset {
 		out += ", hierarchical " + s.Hierarchical.String()
+	}
+	if s.SpinTime != 0 {
+		out += ", spin " + round2(float64(s.SpinTime)/float64(time.Microsecond)) + " us"
 	}
 	return out
 }
@@ -143,6 +153,7 @@ func (s Settings) columns(phase string) map[string]string {
 		ColumnSmallAllreduce: optionalBytes(s.SmallAllreduceBytes),
 		ColumnSharedRound:    optionalBytes(s.SharedRoundBytes),
 		ColumnHierarchical:   s.Hierarchical.String(),
+		ColumnSpinUs:         optionalMicros(s.SpinTime),
 		ColumnPhase:          phase,
 	}
 }
@@ -155,9 +166,17 @@ func optionalBytes(b int64) string {
 	return strconv.FormatInt(b, 10)
 }
 
+// optionalMicros is d in microseconds as a column: empty when 0 (not tuned).
+func optionalMicros(d time.Duration) string {
+	if d == 0 {
+		return ""
+	}
+	return strconv.FormatFloat(float64(d)/float64(time.Microsecond), 'f', -1, 64)
+}
+
 // logColumns are the tuner's columns of the log: the settings, the row's phase and steps, and the
 // world it ran in (world.go).
-var logColumns = []string{ColumnFusionBytes, ColumnCycleMs, ColumnSmallAllreduce, ColumnSharedRound, ColumnHierarchical, ColumnPhase, ColumnSteps, ColumnRound, ColumnRanks, ColumnHosts}
+var logColumns = []string{ColumnFusionBytes, ColumnCycleMs, ColumnSmallAllreduce, ColumnSharedRound, ColumnHierarchical, ColumnSpinUs, ColumnPhase, ColumnSteps, ColumnRound, ColumnRanks, ColumnHosts}
 
 // ParseSettings reads settings from a log row's columns, such as csvlog.ReadChosen returns, so that
 // a later run can start with an earlier run's decision. Columns it does not know are ignored; the
@@ -204,6 +223,13 @@ func ParseSettings(cols map[string]string) (Settings, error) {
 	default:
 		return Settings{}, fmt.Errorf("autotune: %s %q: want on, off or nothing", ColumnHierarchical, v)
 	}
+	if v := cols[ColumnSpinUs]; v != "" {
+		us, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(us > 0) || us > float64(time.Hour/time.Microsecond) {
+			return Settings{}, fmt.Errorf("autotune: %s %q: want a number of microseconds > 0 (at most an hour), or nothing", ColumnSpinUs, v)
+		}
+		s.SpinTime = max(time.Nanosecond, time.Duration(math.Round(us*float64(time.Microsecond))))
+	}
 	return s, nil
 }
 
@@ -219,9 +245,22 @@ const (
 	MaxSharedRoundBytes    = 16 * mib
 )
 
+// The spin time's range, log-scaled. 1 us is about one poll before a wait sleeps: not spinning,
+// in effect, but a value that cannot be mistaken for "not tuned". 2 ms outlasts most of a
+// collective's waits between two running ranks. kolo's 50 us default lies just above the middle
+// (45 us), so the initial design's far corner barely spins: the safer side, since a long spin
+// takes the core from the job's own compute threads (cnn:16 with 2 ranks on the 2-core test VM:
+// 41 and 58 steps/s spinning 4 ms against 55 and 60 at 50 us, two rounds), while a short one
+// costs at most a wake-up per wait.
+const (
+	MinSpinTime = time.Microsecond
+	MaxSpinTime = 2 * time.Millisecond
+)
+
 // space is the search box of a tuner: fusion bytes (log-scaled) and cycle time in milliseconds,
 // then the collective knobs its defaults set, in Settings' order: the small-allreduce threshold
-// and the shared-memory round (log-scaled bytes), hierarchical allreduce (0 off, 1 on).
+// and the shared-memory round (log-scaled bytes), hierarchical allreduce (0 off, 1 on), and the spin
+// time (log-scaled microseconds).
 type space struct {
 	dims     []bayes.Dim
 	defaults Settings // the knobs not searched keep these values
@@ -244,6 +283,11 @@ func newSpace(defaults Settings, maxCycle time.Duration) space {
 	}
 	if defaults.Hierarchical != Unset {
 		dims = append(dims, bayes.Int(ColumnHierarchical, 0, 1))
+	}
+	if d := defaults.SpinTime; d != 0 {
+		us := float64(d) / float64(time.Microsecond)
+		dims = append(dims, bayes.Real(ColumnSpinUs, math.Min(float64(MinSpinTime/time.Microsecond), us),
+			math.Max(float64(MaxSpinTime/time.Microsecond), us)).LogScale(0))
 	}
 	return space{dims: dims, defaults: defaults}
 }
@@ -275,6 +319,8 @@ func (sp space) point(s Settings) []float64 {
 			if s.Hierarchical == On {
 				x[i] = 1
 			}
+		case ColumnSpinUs:
+			x[i] = float64(s.SpinTime) / float64(time.Microsecond)
 		}
 	}
 	return x
@@ -297,6 +343,8 @@ func (sp space) settings(x []float64) Settings {
 			s.SharedRoundBytes = max(8, int64(math.Round(x[i]/8))*8)
 		case ColumnHierarchical:
 			s.Hierarchical = SwitchOf(x[i] >= 0.5)
+		case ColumnSpinUs:
+			s.SpinTime = max(time.Nanosecond, time.Duration(math.Round(x[i]*10))*100*time.Nanosecond) // to 0.1 us
 		}
 	}
 	return s

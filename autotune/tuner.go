@@ -107,6 +107,8 @@ func (c Config) withDefaults() (Config, error) {
 		return bad("default fusion threshold %d bytes < 0", c.Defaults.FusionBytes)
 	case c.Defaults.CycleTime < 0:
 		return bad("default cycle time %v < 0", c.Defaults.CycleTime)
+	case c.Defaults.SpinTime < 0:
+		return bad("default spin time %v < 0", c.Defaults.SpinTime)
 	}
 	if c.WarmupSamples == 0 {
 		c.WarmupSamples = defaultWarmup

@@ -285,7 +285,7 @@ func TestLog(t *testing.T) {
 				}
 			}
 			if !reflect.DeepEqual(l.Settings, []string{ColumnFusionBytes, ColumnCycleMs, ColumnSmallAllreduce, ColumnSharedRound, ColumnHierarchical,
-				ColumnPhase, ColumnSteps, ColumnRound, ColumnRanks, ColumnHosts}) {
+				ColumnSpinUs, ColumnPhase, ColumnSteps, ColumnRound, ColumnRanks, ColumnHosts}) {
 				t.Errorf("columns %q", l.Settings)
 			}
 		}
@@ -710,7 +710,7 @@ func collectiveJob(base, perHalving, hier float64) func(Settings, int64) float64
 // TestTunesCollectiveKnobs: the collective knobs the defaults set are searched with fusion and the
 // cycle time, and the knobs they leave unset stay unset in every setting the tuner runs.
 func TestTunesCollectiveKnobs(t *testing.T) {
-	defaults := Settings{FusionBytes: 128 << 20, SmallAllreduceBytes: 64 << 10, SharedRoundBytes: 1 << 20, Hierarchical: On}
+	defaults := Settings{FusionBytes: 128 << 20, SmallAllreduceBytes: 64 << 10, SharedRoundBytes: 1 << 20, Hierarchical: On, SpinTime: 50 * time.Microsecond}
 	mean := collectiveJob(0.05, 0.04, 0.004)
 	// The box's best: rounds of 8 MiB or more, flat, cycle 0: 50 ms against the defaults' 60 ms.
 	best := mean(Settings{SharedRoundBytes: 8 << 20, Hierarchical: Off}, 0)
@@ -733,11 +733,58 @@ func TestTunesCollectiveKnobs(t *testing.T) {
 	// Fusion and cycle only: the collective knobs stay the job's own in every setting run.
 	r := simulate(t, Config{Defaults: Settings{FusionBytes: 1 << 20, CycleTime: 20 * time.Millisecond}, Seed: 3}, job{mean: cycleCost(0.05, 1), jitter: 0.02}, 3, 1000)
 	for step, s := range r.inForce {
-		if s.SmallAllreduceBytes != 0 || s.SharedRoundBytes != 0 || s.Hierarchical != Unset {
+		if s.SmallAllreduceBytes != 0 || s.SharedRoundBytes != 0 || s.Hierarchical != Unset || s.SpinTime != 0 {
 			t.Fatalf("step %d ran %v: a knob the defaults leave unset was tuned", step, s)
 		}
 	}
 	if res := r.tuner.Result(); !res.Decided || res.Chosen.CycleTime != 0 && res.KeptDefaults {
 		t.Errorf("fusion and cycle only: %v", res)
+	}
+}
+
+// spinJob is a job whose waits spin past a peer's usual lateness (enough) only to take the core
+// from its own compute threads: every doubling of the spin beyond enough costs perDoubling of the
+// step; shorter spins cost nothing (a wake-up per wait is lost in a step of milliseconds).
+func spinJob(base, perDoubling float64, enough time.Duration) func(Settings, int64) float64 {
+	return func(s Settings, _ int64) float64 {
+		t := base + s.CycleTime.Seconds()
+		if s.SpinTime > enough {
+			t += base * perDoubling * math.Log2(float64(s.SpinTime)/float64(enough))
+		}
+		return t
+	}
+}
+
+// TestTunesSpin: where the defaults set a spin time it is searched with the other knobs, and a job
+// that loses by spinning gets a shorter spin; a job indifferent to it keeps the defaults' (no knob
+// moves without evidence).
+func TestTunesSpin(t *testing.T) {
+	defaults := Settings{FusionBytes: 128 << 20, SmallAllreduceBytes: 64 << 10, SpinTime: 50 * time.Microsecond}
+	// The defaults' 50 us is 3.3 doublings past the 5 us that suffice: 13% slower.
+	mean := spinJob(0.05, 0.04, 5*time.Microsecond)
+	best := mean(Settings{SpinTime: time.Microsecond}, 0)
+	for seed := uint64(1); seed <= 8; seed++ {
+		r := simulate(t, Config{Defaults: defaults, Seed: seed, WarmupSamples: 3, StepsPerSample: 10}, job{mean: mean, jitter: 0.02}, seed, 1000)
+		res := r.tuner.Result()
+		if !res.Decided || res.KeptDefaults || !(res.Low > 1) {
+			t.Fatalf("seed %d: %v", seed, res)
+		}
+		if got := mean(res.Chosen, 0); got > 1.02*best {
+			t.Errorf("seed %d: chose %v, %.1f ms a step, the best is %.1f ms (%.1f%% slower)", seed, res.Chosen, 1e3*got, 1e3*best, 100*(got/best-1))
+		}
+		if res.DecidedAt > 300 {
+			t.Errorf("seed %d: decided at step %d, want <= 300", seed, res.DecidedAt)
+		}
+		if seed == 1 {
+			t.Logf("%v, %d candidates", res, res.Candidates)
+		}
+	}
+	// Spin does not matter, nor does anything else but a longer cycle: the defaults stay.
+	flat := cycleCost(0.05, 1)
+	for seed := uint64(1); seed <= 8; seed++ {
+		r := simulate(t, Config{Defaults: defaults, Seed: seed}, job{mean: flat, jitter: 0.02}, seed, 1000)
+		if res := r.tuner.Result(); !res.Decided || !res.KeptDefaults && flat(res.Chosen, 0) > flat(defaults, 0) {
+			t.Errorf("seed %d, spin without effect: %v", seed, res)
+		}
 	}
 }

@@ -101,21 +101,23 @@ def rate(ends, first, last=None):
     return (last - first) / (ends[last - 1] - ends[first - 1])
 
 
-def settings_env(fusion_mib, cycle_ms, small_kib=None, round_kib=None):
+def settings_env(fusion_mib, cycle_ms, small_kib=None, round_kib=None, spin_us=None):
     e = {"KOLO_FUSION_THRESHOLD": str(int(fusion_mib * (1 << 20))) if fusion_mib else "0",
          "KOLO_CYCLE_TIME": str(cycle_ms)}
     if small_kib is not None:
         e["KOLO_SMALL_ALLREDUCE_BYTES"] = str(int(small_kib * 1024))
     if round_kib is not None:
         e["KOLO_SHM_ROUND_BYTES"] = str(int(round_kib * 1024))
+    if spin_us is not None:
+        e["KOLO_SPIN_TIME"] = f"{spin_us:g}"
     return e
 
 
 def point_str(pt):
-    f, c, s, r = pt
+    f, c, *rest = pt
     out = f"{f:g}, {c:g}"
-    if s is not None or r is not None:
-        out += ", " + ("-" if s is None else f"{s:g}") + ", " + ("-" if r is None else f"{r:g}")
+    if any(x is not None for x in rest):
+        out += "".join(", " + ("-" if x is None else f"{x:g}") for x in rest)
     return out
 
 
@@ -125,8 +127,9 @@ def decision(log):
     for r in rows:
         if r["role"] == "chosen":
             kib = lambda col: float(r[col]) / 1024 if r.get(col) else None
+            spin = float(r["spin_us"]) if r.get("spin_us") else None
             return int(r["step"]), (float(r["fusion_bytes"]) / (1 << 20), float(r["cycle_ms"]),
-                                    kib("small_allreduce_bytes"), kib("shared_round_bytes"))
+                                    kib("small_allreduce_bytes"), kib("shared_round_bytes"), spin)
     return None, None
 
 
@@ -164,6 +167,7 @@ def main():
     p.add_argument("--cycle-ms", default="0,5,20", help="grid cycle times, ms")
     p.add_argument("--small-kib", default="", help="grid small-allreduce thresholds, KiB (empty: the job's own)")
     p.add_argument("--round-kib", default="", help="grid shared-memory rounds, KiB (empty: the job's own)")
+    p.add_argument("--spin-us", default="", help="grid spin times, us (empty: the job's own)")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--grid-steps", type=int, default=40)
     p.add_argument("--grid-repeats", type=int, default=2,
@@ -183,17 +187,19 @@ def main():
     cycles = [float(x) for x in args.cycle_ms.split(",")]
     smalls = [float(x) for x in args.small_kib.split(",")] if args.small_kib else [None]
     rounds = [float(x) for x in args.round_kib.split(",")] if args.round_kib else [None]
+    spins = [float(x) for x in args.spin_us.split(",")] if args.spin_us else [None]
     # The job's own collective knobs, as the grid names them: kolo's defaults (64 KiB, 1 MiB).
     own_small = 64.0 if args.small_kib else None
     own_round = 1024.0 if args.round_kib else None
+    own_spin = 50.0 if args.spin_us else None  # 2 ranks on a host with a CPU for each
     out = {}
     rows = []
     for job in args.jobs.split(","):
         parts = job.split(":")
         model, batch, bad = parts[0], int(parts[1]), len(parts) > 2 and parts[2] == "bad"
-        own = ((1.0, 20.0) if bad else (128.0, 0.0)) + (own_small, own_round)
+        own = ((1.0, 20.0) if bad else (128.0, 0.0)) + (own_small, own_round, own_spin)
         grid = {}
-        points = [(f, c, s, r) for f in fusions for c in cycles for s in smalls for r in rounds]
+        points = [(f, c, s, r, sp) for f in fusions for c in cycles for s in smalls for r in rounds for sp in spins]
         if own not in points:
             points.append(own)
         # The grid first, in rounds that rotate the points' order (a drifting machine then slows
@@ -276,14 +282,15 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
-    knobs = f" x small allreduce {args.small_kib or 'own'} KiB x shm round {args.round_kib or 'own'} KiB"
+    knobs = (f" x small allreduce {args.small_kib or 'own'} KiB x shm round {args.round_kib or 'own'} KiB"
+             f" x spin {args.spin_us or 'own'} us")
     print(f"# kolo run --autotune vs an exhaustive grid (fusion {args.fusion_mib} MiB x cycle {args.cycle_ms} ms{knobs}, "
           f"{args.grid_repeats} rounds), 2 ranks, {args.tuned_repeats} tuned runs per job; medians (ranges). "
           "'paired' ratios: the tuned run's steps/s after its decision over a run fixed at the grid's best point "
           "(or at the job's settings), same steps, run beside it")
     print("| job | job's settings steps/s | grid's best steps/s (at) | tuned steps/s | tuned / grid's best | tuned / best, paired "
           "| tuned / job's settings, paired | decided at step | tuning overhead | in-run overhead "
-          "| chosen (fusion MiB, cycle ms[, small allreduce KiB, shm round KiB]) |")
+          "| chosen (fusion MiB, cycle ms[, small allreduce KiB, shm round KiB, spin us]) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         chosen = "; ".join(point_str(ch) if ch is not None else "undecided" for ch in r["chosen"])

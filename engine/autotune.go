@@ -33,6 +33,9 @@ type tuning struct {
 	steps atomic.Int64 // steps MarkStep has counted
 	// cycle is the cycle time in force (nanoseconds), which the driver reads at every step.
 	cycle atomic.Int64
+	// spin is how long this rank's waits poll before they sleep now (nanoseconds; Config.Spin at
+	// first), which every wait reads as it starts.
+	spin atomic.Int64
 	// fusion is a fusion threshold for the driver to hand the Hub (rank 0), or -1: none waiting.
 	fusion atomic.Int64
 	// retune is collective settings for the driver to hand the Hub (rank 0), or nil: none
@@ -72,6 +75,7 @@ type AppliedSettings struct {
 	Wanted      int64 // the step rank 0 named (Step > Wanted: the message came late)
 	FusionBytes int64
 	CycleTime   time.Duration
+	SpinTime    time.Duration // how long this rank's waits poll from then on
 }
 
 // AppliedCollectives is a Retune response that this rank executed: the collective settings every
@@ -93,7 +97,9 @@ func (e *Engine) AppliedCollectives() []AppliedCollectives {
 // the autotuner searches those (autotune.Settings). The small-allreduce threshold whenever there
 // are peers; the shared-memory round where ranks of this host share memory and each has a CPU
 // (with more ranks than CPUs a round is the whole slot, whatever the setting); hierarchical
-// allreduce where it would run: several hosts, each with the same number of several ranks.
+// allreduce where it would run: several hosts, each with the same number of several ranks; the
+// spin time where this rank's waits poll (Config.Spin > 0, which kolo.Init's default is only where
+// every local rank has a CPU: polling otherwise steals the awaited rank's core).
 func (e *Engine) collectiveDefaults(cfg Config) autotune.Settings {
 	var s autotune.Settings
 	if e.g.Size < 2 {
@@ -106,7 +112,25 @@ func (e *Engine) collectiveDefaults(cfg Config) autotune.Settings {
 	if e.g.Cross != nil && e.g.Local != nil && e.g.Local.Size() > 1 && len(e.g.LocalRanks) < e.g.Size {
 		s.Hierarchical = autotune.SwitchOf(cfg.Hierarchical)
 	}
+	if cfg.Spin > 0 {
+		s.SpinTime = cfg.Spin
+	}
 	return s
+}
+
+// spinTime is how long this rank's waits poll before they sleep now (<= 0: never).
+func (e *Engine) spinTime() time.Duration { return time.Duration(e.tune.spin.Load()) }
+
+// setSpin has this rank's waits poll for d from their next wait on: the engine's own and, on a
+// transport that can change it, the shared-memory ones. Only this rank's pacing changes, so unlike
+// the collective knobs it needs no agreement beyond the step every rank switches at.
+func (e *Engine) setSpin(d time.Duration) {
+	e.tune.spin.Store(int64(d))
+	for _, c := range []transport.Comm{e.g.Local, e.g.Comm} {
+		if sp, ok := c.(transport.Spinner); ok {
+			sp.SetSpin(d)
+		}
+	}
 }
 
 // collectivesOf are the collective settings s brings into force; the knobs s leaves unset keep the
@@ -130,6 +154,7 @@ func collectivesOf(s autotune.Settings, cfg Config) negotiate.Collectives {
 // from the job's own settings, appending its rows, tagged with the round, to the same log.
 func (e *Engine) initTuning(cfg Config) error {
 	e.tune.cycle.Store(int64(cfg.CycleTime))
+	e.tune.spin.Store(int64(cfg.Spin))
 	e.tune.fusion.Store(-1)
 	e.tune.colls = negotiate.Collectives{SmallAllreduceBytes: cfg.SmallAllreduceBytes, SharedRoundBytes: cfg.SharedRoundBytes, Hierarchical: cfg.Hierarchical}
 	at := cfg.Autotune
@@ -245,13 +270,14 @@ func (e *Engine) MarkStep() {
 		// a tuner's.
 		t.toSend = false
 		ns := negotiate.Settings{From: step + reuseLag, FusionBytes: t.reused.FusionBytes, CycleTime: t.reused.CycleTime,
-			Collectives: collectivesOf(*t.reused, e.cfg)}
+			Collectives: collectivesOf(*t.reused, e.cfg), SpinTime: t.reused.SpinTime}
 		t.pending = append(t.pending, ns)
 		send = &ns
 	}
 	if t.tuner != nil {
 		if s, from, change := t.tuner.Step(step, time.Now()); change {
-			ns := negotiate.Settings{From: from, FusionBytes: s.FusionBytes, CycleTime: s.CycleTime, Collectives: collectivesOf(s, e.cfg)}
+			ns := negotiate.Settings{From: from, FusionBytes: s.FusionBytes, CycleTime: s.CycleTime, Collectives: collectivesOf(s, e.cfg),
+				SpinTime: s.SpinTime}
 			t.pending = append(t.pending, ns)
 			send = &ns
 		}
@@ -325,6 +351,9 @@ func (e *Engine) applyDueLocked(step int64) {
 			continue
 		}
 		t.cycle.Store(int64(s.CycleTime))
+		if s.SpinTime > 0 {
+			e.setSpin(s.SpinTime)
+		}
 		if e.g.Rank == 0 {
 			t.fusion.Store(s.FusionBytes)
 			if s.Collectives != t.colls {
@@ -334,9 +363,10 @@ func (e *Engine) applyDueLocked(step int64) {
 			}
 			e.wakeDriver()
 		}
-		t.applied = append(t.applied, AppliedSettings{Step: step, Wanted: s.From, FusionBytes: s.FusionBytes, CycleTime: s.CycleTime})
+		t.applied = append(t.applied, AppliedSettings{Step: step, Wanted: s.From, FusionBytes: s.FusionBytes, CycleTime: s.CycleTime,
+			SpinTime: e.spinTime()})
 		if tl := e.tl.Load(); tl != nil {
-			tl.Mark(fmt.Sprintf("AUTOTUNE step %d: %v", step, autotune.Settings{FusionBytes: s.FusionBytes, CycleTime: s.CycleTime}))
+			tl.Mark(fmt.Sprintf("AUTOTUNE step %d: %v", step, autotune.Settings{FusionBytes: s.FusionBytes, CycleTime: s.CycleTime, SpinTime: s.SpinTime}))
 		}
 	}
 	t.pending = kept

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -75,7 +76,8 @@ func TestTunedSettingsSwitchAtOneStepOnEveryRank(t *testing.T) {
 	const n, steps = 3, 14
 	captureLog(t)
 	c := newClusterWith(t, n, DefaultConfig(), []inmem.Option{inmem.WithoutShared()}, nil)
-	a := autotune.Settings{FusionBytes: 1 << 20, CycleTime: 2 * time.Millisecond}
+	// a also spins longer, which every rank does from its step on; b leaves the spin as it is.
+	a := autotune.Settings{FusionBytes: 1 << 20, CycleTime: 2 * time.Millisecond, SpinTime: 300 * time.Microsecond}
 	b := autotune.Settings{FusionBytes: 0, CycleTime: 0}
 	e0 := c.engines[0]
 	scriptSteps(t, c, map[int64]autotune.Settings{3: a, 8: b}, steps, func(ctx context.Context, r, s int) error {
@@ -91,8 +93,8 @@ func TestTunedSettingsSwitchAtOneStepOnEveryRank(t *testing.T) {
 		return nil
 	})
 	want := []AppliedSettings{
-		{Step: 5, Wanted: 5, FusionBytes: a.FusionBytes, CycleTime: a.CycleTime},
-		{Step: 10, Wanted: 10, FusionBytes: b.FusionBytes, CycleTime: b.CycleTime},
+		{Step: 5, Wanted: 5, FusionBytes: a.FusionBytes, CycleTime: a.CycleTime, SpinTime: a.SpinTime},
+		{Step: 10, Wanted: 10, FusionBytes: b.FusionBytes, CycleTime: b.CycleTime, SpinTime: a.SpinTime},
 	}
 	for r := range n {
 		got := c.engines[r].AppliedSettings()
@@ -102,6 +104,11 @@ func TestTunedSettingsSwitchAtOneStepOnEveryRank(t *testing.T) {
 	}
 	if got := c.engines[1].tune.cycle.Load(); got != 0 {
 		t.Errorf("rank 1's cycle time after the last switch: %v", time.Duration(got))
+	}
+	for r := range n {
+		if got := c.engines[r].spinTime(); got != a.SpinTime {
+			t.Errorf("rank %d spins for %v after the last switch, want %v", r, got, a.SpinTime)
+		}
 	}
 	if r := e0.AutotuneReport(); !strings.Contains(r, "1.07x the defaults' steps/s") {
 		t.Errorf("rank 0's report %q", r)
@@ -353,6 +360,90 @@ func TestAutotuneLogStart(t *testing.T) {
 		t.Errorf("New with a log that is not one: %v", err)
 		if e != nil {
 			e.Shutdown(context.Background())
+		}
+	}
+}
+
+// Process sets keep the collective settings in force where the global stream created them: a set
+// made before a Retune runs the job's algorithms to the end, one made after it the retuned ones,
+// the same on every member (each copies the global executor's settings at the AddProcessSet
+// response, which every rank executes at the same place of the global stream). Were a member to
+// take other settings, recursive doubling would meet the ring in the set's allreduces: a hang or
+// a wrong sum. Ops in both sets and the global set every step, across two retunes.
+func TestRetunesAndProcessSets(t *testing.T) {
+	const n, steps = 4, 12
+	captureLog(t)
+	c := newClusterWith(t, n, DefaultConfig(), []inmem.Option{inmem.WithSlotBytes(256 << 10)}, nil)
+	// a (from step 5): the ring above 8 bytes; b (from step 10): recursive doubling up to 1 MiB.
+	a := autotune.Settings{FusionBytes: 1 << 20, SmallAllreduceBytes: 8, SharedRoundBytes: 4 << 10, Hierarchical: autotune.Off}
+	b := autotune.Settings{FusionBytes: 0, SmallAllreduceBytes: 1 << 20, Hierarchical: autotune.Off}
+	members := map[string][]int{"early": {1, 2, 3}, "late": {0, 2, 3}}
+	created := map[string]int{"early": 1, "late": 7} // the step that adds the set
+	ids := make([]map[string]int, n)
+	for r := range ids {
+		ids[r] = map[string]int{}
+	}
+	sizes := []int{1, 300, 20_000}
+	allreduce := func(ctx context.Context, e *Engine, set int, name string, ranks []int, r int) error {
+		for i, size := range sizes {
+			vals := make([]float32, size)
+			for j := range vals {
+				vals[j] = float32(r + 1 + j%7)
+			}
+			buf := f32(vals...)
+			req := allreduceReq(fmt.Sprintf("%s%d", name, i), size)
+			req.Set = set
+			if err := e.Enqueue(req, buf, buf).Wait(ctx); err != nil {
+				return fmt.Errorf("%s, %d floats: %w", name, size, err)
+			}
+			var base float32
+			for _, m := range ranks {
+				base += float32(m + 1)
+			}
+			for j, got := range getF32(buf) {
+				if want := base + float32(len(ranks)*(j%7)); got != want {
+					return fmt.Errorf("%s, %d floats: element %d is %v, want %v", name, size, j, got, want)
+				}
+			}
+		}
+		return nil
+	}
+	scriptSteps(t, c, map[int64]autotune.Settings{3: a, 8: b}, steps, func(ctx context.Context, r, s int) error {
+		e := c.engines[r]
+		for _, name := range []string{"early", "late"} {
+			if s == created[name] {
+				id, err := e.AddProcessSet(ctx, members[name])
+				if err != nil {
+					return fmt.Errorf("step %d: add the %s set: %w", s, name, err)
+				}
+				ids[r][name] = id
+			}
+		}
+		if err := allreduce(ctx, e, 0, fmt.Sprintf("g.%d.", s), []int{0, 1, 2, 3}, r); err != nil {
+			return fmt.Errorf("step %d: %w", s, err)
+		}
+		for _, name := range []string{"early", "late"} {
+			id, ok := ids[r][name]
+			if !ok || !slices.Contains(members[name], r) {
+				continue
+			}
+			if err := allreduce(ctx, e, id, fmt.Sprintf("%s.%d.", name, s), members[name], r); err != nil {
+				return fmt.Errorf("step %d: %w", s, err)
+			}
+		}
+		return nil
+	})
+	for r, e := range c.engines {
+		for name, want := range map[string]int{"early": 0, "late": 8} {
+			if !slices.Contains(members[name], r) {
+				continue
+			}
+			if got := e.sets[ids[r][name]].exec.tun.SmallAllreduceBytes; got != want {
+				t.Errorf("rank %d: the %s set runs with small allreduce %d bytes, want %d", r, name, got, want)
+			}
+		}
+		if got := e.global.exec.tun.SmallAllreduceBytes; got != 1<<20 {
+			t.Errorf("rank %d: the global set runs with small allreduce %d bytes, want 1 MiB", r, got)
 		}
 	}
 }

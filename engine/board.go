@@ -259,7 +259,7 @@ func (e *Engine) boardRun() bool {
 			return false
 		}
 	}
-	if e.cfg.Spin > 0 {
+	if e.spinTime() > 0 {
 		b.b.BoardSee(k) // for boardLinger, which only spinning ranks do
 	}
 	tl := e.tl.Load()
@@ -343,7 +343,8 @@ func (e *Engine) boardLinger(k uint64) {
 	if b.b.BoardSeen(k) == b.n {
 		return
 	}
-	if e.cfg.Spin <= 0 {
+	d := e.spinTime()
+	if d <= 0 {
 		// Ranks outnumber cores: a trial build that lingered by yielding took 166-185 us per
 		// 4-byte op at 32 ranks (`kolo bench`, two runs) where the runs just before without it
 		// took 116-139, and such a host shows skews of a scheduler slice anyway.
@@ -351,7 +352,7 @@ func (e *Engine) boardLinger(k uint64) {
 	}
 	start := time.Now()
 	for i := 1; b.b.BoardSeen(k) < b.n; i++ {
-		if i%64 == 0 && time.Since(start) > e.cfg.Spin {
+		if i%64 == 0 && time.Since(start) > d {
 			return
 		}
 		spin.Pause()

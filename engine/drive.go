@@ -117,7 +117,7 @@ func (e *Engine) awaitToken(ctx context.Context, h *Handle) bool {
 		if h != nil && h.Poll() {
 			return false
 		}
-		if e.cfg.Spin <= 0 || time.Since(start) >= e.cfg.Spin {
+		if d := e.spinTime(); d <= 0 || time.Since(start) >= d {
 			break
 		}
 	}
@@ -232,7 +232,7 @@ func (e *Engine) serve(ctx context.Context, h *Handle) {
 			last, yields = now, 0
 			continue
 		}
-		if now.Sub(last) < e.cfg.Spin {
+		if now.Sub(last) < e.spinTime() {
 			spin.Pause() // a busy beat, never runtime.Gosched (see spin.Pause)
 			continue
 		}

@@ -230,6 +230,13 @@ type Shared interface {
 	Oversubscribed() bool
 }
 
+// Spinner is an optional capability of a Comm whose waits poll before they sleep: SetSpin changes
+// how long, from the next wait on, in every wait of the transport on this rank (the autotuner's
+// spin time; a rank's own business, which its peers need not share). d <= 0: never poll.
+type Spinner interface {
+	SetSpin(d time.Duration)
+}
+
 // Board is an optional capability of a Comm whose ranks share one memory segment (the shm
 // transport): a notice board of numbered rounds that never block. Each rank owns a block per round
 // parity; it writes its block, then arrives, and may take the arrival back until the round

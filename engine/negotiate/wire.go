@@ -620,6 +620,8 @@ type Settings struct {
 	// Collectives are the collective settings rank 0 brings into force (by a Retune response)
 	// when it reaches From: the other ranks learn them from that response, not from here.
 	Collectives Collectives
+	// SpinTime is how long each rank's waits poll before they sleep, from From on; 0: unchanged.
+	SpinTime time.Duration
 }
 
 // EncodeSettings appends s's message to dst.
@@ -628,7 +630,8 @@ func EncodeSettings(dst []byte, s Settings) []byte {
 	dst = binary.AppendVarint(dst, s.From)
 	dst = binary.AppendVarint(dst, s.FusionBytes)
 	dst = binary.AppendVarint(dst, int64(s.CycleTime))
-	return appendCollectives(dst, s.Collectives)
+	dst = appendCollectives(dst, s.Collectives)
+	return binary.AppendVarint(dst, int64(s.SpinTime))
 }
 
 // DecodeSettings decodes a MsgSettings message.
@@ -637,8 +640,9 @@ func DecodeSettings(p []byte) (Settings, error) {
 	d.header(MsgSettings)
 	s := Settings{From: d.varint("from"), FusionBytes: d.varint("fusion bytes"), CycleTime: time.Duration(d.varint("cycle time"))}
 	s.Collectives = d.collectives()
-	if d.err == nil && (s.From < 1 || s.FusionBytes < 0 || s.CycleTime < 0) {
-		d.fail("settings out of range: from step %d, fusion %d bytes, cycle %v", s.From, s.FusionBytes, s.CycleTime)
+	s.SpinTime = time.Duration(d.varint("spin time"))
+	if d.err == nil && (s.From < 1 || s.FusionBytes < 0 || s.CycleTime < 0 || s.SpinTime < 0) {
+		d.fail("settings out of range: from step %d, fusion %d bytes, cycle %v, spin %v", s.From, s.FusionBytes, s.CycleTime, s.SpinTime)
 	}
 	return s, d.end()
 }

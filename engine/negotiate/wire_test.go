@@ -193,7 +193,7 @@ func TestDecodeRejects(t *testing.T) {
 		"negative round":           {WireVersion, byte(MsgResponses), 1, 1, byte(Retune), 0x80, 0x04, 0, 1, 0},
 		"hierarchical 2":           {WireVersion, byte(MsgResponses), 1, 1, byte(Retune), 0x80, 0x04, 0, 0, 2},
 		"truncated retune":         {WireVersion, byte(MsgResponses), 1, 1, byte(Retune), 0x80, 0x04, 0, 0},
-		"settings, hierarchical 7": append(EncodeSettings(nil, Settings{From: 2})[:len(EncodeSettings(nil, Settings{From: 2}))-1], 7),
+		"settings, hierarchical 7": settingsWithHierarchical(7),
 	} {
 		var err error
 		if name[0] == 's' {
@@ -322,11 +322,20 @@ func FuzzDecodeAbort(f *testing.F) {
 	})
 }
 
+// settingsWithHierarchical is a Settings message whose hierarchical byte is h: the byte before
+// the spin time's (a one-byte varint, 0).
+func settingsWithHierarchical(h byte) []byte {
+	p := EncodeSettings(nil, Settings{From: 2})
+	p[len(p)-2] = h
+	return p
+}
+
 func TestSettingsRoundTrip(t *testing.T) {
 	for _, s := range []Settings{
 		{From: 1, FusionBytes: 128 << 20, CycleTime: 0},
 		{From: 240, FusionBytes: 0, CycleTime: 20 * time.Millisecond},
 		{From: 9, FusionBytes: 1 << 20, Collectives: Collectives{SmallAllreduceBytes: 1 << 10, SharedRoundBytes: 8 << 20, Hierarchical: true}},
+		{From: 12, FusionBytes: 1 << 20, SpinTime: 400 * time.Microsecond},
 	} {
 		msg := EncodeSettings(nil, s)
 		if k, err := PeekKind(msg); err != nil || k != MsgSettings {
@@ -340,6 +349,7 @@ func TestSettingsRoundTrip(t *testing.T) {
 		"step 0":          {From: 0, FusionBytes: 1},
 		"negative fusion": {From: 3, FusionBytes: -1},
 		"negative cycle":  {From: 3, CycleTime: -time.Millisecond},
+		"negative spin":   {From: 3, SpinTime: -time.Microsecond},
 	} {
 		if _, err := DecodeSettings(EncodeSettings(nil, s)); !errors.Is(err, ErrMalformed) {
 			t.Errorf("%s: err = %v, want ErrMalformed", name, err)

@@ -14,7 +14,10 @@ const BoardBlockBytes = transport.BoardBlockBytes
 // arrives at round k+2 before round k+1 completed, and no rank arrives at k+1 before k completed, so
 // while round k is open its counter holds exactly the arrivals at k beyond the earlier rounds'.
 
-var _ transport.Board = (*comm)(nil)
+var (
+	_ transport.Board   = (*comm)(nil)
+	_ transport.Spinner = (*comm)(nil)
+)
 
 func (c *comm) BoardBlock(r, p int) []byte {
 	off := c.g.lay.board(r, p&1)

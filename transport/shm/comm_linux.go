@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/kolo-dl/kolo/transport"
 )
@@ -256,6 +257,16 @@ func (c *comm) SendRecv(ctx context.Context, to int, sb []byte, from int, rb []b
 func (c *comm) Slot(r int) []byte {
 	off, n := c.g.lay.slot(r), int64(c.g.lay.slotBytes)
 	return c.g.mem[off : off+n : off+n]
+}
+
+// SetSpin changes how long this rank's waits poll before they sleep, from their next wait on
+// (transport.Spinner): d <= 0, never; unlike Config.Spin, 0 is not "the default". A wait that does
+// not poll yields its CPU Config.Yields times instead, as before.
+func (c *comm) SetSpin(d time.Duration) {
+	if d <= 0 {
+		d = -1
+	}
+	c.g.spinNs.Store(int64(d))
 }
 
 // Oversubscribed reports whether the segment has more ranks than local rank 0 had CPUs to run on

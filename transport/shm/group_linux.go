@@ -66,6 +66,10 @@ type Group struct {
 
 	abortErr atomic.Pointer[error] // cached once the abort word is seen
 
+	// spinNs is how long waits poll before they sleep (cfg.Spin at first; SetSpin changes it):
+	// <= 0, never.
+	spinNs atomic.Int64
+
 	comm *comm
 	msgr *messenger
 }
@@ -98,6 +102,7 @@ func Open(ctx context.Context, cfg Config) (*Group, error) {
 		return nil, err
 	}
 	g := &Group{cfg: cfg, lay: lay, path: path, rank: cfg.Rank, size: cfg.Size, mem: mem, fd: fd}
+	g.spinNs.Store(int64(cfg.Spin))
 	if err := g.join(ctx, begin); err != nil {
 		if g.rank == 0 {
 			g.abort(fmt.Sprintf("rank 0 gave up waiting for ranks to attach: %v", err))
@@ -581,7 +586,7 @@ func (w *waiter) done() {
 func (w *waiter) wait(ready func() bool, gone func(procs bool) error) error {
 	if !w.spun {
 		w.spun = true
-		if spinUntil(ready, w.g.cfg.Spin, w.g.cfg.Yields) {
+		if spinUntil(ready, w.g.spin(), w.g.cfg.Yields) {
 			return nil
 		}
 	}
@@ -648,3 +653,6 @@ func (w *waiter) check(ready func() bool, gone func(procs bool) error) error {
 	}
 	return nil
 }
+
+// spin is how long this rank's waits poll before they sleep now (<= 0: never).
+func (g *Group) spin() time.Duration { return time.Duration(g.spinNs.Load()) }

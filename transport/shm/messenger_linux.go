@@ -230,7 +230,7 @@ func (m *messenger) read() {
 		g.mu.RLock()
 		pending = m.drain(pending)
 		if len(pending) == 0 {
-			if !spinUntil(m.arrived, min(g.cfg.Spin, readerSpin), 0) {
+			if !spinUntil(m.arrived, min(g.spin(), readerSpin), 0) {
 				bell.sleep(m.arrived, readerCheckEvery)
 			}
 			procs := time.Since(checked) >= readerCheckEvery

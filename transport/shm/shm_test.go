@@ -668,3 +668,41 @@ func TestOversubscribedIsRankZerosView(t *testing.T) {
 		})
 	}
 }
+
+// SetSpin changes how long this rank's waits poll, 0 meaning never (not the default, as in
+// Config), and traffic keeps flowing whether a wait polls for long or not at all.
+func TestSetSpin(t *testing.T) {
+	cfg := testConfig(t, 2)
+	cfg.Spin = 20 * time.Microsecond
+	gs := openAll(t, cfg)
+	for _, tc := range []struct {
+		set, want time.Duration
+	}{{0, -1}, {-5, -1}, {300 * time.Millisecond, 300 * time.Millisecond}, {time.Microsecond, time.Microsecond}} {
+		runAll(t, gs, func(r int, g *Group) error {
+			sp, ok := g.Comm().(transport.Spinner)
+			if !ok {
+				return fmt.Errorf("the shm Comm is not a transport.Spinner")
+			}
+			sp.SetSpin(tc.set)
+			if got := g.spin(); got != tc.want {
+				return fmt.Errorf("SetSpin(%v): spin %v, want %v", tc.set, got, tc.want)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			// Rank 1 sends late, so rank 0's Recv waits past a short spin and sleeps.
+			b := make([]byte, 1000)
+			if r == 1 {
+				time.Sleep(2 * time.Millisecond)
+				b[999] = 7
+				return g.Comm().Send(ctx, 0, b)
+			}
+			if err := g.Comm().Recv(ctx, 1, b); err != nil {
+				return fmt.Errorf("SetSpin(%v): %w", tc.set, err)
+			}
+			if b[999] != 7 {
+				return fmt.Errorf("SetSpin(%v): received %d, want 7", tc.set, b[999])
+			}
+			return nil
+		})
+	}
+}
