@@ -204,6 +204,7 @@ type Tuner struct {
 	designed int // points of the initial design taken (design)
 
 	sampleIndex int         // samples logged so far, warm-up included
+	ended       []SampleEnd // samples finished since the last TakeSamples
 	measured    int         // samples measured after warm-up
 	pending     *csvlog.Row // a candidate row, held until its closing defaults sample gives its speed-up
 	defaultTime []float64   // every measured defaults sample, seconds per step
@@ -315,6 +316,36 @@ func (t *Tuner) Step(step int64, now time.Time) (s Settings, from int64, change 
 	return next, t.from, true
 }
 
+// SampleEnd is a sample the tuner finished timing, as the timeline marks it.
+type SampleEnd struct {
+	Index               int   // its row's sample number in the log
+	FirstStep, LastStep int64 // the steps it timed
+	Settings            Settings
+	Candidate           bool    // a candidate's sample, else the defaults'
+	Phase               string  // PhaseWarmup, PhaseTuning or PhaseAbandoned
+	StepTime            float64 // seconds per step
+}
+
+// String reads like "sample 5 (steps 41-53), candidate: fusion 15 MiB, cycle 0 ms: 16.98 ms a step".
+func (e SampleEnd) String() string {
+	who := "defaults"
+	if e.Candidate {
+		who = "candidate"
+	}
+	if e.Phase != PhaseTuning {
+		who += ", " + e.Phase
+	}
+	return fmt.Sprintf("sample %d (steps %d-%d), %s: %v: %s ms a step", e.Index, e.FirstStep, e.LastStep, who, e.Settings,
+		round2(e.StepTime*1e3))
+}
+
+// TakeSamples returns the samples finished since the last call, in order.
+func (t *Tuner) TakeSamples() []SampleEnd {
+	out := t.ended
+	t.ended = nil
+	return out
+}
+
 func (t *Tuner) startSample(step int64, now time.Time) {
 	t.timing, t.mark, t.markStep, t.prevEnd, t.slow = true, now, step, now, 0
 }
@@ -344,6 +375,15 @@ const (
 func (t *Tuner) sample(step, n int64, secs float64) (next Settings, final bool) {
 	row := csvlog.Row{Sample: t.sampleIndex, Step: step, StepTime: secs, Role: csvlog.Default,
 		Speedup: math.NaN(), CILow: math.NaN(), CIHigh: math.NaN()}
+	end := SampleEnd{Index: t.sampleIndex, FirstStep: step - n + 1, LastStep: step, Settings: t.inForce,
+		Candidate: t.candidate, StepTime: secs, Phase: PhaseTuning}
+	switch {
+	case t.phase == warmingUp:
+		end.Phase = PhaseWarmup
+	case t.candidate && t.eval.abandoned:
+		end.Phase = PhaseAbandoned
+	}
+	t.ended = append(t.ended, end)
 	t.sampleIndex++
 	if t.phase == warmingUp {
 		row.Settings = t.columns(t.inForce, PhaseWarmup, n)

@@ -65,6 +65,7 @@ type tuning struct {
 type stepTuner interface {
 	Step(step int64, now time.Time) (s autotune.Settings, from int64, change bool)
 	Done() bool
+	TakeSamples() []autotune.SampleEnd
 	Result() autotune.Result
 	Close() error
 }
@@ -265,6 +266,7 @@ func (e *Engine) MarkStep() {
 	e.applyDueLocked(step)
 	var send *negotiate.Settings
 	var done *autotune.Result
+	var samples []autotune.SampleEnd
 	if t.toSend {
 		// A decision read back from the log: every rank switches to it at the same step, as to
 		// a tuner's.
@@ -281,6 +283,7 @@ func (e *Engine) MarkStep() {
 			t.pending = append(t.pending, ns)
 			send = &ns
 		}
+		samples = t.tuner.TakeSamples()
 		if t.tuner.Done() {
 			r := t.tuner.Result()
 			done = &r
@@ -293,6 +296,11 @@ func (e *Engine) MarkStep() {
 		msg = t.buf
 	}
 	t.mu.Unlock()
+	if tl := e.tl.Load(); tl != nil {
+		for _, sm := range samples {
+			tl.Mark("AUTOTUNE " + sm.String())
+		}
+	}
 	if msg != nil {
 		e.sendSettings(msg, send.From)
 	}

@@ -33,7 +33,8 @@ func (s *scriptTuner) Done() bool { return s.last >= s.done }
 func (s *scriptTuner) Result() autotune.Result {
 	return autotune.Result{Decided: s.last >= s.done, Chosen: s.at[3], Speedup: 1.07, Low: 1.04, High: 1.1, DecidedAt: s.last}
 }
-func (s *scriptTuner) Close() error { return nil }
+func (s *scriptTuner) Close() error                      { return nil }
+func (s *scriptTuner) TakeSamples() []autotune.SampleEnd { return nil }
 
 // scriptSteps gives rank 0 of c a tuner that asks for at's settings at its steps and decides at
 // step 11, then runs steps steps on every rank: step's ops, then MarkStep. Rank 2 runs behind, as

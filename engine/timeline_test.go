@@ -12,8 +12,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/kolo-dl/kolo/autotune"
 	"github.com/kolo-dl/kolo/dtype"
 	"github.com/kolo-dl/kolo/engine/negotiate"
+	"github.com/kolo-dl/kolo/transport/inmem"
 )
 
 // traceRows reads a trace and returns, per row label, its span events ("B NAME" and "E") and the
@@ -216,5 +218,56 @@ func BenchmarkTimelineOverhead(b *testing.B) {
 			}
 			benchAllreduces(b, c)
 		})
+	}
+}
+
+// Rank 0's timeline marks every sample the autotuner timed, as its log has it, and every switch of
+// the settings.
+func TestTimelineMarksEveryAutotuneSample(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "at.csv")
+	path := filepath.Join(t.TempDir(), "timeline.json")
+	cfg := DefaultConfig()
+	cfg.Autotune = AutotuneConfig{Enabled: true, LogFile: log, WarmupSamples: 1, StepsPerSample: 1, MaxSamples: 7}
+	cfg.Timeline = path
+	c := newClusterWith(t, 2, cfg, []inmem.Option{inmem.WithoutShared()}, nil)
+	ctx := waitCtx(t)
+	every(t, c, func(r int, e *Engine) error {
+		for range 40 {
+			buf := f32(1)
+			if err := e.Enqueue(allreduceReq("g", 1), buf, buf).Wait(ctx); err != nil {
+				return err
+			}
+			e.MarkStep()
+		}
+		return nil
+	})
+	if rep := c.engines[0].AutotuneReport(); !strings.Contains(rep, "decided at step") {
+		t.Fatalf("the tuner did not decide: %q", rep)
+	}
+	if err := c.engines[0].StopTimeline(); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, row := range logRows(t, log) {
+		if row.Settings[autotune.ColumnPhase] != autotune.PhaseDecided {
+			want = append(want, fmt.Sprintf("AUTOTUNE sample %d (steps %d-%d)", row.Sample, row.Step, row.Step))
+		}
+	}
+	_, instants := traceRows(t, path)
+	var got []string
+	switches := 0
+	for _, name := range instants["(global)"] {
+		if strings.HasPrefix(name, "AUTOTUNE sample ") {
+			got = append(got, name[:strings.Index(name, ")")+1])
+		}
+		if strings.HasPrefix(name, "AUTOTUNE step ") {
+			switches++
+		}
+	}
+	if len(want) < 4 || !slices.Equal(got, want) {
+		t.Errorf("sample marks %q\nwant, from the log, %q", got, want)
+	}
+	if switches < 2 {
+		t.Errorf("%d switches marked; the tuner alternated candidates with the defaults", switches)
 	}
 }
