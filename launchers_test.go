@@ -103,6 +103,29 @@ func TestSlurm(t *testing.T) {
 			t.Fatalf("job %s; output:\n%s", state, out)
 		}
 	})
+
+	t.Run("srun autotune", func(t *testing.T) {
+		// Autotuning under Slurm: the settings reach the tasks through the environment srun
+		// passes, rank 0 tunes, every rank switches, and the sums stay right throughout.
+		log := filepath.Join(t.TempDir(), "autotune.csv")
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		env := []string{e2e.WorkerEnv + "=autotune", "KOLO_RENDEZVOUS_DIR=" + dir, "KOLO_AUTOTUNE=1", "KOLO_AUTOTUNE_LOG=" + log,
+			"KOLO_AUTOTUNE_STEPS_PER_SAMPLE=2", "KOLO_AUTOTUNE_WARMUP_SAMPLES=1", "KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES=8"}
+		cmd := slurm.Command(ctx, env, "srun", "-n", "2", "--kill-on-bad-exit=1", self, "-test.run=^$")
+		cmd.Env = withoutKolo(cmd.Env)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("srun: %v\n%s", err, out)
+		}
+		if n := strings.Count(string(out), "AUTOTUNE-OK"); n != 2 || !strings.Contains(string(out), "decided at step") {
+			t.Fatalf("%d of 2 tasks finished, or no decision was reported:\n%s", n, out)
+		}
+		text, err := os.ReadFile(log)
+		if err != nil || !strings.Contains(string(text), "lower is better") || !strings.Contains(string(text), ",chosen,") {
+			t.Fatalf("the autotune log (%v):\n%s", err, text)
+		}
+	})
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Errorf("rendezvous files left behind: %v", entries)
 	}

@@ -121,6 +121,16 @@ def point_str(pt):
     return out
 
 
+def parse_point(text, own):
+    """A grid point from 'fusion,cycle[,small,round,spin]'; '-' or a missing field: the job's own."""
+    parts = text.split(",")
+    out = []
+    for i, default in enumerate(own):
+        v = parts[i].strip() if i < len(parts) else "-"
+        out.append(default if v == "-" else float(v))
+    return tuple(out)
+
+
 def decision(log):
     with open(log) as f:
         rows = list(csv.DictReader(l for l in f if not l.startswith("#")))
@@ -173,6 +183,13 @@ def main():
     p.add_argument("--grid-repeats", type=int, default=2,
                    help="rounds over the grid, each in another order; a point's rate is its median "
                         "(0: no grid, the tuned runs paired with the job's settings only)")
+    p.add_argument("--grid-paired", action="store_true",
+                   help="run every grid point beside a run at the job's own settings (order alternating) and "
+                        "score it by its steps/s over that run's: a machine whose speed shifts for minutes "
+                        "then moves both, where it decides a single run's rate")
+    p.add_argument("--points", default="",
+                   help="grid points instead of the product of the lists, ';'-separated, each "
+                        "'fusion,cycle[,small,round,spin]' ('-' for the job's own)")
     p.add_argument("--tuned-steps", type=int, default=340)
     p.add_argument("--tuned-repeats", type=int, default=2)
     p.add_argument("--no-paired", action="store_true",
@@ -199,7 +216,10 @@ def main():
         model, batch, bad = parts[0], int(parts[1]), len(parts) > 2 and parts[2] == "bad"
         own = ((1.0, 20.0) if bad else (128.0, 0.0)) + (own_small, own_round, own_spin)
         grid = {}
+        paired = {}  # --grid-paired: a point's steps/s over the job's settings' run beside it, per round
         points = [(f, c, s, r, sp) for f in fusions for c in cycles for s in smalls for r in rounds for sp in spins]
+        if args.points:
+            points = [parse_point(x, own) for x in args.points.split(";")]
         if own not in points:
             points.append(own)
         # The grid first, in rounds that rotate the points' order (a drifting machine then slows
@@ -209,15 +229,31 @@ def main():
             order = points[shift:] + points[:shift]
             if k % 2:
                 order = order[::-1]
-            for pt in order:
-                time.sleep(args.pause)
-                ends, _ = run_job(model, batch, args.warmup + args.grid_steps, settings_env(*pt))
-                grid.setdefault(pt, []).append(rate(ends, args.warmup))
-                print(f"# {job} grid round {k + 1} ({point_str(pt)}): {grid[pt][-1]:.3f} steps/s",
+            for i, pt in enumerate(order):
+                pair = [pt]
+                if args.grid_paired and pt != own:
+                    pair = [pt, own] if (i + k) % 2 else [own, pt]
+                got = {}
+                for q in pair:
+                    time.sleep(args.pause)
+                    ends, _ = run_job(model, batch, args.warmup + args.grid_steps, settings_env(*q))
+                    got[q] = rate(ends, args.warmup)
+                    grid.setdefault(q, []).append(got[q])
+                if len(pair) == 2:
+                    paired.setdefault(pt, []).append(got[pt] / got[own])
+                print(f"# {job} grid round {k + 1} ({point_str(pt)}): {got[pt]:.3f} steps/s"
+                      + (f", {got[pt] / got[own]:.3f}x the job's settings beside it" if len(pair) == 2 else ""),
                       file=sys.stderr, flush=True)
         gridm = {pt: median_rate(v) for pt, v in grid.items()}
+        pairedm = {pt: statistics.median(v) for pt, v in paired.items()}
         # --grid-repeats 0: no grid; the tuned runs are paired with the job's settings only.
         best = max(gridm, key=gridm.get) if gridm else own
+        if pairedm:
+            # The best point is the one furthest above the job's settings beside it; none above
+            # them: the job's settings are the best.
+            best = max(pairedm, key=pairedm.get)
+            if pairedm[best] <= 1:
+                best = own
         # Then the tuned runs, each beside a run fixed at the grid's best point and one at the job's
         # own settings, as long as the tuned run, in an order that rotates from slot to slot. The
         # grid's best of 12 noisy points is biased up (the winner's curse), and runs minutes apart
@@ -264,7 +300,8 @@ def main():
                             t["vs_" + kind] = t["tuned_rate"] / t[kind + "_rate"]
                 tuned[label].append(t)
                 print(f"# {job}{label} tuned: {t}", file=sys.stderr, flush=True)
-        out[job] = {"grid": {point_str(pt): r for pt, r in grid.items()}, "best": list(best), "tuned": tuned}
+        out[job] = {"grid": {point_str(pt): r for pt, r in grid.items()}, "best": list(best), "tuned": tuned,
+                    "paired": {point_str(pt): r for pt, r in paired.items()}}
         for _, label in roots:
             tl = tuned[label]
             rates = [t["tuned_rate"] for t in tl if "tuned_rate" in t]
@@ -277,6 +314,10 @@ def main():
                 "overhead": [1 - t["tuning_rate"] / gridm[own] for t in tl if "tuning_rate" in t and gridm],
                 "in_run": [t["in_run_overhead"] for t in tl if "in_run_overhead" in t],
                 "chosen": [t["chosen"] for t in tl],
+                "best_vs_own": pairedm.get(best, 1.0) if pairedm else None,
+                # The tuned run over the job's settings, over the best point over them: both
+                # ratios of runs beside each other.
+                "vs_best_via_own": [t["vs_own"] / pairedm.get(best, 1.0) for t in tl if "vs_own" in t] if pairedm else [],
                 "undecided": sum(1 for t in tl if not t["decided_at"]),
             })
     if args.json:
@@ -284,7 +325,12 @@ def main():
             json.dump(out, f, indent=1)
     knobs = (f" x small allreduce {args.small_kib or 'own'} KiB x shm round {args.round_kib or 'own'} KiB"
              f" x spin {args.spin_us or 'own'} us")
-    print(f"# kolo run --autotune vs an exhaustive grid (fusion {args.fusion_mib} MiB x cycle {args.cycle_ms} ms{knobs}, "
+    what = f"an exhaustive grid (fusion {args.fusion_mib} MiB x cycle {args.cycle_ms} ms{knobs}"
+    if args.points:
+        what = f"grid points ({args.points}; fusion MiB, cycle ms, small allreduce KiB, shm round KiB, spin us"
+    if args.grid_paired:
+        what += ", each beside a run at the job's settings"
+    print(f"# kolo run --autotune vs {what}, "
           f"{args.grid_repeats} rounds), 2 ranks, {args.tuned_repeats} tuned runs per job; medians (ranges). "
           "'paired' ratios: the tuned run's steps/s after its decision over a run fixed at the grid's best point "
           "(or at the job's settings), same steps, run beside it")
@@ -300,6 +346,18 @@ def main():
               f"| {med(r['vs_grid'], '%.3f')} | {med(r['vs_best'], '%.3f')} | {med(r['vs_own'], '%.3f')} "
               f"| {med(r['decided'], '%.0f')} | {med(r['overhead'], '%.3f')} "
               f"| {med(r['in_run'], '%.3f')} | {chosen} |")
+
+    if args.grid_paired:
+        print()
+        print("Paired grid: each point's steps/s over the job's settings' run beside it (median over rounds), "
+              "and the tuned runs' over theirs")
+        print("| job | grid's best / job's settings, paired (at) | tuned / job's settings, paired | tuned / grid's best, via the job's settings |")
+        print("|---|---:|---:|---:|")
+        for r in rows:
+            if r["best_vs_own"] is None:
+                continue
+            print(f"| {r['job']} | {r['best_vs_own']:.3f} ({point_str(r['best_at'])}) | {med(r['vs_own'], '%.3f')} "
+                  f"| {med(r['vs_best_via_own'], '%.3f')} |")
 
 
 if __name__ == "__main__":

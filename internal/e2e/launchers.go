@@ -7,12 +7,16 @@ import (
 	"strconv"
 
 	"github.com/kolo-dl/kolo"
+	"github.com/kolo-dl/kolo/dtype"
 )
 
 // ExpectEnv tells the "launcher" scenario the placement to expect: size,localSize,crossSize.
 const ExpectEnv = "KOLO_E2E_EXPECT"
 
-func init() { Scenarios["launcher"] = launcherScenario }
+func init() {
+	Scenarios["launcher"] = launcherScenario
+	Scenarios["autotune"] = autotuneScenario
+}
 
 // launcherScenario runs in ranks that mpirun or srun started with no kolo run: it checks that the
 // rank kolo took is the launcher's, that the placement is the expected one, then runs every op
@@ -44,5 +48,25 @@ func launcherScenario(ctx context.Context) error {
 		return err
 	}
 	fmt.Printf("LAUNCHER-OK rank=%d size=%d\n", kolo.Rank(), kolo.Size())
+	return nil
+}
+
+// autotuneScenario is a training loop for a job run with autotuning on (KOLO_AUTOTUNE and its
+// companions in the environment, however the launcher passes them): 60 steps of four allreduces
+// on both sides of the small-allreduce threshold, each checked against the reference, and a
+// MarkStep after each, so the tuner samples, switches every rank's settings and decides while
+// the sums must stay right. Rank 0 says what it decided when it shuts down.
+func autotuneScenario(ctx context.Context) error {
+	for step := range 60 {
+		var checks []check
+		for i, n := range []int{1, 1000, 40_000, 300_000} {
+			checks = append(checks, allreduceCheck(fmt.Sprintf("grad.%d", i), n, dtype.Float32, reduceOps[1]))
+		}
+		if err := waitAll(ctx, checks); err != nil {
+			return fmt.Errorf("step %d: %w", step, err)
+		}
+		kolo.MarkStep()
+	}
+	fmt.Printf("AUTOTUNE-OK rank=%d size=%d\n", kolo.Rank(), kolo.Size())
 	return nil
 }
