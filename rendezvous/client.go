@@ -93,6 +93,19 @@ func dialOnce(ctx context.Context, addr string, secret []byte) (net.Conn, error)
 		}
 		return nil, err
 	}
+	// Our proof checked out only when the server says so (server.go): until then it may still
+	// time the handshake out. A denied client never gets here (the server's proof fails our
+	// check), so a connection closed now is a busy server, not a denial: retried, not counted.
+	conn.SetReadDeadline(time.Now().Add(timeout))
+	var b [1]byte
+	if _, err := io.ReadFull(conn, b[:]); err != nil || b[0] != acceptedByte {
+		conn.Close()
+		if err == nil {
+			return nil, fmt.Errorf("authentication: the server answered %#x, not its acceptance: not a kolo rendezvous server of this version", b[0])
+		}
+		return nil, fmt.Errorf("authentication: the server did not confirm it (busy, or it timed the handshake out): %w", err)
+	}
+	conn.SetReadDeadline(time.Time{})
 	if tc, ok := conn.(*net.TCPConn); ok {
 		tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: 2 * time.Second, Count: 5})
 	}
@@ -106,6 +119,9 @@ func dialOnce(ctx context.Context, addr string, secret []byte) (net.Conn, error)
 var errHungUp = errors.New("server hung up during authentication")
 
 const maxHangUps = 3
+
+// acceptedByte is the server's word, after the handshake, that it accepted the connection.
+const acceptedByte = 0xA5
 
 func newClient(addr string, conn net.Conn) *Client {
 	c := &Client{

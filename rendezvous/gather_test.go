@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -175,7 +176,16 @@ func TestGatherOf1024RanksAtOnce(t *testing.T) {
 	if raceEnabled {
 		n = 256
 	}
-	s, addr, sink := startServer(t)
+	// The production handshake deadline, not the tests' short one: with a thousand handshakes
+	// at once on a loaded machine some take longer than 300 ms.
+	sink := &logSink{}
+	s := newServer(secret, slog.New(sink), HandshakeTimeout)
+	la, err := s.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	addr := la.String()
 	start := time.Now()
 	ctx := ctxT(t, 60*time.Second)
 	clients := make([]*Client, n)
@@ -202,10 +212,19 @@ func TestGatherOf1024RanksAtOnce(t *testing.T) {
 			c.Close()
 		}
 	}
+	// Every rank's failure, not only the first: rank 0 waiting for the members is what the
+	// others' failures look like from rank 0.
+	var failed []string
 	for i, err := range errs {
 		if err != nil {
-			t.Fatalf("rank %d: %v", i, err)
+			failed = append(failed, fmt.Sprintf("rank %d: %v", i, err))
 		}
+	}
+	if len(failed) > 0 {
+		t.Fatalf("%d of %d ranks failed (requests %d, connections rejected %d):\n%s", len(failed), n, s.Requests(),
+			len(sink.warnings("rendezvous: rejected connection")), strings.Join(failed[:min(len(failed), 12)], "\n"))
+	}
+	for i := range errs {
 		if len(tables[i]) != n || string(tables[i][n-1]) != addrOf(n-1) || string(tables[i][i]) != addrOf(i) {
 			t.Fatalf("rank %d got a wrong table", i)
 		}
@@ -213,10 +232,11 @@ func TestGatherOf1024RanksAtOnce(t *testing.T) {
 	if got := s.Requests(); got != int64(n) {
 		t.Errorf("%d requests for %d ranks, want one each", got, n)
 	}
-	if w := sink.warnings("rendezvous: rejected connection"); len(w) > 0 {
-		t.Errorf("%d connections rejected", len(w))
-	}
-	t.Logf("%d ranks: dial, authenticate and gather the address table in %v (%d requests)", n, took.Round(time.Millisecond), s.Requests())
+	// A handshake the server timed out is dialled again (TestDialWaitsForTheServersAcceptance):
+	// it costs time, not a rank, so it is counted, not failed.
+	rejected := len(sink.warnings("rendezvous: rejected connection"))
+	t.Logf("%d ranks: dial, authenticate and gather the address table in %v (%d requests, %d handshakes timed out and redialled)",
+		n, took.Round(time.Millisecond), s.Requests(), rejected)
 }
 
 func waitFor(t *testing.T, cond func() bool) {

@@ -625,3 +625,77 @@ func TestLivenessSetsTheSocketOptions(t *testing.T) {
 		}
 	}
 }
+
+// A client takes a connection only once the server confirmed the handshake: a server that checked
+// the client's proof too late (its deadline passed on a loaded host) closes the connection after
+// its own proof is out, and the client, whose side of the handshake had succeeded, must dial
+// again rather than lose its first request on it. More such closes in a row than the hang-ups
+// taken as a denial are still retried: they come after the server's proof checked out, so they
+// are never a wrong secret.
+func TestDialWaitsForTheServersAcceptance(t *testing.T) {
+	ln, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	const drops = maxHangUps + 2
+	accepted := make(chan int, 1)
+	go func() {
+		for i := 0; ; i++ {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if err := auth.Handshake(c, secret, auth.Listener, 5*time.Second); err != nil {
+				c.Close()
+				continue
+			}
+			if i < drops {
+				c.Close() // timed out, as far as the client can tell
+				continue
+			}
+			c.Write([]byte{acceptedByte})
+			accepted <- i
+			io.Copy(io.Discard, c)
+			c.Close()
+			return
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, ln.Addr().String(), secret)
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	defer c.Close()
+	select {
+	case i := <-accepted:
+		if i != drops {
+			t.Errorf("the client took connection %d, want %d: the ones before were never confirmed", i, drops)
+		}
+	case <-ctx.Done():
+		t.Fatal("the server never accepted")
+	}
+
+	// A server that never confirms: the dial gives up at its deadline, saying why.
+	ln2, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln2.Close()
+	go func() {
+		for {
+			c, err := ln2.Accept()
+			if err != nil {
+				return
+			}
+			auth.Handshake(c, secret, auth.Listener, 5*time.Second)
+			c.Close()
+		}
+	}()
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel2()
+	if _, err := Dial(ctx2, ln2.Addr().String(), secret); err == nil || !strings.Contains(err.Error(), "did not confirm") || errors.Is(err, auth.ErrDenied) {
+		t.Fatalf("dial to a server that never confirms: %v", err)
+	}
+}

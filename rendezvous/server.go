@@ -158,6 +158,15 @@ func (sc *serverConn) serve() {
 		sc.s.log.Warn("rendezvous: rejected connection", "remote", remote, "err", err)
 		return
 	}
+	// The client's side of the handshake ends when it has checked our proof, which may be before
+	// we read its own: on a loaded host our deadline can pass in between, and a client that took
+	// the connection for accepted would lose its first request. It waits for this byte instead.
+	sc.c.SetWriteDeadline(time.Now().Add(sc.s.handshakeTimeout))
+	if _, err := sc.c.Write([]byte{acceptedByte}); err != nil {
+		sc.s.log.Warn("rendezvous: dropped connection before its first request", "remote", remote, "err", err)
+		return
+	}
+	sc.c.SetWriteDeadline(time.Time{})
 	writerDone := make(chan struct{})
 	go func() {
 		defer close(writerDone)
