@@ -75,6 +75,13 @@ func TestElasticSlurm(t *testing.T) {
 	t.Run("a worker's step killed", func(t *testing.T) {
 		out, done := start(t, "100000")
 		ws := awaitSteps(t, 4, out)
+		// squeue lists a step before its task runs, and a signal sent to a step without its task
+		// is lost (the job then trained on, 90 s, in one CI run): kill once every rank trains.
+		for deadline := time.Now().Add(60 * time.Second); !strings.Contains(out.String(), "step   50 "); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no training step 50 after 60 s\n%s", out.String())
+			}
+		}
 		victim := strings.Fields(ws[len(ws)-1])[0]
 		killed := time.Now()
 		if b, err := slurm.Command(context.Background(), nil, "scancel", "--signal=KILL", victim).CombinedOutput(); err != nil {

@@ -42,6 +42,17 @@ func boardCluster(t *testing.T, n int, wait time.Duration, edits ...func(*Config
 	return newShmCluster(t, n, cfg)
 }
 
+// boardClusterEdit is boardCluster whose ranks' Groups edit may change first.
+func boardClusterEdit(t *testing.T, n int, wait time.Duration, edit func(r int, g *Group)) *cluster {
+	cfg := DefaultConfig()
+	cfg.BoardWait = wait
+	cfgs := make([]Config, n)
+	for r := range cfgs {
+		cfgs[r] = cfg
+	}
+	return newShmClusterEdit(t, cfgs, edit)
+}
+
 // settled logs how many ops ran on the board and fell back, checks that no fallback is still
 // counted once every op completed, and returns the counts.
 func settled(t *testing.T, c *cluster) (ran, fell int64) {

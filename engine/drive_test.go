@@ -39,6 +39,13 @@ func newShmCluster(t testing.TB, n int, cfg Config) *cluster {
 // newShmClusterEach is newShmCluster with a config per rank.
 func newShmClusterEach(t testing.TB, cfgs []Config) *cluster {
 	t.Helper()
+	return newShmClusterEdit(t, cfgs, nil)
+}
+
+// newShmClusterEdit is newShmClusterEach whose ranks' Groups edit may change before their engines
+// start (a test wraps a rank's transport).
+func newShmClusterEdit(t testing.TB, cfgs []Config, edit func(r int, g *Group)) *cluster {
+	t.Helper()
 	n := len(cfgs)
 	name := fmt.Sprintf("kolo-engine-test-%d-%d", os.Getpid(), segments.Add(1))
 	dir := t.TempDir()
@@ -63,6 +70,9 @@ func newShmClusterEach(t testing.TB, cfgs []Config) *cluster {
 			t.Fatal("shm messenger lost its Poller capability")
 		}
 		groups[r] = Group{Comm: g.Comm(), Messenger: g.Messenger(), Local: g.Comm(), Abort: g.Abort}
+		if edit != nil {
+			edit(r, &groups[r])
+		}
 	}
 	c := startClusterEach(t, cfgs, "shmhost", groups, func() {
 		for _, g := range gs {
