@@ -127,10 +127,8 @@ func (e *Engine) spinTime() time.Duration { return time.Duration(e.tune.spin.Loa
 // the collective knobs it needs no agreement beyond the step every rank switches at.
 func (e *Engine) setSpin(d time.Duration) {
 	e.tune.spin.Store(int64(d))
-	for _, c := range []transport.Comm{e.g.Local, e.g.Comm} {
-		if sp, ok := c.(transport.Spinner); ok {
-			sp.SetSpin(d)
-		}
+	if sp, ok := e.g.Local.(transport.Spinner); ok { // the host's shared memory, messenger included
+		sp.SetSpin(d)
 	}
 }
 

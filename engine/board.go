@@ -259,9 +259,10 @@ func (e *Engine) boardRun() bool {
 			return false
 		}
 	}
-	if e.spinTime() > 0 {
-		b.b.BoardSee(k) // for boardLinger, which only spinning ranks do
-	}
+	// Every rank counts itself, spinning or not: the counts are cumulative per round parity, so
+	// one round a rank skipped would leave every later round short of n, and ranks that linger
+	// (boardLinger) would wait out their whole spin time after each.
+	b.b.BoardSee(k)
 	tl := e.tl.Load()
 	cursor, offset := b.cursor, b.offset
 	clear(cursor)

@@ -58,12 +58,12 @@ func TestBoardCorruptionFailsEveryRank(t *testing.T) {
 			const n = 3
 			captureLog(t)
 			var tb *tamperedBoard
-			c := boardClusterEdit(t, n, time.Second, func(r int, g *Group) {
+			c := boardClusterEach(t, n, time.Second, func(r int, g *Group) {
 				if r == 1 {
 					tb = &tamperedBoard{sharedBoard: g.Local.(sharedBoard), mode: tc.mode}
 					g.Local = tb
 				}
-			})
+			}, nil)
 			ctx := waitCtx(t)
 			step := func(name string) []error {
 				errs := make([]error, n)

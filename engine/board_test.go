@@ -34,23 +34,25 @@ func fallbacks(c *cluster) int64 { return c.engines[0].brd.b.BoardFallbacks(0) }
 // boardCluster is n engines over one segment whose ops wait wait on the board, with edits applied
 // to their config.
 func boardCluster(t *testing.T, n int, wait time.Duration, edits ...func(*Config)) *cluster {
-	cfg := DefaultConfig()
-	cfg.BoardWait = wait
-	for _, f := range edits {
-		f(&cfg)
-	}
-	return newShmCluster(t, n, cfg)
+	return boardClusterEach(t, n, wait, nil, func(_ int, c *Config) {
+		for _, f := range edits {
+			f(c)
+		}
+	})
 }
 
-// boardClusterEdit is boardCluster whose ranks' Groups edit may change first.
-func boardClusterEdit(t *testing.T, n int, wait time.Duration, edit func(r int, g *Group)) *cluster {
-	cfg := DefaultConfig()
-	cfg.BoardWait = wait
+// boardClusterEach is boardCluster with a Config edit per rank (cfg, may be nil) and a Group edit
+// per rank (group, may be nil) before the engines start.
+func boardClusterEach(t *testing.T, n int, wait time.Duration, group func(r int, g *Group), cfg func(r int, c *Config)) *cluster {
 	cfgs := make([]Config, n)
 	for r := range cfgs {
-		cfgs[r] = cfg
+		cfgs[r] = DefaultConfig()
+		cfgs[r].BoardWait = wait
+		if cfg != nil {
+			cfg(r, &cfgs[r])
+		}
 	}
-	return newShmClusterEdit(t, cfgs, edit)
+	return newShmClusterEdit(t, cfgs, group)
 }
 
 // settled logs how many ops ran on the board and fell back, checks that no fallback is still
@@ -487,4 +489,41 @@ func TestBoardReusedIDNeverMatchesAnotherOp(t *testing.T) {
 			check(r, submit(r, "bias"))
 		}
 	})
+}
+
+// Ranks that spin linger after a round until every rank has read it (boardLinger); a rank that
+// does not spin (its own KOLO_SPIN_TIME=0) must still count itself as having read each round, or
+// the count would stay short for good and every later op of the spinning ranks would linger its
+// whole spin time.
+func TestBoardLingerWithARankThatDoesNotSpin(t *testing.T) {
+	const n, ops = 3, 20
+	const linger = 300 * time.Millisecond
+	c := boardClusterEach(t, n, time.Second, nil, func(r int, c *Config) {
+		c.Spin = linger
+		if r == 0 {
+			c.Spin = 0
+		}
+	})
+	ctx := waitCtx(t)
+	start := time.Now()
+	every(t, c, func(r int, e *Engine) error {
+		for i := range ops {
+			buf := f32(float32(r + 1))
+			if err := e.Enqueue(allreduceReq("x", 1), buf, buf).Wait(ctx); err != nil {
+				return fmt.Errorf("op %d: %w", i, err)
+			}
+			if got := getF32(buf)[0]; got != 6 {
+				return fmt.Errorf("op %d: sum %v, want 6", i, got)
+			}
+		}
+		return nil
+	})
+	took := time.Since(start)
+	if ran, _ := settled(t, c); ran == 0 {
+		t.Fatal("no op ran on the board")
+	}
+	// Lingering the whole spin on every board op would take (ops-1) x 300 ms.
+	if took > 3*linger {
+		t.Errorf("%d ops took %v: the spinning ranks lingered after rounds every rank had read", ops, took)
+	}
 }

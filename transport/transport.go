@@ -259,7 +259,9 @@ type Board interface {
 	BoardArrived(k uint64) int
 	// BoardSee records that this rank has read completed round k; BoardSeen is how many ranks
 	// have. A rank may wait for the others to see a round before it returns its ops, so that
-	// ranks return from one op at nearly the same time, as they do from a collective.
+	// ranks return from one op at nearly the same time, as they do from a collective. Every rank
+	// must see every round it completes, in order: the counts are kept per round parity and
+	// carry over.
 	BoardSee(k uint64)
 	BoardSeen(k uint64) int
 	// BoardFallbacks adds delta to a count every rank shares and returns its new value: the
