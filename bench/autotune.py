@@ -170,6 +170,30 @@ def median_rate(runs):
     return statistics.median(runs) if runs else None
 
 
+def ab_env(args):
+    """--ab-env: each job at its own settings, without and with the variables, alternating."""
+    extra = dict(kv.split("=", 1) for kv in args.ab_env.split(","))
+    print(f"# each job at its own settings without and with {args.ab_env}, {args.ab_repeats} rounds "
+          f"alternating the order, {args.warmup} + {args.grid_steps} steps a run; steps/s medians (ranges); "
+          "'paired': a round's rate with the variables over its rate without")
+    print(f"| job | without | with {args.ab_env} | with / without, paired |")
+    print("|---|---:|---:|---:|")
+    for job in args.jobs.split(","):
+        parts = job.split(":")
+        model, batch, bad = parts[0], int(parts[1]), len(parts) > 2 and parts[2] == "bad"
+        env = settings_env(*((1.0, 20.0) if bad else (128.0, 0.0)))
+        rates = {False: [], True: []}
+        for k in range(args.ab_repeats):
+            for with_env in ((False, True) if k % 2 == 0 else (True, False)):
+                time.sleep(args.pause)
+                ends, _ = run_job(model, batch, args.warmup + args.grid_steps, {**env, **extra} if with_env else env)
+                rates[with_env].append(rate(ends, args.warmup))
+                print(f"# {job} round {k + 1} {'with' if with_env else 'without'}: {rates[with_env][-1]:.2f} steps/s",
+                      file=sys.stderr, flush=True)
+        paired = [w / o for w, o in zip(rates[True], rates[False])]
+        print(f"| {job} | {med(rates[False])} | {med(rates[True])} | {med(paired, '%.3f')} |")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", default="mlp:16,mlp:64,cnn:16,cnn:64,mlp:16:bad")
@@ -194,11 +218,18 @@ def main():
     p.add_argument("--tuned-repeats", type=int, default=2)
     p.add_argument("--no-paired", action="store_true",
                    help="skip the fixed runs at the grid's best point and at the job's settings beside each tuned run")
+    p.add_argument("--ab-env", default="",
+                   help="VAR=VALUE[,VAR=VALUE]: instead of tuning, run each job at its own settings with and "
+                        "without these variables, alternating, --ab-repeats times, and print the ratio "
+                        "(for a knob the tuner does not search, such as KOLO_CACHE_CAPACITY=0)")
+    p.add_argument("--ab-repeats", type=int, default=3)
     p.add_argument("--pause", type=float, default=2.0)
     p.add_argument("--json", help="write every run's figures here")
     p.add_argument("--compare-root", help="another built kolo checkout whose tuned runs go beside this one's")
     p.add_argument("--compare-label", default="old")
     args = p.parse_args()
+    if args.ab_env:
+        return ab_env(args)
     roots = [(ROOT, "")] + ([(os.path.abspath(args.compare_root), " (" + args.compare_label + ")")] if args.compare_root else [])
     fusions = [float(x) for x in args.fusion_mib.split(",")]
     cycles = [float(x) for x in args.cycle_ms.split(",")]

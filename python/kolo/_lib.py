@@ -98,7 +98,8 @@ _SIGNATURES = {
     "kolo_cross_size": (_i, []),
     "kolo_is_homogeneous": (_i, []),
     # kind, name, name length, in, out, dtype, shape (packed int64), ndim, op, root, prescale,
-    # postscale, splits (packed int64 or None), number of splits, process set id
+    # postscale, splits (packed int64 or None), number of splits, process set id, waited (1: the
+    # caller synchronizes on the handle next)
     "kolo_enqueue": (_i64, [_i, _s, _i, _p, _p, _i, _s, _i, _i, _i, _d, _d, _s, _i, _i, _i]),
     # kind, name, name length, n, ins, outs, dtypes, shapes, ndims, op, prescale, postscale,
     # process set id, handles (out)

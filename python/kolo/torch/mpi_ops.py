@@ -59,7 +59,6 @@ _NO_RESULT_IN_ENGINE = frozenset((_ALLREDUCE, _BROADCAST, _BARRIER))
 _handle_map = {}
 
 
-
 # ----------------------------------------------------------------------------------------------
 # Basics
 
