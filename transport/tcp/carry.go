@@ -66,10 +66,10 @@ const noticeTimeout = time.Second
 func (m *Mesh) Detach() map[int]*Carried {
 	out := map[int]*Carried{}
 	m.once.Do(func() {
-		m.begin()
+		m.begin(true)
 		keep := make([]bool, len(m.peers))
 		for r, p := range m.peers {
-			if p == nil || !p.closeLink() {
+			if p == nil || !p.closeLink(true) {
 				continue // never connected: nothing to carry or close
 			}
 			switch {
@@ -77,10 +77,7 @@ func (m *Mesh) Detach() map[int]*Carried {
 				keep[r] = true // it already left us: nothing to tell it
 			case p.lost.Load() == nil && p.ctrlMu.TryLock():
 				// A SendMsg holding the lock would be writing a frame the notice must not cut.
-				p.ctrl.SetWriteDeadline(time.Now().Add(noticeTimeout))
-				var notice [4]byte
-				binary.BigEndian.PutUint32(notice[:], leaveNotice)
-				_, err := p.ctrl.Write(notice[:])
+				err := writeLeaveNotice(p.ctrl)
 				p.ctrlMu.Unlock()
 				keep[r] = err == nil
 			}
@@ -107,6 +104,15 @@ func (m *Mesh) Detach() map[int]*Carried {
 		}
 	})
 	return out
+}
+
+// writeLeaveNotice tells the peer at the other end of control connection c that this rank left.
+func writeLeaveNotice(c *net.TCPConn) error {
+	c.SetWriteDeadline(time.Now().Add(noticeTimeout))
+	var notice [4]byte
+	binary.BigEndian.PutUint32(notice[:], leaveNotice)
+	_, err := c.Write(notice[:])
+	return err
 }
 
 // interrupt makes every blocked read and write on p's connections return, leaving them open.

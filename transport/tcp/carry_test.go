@@ -206,6 +206,7 @@ func TestAdoptFallsBackToDialing(t *testing.T) {
 // be; the rest of the mesh goes on.
 func TestDetachedPeerFailsWaitingCalls(t *testing.T) {
 	w := connectAll(t, 3, 2, ChunkSize)
+	w.linkAll(t) // a lazy mesh's sets up too: the calls below wait on a connected peer
 	errc := make(chan error, 2)
 	go func() { errc <- w.ms[1].Comm().Recv(context.Background(), 2, make([]byte, 3<<20)) }()
 	go func() { errc <- w.ms[0].Comm().Send(context.Background(), 2, make([]byte, 64<<20)) }()
@@ -254,6 +255,73 @@ func TestDetachedPeerFailsWaitingCalls(t *testing.T) {
 	}
 	nw := reform(t, w, carried, []int{2, 1, 0}, []string{"127.0.0.1:1", "127.0.0.1:1", "127.0.0.1:1"}, "job-2")
 	exchange(t, nw, 2)
+}
+
+// A lazy mesh's first call to a rank that already detached, or detaches while the set is being
+// dialed, fails at once with transport.ErrPeerLeft (not after the connect timeout, and not as a
+// refusal that would blame the rank), and the inbox says the peer is lost; a closed rank's
+// refusal also comes at once.
+func TestLazyDialToARankThatLeft(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		end    func(m *Mesh)
+		left   bool
+		during bool // end the rank while the dial is under way, not before
+	}{
+		{"detached before", func(m *Mesh) { m.Detach() }, true, false},
+		{"detached during", func(m *Mesh) { m.Detach() }, true, true},
+		{"closed before", func(m *Mesh) { m.Close() }, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := connectAllWith(t, 3, 2, ChunkSize, func(cfg *Config) {
+				cfg.Lazy, cfg.Eager = true, nil
+				cfg.ConnectTimeout = 20 * time.Second
+			})
+			if !tc.during {
+				tc.end(w.ms[2])
+			}
+			errc := make(chan error, 2)
+			go func() { errc <- w.ms[0].Comm().Send(context.Background(), 2, make([]byte, 8<<20)) }()
+			go func() { errc <- w.ms[1].Messenger().SendMsg(context.Background(), 2, []byte("x")) }()
+			if tc.during {
+				time.Sleep(time.Millisecond)
+				tc.end(w.ms[2])
+			}
+			start := time.Now()
+			for range 2 {
+				select {
+				case err := <-errc:
+					var pe *transport.PeerError
+					if tc.during && err == nil {
+						continue // the whole set was up before the rank left, and the bytes went out
+					}
+					if !errors.As(err, &pe) || pe.Rank != 2 || errors.Is(err, transport.ErrPeerLeft) != tc.left {
+						t.Fatalf("%v, want a PeerError for rank 2 (left: %v)", err, tc.left)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatal("a call to the rank that ended still blocked after 5 s")
+				}
+			}
+			if d := time.Since(start); d > 5*time.Second {
+				t.Fatalf("the calls failed after %v", d)
+			}
+			if !tc.during {
+				for _, r := range []int{0, 1} {
+					select {
+					case msg := <-w.ms[r].Messenger().Inbox():
+						if msg.From != 2 || msg.Body != nil {
+							t.Fatalf("rank %d inbox: %+v, want the nil-body loss notice from rank 2", r, msg)
+						}
+					case <-time.After(time.Second):
+						t.Fatalf("rank %d: no loss notice in the inbox", r)
+					}
+				}
+			}
+			if rej := w.sink.warnings("tcp transport: rejected connection"); tc.left && len(rej) > 0 {
+				t.Fatalf("dials to a rank that left logged as rejected: %v", rej)
+			}
+		})
+	}
 }
 
 // A peer whose control lane is busy when the mesh detaches (a message being written: the leave

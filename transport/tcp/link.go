@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"time"
 
@@ -130,9 +131,10 @@ func (m *Mesh) dialSet(ctx context.Context, p *peer) {
 			if err == nil || errors.Is(d.err, errCrossed) {
 				err = d.err
 			}
-			if !errors.Is(d.err, errCrossed) {
-				// The set fails: stop the others. Not on a crossing, where each of them is
-				// declined in turn: cut short mid-handshake, they would look like intruders.
+			if !errors.Is(d.err, errCrossed) && !errors.Is(d.err, transport.ErrPeerLeft) {
+				// The set fails: stop the others. Not on a crossing, or a peer that left,
+				// where each of them is declined in turn: cut short mid-handshake, they
+				// would look like intruders.
 				cancel()
 			}
 			continue
@@ -189,15 +191,29 @@ func (m *Mesh) expire(p *peer) {
 			len(p.partial), 1+m.cfg.Streams, m.rank, m.cfg.ConnectTimeout)})
 }
 
-// failLocked settles p's link as failed: every call that needs it fails with pe. Called under
-// p.linkMu.
+// failLocked settles p's link as failed: every call that needs it fails with pe, and the inbox
+// says the peer is lost, as it would for a set that was up. Called under p.linkMu.
 func (m *Mesh) failLocked(p *peer, pe *transport.PeerError) {
 	for _, c := range p.partial {
 		c.Close()
 	}
 	p.partial = nil
 	if p.lost.CompareAndSwap(nil, pe) {
-		m.log.Warn("tcp transport: could not connect to peer", "rank", m.rank, "peer", p.rank, "host", p.host, "err", pe.Err)
+		level := slog.LevelWarn
+		if errors.Is(pe.Err, transport.ErrPeerLeft) {
+			level = slog.LevelDebug // its world ended: not a fault of this link
+		}
+		m.log.Log(context.Background(), level, "tcp transport: could not connect to peer", "rank", m.rank, "peer", p.rank, "host", p.host, "err", pe.Err)
+		// Counted under linkMu, as install's goroutines are: Close waits for the group only
+		// after it has taken every peer's lock.
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			select {
+			case m.inbox <- transport.Msg{From: p.rank}:
+			case <-m.quit:
+			}
+		}()
 	}
 	p.settle(linkFailed)
 }
@@ -210,6 +226,8 @@ func (m *Mesh) decide(id connID) (byte, string) {
 	p.linkMu.Lock()
 	defer p.linkMu.Unlock()
 	switch {
+	case (m.closed.Load() || p.link == linkClosed) && m.leaving.Load():
+		return ackLeft, fmt.Sprintf("rank %d is leaving this world", m.rank)
 	case m.closed.Load() || p.link == linkClosed:
 		return ackRefused, fmt.Sprintf("rank %d's mesh is closing", m.rank)
 	case p.link == linkIdle:
@@ -296,11 +314,17 @@ func (m *Mesh) adopted(ctx context.Context, p *peer, res adoptResult) {
 	}
 }
 
-// closeLink settles p's link as closed for Close or Detach, and reports whether its set was up.
-func (p *peer) closeLink() bool {
+// closeLink settles p's link as closed for Close or Detach (left), and reports whether its set
+// was up. A set still arriving is closed; when this rank leaves, its control connection first
+// carries the leave notice, since the peer may have all its acks and take the set: its calls
+// then fail with transport.ErrPeerLeft, not with a closed connection that blames this rank.
+func (p *peer) closeLink(left bool) bool {
 	p.linkMu.Lock()
 	defer p.linkMu.Unlock()
-	for _, c := range p.partial {
+	for id, c := range p.partial {
+		if left && id.lane == laneControl {
+			writeLeaveNotice(c)
+		}
 		c.Close()
 	}
 	p.partial = nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -20,6 +21,8 @@ const (
 	earlyTTL = 2 * time.Minute
 	// maxEarly bounds the connections parked before any Connect claims them.
 	maxEarly = 4096
+	// maxEnded bounds the ended meshes a Listener remembers (one per elastic round).
+	maxEnded = 64
 	// ackTimeout bounds writing the few bytes of an ack.
 	ackTimeout = 5 * time.Second
 )
@@ -61,10 +64,14 @@ type Listener struct {
 	handshakeTimeout time.Duration
 	done             chan struct{} // closed by Close
 
-	mu      sync.Mutex
-	closed  bool
-	regs    map[regKey]*registration
-	early   []earlyConn
+	mu     sync.Mutex
+	closed bool
+	regs   map[regKey]*registration
+	early  []earlyConn
+	// ended are the meshes that closed or detached, newest last: a dial meant for one is refused
+	// at once (with ackLeft for a detached one), not parked as if its Connect were still to come,
+	// which would hold the dialer's call until its connect timeout.
+	ended   []endedMesh
 	pending map[net.Conn]struct{} // accepted, not yet routed: closed by Close
 	wg      sync.WaitGroup
 }
@@ -82,6 +89,7 @@ type registration struct {
 	expect  map[int]bool    // ranks that may dial this one
 	got     map[connID]bool // claimed by an accepted hello
 	active  bool            // false once the mesh stopped listening on ch
+	left    bool            // the mesh detached (set with active false)
 	ch      chan arrival
 	// decide, called before a claimed connection is acked (never under the Listener's lock),
 	// lets the mesh take it (ackTaken) or decline it: ackCrossed when the mesh is dialing that
@@ -98,6 +106,11 @@ type connID struct {
 type arrival struct {
 	id   connID
 	conn *net.TCPConn
+}
+
+type endedMesh struct {
+	key  regKey
+	left bool // detached (Mesh.Detach), not closed
 }
 
 type earlyConn struct {
@@ -219,6 +232,11 @@ func (l *Listener) route(c *net.TCPConn, h hello) {
 	}
 	reg := l.regs[regKey{h.job, h.to}]
 	if reg == nil {
+		if status, why := l.endedLocked(h); status != ackTaken {
+			l.mu.Unlock()
+			l.refuseStatus(c, h, status, why)
+			return
+		}
 		if len(l.regs) > 0 {
 			why := l.mismatchLocked(h)
 			l.mu.Unlock()
@@ -242,6 +260,19 @@ func (l *Listener) route(c *net.TCPConn, h hello) {
 		return
 	}
 	l.deliver(reg, c, h)
+}
+
+// endedLocked says how to refuse a hello meant for a mesh that ended (ackTaken if none did).
+func (l *Listener) endedLocked(h hello) (byte, string) {
+	for _, e := range l.ended {
+		if e.key == (regKey{h.job, h.to}) {
+			if e.left {
+				return ackLeft, fmt.Sprintf("rank %d left job %q's world", h.to, h.job)
+			}
+			return ackRefused, fmt.Sprintf("rank %d's mesh for job %q has closed", h.to, h.job)
+		}
+	}
+	return ackTaken, ""
 }
 
 func (l *Listener) mismatchLocked(h hello) string {
@@ -293,8 +324,18 @@ func (r *registration) claimLocked(h hello) string {
 
 // refuse tells the dialer why (so its Connect fails with the reason instead of timing out) and logs.
 func (l *Listener) refuse(c *net.TCPConn, h hello, why string) {
+	l.refuseStatus(c, h, ackRefused, why)
+}
+
+// refuseStatus is refuse with the ack's status; a dial to a rank that left is no intrusion and
+// is not logged as one.
+func (l *Listener) refuseStatus(c *net.TCPConn, h hello, status byte, why string) {
 	c.SetWriteDeadline(time.Now().Add(ackTimeout))
-	c.Write(appendAck(nil, why))
+	c.Write(appendAckStatus(nil, status, why))
+	if status == ackLeft {
+		c.Close()
+		return
+	}
 	l.reject(c, fmt.Sprintf("rank %d of job %q: %s", h.from, h.job, why), errRejected)
 }
 
@@ -322,6 +363,9 @@ func (l *Listener) deliver(reg *registration, c *net.TCPConn, h hello) {
 	defer l.mu.Unlock()
 	if err != nil || !reg.active {
 		delete(reg.got, id) // the dialer retries this slot
+		if err == nil && reg.left && id.lane == laneControl {
+			writeLeaveNotice(c) // acked: the dialer may take the set (see closeLink)
+		}
 		c.Close()
 		return
 	}
@@ -355,20 +399,28 @@ func (l *Listener) register(key regKey, size, streams int, expect []int, decide 
 		return nil, fmt.Errorf("tcp transport: a mesh for job %q rank %d is already open on listener %s", key.job, key.rank, l.ln.Addr())
 	}
 	l.regs[key] = reg
+	// A mesh opened anew under an ended one's key (a caller's reused job id) takes its dials.
+	l.ended = slices.DeleteFunc(l.ended, func(e endedMesh) bool { return e.key == key })
 	l.purgeLocked(time.Now())
 	type verdict struct {
-		e   earlyConn
-		why string
+		e      earlyConn
+		status byte
+		why    string
 	}
 	var vs []verdict
 	for _, e := range l.early {
-		why := ""
-		if (regKey{e.h.job, e.h.to}) != key {
+		status, why := l.endedLocked(e.h)
+		switch {
+		case status != ackTaken:
+		case (regKey{e.h.job, e.h.to}) != key:
 			why = l.mismatchLocked(e.h)
-		} else {
+		default:
 			why = reg.claimLocked(e.h)
 		}
-		vs = append(vs, verdict{e, why})
+		if why != "" && status == ackTaken {
+			status = ackRefused
+		}
+		vs = append(vs, verdict{e, status, why})
 	}
 	l.early = nil
 	l.wg.Add(len(vs))
@@ -377,7 +429,7 @@ func (l *Listener) register(key regKey, size, streams int, expect []int, decide 
 		go func() {
 			defer l.wg.Done()
 			if v.why != "" {
-				l.refuse(v.e.conn, v.e.h, v.why)
+				l.refuseStatus(v.e.conn, v.e.h, v.status, v.why)
 			} else {
 				l.deliver(reg, v.e.conn, v.e.h)
 			}
@@ -386,17 +438,25 @@ func (l *Listener) register(key regKey, size, streams int, expect []int, decide 
 	return reg, nil
 }
 
-// unregister ends a registration and closes whatever reached it that its mesh did not take.
-func (l *Listener) unregister(reg *registration) {
+// unregister ends a registration and closes whatever reached it that its mesh did not take; left
+// says that the mesh detached rather than closed.
+func (l *Listener) unregister(reg *registration, left bool) {
 	l.mu.Lock()
-	reg.active = false
+	reg.active, reg.left = false, left
 	if l.regs[reg.key] == reg {
 		delete(l.regs, reg.key)
 	}
+	if len(l.ended) == maxEnded {
+		l.ended = append(l.ended[:0], l.ended[1:]...)
+	}
+	l.ended = append(l.ended, endedMesh{key: reg.key, left: left})
 	l.mu.Unlock()
 	for {
 		select {
 		case a := <-reg.ch:
+			if left && a.id.lane == laneControl {
+				writeLeaveNotice(a.conn) // acked: the dialer may take the set (see closeLink)
+			}
 			a.conn.Close()
 		default:
 			return

@@ -169,9 +169,11 @@ type Mesh struct {
 	// goroutines those calls hand work to.
 	opMu   sync.RWMutex
 	closed atomic.Bool
-	quit   chan struct{}
-	once   sync.Once
-	wg     sync.WaitGroup
+	// leaving is set, before closed, by Detach.
+	leaving atomic.Bool
+	quit    chan struct{}
+	once    sync.Once
+	wg      sync.WaitGroup
 }
 
 type peer struct {
@@ -358,7 +360,7 @@ func dialPeer(ctx context.Context, cfg *Config, id connID) (*net.TCPConn, error)
 		if err == nil {
 			return c, nil
 		}
-		if errors.Is(err, auth.ErrDenied) || errors.Is(err, errRejected) || errors.Is(err, errCrossed) {
+		if errors.Is(err, auth.ErrDenied) || errors.Is(err, errRejected) || errors.Is(err, errCrossed) || errors.Is(err, transport.ErrPeerLeft) {
 			return nil, fmt.Errorf("%v connection to %s: %w", id.lane, addr, err)
 		}
 		if errors.Is(err, errHungUp) {
@@ -423,7 +425,7 @@ func dialOnce(ctx context.Context, addr string, secret []byte, h hello) (*net.TC
 	// The ack comes once the peer's Connect has claimed the connection, which may be a while.
 	if err := readAck(c); err != nil {
 		c.Close()
-		if errors.Is(err, errRejected) || errors.Is(err, errCrossed) {
+		if errors.Is(err, errRejected) || errors.Is(err, errCrossed) || errors.Is(err, transport.ErrPeerLeft) {
 			return nil, err
 		}
 		return nil, fmt.Errorf("waiting for rank %d to take the connection (its Connect may not have started): %w", h.to, err)
@@ -499,11 +501,13 @@ func (m *Mesh) install(p *peer, conns map[connID]*net.TCPConn, rest []byte) {
 	p.in.init(p, false, data)
 	// Close sets closed before it takes any peer's linkMu, and waits for the group only after
 	// it has taken every one: these goroutines are counted before that wait begins.
-	m.wg.Add(1)
-	go p.readControl()
 	p.out.startWorkers(&m.wg)
 	p.in.startWorkers(&m.wg)
+	// Up before the control reader starts: whoever reads a message it delivered sees the peer
+	// connected.
 	p.up.Store(true)
+	m.wg.Add(1)
+	go p.readControl()
 	p.settle(linkUp)
 }
 
@@ -558,9 +562,9 @@ func (m *Mesh) Messenger() transport.Messenger { return (*messenger)(m) }
 // and the peers see this rank as lost.
 func (m *Mesh) Close() error {
 	m.once.Do(func() {
-		m.begin()
+		m.begin(false)
 		for _, p := range m.peers {
-			if p != nil && p.closeLink() {
+			if p != nil && p.closeLink(false) {
 				p.closeConns()
 			}
 		}
@@ -571,12 +575,14 @@ func (m *Mesh) Close() error {
 
 // begin starts closing (Close, Detach): no call, dial or arrival makes a peer's link up after
 // it, and the listener stops handing the mesh connections.
-func (m *Mesh) begin() {
+// left says that it detaches: dials that reach it from now on are told that this rank left.
+func (m *Mesh) begin(left bool) {
+	m.leaving.Store(left)
 	m.closed.Store(true)
 	close(m.quit)
 	m.endLife()
 	if m.reg != nil {
-		m.l.unregister(m.reg)
+		m.l.unregister(m.reg, left)
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/kolo-dl/kolo/transport"
 )
 
 // After auth.Handshake the dialer sends a hello naming the job, itself, whom it meant to reach and
@@ -129,10 +131,15 @@ func appendAck(dst []byte, reason string) []byte {
 
 // Ack statuses. ackCrossed answers a lazy mesh's dial that met the peer's own dial to this rank:
 // the lower rank's set is the one both keep, so the higher rank drops its dial and waits.
+//
+// ackLeft answers a dial to a mesh that detached (its rank left this world to form the next
+// one): the dialer's call fails with transport.ErrPeerLeft, as it would had the set been up when
+// the peer left, and not with a refusal that blames the peer.
 const (
 	ackTaken   = 0
 	ackRefused = 1
 	ackCrossed = 2
+	ackLeft    = 3
 )
 
 func appendAckStatus(dst []byte, status byte, reason string) []byte {
@@ -158,7 +165,7 @@ func readAck(r io.Reader) error {
 		return fmt.Errorf("read ack: %w", err)
 	}
 	n := int(binary.BigEndian.Uint16(b[1:]))
-	if b[0] > ackCrossed || n > maxReason || (b[0] == ackTaken) != (n == 0) {
+	if b[0] > ackLeft || n > maxReason || (b[0] == ackTaken) != (n == 0) {
 		return fmt.Errorf("%w: ack status %d with %d-byte reason", errMalformed, b[0], n)
 	}
 	if n == 0 {
@@ -168,8 +175,11 @@ func readAck(r io.Reader) error {
 	if _, err := io.ReadFull(r, reason); err != nil {
 		return fmt.Errorf("read ack reason: %w", err)
 	}
-	if b[0] == ackCrossed {
+	switch b[0] {
+	case ackCrossed:
 		return fmt.Errorf("%w: %s", errCrossed, reason)
+	case ackLeft:
+		return fmt.Errorf("%w (%s)", transport.ErrPeerLeft, reason)
 	}
 	return fmt.Errorf("%w: %s", errRejected, reason)
 }
