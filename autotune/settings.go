@@ -32,6 +32,12 @@ type Settings struct {
 	// ranks than CPUs a polling rank steals the core the awaited one needs (internal/spin), and
 	// the default there is not to poll.
 	SpinTime time.Duration
+	// ResponseCache: whether the coordinator gives ops cache ids, so that ranks send a known op as
+	// an id (and, on one host, small allreduces negotiate on the shared-memory board). Horovod's
+	// autotuner tunes it too: with few, large ops the cache saves little, and each op's id costs
+	// the coordinator a lookup. Switched on rank 0 only, at its step: the other ranks follow the
+	// evictions in the response stream.
+	ResponseCache Switch
 }
 
 // Switch is an on/off knob that may be left to the job.
@@ -87,6 +93,7 @@ const (
 	ColumnSharedRound    = "shared_round_bytes"
 	ColumnHierarchical   = "hierarchical"
 	ColumnSpinUs         = "spin_us"
+	ColumnResponseCache  = "response_cache"
 	// ColumnPhase is not a setting: it marks warm-up rows ("warmup"), which the decision ignores,
 	// apart from the measured ones ("tuning"), a candidate's sample cut short because its first
 	// steps were far slower than the defaults' ("abandoned"), and the decision ("decided").
@@ -105,8 +112,8 @@ const (
 	PhaseDecided   = "decided"
 )
 
-// String reads like "fusion 32 MiB, cycle 0 ms", followed by the collective knobs that are set:
-// ", small allreduce 64 KiB, shm round 1 MiB, hierarchical off, spin 50 us".
+// String reads like "fusion 32 MiB, cycle 0 ms", followed by the other knobs that are set:
+// ", small allreduce 64 KiB, shm round 1 MiB, hierarchical off, spin 50 us, response cache on".
 func (s Settings) String() string {
 	out := "fusion " + formatBytes(s.FusionBytes) + ", cycle " + formatMs(s.CycleTime) + " ms"
 	if s.SmallAllreduceBytes != 0 {
@@ -120,6 +127,9 @@ func (s Settings) String() string {
 	}
 	if s.SpinTime != 0 {
 		out += ", spin " + round2(float64(s.SpinTime)/float64(time.Microsecond)) + " us"
+	}
+	if s.ResponseCache != Unset {
+		out += ", response cache " + s.ResponseCache.String()
 	}
 	return out
 }
@@ -154,6 +164,7 @@ func (s Settings) columns(phase string) map[string]string {
 		ColumnSharedRound:    optionalBytes(s.SharedRoundBytes),
 		ColumnHierarchical:   s.Hierarchical.String(),
 		ColumnSpinUs:         optionalMicros(s.SpinTime),
+		ColumnResponseCache:  s.ResponseCache.String(),
 		ColumnPhase:          phase,
 	}
 }
@@ -176,7 +187,7 @@ func optionalMicros(d time.Duration) string {
 
 // logColumns are the tuner's columns of the log: the settings, the row's phase and steps, and the
 // world it ran in (world.go).
-var logColumns = []string{ColumnFusionBytes, ColumnCycleMs, ColumnSmallAllreduce, ColumnSharedRound, ColumnHierarchical, ColumnSpinUs, ColumnPhase, ColumnSteps, ColumnRound, ColumnRanks, ColumnHosts}
+var logColumns = []string{ColumnFusionBytes, ColumnCycleMs, ColumnSmallAllreduce, ColumnSharedRound, ColumnHierarchical, ColumnSpinUs, ColumnResponseCache, ColumnPhase, ColumnSteps, ColumnRound, ColumnRanks, ColumnHosts}
 
 // ParseSettings reads settings from a log row's columns, such as csvlog.ReadChosen returns, so that
 // a later run can start with an earlier run's decision. Columns it does not know are ignored; the
@@ -214,14 +225,19 @@ func ParseSettings(cols map[string]string) (Settings, error) {
 		}
 		*b.dst = n
 	}
-	switch v := cols[ColumnHierarchical]; v {
-	case "":
-	case "on":
-		s.Hierarchical = On
-	case "off":
-		s.Hierarchical = Off
-	default:
-		return Settings{}, fmt.Errorf("autotune: %s %q: want on, off or nothing", ColumnHierarchical, v)
+	for _, b := range []struct {
+		col string
+		dst *Switch
+	}{{ColumnHierarchical, &s.Hierarchical}, {ColumnResponseCache, &s.ResponseCache}} {
+		switch v := cols[b.col]; v {
+		case "":
+		case "on":
+			*b.dst = On
+		case "off":
+			*b.dst = Off
+		default:
+			return Settings{}, fmt.Errorf("autotune: %s %q: want on, off or nothing", b.col, v)
+		}
 	}
 	if v := cols[ColumnSpinUs]; v != "" {
 		us, err := strconv.ParseFloat(v, 64)
@@ -260,8 +276,8 @@ const (
 
 // space is the search box of a tuner: fusion bytes (log-scaled) and cycle time in milliseconds,
 // then the collective knobs its defaults set, in Settings' order: the small-allreduce threshold
-// and the shared-memory round (log-scaled bytes), hierarchical allreduce (0 off, 1 on), and the spin
-// time (log-scaled microseconds).
+// and the shared-memory round (log-scaled bytes), hierarchical allreduce (0 off, 1 on), the spin
+// time (log-scaled microseconds), and the response cache (0 off, 1 on).
 type space struct {
 	dims     []bayes.Dim
 	defaults Settings // the knobs not searched keep these values
@@ -289,6 +305,9 @@ func newSpace(defaults Settings, maxCycle time.Duration) space {
 		us := float64(d) / float64(time.Microsecond)
 		dims = append(dims, bayes.Real(ColumnSpinUs, math.Min(float64(MinSpinTime/time.Microsecond), us),
 			math.Max(float64(MaxSpinTime/time.Microsecond), us)).LogScale(0))
+	}
+	if defaults.ResponseCache != Unset {
+		dims = append(dims, bayes.Int(ColumnResponseCache, 0, 1))
 	}
 	return space{dims: dims, defaults: defaults}
 }
@@ -322,6 +341,10 @@ func (sp space) point(s Settings) []float64 {
 			}
 		case ColumnSpinUs:
 			x[i] = float64(s.SpinTime) / float64(time.Microsecond)
+		case ColumnResponseCache:
+			if s.ResponseCache == On {
+				x[i] = 1
+			}
 		}
 	}
 	return x
@@ -346,6 +369,8 @@ func (sp space) settings(x []float64) Settings {
 			s.Hierarchical = SwitchOf(x[i] >= 0.5)
 		case ColumnSpinUs:
 			s.SpinTime = max(time.Nanosecond, time.Duration(math.Round(x[i]*10))*100*time.Nanosecond) // to 0.1 us
+		case ColumnResponseCache:
+			s.ResponseCache = SwitchOf(x[i] >= 0.5)
 		}
 	}
 	return s

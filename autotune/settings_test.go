@@ -18,6 +18,7 @@ func TestSettingsString(t *testing.T) {
 		{Settings{FusionBytes: 640 << 10, CycleTime: 25 * time.Millisecond}, "fusion 640 KiB, cycle 25 ms"},
 		{Settings{FusionBytes: 100, CycleTime: time.Second}, "fusion 100 B, cycle 1000 ms"},
 		{Settings{FusionBytes: 1 << 20, SmallAllreduceBytes: 64 << 10, SpinTime: 2500 * time.Nanosecond}, "fusion 1 MiB, cycle 0 ms, small allreduce 64 KiB, spin 2.5 us"},
+		{Settings{FusionBytes: 1 << 20, Hierarchical: On, ResponseCache: Off}, "fusion 1 MiB, cycle 0 ms, hierarchical on, response cache off"},
 	} {
 		if got := tc.s.String(); got != tc.want {
 			t.Errorf("%#v: %q, want %q", tc.s, got, tc.want)
@@ -30,7 +31,7 @@ func TestParseSettings(t *testing.T) {
 		{FusionBytes: 123456789, CycleTime: 1234 * time.Microsecond}, {FusionBytes: 256 << 20, CycleTime: 25 * time.Millisecond},
 		{FusionBytes: 64 << 20, SmallAllreduceBytes: 32 << 10, SharedRoundBytes: 1 << 20, Hierarchical: Off},
 		{SharedRoundBytes: 3 << 19, Hierarchical: On}, {FusionBytes: 1, SpinTime: 50 * time.Microsecond},
-		{SpinTime: 1500 * time.Nanosecond}, {SpinTime: 1}} {
+		{SpinTime: 1500 * time.Nanosecond}, {SpinTime: 1}, {ResponseCache: Off}, {FusionBytes: 2, ResponseCache: On, Hierarchical: Off}} {
 		got, err := ParseSettings(s.columns(PhaseDecided))
 		if err != nil || got != s {
 			t.Errorf("%v: read back %v, %v", s, got, err)
@@ -51,6 +52,8 @@ func TestParseSettings(t *testing.T) {
 		{ColumnFusionBytes: "1", ColumnCycleMs: "1", ColumnSpinUs: "NaN"},
 		{ColumnFusionBytes: "1", ColumnCycleMs: "1", ColumnSpinUs: "1e300"},
 		{ColumnFusionBytes: "1", ColumnCycleMs: "1", ColumnSpinUs: "fast"},
+		{ColumnFusionBytes: "1", ColumnCycleMs: "1", ColumnResponseCache: "yes"},
+		{ColumnFusionBytes: "1", ColumnCycleMs: "1", ColumnHierarchical: "1"},
 	} {
 		if s, err := ParseSettings(cols); err == nil {
 			t.Errorf("%v: read %v, want an error", cols, s)

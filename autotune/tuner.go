@@ -421,6 +421,10 @@ func (t *Tuner) sample(step, n int64, secs float64) (next Settings, final bool) 
 	}
 	e := t.eval
 	e.defaults = append(e.defaults, secs)
+	// The run's pooled spread (every comparison's pairs and defaults samples, this one's included)
+	// narrows the interval of a candidate whose own few pairs spread no wider (decide.Rule.Pooled).
+	v, df := t.pairVariance()
+	e.rule.Pooled = decide.Spread{Var: v, DF: df}
 	res, err := e.rule.Compare(e.defaults, e.candidate)
 	if err != nil {
 		// Cannot happen: the samples alternate and are positive. Drop the candidate rather than
@@ -551,10 +555,12 @@ const (
 // their mean, and the jumps between successive defaults samples. A pair's log speed-up is a
 // candidate sample's log less the mean of two defaults samples', 1.5 times a sample's variance;
 // a jump is the difference of two defaults samples, twice it. Drift only inflates the jumps, which
-// errs towards measuring on.
+// errs towards measuring on. Successive jumps share a sample, and squared successive differences
+// estimate a variance with about two thirds of the efficiency of as many independent deviations
+// (von Neumann), so the jumps count two thirds of a degree of freedom each.
 func (t *Tuner) pairVariance() (float64, int) {
 	var ss float64
-	df := 0
+	df, jumps := 0, 0
 	for _, e := range t.measuring() {
 		n := min(len(e.candidate), len(e.defaults)-1)
 		var mean float64
@@ -570,13 +576,13 @@ func (t *Tuner) pairVariance() (float64, int) {
 		for i := 1; i < len(e.defaults); i++ {
 			d := math.Log(e.defaults[i]) - math.Log(e.defaults[i-1])
 			ss += 0.75 * d * d
-			df++
+			jumps++
 		}
 	}
-	if df == 0 {
+	if df+jumps == 0 {
 		return 0, 0
 	}
-	return ss / float64(df), df
+	return ss / float64(df+jumps), df + 2*jumps/3
 }
 
 // pairLog is the log speed-up of e's pair i.

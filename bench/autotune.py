@@ -101,7 +101,7 @@ def rate(ends, first, last=None):
     return (last - first) / (ends[last - 1] - ends[first - 1])
 
 
-def settings_env(fusion_mib, cycle_ms, small_kib=None, round_kib=None, spin_us=None):
+def settings_env(fusion_mib, cycle_ms, small_kib=None, round_kib=None, spin_us=None, cache=None):
     e = {"KOLO_FUSION_THRESHOLD": str(int(fusion_mib * (1 << 20))) if fusion_mib else "0",
          "KOLO_CYCLE_TIME": str(cycle_ms)}
     if small_kib is not None:
@@ -110,6 +110,8 @@ def settings_env(fusion_mib, cycle_ms, small_kib=None, round_kib=None, spin_us=N
         e["KOLO_SHM_ROUND_BYTES"] = str(int(round_kib * 1024))
     if spin_us is not None:
         e["KOLO_SPIN_TIME"] = f"{spin_us:g}"
+    if cache == 0:
+        e["KOLO_CACHE_CAPACITY"] = "0"
     return e
 
 
@@ -122,7 +124,7 @@ def point_str(pt):
 
 
 def parse_point(text, own):
-    """A grid point from 'fusion,cycle[,small,round,spin]'; '-' or a missing field: the job's own."""
+    """A grid point from 'fusion,cycle[,small,round,spin,cache]'; '-' or a missing field: the job's own."""
     parts = text.split(",")
     out = []
     for i, default in enumerate(own):
@@ -138,8 +140,9 @@ def decision(log):
         if r["role"] == "chosen":
             kib = lambda col: float(r[col]) / 1024 if r.get(col) else None
             spin = float(r["spin_us"]) if r.get("spin_us") else None
+            cache = {"on": 1.0, "off": 0.0}.get(r.get("response_cache") or "")
             return int(r["step"]), (float(r["fusion_bytes"]) / (1 << 20), float(r["cycle_ms"]),
-                                    kib("small_allreduce_bytes"), kib("shared_round_bytes"), spin)
+                                    kib("small_allreduce_bytes"), kib("shared_round_bytes"), spin, cache)
     return None, None
 
 
@@ -202,6 +205,7 @@ def main():
     p.add_argument("--small-kib", default="", help="grid small-allreduce thresholds, KiB (empty: the job's own)")
     p.add_argument("--round-kib", default="", help="grid shared-memory rounds, KiB (empty: the job's own)")
     p.add_argument("--spin-us", default="", help="grid spin times, us (empty: the job's own)")
+    p.add_argument("--cache", default="", help="grid response cache, 'on,off' (empty: the job's own)")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--grid-steps", type=int, default=40)
     p.add_argument("--grid-repeats", type=int, default=2,
@@ -213,7 +217,7 @@ def main():
                         "then moves both, where it decides a single run's rate")
     p.add_argument("--points", default="",
                    help="grid points instead of the product of the lists, ';'-separated, each "
-                        "'fusion,cycle[,small,round,spin]' ('-' for the job's own)")
+                        "'fusion,cycle[,small,round,spin,cache]' ('-' for the job's own; cache 1 on, 0 off)")
     p.add_argument("--tuned-steps", type=int, default=340)
     p.add_argument("--tuned-repeats", type=int, default=2)
     p.add_argument("--no-paired", action="store_true",
@@ -236,19 +240,22 @@ def main():
     smalls = [float(x) for x in args.small_kib.split(",")] if args.small_kib else [None]
     rounds = [float(x) for x in args.round_kib.split(",")] if args.round_kib else [None]
     spins = [float(x) for x in args.spin_us.split(",")] if args.spin_us else [None]
+    caches = [{"on": 1.0, "off": 0.0}[x] for x in args.cache.split(",")] if args.cache else [None]
     # The job's own collective knobs, as the grid names them: kolo's defaults (64 KiB, 1 MiB).
     own_small = 64.0 if args.small_kib else None
     own_round = 1024.0 if args.round_kib else None
     own_spin = 50.0 if args.spin_us else None  # 2 ranks on a host with a CPU for each
+    own_cache = 1.0 if args.cache else None
     out = {}
     rows = []
     for job in args.jobs.split(","):
         parts = job.split(":")
         model, batch, bad = parts[0], int(parts[1]), len(parts) > 2 and parts[2] == "bad"
-        own = ((1.0, 20.0) if bad else (128.0, 0.0)) + (own_small, own_round, own_spin)
+        own = ((1.0, 20.0) if bad else (128.0, 0.0)) + (own_small, own_round, own_spin, own_cache)
         grid = {}
         paired = {}  # --grid-paired: a point's steps/s over the job's settings' run beside it, per round
-        points = [(f, c, s, r, sp) for f in fusions for c in cycles for s in smalls for r in rounds for sp in spins]
+        points = [(f, c, s, r, sp, ca) for f in fusions for c in cycles for s in smalls for r in rounds for sp in spins
+                  for ca in caches]
         if args.points:
             points = [parse_point(x, own) for x in args.points.split(";")]
         if own not in points:
@@ -355,7 +362,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     knobs = (f" x small allreduce {args.small_kib or 'own'} KiB x shm round {args.round_kib or 'own'} KiB"
-             f" x spin {args.spin_us or 'own'} us")
+             f" x spin {args.spin_us or 'own'} us x response cache {args.cache or 'own'}")
     what = f"an exhaustive grid (fusion {args.fusion_mib} MiB x cycle {args.cycle_ms} ms{knobs}"
     if args.points:
         what = f"grid points ({args.points}; fusion MiB, cycle ms, small allreduce KiB, shm round KiB, spin us"

@@ -38,6 +38,9 @@ type tuning struct {
 	spin atomic.Int64
 	// fusion is a fusion threshold for the driver to hand the Hub (rank 0), or -1: none waiting.
 	fusion atomic.Int64
+	// cache is a response-cache switch for the driver to hand the Hub (rank 0), or
+	// CacheUnchanged: none waiting.
+	cache atomic.Uint32
 	// retune is collective settings for the driver to hand the Hub (rank 0), or nil: none
 	// waiting. The Hub sends them as a Retune response, which every rank applies where it meets it
 	// in the response stream.
@@ -77,6 +80,9 @@ type AppliedSettings struct {
 	FusionBytes int64
 	CycleTime   time.Duration
 	SpinTime    time.Duration // how long this rank's waits poll from then on
+	// Cache is the response cache's switch in the message (negotiate.CacheUnchanged: left as it
+	// was); only rank 0's coordinator acts on it.
+	Cache negotiate.CacheSwitch
 }
 
 // AppliedCollectives is a Retune response that this rank executed: the collective settings every
@@ -116,7 +122,21 @@ func (e *Engine) collectiveDefaults(cfg Config) autotune.Settings {
 	if cfg.Spin > 0 {
 		s.SpinTime = cfg.Spin
 	}
+	if cfg.CacheCapacity > 0 {
+		s.ResponseCache = autotune.On // a job that disabled the cache keeps it off
+	}
 	return s
+}
+
+// cacheSwitch is the Settings message's response-cache switch for s.
+func cacheSwitch(s autotune.Settings) negotiate.CacheSwitch {
+	switch s.ResponseCache {
+	case autotune.Off:
+		return negotiate.CacheOff
+	case autotune.On:
+		return negotiate.CacheOn
+	}
+	return negotiate.CacheUnchanged
 }
 
 // spinTime is how long this rank's waits poll before they sleep now (<= 0: never).
@@ -270,14 +290,17 @@ func (e *Engine) MarkStep() {
 		// a tuner's.
 		t.toSend = false
 		ns := negotiate.Settings{From: step + reuseLag, FusionBytes: t.reused.FusionBytes, CycleTime: t.reused.CycleTime,
-			Collectives: collectivesOf(*t.reused, e.cfg), SpinTime: t.reused.SpinTime}
+			Collectives: collectivesOf(*t.reused, e.cfg), SpinTime: t.reused.SpinTime, Cache: cacheSwitch(*t.reused)}
+		if e.cfg.CacheCapacity <= 0 {
+			ns.Cache = negotiate.CacheUnchanged // a job that disabled the cache keeps it off
+		}
 		t.pending = append(t.pending, ns)
 		send = &ns
 	}
 	if t.tuner != nil {
 		if s, from, change := t.tuner.Step(step, time.Now()); change {
 			ns := negotiate.Settings{From: from, FusionBytes: s.FusionBytes, CycleTime: s.CycleTime, Collectives: collectivesOf(s, e.cfg),
-				SpinTime: s.SpinTime}
+				SpinTime: s.SpinTime, Cache: cacheSwitch(s)}
 			t.pending = append(t.pending, ns)
 			send = &ns
 		}
@@ -362,6 +385,9 @@ func (e *Engine) applyDueLocked(step int64) {
 		}
 		if e.g.Rank == 0 {
 			t.fusion.Store(s.FusionBytes)
+			if s.Cache != negotiate.CacheUnchanged {
+				t.cache.Store(uint32(s.Cache))
+			}
 			if s.Collectives != t.colls {
 				c := s.Collectives
 				t.colls = c
@@ -370,9 +396,13 @@ func (e *Engine) applyDueLocked(step int64) {
 			e.wakeDriver()
 		}
 		t.applied = append(t.applied, AppliedSettings{Step: step, Wanted: s.From, FusionBytes: s.FusionBytes, CycleTime: s.CycleTime,
-			SpinTime: e.spinTime()})
+			SpinTime: e.spinTime(), Cache: s.Cache})
 		if tl := e.tl.Load(); tl != nil {
-			tl.Mark(fmt.Sprintf("AUTOTUNE step %d: %v", step, autotune.Settings{FusionBytes: s.FusionBytes, CycleTime: s.CycleTime, SpinTime: s.SpinTime}))
+			as := autotune.Settings{FusionBytes: s.FusionBytes, CycleTime: s.CycleTime, SpinTime: s.SpinTime}
+			if s.Cache != negotiate.CacheUnchanged {
+				as.ResponseCache = autotune.SwitchOf(s.Cache == negotiate.CacheOn)
+			}
+			tl.Mark(fmt.Sprintf("AUTOTUNE step %d: %v", step, as))
 		}
 	}
 	t.pending = kept
@@ -404,6 +434,9 @@ func (e *Engine) applyFusion() {
 	}
 	if c := e.tune.retune.Swap(nil); c != nil {
 		e.hub.Retune(*c)
+	}
+	if c := negotiate.CacheSwitch(e.tune.cache.Swap(uint32(negotiate.CacheUnchanged))); c != negotiate.CacheUnchanged {
+		e.hub.SetCacheOff(c == negotiate.CacheOff)
 	}
 	if n := e.tune.fusion.Swap(-1); n >= 0 {
 		if n == 0 {

@@ -324,7 +324,7 @@ func TestAutotuneAcrossElasticRounds(t *testing.T) {
 	if want := "autotune, round 4, 2 ranks on 1 host: used the settings decided for round 2, 2 ranks on 1 host"; !strings.HasPrefix(rep, want) {
 		t.Errorf("round 4 reports %q, want %q...", rep, want)
 	}
-	want := fmt.Sprint([]AppliedSettings{{Step: 3, Wanted: 3, FusionBytes: decided.FusionBytes, CycleTime: decided.CycleTime}})
+	want := fmt.Sprint([]AppliedSettings{{Step: 3, Wanted: 3, FusionBytes: decided.FusionBytes, CycleTime: decided.CycleTime, Cache: cacheSwitch(decided)}})
 	for r, e := range c.engines {
 		if got := fmt.Sprint(e.AppliedSettings()); got != want {
 			t.Errorf("round 4, rank %d applied %s, want %s", r, got, want)
@@ -449,4 +449,77 @@ func TestRetunesAndProcessSets(t *testing.T) {
 			t.Errorf("rank %d: the global set runs with small allreduce %d bytes, want 1 MiB", r, got)
 		}
 	}
+}
+
+// The response cache the tuner turns off comes off at rank 0's step: from the step after, no rank
+// sends an op as a cache id (each rank dropped its entries where the coordinator's responses
+// evicted them), in the global set and in a process set alike, and it comes back on at the step
+// the tuner names; every result stays right through both switches, with a rank running behind.
+func TestTunedResponseCacheSwitch(t *testing.T) {
+	const n, steps = 3, 14
+	captureLog(t)
+	c := newClusterWith(t, n, DefaultConfig(), []inmem.Option{inmem.WithoutShared()}, nil)
+	off := autotune.Settings{FusionBytes: 64 << 20, ResponseCache: autotune.Off} // from step 5 (after 5 marks)
+	on := autotune.Settings{FusionBytes: 64 << 20, ResponseCache: autotune.On}   // from step 10
+	var mu sync.Mutex
+	ids := make([][]uint64, n) // per rank, per step: ops sent as cache ids
+	set := make([]int, n)
+	scriptSteps(t, c, map[int64]autotune.Settings{3: off, 8: on}, steps, func(ctx context.Context, r, s int) error {
+		e := c.engines[r]
+		if s == 1 {
+			id, err := e.AddProcessSet(ctx, []int{0, 2})
+			if err != nil {
+				return err
+			}
+			set[r] = id
+		}
+		_, before := e.Requests()
+		for i := range 3 {
+			buf := f32(float32(r+1), float32(i))
+			if err := e.Enqueue(allreduceReq(fmt.Sprintf("g%d", i), 2), buf, buf).Wait(ctx); err != nil {
+				return fmt.Errorf("step %d: %w", s, err)
+			}
+			if got := getF32(buf); got[0] != 6 || got[1] != float32(3*i) {
+				return fmt.Errorf("step %d: sum %v, want [6 %d]", s, got, 3*i)
+			}
+		}
+		if r != 1 {
+			req := allreduceReq("pair", 1)
+			req.Set = set[r]
+			buf := f32(float32(r + 1))
+			if err := e.Enqueue(req, buf, buf).Wait(ctx); err != nil {
+				return fmt.Errorf("step %d, the process set: %w", s, err)
+			}
+			if got := getF32(buf)[0]; got != 4 {
+				return fmt.Errorf("step %d, the process set: sum %v, want 4", s, got)
+			}
+		}
+		_, after := e.Requests()
+		mu.Lock()
+		ids[r] = append(ids[r], after-before)
+		mu.Unlock()
+		return nil
+	})
+	ops := []uint64{4, 3, 4} // per rank, a step's ops
+	for r := range n {
+		for s, got := range ids[r] {
+			step := s + 1
+			switch {
+			case step >= 2 && step <= 5 || step >= 12:
+				// The cache is on and the step's ops were all answered before.
+				if got != ops[r] {
+					t.Errorf("rank %d, step %d: %d ops sent as ids, want all %d (the cache on)", r, step, got, ops[r])
+				}
+			case step >= 7 && step <= 10:
+				if got != 0 {
+					t.Errorf("rank %d, step %d: %d ops sent as ids with the cache off", r, step, got)
+				}
+			}
+		}
+		applied := c.engines[r].AppliedSettings()
+		if len(applied) != 2 || applied[0].Cache != negotiate.CacheOff || applied[1].Cache != negotiate.CacheOn {
+			t.Errorf("rank %d applied %+v, want the cache off, then on", r, applied)
+		}
+	}
+	t.Logf("ops sent as ids per step: %v", ids)
 }

@@ -65,6 +65,10 @@ type Engine struct {
 	cfg Config
 	g   Group
 
+	// sent counts the ops this rank submitted to the coordinator, sentIDs those of them it sent
+	// as response-cache ids (Requests).
+	sent, sentIDs atomic.Uint64
+
 	mu      sync.Mutex
 	queue   []*entry
 	closed  bool
@@ -578,6 +582,8 @@ func (e *Engine) newBatch(set int, join bool) *negotiate.Batch {
 
 // submit hands one of this rank's Batches to the coordinator: its Hub on rank 0, else rank 0.
 func (e *Engine) submit(now time.Time, b *negotiate.Batch) bool {
+	e.sent.Add(uint64(len(b.Requests) + len(b.Cached)))
+	e.sentIDs.Add(uint64(len(b.Cached)))
 	if e.hub != nil {
 		if err := e.hub.SubmitBatch(now, e.g.Rank, b); err != nil {
 			e.fail(fmt.Errorf("rank 0: %w", err))
@@ -592,6 +598,11 @@ func (e *Engine) submit(now time.Time, b *negotiate.Batch) bool {
 	}
 	return true
 }
+
+// Requests returns how many ops this rank has submitted to the coordinator so far, and how many
+// of them it sent as response-cache ids: a known op costs a few bytes instead of its whole
+// request. (Ops the shared-memory board negotiated are in neither.)
+func (e *Engine) Requests() (ops, asIDs uint64) { return e.sent.Load(), e.sentIDs.Load() }
 
 // sendControl sends a control message to rank r within the progress timeout. A control message
 // is small, so a send that cannot finish in that time waits on a peer that reads nothing: stopped,

@@ -14,7 +14,10 @@
 //     tuning run can afford to be trustworthy. Adjacent ratios share a defaults sample, so they are
 //     positively correlated; the variance adds that covariance (estimated from successive defaults
 //     samples) instead of pretending the ratios are independent, which would make the interval too
-//     narrow.
+//     narrow. A caller that measures several candidates against the same defaults may pass the
+//     run's pooled spread (Rule.Pooled), which with more degrees of freedom narrows the t
+//     quantile; it is used only when the candidate's own pairs spread no wider, so a noisier
+//     candidate is judged by its own noise.
 //   - The caller looks after every pair and stops at the first verdict, which with a fixed 95%
 //     interval would crown a no-better candidate far more often than 5% of the time. So the interval
 //     at each look is at level 1-(1-Confidence)/looks (Bonferroni over the MaxPairs-MinPairs+1
@@ -73,6 +76,20 @@ type Rule struct {
 	// MaxPairs is the most pairs the caller will measure; Undecided there is final and keeps the
 	// defaults. It also sets the number of looks the confidence is spread over. 0 means 20.
 	MaxPairs int
+	// Pooled, when its DF exceeds the pairs' own (pairs - 1), is the variance of one pair's log
+	// speed-up estimated from more comparisons of the same run, these pairs among them (a pooled
+	// variance, as in an analysis of variance). The interval then takes it and its degrees of
+	// freedom in place of the pairs' own spread, unless that spread is the larger: a few pairs
+	// estimate their spread so poorly that the t quantile with 2-4 degrees of freedom, not the
+	// spread, sets most of the interval's width, and a pooled estimate narrows it without
+	// assuming anything of this candidate but that its noise is no larger than the run's.
+	Pooled Spread
+}
+
+// Spread is a variance estimate and its degrees of freedom.
+type Spread struct {
+	Var float64
+	DF  int
 }
 
 // Result is the comparison's outcome. Speedup, Low and High are the defaults' time over the
@@ -192,10 +209,16 @@ func (r Rule) Compare(defaults, candidate []float64) (Result, error) {
 	gamma0 := ss / float64(n-1)
 	defaultsVar := jumps / float64(2*n)
 	se := math.Sqrt((gamma0 + defaultsVar/2) / float64(n))
+	df := n - 1
+	if p := r.Pooled; p.DF > df && p.Var > 0 && !math.IsInf(p.Var, 0) && gamma0 <= p.Var {
+		// A pair's variance is 1.5 times a sample's (σ²) and the neighbours' covariance term
+		// adds σ²/2 more: a third of the pair's.
+		se, df = math.Sqrt(p.Var*4/3/float64(n)), p.DF
+	}
 
 	looks := float64(r.MaxPairs - r.MinPairs + 1)
 	alpha := (1 - r.Confidence) / looks
-	t := distuv.StudentsT{Mu: 0, Sigma: 1, Nu: float64(n - 1)}.Quantile(1 - alpha/2)
+	t := distuv.StudentsT{Mu: 0, Sigma: 1, Nu: float64(df)}.Quantile(1 - alpha/2)
 	res.Low, res.High = math.Exp(mean-t*se), math.Exp(mean+t*se)
 
 	switch {

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"gonum.org/v1/gonum/stat/distuv"
 )
 
 // machine yields the step time of sample number k (0, 1, 2, ... in time order; defaults on even k,
@@ -312,5 +314,57 @@ func TestBadInput(t *testing.T) {
 				t.Errorf("got %v, want %v", err, tc.want)
 			}
 		})
+	}
+}
+
+// A pooled spread with more degrees of freedom narrows the interval by exactly the t quantile's
+// and the spread's change; it is ignored when the pairs' own spread is larger (a noisier
+// candidate), when it has no more degrees of freedom than the pairs, or when it is not a variance.
+func TestPooledSpread(t *testing.T) {
+	defaults := []float64{1.10, 1.14, 1.08, 1.12, 1.10}
+	candidate := []float64{1.00, 0.97, 1.02, 0.99}
+	own, err := Rule{}.Compare(defaults, candidate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The pairs' own variance, as Compare's γ0.
+	var logs []float64
+	var mean float64
+	for i := range candidate {
+		l := (math.Log(defaults[i])+math.Log(defaults[i+1]))/2 - math.Log(candidate[i])
+		logs = append(logs, l)
+		mean += l / 4
+	}
+	var gamma0 float64
+	for _, l := range logs {
+		gamma0 += (l - mean) * (l - mean) / 3
+	}
+	pooled := Spread{Var: 2 * gamma0, DF: 30}
+	got, err := Rule{Pooled: pooled}.Compare(defaults, candidate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	looks := float64(20 - 3 + 1)
+	q := distuv.StudentsT{Mu: 0, Sigma: 1, Nu: 30}.Quantile(1 - 0.05/looks/2)
+	half := q * math.Sqrt(pooled.Var*4/3/4)
+	if math.Abs(math.Log(got.Low)-(mean-half)) > 1e-9 || math.Abs(math.Log(got.High)-(mean+half)) > 1e-9 {
+		t.Errorf("pooled: interval %g-%g, want %g-%g", got.Low, got.High, math.Exp(mean-half), math.Exp(mean+half))
+	}
+	if !(got.Low > own.Low && got.High < own.High) {
+		t.Errorf("the pooled interval %g-%g is not inside the pairs' own %g-%g", got.Low, got.High, own.Low, own.High)
+	}
+	for name, p := range map[string]Spread{
+		"smaller than the pairs' own": {Var: gamma0 / 2, DF: 30},
+		"no more degrees of freedom":  {Var: 2 * gamma0, DF: 3},
+		"infinite":                    {Var: math.Inf(1), DF: 30},
+		"zero":                        {Var: 0, DF: 30},
+	} {
+		got, err := Rule{Pooled: p}.Compare(defaults, candidate)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Low != own.Low || got.High != own.High {
+			t.Errorf("%s: interval %g-%g, want the pairs' own %g-%g", name, got.Low, got.High, own.Low, own.High)
+		}
 	}
 }

@@ -32,15 +32,17 @@ type cacheEntry struct {
 
 type coordCache struct {
 	capacity int // live entries; 0: disabled
-	limit    uint32
-	slots    []*cacheEntry // by id: live entries and tombstones
-	byName   map[string]*cacheEntry
-	head     *cacheEntry // most recently used live entry
-	tail     *cacheEntry
-	live     int
-	tombs    []*cacheEntry // by evictedSeq
-	free     []uint32
-	next     uint32 // ids below next have been handed out at least once
+	// off: the autotuner turned the cache off for now (Coordinator.SetCacheOff).
+	off    bool
+	limit  uint32
+	slots  []*cacheEntry // by id: live entries and tombstones
+	byName map[string]*cacheEntry
+	head   *cacheEntry // most recently used live entry
+	tail   *cacheEntry
+	live   int
+	tombs  []*cacheEntry // by evictedSeq
+	free   []uint32
+	next   uint32 // ids below next have been handed out at least once
 }
 
 func newCoordCache(capacity int) coordCache {

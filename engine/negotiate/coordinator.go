@@ -179,6 +179,14 @@ func (c *Coordinator) SetFusionBytes(n int64) {
 	c.cfg = c.cfg.withDefaults()
 }
 
+// SetCacheOff turns the response cache off (or back on) from the next Response on, for the
+// autotuner's trial of a job without it. Off, each op whose signature has an entry evicts it in
+// the Response that answers it, and no op gets a new id: every rank drops the entry at that
+// point of the stream, as for any eviction, and from then on sends the op in full. Nothing else
+// has to agree: a rank still sending an id the cache dropped is answered through its tombstone.
+// On again, ops get ids as they did. No effect with the cache disabled by capacity.
+func (c *Coordinator) SetCacheOff(off bool) { c.cache.off = off }
+
 // Waiting sets waiting[r] for every rank r (a job rank: Config.Ranks) that has submitted something
 // this Coordinator has not answered: an op others have not submitted yet, a member of a group
 // whose other members are not ready (every rank submitted those), or a Join. The engine keeps such
@@ -953,6 +961,12 @@ func (c *Coordinator) emit(members []*item) Response {
 func (c *Coordinator) cacheFor(it *item, r *Response) (uint32, bool) {
 	s := it.sig
 	if s.partial {
+		return NoCacheID, false
+	}
+	if c.cache.off {
+		if e := c.cache.byName[s.name]; e != nil {
+			c.evict(e, r)
+		}
 		return NoCacheID, false
 	}
 	if e := it.entry; e != nil && e.live {

@@ -30,6 +30,8 @@ type Hub struct {
 	ids   []int // ascending
 	serve []int // ids in Ready's order: ascending, 0 last
 	out   []SetResponses
+	// cacheOff: the response cache is off for now (SetCacheOff).
+	cacheOff bool
 }
 
 type hubSet struct {
@@ -80,6 +82,7 @@ func (h *Hub) AddSet(id int, ranks []int) error {
 	if err != nil {
 		return err
 	}
+	co.SetCacheOff(h.cacheOff)
 	h.sets[id] = &hubSet{id: id, ranks: slices.Clone(ranks), co: co}
 	i, _ := slices.BinarySearch(h.ids, id)
 	h.ids = slices.Insert(h.ids, i, id)
@@ -108,6 +111,15 @@ func (h *Hub) SetFusionBytes(n int64) {
 	h.cfg.FusionBytes = n
 	for _, hs := range h.sets {
 		hs.co.SetFusionBytes(n)
+	}
+}
+
+// SetCacheOff turns every set's response cache off or back on (Coordinator.SetCacheOff), and
+// that of sets added later.
+func (h *Hub) SetCacheOff(off bool) {
+	h.cacheOff = off
+	for _, hs := range h.sets {
+		hs.co.SetCacheOff(off)
 	}
 }
 

@@ -146,6 +146,10 @@ type sim struct {
 	occur     map[string]int   // responses seen per name
 	compact   int              // requests sent as ids
 	groupSeen map[[2]int64]int // (group, step) -> the Ready batch its members came out in
+	// toggles: the autotuner turns the cache off and on at random (SetCacheOff); cacheOff says
+	// where in log, and to what.
+	toggles  bool
+	cacheOff map[int]bool
 }
 
 func newSim(t *testing.T, seed uint64) *sim {
@@ -153,7 +157,7 @@ func newSim(t *testing.T, seed uint64) *sim {
 	size := 2 + rng.IntN(7)
 	steps := 3
 	s := &sim{t: t, rng: rng, size: size, steps: steps, now: epoch, occur: map[string]int{}, oneByOne: seed%2 == 0,
-		groupSeen: map[[2]int64]int{}, byName: map[string]*opTmpl{}}
+		groupSeen: map[[2]int64]int{}, byName: map[string]*opTmpl{}, toggles: seed%3 == 1, cacheOff: map[int]bool{}}
 	s.ops = randomOps(rng, size, steps)
 	for _, o := range s.ops {
 		s.byName[o.name] = o
@@ -375,6 +379,13 @@ func (s *sim) run() {
 			}
 			break
 		}
+		if s.toggles && s.rng.IntN(15) == 0 {
+			off := !s.co.cache.off
+			s.cacheOff[len(s.log)] = off
+			s.log = append(s.log, []byte{})
+			s.co.SetCacheOff(off)
+			continue
+		}
 		switch a := s.rng.IntN(10); {
 		case a < 6 && len(can) > 0:
 			r := can[s.rng.IntN(len(can))]
@@ -416,7 +427,8 @@ func (s *sim) run() {
 }
 
 // TestRandomOrders runs random training loops: random ops, every rank submitting each step's ops
-// in its own random order, responses reaching ranks after random delays, small caches that evict.
+// in its own random order, responses reaching ranks after random delays, small caches that evict,
+// and in a third of them the cache turned off and on again at random points (the autotuner's).
 // Every op must come out exactly once per step, error-free, as submitted, fused by the rules; every
 // rank must learn the same stream; the cache must change nothing but the bytes sent (checked
 // against a coordinator with no cache fed the same events); and replaying the events must give the
@@ -461,9 +473,13 @@ func replay(t *testing.T, s *sim) {
 	}
 	var got []Response
 	now := epoch
-	for _, msg := range s.log {
+	for i, msg := range s.log {
 		if msg == nil {
 			got = append(got, co.Ready()...)
+			continue
+		}
+		if off, ok := s.cacheOff[i]; ok {
+			co.SetCacheOff(off)
 			continue
 		}
 		b, err := DecodeBatch(msg)

@@ -622,7 +622,19 @@ type Settings struct {
 	Collectives Collectives
 	// SpinTime is how long each rank's waits poll before they sleep, from From on; 0: unchanged.
 	SpinTime time.Duration
+	// Cache turns the response cache off or on from From (rank 0's Hub, SetCacheOff); the
+	// other ranks follow the evictions in the response stream and need nothing from here.
+	Cache CacheSwitch
 }
+
+// CacheSwitch is Settings.Cache.
+type CacheSwitch uint8
+
+const (
+	CacheUnchanged CacheSwitch = iota
+	CacheOff
+	CacheOn
+)
 
 // EncodeSettings appends s's message to dst.
 func EncodeSettings(dst []byte, s Settings) []byte {
@@ -631,7 +643,8 @@ func EncodeSettings(dst []byte, s Settings) []byte {
 	dst = binary.AppendVarint(dst, s.FusionBytes)
 	dst = binary.AppendVarint(dst, int64(s.CycleTime))
 	dst = appendCollectives(dst, s.Collectives)
-	return binary.AppendVarint(dst, int64(s.SpinTime))
+	dst = binary.AppendVarint(dst, int64(s.SpinTime))
+	return append(dst, byte(s.Cache))
 }
 
 // DecodeSettings decodes a MsgSettings message.
@@ -641,8 +654,9 @@ func DecodeSettings(p []byte) (Settings, error) {
 	s := Settings{From: d.varint("from"), FusionBytes: d.varint("fusion bytes"), CycleTime: time.Duration(d.varint("cycle time"))}
 	s.Collectives = d.collectives()
 	s.SpinTime = time.Duration(d.varint("spin time"))
-	if d.err == nil && (s.From < 1 || s.FusionBytes < 0 || s.CycleTime < 0 || s.SpinTime < 0) {
-		d.fail("settings out of range: from step %d, fusion %d bytes, cycle %v, spin %v", s.From, s.FusionBytes, s.CycleTime, s.SpinTime)
+	s.Cache = CacheSwitch(d.byte("response cache"))
+	if d.err == nil && (s.From < 1 || s.FusionBytes < 0 || s.CycleTime < 0 || s.SpinTime < 0 || s.Cache > CacheOn) {
+		d.fail("settings out of range: from step %d, fusion %d bytes, cycle %v, spin %v, response cache %d", s.From, s.FusionBytes, s.CycleTime, s.SpinTime, s.Cache)
 	}
 	return s, d.end()
 }

@@ -323,10 +323,10 @@ func FuzzDecodeAbort(f *testing.F) {
 }
 
 // settingsWithHierarchical is a Settings message whose hierarchical byte is h: the byte before
-// the spin time's (a one-byte varint, 0).
+// the spin time's (a one-byte varint, 0) and the response cache's.
 func settingsWithHierarchical(h byte) []byte {
 	p := EncodeSettings(nil, Settings{From: 2})
-	p[len(p)-2] = h
+	p[len(p)-3] = h
 	return p
 }
 
@@ -336,6 +336,8 @@ func TestSettingsRoundTrip(t *testing.T) {
 		{From: 240, FusionBytes: 0, CycleTime: 20 * time.Millisecond},
 		{From: 9, FusionBytes: 1 << 20, Collectives: Collectives{SmallAllreduceBytes: 1 << 10, SharedRoundBytes: 8 << 20, Hierarchical: true}},
 		{From: 12, FusionBytes: 1 << 20, SpinTime: 400 * time.Microsecond},
+		{From: 13, Cache: CacheOff},
+		{From: 14, FusionBytes: 1 << 20, Cache: CacheOn},
 	} {
 		msg := EncodeSettings(nil, s)
 		if k, err := PeekKind(msg); err != nil || k != MsgSettings {
@@ -350,6 +352,7 @@ func TestSettingsRoundTrip(t *testing.T) {
 		"negative fusion": {From: 3, FusionBytes: -1},
 		"negative cycle":  {From: 3, CycleTime: -time.Millisecond},
 		"negative spin":   {From: 3, SpinTime: -time.Microsecond},
+		"cache switch 3":  {From: 3, Cache: 3},
 	} {
 		if _, err := DecodeSettings(EncodeSettings(nil, s)); !errors.Is(err, ErrMalformed) {
 			t.Errorf("%s: err = %v, want ErrMalformed", name, err)
