@@ -35,6 +35,9 @@ func newCluster(t *testing.T, n int, cfg Config) *cluster {
 // Local are ep.Comm(), which satisfies transport.Shared unless opts include inmem.WithoutShared.
 func newClusterWith(t *testing.T, n int, cfg Config, opts []inmem.Option, edit func(r int, ep *inmem.Endpoint, g *Group)) *cluster {
 	t.Helper()
+	// A bug that has ranks run different collectives against each other fails the test with the
+	// stuck rank and algorithm named, not at the package's timeout; a test's own option wins.
+	opts = append([]inmem.Option{inmem.WithProgressTimeout(testProgressTimeout)}, opts...)
 	eps := inmem.New(n, opts...)
 	groups := make([]Group, n)
 	for r, ep := range eps {
@@ -51,6 +54,10 @@ func newClusterWith(t *testing.T, n int, cfg Config, opts []inmem.Option, edit f
 	c.eps = eps
 	return c
 }
+
+// testProgressTimeout is the inmem progress deadline of the engine tests' clusters: far beyond
+// any healthy test's waits.
+const testProgressTimeout = 2 * time.Minute
 
 // startCluster starts one engine per group (filling in rank, size, hosts and local ranks: all on
 // one host) and, at cleanup, shuts them all down together and then runs closeAll.
