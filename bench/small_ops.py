@@ -24,7 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PY = "/usr/bin/python3"
 PEERS = ("board", "rank0", "mpi")
-LABELS = {"board": "kolo (board)", "rank0": "kolo, via rank 0", "mpi": "OpenMPI"}
+LABELS = {"board": "kolo (board)", "rank0": "kolo, via rank 0", "mpi": "OpenMPI",
+          "bound": "kolo (board), bound"}
 
 
 def run(peer, n, args):
@@ -39,8 +40,9 @@ def run(peer, n, args):
             if os.geteuid() == 0:
                 cmd.insert(1, "--allow-run-as-root")
         else:
-            env["KOLO_SHM_NEGOTIATION"] = "1" if peer == "board" else "0"
-            cmd = [args.kolo, "run", "-np", str(n), args.kolo, "bench", "allreduce"]
+            env["KOLO_SHM_NEGOTIATION"] = "0" if peer == "rank0" else "1"
+            bind = ["--bind-to", "core:overload-allowed"] if peer == "bound" else []
+            cmd = [args.kolo, "run", "-np", str(n), *bind, args.kolo, "bench", "allreduce"]
         cmd += ["--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup), "--json", out]
         p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            timeout=args.timeout)
@@ -64,31 +66,39 @@ def main():
     p.add_argument("--pause", type=float, default=3.0)
     p.add_argument("--timeout", type=int, default=600)
     p.add_argument("--kolo", default=os.path.join(ROOT, "bin", "kolo"))
+    p.add_argument("--bound", action="store_true",
+                   help="a fourth peer: kolo with the board, each rank bound to one CPU round robin "
+                        "(kolo run --bind-to core:overload-allowed); OpenMPI stays unbound, as mpirun "
+                        "--oversubscribe leaves it")
     args = p.parse_args()
+    peers = PEERS + (("bound",) if args.bound else ())
     ranks = [int(x) for x in args.ranks.split(",")]
     rows = {}
     for n in ranks:
-        got = {peer: [] for peer in PEERS}
+        got = {peer: [] for peer in peers}
         for rep in range(args.repeats):
-            order = PEERS[rep % 3:] + PEERS[:rep % 3]
+            k = rep % len(peers)
+            order = peers[k:] + peers[:k]
             for peer in order:
                 time.sleep(args.pause)
                 got[peer].append(run(peer, n, args))
-            print(f"# {n} ranks, repeat {rep + 1}: " + ", ".join(f"{peer} {got[peer][-1]}" for peer in PEERS),
+            print(f"# {n} ranks, repeat {rep + 1}: " + ", ".join(f"{peer} {got[peer][-1]}" for peer in peers),
                   file=sys.stderr, flush=True)
         rows[n] = got
     sizes = sorted(rows[ranks[0]]["board"][0])
     print(f"# small allreduces (float32 sum) on one host ({os.cpu_count()} CPUs), {args.iters} ops per run, "
           f"{args.repeats} runs of each peer rotated; medians of the runs' per-op medians, us (ranges)")
-    head = "| ranks | size |" + "".join(f" {LABELS[p]} |" for p in PEERS) + " board / OpenMPI | rank 0 / OpenMPI |"
+    ratios = [p for p in peers if p != "mpi"]
+    head = "| ranks | size |" + "".join(f" {LABELS[p]} |" for p in peers) + "".join(
+        f" {LABELS[p]} / OpenMPI |" for p in ratios)
     print(head)
-    print("|---:|---:|" + "---:|" * (len(PEERS) + 2))
+    print("|---:|---:|" + "---:|" * (len(peers) + len(ratios)))
     for n, got in rows.items():
         for s in sizes:
-            vals = {peer: [r[s] for r in got[peer]] for peer in PEERS}
+            vals = {peer: [r[s] for r in got[peer]] for peer in peers}
             m = statistics.median(vals["mpi"])
-            print(f"| {n} | {s} B |" + "".join(f" {med(vals[peer])} |" for peer in PEERS)
-                  + f" {statistics.median(vals['board']) / m:.2f}x | {statistics.median(vals['rank0']) / m:.2f}x |")
+            print(f"| {n} | {s} B |" + "".join(f" {med(vals[peer])} |" for peer in peers)
+                  + "".join(f" {statistics.median(vals[p]) / m:.2f}x |" for p in ratios))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,10 @@ import (
 const (
 	BindNone = "none"
 	BindCore = "core"
+	// BindCoreOverload is BindCore that, with more ranks than CPUs, binds them round robin
+	// (cpuset.Overload), as mpirun's --bind-to core:overload-allowed. Options turn it into
+	// BindCore with BindOverload set.
+	BindCoreOverload = "core:overload-allowed"
 )
 
 // Binding is what --bind-to core gives the ranks of this machine: the CPUs kolo run may use
@@ -26,15 +30,20 @@ type Binding struct {
 	shares []cpuset.Set // by local rank
 }
 
-// NewBinding splits this machine's CPUs among localSize ranks.
-func NewBinding(localSize int) (*Binding, error) {
+// NewBinding splits this machine's CPUs among localSize ranks; with overload, more ranks than
+// CPUs share them round robin instead of failing.
+func NewBinding(localSize int, overload bool) (*Binding, error) {
 	all, err := cpuset.Current()
 	if err != nil {
 		return nil, fmt.Errorf("--bind-to core: %w", err)
 	}
-	shares, err := cpuset.Split(cpuset.Cores(all, cpuset.SysfsTopology), localSize)
+	split := cpuset.Split
+	if overload {
+		split = cpuset.Overload
+	}
+	shares, err := split(cpuset.Cores(all, cpuset.SysfsTopology), localSize)
 	if err != nil {
-		return nil, fmt.Errorf("--bind-to core: CPUs %s: %w", all, err)
+		return nil, fmt.Errorf("--bind-to core: CPUs %s: %w (--bind-to %s shares them round robin)", all, err, BindCoreOverload)
 	}
 	return &Binding{all: all, shares: shares}, nil
 }

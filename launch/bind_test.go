@@ -25,7 +25,7 @@ func TestLocalStarterBinds(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := min(len(own), 4)
-	bind, err := NewBinding(n)
+	bind, err := NewBinding(n, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,9 +89,30 @@ func TestBindMoreRanksThanCPUs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = NewBinding(len(own) + 1)
-	if err == nil || !strings.Contains(err.Error(), "--bind-to core") || !strings.Contains(err.Error(), "ranks but only") {
-		t.Fatalf("err = %v, want a --bind-to core error saying there are too few CPUs", err)
+	_, err = NewBinding(len(own)+1, false)
+	if err == nil || !strings.Contains(err.Error(), "--bind-to core") || !strings.Contains(err.Error(), "ranks but only") ||
+		!strings.Contains(err.Error(), BindCoreOverload) {
+		t.Fatalf("err = %v, want a --bind-to core error saying there are too few CPUs and naming %s", err, BindCoreOverload)
+	}
+	// Overload allowed: every rank gets one of the CPUs, round robin, each CPU the same number
+	// of ranks give or take one.
+	n := 2*len(own) + 1
+	b, err := NewBinding(n, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	per := map[int]int{}
+	for r := range n {
+		cpus, err := b.cpus(Slot{Rank: r, LocalRank: r})
+		if err != nil || len(cpus) != 1 || !slices.Contains(own, cpus[0]) {
+			t.Fatalf("rank %d: CPUs %v, %v; want one of %v", r, cpus, err, own)
+		}
+		per[cpus[0]]++
+	}
+	for cpu, k := range per {
+		if k < 2 || k > 3 {
+			t.Errorf("CPU %d has %d of %d ranks", cpu, k, n)
+		}
 	}
 }
 

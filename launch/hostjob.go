@@ -67,7 +67,7 @@ func RunHosts(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int
 			slices.Sort(names)
 			return ExitUsage, fmt.Errorf("--bind-to core: the ranks of this machine are under %d host names (%s): give them under one", len(names), strings.Join(names, ", "))
 		}
-		if bind, err = NewBinding(len(slots)); err != nil {
+		if bind, err = NewBinding(len(slots), opts.BindOverload); err != nil {
 			return ExitUsage, err
 		}
 	}

@@ -218,7 +218,7 @@ func RunNode(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int,
 	}
 	var bind *Binding
 	if opts.BindTo == BindCore {
-		if bind, err = NewBinding(slots); err != nil {
+		if bind, err = NewBinding(slots, opts.BindOverload); err != nil {
 			return ExitUsage, err
 		}
 	}

@@ -44,6 +44,8 @@ type Options struct {
 	// BindTo is --bind-to: "core" binds each rank kolo run starts to cores of its own (bind.go),
 	// "none" (the default) leaves placement to the kernel.
 	BindTo string
+	// BindOverload: --bind-to core:overload-allowed, more ranks than CPUs bound round robin.
+	BindOverload bool
 
 	// No ssh: every node runs kolo run and they meet at a rendezvous (launch/node.go).
 	Rendezvous   string // --rendezvous HOST:PORT
@@ -104,7 +106,7 @@ func ParseRunFlags(args []string, stderr io.Writer) (*Options, error) {
 	var sshOpts multiFlag
 	fs.Var(&sshOpts, "ssh-option", "pass -o OPTION to ssh, e.g. StrictHostKeyChecking=accept-new (repeatable)")
 	fs.StringVar(&o.NetworkInterface, "network-interface", "", "interface(s) whose address workers and the rendezvous use, e.g. eth0 or ib0,eth0 (the first present on a host); workers get KOLO_NETWORK_INTERFACE")
-	fs.StringVar(&o.BindTo, "bind-to", BindNone, "core: bind each rank to cores of its own, this machine's CPUs split evenly among its ranks, whole cores first (as mpirun --bind-to core; torch's default thread count then follows); none: no binding")
+	fs.StringVar(&o.BindTo, "bind-to", BindNone, "core: bind each rank to cores of its own, this machine's CPUs split evenly among its ranks, whole cores first (as mpirun --bind-to core; torch's default thread count then follows); core:overload-allowed: the same, and with more ranks than CPUs each rank gets one CPU, round robin; none: no binding")
 	fs.StringVar(&o.Rendezvous, "rendezvous", "", "no-ssh mode: every node runs kolo run with the same HOST:PORT and --nnodes; the node that owns HOST (or --node-rank 0) serves the rendezvous there; the job secret comes from --secret-file, else KOLO_SECRET, else KOLO_SECRET_FILE")
 	fs.IntVar(&o.NNodes, "nnodes", 0, "no-ssh mode: how many nodes (kolo run processes) the job has; in elastic mode, how many the first round waits for (default 1), more may join later")
 	fs.IntVar(&o.NodeRank, "node-rank", -1, "no-ssh mode: this node's index in 0..nnodes-1, orders the ranks (give it on every node or on none; default: order of arrival)")
@@ -155,8 +157,11 @@ func ParseRunFlags(args []string, stderr io.Writer) (*Options, error) {
 	if o.Hosts != "" && o.Hostfile != "" {
 		return nil, errors.New("-H and --hostfile are mutually exclusive")
 	}
+	if o.BindTo == BindCoreOverload {
+		o.BindTo, o.BindOverload = BindCore, true
+	}
 	if o.BindTo != BindNone && o.BindTo != BindCore {
-		return nil, fmt.Errorf("--bind-to %q: want %s or %s", o.BindTo, BindCore, BindNone)
+		return nil, fmt.Errorf("--bind-to %q: want %s, %s or %s", o.BindTo, BindCore, BindCoreOverload, BindNone)
 	}
 	if err := o.checkNodeFlags(); err != nil {
 		return nil, err

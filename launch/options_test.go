@@ -39,7 +39,9 @@ func TestParseRunFlags(t *testing.T) {
 		{"bind-to core", []string{"-np", "2", "--bind-to", "core", "prog"},
 			func(o *Options) bool { return o.BindTo == BindCore }, ""},
 		{"bind-to default", []string{"-np", "2", "prog"}, func(o *Options) bool { return o.BindTo == BindNone }, ""},
-		{"bind-to unknown", []string{"-np", "2", "--bind-to", "socket", "prog"}, nil, `--bind-to "socket": want core or none`},
+		{"bind-to core:overload-allowed", []string{"-np", "2", "--bind-to", "core:overload-allowed", "prog"},
+			func(o *Options) bool { return o.BindTo == BindCore && o.BindOverload }, ""},
+		{"bind-to unknown", []string{"-np", "2", "--bind-to", "socket", "prog"}, nil, `--bind-to "socket": want core, core:overload-allowed or none`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

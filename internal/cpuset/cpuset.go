@@ -118,7 +118,7 @@ func Cores(s Set, topo Topology) []Set {
 // Split divides cores among n ranks: rank i gets a contiguous block of whole cores, the blocks'
 // sizes differing by at most one, so ranks never share a core's hyperthreads. With fewer cores than
 // ranks it divides the logical CPUs instead, in core order (ranks then share cores, never a CPU).
-// With fewer CPUs than ranks it fails: binding would stack ranks on one CPU.
+// With fewer CPUs than ranks it fails: binding would stack ranks on one CPU (Overload does).
 func Split(cores []Set, n int) ([]Set, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("cannot split CPUs among %d ranks", n)
@@ -150,6 +150,38 @@ func Split(cores []Set, n int) ([]Set, error) {
 		slices.Sort(s)
 		out[i] = s
 		at += k
+	}
+	return out, nil
+}
+
+// Overload is Split for more ranks than CPUs (mpirun's --bind-to core:overload-allowed): rank i
+// gets logical CPU i mod CPUs, the CPUs ordered first threads of every core first, so that
+// neighbouring ranks sit on different cores where they can and each CPU's ranks are spread evenly
+// (their counts differ by at most one). With no more ranks than CPUs it is Split.
+//
+// Why bind at all when ranks share CPUs: left to the kernel, 4 ranks on 2 vCPUs whose waits yield
+// ran 4-byte allreduces in two states, 15-17 us and 31-37 us for stretches of thousands of ops;
+// bound this way they ran 14-17 us from the first op (docs/benchmarks.md).
+func Overload(cores []Set, n int) ([]Set, error) {
+	var cpus []int
+	for t := 0; ; t++ {
+		more := false
+		for _, c := range cores {
+			if t < len(c) {
+				cpus = append(cpus, c[t])
+				more = true
+			}
+		}
+		if !more {
+			break
+		}
+	}
+	if n < 1 || len(cpus) == 0 || n <= len(cpus) {
+		return Split(cores, n)
+	}
+	out := make([]Set, n)
+	for i := range out {
+		out[i] = Set{cpus[i%len(cpus)]}
 	}
 	return out, nil
 }

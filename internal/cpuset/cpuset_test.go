@@ -60,6 +60,29 @@ func TestCores(t *testing.T) {
 	}
 }
 
+func TestOverload(t *testing.T) {
+	ht := Cores(Set{0, 1, 2, 3, 4, 5, 6, 7}, smt)
+	for _, tc := range []struct {
+		name  string
+		cores []Set
+		n     int
+		want  []Set
+	}{
+		{"two plain CPUs, four ranks: round robin", []Set{{0}, {1}}, 4, []Set{{0}, {1}, {0}, {1}}},
+		{"two plain CPUs, five ranks", []Set{{0}, {1}}, 5, []Set{{0}, {1}, {0}, {1}, {0}}},
+		{"every core's first thread, then the second ones", ht, 10, []Set{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {0}, {1}}},
+		{"no more ranks than CPUs: Split", []Set{{0}, {1}}, 2, []Set{{0}, {1}}},
+	} {
+		got, err := Overload(tc.cores, tc.n)
+		if err != nil || !slices.EqualFunc(got, tc.want, slices.Equal) {
+			t.Errorf("%s: Overload = %v, %v; want %v", tc.name, got, err, tc.want)
+		}
+	}
+	if _, err := Overload([]Set{{0}}, 0); err == nil {
+		t.Error("Overload of 0 ranks: no error")
+	}
+}
+
 func TestSplit(t *testing.T) {
 	ht := Cores(Set{0, 1, 2, 3, 4, 5, 6, 7}, smt)
 	for _, tc := range []struct {
