@@ -160,6 +160,12 @@ func withoutSlurmLayout(env []string) []string {
 	return out
 }
 
+// secondINTAfter is the gap between the two SIGINTs: well within srun's second, and long enough
+// for a loaded srun to have taken the first, since a signal sent while the same one is still
+// pending merges with it and srun would see one (which only makes it print the step's status).
+// At 50 ms, a test's fake srun under `make test`'s load saw one.
+const secondINTAfter = 250 * time.Millisecond
+
 // slurmProcess is srun running one worker's step. srun forwards SIGTERM and SIGINT to the task;
 // a SIGKILL becomes two SIGINTs in a row, on which srun ends the whole step (its tasks killed on
 // their node), and srun itself is killed if it has not ended after killAfter.
@@ -185,7 +191,7 @@ func (p *slurmProcess) Signal(sig syscall.Signal) error {
 		select {
 		case <-p.exited:
 			return
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(secondINTAfter):
 		}
 		p.Process.Signal(syscall.SIGINT) // the second within a second: srun kills the step
 		select {
