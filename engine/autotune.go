@@ -128,12 +128,14 @@ func (e *Engine) collectiveDefaults(cfg Config) autotune.Settings {
 	return s
 }
 
-// cacheSwitch is the Settings message's response-cache switch for s.
-func cacheSwitch(s autotune.Settings) negotiate.CacheSwitch {
-	switch s.ResponseCache {
-	case autotune.Off:
+// cacheSwitch is the Settings message's response-cache switch for s: unchanged in a job that
+// disabled the cache, which keeps it off (a decision read back from a log may say "on").
+func (e *Engine) cacheSwitch(s autotune.Settings) negotiate.CacheSwitch {
+	switch {
+	case e.cfg.CacheCapacity <= 0:
+	case s.ResponseCache == autotune.Off:
 		return negotiate.CacheOff
-	case autotune.On:
+	case s.ResponseCache == autotune.On:
 		return negotiate.CacheOn
 	}
 	return negotiate.CacheUnchanged
@@ -290,17 +292,14 @@ func (e *Engine) MarkStep() {
 		// a tuner's.
 		t.toSend = false
 		ns := negotiate.Settings{From: step + reuseLag, FusionBytes: t.reused.FusionBytes, CycleTime: t.reused.CycleTime,
-			Collectives: collectivesOf(*t.reused, e.cfg), SpinTime: t.reused.SpinTime, Cache: cacheSwitch(*t.reused)}
-		if e.cfg.CacheCapacity <= 0 {
-			ns.Cache = negotiate.CacheUnchanged // a job that disabled the cache keeps it off
-		}
+			Collectives: collectivesOf(*t.reused, e.cfg), SpinTime: t.reused.SpinTime, Cache: e.cacheSwitch(*t.reused)}
 		t.pending = append(t.pending, ns)
 		send = &ns
 	}
 	if t.tuner != nil {
 		if s, from, change := t.tuner.Step(step, time.Now()); change {
 			ns := negotiate.Settings{From: from, FusionBytes: s.FusionBytes, CycleTime: s.CycleTime, Collectives: collectivesOf(s, e.cfg),
-				SpinTime: s.SpinTime, Cache: cacheSwitch(s)}
+				SpinTime: s.SpinTime, Cache: e.cacheSwitch(s)}
 			t.pending = append(t.pending, ns)
 			send = &ns
 		}

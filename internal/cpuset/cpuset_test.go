@@ -60,49 +60,37 @@ func TestCores(t *testing.T) {
 	}
 }
 
-func TestOverload(t *testing.T) {
-	ht := Cores(Set{0, 1, 2, 3, 4, 5, 6, 7}, smt)
-	for _, tc := range []struct {
-		name  string
-		cores []Set
-		n     int
-		want  []Set
-	}{
-		{"two plain CPUs, four ranks: round robin", []Set{{0}, {1}}, 4, []Set{{0}, {1}, {0}, {1}}},
-		{"two plain CPUs, five ranks", []Set{{0}, {1}}, 5, []Set{{0}, {1}, {0}, {1}, {0}}},
-		{"every core's first thread, then the second ones", ht, 10, []Set{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {0}, {1}}},
-		{"no more ranks than CPUs: Split", []Set{{0}, {1}}, 2, []Set{{0}, {1}}},
-	} {
-		got, err := Overload(tc.cores, tc.n)
-		if err != nil || !slices.EqualFunc(got, tc.want, slices.Equal) {
-			t.Errorf("%s: Overload = %v, %v; want %v", tc.name, got, err, tc.want)
-		}
-	}
-	if _, err := Overload([]Set{{0}}, 0); err == nil {
-		t.Error("Overload of 0 ranks: no error")
-	}
-}
-
+// TestSplit covers Split and, where overload is set, Overload (more ranks than CPUs, round robin).
 func TestSplit(t *testing.T) {
 	ht := Cores(Set{0, 1, 2, 3, 4, 5, 6, 7}, smt)
 	for _, tc := range []struct {
-		name  string
-		cores []Set
-		n     int
-		want  []Set
-		err   string
+		name     string
+		overload bool
+		cores    []Set
+		n        int
+		want     []Set
+		err      string
 	}{
-		{"one rank takes all", ht, 1, []Set{{0, 1, 2, 3, 4, 5, 6, 7}}, ""},
-		{"two ranks, whole cores each", ht, 2, []Set{{0, 1, 4, 5}, {2, 3, 6, 7}}, ""},
-		{"three ranks, sizes differ by one", ht, 3, []Set{{0, 1, 4, 5}, {2, 6}, {3, 7}}, ""},
-		{"four ranks, a core each", ht, 4, []Set{{0, 4}, {1, 5}, {2, 6}, {3, 7}}, ""},
-		{"more ranks than cores: logical CPUs", ht, 5, []Set{{0, 4}, {1, 5}, {2, 6}, {3}, {7}}, ""},
-		{"a CPU each", ht, 8, []Set{{0}, {4}, {1}, {5}, {2}, {6}, {3}, {7}}, ""},
-		{"more ranks than CPUs", ht, 9, nil, "9 ranks but only 8 CPUs"},
-		{"no ranks", ht, 0, nil, "0 ranks"},
-		{"two plain CPUs", []Set{{0}, {1}}, 2, []Set{{0}, {1}}, ""},
+		{"one rank takes all", false, ht, 1, []Set{{0, 1, 2, 3, 4, 5, 6, 7}}, ""},
+		{"two ranks, whole cores each", false, ht, 2, []Set{{0, 1, 4, 5}, {2, 3, 6, 7}}, ""},
+		{"three ranks, sizes differ by one", false, ht, 3, []Set{{0, 1, 4, 5}, {2, 6}, {3, 7}}, ""},
+		{"four ranks, a core each", false, ht, 4, []Set{{0, 4}, {1, 5}, {2, 6}, {3, 7}}, ""},
+		{"more ranks than cores: logical CPUs", false, ht, 5, []Set{{0, 4}, {1, 5}, {2, 6}, {3}, {7}}, ""},
+		{"a CPU each", false, ht, 8, []Set{{0}, {4}, {1}, {5}, {2}, {6}, {3}, {7}}, ""},
+		{"more ranks than CPUs", false, ht, 9, nil, "9 ranks but only 8 CPUs"},
+		{"no ranks", false, ht, 0, nil, "0 ranks"},
+		{"two plain CPUs", false, []Set{{0}, {1}}, 2, []Set{{0}, {1}}, ""},
+		{"overload: two plain CPUs, four ranks round robin", true, []Set{{0}, {1}}, 4, []Set{{0}, {1}, {0}, {1}}, ""},
+		{"overload: two plain CPUs, five ranks", true, []Set{{0}, {1}}, 5, []Set{{0}, {1}, {0}, {1}, {0}}, ""},
+		{"overload: every core's first thread, then the second ones", true, ht, 10, []Set{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {0}, {1}}, ""},
+		{"overload: no more ranks than CPUs is Split", true, ht, 3, []Set{{0, 1, 4, 5}, {2, 6}, {3, 7}}, ""},
+		{"overload: no ranks", true, ht, 0, nil, "0 ranks"},
 	} {
-		got, err := Split(tc.cores, tc.n)
+		split := Split
+		if tc.overload {
+			split = Overload
+		}
+		got, err := split(tc.cores, tc.n)
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
 				t.Errorf("%s: err = %v, want %q", tc.name, err, tc.err)
@@ -110,7 +98,7 @@ func TestSplit(t *testing.T) {
 			continue
 		}
 		if err != nil || !slices.EqualFunc(got, tc.want, slices.Equal) {
-			t.Errorf("%s: Split = %v, %v; want %v", tc.name, got, err, tc.want)
+			t.Errorf("%s: got %v, %v; want %v", tc.name, got, err, tc.want)
 		}
 	}
 }

@@ -410,15 +410,15 @@ func (l *Listener) register(key regKey, size, streams int, expect []int, decide 
 	var vs []verdict
 	for _, e := range l.early {
 		status, why := l.endedLocked(e.h)
-		switch {
-		case status != ackTaken:
-		case (regKey{e.h.job, e.h.to}) != key:
-			why = l.mismatchLocked(e.h)
-		default:
-			why = reg.claimLocked(e.h)
-		}
-		if why != "" && status == ackTaken {
-			status = ackRefused
+		if status == ackTaken {
+			if (regKey{e.h.job, e.h.to}) != key {
+				why = l.mismatchLocked(e.h)
+			} else {
+				why = reg.claimLocked(e.h)
+			}
+			if why != "" {
+				status = ackRefused
+			}
 		}
 		vs = append(vs, verdict{e, status, why})
 	}

@@ -360,7 +360,7 @@ func dialPeer(ctx context.Context, cfg *Config, id connID) (*net.TCPConn, error)
 		if err == nil {
 			return c, nil
 		}
-		if errors.Is(err, auth.ErrDenied) || errors.Is(err, errRejected) || errors.Is(err, errCrossed) || errors.Is(err, transport.ErrPeerLeft) {
+		if errors.Is(err, auth.ErrDenied) || declined(err) {
 			return nil, fmt.Errorf("%v connection to %s: %w", id.lane, addr, err)
 		}
 		if errors.Is(err, errHungUp) {
@@ -425,7 +425,7 @@ func dialOnce(ctx context.Context, addr string, secret []byte, h hello) (*net.TC
 	// The ack comes once the peer's Connect has claimed the connection, which may be a while.
 	if err := readAck(c); err != nil {
 		c.Close()
-		if errors.Is(err, errRejected) || errors.Is(err, errCrossed) || errors.Is(err, transport.ErrPeerLeft) {
+		if declined(err) {
 			return nil, err
 		}
 		return nil, fmt.Errorf("waiting for rank %d to take the connection (its Connect may not have started): %w", h.to, err)

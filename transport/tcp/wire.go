@@ -157,6 +157,12 @@ var errRejected = errors.New("connection rejected by peer")
 // errCrossed marks a dial the acceptor declined because it is dialing this rank itself (ackCrossed).
 var errCrossed = errors.New("the peer is dialing this rank itself")
 
+// declined says err is an ack that declined the connection (refused, crossed, or the rank left):
+// the acceptor's answer, which dialing again cannot change.
+func declined(err error) bool {
+	return errors.Is(err, errRejected) || errors.Is(err, errCrossed) || errors.Is(err, transport.ErrPeerLeft)
+}
+
 // readAck returns nil if the acceptor took the connection, an error wrapping errRejected with its
 // reason if it refused it, or the I/O or format error.
 func readAck(r io.Reader) error {
