@@ -25,18 +25,20 @@ ROOT = os.path.dirname(HERE)
 PY = "/usr/bin/python3"
 PEERS = ("board", "rank0", "mpi")
 LABELS = {"board": "kolo (board)", "rank0": "kolo, via rank 0", "mpi": "OpenMPI",
-          "bound": "kolo (board), bound"}
+          "bound": "kolo (board), bound", "mpibound": "OpenMPI, bound"}
 
 
-def run(peer, n, args):
+def run(peer, n, args, slices=False):
+    """A run's per-op medians by size, or with slices, in the order of args.sizes (sizes may repeat)."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
         env = dict(os.environ)
-        if peer == "mpi":
+        if peer in ("mpi", "mpibound"):
             mpirun = shutil.which("mpirun")
             if not mpirun:
                 raise RuntimeError("mpirun not found (apt-get install openmpi-bin python3-mpi4py)")
-            cmd = [mpirun, "--oversubscribe", "-np", str(n), PY, os.path.join(HERE, "peers", "mpi_allreduce.py")]
+            bind = ["--bind-to", "core:overload-allowed"] if peer == "mpibound" else []
+            cmd = [mpirun, "--oversubscribe", *bind, "-np", str(n), PY, os.path.join(HERE, "peers", "mpi_allreduce.py")]
             if os.geteuid() == 0:
                 cmd.insert(1, "--allow-run-as-root")
         else:
@@ -49,7 +51,29 @@ def run(peer, n, args):
         if p.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}")
         rep = json.load(open(out))
+    if slices:
+        return [r["median_us"] for r in rep["results"]]
     return {r["bytes"]: r["median_us"] for r in rep["results"]}
+
+
+def slices(args, peers):
+    """--slices: one size timed in consecutive slices of --iters ops from the start, no warm-up, so
+    that a state that comes and goes within a run shows; each peer's runs, rotated, one row each."""
+    args.sizes, args.warmup = ",".join([args.sizes.split(",")[0]] * args.slices), 0
+    print(f"# {args.sizes.split(',')[0]} B allreduces (float32 sum) on one host ({os.cpu_count()} CPUs), "
+          f"{args.slices} consecutive slices of {args.iters} ops from each run's first op; each slice's median, us")
+    print("| ranks | peer | run | " + " | ".join(f"ops {i * args.iters + 1}-{(i + 1) * args.iters}" for i in range(args.slices)) + " |")
+    print("|---:|---|---:|" + "---:|" * args.slices)
+    for n in [int(x) for x in args.ranks.split(",")]:
+        got = {peer: [] for peer in peers}
+        for rep in range(args.repeats):
+            k = rep % len(peers)
+            for peer in peers[k:] + peers[:k]:
+                time.sleep(args.pause)
+                got[peer].append(run(peer, n, args, slices=True))
+        for peer in peers:
+            for i, row in enumerate(got[peer]):
+                print(f"| {n} | {LABELS[peer]} | {i + 1} | " + " | ".join(f"{v:.1f}" for v in row) + " |")
 
 
 def med(vals):
@@ -67,11 +91,16 @@ def main():
     p.add_argument("--timeout", type=int, default=600)
     p.add_argument("--kolo", default=os.path.join(ROOT, "bin", "kolo"))
     p.add_argument("--bound", action="store_true",
-                   help="a fourth peer: kolo with the board, each rank bound to one CPU round robin "
-                        "(kolo run --bind-to core:overload-allowed); OpenMPI stays unbound, as mpirun "
-                        "--oversubscribe leaves it")
+                   help="two more peers: kolo with the board and OpenMPI, each rank bound to one CPU round "
+                        "robin (kolo run / mpirun --bind-to core:overload-allowed)")
+    p.add_argument("--slices", type=int, default=0,
+                   help="time the first size in this many consecutive slices of --iters ops from each run's "
+                        "start (no warm-up), one row per run")
     args = p.parse_args()
-    peers = PEERS + (("bound",) if args.bound else ())
+    peers = PEERS + (("bound", "mpibound") if args.bound else ())
+    if args.slices:
+        # The rank-0 path is the board's with an extra hop; the states in question are the board's.
+        return slices(args, tuple(p for p in peers if p != "rank0"))
     ranks = [int(x) for x in args.ranks.split(",")]
     rows = {}
     for n in ranks:
