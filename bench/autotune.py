@@ -37,6 +37,7 @@ import json
 import math
 import os
 import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -205,6 +206,7 @@ def main():
     p.add_argument("--small-kib", default="", help="grid small-allreduce thresholds, KiB (empty: the job's own)")
     p.add_argument("--round-kib", default="", help="grid shared-memory rounds, KiB (empty: the job's own)")
     p.add_argument("--spin-us", default="", help="grid spin times, us (empty: the job's own)")
+    p.add_argument("--keep-logs", default="", help="keep each tuned run's autotune log in this folder")
     p.add_argument("--cache", default="", help="grid response cache, 'on,off' (empty: the job's own)")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--grid-steps", type=int, default=40)
@@ -317,6 +319,9 @@ def main():
                     ends, text = run_job(model, batch, args.tuned_steps, settings_env(*own),
                                          flags=("--autotune", "--autotune-log-file", log), root=root)
                     step, chosen = decision(log)
+                    if args.keep_logs:
+                        os.makedirs(args.keep_logs, exist_ok=True)
+                        shutil.copy(log, os.path.join(args.keep_logs, f"{job}{label}.{slot + 1}.csv".replace(":", "_").replace(" ", "_")))
                     cut = abandoned(log)
                     ref = defaults_step(log)
                 line = next((l for l in text.splitlines() if "autotune:" in l and "INFO" not in l), "")
