@@ -605,6 +605,13 @@ func Prescale(f float64) OpOption { return func(s *opSettings) { s.req.PreScale 
 // Postscale multiplies the result by f after reducing.
 func Postscale(f float64) OpOption { return func(s *opSettings) { s.req.PostScale *= f } }
 
+// FromGPU says that the tensor lives in GPU memory and the caller staged it through the host
+// memory it passes (as the Python binding does for a CUDA tensor). Every rank must say the same
+// (an op whose ranks mix CPU and GPU tensors fails on every rank, as under Horovod), and a float16
+// tensor's scale factors are rounded to float16 before they multiply, as Horovod's CUDA kernels
+// do, so that a script's results do not change with the library.
+func FromGPU() OpOption { return func(s *opSettings) { s.req.GPU = true } }
+
 // WaitsAtOnce says that the caller waits on the op's handle right after submitting it, as the
 // blocking calls do (and the Python binding's, which are its async calls and a wait): the engine
 // then arms no timer to have the op driven in the background (engine.EnqueueWaited).

@@ -32,7 +32,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-PY = "/usr/bin/python3"
+PY = os.environ.get("KOLO_PYTHON") or "/usr/bin/python3"  # KOLO_PYTHON: a Python with torch elsewhere
 
 sys.path.insert(0, os.path.join(HERE, "peers"))
 import common  # noqa: E402  (bench/peers/common.py: the size syntax every peer parses)
@@ -91,7 +91,7 @@ def bench_gloo(args, out):
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen([PY, os.path.join(HERE, "peers", "gloo_allreduce.py"), "--sizes", args.sizes,
                                        "--iters", str(args.iters), "--warmup", str(args.warmup),
-                                       "--json", out],
+                                       "--json", out, "--device", getattr(args, "device", "cpu")],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     try:
         logs = [p.communicate(timeout=900)[0] for p in procs]

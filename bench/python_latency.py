@@ -4,6 +4,7 @@ on Gloo, and kolo's Go API (`kolo bench`) as the floor the binding adds to. Same
 sizes, one run, one table with ratios.
 
     make build lib && /usr/bin/python3 bench/python_latency.py --np 2 --sizes 4 --rounds 5
+    KOLO_PYTHON=python3 python3 bench/python_latency.py --device cuda --sizes 4,4MiB,64MiB  # a GPU machine
 
 Each round runs every peer once (in turn, so that machine noise hits them alike) and takes the
 median per-op wall time of --iters ops after warm-up; the table shows, per peer, the median over
@@ -25,10 +26,12 @@ import compare  # noqa: E402  (run, bench_gloo, human, MALLOC_ENV, PY)
 KOLO = os.path.join(ROOT, "bin", "kolo")
 
 
-def bench_kolo_torch(args, out):
+def bench_kolo_torch(args, out, extra=None):
+    env = {"PYTHONPATH": os.path.join(ROOT, "python"), "OMP_NUM_THREADS": "1"}
+    env.update(extra or {})
     compare.run([KOLO, "run", "-np", str(args.np), compare.PY, os.path.join(HERE, "peers", "kolo_torch_allreduce.py"),
-                 "--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup), "--json", out],
-                env={"PYTHONPATH": os.path.join(ROOT, "python"), "OMP_NUM_THREADS": "1"})
+                 "--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup), "--json", out,
+                 "--device", args.device], env=env)
 
 
 def bench_kolo_go(args, out):
@@ -44,14 +47,29 @@ def main():
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", help="write the per-round medians as JSON here")
+    p.add_argument("--device", default="cpu",
+                   help="where kolo.torch's and Gloo's tensors live: cuda times a GPU tensor's op until its "
+                        "result is back on the GPU (torch.cuda.synchronize), every rank on the same GPU; "
+                        "kolo Go stays in host memory, the floor the staging adds to")
+    p.add_argument("--kolo-env", metavar="VAR=VALUE",
+                   help="also run kolo.torch with this variable set, as a peer of its own (alternated with the "
+                        "others), to compare a setting: e.g. KOLO_CUDA_PINNED=0")
     args = p.parse_args()
 
     peers = [("kolo.torch", bench_kolo_torch), ("gloo", compare.bench_gloo), ("kolo Go", bench_kolo_go)]
+    variant = None
+    if args.kolo_env:
+        var, sep, val = args.kolo_env.partition("=")
+        if not sep or not var:
+            p.error("--kolo-env wants VAR=VALUE, got %r" % args.kolo_env)
+        variant = "kolo.torch " + args.kolo_env
+        peers.insert(1, (variant, lambda a, o: bench_kolo_torch(a, o, {var: val})))
     rounds = {name: {} for name, _ in peers}  # name -> bytes -> [median per round]
     missing = {}
     tmp = tempfile.mkdtemp(prefix="kolo-pylat-")
     for rnd in range(args.rounds):
-        for name, fn in peers:
+        # Each round starts with the next peer, so that no peer always runs right after the same one.
+        for name, fn in peers[rnd % len(peers):] + peers[:rnd % len(peers)]:
             if name in missing:
                 continue
             out = os.path.join(tmp, "%s-%d.json" % (name.replace(" ", "_"), rnd))
@@ -71,17 +89,24 @@ def main():
         v = rounds[name].get(nbytes)
         return min(v) if v else None
 
-    print("# allreduce float32 sum from Python, np=%d, median per op of %d ops; median and best of %d "
-          "rounds; gloo/kolo.torch > 1 means kolo.torch is faster" % (args.np, args.iters, args.rounds))
-    hdr = ["size", "kolo.torch us", "gloo us", "kolo Go us", "gloo/kolo.torch", "binding cost us",
+    print("# allreduce float32 sum from Python, np=%d, tensors on %s, median per op of %d ops; median and best "
+          "of %d rounds; gloo/kolo.torch > 1 means kolo.torch is faster" % (args.np, args.device, args.iters,
+                                                                            args.rounds))
+    hdr = ["size", "kolo.torch us", "gloo us", "kolo Go us", "gloo/kolo.torch", "binding cost us" if args.device == "cpu" else "binding + staging us",
            "best: kolo.torch", "gloo", "kolo Go"]
+    if variant:
+        hdr[4:4] = ["%s us" % variant, "%s/kolo.torch" % variant]
     rows = []
     fmt = lambda x: "%.1f" % x if x else "-"  # noqa: E731
     for nbytes in sorted(rounds["kolo.torch"]):
         k, g, go = med("kolo.torch", nbytes), med("gloo", nbytes), med("kolo Go", nbytes)
-        rows.append([compare.human(nbytes), fmt(k), fmt(g), fmt(go), "%.2fx" % (g / k) if g else "-",
-                     "%.1f" % (k - go) if go else "-", fmt(best("kolo.torch", nbytes)), fmt(best("gloo", nbytes)),
-                     fmt(best("kolo Go", nbytes))])
+        row = [compare.human(nbytes), fmt(k), fmt(g), fmt(go), "%.2fx" % (g / k) if g else "-",
+               "%.1f" % (k - go) if go else "-", fmt(best("kolo.torch", nbytes)), fmt(best("gloo", nbytes)),
+               fmt(best("kolo Go", nbytes))]
+        if variant:
+            v = med(variant, nbytes)
+            row[4:4] = [fmt(v), "%.2fx" % (v / k) if v else "-"]
+        rows.append(row)
     widths = [max(len(str(r[i])) for r in rows + [hdr]) for i in range(len(hdr))]
     print("  ".join(h.rjust(w) for h, w in zip(hdr, widths)))
     for r in rows:

@@ -60,13 +60,13 @@ func TestExportedFunctionsRefuseBadArguments(t *testing.T) {
 		// TestEnqueueRefusesBadArguments covers) and returns the failed op's handle, negative. 263
 		// is not float32's 7 once truncated to a byte: the C int reaches the check whole.
 		{"kolo_enqueue forwards and returns a negative handle", true, func() int64 {
-			return int64(kolo_enqueue(1, nil, 0, nil, nil, 256+7, nil, 0, 1, 0, 1, 1, nil, 0, 0, 0))
+			return int64(kolo_enqueue(1, nil, 0, nil, nil, 256+7, nil, 0, 1, 0, 1, 1, nil, 0, 0, 0, -1))
 		}, "argument dt = 263"},
 		{"kolo_enqueue_group null handles", false, func() int64 {
-			return int64(kolo_enqueue_group(1, nil, 0, 2, nil, nil, nil, nil, nil, 1, 1, 1, 0, nil))
+			return int64(kolo_enqueue_group(1, nil, 0, 2, nil, nil, nil, nil, nil, 1, 1, 1, 0, -1, nil))
 		}, "kolo_enqueue_group: argument handles = NULL"},
 		{"kolo_enqueue_group negative count", false, func() int64 {
-			return int64(kolo_enqueue_group(1, nil, 0, -1, nil, nil, nil, nil, nil, 1, 1, 1, 0, nil))
+			return int64(kolo_enqueue_group(1, nil, 0, -1, nil, nil, nil, nil, nil, 1, 1, 1, 0, -1, nil))
 		}, "argument n = -1"},
 		{"kolo_poll unknown handle", false, func() int64 { return int64(kolo_poll(1 << 40)) }, "handle 1099511627776: unknown"},
 		{"kolo_wait negative timeout", false, func() int64 { return int64(kolo_wait(1, -5, 0)) }, "argument timeoutUS = -5"},

@@ -178,11 +178,14 @@ func issued(o *op) C.int64_t {
 }
 
 // options turns the scale factors and process set into kolo options.
-func options(prescale, postscale float64, processSet int) ([]kolo.OpOption, error) {
+func options(prescale, postscale float64, processSet, device int) ([]kolo.OpOption, error) {
 	if err := notNegative("processSet", processSet); err != nil {
 		return nil, err
 	}
 	var opts []kolo.OpOption
+	if device >= 0 {
+		opts = append(opts, kolo.FromGPU())
+	}
 	if processSet != 0 {
 		opts = append(opts, kolo.InProcessSetID(processSet))
 	}
@@ -204,16 +207,18 @@ func options(prescale, postscale float64, processSet int) ([]kolo.OpOption, erro
 // be a rank (>= 0); barrier and join read no tensor, and ignore in, out, dt and shape. name may be
 // empty, for a name derived from what the op is. waited, when not 0, says the caller waits on the
 // handle next (a synchronous call): the engine then arms no timer to drive the op without it.
+// device is Horovod's: -1 for a tensor in host memory, else the GPU whose tensor the caller staged
+// through in and out (every rank must agree on host or GPU; see kolo.FromGPU).
 //
 //export kolo_enqueue
 func kolo_enqueue(kind C.int, name *C.char, nameLen C.int, in, out unsafe.Pointer, dt C.int,
 	shape *C.int64_t, ndim C.int, reduceOp C.int, root C.int, prescale, postscale C.double,
-	splits *C.int64_t, nsplits C.int, processSet C.int, waited C.int) C.int64_t {
+	splits *C.int64_t, nsplits C.int, processSet C.int, waited C.int, device C.int) C.int64_t {
 	return issued(enqueue(enqueueArgs{
 		kind: int(kind), name: unsafe.Pointer(name), nameLen: int(nameLen), in: in, out: out,
 		dtype: int(dt), shape: unsafe.Pointer(shape), ndim: int(ndim), op: int(reduceOp), root: int(root),
 		prescale: float64(prescale), postscale: float64(postscale), splits: unsafe.Pointer(splits),
-		nsplits: int(nsplits), processSet: int(processSet), waited: waited != 0,
+		nsplits: int(nsplits), processSet: int(processSet), waited: waited != 0, device: int(device),
 	}))
 }
 
@@ -232,6 +237,7 @@ type enqueueArgs struct {
 	nsplits             int
 	processSet          int
 	waited              bool // the caller waits on the handle next (kolo.WaitsAtOnce)
+	device              int  // -1: host memory; else a GPU's tensor, staged (kolo.FromGPU)
 }
 
 func enqueue(a enqueueArgs) *op {
@@ -248,7 +254,7 @@ func enqueue(a enqueueArgs) *op {
 		return fail(err)
 	}
 	// A root outside the ranks is the engine's to refuse: as a refusal, the other ranks hear of it.
-	opts, err := options(a.prescale, a.postscale, a.processSet)
+	opts, err := options(a.prescale, a.postscale, a.processSet, a.device)
 	if err != nil {
 		return fail(err)
 	}
@@ -361,7 +367,7 @@ func refuse(kind int, namePtr unsafe.Pointer, nameLen, groupSize int, reasonPtr 
 //export kolo_enqueue_group
 func kolo_enqueue_group(kind C.int, name *C.char, nameLen C.int, n C.int, ins, outs *unsafe.Pointer,
 	dtypes *C.int, shapes *C.int64_t, ndims *C.int, reduceOp C.int, prescale, postscale C.double,
-	processSet C.int, handles *C.int64_t) C.int {
+	processSet C.int, device C.int, handles *C.int64_t) C.int {
 	dst, err := cArray[C.int64_t]("handles", "n", unsafe.Pointer(handles), int(n))
 	if err != nil {
 		return setLastErr(fmt.Errorf("kolo_enqueue_group: %w", err))
@@ -371,6 +377,7 @@ func kolo_enqueue_group(kind C.int, name *C.char, nameLen C.int, n C.int, ins, o
 		ins: unsafe.Pointer(ins), outs: unsafe.Pointer(outs), dtypes: unsafe.Pointer(dtypes),
 		shapes: unsafe.Pointer(shapes), ndims: unsafe.Pointer(ndims), op: int(reduceOp),
 		prescale: float64(prescale), postscale: float64(postscale), processSet: int(processSet),
+		device: int(device),
 	})
 	status := C.int(0)
 	for i, o := range ops {
@@ -392,6 +399,7 @@ type groupArgs struct {
 	op                    int
 	prescale, postscale   float64
 	processSet            int
+	device                int // as kolo_enqueue's, for every member
 }
 
 // enqueueGroup returns the group's n ops (n >= 0): all of them failed with one error when an
@@ -420,7 +428,7 @@ func enqueueGroup(a groupArgs) []*op {
 	if err != nil {
 		return fail(err)
 	}
-	opts, err := options(a.prescale, a.postscale, a.processSet)
+	opts, err := options(a.prescale, a.postscale, a.processSet, a.device)
 	if err != nil {
 		return fail(err)
 	}

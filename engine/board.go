@@ -232,7 +232,7 @@ func (e *Engine) boardArrive(now time.Time) bool {
 			src = en.out
 		}
 		copy(data[used:used+sz], src)
-		if f := en.req.PreScale; f != 0 && f != 1 {
+		if f := preScale(boardResponse(&en.req)); f != 1 {
 			reduce.Scale(en.req.DType, data[used:used+sz], f)
 		}
 		used += sz
@@ -302,7 +302,7 @@ func (e *Engine) boardRun() bool {
 			continue
 		}
 		reduce.Many(en.req.DType, reduce.Op(en.req.ReduceOp), en.out, b.srcs...)
-		if f := postScale(negotiate.Response{PostScale: en.req.PostScale, Average: en.req.Average}, b.n); f != 1 {
+		if f := postScale(boardResponse(&en.req), b.n); f != 1 {
 			reduce.Scale(en.req.DType, en.out, f)
 		}
 		if tl != nil {
@@ -412,4 +412,11 @@ func (e *Engine) boardFlush(now time.Time) bool {
 		return true
 	}
 	return e.boardFallBack(now)
+}
+
+// boardResponse is what a board op's scaling reads of the Response the coordinator would have sent
+// for its request: the board runs cached ops without one.
+func boardResponse(q *negotiate.Request) negotiate.Response {
+	return negotiate.Response{DType: q.DType, GPU: q.GPU, PreScale: q.PreScale, PostScale: q.PostScale,
+		Average: q.Average}
 }

@@ -185,6 +185,17 @@ func (x *executor) reduceAll(ctx context.Context, buf []byte, t dtype.DType, op 
 	return collective.AllreduceScaled(ctx, x.comm(), buf, t, op, scale, x.tuning())
 }
 
+// preScale is the factor r's data is multiplied by before the reduction (1: none).
+func preScale(r negotiate.Response) float64 {
+	f := r.PreScale
+	if f == 0 {
+		f = 1
+	}
+	return deviceFactor(f, r.DType, r.GPU)
+}
+
+// postScale is the factor r's result is multiplied by (1: none): its postscale, divided by the
+// group's size for an average, as Horovod folds an average into the postscale.
 func postScale(r negotiate.Response, size int) float64 {
 	f := r.PostScale
 	if f == 0 {
@@ -193,7 +204,19 @@ func postScale(r negotiate.Response, size int) float64 {
 	if r.Average {
 		f /= float64(size)
 	}
-	return f
+	return deviceFactor(f, r.DType, r.GPU)
+}
+
+// deviceFactor is scale factor f as applied to a tensor of dtype t. Horovod's CUDA kernels round a
+// float16 tensor's factor to float16 and multiply in float16 (__hmul), where its CPU code (and
+// kolo's kernels) multiply in float32: the product of two float16s is exact in float32, so with
+// the factor rounded first reduce.Scale rounds once, to the same float16 as the GPU. Only GPU
+// tensors get this, so that a script gives the results it gave under Horovod on either device.
+func deviceFactor(f float64, t dtype.DType, gpu bool) float64 {
+	if !gpu || t != dtype.Float16 || f == 1 {
+		return f
+	}
+	return float64(reduce.Float16BitsToFloat32(reduce.Float32ToFloat16Bits(float32(f))))
 }
 
 // unfusedBytes: a tensor at least this large is reduced in place, on its own, even when its
@@ -295,8 +318,8 @@ func (x *executor) reduceInPlace(ctx context.Context, r negotiate.Response, en *
 // the division of an average). For Adasum, buf holds tensors of counts elements (nil: one tensor).
 func (x *executor) reduceScaled(ctx context.Context, r negotiate.Response, buf []byte, counts []int) error {
 	t, op := r.DType, reduce.Op(r.ReduceOp)
-	if r.PreScale != 0 && r.PreScale != 1 {
-		reduce.Scale(t, buf, r.PreScale)
+	if f := preScale(r); f != 1 {
+		reduce.Scale(t, buf, f)
 	}
 	if r.ReduceOp == negotiate.ReduceAdasum {
 		return x.adasum(ctx, buf, t, counts, postScale(r, x.g.Size))
@@ -455,8 +478,8 @@ func (x *executor) reducescatter(ctx context.Context, r negotiate.Response, i in
 	} else {
 		fillIdentity(send, t, op)
 	}
-	if r.PreScale != 0 && r.PreScale != 1 {
-		reduce.Scale(t, send, r.PreScale)
+	if f := preScale(r); f != 1 {
+		reduce.Scale(t, send, f)
 	}
 	out := make([]byte, counts[x.g.Rank])
 	if x.g.Size == 1 {

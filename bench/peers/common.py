@@ -21,6 +21,7 @@ def parse_args():
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", required=True)
+    p.add_argument("--device", default="cpu", help="where the torch peers' tensors live (cpu, cuda)")
     a = p.parse_args()
     a.sizes = [parse_size(s) for s in a.sizes.split(",")]
     return a
@@ -34,8 +35,10 @@ def parse_size(s):
     return int(s)
 
 
-def measure(op_name, nranks, sizes, iters, warmup, make_buffer, run_once, barrier):
-    """make_buffer(nbytes) -> buffer; run_once(buffer) runs one op; barrier() aligns ranks."""
+def measure(op_name, nranks, sizes, iters, warmup, make_buffer, run_once, barrier, sync=None):
+    """make_buffer(nbytes) -> buffer; run_once(buffer) runs one op; barrier() aligns ranks; sync(),
+    if given, waits for the op's result to be where the caller can use it (a GPU's stream), inside
+    the timed interval: an op is timed until its result is usable, whatever ran it."""
     results = []
     for nbytes in sizes:
         buf = make_buffer(nbytes)
@@ -44,6 +47,8 @@ def measure(op_name, nranks, sizes, iters, warmup, make_buffer, run_once, barrie
         for it in range(warmup + iters):
             t0 = time.perf_counter()
             run_once(buf)
+            if sync:
+                sync()
             dt = time.perf_counter() - t0
             if it >= warmup:
                 times.append(dt * 1e6)

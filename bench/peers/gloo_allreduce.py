@@ -18,8 +18,9 @@ def main():
     sizes = a.sizes
     res = common.measure(
         "allreduce", n, sizes, a.iters, a.warmup,
-        make_buffer=lambda nb: torch.ones(max(nb // 4, 1), dtype=torch.float32),
+        make_buffer=lambda nb: torch.ones(max(nb // 4, 1), dtype=torch.float32, device=a.device),
         run_once=lambda t: dist.all_reduce(t),
+        sync=torch.cuda.synchronize if a.device.startswith("cuda") else None,
         barrier=dist.barrier,
     )
     if rank == 0:

@@ -19,8 +19,9 @@ def main():
     sizes = a.sizes
     res = common.measure(
         "allreduce", hvd.size(), sizes, a.iters, a.warmup,
-        make_buffer=lambda nb: torch.ones(max(nb // 4, 1), dtype=torch.float32),
+        make_buffer=lambda nb: torch.ones(max(nb // 4, 1), dtype=torch.float32, device=a.device),
         run_once=lambda t: hvd.allreduce_(t, op=hvd.Sum, name="bench"),
+        sync=torch.cuda.synchronize if a.device.startswith("cuda") else None,
         barrier=hvd.barrier,
     )
     if hvd.rank() == 0:

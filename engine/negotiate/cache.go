@@ -331,7 +331,7 @@ func (c *Cache) expand(r *Response) error {
 			if r.Kind != InvalidOp && r.Kind != s.kind {
 				return fmt.Errorf("negotiate: rank %d: response %d says %s, but cache id %d stands for %s %q", c.rank, r.Seq, r.Kind, id, s.kind, s.name)
 			}
-			r.Kind, r.DType, r.ReduceOp, r.Average, r.Root = s.kind, s.dtype, s.reduceOp, s.average, s.root
+			r.Kind, r.DType, r.ReduceOp, r.Average, r.GPU, r.Root = s.kind, s.dtype, s.reduceOp, s.average, s.gpu, s.root
 			r.PreScale, r.PostScale, r.Group, r.GroupSize = s.pre, s.post, s.group, s.groupSize
 			if s.kind == Allgather {
 				r.Dim0 = make([][]int64, len(r.CacheIDs))

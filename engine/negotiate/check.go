@@ -13,7 +13,8 @@ import (
 //
 //	allreduce "grad.w1": mismatched shapes: ranks 0,2 sent [4 5] float32; rank 1 sent [4 6] float32
 //
-// Checks run in a fixed order (kind, group, dtype, shape, reduce op, scale factors, root, splits) and
+// Checks run in a fixed order (kind, group, dtype, device, shape, reduce op, scale factors, root,
+// splits) and
 // the first that fails is reported: later ones would only repeat its cause.
 func negotiate(name string, size int, reqs []Request, present, absent []int, ids jobRanks) (*opSig, string) {
 	first := &reqs[present[0]]
@@ -70,6 +71,10 @@ func negotiate(name string, size int, reqs []Request, present, absent []int, ids
 		return fail("invalid dtype %v", first.DType)
 	}
 	s.dtype = first.DType
+	if v := tallyIf(!agreed, present, func(r int) string { return deviceName(reqs[r].GPU) }); len(v) > 1 {
+		return fail("mismatched devices (CPU and GPU tensors): %s", ids.describe(v))
+	}
+	s.gpu = first.GPU
 
 	if varyDim0(kind) {
 		var scalars []int
@@ -272,7 +277,7 @@ func allAgree(reqs []Request, present []int) bool {
 		if !usesData(a.Kind) {
 			continue
 		}
-		if b.DType != a.DType {
+		if b.DType != a.DType || b.GPU != a.GPU {
 			return false
 		}
 		if varyDim0(a.Kind) {
@@ -291,4 +296,12 @@ func allAgree(reqs []Request, present []int) bool {
 		}
 	}
 	return true
+}
+
+// deviceName is what a mismatch error says a rank's tensor lived on.
+func deviceName(gpu bool) string {
+	if gpu {
+		return "a GPU tensor"
+	}
+	return "a CPU tensor"
 }

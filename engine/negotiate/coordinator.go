@@ -910,7 +910,7 @@ func (c *Coordinator) fuses(k OpKind) bool {
 
 func sameFusionKey(a, b *item) bool {
 	x, y := a.sig, b.sig
-	return x.kind == y.kind && x.dtype == y.dtype && x.reduceOp == y.reduceOp && x.average == y.average &&
+	return x.kind == y.kind && x.dtype == y.dtype && x.reduceOp == y.reduceOp && x.average == y.average && x.gpu == y.gpu &&
 		x.pre == y.pre && x.post == y.post && x.root == y.root && x.group == y.group &&
 		x.groupSize == y.groupSize && slices.Equal(a.joined, b.joined)
 }
@@ -921,7 +921,7 @@ func (c *Coordinator) emit(members []*item) Response {
 	s0 := members[0].sig
 	n := len(members)
 	r := Response{Seq: c.seq, Kind: s0.kind, DType: s0.dtype, ReduceOp: s0.reduceOp, Average: s0.average,
-		PreScale: s0.pre, PostScale: s0.post, Root: s0.root, Group: s0.group, GroupSize: s0.groupSize,
+		GPU: s0.gpu, PreScale: s0.pre, PostScale: s0.post, Root: s0.root, Group: s0.group, GroupSize: s0.groupSize,
 		Joined: members[0].joined, Names: make([]string, n), Shapes: make([][]int64, n)}
 	if s0.kind == Allgather {
 		r.Dim0 = make([][]int64, n)

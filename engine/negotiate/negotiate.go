@@ -78,8 +78,8 @@ func ParseOpKind(s string) (OpKind, error) {
 // Reduction operators, with the numeric values of reduce.Op (the engine converts with a plain cast),
 // and then ReduceAdasum, which is no elementwise reduce.Op: the engine runs
 // collective.AdasumAllreduce for it (allreduce of floating-point tensors only, no joined ranks).
-// Average is not one of them: it is Sum plus a post-scale of 1/n, decided by the API layer; the
-// Request carries an Average flag only so that errors can say "average".
+// Average is not one of them: it is Sum plus a post-scale of 1/n, which the executor applies where
+// Request.Average says so.
 const (
 	ReduceSum    uint8 = 1
 	ReduceMin    uint8 = 2
@@ -126,8 +126,13 @@ type Request struct {
 	Shape []int64
 	// ReduceOp is one of ReduceSum..ReduceAdasum (Allreduce, ReduceScatter; Adasum: Allreduce only).
 	ReduceOp uint8
-	// Average marks a Sum whose PostScale the API layer set to 1/n; only errors read it.
+	// Average marks a Sum divided by the number of ranks: the executor folds 1/n into the
+	// postscale, as Horovod does.
 	Average bool
+	// GPU marks a tensor that lives in GPU memory, which the binding stages through host memory.
+	// Every rank must agree, as Horovod fails an op whose ranks mix CPU and GPU tensors, and a
+	// float16 tensor's scale factors are first rounded to float16, as Horovod's CUDA kernels do.
+	GPU bool
 	// Root is the rank whose tensor a Broadcast sends.
 	Root int
 	// PreScale and PostScale multiply the data before and after the reduction (Allreduce,
@@ -178,6 +183,8 @@ type Response struct {
 	// ReduceOp and Average are as in Request (Allreduce, ReduceScatter).
 	ReduceOp uint8
 	Average  bool
+	// GPU is as in Request (every kind that moves data).
+	GPU bool
 	// PreScale and PostScale are as in Request, with 0 already replaced by 1.
 	PreScale, PostScale float64
 	// Root is the Broadcast root.

@@ -21,7 +21,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite testdata/*.txt with the outpu
 //	config size=N [fusion=BYTES] [cache=N|off] [warn=DUR|off] [shutdown=DUR] [ranks=a,b,..]
 //	                                (resets everything; ranks: a process set's job ranks)
 //	submit RANKS KIND NAME [DTYPE SHAPE] [op=sum|avg|min|max|prod] [root=N] [pre=X] [post=X]
-//	       [splits=a,b,..] [rows=a,b,..] [group=G/N] [average] [full]
+//	       [splits=a,b,..] [rows=a,b,..] [group=G/N] [average] [gpu] [full]
 //	submit-id RANK ID [seen=N]      a raw cache id, bypassing the rank's cache
 //	join RANKS
 //	tick DUR                        advance the clock, run the stall inspector, print stalls+responses
@@ -308,6 +308,8 @@ func (s *scenario) submit(f []string) ([]string, error) {
 			full = true
 		case "average":
 			req.Average = true
+		case "gpu":
+			req.GPU = true
 		case "op":
 			switch v {
 			case "avg", "average":
@@ -504,7 +506,7 @@ func (s *scenario) dumpCache(who string) ([]string, error) {
 
 func formatSig(s *opSig) string {
 	r := Response{Kind: s.kind, Names: []string{s.name}, DType: s.dtype, ReduceOp: s.reduceOp, Average: s.average,
-		PreScale: s.pre, PostScale: s.post, Root: s.root, Group: s.group, GroupSize: s.groupSize,
+		GPU: s.gpu, PreScale: s.pre, PostScale: s.post, Root: s.root, Group: s.group, GroupSize: s.groupSize,
 		Shapes: [][]int64{s.shape}, Splits: s.splits}
 	if s.dim0 != nil {
 		r.Dim0 = [][]int64{s.dim0}
@@ -549,6 +551,9 @@ func formatResponse(r *Response) string {
 	b.WriteString(r.Kind.String())
 	if r.Kind != Barrier {
 		b.WriteString(" " + r.DType.String())
+	}
+	if r.GPU {
+		b.WriteString(" gpu")
 	}
 	if usesReduce(r.Kind) {
 		b.WriteString(" " + ReduceOpName(r.ReduceOp, r.Average))

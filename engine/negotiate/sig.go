@@ -17,6 +17,7 @@ type opSig struct {
 	dtype     dtype.DType
 	reduceOp  uint8
 	average   bool
+	gpu       bool
 	root      int
 	pre, post float64 // 0 already replaced by 1
 	group     int64
@@ -66,7 +67,7 @@ func (s *opSig) matches(rank, size int, r *Request) bool {
 	if !usesData(s.kind) {
 		return true
 	}
-	if r.DType != s.dtype {
+	if r.DType != s.dtype || r.GPU != s.gpu {
 		return false
 	}
 	if usesReduce(s.kind) {
@@ -108,7 +109,7 @@ func (s *opSig) matches(rank, size int, r *Request) bool {
 // requestFor rebuilds the Request rank submitted for s (with explicit splits and scales).
 func (s *opSig) requestFor(rank int) Request {
 	r := Request{Name: s.name, Kind: s.kind, DType: s.dtype, ReduceOp: s.reduceOp, Average: s.average,
-		Root: s.root, PreScale: s.pre, PostScale: s.post, Group: s.group, GroupSize: s.groupSize}
+		GPU: s.gpu, Root: s.root, PreScale: s.pre, PostScale: s.post, Group: s.group, GroupSize: s.groupSize}
 	if !usesData(s.kind) {
 		return r
 	}
@@ -132,7 +133,7 @@ func sigEqual(a, b *opSig) bool {
 		return true
 	}
 	if a.name != b.name || a.kind != b.kind || a.dtype != b.dtype || a.reduceOp != b.reduceOp ||
-		a.average != b.average || a.root != b.root || a.pre != b.pre || a.post != b.post ||
+		a.average != b.average || a.gpu != b.gpu || a.root != b.root || a.pre != b.pre || a.post != b.post ||
 		a.group != b.group || a.groupSize != b.groupSize || a.partial != b.partial ||
 		!slices.Equal(a.shape, b.shape) || !slices.Equal(a.dim0, b.dim0) || len(a.splits) != len(b.splits) {
 		return false
@@ -170,7 +171,7 @@ func satAdd(a, b int64) int64 {
 // sigFromResponse rebuilds the sig of r.Names[i], as the Coordinator built it.
 func sigFromResponse(r *Response, i int) *opSig {
 	s := &opSig{name: r.Names[i], kind: r.Kind, dtype: r.DType, reduceOp: r.ReduceOp, average: r.Average,
-		root: r.Root, pre: r.PreScale, post: r.PostScale, group: r.Group, groupSize: r.GroupSize}
+		gpu: r.GPU && usesData(r.Kind), root: r.Root, pre: r.PreScale, post: r.PostScale, group: r.Group, groupSize: r.GroupSize}
 	if i < len(r.Shapes) {
 		s.shape = r.Shapes[i]
 	}

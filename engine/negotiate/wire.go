@@ -87,7 +87,8 @@ const (
 	reqGroup
 	reqRoot
 	reqError
-	reqAll = reqAverage | reqScales | reqSplits | reqGroup | reqRoot | reqError
+	reqGPU
+	reqAll = reqAverage | reqScales | reqSplits | reqGroup | reqRoot | reqError | reqGPU
 )
 
 // EncodeBatch appends b's message to dst. Cached ids travel as a set: a bitset or a delta list,
@@ -120,6 +121,9 @@ func appendRequest(dst []byte, r *Request) []byte {
 	var flags byte
 	if r.Average {
 		flags |= reqAverage
+	}
+	if r.GPU {
+		flags |= reqGPU
 	}
 	if r.PreScale != 0 || r.PostScale != 0 {
 		flags |= reqScales
@@ -266,6 +270,7 @@ func (d *decoder) request(r *Request) {
 		d.fail("unknown request flags %#x", flags)
 	}
 	r.Average = flags&reqAverage != 0
+	r.GPU = flags&reqGPU != 0
 	r.Shape = d.ints("shape", MaxDims)
 	if flags&reqRoot != 0 {
 		r.Root = d.int("root")
@@ -304,7 +309,8 @@ const (
 	respRoot
 	respResync
 	respTune
-	respAll = respFromCache | respAverage | respScales | respError | respGroup | respDim0 | respSplits | respRoot | respResync | respTune
+	respGPU
+	respAll = respFromCache | respAverage | respScales | respError | respGroup | respDim0 | respSplits | respRoot | respResync | respTune | respGPU
 )
 
 // EncodeResponses appends rs's message to dst. A FromCache Response travels as its cache ids (and
@@ -340,6 +346,9 @@ func appendResponse(dst []byte, r *Response) []byte {
 	var flags uint64
 	if r.Average {
 		flags |= respAverage
+	}
+	if r.GPU {
+		flags |= respGPU
 	}
 	if r.PreScale != 0 || r.PostScale != 0 {
 		flags |= respScales
@@ -505,6 +514,7 @@ func (d *decoder) response(r *Response) {
 		return
 	}
 	r.Average = flags&respAverage != 0
+	r.GPU = flags&respGPU != 0
 	if flags&respError != 0 {
 		r.Error = d.str("error", MaxErrorLen)
 		if r.Error == "" && d.err == nil {

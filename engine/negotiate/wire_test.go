@@ -17,7 +17,7 @@ func sampleBatches() []*Batch {
 		{Rank: 3, Seen: 99, Join: true},
 		{Rank: 1, Seen: 7, Requests: []Request{
 			{Name: "grad.w1", Kind: Allreduce, DType: dtype.Float32, Shape: []int64{4, 5}, ReduceOp: ReduceSum, Average: true, PostScale: 0.25},
-			{Name: "emb", Kind: Allgather, DType: dtype.BFloat16, Shape: []int64{0, 3}},
+			{Name: "emb", Kind: Allgather, DType: dtype.BFloat16, Shape: []int64{0, 3}, GPU: true},
 			{Name: "init", Kind: Broadcast, DType: dtype.Int64, Shape: []int64{9}, Root: 2},
 			{Name: "a2a", Kind: Alltoall, DType: dtype.Uint8, Shape: []int64{6}, Splits: []int64{1, 2, 3}},
 			{Name: "a2a.empty", Kind: Alltoall, DType: dtype.Uint8, Shape: []int64{0}, Splits: []int64{}},
@@ -36,7 +36,7 @@ func sampleResponses() []Response {
 	return []Response{
 		{Seq: 1, Kind: Allreduce, Names: []string{"a", "b"}, DType: dtype.Float32, ReduceOp: ReduceSum, Average: true,
 			PreScale: 1, PostScale: 0.5, Shapes: [][]int64{{4, 5}, nil}, CacheIDs: []uint32{0, NoCacheID}, Evict: []uint32{7}},
-		{Seq: 2, Kind: Allgather, Names: []string{"g"}, DType: dtype.Float16, Shapes: [][]int64{{6, 2}},
+		{Seq: 2, Kind: Allgather, Names: []string{"g"}, DType: dtype.Float16, GPU: true, Shapes: [][]int64{{6, 2}},
 			Dim0: [][]int64{{1, 2, 3}}, Joined: []int{1}, Group: 4, GroupSize: 1},
 		{Seq: 3, Kind: Alltoall, Names: []string{"t"}, DType: dtype.Int32, Shapes: [][]int64{{3}},
 			Splits: [][]int64{{1, 0}, {1, 1}}},

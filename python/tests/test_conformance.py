@@ -24,7 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 KOLO = os.path.join(ROOT, "bin", "kolo")
 LIB = os.path.join(ROOT, "python", "kolo", "lib", "libkolo.so")
-PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+# KOLO_PYTHON: the Python with torch, where that is not Debian's (a CUDA machine's venv).
+PY = os.environ.get("KOLO_PYTHON") or ("/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
 RUNNER = os.path.join(HERE, "conformance", "runner.py")
 
 from conformance import runner  # noqa: E402  (stdlib only at import)

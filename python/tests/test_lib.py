@@ -108,9 +108,9 @@ def test_bad_arguments_raise_instead_of_killing_python():
             msg = _lib.last_error()
             assert want in msg, (want, msg)
 
-        refused(C.kolo_enqueue(1, None, 0, None, None, 99, None, 0, 1, 0, 1.0, 1.0, None, 0, 0, 0),
+        refused(C.kolo_enqueue(1, None, 0, None, None, 99, None, 0, 1, 0, 1.0, 1.0, None, 0, 0, 0, -1),
                 "argument dt = 99")
-        failed(C.kolo_enqueue_group(1, None, 0, 2, None, None, None, None, None, 1, 1.0, 1.0, 0, None),
+        failed(C.kolo_enqueue_group(1, None, 0, 2, None, None, None, None, None, 1, 1.0, 1.0, 0, -1, None),
                "argument handles = NULL")
 
         h = hvd.allgather_async(torch.ones(2, 3))
@@ -137,7 +137,7 @@ def test_init_raises_the_error_of_an_interrupted_init():
         import kolo.torch as hvd
         from kolo import _lib
         C = _lib._load()
-        h = C.kolo_enqueue(1, None, 0, None, None, 99, None, 0, 1, 0, 1.0, 1.0, None, 0, 0, 0)
+        h = C.kolo_enqueue(1, None, 0, None, None, 99, None, 0, 1, 0, 1.0, 1.0, None, 0, 0, 0, -1)
         assert h < 0, h
         _lib._pending = (-h, "init")
         try:

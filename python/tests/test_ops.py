@@ -17,7 +17,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 KOLO = os.path.join(ROOT, "bin", "kolo")
 LIB = os.path.join(ROOT, "python", "kolo", "lib", "libkolo.so")
-PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+# KOLO_PYTHON: the Python with torch, where that is not Debian's (a CUDA machine's venv).
+PY = os.environ.get("KOLO_PYTHON") or ("/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
 
 
 def env():
@@ -159,6 +160,46 @@ def test_cuda_tensors_are_staged():
     if "skip: no CUDA" in out:
         pytest.skip("no CUDA device")
     assert rc == 0 and "ok" in out, out
+
+
+def test_cpu_and_gpu_tensors_across_ranks_fail_every_rank():
+    # What Horovod's test_horovod_allreduce_cpu_gpu_error checks, without a GPU: rank 1 says its
+    # (host) tensors are a GPU's, as the binding says of a staged CUDA tensor. The op fails on both
+    # ranks naming the devices, a group mixing the two on one rank is refused on both, and the
+    # job goes on. With a GPU, Horovod's own test runs it (docs/pytorch.md, "CUDA tensors").
+    code = textwrap.dedent("""
+        import torch, kolo.torch as hvd
+        from kolo.torch import mpi_ops
+        hvd.init()
+        r = hvd.rank()
+        real = mpi_ops._device_id
+        if r == 1:
+            mpi_ops._device_id = lambda t: 0
+        for call in (lambda: hvd.allreduce(torch.ones(17), name="x"),
+                     lambda: hvd.allgather(torch.ones(2, 3)),
+                     lambda: hvd.broadcast(torch.ones(3), root_rank=0)):
+            try:
+                call()
+                raise SystemExit("rank %d: no error" % r)
+            except hvd.HorovodInternalError as e:  # a RuntimeError, as Horovod's test expects
+                assert "mismatched devices" in str(e) and "GPU" in str(e), e
+        mpi_ops._device_id = real
+        class LooksLikeCUDA(torch.Tensor):  # a host tensor that says it is a CUDA one
+            is_cuda = True
+        g = [torch.ones(2), torch.ones(3)]
+        if r == 0:
+            g[1] = g[1].as_subclass(LooksLikeCUDA)
+        try:
+            hvd.grouped_allreduce(g, name="grp")
+            raise SystemExit("rank %d: grouped, no error" % r)
+        except RuntimeError as e:  # as Horovod's test: this rank's refusal and the others' error
+            assert "must all be in host memory or all on GPUs" in str(e), e
+        y = hvd.allreduce(torch.ones(4) * (r + 1), op=hvd.Sum, name="after")
+        assert y.tolist() == [3.0] * 4, y
+        print("ok devices", flush=True)
+    """)
+    rc, out = run([KOLO, "run", "-np", "2", PY, "-c", code], timeout=120)
+    assert rc == 0 and out.count("ok devices") == 2, out
 
 
 def test_init_shutdown_init():

@@ -12,7 +12,8 @@ import textwrap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+# KOLO_PYTHON: the Python with torch, where that is not Debian's (a CUDA machine's venv).
+PY = os.environ.get("KOLO_PYTHON") or ("/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
 
 SCRIPT = textwrap.dedent("""
     import torch, kolo, kolo.torch as hvd

@@ -12,7 +12,9 @@ result back into the caller's tensor at synchronize().
 """
 
 import ctypes
+import os
 import struct
+import sys
 import warnings
 
 import torch
@@ -51,6 +53,11 @@ _DTYPES = {
 }
 
 _CPU = torch.device("cpu")
+# CUDA tensors are staged through pinned host memory (torch's caching host allocator keeps the
+# blocks), which the GPU copies to and from at the link's speed and the copy back can run
+# asynchronously on the tensor's stream; KOLO_CUDA_PINNED=0 stages through pageable memory instead,
+# for comparison (bench/python_latency.py --device cuda --kolo-env KOLO_CUDA_PINNED=0).
+_PINNED = os.environ.get("KOLO_CUDA_PINNED", "1") != "0"
 
 # Ops whose result needs nothing from the engine once they complete.
 _NO_RESULT_IN_ENGINE = frozenset((_ALLREDUCE, _BROADCAST, _BARRIER))
@@ -108,11 +115,12 @@ def _comm_ranks(comm):
         return ranks
     # An mpi4py communicator: map its members to MPI_COMM_WORLD ranks, which are the launcher's
     # ranks under mpirun (kolo's ranks are the world ranks there).
-    try:
-        from mpi4py import MPI
-    except ImportError:
+    # Not imported here: importing mpi4py.MPI initializes MPI, which aborts the process where no
+    # MPI runtime can start; a caller holding a communicator has imported it already.
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is None:
         raise ValueError("init(comm=%r): comm is neither a list of ranks nor an mpi4py "
-                         "communicator (mpi4py is not installed)" % (comm,))
+                         "communicator (mpi4py.MPI is not imported)" % (comm,))
     if not isinstance(comm, MPI.Comm):
         raise ValueError("init(comm=...): want a list of ranks or an mpi4py communicator, got %s"
                          % type(comm).__name__)
@@ -235,10 +243,10 @@ def _dtype_of(tensor):
 
 
 def _refuse(kind, name, process_set, exc, group_size=0):
-    """Raises exc, a ValueError this rank's own checks found in a call, after telling the engine:
-    the call takes its turn as refused, so that the other ranks' submissions of it fail with the
-    reason instead of waiting for this rank (and an unnamed call uses up its number, keeping the
-    ranks' numbering in step)."""
+    """Raises exc, an error this rank's own checks found in a call (a ValueError, or what Horovod
+    raises in its place), after telling the engine: the call takes its turn as refused, so that the
+    other ranks' submissions of it fail with the reason instead of waiting for this rank (and an
+    unnamed call uses up its number, keeping the ranks' numbering in step)."""
     psid = process_set.process_set_id
     if psid is None:  # a set never registered: the call has no turn to take anywhere
         raise exc
@@ -319,9 +327,11 @@ class _Op(object):
         if kind == _ALLREDUCE or kind == _BROADCAST:
             if self.dest is not None:  # in place on a tensor the engine could not address
                 with torch.no_grad():
-                    self.dest.copy_(self.out)
+                    self.dest.copy_(self.out, non_blocking=self.dest.is_cuda and self.out.is_pinned())
                 return self.dest
-            return self.out if self.device is None else self.out.to(self.device)
+            if self.device is None:
+                return self.out
+            return self.out.to(self.device, non_blocking=self.out.is_pinned())
         if kind == _ALLGATHER or kind == _REDUCESCATTER:
             return self._fetch()
         if kind == _ALLTOALL:
@@ -332,8 +342,11 @@ class _Op(object):
                                         % (self.h, _lib.last_error()))
             splits = torch.empty(n, dtype=torch.int64)
             _lib.C.kolo_recv_splits(self.h, splits.data_ptr(), n)
-            dt = self.splits_like.dtype if self.splits_like is not None else torch.int32
-            return out, splits.to(dt)
+            # As Horovod: received splits are like the splits tensor given (its dtype and device),
+            # else int32 in host memory.
+            if self.splits_like is None:
+                return out, splits.to(torch.int32)
+            return out, splits.to(device=self.splits_like.device, dtype=self.splits_like.dtype)
         if kind == _JOIN:
             return _lib.C.kolo_join_last(self.h)
         return None
@@ -345,11 +358,13 @@ class _Op(object):
         nbytes = _lib.C.kolo_result(self.h, shape, nd)
         if nbytes < 0:
             raise KoloInternalError("kolo: result of handle %d: %s" % (self.h, _lib.last_error()))
-        out = torch.empty(tuple(shape), dtype=self.inp.dtype)
+        # is_pinned only for a device tensor's staging: on a host tensor it could start CUDA.
+        pinned = self.device is not None and self.inp.is_pinned()
+        out = torch.empty(tuple(shape), dtype=self.inp.dtype, pin_memory=pinned)
         if nbytes and _lib.C.kolo_result_copy(self.h, out.data_ptr(), nbytes) != nbytes:
             raise KoloInternalError("kolo: copying the result of handle %d: %s"
                                     % (self.h, _lib.last_error()))
-        return out if self.device is None else out.to(self.device)
+        return out if self.device is None else out.to(self.device, non_blocking=pinned)
 
 
 class _Group(object):
@@ -373,7 +388,7 @@ def _stage(kind, tensor, inplace):
     if tensor.is_cpu:
         inp = tensor if tensor.is_contiguous() else tensor.contiguous()
     else:
-        inp = tensor.detach().to(_CPU).contiguous()
+        inp = _host_copy(tensor)
         o.device = tensor.device
     out = None
     if kind == _ALLREDUCE or kind == _BROADCAST:
@@ -387,6 +402,25 @@ def _stage(kind, tensor, inplace):
             out = inp  # already a private copy
     o.inp, o.out = inp, out
     return o
+
+
+def _device_id(tensor):
+    """Horovod's device id of tensor: -1 in host memory, else its GPU's index (0 if unset)."""
+    if tensor.is_cuda:
+        return tensor.device.index or 0
+    return -1
+
+
+def _host_copy(tensor):
+    """A contiguous host copy of a device tensor, complete when this returns (the engine reads it
+    from another thread): pinned for a CUDA tensor unless KOLO_CUDA_PINNED=0. A copy back from
+    pinned memory is asynchronous and ordered on the tensor's stream; the caching host allocator
+    does not reuse the block before that copy ran."""
+    if _PINNED and tensor.is_cuda:
+        h = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        h.copy_(tensor.detach())
+        return h
+    return tensor.detach().to(_CPU).contiguous()
 
 
 def _enqueue(kind, tensor, inplace, name, op=Sum, root=0, prescale_factor=1.0,
@@ -411,7 +445,7 @@ def _enqueue(kind, tensor, inplace, name, op=Sum, root=0, prescale_factor=1.0,
     shape = inp.shape
     h = _lib.C.kolo_enqueue(kind, nm, nlen, inp.data_ptr(), out.data_ptr() if out is not None else None,
                             dt, _pack_int64s(shape), len(shape), op, root, prescale_factor,
-                            postscale_factor, sp, nsp, psid, waited)
+                            postscale_factor, sp, nsp, psid, waited, _device_id(tensor))
     if h < 0:
         raise _lib.take_error(-h)
     o.h = h
@@ -429,6 +463,10 @@ def _enqueue_group(kind, tensors, inplace, name, op=Sum, prescale_factor=1.0, po
         dts = [_dtype_of(t) for t in tensors]
     except ValueError as e:
         _refuse(kind, name, process_set, e, group_size=n)
+    if any(t.is_cuda != tensors[0].is_cuda for t in tensors):
+        # A RuntimeError, as Horovod raises (its test_horovod_grouped_allreduce_cpu_gpu_error).
+        _refuse(kind, name, process_set,
+                RuntimeError("a group's tensors must all be in host memory or all on GPUs"), group_size=n)
     ops = [_stage(kind, t, inplace) for t in tensors]
     ins = (ctypes.c_void_p * n)(*[o.inp.data_ptr() for o in ops])
     outs = None
@@ -441,7 +479,7 @@ def _enqueue_group(kind, tensors, inplace, name, op=Sum, prescale_factor=1.0, po
     nm, nlen = _name_arg(name)
     rc = _lib.C.kolo_enqueue_group(kind, nm, nlen, n, ins, outs, (ctypes.c_int * n)(*dts), shape_arr,
                                    ndims, op, prescale_factor, postscale_factor,
-                                   _process_set_id(process_set), handles)
+                                   _process_set_id(process_set), _device_id(tensors[0]), handles)
     if rc != 0:
         err = None
         for h in handles:
@@ -885,7 +923,7 @@ def grouped_reducescatter(tensors, name=None, compression=_NO_COMPRESSION, op=Av
 def barrier(process_set=global_process_set):
     """Returns once every rank has called barrier."""
     h = _lib.C.kolo_enqueue(_BARRIER, None, 0, None, None, 0, None, 0, 0, 0, 1.0, 1.0, None, 0,
-                            _process_set_id(process_set), 1)
+                            _process_set_id(process_set), 1, -1)
     if h < 0:
         raise _lib.take_error(-h)
     o = _Op()
@@ -898,7 +936,7 @@ def join(device=-1):
     """Says this rank has no more data; other ranks' allreduces go on with it contributing
     nothing until every rank has joined. Returns the last rank to join. device is accepted for
     Horovod compatibility (kolo needs no device for the zeros it contributes)."""
-    h = _lib.C.kolo_enqueue(_JOIN, None, 0, None, None, 0, None, 0, 0, 0, 1.0, 1.0, None, 0, 0, 1)
+    h = _lib.C.kolo_enqueue(_JOIN, None, 0, None, None, 0, None, 0, 0, 0, 1.0, 1.0, None, 0, 0, 1, -1)
     if h < 0:
         raise _lib.take_error(-h)
     o = _Op()
