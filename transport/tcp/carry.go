@@ -115,6 +115,27 @@ func writeLeaveNotice(c *net.TCPConn) error {
 	return err
 }
 
+// verdictWait bounds how long a call that found a connection closed by the peer waits for the
+// control lane to say why (awaitVerdict).
+const verdictWait = time.Second
+
+// awaitVerdict waits, when err says that the peer closed a connection, until p's control reader
+// has found its own connection's end (within verdictWait). A peer that left says so there, and may have closed this
+// connection first (a set it acked and never took: see closeLink): the call is then to fail with
+// transport.ErrPeerLeft, not blame the peer.
+func (p *peer) awaitVerdict(err error) {
+	if p.lost.Load() != nil || !isHangUp(err) {
+		return
+	}
+	t := time.NewTimer(verdictWait)
+	defer t.Stop()
+	select {
+	case <-p.ctrlDone:
+	case <-p.m.quit:
+	case <-t.C:
+	}
+}
+
 // interrupt makes every blocked read and write on p's connections return, leaving them open.
 func (p *peer) interrupt() {
 	p.ctrl.SetDeadline(aLongTimeAgo)

@@ -324,6 +324,157 @@ func TestLazyDialToARankThatLeft(t *testing.T) {
 	}
 }
 
+// A rank that ends while a set it acked is still on its way to its mesh closes the set, and the
+// dialer, which had every ack and took the set, learns at once why: with the leave notice on the
+// set's control connection if the rank detached (whichever of the four paths that set takes closes
+// it), as a connection closed by the rank if it closed. A connection the rank had not yet acked
+// is declined, as a dial to a rank that left (not logged as rejected) or to a closed one.
+// Listener.hold stops one connection of the set at each path's point while the rank ends.
+func TestLeaveNoticeOnAnAckedSet(t *testing.T) {
+	const streams = 2
+	type place struct {
+		name string
+		at   holdPoint
+		lane lane // the set's first connection of that lane is held
+		// queued: the control connection reaches the registration only once the mesh is held
+		// (on a data connection), so that it waits in the queue when the rank ends.
+		queued bool
+	}
+	places := []place{
+		{"control connection taken, a data connection not yet (closeLink)", holdAcked, laneData, false},
+		{"control connection in the queue (unregister)", holdReceived, laneData, true},
+		{"control connection acked, not yet delivered (deliver)", holdAcked, laneControl, false},
+		{"control connection off the queue, not yet in the set (arrive)", holdReceived, laneControl, false},
+		{"control connection claimed, not yet acked (deliver's decide)", holdClaimed, laneControl, false},
+	}
+	ends := []struct {
+		name string
+		end  func(m *Mesh)
+		left bool
+	}{
+		{"detached", func(m *Mesh) { m.Detach() }, true},
+		{"closed", func(m *Mesh) { m.Close() }, false},
+	}
+	for _, e := range ends {
+		for _, pl := range places {
+			t.Run(e.name+"/"+pl.name, func(t *testing.T) {
+				held, release := make(chan struct{}), make(chan struct{})
+				var once sync.Once
+				w := newListeners(t, 2)
+				w.ls[1].hold = func(at holdPoint, id connID) {
+					if pl.queued && at == holdAcked && id.lane == laneControl {
+						<-held
+						return
+					}
+					if at != pl.at || id.lane != pl.lane {
+						return
+					}
+					first := false
+					once.Do(func() { first = true })
+					if first {
+						close(held)
+						<-release
+					}
+				}
+				defer func() { // a failed case must not leave the listener held
+					once.Do(func() { close(held) })
+					select {
+					case <-release:
+					default:
+						close(release)
+					}
+				}()
+				w.connect(t, streams, ChunkSize, func(cfg *Config) {
+					cfg.Lazy, cfg.Eager = true, nil
+					cfg.ConnectTimeout = 20 * time.Second
+				})
+				m0, m1 := w.ms[0], w.ms[1]
+				errc := make(chan error, 1)
+				go func() { errc <- m0.Comm().Recv(context.Background(), 1, make([]byte, 1<<20)) }()
+
+				// The dialer has every ack (but the held one's, before it is acked) and took the
+				// set; rank 1 holds one connection of it and has the others as far as they go (its
+				// set, or the queue while its mesh is held).
+				p0, p1 := m0.peers[1], m1.peers[0]
+				if pl.at != holdClaimed {
+					waitUntil(t, "rank 0 took the set", func() bool { return p0.up.Load() })
+				}
+				<-held
+				waitUntil(t, "rank 1 has the rest of the set", func() bool {
+					p1.linkMu.Lock()
+					n := len(p1.partial)
+					p1.linkMu.Unlock()
+					queue := len(m1.reg.ch)
+					if pl.at != holdReceived {
+						return queue == 0 && n == streams
+					}
+					return queue+n == streams
+				})
+
+				ended := make(chan struct{})
+				go func() {
+					e.end(m1)
+					close(ended)
+				}()
+				// A held mesh cannot finish ending: release once it has closed the peer's link,
+				// which comes after its registration ended.
+				waitUntil(t, "rank 1 closed its link to rank 0", func() bool {
+					p1.linkMu.Lock()
+					defer p1.linkMu.Unlock()
+					return p1.link == linkClosed
+				})
+				start := time.Now()
+				close(release)
+				select {
+				case err := <-errc:
+					var pe *transport.PeerError
+					if !errors.As(err, &pe) || pe.Rank != 1 || errors.Is(err, transport.ErrPeerLeft) != e.left {
+						t.Fatalf("after %v: %v, want a PeerError for rank 1 (left: %v)", time.Since(start), err, e.left)
+					}
+				case <-time.After(2 * time.Second):
+					t.Fatal("the dialer's call still blocked 2 s after the rank ended")
+				}
+				select {
+				case <-ended:
+				case <-time.After(2 * time.Second):
+					t.Fatal("rank 1's end did not return")
+				}
+				select {
+				case msg := <-m0.Messenger().Inbox():
+					if msg.From != 1 || msg.Body != nil {
+						t.Fatalf("rank 0 inbox: %+v, want the nil-body loss notice from rank 1", msg)
+					}
+				case <-time.After(time.Second):
+					t.Fatal("rank 0: no loss notice in the inbox")
+				}
+				if err := m0.Messenger().Lost(1); errors.Is(err, transport.ErrPeerLeft) != e.left {
+					t.Fatalf("rank 0: Lost(1) = %v (left: %v)", err, e.left)
+				}
+				if !e.left {
+					return
+				}
+				w.ls[1].Close() // waits for its goroutines, and what they log
+				if rej := w.sink.warnings("tcp transport: rejected connection"); len(rej) > 0 {
+					t.Fatalf("dials to a rank that left logged as rejected: %v", rej)
+				}
+				if lost := w.sink.warnings("tcp transport: peer lost"); len(lost) > 0 {
+					t.Fatalf("the rank that left logged as lost: %v", lost)
+				}
+			})
+		}
+	}
+}
+
+// waitUntil polls cond until it holds, failing the test after 5 s.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 5 s for: %s", what)
+		}
+	}
+}
+
 // A peer whose control lane is busy when the mesh detaches (a message being written: the leave
 // notice cannot be put between its bytes) is not carried but closed, and the next world dials it.
 func TestDetachClosesAPeerWithABusyControlLane(t *testing.T) {

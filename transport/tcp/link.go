@@ -251,6 +251,9 @@ func (m *Mesh) arrivals() {
 	for {
 		select {
 		case a := <-m.reg.ch:
+			if m.l.hold != nil {
+				m.l.hold(holdReceived, a.id)
+			}
 			m.arrive(a)
 		case <-m.quit:
 			return
@@ -263,6 +266,9 @@ func (m *Mesh) arrive(a arrival) {
 	p.linkMu.Lock()
 	defer p.linkMu.Unlock()
 	if m.closed.Load() || (p.link != linkAccepting && p.link != linkAdopting) {
+		if m.closed.Load() && m.leaving.Load() && a.id.lane == laneControl {
+			writeLeaveNotice(a.conn) // acked: the dialer may take the set (see closeLink)
+		}
 		a.conn.Close()
 		return
 	}

@@ -74,7 +74,20 @@ type Listener struct {
 	ended   []endedMesh
 	pending map[net.Conn]struct{} // accepted, not yet routed: closed by Close
 	wg      sync.WaitGroup
+
+	// hold, nil outside tests, lets a test stop a connection on its way to the mesh (holdPoint)
+	// and end the mesh meanwhile, to reach each path of the leave notice at will.
+	hold func(at holdPoint, id connID)
 }
+
+// holdPoint is where Listener.hold stops a connection.
+type holdPoint uint8
+
+const (
+	holdClaimed  holdPoint = iota // Listener.deliver: claimed, its mesh not yet asked to take it
+	holdAcked                     // Listener.deliver: acked, not yet handed to the registration
+	holdReceived                  // Mesh.arrivals: taken off the registration, not yet in its set
+)
 
 type regKey struct {
 	job  string
@@ -343,14 +356,19 @@ func (l *Listener) refuseStatus(c *net.TCPConn, h hello, status byte, why string
 // declines it.
 func (l *Listener) deliver(reg *registration, c *net.TCPConn, h hello) {
 	id := connID{peer: h.from, lane: h.lane, stream: h.stream}
+	if l.hold != nil {
+		l.hold(holdClaimed, id)
+	}
 	if status, why := reg.decide(id); status != ackTaken {
 		l.mu.Lock()
 		delete(reg.got, id)
 		l.mu.Unlock()
 		c.SetWriteDeadline(time.Now().Add(ackTimeout))
 		c.Write(appendAckStatus(nil, status, why))
-		if status == ackCrossed {
-			c.Close() // the usual outcome of two ranks' first use at once: nothing to warn about
+		if status == ackCrossed || status == ackLeft {
+			// The usual outcome of two ranks' first use at once, or a dial to a rank that left
+			// (see refuseStatus): nothing to warn about.
+			c.Close()
 			return
 		}
 		l.reject(c, fmt.Sprintf("rank %d of job %q: %s", h.from, h.job, why), errRejected)
@@ -359,6 +377,9 @@ func (l *Listener) deliver(reg *registration, c *net.TCPConn, h hello) {
 	c.SetWriteDeadline(time.Now().Add(ackTimeout))
 	_, err := c.Write(appendAck(nil, ""))
 	c.SetWriteDeadline(time.Time{})
+	if l.hold != nil {
+		l.hold(holdAcked, id)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err != nil || !reg.active {

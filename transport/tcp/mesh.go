@@ -200,6 +200,10 @@ type peer struct {
 	// still open); nil while it is usable.
 	broken atomic.Pointer[error]
 
+	// ctrlDone is closed once the control reader has found the connection's end and marked the
+	// peer lost, or left if the end was a leave notice (not when this mesh closes).
+	ctrlDone chan struct{}
+
 	ctrlMu  sync.Mutex // one message at a time on the control connection
 	ctrlBuf []byte
 
@@ -490,6 +494,7 @@ func (m *Mesh) install(p *peer, conns map[connID]*net.TCPConn, rest []byte) {
 	}
 	p.ctrl = conns[connID{peer: p.rank, lane: laneControl}]
 	p.ctrlPre = rest
+	p.ctrlDone = make(chan struct{})
 	setUserTimeout(p.ctrl, m.cfg.userTimeout)
 	ka := ctrlKeepAlive(m.cfg.userTimeout)
 	p.ctrl.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: ka, Interval: ka, Count: keepAliveCount})

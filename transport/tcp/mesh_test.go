@@ -112,6 +112,14 @@ func connectAll(t testing.TB, n, streams, chunk int) *world {
 func connectAllWith(t testing.TB, n, streams, chunk int, edit func(cfg *Config)) *world {
 	t.Helper()
 	w := newListeners(t, n)
+	w.connect(t, streams, chunk, edit)
+	return w
+}
+
+// connect forms the full mesh among w's listeners, as connectAllWith does.
+func (w *world) connect(t testing.TB, streams, chunk int, edit func(cfg *Config)) {
+	t.Helper()
+	n := len(w.ls)
 	w.ms = make([]*Mesh, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -137,7 +145,6 @@ func connectAllWith(t testing.TB, n, streams, chunk int, edit func(cfg *Config))
 			m.Close()
 		}
 	})
-	return w
 }
 
 // linkAll connects every pair of a lazy mesh (an empty Send connects and moves nothing), for

@@ -108,6 +108,7 @@ func (p *peer) readControl() {
 			} else {
 				p.markLost("recv message", err)
 			}
+			close(p.ctrlDone) // before the inbox, which may be full: calls wait for it (awaitVerdict)
 			select {
 			case m.inbox <- transport.Msg{From: p.rank}:
 			case <-m.quit:
