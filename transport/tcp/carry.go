@@ -115,6 +115,17 @@ func writeLeaveNotice(c *net.TCPConn) error {
 	return err
 }
 
+// closeUnused closes connection id of a set this rank will not use. When the rank leaves (left),
+// a control connection first carries the leave notice: the peer acked or dialed every connection
+// of the set and may have taken it, and its calls are then to fail with transport.ErrPeerLeft, not
+// with a closed connection that blames this rank. A rank that closes (Close) writes none.
+func closeUnused(id connID, c *net.TCPConn, left bool) {
+	if left && id.lane == laneControl {
+		writeLeaveNotice(c)
+	}
+	c.Close()
+}
+
 // verdictWait bounds how long a call that found a connection closed by the peer waits for the
 // control lane to say why (awaitVerdict).
 const verdictWait = time.Second

@@ -324,12 +324,13 @@ func TestLazyDialToARankThatLeft(t *testing.T) {
 	}
 }
 
-// A rank that ends while a set it acked is still on its way to its mesh closes the set, and the
-// dialer, which had every ack and took the set, learns at once why: with the leave notice on the
-// set's control connection if the rank detached (whichever of the four paths that set takes closes
-// it), as a connection closed by the rank if it closed. A connection the rank had not yet acked
-// is declined, as a dial to a rank that left (not logged as rejected) or to a closed one.
-// Listener.hold stops one connection of the set at each path's point while the rank ends.
+// A rank that ends while a set it acked, or dialed and had acked, is still on its way to its mesh
+// closes the set, and the peer, which acked or had every ack and took the set, learns at once why:
+// with the leave notice on the set's control connection if the rank detached (whichever path that
+// set takes closes it), as a connection closed by the rank if it closed. A connection the rank had
+// not yet acked is declined, as a dial to a rank that left (not logged as rejected) or to a closed
+// one. Listener.hold stops one connection of the set, or the whole set, at each path's point while
+// the rank ends.
 func TestLeaveNoticeOnAnAckedSet(t *testing.T) {
 	const streams = 2
 	type place struct {
@@ -339,13 +340,18 @@ func TestLeaveNoticeOnAnAckedSet(t *testing.T) {
 		// queued: the control connection reaches the registration only once the mesh is held
 		// (on a data connection), so that it waits in the queue when the rank ends.
 		queued bool
+		// dials: the rank that ends (1) dials the set, not rank 0.
+		dials bool
 	}
 	places := []place{
-		{"control connection taken, a data connection not yet (closeLink)", holdAcked, laneData, false},
-		{"control connection in the queue (unregister)", holdReceived, laneData, true},
-		{"control connection acked, not yet delivered (deliver)", holdAcked, laneControl, false},
-		{"control connection off the queue, not yet in the set (arrive)", holdReceived, laneControl, false},
-		{"control connection claimed, not yet acked (deliver's decide)", holdClaimed, laneControl, false},
+		{"control connection taken, a data connection not yet (closeLink)", holdAcked, laneData, false, false},
+		{"control connection in the queue (unregister)", holdReceived, laneData, true, false},
+		{"control connection acked, not yet delivered (deliver)", holdAcked, laneControl, false, false},
+		{"control connection off the queue, not yet in the set (arrive)", holdReceived, laneControl, false, false},
+		{"control connection claimed, not yet acked (deliver's decide)", holdClaimed, laneControl, false, false},
+		{"whole set arrived, mesh closing as install looks (install from arrive)", holdInstall, laneControl, false, false},
+		{"set dialed, mesh closing as install looks (install from dialSet)", holdInstall, laneControl, false, true},
+		{"set dialed, link closed before dialSet looks (dialSet)", holdDialed, laneControl, false, true},
 	}
 	ends := []struct {
 		name string
@@ -389,18 +395,30 @@ func TestLeaveNoticeOnAnAckedSet(t *testing.T) {
 					cfg.ConnectTimeout = 20 * time.Second
 				})
 				m0, m1 := w.ms[0], w.ms[1]
-				errc := make(chan error, 1)
-				go func() { errc <- m0.Comm().Recv(context.Background(), 1, make([]byte, 1<<20)) }()
-
-				// The dialer has every ack (but the held one's, before it is acked) and took the
-				// set; rank 1 holds one connection of it and has the others as far as they go (its
-				// set, or the queue while its mesh is held).
 				p0, p1 := m0.peers[1], m1.peers[0]
+				errc := make(chan error, 1)
+				recv := func() { errc <- m0.Comm().Recv(context.Background(), 1, make([]byte, 1<<20)) }
+				if pl.dials {
+					go m1.Comm().Send(context.Background(), 0, nil) // dials; fails as rank 1 ends
+				} else {
+					go recv() // dials
+				}
+
+				// Rank 0 has every ack (but the held one's, before it is acked) and took the set,
+				// or took the set rank 1 dialed; rank 1 holds one connection of it and has the
+				// others as far as they go (its set, or the queue while its mesh is held), or holds
+				// the whole set.
 				if pl.at != holdClaimed {
 					waitUntil(t, "rank 0 took the set", func() bool { return p0.up.Load() })
 				}
+				if pl.dials {
+					go recv() // only now: before rank 0 took rank 1's set, its call would dial too
+				}
 				<-held
 				waitUntil(t, "rank 1 has the rest of the set", func() bool {
+					if pl.at == holdInstall || pl.at == holdDialed {
+						return true
+					}
 					p1.linkMu.Lock()
 					n := len(p1.partial)
 					p1.linkMu.Unlock()
@@ -417,8 +435,12 @@ func TestLeaveNoticeOnAnAckedSet(t *testing.T) {
 					close(ended)
 				}()
 				// A held mesh cannot finish ending: release once it has closed the peer's link,
-				// which comes after its registration ended.
+				// which comes after its registration ended, or, while install holds the link,
+				// once it began ending.
 				waitUntil(t, "rank 1 closed its link to rank 0", func() bool {
+					if pl.at == holdInstall {
+						return m1.closed.Load()
+					}
 					p1.linkMu.Lock()
 					defer p1.linkMu.Unlock()
 					return p1.link == linkClosed

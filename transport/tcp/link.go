@@ -141,11 +141,16 @@ func (m *Mesh) dialSet(ctx context.Context, p *peer) {
 		}
 		conns[d.id] = d.conn
 	}
+	if m.l.hold != nil {
+		m.l.hold(holdDialed, connID{peer: p.rank, lane: laneControl})
+	}
 	p.linkMu.Lock()
 	defer p.linkMu.Unlock()
 	if err != nil || p.link != linkDialing {
-		for _, c := range conns {
-			c.Close()
+		// A Detach may have ended this dial once the peer had acked and taken the whole set:
+		// the leave notice then keeps the peer from blaming this rank.
+		for id, c := range conns {
+			closeUnused(id, c, m.leaving.Load())
 		}
 	}
 	switch {
@@ -266,10 +271,7 @@ func (m *Mesh) arrive(a arrival) {
 	p.linkMu.Lock()
 	defer p.linkMu.Unlock()
 	if m.closed.Load() || (p.link != linkAccepting && p.link != linkAdopting) {
-		if m.closed.Load() && m.leaving.Load() && a.id.lane == laneControl {
-			writeLeaveNotice(a.conn) // acked: the dialer may take the set (see closeLink)
-		}
-		a.conn.Close()
+		closeUnused(a.id, a.conn, m.closed.Load() && m.leaving.Load()) // acked: the dialer may take the set
 		return
 	}
 	if p.partial == nil {
@@ -328,10 +330,7 @@ func (p *peer) closeLink(left bool) bool {
 	p.linkMu.Lock()
 	defer p.linkMu.Unlock()
 	for id, c := range p.partial {
-		if left && id.lane == laneControl {
-			writeLeaveNotice(c)
-		}
-		c.Close()
+		closeUnused(id, c, left)
 	}
 	p.partial = nil
 	p.settle(linkClosed)

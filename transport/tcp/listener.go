@@ -87,6 +87,8 @@ const (
 	holdClaimed  holdPoint = iota // Listener.deliver: claimed, its mesh not yet asked to take it
 	holdAcked                     // Listener.deliver: acked, not yet handed to the registration
 	holdReceived                  // Mesh.arrivals: taken off the registration, not yet in its set
+	holdDialed                    // Mesh.dialSet: every connection dialed, the link not yet looked at
+	holdInstall                   // Mesh.install, under the peer's lock: the mesh not yet looked at
 )
 
 type regKey struct {
@@ -384,10 +386,7 @@ func (l *Listener) deliver(reg *registration, c *net.TCPConn, h hello) {
 	defer l.mu.Unlock()
 	if err != nil || !reg.active {
 		delete(reg.got, id) // the dialer retries this slot
-		if err == nil && reg.left && id.lane == laneControl {
-			writeLeaveNotice(c) // acked: the dialer may take the set (see closeLink)
-		}
-		c.Close()
+		closeUnused(id, c, err == nil && reg.left)
 		return
 	}
 	reg.ch <- arrival{id: id, conn: c} // sized for every expected connection: never blocks
@@ -475,10 +474,7 @@ func (l *Listener) unregister(reg *registration, left bool) {
 	for {
 		select {
 		case a := <-reg.ch:
-			if left && a.id.lane == laneControl {
-				writeLeaveNotice(a.conn) // acked: the dialer may take the set (see closeLink)
-			}
-			a.conn.Close()
+			closeUnused(a.id, a.conn, left) // acked: the dialer may take the set
 		default:
 			return
 		}

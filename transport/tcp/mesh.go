@@ -484,11 +484,16 @@ func newMesh(cfg *Config, l *Listener) *Mesh {
 }
 
 // install makes conns (a whole set: the control connection and every data stream) p's
-// connections and starts their goroutines. It runs under p.linkMu; on a closed mesh it closes them.
+// connections and starts their goroutines. It runs under p.linkMu; on a closed mesh it closes them,
+// with the leave notice if this rank leaves: the mesh may have closed after its caller looked, and
+// the peer, which acked or dialed the whole set, may have taken it.
 func (m *Mesh) install(p *peer, conns map[connID]*net.TCPConn, rest []byte) {
+	if m.l.hold != nil {
+		m.l.hold(holdInstall, connID{peer: p.rank, lane: laneControl})
+	}
 	if m.closed.Load() {
-		for _, c := range conns {
-			c.Close()
+		for id, c := range conns {
+			closeUnused(id, c, m.leaving.Load())
 		}
 		return
 	}
