@@ -526,3 +526,117 @@ func keys(m map[int]*Carried) []int {
 	}
 	return ks
 }
+
+// A rank that ends while the set it dials is only partly taken by the peer (the rest will never
+// come) is known to the peer at once: as a rank that left if it detached (the leave notice on the
+// set's control connection, whether the rank had read that connection's ack or not), as a
+// connection closed by the rank if it closed. The peer's call then fails within 2 s, not at the
+// connect timeout, and a rank that left is not logged as lost or rejected. Listener.hold keeps
+// one data connection from the peer's mesh (it never arrives), and in one place the control
+// connection until the rank has ended.
+func TestLeaveNoticeOnAPartialSet(t *testing.T) {
+	const streams = 2
+	ctrl := connID{peer: 1, lane: laneControl}
+	for _, e := range []struct {
+		name string
+		end  func(m *Mesh)
+		left bool
+	}{
+		{"detached", func(m *Mesh) { m.Detach() }, true},
+		{"closed", func(m *Mesh) { m.Close() }, false},
+	} {
+		for _, pl := range []struct {
+			name string
+			late bool // the peer acks the control connection only once the rank has ended
+		}{
+			{"control connection acked and its ack read", false},
+			{"control connection acked after the rank ended", true},
+		} {
+			t.Run(e.name+"/"+pl.name, func(t *testing.T) {
+				releaseData, releaseCtrl := make(chan struct{}), make(chan struct{})
+				ctrlHeld, ctrlDialed := make(chan struct{}), make(chan struct{})
+				var heldOnce, dialedOnce sync.Once
+				w := newListeners(t, 2)
+				// Rank 1 takes the set rank 0 dials, but for data stream 1 (and, late, the
+				// control connection until released).
+				w.ls[1].hold = func(at holdPoint, id connID) {
+					switch {
+					case at == holdClaimed && id.lane == laneData && id.stream == 1:
+						<-releaseData
+					case at == holdClaimed && id.lane == laneControl && pl.late:
+						heldOnce.Do(func() { close(ctrlHeld) })
+						<-releaseCtrl
+					}
+				}
+				w.ls[0].hold = func(at holdPoint, id connID) {
+					if at == holdReturned && id == ctrl {
+						dialedOnce.Do(func() { close(ctrlDialed) })
+					}
+				}
+				release := func(ch chan struct{}) {
+					select {
+					case <-ch:
+					default:
+						close(ch)
+					}
+				}
+				defer release(releaseData) // a failed case must not leave the listener held
+				defer release(releaseCtrl)
+				w.connect(t, streams, ChunkSize, func(cfg *Config) {
+					cfg.Lazy, cfg.Eager = true, nil
+					cfg.ConnectTimeout = 20 * time.Second
+				})
+				m0, m1 := w.ms[0], w.ms[1]
+				p1 := m1.peers[0]
+				go m0.Comm().Send(context.Background(), 1, nil) // dials; fails as rank 0 ends
+				waitUntil(t, "rank 1 took part of the set", func() bool {
+					p1.linkMu.Lock()
+					defer p1.linkMu.Unlock()
+					_, hasCtrl := p1.partial[connID{peer: 0, lane: laneControl}]
+					return len(p1.partial) == 2 && hasCtrl || len(p1.partial) == 1 && pl.late
+				})
+				if pl.late {
+					<-ctrlHeld
+				} else {
+					<-ctrlDialed
+				}
+				errc := make(chan error, 1)
+				go func() { errc <- m1.Comm().Recv(context.Background(), 0, make([]byte, 1<<20)) }()
+
+				e.end(m0)
+				release(releaseCtrl)
+				start := time.Now()
+				select {
+				case err := <-errc:
+					var pe *transport.PeerError
+					if !errors.As(err, &pe) || pe.Rank != 0 || errors.Is(err, transport.ErrPeerLeft) != e.left {
+						t.Fatalf("after %v: %v, want a PeerError for rank 0 (left: %v)", time.Since(start), err, e.left)
+					}
+				case <-time.After(2 * time.Second):
+					t.Fatal("the peer's call still blocked 2 s after the rank ended")
+				}
+				select {
+				case msg := <-m1.Messenger().Inbox():
+					if msg.From != 0 || msg.Body != nil {
+						t.Fatalf("rank 1 inbox: %+v, want the nil-body loss notice from rank 0", msg)
+					}
+				case <-time.After(time.Second):
+					t.Fatal("rank 1: no loss notice in the inbox")
+				}
+				if err := m1.Messenger().Lost(0); errors.Is(err, transport.ErrPeerLeft) != e.left {
+					t.Fatalf("rank 1: Lost(0) = %v (left: %v)", err, e.left)
+				}
+				if !e.left {
+					return
+				}
+				release(releaseData) // the held connection, late: declined as one from a rank that left
+				w.ls[1].Close()      // waits for its goroutines, and what they log
+				for _, msg := range []string{"tcp transport: rejected connection", "tcp transport: peer lost", "tcp transport: could not connect to peer"} {
+					if got := w.sink.warnings(msg); len(got) > 0 {
+						t.Fatalf("the rank that left logged as %q: %v", msg, got)
+					}
+				}
+			})
+		}
+	}
+}

@@ -1,7 +1,9 @@
 package tcp
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -119,7 +121,7 @@ func (m *Mesh) dialSet(ctx context.Context, p *peer) {
 	results := make(chan dialed, len(ids))
 	for _, id := range ids {
 		go func() {
-			c, err := dialPeer(ctx, &m.cfg, id)
+			c, err := dialPeer(ctx, &m.cfg, id, &m.leaving)
 			results <- dialed{id, c, err}
 		}()
 	}
@@ -127,6 +129,9 @@ func (m *Mesh) dialSet(ctx context.Context, p *peer) {
 	var err error
 	for range ids {
 		d := <-results
+		if m.l.hold != nil {
+			m.l.hold(holdReturned, d.id)
+		}
 		if d.err != nil {
 			if err == nil || errors.Is(d.err, errCrossed) {
 				err = d.err
@@ -244,6 +249,9 @@ func (m *Mesh) decide(id connID) (byte, string) {
 		m.acceptLocked(p) // the lower rank's set wins; ours will be declined
 	case p.link == linkUp:
 		return ackRefused, fmt.Sprintf("rank %d is already connected to rank %d", m.rank, id.peer)
+	case p.link == linkFailed && errors.Is(p.lost.Load().Err, transport.ErrPeerLeft):
+		// A connection of the set it gave up when it left (watchPartial), late: no intruder.
+		return ackLeft, fmt.Sprintf("rank %d left rank %d's world", id.peer, m.rank)
 	case p.link == linkFailed:
 		return ackRefused, fmt.Sprintf("rank %d gave up connecting to rank %d: %v", m.rank, id.peer, p.lost.Load().Err)
 	}
@@ -279,6 +287,10 @@ func (m *Mesh) arrive(a arrival) {
 	}
 	p.partial[a.id] = a.conn
 	if len(p.partial) < 1+m.cfg.Streams {
+		if a.id.lane == laneControl && peekable {
+			m.wg.Add(1) // under linkMu, as install's goroutines are
+			go m.watchPartial(p, a.conn)
+		}
 		return
 	}
 	conns := p.partial
@@ -286,6 +298,39 @@ func (m *Mesh) arrive(a arrival) {
 	// While adopting: the peer gave the carried set up and dialed anew; its new set is the one it
 	// uses, and the carried one is closed when its resync ends.
 	m.install(p, conns, nil)
+}
+
+// watchPartial watches the control connection c of p's set while the rest of the set is still
+// arriving. Nothing is read from a set before it is installed, so a dialer that gave the set up
+// (it ended, or one of the set's connections failed) would be noticed only at the connect
+// timeout, and blamed. Its first bytes are peeked, not consumed: a dialer with every ack installs
+// the set and may send messages before this end has it all, and the watch ends then (the set
+// will be complete here too). The leave notice (closeUnused, dialOnce: the dialer detached) fails
+// the link with transport.ErrPeerLeft; the connection's end (the dialer closed, or died) fails it
+// as a connection error, since the set can no longer be complete.
+func (m *Mesh) watchPartial(p *peer, c *net.TCPConn) {
+	defer m.wg.Done()
+	var b [4]byte
+	n, err := peek(c, b[:])
+	// A message's length begins with a byte below 0xFF (MaxMsg): bytes 0xFF may be the first
+	// of the notice.
+	for wait := time.Now().Add(noticeTimeout); err == nil && n < len(b) && bytes.Count(b[:n], []byte{0xFF}) == n && time.Now().Before(wait); {
+		time.Sleep(time.Millisecond)
+		n, err = peek(c, b[:])
+	}
+	p.linkMu.Lock()
+	defer p.linkMu.Unlock()
+	if m.closed.Load() || p.link != linkAccepting || p.partial[connID{peer: p.rank, lane: laneControl}] != c {
+		return // installed, settled otherwise, or closed by this mesh
+	}
+	switch {
+	case err != nil:
+		m.failLocked(p, &transport.PeerError{Rank: p.rank, Host: p.host, Op: "connect",
+			Err: fmt.Errorf("it closed its set to rank %d with %d of the %d connections here: %w",
+				m.rank, len(p.partial), 1+m.cfg.Streams, err)})
+	case n == len(b) && binary.BigEndian.Uint32(b[:]) == leaveNotice:
+		m.failLocked(p, &transport.PeerError{Rank: p.rank, Host: p.host, Op: "connect", Err: transport.ErrPeerLeft})
+	}
 }
 
 // adopted ends the resync of p's carried set: installed if it succeeded and the peer did not dial

@@ -88,6 +88,7 @@ const (
 	holdAcked                     // Listener.deliver: acked, not yet handed to the registration
 	holdReceived                  // Mesh.arrivals: taken off the registration, not yet in its set
 	holdDialed                    // Mesh.dialSet: every connection dialed, the link not yet looked at
+	holdReturned                  // Mesh.dialSet: one connection's dial returned, taken or not
 	holdInstall                   // Mesh.install, under the peer's lock: the mesh not yet looked at
 )
 

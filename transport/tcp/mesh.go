@@ -352,15 +352,16 @@ func (m *Mesh) missing(below []int, waited time.Duration, cause error) error {
 }
 
 // dialPeer makes one connection to a higher rank, retrying refused and broken attempts until ctx
-// ends. A wrong secret or a refused hello fails at once: retrying cannot fix them.
-func dialPeer(ctx context.Context, cfg *Config, id connID) (*net.TCPConn, error) {
+// ends. A wrong secret or a refused hello fails at once: retrying cannot fix them. leaving says
+// whether this rank leaves when ctx ends (see dialOnce); nil: it does not.
+func dialPeer(ctx context.Context, cfg *Config, id connID, leaving *atomic.Bool) (*net.TCPConn, error) {
 	addr := cfg.Addrs[id.peer]
 	h := hello{lane: id.lane, stream: id.stream, streams: cfg.Streams, from: cfg.Rank, to: id.peer, size: cfg.Size, job: cfg.JobID}
 	backoff := 10 * time.Millisecond
 	var lastErr error
 	hungUp := 0
 	for attempt := 1; ; attempt++ {
-		c, err := dialOnce(ctx, addr, cfg.Secret, h)
+		c, err := dialOnce(ctx, addr, cfg.Secret, h, leaving)
 		if err == nil {
 			return c, nil
 		}
@@ -390,7 +391,11 @@ func dialPeer(ctx context.Context, cfg *Config, id connID) (*net.TCPConn, error)
 	}
 }
 
-func dialOnce(ctx context.Context, addr string, secret []byte, h hello) (*net.TCPConn, error) {
+// dialOnce makes one attempt at connection h. When ctx ends after the hello went out and leaving
+// says that this rank leaves, a control connection is closed with the leave notice: the peer may
+// have acked it (its ack unread here, or read) and be waiting for the rest of the set
+// (watchPartial). leaving may be nil.
+func dialOnce(ctx context.Context, addr string, secret []byte, h hello, leaving *atomic.Bool) (*net.TCPConn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -427,15 +432,17 @@ func dialOnce(ctx context.Context, addr string, secret []byte, h hello) (*net.TC
 		return nil, fmt.Errorf("send hello: %w", err)
 	}
 	// The ack comes once the peer's Connect has claimed the connection, which may be a while.
+	id := connID{peer: h.to, lane: h.lane, stream: h.stream}
+	leaves := func() bool { return leaving != nil && leaving.Load() }
 	if err := readAck(c); err != nil {
-		c.Close()
+		closeUnused(id, c, ctx.Err() != nil && !declined(err) && leaves())
 		if declined(err) {
 			return nil, err
 		}
 		return nil, fmt.Errorf("waiting for rank %d to take the connection (its Connect may not have started): %w", h.to, err)
 	}
 	if !stop() {
-		c.Close()
+		closeUnused(id, c, leaves())
 		return nil, ctx.Err()
 	}
 	c.SetDeadline(time.Time{})

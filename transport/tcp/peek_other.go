@@ -7,6 +7,9 @@ import (
 	"net"
 )
 
+// peekable says that peek works here.
+const peekable = false
+
 // peek is not available here: adopting carried connections fails, and the mesh dials anew.
 func peek(*net.TCPConn, []byte) (int, error) {
 	return 0, errors.New("peeking at a socket is not supported on this platform")

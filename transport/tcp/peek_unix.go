@@ -8,6 +8,9 @@ import (
 	"syscall"
 )
 
+// peekable says that peek works here.
+const peekable = true
+
 // peek waits, within c's read deadline, for bytes to arrive and copies what has arrived into buf
 // without consuming it.
 func peek(c *net.TCPConn, buf []byte) (int, error) {
