@@ -10,6 +10,8 @@ Glibc is told to keep freed memory (MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_) 
 that none of them pays to fault fresh pages per op.
 
     python3 bench/compare.py --np 2 --sizes 4MiB,64MiB --peers kolo,openmpi --repeats 6 --pause 5
+    python3 bench/compare.py --np 2 --sizes 4MiB,64MiB --peers kolo --kolo-env KOLO_SHM_STREAM_STORES=0 \
+        --kolo-env KOLO_SHM_STREAM_STORES=1 --repeats 6 --pause 3
 
 repeats the comparison: round i runs the peers in a rotated order, and rounds 2, 3, 6, 7, ... run
 them back to back (no pause: a run starts right after the other peer's, when the machine is in
@@ -59,10 +61,18 @@ def run(cmd, env=None, timeout=900):
     return p.stdout
 
 
-def bench_kolo(args, out):
+def bench_kolo(args, out, env=None):
     kolo = os.path.join(ROOT, "bin", "kolo")
     run([kolo, "bench", "allreduce", "-np", str(args.np), "--sizes", args.sizes, "--iters", str(args.iters),
-         "--warmup", str(args.warmup), "--json", out])
+         "--warmup", str(args.warmup), "--json", out], env=env)
+
+
+def env_setting(p, kv):
+    """--kolo-env's VAR=VALUE as {VAR: VALUE}; a malformed one is p's usage error."""
+    var, sep, val = kv.partition("=")
+    if not sep or not var:
+        p.error("--kolo-env wants VAR=VALUE, got %r" % kv)
+    return {var: val}
 
 
 def split_sizes(args):
@@ -229,6 +239,9 @@ def main():
     p.add_argument("--peers", default="kolo,gloo,openmpi", help="which peers to run (kolo always first in tables)")
     p.add_argument("--repeats", type=int, default=1, help="rounds of every peer (see above; default 1)")
     p.add_argument("--pause", type=float, default=5.0, help="seconds before a run that is not back to back")
+    p.add_argument("--kolo-env", action="append", default=[], metavar="VAR=VALUE",
+                   help="also run kolo with this variable set, as a peer of its own in the rounds (kolo/that "
+                        "peer compares the setting with kolo's default); repeatable, implies the rounds' table")
     args = p.parse_args()
 
     known = {"kolo": bench_kolo, "gloo": bench_gloo, "openmpi": bench_mpi}
@@ -239,7 +252,9 @@ def main():
     if "kolo" not in wanted:
         p.error("--peers must include kolo")
     peers = [(n, known[n]) for n in wanted]
-    if args.repeats > 1:
+    for kv in args.kolo_env:
+        peers.append(("kolo " + kv, lambda a, o, e=env_setting(p, kv): bench_kolo(a, o, e)))
+    if args.repeats > 1 or args.kolo_env:
         return repeated(args, peers)
 
     tmp = tempfile.mkdtemp(prefix="kolo-compare-")

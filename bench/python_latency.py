@@ -21,7 +21,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-import compare  # noqa: E402  (run, bench_gloo, human, MALLOC_ENV, PY)
+import compare  # noqa: E402  (run, bench_gloo, human, env_setting, MALLOC_ENV, PY)
 
 KOLO = os.path.join(ROOT, "bin", "kolo")
 
@@ -59,11 +59,9 @@ def main():
     peers = [("kolo.torch", bench_kolo_torch), ("gloo", compare.bench_gloo), ("kolo Go", bench_kolo_go)]
     variant = None
     if args.kolo_env:
-        var, sep, val = args.kolo_env.partition("=")
-        if not sep or not var:
-            p.error("--kolo-env wants VAR=VALUE, got %r" % args.kolo_env)
         variant = "kolo.torch " + args.kolo_env
-        peers.insert(1, (variant, lambda a, o: bench_kolo_torch(a, o, {var: val})))
+        env = compare.env_setting(p, args.kolo_env)
+        peers.insert(1, (variant, lambda a, o: bench_kolo_torch(a, o, env)))
     rounds = {name: {} for name, _ in peers}  # name -> bytes -> [median per round]
     missing = {}
     tmp = tempfile.mkdtemp(prefix="kolo-pylat-")
@@ -92,8 +90,9 @@ def main():
     print("# allreduce float32 sum from Python, np=%d, tensors on %s, median per op of %d ops; median and best "
           "of %d rounds; gloo/kolo.torch > 1 means kolo.torch is faster" % (args.np, args.device, args.iters,
                                                                             args.rounds))
-    hdr = ["size", "kolo.torch us", "gloo us", "kolo Go us", "gloo/kolo.torch", "binding cost us" if args.device == "cpu" else "binding + staging us",
-           "best: kolo.torch", "gloo", "kolo Go"]
+    cost = "binding cost us" if args.device == "cpu" else "binding + staging us"
+    hdr = ["size", "kolo.torch us", "gloo us", "kolo Go us", "gloo/kolo.torch", cost, "best: kolo.torch", "gloo",
+           "kolo Go"]
     if variant:
         hdr[4:4] = ["%s us" % variant, "%s/kolo.torch" % variant]
     rows = []

@@ -445,44 +445,58 @@ func TestLeaveNoticeOnAnAckedSet(t *testing.T) {
 					defer p1.linkMu.Unlock()
 					return p1.link == linkClosed
 				})
-				start := time.Now()
 				close(release)
-				select {
-				case err := <-errc:
-					var pe *transport.PeerError
-					if !errors.As(err, &pe) || pe.Rank != 1 || errors.Is(err, transport.ErrPeerLeft) != e.left {
-						t.Fatalf("after %v: %v, want a PeerError for rank 1 (left: %v)", time.Since(start), err, e.left)
-					}
-				case <-time.After(2 * time.Second):
-					t.Fatal("the dialer's call still blocked 2 s after the rank ended")
-				}
+				waitPeerEnded(t, m0, errc, 1, e.left)
 				select {
 				case <-ended:
 				case <-time.After(2 * time.Second):
 					t.Fatal("rank 1's end did not return")
 				}
-				select {
-				case msg := <-m0.Messenger().Inbox():
-					if msg.From != 1 || msg.Body != nil {
-						t.Fatalf("rank 0 inbox: %+v, want the nil-body loss notice from rank 1", msg)
-					}
-				case <-time.After(time.Second):
-					t.Fatal("rank 0: no loss notice in the inbox")
-				}
-				if err := m0.Messenger().Lost(1); errors.Is(err, transport.ErrPeerLeft) != e.left {
-					t.Fatalf("rank 0: Lost(1) = %v (left: %v)", err, e.left)
-				}
 				if !e.left {
 					return
 				}
 				w.ls[1].Close() // waits for its goroutines, and what they log
-				if rej := w.sink.warnings("tcp transport: rejected connection"); len(rej) > 0 {
-					t.Fatalf("dials to a rank that left logged as rejected: %v", rej)
-				}
-				if lost := w.sink.warnings("tcp transport: peer lost"); len(lost) > 0 {
-					t.Fatalf("the rank that left logged as lost: %v", lost)
-				}
+				notBlamed(t, w, "tcp transport: rejected connection", "tcp transport: peer lost")
 			})
+		}
+	}
+}
+
+// waitPeerEnded checks what mesh m reports once its peer ended (left: it detached, else it
+// closed): the call blocked on it (errc) fails within 2 s with a PeerError for it, ErrPeerLeft
+// exactly when it left; the loss notice reaches the inbox; Lost agrees.
+func waitPeerEnded(t *testing.T, m *Mesh, errc <-chan error, peer int, left bool) {
+	t.Helper()
+	start := time.Now()
+	select {
+	case err := <-errc:
+		var pe *transport.PeerError
+		if !errors.As(err, &pe) || pe.Rank != peer || errors.Is(err, transport.ErrPeerLeft) != left {
+			t.Fatalf("after %v: %v, want a PeerError for rank %d (left: %v)", time.Since(start), err, peer, left)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatalf("a call on rank %d still blocked 2 s after it ended", peer)
+	}
+	select {
+	case msg := <-m.Messenger().Inbox():
+		if msg.From != peer || msg.Body != nil {
+			t.Fatalf("inbox: %+v, want the nil-body loss notice from rank %d", msg, peer)
+		}
+	case <-time.After(time.Second):
+		t.Fatalf("no loss notice from rank %d in the inbox", peer)
+	}
+	if err := m.Messenger().Lost(peer); errors.Is(err, transport.ErrPeerLeft) != left {
+		t.Fatalf("Lost(%d) = %v (left: %v)", peer, err, left)
+	}
+}
+
+// notBlamed fails the test if w logged any of these warnings (once its listeners closed): a rank
+// that left is not an intruder, not lost, not unreachable.
+func notBlamed(t *testing.T, w *world, warnings ...string) {
+	t.Helper()
+	for _, msg := range warnings {
+		if got := w.sink.warnings(msg); len(got) > 0 {
+			t.Fatalf("the rank that left logged as %q: %v", msg, got)
 		}
 	}
 }
@@ -605,37 +619,14 @@ func TestLeaveNoticeOnAPartialSet(t *testing.T) {
 
 				e.end(m0)
 				release(releaseCtrl)
-				start := time.Now()
-				select {
-				case err := <-errc:
-					var pe *transport.PeerError
-					if !errors.As(err, &pe) || pe.Rank != 0 || errors.Is(err, transport.ErrPeerLeft) != e.left {
-						t.Fatalf("after %v: %v, want a PeerError for rank 0 (left: %v)", time.Since(start), err, e.left)
-					}
-				case <-time.After(2 * time.Second):
-					t.Fatal("the peer's call still blocked 2 s after the rank ended")
-				}
-				select {
-				case msg := <-m1.Messenger().Inbox():
-					if msg.From != 0 || msg.Body != nil {
-						t.Fatalf("rank 1 inbox: %+v, want the nil-body loss notice from rank 0", msg)
-					}
-				case <-time.After(time.Second):
-					t.Fatal("rank 1: no loss notice in the inbox")
-				}
-				if err := m1.Messenger().Lost(0); errors.Is(err, transport.ErrPeerLeft) != e.left {
-					t.Fatalf("rank 1: Lost(0) = %v (left: %v)", err, e.left)
-				}
+				waitPeerEnded(t, m1, errc, 0, e.left)
 				if !e.left {
 					return
 				}
 				release(releaseData) // the held connection, late: declined as one from a rank that left
 				w.ls[1].Close()      // waits for its goroutines, and what they log
-				for _, msg := range []string{"tcp transport: rejected connection", "tcp transport: peer lost", "tcp transport: could not connect to peer"} {
-					if got := w.sink.warnings(msg); len(got) > 0 {
-						t.Fatalf("the rank that left logged as %q: %v", msg, got)
-					}
-				}
+				notBlamed(t, w, "tcp transport: rejected connection", "tcp transport: peer lost",
+					"tcp transport: could not connect to peer")
 			})
 		}
 	}

@@ -1,6 +1,7 @@
 """init, shutdown, is_initialized, the topology queries, and init(comm=[ranks])."""
 
 import os
+import sys
 
 import torch
 
@@ -136,7 +137,10 @@ def init_comm_world_of_one(ctx):
 @case()
 def init_comm_invalid(ctx):
     """init(comm=...) with something that is not a list of ranks raises ValueError before it
-    does anything (the job goes on)."""
+    does anything (the job goes on), without importing mpi4py.MPI: that initializes MPI, which
+    aborts the process where no MPI runtime can start (it did on a GPU machine)."""
+    had_mpi = "mpi4py.MPI" in sys.modules
     for comm in ([], ["a"], object()):
         ctx.raises(ValueError, lambda: hvd.init(comm=comm), "init(comm=%r)" % (comm,))
+    ctx.check(had_mpi or "mpi4py.MPI" not in sys.modules, "init(comm=object()) imported mpi4py.MPI")
     ctx.check(_sum_of_ones() == ctx.size, "allreduce after invalid init(comm=...)")
