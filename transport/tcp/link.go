@@ -210,8 +210,9 @@ func (m *Mesh) failLocked(p *peer, pe *transport.PeerError) {
 	p.partial = nil
 	if p.lost.CompareAndSwap(nil, pe) {
 		level := slog.LevelWarn
-		if errors.Is(pe.Err, transport.ErrPeerLeft) {
-			level = slog.LevelDebug // its world ended: not a fault of this link
+		if errors.Is(pe.Err, transport.ErrPeerLeft) || m.leaving.Load() || m.closed.Load() {
+			// Its world ended, or this mesh's own Close or Detach cut the link: no fault of it.
+			level = slog.LevelDebug
 		}
 		m.log.Log(context.Background(), level, "tcp transport: could not connect to peer", "rank", m.rank, "peer", p.rank, "host", p.host, "err", pe.Err)
 		// Counted under linkMu, as install's goroutines are: Close waits for the group only

@@ -210,30 +210,43 @@ func (l *Listener) reject(c *net.TCPConn, why string, err error) {
 	c.Close()
 }
 
+// unfinished closes c, whose handshake or hello did not finish: rejected (a warning), unless
+// nobody failed a check. That is when this listener's Close ended it (Close closes the
+// connections still in their handshake), or when the dialer hung up before it had sent all of
+// its part: a kolo rank that gave up its dial (a leaving rank's Detach cuts its dials, and a
+// survivor cuts its dial to a rank that left), or a probe that proved nothing. A dialer with the
+// wrong secret sends its proof before it reads ours, so its proof is checked and denied here
+// first; one that is silent runs into the handshake's timeout; both are still rejections.
+func (l *Listener) unfinished(c *net.TCPConn, why string, err error) {
+	l.mu.Lock()
+	delete(l.pending, c)
+	closing := l.closed
+	l.mu.Unlock()
+	if closing || isHangUp(err) {
+		l.log.Debug("tcp transport: connection ended in its handshake", "remote", c.RemoteAddr().String(),
+			"why", why, "err", err, "listener closing", closing)
+		c.Close()
+		return
+	}
+	l.reject(c, why, err)
+}
+
 // admit authenticates c, reads its hello and routes it.
 func (l *Listener) admit(c *net.TCPConn) {
 	defer l.wg.Done()
 	tune(c)
 	if err := auth.Handshake(c, l.secret, auth.Listener, l.handshakeTimeout); err != nil {
-		l.unpend(c)
-		l.reject(c, "authentication", err)
+		l.unfinished(c, "authentication", err)
 		return
 	}
 	c.SetReadDeadline(time.Now().Add(l.handshakeTimeout))
 	h, err := readHello(c)
 	c.SetReadDeadline(time.Time{})
 	if err != nil {
-		l.unpend(c)
-		l.reject(c, "hello", err)
+		l.unfinished(c, "hello", err)
 		return
 	}
 	l.route(c, h)
-}
-
-func (l *Listener) unpend(c net.Conn) {
-	l.mu.Lock()
-	delete(l.pending, c)
-	l.mu.Unlock()
 }
 
 // route hands an authenticated connection to its registration, parks it until one appears, or
