@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kolo-dl/kolo/auth"
 	"github.com/kolo-dl/kolo/transport"
 )
 
@@ -629,5 +630,103 @@ func TestLeaveNoticeOnAPartialSet(t *testing.T) {
 					"tcp transport: could not connect to peer")
 			})
 		}
+	}
+}
+
+// A dialer that ends while its control connection is still on its way (here held in the peer's
+// listener; in life, still in its handshake) leaves the peer a set of data connections only,
+// which carry no leave notice: the peer sees them close and asks the dialer's listener why
+// (watchPartialData, probeMesh). A rank that left is not blamed; one that closed, or whose
+// listener is gone too (a dead process), is a connection error; in every case the peer's calls
+// fail at once, not at its connect timeout (20 s here).
+func TestEndedBeforeItsControlConnectionArrived(t *testing.T) {
+	const streams = 2
+	for _, e := range []struct {
+		name string
+		end  func(w *world)
+		left bool
+	}{
+		{"detached", func(w *world) { w.ms[0].Detach() }, true},
+		{"closed", func(w *world) { w.ms[0].Close() }, false},
+		{"closed with its listener", func(w *world) { w.ms[0].Close(); w.ls[0].Close() }, false},
+	} {
+		t.Run(e.name, func(t *testing.T) {
+			release := make(chan struct{})
+			var once sync.Once
+			open := func() { once.Do(func() { close(release) }) }
+			defer open() // a failed case must not leave the listener held
+			w := newListeners(t, 2)
+			// Rank 1 takes data stream 0 of the set rank 0 dials, and holds the rest.
+			w.ls[1].hold = func(at holdPoint, id connID) {
+				if at == holdClaimed && (id.lane == laneControl || id.stream == 1) {
+					<-release
+				}
+			}
+			w.connect(t, streams, ChunkSize, func(cfg *Config) {
+				cfg.Lazy, cfg.Eager = true, nil
+				cfg.ConnectTimeout = 20 * time.Second
+			})
+			m1 := w.ms[1]
+			p1 := m1.peers[0]
+			go w.ms[0].Comm().Send(context.Background(), 1, nil) // dials; fails as rank 0 ends
+			waitUntil(t, "rank 1 took data stream 0 alone", func() bool {
+				p1.linkMu.Lock()
+				defer p1.linkMu.Unlock()
+				_, ok := p1.partial[connID{peer: 0, lane: laneData, stream: 0}]
+				return ok && len(p1.partial) == 1
+			})
+			errc := make(chan error, 1)
+			go func() { errc <- m1.Comm().Recv(context.Background(), 0, make([]byte, 1<<20)) }()
+
+			e.end(w)
+			waitPeerEnded(t, m1, errc, 0, e.left)
+			if e.left {
+				open() // the held connections, late: declined as ones from a rank that left
+				w.ls[1].Close()
+				notBlamed(t, w, "tcp transport: rejected connection", "tcp transport: peer lost",
+					"tcp transport: could not connect to peer")
+			}
+		})
+	}
+}
+
+// A probe gets the listener's word on the mesh it names, and is never taken for an intruder.
+func TestProbeMesh(t *testing.T) {
+	w := connectAll(t, 3, 1, ChunkSize)
+	ask := func(from, about int) error {
+		cfg := w.cfg(from, 1, ChunkSize)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return probeMesh(ctx, &cfg, about)
+	}
+	if err := ask(0, 1); err != nil {
+		t.Fatalf("probe of an open mesh: %v", err)
+	}
+	w.ms[1].Detach()
+	if err := ask(0, 1); !errors.Is(err, transport.ErrPeerLeft) {
+		t.Fatalf("probe of a detached mesh: %v, want ErrPeerLeft", err)
+	}
+	w.ms[2].Close()
+	if err := ask(0, 2); err == nil || errors.Is(err, transport.ErrPeerLeft) || !errors.Is(err, errRejected) {
+		t.Fatalf("probe of a closed mesh: %v, want a refusal", err)
+	}
+	other := w.cfg(0, 1, ChunkSize)
+	other.JobID = "another-job"
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := probeMesh(ctx, &other, 1); err == nil || !errors.Is(err, errRejected) {
+		t.Fatalf("probe for a job the listener never had: %v, want a refusal", err)
+	}
+	w.ls[2].Close()
+	if err := ask(0, 2); err == nil {
+		t.Fatal("probe of a closed listener succeeded")
+	}
+	if got := w.sink.warnings("tcp transport: rejected connection"); len(got) > 0 {
+		t.Fatalf("probes logged as rejected connections: %v", got)
+	}
+	bad := w.cfg(0, 1, ChunkSize)
+	bad.Secret = []byte("not the job's secret")
+	if err := probeMesh(ctx, &bad, 1); !errors.Is(err, auth.ErrDenied) {
+		t.Fatalf("probe with the wrong secret: %v, want a denial", err)
 	}
 }

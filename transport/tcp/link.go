@@ -288,9 +288,13 @@ func (m *Mesh) arrive(a arrival) {
 	}
 	p.partial[a.id] = a.conn
 	if len(p.partial) < 1+m.cfg.Streams {
-		if a.id.lane == laneControl && peekable {
+		if peekable {
 			m.wg.Add(1) // under linkMu, as install's goroutines are
-			go m.watchPartial(p, a.conn)
+			if a.id.lane == laneControl {
+				go m.watchPartial(p, a.conn)
+			} else {
+				go m.watchPartialData(p, a.id, a.conn)
+			}
 		}
 		return
 	}
@@ -333,6 +337,87 @@ func (m *Mesh) watchPartial(p *peer, c *net.TCPConn) {
 		m.failLocked(p, &transport.PeerError{Rank: p.rank, Host: p.host, Op: "connect", Err: transport.ErrPeerLeft})
 	}
 }
+
+// partialPoll is how often watchPartialData looks at a data connection of a set still arriving.
+const partialPoll = 10 * time.Millisecond
+
+// watchPartialData watches data connection c (id) of p's set while the rest of the set is still
+// arriving, for the case watchPartial cannot see: a dialer that gave the set up before its control
+// connection got here (it left, or died, while that one was still in its handshake) closes the
+// data connections it had and writes nothing: a data connection's bytes are the stream itself,
+// so a leave notice there could be taken for data by a set that did get installed. So when one
+// ends, this rank asks the dialer's listener whether that rank's mesh is still open (probeMesh):
+// a rank that left says so, and the link fails with transport.ErrPeerLeft; a dead one cannot
+// answer, and a live one gave the set up, so it fails as a connection error, at once in either
+// case rather than at the connect timeout. The socket is polled, not waited on, so that the
+// watch never holds the read lock a transfer needs once the set is installed.
+func (m *Mesh) watchPartialData(p *peer, id connID, c *net.TCPConn) {
+	defer m.wg.Done()
+	var b [1]byte
+	watched := func() bool { // while adopting carried connections too: the resync may fail
+		return !m.closed.Load() && (p.link == linkAccepting || p.link == linkAdopting) && p.partial[id] == c
+	}
+	stillPartial := func() bool {
+		return !m.closed.Load() && p.link == linkAccepting && p.partial[id] == c
+	}
+	var err error
+	for {
+		var n int
+		if n, err = peekNow(c, b[:]); n > 0 || err != nil {
+			break
+		}
+		p.linkMu.Lock()
+		still := watched()
+		p.linkMu.Unlock()
+		if !still {
+			return
+		}
+		t := time.NewTimer(partialPoll)
+		select {
+		case <-m.quit:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+	ctrl := connID{peer: p.rank, lane: laneControl}
+	p.linkMu.Lock()
+	if err == nil || !stillPartial() || p.partial[ctrl] != nil || p.probing {
+		// Data flows (the dialer has the whole set: so will this rank), the set is settled, its
+		// control connection is here and watched, or another stream's watch asks already.
+		p.linkMu.Unlock()
+		return
+	}
+	p.probing = true
+	have := len(p.partial)
+	p.linkMu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	perr := probeMesh(ctx, &m.cfg, p.rank)
+	cancel()
+
+	p.linkMu.Lock()
+	defer p.linkMu.Unlock()
+	p.probing = false
+	if !stillPartial() || p.partial[ctrl] != nil {
+		return
+	}
+	if errors.Is(perr, transport.ErrPeerLeft) {
+		m.failLocked(p, &transport.PeerError{Rank: p.rank, Host: p.host, Op: "connect", Err: transport.ErrPeerLeft})
+		return
+	}
+	why := "its mesh is still open"
+	if perr != nil {
+		why = perr.Error()
+	}
+	m.failLocked(p, &transport.PeerError{Rank: p.rank, Host: p.host, Op: "connect",
+		Err: fmt.Errorf("it closed %v stream %d of its set to rank %d with %d of the %d connections here, before its control connection arrived (asked why: %s): %w",
+			id.lane, id.stream, m.rank, have, 1+m.cfg.Streams, why, err)})
+}
+
+// probeTimeout bounds watchPartialData's question to the dialer's listener: the listener answers
+// at once from memory, so only a dead or unreachable host takes this long.
+const probeTimeout = 2 * time.Second
 
 // adopted ends the resync of p's carried set: installed if it succeeded and the peer did not dial
 // a new set meanwhile; otherwise an eager peer is connected anew, and a lazy one left for its

@@ -260,6 +260,17 @@ func (l *Listener) route(c *net.TCPConn, h hello) {
 		return
 	}
 	reg := l.regs[regKey{h.job, h.to}]
+	if h.lane == laneProbe {
+		status, why := byte(ackTaken), ""
+		if reg == nil || !reg.active {
+			if status, why = l.endedLocked(h); status == ackTaken {
+				status, why = ackRefused, fmt.Sprintf("no mesh of job %q rank %d here", h.job, h.to)
+			}
+		}
+		l.mu.Unlock()
+		l.answerProbe(c, h, status, why)
+		return
+	}
 	if reg == nil {
 		if status, why := l.endedLocked(h); status != ackTaken {
 			l.mu.Unlock()
@@ -289,6 +300,16 @@ func (l *Listener) route(c *net.TCPConn, h hello) {
 		return
 	}
 	l.deliver(reg, c, h)
+}
+
+// answerProbe tells a peer of the job whether the mesh it asked about is open (ackTaken), left
+// (ackLeft) or closed (ackRefused), and hangs up: a question, not an intrusion, whatever the answer.
+func (l *Listener) answerProbe(c *net.TCPConn, h hello, status byte, why string) {
+	c.SetWriteDeadline(time.Now().Add(ackTimeout))
+	_, err := c.Write(appendAckStatus(nil, status, why))
+	c.Close()
+	l.log.Debug("tcp transport: answered a probe", "from", h.from, "about", h.to, "job", h.job,
+		"status", status, "why", why, "err", err)
 }
 
 // endedLocked says how to refuse a hello meant for a mesh that ended (ackTaken if none did).

@@ -189,6 +189,7 @@ type peer struct {
 	ready   chan struct{} // closed when link settles (up, failed, idle or closed)
 	partial map[connID]*net.TCPConn
 	expiry  *time.Timer // fails a set the peer began and did not finish
+	probing bool        // a watch of the set asks the dialer's listener about it (watchPartialData)
 	eager   bool        // Connect waits for it; an adopted set that fails falls back to connecting now
 	up      atomic.Bool
 
@@ -450,6 +451,37 @@ func dialOnce(ctx context.Context, addr string, secret []byte, h hello, leaving 
 }
 
 var aLongTimeAgo = time.Unix(1, 0)
+
+// probeMesh asks rank peer's listener whether its mesh of this job is still open: nil if it is,
+// an error matching transport.ErrPeerLeft if it detached, another error if it closed, or if the
+// listener cannot be reached or answer (a dead process, a dead host) within ctx.
+func probeMesh(ctx context.Context, cfg *Config, peer int) error {
+	addr := cfg.Addrs[peer]
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("probe rank %d at %s: %w", peer, addr, err)
+	}
+	c := nc.(*net.TCPConn)
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(aLongTimeAgo) })
+	defer stop()
+	timeout := HandshakeTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(dl))
+	}
+	if err := auth.Handshake(c, cfg.Secret, auth.Dialer, timeout); err != nil {
+		return fmt.Errorf("probe rank %d at %s: %w", peer, addr, err)
+	}
+	h := hello{lane: laneProbe, streams: cfg.Streams, from: cfg.Rank, to: peer, size: cfg.Size, job: cfg.JobID}
+	if _, err := c.Write(appendHello(nil, h)); err != nil {
+		return fmt.Errorf("probe rank %d at %s: send hello: %w", peer, addr, err)
+	}
+	if err := readAck(c); err != nil {
+		return fmt.Errorf("probe rank %d at %s: %w", peer, addr, err)
+	}
+	return nil
+}
 
 // errHungUp marks a handshake the listener ended by closing the connection. auth.Handshake's
 // listener side may close before its own proof is out, so a dialer with the wrong secret can see

@@ -14,3 +14,7 @@ const peekable = false
 func peek(*net.TCPConn, []byte) (int, error) {
 	return 0, errors.New("peeking at a socket is not supported on this platform")
 }
+
+func peekNow(*net.TCPConn, []byte) (int, error) {
+	return 0, errors.New("peeking at a socket is not supported on this platform")
+}

@@ -15,7 +15,10 @@ import (
 // (control lane). All integers are big-endian.
 //
 //	hello: "KOLOTCP1" | u8 lane | u16 stream | u16 streams | u32 from | u32 to | u32 size | u8 len | job id
-//	ack:   u8 status (0 taken, 1 refused, 2 crossed) | u16 len | reason
+//	ack:   u8 status (0 taken, 1 refused, 2 crossed, 3 left) | u16 len | reason
+//
+// A probe (lane 2) asks the listener about the mesh of rank "to" and carries nothing after the
+// ack: taken, that mesh is open; left, it detached; refused, it closed or never opened here.
 //	msg:   u32 len | body
 //	leave: u32 0xFFFFFFFF (the sender detached: Mesh.Detach)
 
@@ -38,6 +41,8 @@ type lane uint8
 const (
 	laneControl lane = 0
 	laneData    lane = 1
+	// laneProbe asks whether the mesh of the rank dialed is still open (probeMesh).
+	laneProbe lane = 2
 )
 
 func (l lane) String() string {
@@ -46,6 +51,8 @@ func (l lane) String() string {
 		return "control"
 	case laneData:
 		return "data"
+	case laneProbe:
+		return "probe"
 	}
 	return fmt.Sprintf("lane(%d)", uint8(l))
 }
@@ -64,7 +71,7 @@ var errMalformed = errors.New("malformed tcp transport frame")
 
 func (h hello) validate() error {
 	switch {
-	case h.lane != laneControl && h.lane != laneData:
+	case h.lane != laneControl && h.lane != laneData && h.lane != laneProbe:
 		return fmt.Errorf("unknown %v", h.lane)
 	case h.size < 1 || h.size > maxRanks:
 		return fmt.Errorf("group size %d out of range", h.size)
@@ -72,7 +79,7 @@ func (h hello) validate() error {
 		return fmt.Errorf("ranks from %d to %d invalid in a group of %d", h.from, h.to, h.size)
 	case h.streams < 1 || h.streams > MaxStreams:
 		return fmt.Errorf("%d streams out of range", h.streams)
-	case h.lane == laneData && h.stream >= h.streams, h.lane == laneControl && h.stream != 0:
+	case h.lane == laneData && h.stream >= h.streams, h.lane != laneData && h.stream != 0:
 		return fmt.Errorf("%v stream %d of %d", h.lane, h.stream, h.streams)
 	case len(h.job) > maxJobID:
 		return fmt.Errorf("job id of %d bytes", len(h.job))

@@ -11,6 +11,7 @@ func TestWireRoundTrip(t *testing.T) {
 	hellos := []hello{
 		{lane: laneControl, streams: 1, from: 0, to: 1, size: 2, job: ""},
 		{lane: laneData, stream: 63, streams: 64, from: 7, to: 3, size: 8, job: strings.Repeat("j", maxJobID)},
+		{lane: laneProbe, streams: 2, from: 1, to: 0, size: 2, job: "job"},
 	}
 	for _, h := range hellos {
 		wire := appendHello(nil, h)
@@ -25,7 +26,8 @@ func TestWireRoundTrip(t *testing.T) {
 		}
 	}
 	bad := []hello{
-		{lane: 2, streams: 1, from: 0, to: 1, size: 2},
+		{lane: 3, streams: 1, from: 0, to: 1, size: 2},
+		{lane: laneProbe, stream: 1, streams: 2, from: 0, to: 1, size: 2},
 		{lane: laneData, stream: 2, streams: 2, from: 0, to: 1, size: 2},
 		{lane: laneControl, stream: 1, streams: 2, from: 0, to: 1, size: 2},
 		{lane: laneControl, streams: 1, from: 1, to: 1, size: 2},
