@@ -730,3 +730,73 @@ func TestProbeMesh(t *testing.T) {
 		t.Fatalf("probe with the wrong secret: %v, want a denial", err)
 	}
 }
+
+// The same while the accepting rank still adopts the set it carried to the dialer, which the
+// dialer gave up and dials anew: the new set arrives beside the resync, and when the resync
+// fails the link goes on accepting it. What the watch of that set saw meanwhile (the dialer left)
+// still counts: the accepting rank's Connect fails at once, the dialer not blamed.
+func TestLeftWhileThePeerAdopted(t *testing.T) {
+	w := connectAll(t, 3, 2, 64<<10)
+	w.linkAll(t)
+	carried := detachAll(w)
+	carried[0][2].Close() // rank 0 gave up its set to rank 2; rank 2 still carries its end
+	delete(carried[0], 2)
+
+	releaseAdopt, releaseSet, arrived := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var adoptOnce, setOnce, arrivedOnce sync.Once
+	openAdopt := func() { adoptOnce.Do(func() { close(releaseAdopt) }) }
+	openSet := func() { setOnce.Do(func() { close(releaseSet) }) }
+	defer openAdopt() // a failed case must not leave the listener held
+	defer openSet()
+	// Rank 2 holds its resync of the set to rank 0, and all of rank 0's new set but data stream 0.
+	w.ls[2].hold = func(at holdPoint, id connID) {
+		switch {
+		case at == holdAdopting && id.peer == 0:
+			<-releaseAdopt
+		case at == holdClaimed && id.peer == 0 && (id.lane == laneControl || id.stream == 1):
+			<-releaseSet
+		case at == holdReceived && id.peer == 0 && id.lane == laneData && id.stream == 0:
+			arrivedOnce.Do(func() { close(arrived) })
+		}
+	}
+	type connected struct {
+		m   *Mesh
+		err error
+	}
+	done := make([]chan connected, 3)
+	for r := range 3 {
+		cfg := w.cfg(r, 2, 64<<10)
+		cfg.JobID = "job-2"
+		cfg.Lazy, cfg.Eager = true, nil
+		cfg.ConnectTimeout = 20 * time.Second
+		cfg.Adopt = carried[r]
+		done[r] = make(chan connected, 1)
+		go func() {
+			m, err := Connect(context.Background(), w.ls[r], cfg)
+			done[r] <- connected{m, err}
+		}()
+	}
+	c0, c1 := <-done[0], <-done[1]
+	for r, c := range []connected{c0, c1} {
+		if c.err != nil {
+			t.Fatalf("rank %d: %v", r, c.err)
+		}
+		defer c.m.Close()
+	}
+	go c0.m.Comm().Send(context.Background(), 2, nil) // dials rank 2; fails as rank 0 leaves
+	<-arrived
+	time.Sleep(50 * time.Millisecond) // data stream 0 into rank 2's partial set
+	c0.m.Detach()
+	time.Sleep(100 * time.Millisecond) // rank 2's watch (10 ms polls) sees it close while adopting
+	start := time.Now()
+	openAdopt()
+	select {
+	case c2 := <-done[2]:
+		var pe *transport.PeerError
+		if !errors.As(c2.err, &pe) || pe.Rank != 0 || !errors.Is(c2.err, transport.ErrPeerLeft) {
+			t.Fatalf("rank 2's Connect after %v: %v, want rank 0 left", time.Since(start), c2.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("rank 2's Connect still waits 5 s after its resync with rank 0 failed (connect timeout 20 s)")
+	}
+}

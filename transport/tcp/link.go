@@ -323,6 +323,7 @@ func (m *Mesh) watchPartial(p *peer, c *net.TCPConn) {
 		time.Sleep(time.Millisecond)
 		n, err = peek(c, b[:])
 	}
+	m.awaitAdopted(p)
 	p.linkMu.Lock()
 	defer p.linkMu.Unlock()
 	if m.closed.Load() || p.link != linkAccepting || p.partial[connID{peer: p.rank, lane: laneControl}] != c {
@@ -381,6 +382,9 @@ func (m *Mesh) watchPartialData(p *peer, id connID, c *net.TCPConn) {
 		}
 	}
 	ctrl := connID{peer: p.rank, lane: laneControl}
+	if err != nil {
+		m.awaitAdopted(p)
+	}
 	p.linkMu.Lock()
 	if err == nil || !stillPartial() || p.partial[ctrl] != nil || p.probing {
 		// Data flows (the dialer has the whole set: so will this rank), the set is settled, its
@@ -413,6 +417,28 @@ func (m *Mesh) watchPartialData(p *peer, id connID, c *net.TCPConn) {
 	m.failLocked(p, &transport.PeerError{Rank: p.rank, Host: p.host, Op: "connect",
 		Err: fmt.Errorf("it closed %v stream %d of its set to rank %d with %d of the %d connections here, before its control connection arrived (asked why: %s): %w",
 			id.lane, id.stream, m.rank, have, 1+m.cfg.Streams, why, err)})
+}
+
+// awaitAdopted returns once p's link is not adopting a carried set (or the mesh closes). A set the
+// peer dials meanwhile arrives beside the resync (it gave the carried set up), and if the resync
+// fails the link goes on accepting that set: what a watch of it found while the link was adopting
+// still counts then.
+func (m *Mesh) awaitAdopted(p *peer) {
+	for {
+		p.linkMu.Lock()
+		adopting := p.link == linkAdopting && !m.closed.Load()
+		p.linkMu.Unlock()
+		if !adopting {
+			return
+		}
+		t := time.NewTimer(partialPoll)
+		select {
+		case <-m.quit:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // probeTimeout bounds watchPartialData's question to the dialer's listener: the listener answers

@@ -90,6 +90,7 @@ const (
 	holdDialed                    // Mesh.dialSet: every connection dialed, the link not yet looked at
 	holdReturned                  // Mesh.dialSet: one connection's dial returned, taken or not
 	holdInstall                   // Mesh.install, under the peer's lock: the mesh not yet looked at
+	holdAdopting                  // Connect: a carried set's resync about to start (id names the peer)
 )
 
 type regKey struct {

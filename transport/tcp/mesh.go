@@ -266,6 +266,9 @@ func Connect(ctx context.Context, l *Listener, cfg Config) (*Mesh, error) {
 			m.wg.Add(1)
 			go func() {
 				defer m.wg.Done()
+				if l.hold != nil {
+					l.hold(holdAdopting, connID{peer: r})
+				}
 				m.adopted(ctx, p, adopt(ctx, &cfg, r, cfg.Adopt[r]))
 			}()
 		case !isEager[r]:
