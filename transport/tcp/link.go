@@ -370,15 +370,8 @@ func (m *Mesh) watchPartialData(p *peer, id connID, c *net.TCPConn) {
 		p.linkMu.Lock()
 		still := watched()
 		p.linkMu.Unlock()
-		if !still {
+		if !still || !m.pause(partialPoll) {
 			return
-		}
-		t := time.NewTimer(partialPoll)
-		select {
-		case <-m.quit:
-			t.Stop()
-			return
-		case <-t.C:
 		}
 	}
 	ctrl := connID{peer: p.rank, lane: laneControl}
@@ -428,16 +421,21 @@ func (m *Mesh) awaitAdopted(p *peer) {
 		p.linkMu.Lock()
 		adopting := p.link == linkAdopting && !m.closed.Load()
 		p.linkMu.Unlock()
-		if !adopting {
+		if !adopting || !m.pause(partialPoll) {
 			return
 		}
-		t := time.NewTimer(partialPoll)
-		select {
-		case <-m.quit:
-			t.Stop()
-			return
-		case <-t.C:
-		}
+	}
+}
+
+// pause waits d, or less if the mesh closes: then it reports false.
+func (m *Mesh) pause(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-m.quit:
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
