@@ -33,18 +33,21 @@ def run(peer, n, args, slices=False):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
         env = dict(os.environ)
+        peer, _, place = peer.partition("@")  # kolo@0,0,0,1: each local rank pinned (pin.py)
+        pin = [PY, os.path.join(HERE, "peers", "pin.py"), place] if place else []
         if peer in ("mpi", "mpibound"):
             mpirun = shutil.which("mpirun")
             if not mpirun:
                 raise RuntimeError("mpirun not found (apt-get install openmpi-bin python3-mpi4py)")
             bind = ["--bind-to", "core:overload-allowed"] if peer == "mpibound" else []
-            cmd = [mpirun, "--oversubscribe", *bind, "-np", str(n), PY, os.path.join(HERE, "peers", "mpi_allreduce.py")]
+            cmd = [mpirun, "--oversubscribe", *bind, "-np", str(n), *pin, PY,
+                   os.path.join(HERE, "peers", "mpi_allreduce.py")]
             if os.geteuid() == 0:
                 cmd.insert(1, "--allow-run-as-root")
         else:
             env["KOLO_SHM_NEGOTIATION"] = "0" if peer == "rank0" else "1"
             bind = ["--bind-to", "core:overload-allowed"] if peer == "bound" else []
-            cmd = [args.kolo, "run", "-np", str(n), *bind, args.kolo, "bench", "allreduce"]
+            cmd = [args.kolo, "run", "-np", str(n), *bind, *pin, args.kolo, "bench", "allreduce"]
         cmd += ["--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup), "--json", out]
         p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            timeout=args.timeout)
@@ -93,11 +96,20 @@ def main():
     p.add_argument("--bound", action="store_true",
                    help="two more peers: kolo with the board and OpenMPI, each rank bound to one CPU round "
                         "robin (kolo run / mpirun --bind-to core:overload-allowed)")
+    p.add_argument("--placements", default="",
+                   help="semicolon-separated CPU lists, one CPU per local rank (0,0,0,1;0,1,0,1): for each, "
+                        "two more peers, kolo (board) and OpenMPI with every rank pinned there (one --ranks "
+                        "value, as long as each list)")
     p.add_argument("--slices", type=int, default=0,
                    help="time the first size in this many consecutive slices of --iters ops from each run's "
                         "start (no warm-up), one row per run")
     args = p.parse_args()
     peers = PEERS + (("bound", "mpibound") if args.bound else ())
+    for place in filter(None, args.placements.split(";")):
+        if len(args.ranks.split(",")) != 1 or len(place.split(",")) != int(args.ranks):
+            p.error(f"--placements {place!r}: give one --ranks value and one CPU per rank")
+        peers += (f"board@{place}", f"mpi@{place}")
+        LABELS[f"board@{place}"], LABELS[f"mpi@{place}"] = f"kolo (board), CPUs {place}", f"OpenMPI, CPUs {place}"
     if args.slices:
         # The rank-0 path is the board's with an extra hop; the states in question are the board's.
         return slices(args, tuple(p for p in peers if p != "rank0"))
@@ -117,18 +129,20 @@ def main():
     sizes = sorted(rows[ranks[0]]["board"][0])
     print(f"# small allreduces (float32 sum) on one host ({os.cpu_count()} CPUs), {args.iters} ops per run, "
           f"{args.repeats} runs of each peer rotated; medians of the runs' per-op medians, us (ranges)")
-    ratios = [p for p in peers if p != "mpi"]
+    # Each kolo peer over the OpenMPI run placed alike (a pinned kolo over OpenMPI pinned the same
+    # way), the others over unbound OpenMPI.
+    base = {p: "mpi@" + p.partition("@")[2] if p.startswith("board@") else "mpi"
+            for p in peers if p != "mpi" and not p.startswith("mpi@")}
     head = "| ranks | size |" + "".join(f" {LABELS[p]} |" for p in peers) + "".join(
-        f" {LABELS[p]} / OpenMPI |" for p in ratios)
+        f" {LABELS[p]} / {LABELS[b]} |" for p, b in base.items())
     print(head)
-    print("|---:|---:|" + "---:|" * (len(peers) + len(ratios)))
+    print("|---:|---:|" + "---:|" * (len(peers) + len(base)))
     for n, got in rows.items():
         for s in sizes:
             vals = {peer: [r[s] for r in got[peer]] for peer in peers}
-            m = statistics.median(vals["mpi"])
             print(f"| {n} | {s} B |" + "".join(f" {med(vals[peer])} |" for peer in peers)
-                  + "".join(f" {statistics.median(vals[p]) / m:.2f}x |" for p in ratios))
-
+                  + "".join(f" {statistics.median(vals[p]) / statistics.median(vals[b]):.2f}x |"
+                            for p, b in base.items()))
 
 if __name__ == "__main__":
     main()
