@@ -3,12 +3,14 @@ package world
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/transport"
 )
 
 // member is one endpoint's place in a world: its host and what it carries from its last world.
@@ -136,4 +138,36 @@ func TestNextWorldAdoptsSurvivorsConnections(t *testing.T) {
 	carries[0].Close()
 	carries[1].Close()
 	ring(t, w2, "round 2")
+}
+
+// A rank that left its world (Detach) still answers for it: a peer that first dials it after it
+// left (here ranks 3 and 6, which no collective had connected) learns that it left, at once, as it
+// would had they been connected, instead of meeting a closed port, which it would retry until its
+// connect timeout and then blame.
+func TestDetachedRankAnswersLateDials(t *testing.T) {
+	secret := []byte("late-dial-secret")
+	_, addr := serveRendezvous(t, secret)
+	var members []member
+	for h := range 4 {
+		members = append(members, member{host: fmt.Sprintf("h%d", h)}, member{host: fmt.Sprintf("h%d", h)})
+	}
+	worlds := formWith(t, addr, "late-dial", secret, t.TempDir(), members,
+		func(o *Options) { o.Timeout = 20 * time.Second })
+	defer func() {
+		for _, w := range worlds {
+			w.Close()
+		}
+	}()
+	c, err := worlds[6].Detach()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	start := time.Now()
+	err = worlds[3].Comm.Send(ctx, 6, []byte("late"))
+	if took := time.Since(start); !errors.Is(err, transport.ErrPeerLeft) || took > 5*time.Second {
+		t.Fatalf("send to rank 6 after it left: %v after %v; want ErrPeerLeft within 5 s", err, took.Round(time.Millisecond))
+	}
 }

@@ -72,10 +72,14 @@ type World struct {
 	LocalRanks []int               // job ranks of Local, in order
 
 	closers []func() error
-	shm     *shm.Group
-	mesh    *tcp.Mesh
-	id      string   // this rank's endpoint id, kept from world to world through Carry
-	procs   []string // procs[r] = rank r's endpoint id
+	// ln is this world's listener; linger, how long it stays open after a Detach (closeListener).
+	ln        *tcp.Listener
+	linger    time.Duration
+	lingering bool // Detach left the world: the listener outlives it by linger
+	shm       *shm.Group
+	mesh      *tcp.Mesh
+	id        string   // this rank's endpoint id, kept from world to world through Carry
+	procs     []string // procs[r] = rank r's endpoint id
 }
 
 // Connect builds the World of job. A job of size 1 needs no rendezvous.
@@ -128,7 +132,8 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: listen for peers: %w", job.Rank, err)
 	}
-	w.closers = append(w.closers, ln.Close)
+	w.ln, w.linger = ln, opt.Timeout
+	w.closers = append(w.closers, w.closeListener)
 	toRendezvous := rv.LocalAddr()
 	if ifaceIP != nil {
 		toRendezvous = &net.TCPAddr{IP: ifaceIP}
@@ -295,14 +300,31 @@ func (w *World) Close() error {
 // hosts that are still healthy (telling them this rank left, so their waiting calls fail at
 // once), for the next world this process joins to adopt (Options.Carry). Shared memory is left:
 // a host's next world makes its own segment, for its own number of ranks.
+//
+// The world's listener stays open a while longer (Options.Timeout, the connect timeout its peers
+// dial under): it tells a peer that dials this rank's ended world, or asks about a set it was
+// dialed (tcp's probe), that the rank left, where a closed port would only say "refused" and the
+// peer would retry until its timeout and then blame this rank.
 func (w *World) Detach() (*Carry, error) {
 	c := &Carry{id: w.id, byProc: map[string]*tcp.Carried{}}
 	if w.mesh != nil {
 		for r, cs := range w.mesh.Detach() {
 			c.byProc[w.procs[r]] = cs
 		}
+		w.lingering = true
 	}
 	return c, w.Close()
+}
+
+// closeListener closes the world's listener, or after a Detach schedules it to close once its
+// linger has passed.
+func (w *World) closeListener() error {
+	if w.lingering && w.linger > 0 {
+		ln := w.ln
+		time.AfterFunc(w.linger, func() { ln.Close() })
+		return nil
+	}
+	return w.ln.Close()
 }
 
 // RemoteConnected is the number of ranks of other hosts this rank has connections to: with a
