@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kolo-dl/kolo/dtype"
 	"github.com/kolo-dl/kolo/reduce"
 	"github.com/kolo-dl/kolo/transport"
 )
@@ -57,7 +58,7 @@ func slotStores(ctx context.Context, c transport.Comm, s transport.Shared, tun *
 	if m, ok := slotStoresOf.Load(s); ok {
 		return m.(SlotStores), nil
 	}
-	m, err := calibrateSlotStores(ctx, c, s)
+	m, err := calibrateSlotStores(ctx, c, s, tun)
 	if err != nil {
 		return 0, err
 	}
@@ -65,58 +66,65 @@ func slotStores(ctx context.Context, c transport.Comm, s transport.Shared, tun *
 	return m, nil
 }
 
-// calibrateRounds is how many transfers of each mode calibrateSlotStores times; the fastest of
-// each is compared, so one descheduled round does not decide.
+// calibrateRounds is how many shared allreduces of each mode calibrateSlotStores times; the
+// fastest of each is compared, so one descheduled round does not decide.
+const calibrateRounds = 6
+
+// calibrateBytes is the buffer of those allreduces, split among the ranks (each rank's share of
+// the work stays about the same at any group size), within calibrateMin and calibrateMax.
 const (
-	calibrateRounds = 6
-	calibrateBytes  = 1 << 20 // a round of the shared allreduce
+	calibrateBytes = 4 << 20
+	calibrateMin   = 64 << 10
+	calibrateMax   = 2 << 20
 )
 
-// calibrateSlotStores times a transfer of one round's bytes from rank 0's slot to rank 1, with
-// each kind of store, alternately, and decides on rank 0: plain stores if their fastest transfer
-// beat the streaming stores' fastest by 10%, else streaming (the choice kolo made before it
-// measured). Rank 0 then publishes the choice in its slot, so that every rank uses the same.
-// Every rank of c takes part (the barriers are the group's); about 30 barriers and 12 MiB of
-// copies, once per group.
-func calibrateSlotStores(ctx context.Context, c transport.Comm, s transport.Shared) (SlotStores, error) {
-	r := c.Rank()
-	slot := s.Slot(0)
-	n := min(len(slot), calibrateBytes) / 64 * 64
-	if n == 0 {
+// trialFunc runs one timed trial of mode on this rank: all ranks of the group call it alike.
+type trialFunc func(ctx context.Context, mode SlotStores) (time.Duration, error)
+
+// calibrateSlotStores times the shared allreduce itself with each kind of store, alternately,
+// calibrateRounds times each, and decides on rank 0: plain stores if their fastest allreduce beat
+// the streaming stores' fastest by 10%, else streaming (the choice kolo made before it measured).
+// Rank 0 then publishes the choice in its slot, so that every rank uses the same.
+//
+// What is timed is the collective, not a transfer standing for it: a first version timed 1 MiB
+// copied from rank 0's slot to rank 1, one way, one core writing while the other waited, and on
+// an AMD EPYC VM where the allreduce ran 2-3x faster with streaming stores (10-16 against 4.5-5
+// GB/s busbw at 4 MiB, 2 ranks) that copy took the same time either way (58-130 us), so noise
+// decided, and 3 of 8 runs chose plain stores and ran at 4.5-5 GB/s throughout.
+func calibrateSlotStores(ctx context.Context, c transport.Comm, s transport.Shared, tun *Tuning) (SlotStores, error) {
+	n := c.Size()
+	round := tun.sharedRound() // the rounds the group's allreduces take
+	// A few rounds at most where slots are small (tests' groups): the modes differ per byte.
+	size := min(max(calibrateBytes/n, calibrateMin), calibrateMax, 4*len(s.Slot(c.Rank()))) / 64 * 64
+	if size == 0 {
 		return SlotStoresStreaming, nil
 	}
-	var buf []byte
-	if r <= 1 {
-		buf = make([]byte, n)
+	buf := make([]byte, size)
+	trial := func(ctx context.Context, mode SlotStores) (time.Duration, error) {
+		t := &Tuning{SlotStores: mode, SharedRoundBytes: round}
+		start := time.Now()
+		err := sharedRounds(ctx, "calibrate slot stores", c, s, nil, buf, dtype.Float32, reduce.Sum, 1, t)
+		return time.Since(start), err
 	}
+	return decideSlotStores(ctx, c, s, trial)
+}
+
+// decideSlotStores runs the trials, alternating the modes, and has rank 0 choose and publish.
+func decideSlotStores(ctx context.Context, c transport.Comm, s transport.Shared, trial trialFunc) (SlotStores, error) {
+	r := c.Rank()
 	var took [2][]time.Duration // by mode: streaming, plain
 	for i := range 2 * calibrateRounds {
-		plain := i%2 == 1
-		start := time.Now()
-		if r == 0 {
-			if plain {
-				copy(slot[:n], buf)
-			} else {
-				reduce.StreamCopy(slot[:n], buf)
-			}
+		mode, k := SlotStoresStreaming, 0
+		if i%2 == 1 {
+			mode, k = SlotStoresPlain, 1
 		}
-		if err := s.Barrier(ctx); err != nil {
-			return 0, fmt.Errorf("calibrate slot stores: barrier after the write: %w", err)
+		d, err := trial(ctx, mode)
+		if err != nil {
+			return 0, fmt.Errorf("calibrate slot stores: %v stores, trial %d: %w", mode, i/2+1, err)
 		}
-		if r == 1 {
-			copy(buf, slot[:n])
-		}
-		if err := s.Barrier(ctx); err != nil {
-			return 0, fmt.Errorf("calibrate slot stores: barrier after the read: %w", err)
-		}
-		if r == 0 {
-			mode := 0
-			if plain {
-				mode = 1
-			}
-			took[mode] = append(took[mode], time.Since(start))
-		}
+		took[k] = append(took[k], d)
 	}
+	slot := s.Slot(0)
 	if r == 0 {
 		slot[0] = byte(SlotStoresStreaming)
 		if slices.Min(took[1])*10 < slices.Min(took[0])*9 {

@@ -99,3 +99,60 @@ func TestSlotStoresMeasurementLosesARank(t *testing.T) {
 		}
 	}
 }
+
+// The faster mode by the trials wins, plain stores only by 10%, and every rank gets rank 0's
+// choice even when its own trials say otherwise.
+func TestSlotStoresFollowTheTrials(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		streaming, plain time.Duration // rank 0's trials; the others' are reversed
+		want             SlotStores
+	}{
+		{"plain twice as fast", 2 * time.Millisecond, time.Millisecond, SlotStoresPlain},
+		{"streaming twice as fast", time.Millisecond, 2 * time.Millisecond, SlotStoresStreaming},
+		{"plain 5% faster: not enough", 1000 * time.Microsecond, 950 * time.Microsecond, SlotStoresStreaming},
+		{"plain 15% faster", 1000 * time.Microsecond, 850 * time.Microsecond, SlotStoresPlain},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const n = 3
+			got := make([]SlotStores, n)
+			errs := ranks(t, n, []inmem.Option{inmem.WithSlotBytes(1 << 20)}, nil, func(ctx context.Context, r int, c transport.Comm) error {
+				trial := func(_ context.Context, mode SlotStores) (time.Duration, error) {
+					plain := mode == SlotStoresPlain
+					if r != 0 {
+						plain = !plain
+					}
+					if plain {
+						return tc.plain, nil
+					}
+					return tc.streaming, nil
+				}
+				var err error
+				got[r], err = decideSlotStores(ctx, c, c.(transport.Shared), trial)
+				return err
+			})
+			for r := range n {
+				if errs[r] != nil || got[r] != tc.want {
+					t.Errorf("rank %d: %v, %v; want %v", r, got[r], errs[r], tc.want)
+				}
+			}
+		})
+	}
+}
+
+// A trial that fails fails the measurement on that rank, saying which.
+func TestSlotStoresTrialFails(t *testing.T) {
+	errs := ranks(t, 2, []inmem.Option{inmem.WithSlotBytes(1 << 20)}, nil, func(ctx context.Context, r int, c transport.Comm) error {
+		trial := func(context.Context, SlotStores) (time.Duration, error) {
+			if r == 1 {
+				return 0, errors.New("no memory")
+			}
+			return time.Millisecond, nil
+		}
+		_, err := decideSlotStores(ctx, c, c.(transport.Shared), trial)
+		return err
+	})
+	if errs[1] == nil || !strings.Contains(errs[1].Error(), "streaming stores, trial 1: no memory") {
+		t.Fatalf("rank 1: %v", errs[1])
+	}
+}
