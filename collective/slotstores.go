@@ -79,7 +79,9 @@ const (
 	calibrateMax   = 2 << 20
 )
 
-// trialFunc runs one timed trial of mode on this rank: all ranks of the group call it alike.
+// trialFunc runs one timed trial of mode on this rank: all ranks of the group call it alike, and
+// it returns only once no rank reads the slots any more (the shared allreduce ends with a
+// barrier), since rank 0 writes its choice into its slot after the last one.
 type trialFunc func(ctx context.Context, mode SlotStores) (time.Duration, error)
 
 // calibrateSlotStores times the shared allreduce itself with each kind of store, alternately,
