@@ -106,7 +106,7 @@ func calibrateSlotStores(ctx context.Context, c transport.Comm, s transport.Shar
 	trial := func(ctx context.Context, mode SlotStores) (time.Duration, error) {
 		t := &Tuning{SlotStores: mode, SharedRoundBytes: round}
 		start := time.Now()
-		err := sharedRounds(ctx, "calibrate slot stores", c, s, nil, buf, dtype.Float32, reduce.Sum, 1, t)
+		err := sharedRounds(ctx, "shared allreduce", c, s, nil, buf, dtype.Float32, reduce.Sum, 1, t)
 		return time.Since(start), err
 	}
 	return decideSlotStores(ctx, c, s, trial)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -728,6 +729,22 @@ func TestProbeMesh(t *testing.T) {
 	bad.Secret = []byte("not the job's secret")
 	if err := probeMesh(ctx, &bad, 1); !errors.Is(err, auth.ErrDenied) {
 		t.Fatalf("probe with the wrong secret: %v, want a denial", err)
+	}
+	// A port that takes the connection and says nothing (a hung process): the probe gives up at
+	// its deadline, with an error.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	mute := w.cfg(0, 1, ChunkSize)
+	mute.Addrs = append([]string(nil), mute.Addrs...)
+	mute.Addrs[1] = silent.Addr().String()
+	short, cancelShort := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancelShort()
+	start := time.Now()
+	if err := probeMesh(short, &mute, 1); err == nil || time.Since(start) > 2*time.Second {
+		t.Fatalf("probe of a silent port: %v after %v, want an error at the 300 ms deadline", err, time.Since(start))
 	}
 }
 

@@ -358,9 +358,7 @@ func (m *Mesh) watchPartialData(p *peer, id connID, c *net.TCPConn) {
 	watched := func() bool { // while adopting carried connections too: the resync may fail
 		return !m.closed.Load() && (p.link == linkAccepting || p.link == linkAdopting) && p.partial[id] == c
 	}
-	stillPartial := func() bool {
-		return !m.closed.Load() && p.link == linkAccepting && p.partial[id] == c
-	}
+	stillPartial := func() bool { return p.link == linkAccepting && watched() }
 	var err error
 	for {
 		var n int

@@ -457,32 +457,15 @@ var aLongTimeAgo = time.Unix(1, 0)
 
 // probeMesh asks rank peer's listener whether its mesh of this job is still open: nil if it is,
 // an error matching transport.ErrPeerLeft if it detached, another error if it closed, or if the
-// listener cannot be reached or answer (a dead process, a dead host) within ctx.
+// listener cannot be reached or answer (a dead process, a dead host) within ctx. It is one dial
+// of a probe-lane hello, which the listener answers and hangs up.
 func probeMesh(ctx context.Context, cfg *Config, peer int) error {
-	addr := cfg.Addrs[peer]
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return fmt.Errorf("probe rank %d at %s: %w", peer, addr, err)
-	}
-	c := nc.(*net.TCPConn)
-	defer c.Close()
-	stop := context.AfterFunc(ctx, func() { c.SetDeadline(aLongTimeAgo) })
-	defer stop()
-	timeout := HandshakeTimeout
-	if dl, ok := ctx.Deadline(); ok {
-		timeout = min(timeout, time.Until(dl))
-	}
-	if err := auth.Handshake(c, cfg.Secret, auth.Dialer, timeout); err != nil {
-		return fmt.Errorf("probe rank %d at %s: %w", peer, addr, err)
-	}
 	h := hello{lane: laneProbe, streams: cfg.Streams, from: cfg.Rank, to: peer, size: cfg.Size, job: cfg.JobID}
-	if _, err := c.Write(appendHello(nil, h)); err != nil {
-		return fmt.Errorf("probe rank %d at %s: send hello: %w", peer, addr, err)
+	c, err := dialOnce(ctx, cfg.Addrs[peer], cfg.Secret, h, nil)
+	if err != nil {
+		return fmt.Errorf("probe rank %d at %s: %w", peer, cfg.Addrs[peer], err)
 	}
-	if err := readAck(c); err != nil {
-		return fmt.Errorf("probe rank %d at %s: %w", peer, addr, err)
-	}
+	c.Close()
 	return nil
 }
 
