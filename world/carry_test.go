@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -169,5 +170,37 @@ func TestDetachedRankAnswersLateDials(t *testing.T) {
 	err = worlds[3].Comm.Send(ctx, 6, []byte("late"))
 	if took := time.Since(start); !errors.Is(err, transport.ErrPeerLeft) || took > 5*time.Second {
 		t.Fatalf("send to rank 6 after it left: %v after %v; want ErrPeerLeft within 5 s", err, took.Round(time.Millisecond))
+	}
+}
+
+// A rank that closed its world (not left: its process is ending) no longer listens, and a peer's
+// first dial to it fails at once, naming it, instead of retrying the refused port until its
+// connect timeout.
+func TestClosedRankFailsLateDialsAtOnce(t *testing.T) {
+	secret := []byte("closed-dial-secret")
+	_, addr := serveRendezvous(t, secret)
+	var members []member
+	for h := range 4 {
+		members = append(members, member{host: fmt.Sprintf("h%d", h)}, member{host: fmt.Sprintf("h%d", h)})
+	}
+	worlds := formWith(t, addr, "closed-dial", secret, t.TempDir(), members,
+		func(o *Options) { o.Timeout = 20 * time.Second })
+	defer func() {
+		for _, w := range worlds {
+			w.Close()
+		}
+	}()
+	if err := worlds[6].Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	start := time.Now()
+	err := worlds[3].Comm.Send(ctx, 6, []byte("late"))
+	took := time.Since(start)
+	var pe *transport.PeerError
+	if !errors.As(err, &pe) || pe.Rank != 6 || pe.Host != "h3" || errors.Is(err, transport.ErrPeerLeft) ||
+		!strings.Contains(err.Error(), "nothing listens there any more") || took > 5*time.Second {
+		t.Fatalf("send to rank 6 after its world closed: %v after %v; want rank 6 on h3 named within 5 s", err, took.Round(time.Millisecond))
 	}
 }

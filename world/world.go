@@ -241,7 +241,7 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 		m, err := tcp.Connect(ctx, ln, tcp.Config{
 			Rank: job.Rank, Size: job.Size, Peers: remote, Addrs: addrs, Hosts: w.Hosts,
 			Secret: secret, JobID: job.JobID, Streams: opt.TCPStreams, ConnectTimeout: opt.Timeout,
-			ProgressTimeout: opt.ProgressTimeout, Adopt: adopt,
+			ProgressTimeout: opt.ProgressTimeout, Adopt: adopt, Listening: true,
 			Lazy: !opt.FullMesh, Eager: eagerPeers(job.Rank, job.Size, remote, cross),
 		})
 		if err != nil {

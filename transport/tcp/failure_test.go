@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -230,6 +231,25 @@ func TestConnectFailures(t *testing.T) {
 		var pe *transport.PeerError
 		if !errors.As(err, &pe) || pe.Rank != 1 || !strings.Contains(err.Error(), w.addrs[1]) || !strings.Contains(err.Error(), "refused") {
 			t.Fatalf("Connect to a closed port: %v", err)
+		}
+	})
+	t.Run("peer stopped listening", func(t *testing.T) {
+		// Config.Listening: the address did listen, so a refusal is final and fails long before
+		// the connect timeout.
+		w := newListeners(t, 2)
+		w.ls[1].Close()
+		cfg := w.cfg(0, 2, ChunkSize)
+		cfg.Listening, cfg.ConnectTimeout = true, 20*time.Second
+		start := time.Now()
+		_, err := connectAndUse(ctx, w.ls[0], cfg, 1)
+		took := time.Since(start)
+		var pe *transport.PeerError
+		if !errors.As(err, &pe) || pe.Rank != 1 || !strings.Contains(err.Error(), w.addrs[1]) ||
+			!strings.Contains(err.Error(), "nothing listens there any more") || !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("Connect to a port closed since it was published: %v", err)
+		}
+		if took > 2*time.Second {
+			t.Fatalf("failed after %v; want well within the 20 s connect timeout", took.Round(time.Millisecond))
 		}
 	})
 	t.Run("bad config", func(t *testing.T) {

@@ -74,6 +74,13 @@ type Config struct {
 	Lazy  bool
 	Eager []int
 
+	// Listening says that every address in Addrs was listening before this Connect began, as a
+	// world's are (a rank publishes its address once its Listener is up): a dial refused outright
+	// then means that nothing listens there any more (the rank's process ended, or closed its
+	// world), and fails after maxRefused tries in a row instead of being retried until
+	// ConnectTimeout. Without it refused dials are retried, for a peer that may not listen yet.
+	Listening bool
+
 	// Adopt holds, by rank, connections to peers that an earlier mesh among the same processes
 	// left open (Mesh.Detach): Connect resyncs them instead of dialing, and falls back to dialing
 	// (or to waiting for the peer's dial) for a set the peer no longer holds. Both ends must know
@@ -356,14 +363,15 @@ func (m *Mesh) missing(below []int, waited time.Duration, cause error) error {
 }
 
 // dialPeer makes one connection to a higher rank, retrying refused and broken attempts until ctx
-// ends. A wrong secret or a refused hello fails at once: retrying cannot fix them. leaving says
-// whether this rank leaves when ctx ends (see dialOnce); nil: it does not.
+// ends (refused ones only maxRefused times with Config.Listening). A wrong secret or a refused
+// hello fails at once: retrying cannot fix them. leaving says whether this rank leaves when ctx
+// ends (see dialOnce); nil: it does not.
 func dialPeer(ctx context.Context, cfg *Config, id connID, leaving *atomic.Bool) (*net.TCPConn, error) {
 	addr := cfg.Addrs[id.peer]
 	h := hello{lane: id.lane, stream: id.stream, streams: cfg.Streams, from: cfg.Rank, to: id.peer, size: cfg.Size, job: cfg.JobID}
 	backoff := 10 * time.Millisecond
 	var lastErr error
-	hungUp := 0
+	hungUp, refused := 0, 0
 	for attempt := 1; ; attempt++ {
 		c, err := dialOnce(ctx, addr, cfg.Secret, h, leaving)
 		if err == nil {
@@ -380,6 +388,15 @@ func dialPeer(ctx context.Context, cfg *Config, id connID, leaving *atomic.Bool)
 		if hungUp == maxHangUps {
 			return nil, fmt.Errorf("%v connection to %s: %w (inferred: it hung up during authentication %d times in a row, last: %v)",
 				id.lane, addr, auth.ErrDenied, hungUp, err)
+		}
+		if cfg.Listening && errors.Is(err, syscall.ECONNREFUSED) {
+			refused++
+		} else {
+			refused = 0
+		}
+		if refused == maxRefused {
+			return nil, fmt.Errorf("%v connection to %s: refused %d times in a row: nothing listens there any more, though rank %d listened there when the job formed (its process ended, or it closed its world): %w",
+				id.lane, addr, refused, id.peer, err)
 		}
 		if lastErr == nil || ctx.Err() == nil {
 			lastErr = err // an attempt cut short by ctx's end says less than the one before it
@@ -476,6 +493,12 @@ func probeMesh(ctx context.Context, cfg *Config, peer int) error {
 var errHungUp = errors.New("peer hung up during authentication")
 
 const maxHangUps = 3
+
+// maxRefused refused dials in a row fail a dial to an address known to have listened
+// (Config.Listening). One would do on Linux, where only a closed port refuses (a full accept
+// queue drops the SYN instead, unless tcp_abort_on_overflow is set); the backoff between three
+// costs 30 ms.
+const maxRefused = 3
 
 func isHangUp(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
