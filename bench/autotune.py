@@ -12,8 +12,8 @@ settings (fusion 1 MiB, cycle 20 ms). For each job:
   round) when given (the tuner searches both on these 2-rank jobs; empty: the job's own), runs
   --grid-steps steps after --warmup, in --grid-repeats rounds that rotate the points' order; a
   point's steps/s is the median over the rounds of rank 0's rate;
-- the tuned runs (--tuned-repeats): `kolo run --autotune` from the job's settings for
-  --tuned-steps steps; from its log come the step it decided at and what it chose; the tuned
+- the tuned runs (--tuned-repeats): `kolo run --autotune` (with --tuned-flags) from the job's
+  settings for --tuned-steps steps; from its log come the step it decided at and what it chose; the tuned
   steps/s is the step rate after the decision (from 5 steps past it), the tuning overhead is
   1 - (steps/s while tuning) / (the grid's steps/s at the job's own settings); the in-run overhead
   is the time to the decision over the same steps at the run's own defaults samples' step time,
@@ -37,6 +37,7 @@ import json
 import math
 import os
 import statistics
+import shlex
 import shutil
 import subprocess
 import sys
@@ -222,6 +223,8 @@ def main():
                         "'fusion,cycle[,small,round,spin,cache]' ('-' for the job's own; cache 1 on, 0 off)")
     p.add_argument("--tuned-steps", type=int, default=340)
     p.add_argument("--tuned-repeats", type=int, default=2)
+    p.add_argument("--tuned-flags", default="",
+                   help="more `kolo run` flags for the tuned runs, such as '--autotune-steps-per-sample 30'")
     p.add_argument("--no-paired", action="store_true",
                    help="skip the fixed runs at the grid's best point and at the job's settings beside each tuned run")
     p.add_argument("--ab-env", default="",
@@ -317,7 +320,8 @@ def main():
                 with tempfile.TemporaryDirectory() as d:
                     log = os.path.join(d, "at.csv")
                     ends, text = run_job(model, batch, args.tuned_steps, settings_env(*own),
-                                         flags=("--autotune", "--autotune-log-file", log), root=root)
+                                         flags=("--autotune", "--autotune-log-file", log, *shlex.split(args.tuned_flags)),
+                                         root=root)
                     step, chosen = decision(log)
                     if args.keep_logs:
                         os.makedirs(args.keep_logs, exist_ok=True)
@@ -374,7 +378,8 @@ def main():
     if args.grid_paired:
         what += ", each beside a run at the job's settings"
     print(f"# kolo run --autotune vs {what}, "
-          f"{args.grid_repeats} rounds), 2 ranks, {args.tuned_repeats} tuned runs per job; medians (ranges). "
+          f"{args.grid_repeats} rounds), 2 ranks, {args.tuned_repeats} tuned runs per job"
+          + (f" (kolo run --autotune {args.tuned_flags})" if args.tuned_flags else "") + "; medians (ranges). "
           "'paired' ratios: the tuned run's steps/s after its decision over a run fixed at the grid's best point "
           "(or at the job's settings), same steps, run beside it")
     print("| job | job's settings steps/s | grid's best steps/s (at) | tuned steps/s | tuned / grid's best | tuned / best, paired "
