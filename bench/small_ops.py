@@ -47,7 +47,8 @@ def run(peer, n, args, slices=False):
         else:
             env["KOLO_SHM_NEGOTIATION"] = "0" if peer == "rank0" else "1"
             bind = ["--bind-to", "core:overload-allowed"] if peer == "bound" else []
-            cmd = [args.kolo, "run", "-np", str(n), *bind, *pin, args.kolo, "bench", "allreduce"]
+            kolo = args.compare_kolo if peer == "other" else args.kolo
+            cmd = [kolo, "run", "-np", str(n), *bind, *pin, kolo, "bench", "allreduce"]
         cmd += ["--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup), "--json", out]
         p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            timeout=args.timeout)
@@ -93,6 +94,10 @@ def main():
     p.add_argument("--pause", type=float, default=3.0)
     p.add_argument("--timeout", type=int, default=600)
     p.add_argument("--kolo", default=os.path.join(ROOT, "bin", "kolo"))
+    p.add_argument("--compare-kolo", default="",
+                   help="another kolo binary (an earlier commit's bin/kolo) as one more peer, kolo (board) "
+                        "built there, labelled with --compare-label: an A/B of two builds in one run")
+    p.add_argument("--compare-label", default="other build")
     p.add_argument("--bound", action="store_true",
                    help="two more peers: kolo with the board and OpenMPI, each rank bound to one CPU round "
                         "robin (kolo run / mpirun --bind-to core:overload-allowed)")
@@ -105,6 +110,9 @@ def main():
                         "start (no warm-up), one row per run")
     args = p.parse_args()
     peers = PEERS + (("bound", "mpibound") if args.bound else ())
+    if args.compare_kolo:
+        peers += ("other",)
+        LABELS["other"] = f"kolo (board), {args.compare_label}"
     for place in filter(None, args.placements.split(";")):
         if len(args.ranks.split(",")) != 1 or len(place.split(",")) != int(args.ranks):
             p.error(f"--placements {place!r}: give one --ranks value and one CPU per rank")
@@ -130,11 +138,13 @@ def main():
     print(f"# small allreduces (float32 sum) on one host ({os.cpu_count()} CPUs), {args.iters} ops per run, "
           f"{args.repeats} runs of each peer rotated; medians of the runs' per-op medians, us (ranges)")
     # Each kolo peer over the OpenMPI run placed alike (a pinned kolo over OpenMPI pinned the same
-    # way), the others over unbound OpenMPI.
-    base = {p: "mpi@" + p.partition("@")[2] if p.startswith("board@") else "mpi"
-            for p in peers if p != "mpi" and not p.startswith("mpi@")}
+    # way), the others over unbound OpenMPI; with --compare-kolo, this build over the other too.
+    base = [(p, "mpi@" + p.partition("@")[2] if p.startswith("board@") else "mpi")
+            for p in peers if p != "mpi" and not p.startswith("mpi@")]
+    if args.compare_kolo:
+        base.append(("board", "other"))
     head = "| ranks | size |" + "".join(f" {LABELS[p]} |" for p in peers) + "".join(
-        f" {LABELS[p]} / {LABELS[b]} |" for p, b in base.items())
+        f" {LABELS[p]} / {LABELS[b]} |" for p, b in base)
     print(head)
     print("|---:|---:|" + "---:|" * (len(peers) + len(base)))
     for n, got in rows.items():
@@ -142,7 +152,7 @@ def main():
             vals = {peer: [r[s] for r in got[peer]] for peer in peers}
             print(f"| {n} | {s} B |" + "".join(f" {med(vals[peer])} |" for peer in peers)
                   + "".join(f" {statistics.median(vals[p]) / statistics.median(vals[b]):.2f}x |"
-                            for p, b in base.items()))
+                            for p, b in base))
 
 if __name__ == "__main__":
     main()
