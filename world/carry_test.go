@@ -141,66 +141,54 @@ func TestNextWorldAdoptsSurvivorsConnections(t *testing.T) {
 	ring(t, w2, "round 2")
 }
 
-// A rank that left its world (Detach) still answers for it: a peer that first dials it after it
-// left (here ranks 3 and 6, which no collective had connected) learns that it left, at once, as it
-// would had they been connected, instead of meeting a closed port, which it would retry until its
-// connect timeout and then blame.
-func TestDetachedRankAnswersLateDials(t *testing.T) {
-	secret := []byte("late-dial-secret")
-	_, addr := serveRendezvous(t, secret)
-	var members []member
-	for h := range 4 {
-		members = append(members, member{host: fmt.Sprintf("h%d", h)}, member{host: fmt.Sprintf("h%d", h)})
-	}
-	worlds := formWith(t, addr, "late-dial", secret, t.TempDir(), members,
-		func(o *Options) { o.Timeout = 20 * time.Second })
-	defer func() {
-		for _, w := range worlds {
-			w.Close()
-		}
-	}()
-	c, err := worlds[6].Detach()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	start := time.Now()
-	err = worlds[3].Comm.Send(ctx, 6, []byte("late"))
-	if took := time.Since(start); !errors.Is(err, transport.ErrPeerLeft) || took > 5*time.Second {
-		t.Fatalf("send to rank 6 after it left: %v after %v; want ErrPeerLeft within 5 s", err, took.Round(time.Millisecond))
-	}
-}
-
-// A rank that closed its world (not left: its process is ending) no longer listens, and a peer's
-// first dial to it fails at once, naming it, instead of retrying the refused port until its
-// connect timeout.
-func TestClosedRankFailsLateDialsAtOnce(t *testing.T) {
-	secret := []byte("closed-dial-secret")
-	_, addr := serveRendezvous(t, secret)
-	var members []member
-	for h := range 4 {
-		members = append(members, member{host: fmt.Sprintf("h%d", h)}, member{host: fmt.Sprintf("h%d", h)})
-	}
-	worlds := formWith(t, addr, "closed-dial", secret, t.TempDir(), members,
-		func(o *Options) { o.Timeout = 20 * time.Second })
-	defer func() {
-		for _, w := range worlds {
-			w.Close()
-		}
-	}()
-	if err := worlds[6].Close(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	start := time.Now()
-	err := worlds[3].Comm.Send(ctx, 6, []byte("late"))
-	took := time.Since(start)
-	var pe *transport.PeerError
-	if !errors.As(err, &pe) || pe.Rank != 6 || pe.Host != "h3" || errors.Is(err, transport.ErrPeerLeft) ||
-		!strings.Contains(err.Error(), "nothing listens there any more") || took > 5*time.Second {
-		t.Fatalf("send to rank 6 after its world closed: %v after %v; want rank 6 on h3 named within 5 s", err, took.Round(time.Millisecond))
+// A peer that first dials a rank after that rank's world ended (here ranks 3 and 6, which no
+// collective had connected) learns why at once, as it would had they been connected, instead of
+// retrying the port until its connect timeout and then blaming the rank: a rank that left
+// (Detach) still answers for its world and is not blamed; one whose world closed (its process is
+// ending) no longer listens, and the refused dial names it.
+func TestEndedRankAnswersLateDials(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(*World) error
+		ok   func(error) bool
+	}{
+		{"detached", func(w *World) error {
+			c, err := w.Detach()
+			if err == nil {
+				c.Close()
+			}
+			return err
+		}, func(err error) bool { return errors.Is(err, transport.ErrPeerLeft) }},
+		{"closed", (*World).Close, func(err error) bool {
+			var pe *transport.PeerError
+			return errors.As(err, &pe) && pe.Rank == 6 && pe.Host == "h3" && !errors.Is(err, transport.ErrPeerLeft) &&
+				strings.Contains(err.Error(), "nothing listens there any more")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			secret := []byte("late-dial-secret")
+			_, addr := serveRendezvous(t, secret)
+			var members []member
+			for h := range 4 {
+				members = append(members, member{host: fmt.Sprintf("h%d", h)}, member{host: fmt.Sprintf("h%d", h)})
+			}
+			worlds := formWith(t, addr, "late-dial-"+tc.name, secret, t.TempDir(), members,
+				func(o *Options) { o.Timeout = 20 * time.Second })
+			defer func() {
+				for _, w := range worlds {
+					w.Close()
+				}
+			}()
+			if err := tc.end(worlds[6]); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			start := time.Now()
+			err := worlds[3].Comm.Send(ctx, 6, []byte("late"))
+			if took := time.Since(start); !tc.ok(err) || took > 5*time.Second {
+				t.Fatalf("send to rank 6 after its world ended: %v after %v; want it named at once (within 5 s)", err, took.Round(time.Millisecond))
+			}
+		})
 	}
 }
