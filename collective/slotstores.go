@@ -91,9 +91,9 @@ type trialFunc func(ctx context.Context, mode SlotStores) (time.Duration, error)
 //
 // What is timed is the collective, not a transfer standing for it: a first version timed 1 MiB
 // copied from rank 0's slot to rank 1, one way, one core writing while the other waited, and on
-// an AMD EPYC VM where the allreduce ran 2-3x faster with streaming stores (10-16 against 4.5-5
-// GB/s busbw at 4 MiB, 2 ranks) that copy took the same time either way (58-130 us), so noise
-// decided, and 3 of 8 runs chose plain stores and ran at 4.5-5 GB/s throughout.
+// an AMD EPYC VM where the allreduce ran 2-3x faster with streaming stores that copy took about
+// the same time either way, so noise decided, and a third of runs chose plain stores and ran at
+// their speed throughout (docs/benchmarks.md, "What moved 2-rank bandwidth").
 func calibrateSlotStores(ctx context.Context, c transport.Comm, s transport.Shared, tun *Tuning) (SlotStores, error) {
 	n := c.Size()
 	round := tun.sharedRound() // the rounds the group's allreduces take

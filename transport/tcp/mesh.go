@@ -395,7 +395,7 @@ func dialPeer(ctx context.Context, cfg *Config, id connID, leaving *atomic.Bool)
 			refused = 0
 		}
 		if refused == maxRefused {
-			return nil, fmt.Errorf("%v connection to %s: refused %d times in a row: nothing listens there any more, though rank %d listened there when the job formed (its process ended, or it closed its world): %w",
+			return nil, fmt.Errorf("%v connection to %s: refused %d times in a row: nothing listens there any more, though rank %d listened there when this world formed (its process ended, or it closed its world): %w",
 				id.lane, addr, refused, id.peer, err)
 		}
 		if lastErr == nil || ctx.Err() == nil {
