@@ -1,8 +1,9 @@
 // Package auth proves, on every connection kolo accepts or makes, that both ends know the job's
 // secret, without the secret crossing the wire.
 //
-// The handshake is mutual HMAC-SHA256 challenge-response: each side sends a fresh random nonce, then
-// each answers with HMAC(secret, label || role || its own nonce || the peer's nonce). Roles differ
+// The handshake is mutual HMAC-SHA256 challenge-response: each side sends a fresh random nonce;
+// the dialer answers first with HMAC(secret, label || role || its own nonce || the peer's nonce),
+// and the listener answers the same way only once the dialer's answer checked out. Roles differ
 // so that a reflected answer is rejected. JobSecret is the one place that decides where a process
 // finds the secret (flag, variables, files). It must stay cheap (one round trip) and must never
 // log or print the secret, nor put it in an error.
@@ -29,9 +30,9 @@ import (
 var ErrDenied = errors.New("authentication failed: peer does not know the job secret")
 
 const (
-	magic    = "KOLO1\x00"
+	magic    = "KOLO2\x00"
 	nonceLen = 32
-	label    = "kolo auth v1"
+	label    = "kolo auth v2"
 )
 
 // Role distinguishes the two ends so that a peer cannot pass by echoing our own proof.
@@ -110,9 +111,22 @@ func proof(secret []byte, role Role, mine, theirs []byte) []byte {
 	return m.Sum(nil)
 }
 
-// Handshake runs the mutual challenge-response on conn and returns nil only if the peer proved it
-// knows secret. It sets and then clears a deadline of timeout on conn. On failure the caller must
-// close conn; the error wraps ErrDenied when the peer answered wrongly, or says what I/O failed.
+// The listener's verdict on the dialer's proof, sent before its own proof.
+const (
+	verdictAccept byte = 'A'
+	verdictDeny   byte = 'N'
+)
+
+// Handshake runs the challenge-response on conn and returns nil only if the peer proved it knows
+// secret. It sets and then clears a deadline of timeout on conn. On failure the caller must close
+// conn; the error wraps ErrDenied when the peer answered wrongly (or refused our proof), or says
+// what I/O failed.
+//
+// The dialer proves first. The listener checks that proof before it sends anything computed
+// from the secret, so a stranger who connects to a kolo port learns nothing it could test
+// guesses of the secret against offline: it gets a random nonce and a refusal. The dialer chose
+// the address it connects to (from the launcher or the rendezvous), so it is the side that may
+// reveal a proof first.
 func Handshake(conn net.Conn, secret []byte, role Role, timeout time.Duration) error {
 	if len(secret) == 0 {
 		return errors.New("authentication: empty job secret")
@@ -126,9 +140,9 @@ func Handshake(conn net.Conn, secret []byte, role Role, timeout time.Duration) e
 	if _, err := rand.Read(mine); err != nil {
 		return fmt.Errorf("authentication: nonce: %w", err)
 	}
-	// Writes run beside reads so that the handshake also works on unbuffered conns (net.Pipe).
-	hello := append([]byte(magic), mine...)
-	sent := writeAsync(conn, hello)
+	// Both greetings cross at once: the write runs beside the read so that the handshake also
+	// works on unbuffered conns (net.Pipe).
+	sent := writeAsync(conn, append([]byte(magic), mine...))
 	peerHello := make([]byte, len(magic)+nonceLen)
 	if _, err := io.ReadFull(conn, peerHello); err != nil {
 		return fmt.Errorf("authentication: read challenge: %w", err)
@@ -143,23 +157,52 @@ func Handshake(conn net.Conn, secret []byte, role Role, timeout time.Duration) e
 	if err := <-sent; err != nil {
 		return fmt.Errorf("authentication: send challenge: %w", err)
 	}
-
-	peerRole := Listener
-	if role == Listener {
-		peerRole = Dialer
+	if role == Dialer {
+		return dialerProves(conn, secret, mine, theirs)
 	}
-	sent = writeAsync(conn, proof(secret, role, mine, theirs))
+	return listenerChecks(conn, secret, mine, theirs)
+}
+
+// dialerProves sends the dialer's proof, then checks the listener's verdict and proof.
+func dialerProves(conn net.Conn, secret, mine, theirs []byte) error {
+	if _, err := conn.Write(proof(secret, Dialer, mine, theirs)); err != nil {
+		return fmt.Errorf("authentication: send proof: %w", err)
+	}
+	var verdict [1]byte
+	if _, err := io.ReadFull(conn, verdict[:]); err != nil {
+		return fmt.Errorf("authentication: read the peer's verdict: %w", err)
+	}
+	switch verdict[0] {
+	case verdictAccept:
+	case verdictDeny:
+		return fmt.Errorf("%w (it refused our proof)", ErrDenied)
+	default:
+		return fmt.Errorf("%w (bad verdict %#x)", ErrDenied, verdict[0])
+	}
 	got := make([]byte, sha256.Size)
 	if _, err := io.ReadFull(conn, got); err != nil {
 		return fmt.Errorf("authentication: read proof: %w", err)
 	}
-	if !hmac.Equal(got, proof(secret, peerRole, theirs, mine)) {
-		// Let our proof reach the peer before the caller closes the conn, so that a peer with the
-		// wrong secret learns it was denied (its check of our proof fails) rather than seeing EOF.
-		<-sent
+	if !hmac.Equal(got, proof(secret, Listener, theirs, mine)) {
 		return ErrDenied
 	}
-	if err := <-sent; err != nil {
+	return nil
+}
+
+// listenerChecks reads and checks the dialer's proof; only a dialer that proved it knows the
+// secret gets the listener's proof. A wrong proof gets the denial: one byte that says nothing of
+// the secret, so that a dialer with the wrong secret fails at once instead of retrying.
+func listenerChecks(conn net.Conn, secret, mine, theirs []byte) error {
+	got := make([]byte, sha256.Size)
+	if _, err := io.ReadFull(conn, got); err != nil {
+		return fmt.Errorf("authentication: read proof: %w", err)
+	}
+	if !hmac.Equal(got, proof(secret, Dialer, theirs, mine)) {
+		conn.Write([]byte{verdictDeny})
+		return ErrDenied
+	}
+	reply := append([]byte{verdictAccept}, proof(secret, Listener, mine, theirs)...)
+	if _, err := conn.Write(reply); err != nil {
 		return fmt.Errorf("authentication: send proof: %w", err)
 	}
 	return nil

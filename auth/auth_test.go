@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"bytes"
 	"crypto/rand"
 	"errors"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kolo-dl/kolo/internal/authtest"
 	"github.com/kolo-dl/kolo/jobenv"
 )
 
@@ -177,5 +179,61 @@ func TestJobSecret(t *testing.T) {
 				t.Errorf("no source, but secret %q", got)
 			}
 		})
+	}
+}
+
+func TestGreetingIsAuthtests(t *testing.T) {
+	if magic != authtest.Magic {
+		t.Fatalf("authtest.Magic %q is not auth's greeting %q", authtest.Magic, magic)
+	}
+}
+
+// A stranger that connects learns nothing it could test guesses of the secret against: the
+// listener answers a wrong proof with its one-byte refusal, and silence with nothing at all.
+func TestStrangerGetsNoProof(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	errs := make(chan error, 2)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				errs <- Handshake(c, []byte("the-job-secret-0123456789abcdef"), Listener, 300*time.Millisecond)
+				c.Close()
+			}()
+		}
+	}()
+	for _, prove := range []bool{true, false} {
+		after, err := authtest.Stranger(ln.Addr().String(), prove, 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []byte{verdictDeny}
+		if !prove {
+			want = nil
+		}
+		if !bytes.Equal(after, want) {
+			t.Errorf("stranger (proof sent: %v) got %x after the greeting, want %x", prove, after, want)
+		}
+		if err := <-errs; err == nil {
+			t.Errorf("stranger (proof sent: %v) authenticated", prove)
+		}
+	}
+}
+
+// A dialer with the wrong secret is told at once: it sees ErrDenied, not EOF or a timeout.
+func TestWrongSecretDialerIsDenied(t *testing.T) {
+	de, le := pair(t, []byte("wrong"), []byte("right"))
+	if !errors.Is(de, ErrDenied) || !strings.Contains(de.Error(), "refused our proof") {
+		t.Errorf("dialer: %v, want ErrDenied saying the listener refused its proof", de)
+	}
+	if !errors.Is(le, ErrDenied) {
+		t.Errorf("listener: %v, want ErrDenied", le)
 	}
 }

@@ -1,5 +1,6 @@
 // Command kolo launches and measures distributed training jobs: `kolo run` starts the ranks of a job
-// (horovodrun's flags), `kolo bench` measures the collectives, `kolo version` prints the version.
+// (horovodrun's flags), `kolo bench` measures the collectives, `kolo secret` makes a job secret for
+// jobs whose nodes share one (--secret-file, KOLO_SECRET), `kolo version` prints the version.
 package main
 
 import (
@@ -7,6 +8,7 @@ import (
 	"os"
 
 	"github.com/kolo-dl/kolo"
+	"github.com/kolo-dl/kolo/auth"
 )
 
 const usage = `kolo: distributed data-parallel training
@@ -14,6 +16,7 @@ const usage = `kolo: distributed data-parallel training
 Usage:
   kolo run -np N [-H host:slots,...] [flags] COMMAND [ARGS...]   start a job (horovodrun's flags)
   kolo bench OP [-np N] [--sizes 4,4KiB,4MiB] [--dtype float32] [--iters K] [--check] [--json FILE]
+  kolo secret                                                    print a new job secret (256 random bits, hex)
   kolo version
 
 Run "kolo run -h" or "kolo bench -h" for their flags.
@@ -29,6 +32,13 @@ func main() {
 		os.Exit(runCmd(os.Args[2:]))
 	case "bench":
 		os.Exit(benchCmd(os.Args[2:]))
+	case "secret":
+		s, err := auth.NewSecret()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "kolo secret:", err)
+			os.Exit(1)
+		}
+		fmt.Println(s)
 	case "version", "-v", "--version":
 		fmt.Println("kolo", kolo.Version)
 	case "-h", "--help", "help":
