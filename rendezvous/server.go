@@ -30,6 +30,8 @@ type Server struct {
 	requests atomic.Int64  // frames served, for the start-up scaling table
 	liveness time.Duration // SetLiveness; 0: the kernel's defaults
 
+	gate *accept.Gate // strangers' failed handshakes: logged at a bounded rate, repeat offenders refused
+
 	mu     sync.Mutex
 	ln     net.Listener
 	conns  map[*serverConn]struct{}
@@ -48,6 +50,7 @@ func newServer(secret []byte, log *slog.Logger, handshakeTimeout time.Duration) 
 		secret:           append([]byte(nil), secret...),
 		log:              log,
 		handshakeTimeout: handshakeTimeout,
+		gate:             accept.NewGate("rendezvous", log, accept.GatePolicy{}),
 		conns:            map[*serverConn]struct{}{},
 	}
 }
@@ -76,10 +79,10 @@ func (s *Server) Listen(addr string) (net.Addr, error) {
 		}
 		return nil, fmt.Errorf("rendezvous listen on %s: already listening on %s", addr, s.ln.Addr())
 	}
-	s.ln = ln
+	s.ln = s.gate.Wrap(ln)
 	s.wg.Add(1)
 	s.mu.Unlock()
-	go s.accept(ln)
+	go s.accept(s.ln)
 	return ln.Addr(), nil
 }
 
@@ -128,6 +131,7 @@ func (s *Server) Close() error {
 	s.mu.Unlock()
 	s.Store.Close()
 	s.wg.Wait()
+	s.gate.Close()
 	return err
 }
 
@@ -155,7 +159,7 @@ func (sc *serverConn) serve() {
 	defer sc.c.Close()
 	remote := sc.c.RemoteAddr().String()
 	if err := auth.Handshake(sc.c, sc.s.secret, auth.Listener, sc.s.handshakeTimeout); err != nil {
-		sc.s.log.Warn("rendezvous: rejected connection", "remote", remote, "err", err)
+		sc.s.gate.Rejected(sc.c.RemoteAddr(), "authentication", err)
 		return
 	}
 	// The client's side of the handshake ends when it has checked our proof, which may be before

@@ -1,5 +1,6 @@
-// Package accept is the accept loop every kolo listener runs (the rendezvous server, the TCP
-// transport): it keeps serving through transient accept errors and ends when the listener closes.
+// Package accept is what every kolo listener (the rendezvous server, the TCP transport) runs at its
+// door: the accept loop, which keeps serving through transient accept errors and ends when the
+// listener closes, and the Gate, which bounds what strangers' connections cost the job.
 package accept
 
 import (
