@@ -94,6 +94,9 @@ func Open(ctx context.Context, cfg Config) (*Group, error) {
 	var mem []byte
 	var fd int
 	if cfg.Rank == 0 {
+		if removed, _ := Sweep(cfg.Dir); len(removed) > 0 {
+			slog.Info("shm: removed segments that jobs which died during start-up left behind", "paths", removed)
+		}
 		mem, fd, err = create(path, lay)
 	} else {
 		mem, fd, err = attach(ctx, begin, path, cfg, lay)
@@ -122,21 +125,28 @@ func Open(ctx context.Context, cfg Config) (*Group, error) {
 // shmAdvice is what to do about a /dev/shm too small for the segment.
 const shmAdvice = "a container's /dev/shm is 64 MiB unless raised: run it with --ipc=host or --shm-size=1g, or in Kubernetes mount an emptyDir with medium Memory at /dev/shm"
 
-// create makes the segment file exclusively, reserves the part every rank touches at once (header,
-// ring controls and slots: a full /dev/shm fails here with a message instead of a SIGBUS on some
-// later page fault), sizes the file for the rings too, which stay a hole until first used, maps it
-// and writes the header, the ready word last.
+// create makes the segment file, reserves the part every rank touches at once (header, ring
+// controls and slots: a full /dev/shm fails here with a message instead of a SIGBUS on some later
+// page fault), sizes the file for the rings too, which stay a hole until first used, maps it and
+// writes the header, the ready word last. The file gets its name only then (sweep_linux.go), so a
+// named segment always says who created it.
 func create(path string, lay layout) ([]byte, int, error) {
-	fd, err := syscall.Open(path, syscall.O_RDWR|syscall.O_CREAT|syscall.O_EXCL|syscall.O_CLOEXEC, 0o600)
+	fd, named, err := openNew(path)
 	if errors.Is(err, syscall.EEXIST) {
-		return nil, -1, fmt.Errorf("shm: segment %s already exists: left by a crashed job, or another job uses the same name; remove it if no job is running: %w", path, err)
+		return nil, -1, errExists(path, err)
 	}
 	if err != nil {
 		return nil, -1, fmt.Errorf("shm: create segment %s: %w", path, err)
 	}
+	var mem []byte
 	fail := func(err error) ([]byte, int, error) {
+		if mem != nil {
+			syscall.Munmap(mem)
+		}
 		syscall.Close(fd)
-		syscall.Unlink(path)
+		if named {
+			syscall.Unlink(path)
+		}
 		return nil, -1, err
 	}
 	// Sized before anything is reserved: a rank attaching meanwhile must never see a size short of
@@ -158,8 +168,9 @@ func create(path string, lay layout) ([]byte, int, error) {
 			"path", path, "reserved", sizeText(lay.reserved()), "rings_at_most", sizeText(rings),
 			"free", freeSpace(fd), "fix", shmAdvice)
 	}
-	mem, err := syscall.Mmap(fd, 0, int(lay.total), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	mem, err = syscall.Mmap(fd, 0, int(lay.total), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 	if err != nil {
+		mem = nil
 		return fail(fmt.Errorf("shm: map segment %s (%d bytes): %w", path, lay.total, err))
 	}
 	start, _, _ := procStat(os.Getpid())
@@ -175,7 +186,35 @@ func create(path string, lay layout) ([]byte, int, error) {
 	*u64(mem, offCreatorPidNS) = pidNamespace()
 	*u32(mem, offHostCPUs) = uint32(spin.HostCPUs())
 	atomic.StoreUint32(u32(mem, offReady), headerReadyMarker)
+	if !named {
+		if err := linkFD(fd, path); errors.Is(err, syscall.EEXIST) {
+			return fail(errExists(path, err))
+		} else if err != nil {
+			return fail(fmt.Errorf("shm: name segment %s: %w", path, err))
+		}
+	}
 	return mem, fd, nil
+}
+
+func errExists(path string, err error) error {
+	return fmt.Errorf("shm: segment %s already exists: another job on this host uses the same name, or one that is still starting; remove it if no job is running: %w", path, err)
+}
+
+// openNew opens a new, unnamed file in path's directory (O_TMPFILE), for linkFD to name once it is
+// complete; named is false then. Where the file system or the kernel cannot (no O_TMPFILE, no
+// /proc to link through), it creates path itself, exclusively, and named is true.
+func openNew(path string) (fd int, named bool, err error) {
+	if _, err := os.Stat("/proc/self/fd"); err == nil {
+		fd, err := syscall.Open(filepath.Dir(path), oTmpfile|syscall.O_RDWR|syscall.O_CLOEXEC, 0o600)
+		if err == nil {
+			return fd, false, nil
+		}
+		if !errors.Is(err, syscall.EOPNOTSUPP) && !errors.Is(err, syscall.EISDIR) && !errors.Is(err, syscall.EINVAL) {
+			return -1, false, err
+		}
+	}
+	fd, err = syscall.Open(path, syscall.O_RDWR|syscall.O_CREAT|syscall.O_EXCL|syscall.O_CLOEXEC, 0o600)
+	return fd, true, err
 }
 
 // attach waits for rank 0's segment to exist and be ready, maps it and checks that it was made
@@ -232,6 +271,9 @@ func tryAttach(path string, lay layout) ([]byte, int, error) {
 	}
 	if err := checkHeader(path, mem, lay, st.Size); err != nil {
 		syscall.Munmap(mem)
+		if errors.Is(err, errStale) {
+			unlinkIfSame(path, &st)
+		}
 		return fail(err)
 	}
 	return mem, fd, nil
@@ -257,10 +299,13 @@ func checkHeader(path string, mem []byte, lay layout, fileSize int64) error {
 		return nil
 	}
 	if err := processGone(pid, start); err != nil {
-		return fmt.Errorf("shm: segment %s is stale: its creator is gone (%v); remove it if no job is running", path, err)
+		return fmt.Errorf("shm: segment %s: %w: its creator, local rank 0, is gone (%v)", path, errStale, err)
 	}
 	return nil
 }
+
+// errStale marks a segment whose creator is gone: whoever finds it removes it (sweep_linux.go).
+var errStale = errors.New("stale segment")
 
 // populateMine maps into this process the pages every rank touches from the start: the header,
 // the ring controls and every slot (the shared collectives read every rank's), all reserved by
@@ -331,6 +376,11 @@ func (g *Group) join(ctx context.Context, begin time.Time) error {
 		}
 		if checkCreator {
 			if err := processGone(creator, creatorStart); err != nil {
+				// Nobody else may be left to remove it: rank 0 died before it could.
+				var st syscall.Stat_t
+				if syscall.Fstat(g.fd, &st) == nil {
+					unlinkIfSame(g.path, &st)
+				}
 				return fmt.Errorf("shm: rank %d: segment %s: local rank 0 is gone (%v)", g.rank, g.path, err)
 			}
 		}

@@ -229,3 +229,28 @@ func sizeText(n int64) string {
 	}
 	return fmt.Sprintf("%d.%d MiB", tenths/10, tenths%10)
 }
+
+// oTmpfile is O_TMPFILE (with the O_DIRECTORY bit it includes) as amd64, arm64 and riscv64 number
+// it (asm-generic); the syscall package does not name it.
+const oTmpfile = 0x410000
+
+// linkFD gives the unnamed file fd (opened with O_TMPFILE) the name path, failing with EEXIST if
+// path exists. It links through /proc/self/fd, which needs no privilege (AT_EMPTY_PATH would).
+func linkFD(fd int, path string) error {
+	const atSymlinkFollow = 0x400
+	atFdcwd := -100 // AT_FDCWD
+	from, err := syscall.BytePtrFromString("/proc/self/fd/" + strconv.Itoa(fd))
+	if err != nil {
+		return err
+	}
+	to, err := syscall.BytePtrFromString(path)
+	if err != nil {
+		return err
+	}
+	_, _, e := syscall.Syscall6(syscall.SYS_LINKAT, uintptr(atFdcwd), uintptr(unsafe.Pointer(from)),
+		uintptr(atFdcwd), uintptr(unsafe.Pointer(to)), atSymlinkFollow, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
