@@ -1320,7 +1320,7 @@ type OpError struct{ Msg string }
 func (e *OpError) Error() string { return e.Msg }
 
 // shutdownName is the barrier every rank passes on the way out.
-const shutdownName = "kolo.shutdown"
+const shutdownName = negotiate.ShutdownName
 
 // Shutdown waits (up to Config.ShutdownWait) until every rank reaches Shutdown, so that no rank
 // tears down connections another rank still needs, then stops the loop. Ops still pending fail

@@ -6,6 +6,10 @@ import (
 	"time"
 )
 
+// ShutdownName is the global set's barrier every rank passes on its way out (the engine's
+// Shutdown). A rank that submitted it has ended: see Coordinator.End.
+const ShutdownName = "kolo.shutdown"
+
 // SetChangePrefix names the global set's allgathers that carry process set changes (the engine's
 // own ops). They run with joined ranks too, which propose nothing but apply the verdict.
 const SetChangePrefix = "kolo.process_set#"
@@ -163,7 +167,20 @@ func (h *Hub) SubmitBatch(now time.Time, from int, b *Batch) error {
 	if b.Rank != r {
 		return fmt.Errorf("negotiate: batch from rank %d for process set %d claims set rank %d, want %d", from, b.Set, b.Rank, r)
 	}
-	return s.co.SubmitBatch(now, b)
+	if err := s.co.SubmitBatch(now, b); err != nil {
+		return err
+	}
+	if b.Set == 0 && s.co.Ended(from) {
+		// A rank that reached shutdown submits nothing more in any set.
+		for _, id := range h.ids {
+			if o := h.sets[id]; id != 0 {
+				if i, ok := slices.BinarySearch(o.ranks, from); ok {
+					o.co.End(now, i)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // CachedName tells what cache id meant, in process set `set`, to a rank that had learned seen of
