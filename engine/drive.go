@@ -285,7 +285,7 @@ func (e *Engine) sleep(ctx context.Context, h *Handle, now time.Time) {
 	defer e.timer.Stop()
 	select {
 	case m, ok := <-e.inbox:
-		e.held, e.heldOK = &m, ok
+		e.held, e.hasHeld, e.heldOK = m, true, ok
 	case <-e.nudge:
 	case <-ctx.Done():
 	case <-e.timer.C:
@@ -294,9 +294,9 @@ func (e *Engine) sleep(ctx context.Context, h *Handle, now time.Time) {
 
 // recv returns the next control message if one has arrived.
 func (e *Engine) recv() (transport.Msg, bool, error) {
-	if e.held != nil {
-		m, ok := *e.held, e.heldOK
-		e.held = nil
+	if e.hasHeld {
+		m, ok := e.held, e.heldOK
+		e.held, e.hasHeld = transport.Msg{}, false
 		if !ok {
 			return transport.Msg{}, false, transport.ErrClosed
 		}

@@ -85,11 +85,12 @@ type Engine struct {
 	queued  atomic.Int32  // len(queue), for a sleeping driver's wake-up condition
 	stopped chan struct{} // closed when the background goroutine exits
 
-	poller transport.Poller     // the Messenger's Poller capability, if it has one
-	inbox  <-chan transport.Msg // else its Inbox
-	timer  *time.Timer          // bounds a driver's sleep on inbox (driver-owned)
-	held   *transport.Msg       // a message taken from inbox while sleeping, not yet handled
-	heldOK bool                 // held came from an open inbox
+	poller  transport.Poller     // the Messenger's Poller capability, if it has one
+	inbox   <-chan transport.Msg // else its Inbox
+	timer   *time.Timer          // bounds a driver's sleep on inbox (driver-owned)
+	held    transport.Msg        // a message taken from inbox while sleeping, not yet handled (a value: no allocation per wake)
+	hasHeld bool                 // held is set
+	heldOK  bool                 // held came from an open inbox
 
 	// bgDriving: the background goroutine holds the drive token, and a caller that starts waiting
 	// must wake it to take over.
