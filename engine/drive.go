@@ -348,6 +348,8 @@ func (e *Engine) step(now time.Time) bool {
 		progressed = true
 		if m.From == 0 && e.hub == nil {
 			e.coord.heard(now)
+		} else if e.members.heard != nil && m.From >= 0 && m.From < len(e.members.heard) {
+			e.members.heard[m.From] = now
 		}
 		if !e.handleMsg(m) {
 			e.ended = true
@@ -375,7 +377,7 @@ func (e *Engine) step(now time.Time) bool {
 	if !e.nextTick.IsZero() {
 		if !now.Before(e.nextTick) {
 			e.nextTick = now.Add(tickEvery(e.cfg))
-			if !e.tick(now) {
+			if !e.watchMembers(now) || !e.tick(now) {
 				e.ended = true
 				return true
 			}

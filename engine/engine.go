@@ -164,6 +164,8 @@ type Engine struct {
 	kaWaiting []bool
 	kaMsg     []byte
 	coord     coordClock
+	// members is rank 0's deadline on the others, fed by their heartbeats (keepalive.go).
+	members memberClock
 }
 
 // setName is an op's name within its process set.
@@ -327,7 +329,11 @@ func New(cfg Config, g Group) (*Engine, error) {
 	if e.keepAliveOn() {
 		e.kaWaiting = make([]bool, g.Size)
 		e.kaMsg = negotiate.EncodeKeepAlive(nil)
+		e.members = memberClock{heard: make([]time.Time, g.Size), missing: make([]bool, g.Size)}
 		go e.keepAlive()
+	} else if g.Size > 1 && cfg.ProgressTimeout > 0 {
+		e.kaMsg = negotiate.EncodeKeepAlive(nil)
+		go e.heartbeat()
 	}
 	return e, nil
 }
@@ -352,7 +358,9 @@ func stallDeadline(cfg Config, d time.Duration) time.Duration {
 // tickEvery is how often the coordinator runs the stall inspector; 0 when it is off.
 func tickEvery(cfg Config) time.Duration {
 	every := time.Duration(0)
-	for _, d := range []time.Duration{stallWarning(cfg), stallDeadline(cfg, cfg.StallShutdown), stallDeadline(cfg, cfg.StallCrossed)} {
+	// The progress deadline too: rank 0 watches at each tick that the ranks others wait on still
+	// run (watchMembers).
+	for _, d := range []time.Duration{stallWarning(cfg), stallDeadline(cfg, cfg.StallShutdown), stallDeadline(cfg, cfg.StallCrossed), cfg.ProgressTimeout} {
 		if d > 0 && (every == 0 || d < every) {
 			every = d
 		}
@@ -707,8 +715,9 @@ func (e *Engine) handleMsg(m transport.Msg) bool {
 		return malformed(err)
 	}
 	switch {
-	case kind == negotiate.MsgKeepAlive && e.hub == nil:
-		// Rank 0 runs: step has noted that it heard from it.
+	case kind == negotiate.MsgKeepAlive:
+		// Rank 0 runs, or (on rank 0) the sender's process does: step has noted that it heard
+		// from it.
 		if err := negotiate.DecodeKeepAlive(m.Body); err != nil {
 			return malformed(err)
 		}

@@ -193,6 +193,21 @@ func (c *Coordinator) SetFusionBytes(n int64) {
 // On again, ops get ids as they did. No effect with the cache disabled by capacity.
 func (c *Coordinator) SetCacheOff(off bool) { c.cache.off = off }
 
+// Missing sets missing[r] for every rank r (a job rank: Config.Ranks) that some rank waits on: it
+// has not submitted an op another rank submitted, and has neither joined nor ended. The engine
+// watches that such ranks still run. It costs a walk of the pending ops; it allocates nothing.
+func (c *Coordinator) Missing(missing []bool) {
+	for o := c.head; o != nil; o = o.next {
+		for r, how := range o.sent {
+			if how == subAbsent && !c.joined[r] && !c.ended[r] {
+				if j := c.ids.of(r); j >= 0 && j < len(missing) {
+					missing[j] = true
+				}
+			}
+		}
+	}
+}
+
 // Waiting sets waiting[r] for every rank r (a job rank: Config.Ranks) that has submitted something
 // this Coordinator has not answered: an op others have not submitted yet, a member of a group
 // whose other members are not ready (every rank submitted those), or a Join. The engine keeps such

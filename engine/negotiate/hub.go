@@ -152,6 +152,14 @@ func (h *Hub) Waiting(waiting []bool) {
 	}
 }
 
+// Missing sets missing[r] for every job rank r that, in some set, another rank waits on
+// (Coordinator.Missing). missing has one entry per job rank; it is not cleared first.
+func (h *Hub) Missing(missing []bool) {
+	for _, s := range h.sets {
+		s.co.Missing(missing)
+	}
+}
+
 // SubmitBatch takes one message that job rank from sent. b.Set picks the set, and b.Rank must be
 // from's rank in it. An error is a broken protocol (unknown set, a non-member, a wrong rank), not a
 // problem with the ops: the engine treats it as a malformed message.

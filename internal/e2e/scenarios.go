@@ -21,19 +21,20 @@ import (
 
 // Scenarios maps a name to what every rank runs. Each returns nil when this rank saw what it should.
 var Scenarios = map[string]func(ctx context.Context) error{
-	"ops":           opsScenario,
-	"big":           bigScenario,
-	"order":         orderScenario,
-	"mismatch":      mismatchScenario,
-	"stall":         stallScenario,
-	"join":          joinScenario,
-	"kill":          killScenario,
-	"kill-small":    killSmallScenario,
-	"abort":         abortScenario,
-	"steady":        steadyScenario,
-	"loop":          loopScenario,
-	"sigstop":       sigstopScenario,
-	"sigstop-small": sigstopSmallScenario,
+	"ops":             opsScenario,
+	"big":             bigScenario,
+	"order":           orderScenario,
+	"mismatch":        mismatchScenario,
+	"stall":           stallScenario,
+	"join":            joinScenario,
+	"kill":            killScenario,
+	"kill-small":      killSmallScenario,
+	"abort":           abortScenario,
+	"steady":          steadyScenario,
+	"loop":            loopScenario,
+	"sigstop":         sigstopScenario,
+	"sigstop-small":   sigstopSmallScenario,
+	"sigstop-between": sigstopBetweenScenario,
 }
 
 // loopScenario allreduces until an op fails (a test kills part of the job) and returns that error.
@@ -477,7 +478,16 @@ func sigstopSmallScenario(ctx context.Context) error {
 	return sigstopRun(ctx, 1, func(int) string { return "stop" }, 500*time.Millisecond)
 }
 
-// sigstopRun stops rank 1 stopAfter into op 21; the others enter it stopAfter+300 ms late.
+// sigstopBetweenScenario stops rank 1 between two ops: it has finished op 20 and stops 100 ms
+// later, before it submits op 21, which the others enter at once. Nothing of rank 1 is in a
+// collective: only its silence (no heartbeat) tells it from a rank that computes.
+func sigstopBetweenScenario(ctx context.Context) error {
+	return sigstopRun(ctx, 1<<10, func(i int) string { return fmt.Sprintf("between.%d", i) }, -100*time.Millisecond)
+}
+
+// sigstopRun stops rank 1 stopAfter into op 21; the others enter it stopAfter+300 ms late. A
+// negative stopAfter stops rank 1 that long after it finished op 20, before it enters op 21 (it
+// waits 3 times as long first), and the others enter op 21 at once.
 func sigstopRun(ctx context.Context, elems int, name func(i int) string, stopAfter time.Duration) error {
 	rank, size := kolo.Rank(), kolo.Size()
 	stopFor, err := strconv.ParseFloat(os.Getenv(StopForEnv), 64)
@@ -489,13 +499,16 @@ func sigstopRun(ctx context.Context, elems int, name func(i int) string, stopAft
 	for i := range 40 {
 		if i == 20 && rank == 1 {
 			pid := os.Getpid()
-			helper := exec.Command("sh", "-c", fmt.Sprintf("sleep %g; kill -STOP %d; sleep %g; kill -CONT %d", stopAfter.Seconds(), pid, stopFor, pid))
+			helper := exec.Command("sh", "-c", fmt.Sprintf("sleep %g; kill -STOP %d; sleep %g; kill -CONT %d", stopAfter.Abs().Seconds(), pid, stopFor, pid))
 			helper.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // out of reach of the launcher's stop
 			if err := helper.Start(); err != nil {
 				return err
 			}
 			go helper.Wait()
-		} else if i == 20 {
+			if stopAfter < 0 {
+				time.Sleep(-3 * stopAfter) // stopped in here, between ops
+			}
+		} else if i == 20 && stopAfter > 0 {
 			time.Sleep(stopAfter + 300*time.Millisecond)
 		}
 		for j := range buf {
