@@ -24,7 +24,8 @@ def machine():
     except OSError:
         pass
     return (f"{os.cpu_count()} CPUs, {model}, {mem / (1 << 20):.0f} GiB; "
-            f"measured {time.strftime('%Y-%m-%d %H:%M %Z')}, load average {os.getloadavg()[0]:.1f} at the end")
+            f"measured {time.strftime('%Y-%m-%d %H:%M %Z')}, "
+            f"load average {os.getloadavg()[0]:.1f} at the end (its own processes included)")
 
 
 def panels(path, title, xlabel, plots, xticks, xticklabels, note="", cols=3):
