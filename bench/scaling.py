@@ -28,6 +28,9 @@ the ring neighbours and the hierarchical allreduce's peers at start-up, the rest
 with KOLO_TCP_FULL_MESH=1 (every remote rank connected at start-up, as before). Sockets per rank
 are counted after the first allreduce and again at the end of the benchmark. OpenMPI is left out
 there: its ranks on one machine would talk through shared memory.
+
+--plot FILE.png also draws the table, one panel per figure against the ranks, medians with their
+ranges (needs python3-matplotlib, imported only then).
 """
 import argparse
 import json
