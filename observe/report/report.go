@@ -70,7 +70,8 @@ type Straggle struct {
 	Samples int
 	// Slowest is the named rank, -1 for none.
 	Slowest int
-	// Ranks are the latest few ranks (at most MaxLate), latest first.
+	// Ranks are the latest ranks, latest first: every rank in a job of up to MaxLate ranks, the
+	// latest MaxLate in a larger one.
 	Ranks []Late
 	// Stalled are the ops waiting on ranks past the warning time (at most MaxStalled).
 	Stalled []Stalled
@@ -95,7 +96,7 @@ type Stalled struct {
 // Bounds of what a report carries (and what Decode accepts).
 const (
 	MaxLast       = 8
-	MaxLate       = 8
+	MaxLate       = 64
 	MaxStalled    = 8
 	MaxMissing    = 16
 	MaxKinds      = 16

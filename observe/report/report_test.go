@@ -37,10 +37,12 @@ func same(a, b *Report) bool { return bytes.Equal(Encode(nil, a), Encode(nil, b)
 func TestRoundTrip(t *testing.T) {
 	long := strings.Repeat("x", MaxString+10)
 	many := full()
-	for i := range 20 {
+	for i := range MaxLate {
+		many.Straggle.Ranks = append(many.Straggle.Ranks, Late{Rank: i})
+	}
+	for i := range 20 { // more than every other bound
 		many.Last = append(many.Last, Op{Name: fmt.Sprint("op", i), State: flight.Done})
 		many.Straggle.Stalled = append(many.Straggle.Stalled, Stalled{Name: "s", Missing: make([]int, 40), MissingCount: 40})
-		many.Straggle.Ranks = append(many.Straggle.Ranks, Late{Rank: i})
 		many.OpLatency = append(many.OpLatency, KindLatency{Kind: fmt.Sprint("k", i)})
 	}
 	tests := []struct {
