@@ -21,7 +21,9 @@ type screen struct {
 	raw      bytes.Buffer
 }
 
-func newScreen(width int, tty bool) *screen { return &screen{width: width, tty: tty, rows: [][]rune{nil}} }
+func newScreen(width int, tty bool) *screen {
+	return &screen{width: width, tty: tty, rows: [][]rune{nil}}
+}
 
 func (s *screen) Width() (int, bool) { return s.width, s.tty }
 
