@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/observe/flight"
+	"github.com/kolo-dl/kolo/observe/straggle"
 )
 
 var t0 = time.Unix(1_800_000_000, 0)
@@ -256,5 +257,69 @@ func BenchmarkSummarize1000(b *testing.B) {
 	}
 	for b.Loop() {
 		Summarize(reports, 5)
+	}
+}
+
+func TestKeys(t *testing.T) {
+	for _, tt := range []struct{ got, want string }{
+		{Key("job1", 3), "observe/job1/report/3"},
+		{FlightKey("job1", 3), "observe/job1/flight/3"},
+		{DumpKey("job1"), "observe/job1/dump"},
+	} {
+		if tt.got != tt.want {
+			t.Errorf("got %q, want %q", tt.got, tt.want)
+		}
+	}
+}
+
+func TestStraggleOf(t *testing.T) {
+	for _, n := range []int{4, MaxLate + 36} {
+		t.Run(fmt.Sprint(n, " ranks"), func(t *testing.T) {
+			tr, _ := straggle.New(n, straggle.Config{})
+			now := t0
+			for step := range 25 {
+				for op := range 2 {
+					name := fmt.Sprint("grad.", op)
+					for r := range n {
+						// rank r arrives r µs late, rank 1 50 ms late
+						d := time.Duration(r) * time.Microsecond
+						if r == 1 {
+							d = 50 * time.Millisecond
+						}
+						tr.Arrive(now.Add(d), name, r)
+					}
+					now = now.Add(100 * time.Millisecond)
+				}
+				if step < 24 {
+					tr.EndStep()
+				}
+			}
+			tr.Arrive(now, "stuck", 0) // pending since now
+			s := StraggleOf(tr, now.Add(time.Minute), 30*time.Second)
+			if s.Unit != "steps" || s.Samples != 20 || s.Slowest != 1 {
+				t.Fatalf("straggle %+v", s)
+			}
+			if len(s.Ranks) != min(n, MaxLate) || s.Ranks[0].Rank != 1 || s.Ranks[0].Last != 20 {
+				t.Fatalf("%d ranks, first %+v", len(s.Ranks), s.Ranks[0])
+			}
+			for i := 1; i < len(s.Ranks); i++ {
+				if s.Ranks[i].Lateness > s.Ranks[i-1].Lateness {
+					t.Fatalf("not latest first at %d: %+v", i, s.Ranks)
+				}
+			}
+			// Past MaxLate the latest are kept: the highest ranks (r µs late) after rank 1.
+			if n > MaxLate && s.Ranks[1].Rank != n-1 {
+				t.Fatalf("second latest is rank %d, want %d", s.Ranks[1].Rank, n-1)
+			}
+			if len(s.Stalled) != 1 || s.Stalled[0].Name != "stuck" || s.Stalled[0].MissingCount != n-1 || len(s.Stalled[0].Missing) != min(n-1, MaxMissing) {
+				t.Fatalf("stalled %+v", s.Stalled)
+			}
+			// It travels.
+			r := Report{Rank: 0, Straggle: s}
+			back, err := Decode(Encode(nil, &r))
+			if err != nil || !same(&back, &r) {
+				t.Fatalf("round trip: %v", err)
+			}
+		})
 	}
 }
