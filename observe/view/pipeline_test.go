@@ -101,7 +101,8 @@ func TestPipeline(t *testing.T) {
 	publish(later)
 	stall := v.StallText(later, 60*time.Second, 8)
 	wantStall := `ranks 0-2 are still in allreduce "grad.fc0" (submitted 61 s ago, not negotiated: waiting for rank 3 to submit it)` + "\n" +
-		`rank 3 on node2 last finished "grad.fc2" 61 s ago and has submitted nothing since` + "\n"
+		`rank 3 on node2 last finished "grad.fc2" 61 s ago and has submitted nothing since` + "\n" +
+		`    last ops: allreduce "grad.fc0" (done 61 s ago), allreduce "grad.fc1" (done 61 s ago), allreduce "grad.fc2" (done 61 s ago)` + "\n"
 	if stall != wantStall {
 		t.Fatalf("stall text:\n%s\nwant:\n%s", stall, wantStall)
 	}

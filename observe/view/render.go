@@ -36,9 +36,9 @@ func (s *State) Status(now time.Time, silentAfter time.Duration) []string {
 	if med > 0 {
 		parts = append(parts, fmt.Sprintf("%s/step (p95 %s)", dur(med), dur(p95)))
 	}
-	ranks := fmt.Sprintf("%d ranks on %d hosts", s.size, len(sum.Hosts))
+	ranks := count(s.size, "rank") + " on " + count(len(sum.Hosts), "host")
 	if sum.Ranks < s.size {
-		ranks = fmt.Sprintf("%d of %d ranks reporting, on %d hosts", sum.Ranks, s.size, len(sum.Hosts))
+		ranks = fmt.Sprintf("%d of %s reporting, on %s", sum.Ranks, count(s.size, "rank"), count(len(sum.Hosts), "host"))
 	}
 	parts = append(parts, ranks)
 	if bytes > 0 {
@@ -52,7 +52,7 @@ func (s *State) Status(now time.Time, silentAfter time.Duration) []string {
 	if st := s.straggle; st != nil {
 		for i, p := range st.Stalled {
 			if i == 2 {
-				lines = append(lines, fmt.Sprintf("stalled: %d more ops", len(st.Stalled)-2))
+				lines = append(lines, "stalled: "+count(len(st.Stalled)-2, "more op"))
 				break
 			}
 			lines = append(lines, fmt.Sprintf("stalled: %q for %s, waiting on %s (%d of %d ranks submitted it)",
@@ -69,11 +69,7 @@ func (s *State) Status(now time.Time, silentAfter time.Duration) []string {
 		lines = append(lines, "silent: "+strings.Join(silent, ", "))
 	}
 	if s.resets > 0 {
-		word := "resets"
-		if s.resets == 1 {
-			word = "reset"
-		}
-		lines = append(lines, fmt.Sprintf("elastic: %d %s, %d ranks now", s.resets, word, s.size))
+		lines = append(lines, fmt.Sprintf("elastic: %s, %s now", count(s.resets, "reset"), count(s.size, "rank")))
 	}
 	return lines
 }
@@ -264,6 +260,9 @@ func (s *State) StallText(now time.Time, warn time.Duration, limit int) string {
 		}
 		lines = append(lines, fmt.Sprintf("%s %s still in %s %q (submitted %s ago, %s)",
 			who, verb, k.kind, k.name, dur(oldest[k]), wait))
+		if len(ranks) == 1 {
+			lines = s.appendLastOps(lines, now, ranks[0])
+		}
 	}
 	grouped := map[int]bool{}
 	for _, ranks := range groups {
@@ -284,6 +283,7 @@ func (s *State) StallText(now time.Time, warn time.Duration, limit int) string {
 			break
 		}
 		lines = append(lines, s.rankDoing(now, rank))
+		lines = s.appendLastOps(lines, now, rank)
 	}
 	if len(lines) == 0 {
 		return ""
@@ -332,4 +332,33 @@ func (s *State) rankDoing(now time.Time, rank int) string {
 	}
 	l := r.Last[len(r.Last)-1]
 	return fmt.Sprintf("rank %d on %s last finished %q %s ago and has submitted nothing since", rank, r.Host, l.Name, dur(s.age(now, rank, l.Finished)))
+}
+
+// LastOps is how many of a rank's last finished ops the stall text lists under it.
+const LastOps = 3
+
+// appendLastOps adds an indented line with rank's last finished ops, oldest first, if it reported
+// any.
+func (s *State) appendLastOps(lines []string, now time.Time, rank int) []string {
+	r := s.reports[rank]
+	if r == nil || len(r.Last) == 0 {
+		return lines
+	}
+	var ops []string
+	for _, o := range r.Last[max(0, len(r.Last)-LastOps):] {
+		when := ""
+		if !o.Finished.IsZero() {
+			when = " " + dur(s.age(now, rank, o.Finished)) + " ago"
+		}
+		ops = append(ops, fmt.Sprintf("%s %q (%s%s)", o.Kind, o.Name, o.State, when))
+	}
+	return append(lines, "    last ops: "+strings.Join(ops, ", "))
+}
+
+// count writes n and a noun, plural unless n is 1: "1 host", "2 hosts".
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
 }

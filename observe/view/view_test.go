@@ -83,7 +83,7 @@ func TestStatus(t *testing.T) {
 			"slowest: rank 3 on node2 arrives last in 90% of steps, 41 ms after the median of the others",
 			`stalled: "grad.fc1" for 61 s, waiting on rank 2 (3 of 4 ranks submitted it)`,
 			`stalled: "grad.fc2" for 60 s, waiting on ranks 0, 2-3 (1 of 4 ranks submitted it)`,
-			"stalled: 1 more ops",
+			"stalled: 1 more op",
 			"silent: rank 2 on node2 (no report for 12 s)",
 			"elastic: 1 reset, 4 ranks now",
 		}},
@@ -93,7 +93,7 @@ func TestStatus(t *testing.T) {
 				{Name: "x", Since: now.Add(-2 * time.Minute), Arrived: 1, Missing: []int{1, 2}, MissingCount: 3}}}
 			fold(t, s, now, rep)
 		}, []string{
-			"kolo: step 1000 · 120 ms/step (p95 180 ms) · 1 of 4 ranks reporting, on 1 hosts · 400.0 GB reduced",
+			"kolo: step 1000 · 120 ms/step (p95 180 ms) · 1 of 4 ranks reporting, on 1 host · 400.0 GB reduced",
 			`stalled: "x" for 120 s, waiting on ranks 1-2 and 1 more (1 of 4 ranks submitted it)`,
 		}},
 	}
@@ -222,7 +222,7 @@ func stallJob(t *testing.T) *State {
 				sub = -59 * time.Second
 			}
 			rep.Current = &report.Op{Name: "grad.fc1", Kind: "allreduce", State: flight.Negotiated, Submitted: rankClock(r, now.Add(sub))}
-			rep.Last = []report.Op{{Name: "grad.fc2", Kind: "allreduce", State: flight.Done}}
+			rep.Last = []report.Op{{Name: "grad.fc2", Kind: "allreduce", State: flight.Done, Finished: rankClock(r, now.Add(-62*time.Second))}}
 		}
 		fold(t, s, now, rep)
 	}
@@ -240,10 +240,13 @@ func TestStallText(t *testing.T) {
 		{"nothing past the warning", stallJob, 2 * time.Minute, 8, ""},
 		{"one rank past it", stallJob, 60 * time.Second, 8,
 			`rank 2 on node2 is still in allreduce "grad.fc1" (submitted 61 s ago, negotiated, waiting on rank 5's data)` + "\n" +
-				`rank 5 on node3 last finished "grad.fc2" 64 s ago and has submitted nothing since` + "\n"},
+				`    last ops: allreduce "grad.fc2" (done 62 s ago)` + "\n" +
+				`rank 5 on node3 last finished "grad.fc2" 64 s ago and has submitted nothing since` + "\n" +
+				`    last ops: allreduce "grad.fc2" (done 64 s ago)` + "\n"},
 		{"the issue's example", stallJob, 30 * time.Second, 8,
 			`ranks 0-4 are still in allreduce "grad.fc1" (submitted 61 s ago, negotiated, waiting on rank 5's data)` + "\n" +
-				`rank 5 on node3 last finished "grad.fc2" 64 s ago and has submitted nothing since` + "\n"},
+				`rank 5 on node3 last finished "grad.fc2" 64 s ago and has submitted nothing since` + "\n" +
+				`    last ops: allreduce "grad.fc2" (done 64 s ago)` + "\n"},
 		{"not negotiated: waiting for a submission", func(t *testing.T) *State {
 			s := New(3)
 			for r := range 3 {
