@@ -39,8 +39,13 @@ func (s State) String() string {
 // MarshalText writes the state's name, so the JSON file reads "negotiated", not 2.
 func (s State) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
-// UnmarshalText reads what MarshalText wrote.
+// UnmarshalText reads what MarshalText wrote ("unknown" is the zero State, an op record that
+// lacks one).
 func (s *State) UnmarshalText(b []byte) error {
+	if string(b) == "unknown" {
+		*s = 0
+		return nil
+	}
 	for i, n := range stateNames {
 		if n != "" && n == string(b) {
 			*s = State(i)

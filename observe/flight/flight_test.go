@@ -187,3 +187,28 @@ func BenchmarkRecordOp(b *testing.B) {
 		r.Finished(id, now, false)
 	}
 }
+
+// FuzzSnapshotJSON: a rank's recorder reaches the launcher as JSON through the store; whatever
+// decodes re-encodes to the same snapshot.
+func FuzzSnapshotJSON(f *testing.F) {
+	r := New(4)
+	id := r.Submit(at(0), "grad.fc1", "allreduce", "float32", 4096, 0)
+	r.Negotiated(id, at(1))
+	b, _ := json.Marshal(r.Snapshot())
+	f.Add(b)
+	f.Add([]byte(`{"ops":[{"state":"bogus"}]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var s Snapshot
+		if json.Unmarshal(b, &s) != nil {
+			return
+		}
+		again, err := json.Marshal(s)
+		if err != nil {
+			t.Fatalf("a decoded snapshot does not encode: %v", err)
+		}
+		var back Snapshot
+		if err := json.Unmarshal(again, &back); err != nil {
+			t.Fatalf("re-encoded snapshot does not decode: %v\n%s", err, again)
+		}
+	})
+}
