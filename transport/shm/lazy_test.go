@@ -297,7 +297,7 @@ func TestRingThatDoesNotFitFailsItsFirstSend(t *testing.T) {
 		{"message ring", func(g *Group) error { return g.Messenger().SendMsg(ctx, 1, []byte("hello")) }, "message ring"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			// The header, the board and two 64 KiB slots fit 512 KiB; a 1 MiB ring does not.
+			// The header and two 64 KiB slots fit 512 KiB; a 1 MiB ring does not.
 			dir := smallTmpfs(t, "512k")
 			cfg := testConfig(t, 2)
 			cfg.Dir, cfg.RingBytes, cfg.MsgRingBytes, cfg.Ranks = dir, 1<<20, 1<<20, []int{10, 11}
