@@ -314,7 +314,7 @@ func TestRingThatDoesNotFitFailsItsFirstSend(t *testing.T) {
 				t.Errorf("error blames a peer, not the full file system: %v", err)
 			}
 			for _, want := range []string{tc.ring, "local ranks 0->1", "job ranks 10->11", "needs 1 MiB", dir, "free",
-				"reserved 168 KiB at start", "--shm-size"} {
+				"reserved 136 KiB at start", "--shm-size"} {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("error does not say %q: %v", want, err)
 				}
