@@ -67,8 +67,8 @@ func TestStallReported(t *testing.T) {
 var killResult = regexp.MustCompile(`\[(\d+)\]<stderr>:KILL-RESULT elapsed=(\d+) err=(.*)`)
 
 // kill -9 one rank mid-allreduce: every other rank fails within 5 s naming the lost rank. "kill"
-// runs 1 MiB allreduces; "kill-small" one 4-byte allreduce under one name, which goes through the
-// shared-memory board: the survivors wait there BoardWait, then at rank 0, which finds rank 1 gone.
+// runs 1 MiB allreduces; "kill-small" one 4-byte allreduce under one name, cached after the first:
+// the survivors' negotiation at rank 0, or rank 0 itself, finds rank 1 gone.
 func TestKilledRankFailsOthers(t *testing.T) {
 	for _, tc := range []struct {
 		scenario string
@@ -208,11 +208,11 @@ func testStoppedRankFor(t *testing.T, scenario string, hosts []e2e.Host, np int,
 	})
 }
 
-// SIGSTOP one of 3 ranks of one host in a stream of 4-byte allreduces under one name, which after
-// the first go through the shared-memory board (engine/board.go): rank 1 stops 200 ms after it
-// posted op 21, which the others post 500 ms late. Having waited BoardWait, rank 1 sent the op to
-// rank 0 before it stopped, so the others meet it there, and the op runs as a collective that
-// waits on rank 1: the same failure, or after SIGCONT in time the same success, as the 1 MiB case.
+// SIGSTOP one of 3 ranks of one host in a stream of 4-byte allreduces under one name, each after
+// the first negotiated as a cache id: rank 1 stops 200 ms after it submitted op 21, which the
+// others submit 500 ms late. Rank 1 sent the op to rank 0 before it stopped, so the others meet it
+// there, and the op runs as a collective that waits on rank 1: the same failure, or after SIGCONT
+// in time the same success, as the 1 MiB case.
 func TestStoppedRankSmallOpsSharedMemory(t *testing.T) {
 	testStoppedRank(t, "sigstop-small", e2e.LocalHosts(3), 3, e2e.Options{}, true)
 }

@@ -33,9 +33,8 @@ type Settings struct {
 	// the default there is not to poll.
 	SpinTime time.Duration
 	// ResponseCache: whether the coordinator gives ops cache ids, so that ranks send a known op as
-	// an id (and, on one host, small allreduces negotiate on the shared-memory board). Horovod's
-	// autotuner tunes it too: with few, large ops the cache saves little, and each op's id costs
-	// the coordinator a lookup. Switched on rank 0 only, at its step: the other ranks follow the
+	// an id. Horovod's autotuner tunes it too: with few, large ops the cache saves little, and each
+	// op's id costs the coordinator a lookup. Switched on rank 0 only, at its step: the other ranks follow the
 	// evictions in the response stream.
 	ResponseCache Switch
 }

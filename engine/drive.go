@@ -155,7 +155,7 @@ func (e *Engine) acquired() {
 func (e *Engine) release() {
 	e.mu.Lock()
 	e.driving = false
-	more := e.ended || e.closed || len(e.queue) > 0 || e.inflight > 0 || e.onBoard() || e.joining != nil || e.foreign > 0
+	more := e.ended || e.closed || len(e.queue) > 0 || e.inflight > 0 || e.joining != nil || e.foreign > 0
 	toWaiters := more && !e.ended && !e.closed && e.waiting.Load() > 0
 	if toWaiters {
 		e.handoff = true
@@ -253,11 +253,8 @@ func (e *Engine) serve(ctx context.Context, h *Handle) {
 // busy reports whether this rank has work that needs a driver. Rank 0 always has while a process
 // set without it exists: it coordinates that set, and no caller of its own waits for those ops.
 func (e *Engine) busy() bool {
-	return e.queued.Load() > 0 || e.inflight > 0 || e.onBoard() || e.joining != nil || e.foreign > 0
+	return e.queued.Load() > 0 || e.inflight > 0 || e.joining != nil || e.foreign > 0
 }
-
-// onBoard reports whether ops of this rank wait on the board (driver-owned).
-func (e *Engine) onBoard() bool { return e.brd != nil && len(e.brd.pending) > 0 }
 
 // sleep waits, as the driver, until a control message arrives, an op is queued, ctx ends, the stall
 // inspector is due or checkEvery passes.
@@ -269,15 +266,12 @@ func (e *Engine) sleep(ctx context.Context, h *Handle, now time.Time) {
 	if !e.coord.since.IsZero() {
 		d = min(d, e.coord.since.Add(e.cfg.ProgressTimeout).Sub(now)) // the deadline on rank 0
 	}
-	if e.onBoard() {
-		d = min(d, e.boardDeadline().Sub(now))
-	}
 	if d <= 0 {
 		return
 	}
 	if e.poller != nil {
 		e.poller.Sleep(func() bool {
-			return e.queued.Load() > 0 || ctx.Err() != nil || (h != nil && h.Poll()) || (h == nil && e.waiting.Load() > 0) || e.boardReady()
+			return e.queued.Load() > 0 || ctx.Err() != nil || (h != nil && h.Poll()) || (h == nil && e.waiting.Load() > 0)
 		}, d)
 		return
 	}
@@ -355,12 +349,6 @@ func (e *Engine) step(now time.Time) bool {
 			e.ended = true
 			return true
 		}
-	}
-	if moved, ok := e.boardStep(now); !ok {
-		e.ended = true
-		return true
-	} else if moved {
-		progressed = true
 	}
 	if progressed {
 		if tl := e.tl.Load(); tl != nil {

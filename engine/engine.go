@@ -141,9 +141,6 @@ type Engine struct {
 	ended    bool      // the loop has stopped for good (failure, or shut down)
 	nextTick time.Time // when the coordinator's stall inspector runs next
 
-	// brd negotiates small cached allreduces through shared memory (board.go); nil elsewhere.
-	brd *board
-
 	// tune holds the settings the autotuner changes while the job runs (autotune.go).
 	tune tuning
 
@@ -217,8 +214,6 @@ type entry struct {
 	in        []byte // input bytes
 	out       []byte // output bytes (nil when the engine allocates: allgather, alltoall, reducescatter)
 	h         *Handle
-	boardID   uint32 // the cache id it goes by on the board (board.go)
-	boardBorn uint64 // and the Response that announced that id
 }
 
 // outgoing is the requests of one process set going to the coordinator in one Batch.
@@ -280,7 +275,6 @@ func New(cfg Config, g Group) (*Engine, error) {
 		resync:   map[int]resyncPoint{},
 		global:   global,
 		table:    negotiate.NewSetTable(g.Size),
-		brd:      newBoard(cfg, g),
 	}
 	e.kick.Stop()
 	e.timer.Stop()
@@ -288,7 +282,6 @@ func New(cfg Config, g Group) (*Engine, error) {
 		e.poller = p
 	} else {
 		e.inbox = g.Messenger.Inbox()
-		e.brd = nil // a round's completion rings the Poller's doorbell
 	}
 	if g.Rank == 0 {
 		e.hub, err = negotiate.NewHub(negotiate.Config{
@@ -507,26 +500,10 @@ func (e *Engine) drainQueue(now time.Time) (took, ok bool) {
 					en.h.finish(fmt.Errorf("rank %d: join called again before the first join completed", e.g.Rank))
 					continue
 				}
-				if e.brd != nil {
-					// The ops on the board go to rank 0 ahead of the join, and no rank
-					// negotiates on the board until every rank has joined.
-					if !e.boardFlush(now) {
-						return true, false
-					}
-					en.h.fellBack = e.brd.b
-					e.brd.b.BoardFallbacks(1)
-				}
 				e.joining, join = en, true
 				continue
 			case e.joining != nil && ps == e.global:
 				en.h.finish(fmt.Errorf("rank %d: %s %q submitted after this rank called join", e.g.Rank, en.req.Kind, en.req.Name))
-				continue
-			}
-			if id, ok := e.boardable(en); ok {
-				if tl != nil {
-					tl.Submitted(ps.id, en.req.Name, opLabel(en.req.Kind), e.g.Rank)
-				}
-				e.boardAdd(en, id)
 				continue
 			}
 			// No duplicate can reach here: enqueue reserved the name until the op completes.
@@ -562,7 +539,7 @@ func (e *Engine) drainQueue(now time.Time) (took, ok bool) {
 		clear(q)
 		e.spare = q[:0]
 	}
-	if closed && e.inflight == 0 && !e.onBoard() {
+	if closed && e.inflight == 0 {
 		return len(q) > 0, false
 	}
 	return len(q) > 0, true
@@ -610,7 +587,7 @@ func (e *Engine) submit(now time.Time, b *negotiate.Batch) bool {
 
 // Requests returns how many ops this rank has submitted to the coordinator so far, and how many
 // of them it sent as response-cache ids: a known op costs a few bytes instead of its whole
-// request. (Ops the shared-memory board negotiated are in neither.)
+// request.
 func (e *Engine) Requests() (ops, asIDs uint64) { return e.sent.Load(), e.sentIDs.Load() }
 
 // sendControl sends a control message to rank r within the progress timeout. A control message
@@ -1309,12 +1286,6 @@ func (e *Engine) halt(err error, tell bool) {
 		clear(ps.pending)
 	}
 	e.inflight = 0
-	if e.brd != nil {
-		for _, en := range e.brd.pending {
-			en.h.finish(err)
-		}
-		e.brd.pending, e.brd.inRound = nil, nil
-	}
 	if e.joining != nil {
 		e.joining.h.finish(err)
 		e.joining = nil

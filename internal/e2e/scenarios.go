@@ -411,7 +411,7 @@ func killScenario(ctx context.Context) error {
 }
 
 // killSmallScenario is killScenario with one 4-byte allreduce under one name, which from the
-// second op on goes through the shared-memory board on one host (engine/board.go).
+// second op on is negotiated as a response-cache id.
 func killSmallScenario(ctx context.Context) error {
 	return killRun(ctx, 1, func(int) string { return "kill" })
 }
@@ -471,9 +471,8 @@ func sigstopScenario(ctx context.Context) error {
 }
 
 // sigstopSmallScenario is sigstopScenario with one 4-byte allreduce under one name: from the
-// second op on it is cached, and on one host negotiated through shared memory (engine/board.go).
-// Rank 1 is stopped 500 ms into the op, long after it waited BoardWait (50 ms) on the board for the
-// others and sent the op to rank 0; the others enter 800 ms late.
+// second op on it is cached. Rank 1 is stopped 500 ms into the op, long after it sent the op to
+// rank 0; the others enter 800 ms late.
 func sigstopSmallScenario(ctx context.Context) error {
 	return sigstopRun(ctx, 1, func(int) string { return "stop" }, 500*time.Millisecond)
 }
