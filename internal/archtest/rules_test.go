@@ -116,6 +116,30 @@ var rules = []rule{
 		Deps: []string{"./internal/e2e"},
 	},
 	{
+		Pkgs: "./...",
+		Why:  "Package authtest is test support: production code must not import it.",
+		Deps: []string{"./internal/authtest"},
+	},
+	{
+		Pkgs:    "./observe/flight",
+		Why:     "The recorder must not interpret what it records: no formatting for people, no I/O.",
+		Imports: []string{"os", "log", "log/slog"},
+		Deps:    []string{"net", "golang.org/x/term"},
+	},
+	{
+		Pkgs:    "./observe/report",
+		Why:     "The package moves and counts; it must not decide and must not do I/O: callers put the bytes where they go.",
+		Imports: []string{"os"},
+		Deps:    []string{"net", "./rendezvous", "golang.org/x/term"},
+	},
+	{
+		Pkgs:    "./observe/straggle",
+		Why:     "It must not decide anything about the job (fail it, reorder ops): it only observes, purely.",
+		Imports: []string{"os"},
+		Deps:    []string{"net", "./engine", "./transport"},
+		Uses:    pure,
+	},
+	{
 		Pkgs: "./jobenv",
 		Why:  "It is pure: Encode and Decode work on plain maps. It must not start processes or open connections.",
 		Deps: []string{"net", "os/exec"},
