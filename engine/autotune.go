@@ -280,6 +280,7 @@ func countHosts(hosts []string) int {
 // DistributedOptimizer marks each of its steps). The settings rank 0's autotuner chose for the
 // next step come into force here, and on rank 0 the tuner times the step.
 func (e *Engine) MarkStep() {
+	e.obs.observeStep(time.Now())
 	t := &e.tune
 	t.mu.Lock()
 	step := t.steps.Add(1)

@@ -324,6 +324,7 @@ func (e *Engine) step(now time.Time) bool {
 	if cycle := time.Duration(e.tune.cycle.Load()); cycle > 0 && e.queued.Load() > 0 {
 		time.Sleep(cycle) // let more ops gather into one negotiation
 	}
+	e.obs.closeSteps()
 	progressed, ok := e.drainQueue(now)
 	if !ok {
 		e.ended = true

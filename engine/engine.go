@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/engine/negotiate"
+	"github.com/kolo-dl/kolo/observe/flight"
 	"github.com/kolo-dl/kolo/timeline"
 	"github.com/kolo-dl/kolo/transport"
 )
@@ -105,6 +106,7 @@ type Engine struct {
 	// tl is the running timeline, or nil: the only cost of a disabled timeline is loading it.
 	// tlMu orders StartTimeline and StopTimeline (the loop only loads tl).
 	tl   atomic.Pointer[timeline.Timeline]
+	obs  *observer // flight recorder, meter and (rank 0) straggler tracker: observe.go
 	tlMu sync.Mutex
 
 	// inFlight holds, per process set, the names of the ops submitted on this rank that have not
@@ -210,6 +212,7 @@ func (e *Engine) Joins() uint64 { return e.joins.Load() }
 type entry struct {
 	req       negotiate.Request
 	submitted time.Time // when the driver took it from the queue
+	fid       flight.ID // its record in the flight recorder
 	set       *procSet
 	in        []byte // input bytes
 	out       []byte // output bytes (nil when the engine allocates: allgather, alltoall, reducescatter)
@@ -278,6 +281,9 @@ func New(cfg Config, g Group) (*Engine, error) {
 	}
 	e.kick.Stop()
 	e.timer.Stop()
+	if e.obs, err = newObserver(g.Rank, g.Size, time.Now()); err != nil {
+		return nil, err
+	}
 	if p, ok := transport.PollerOf(g.Messenger); ok {
 		e.poller = p
 	} else {
@@ -507,6 +513,7 @@ func (e *Engine) drainQueue(now time.Time) (took, ok bool) {
 				continue
 			}
 			// No duplicate can reach here: enqueue reserved the name until the op completes.
+			en.fid = e.obs.flight.Submit(now, en.req.Name, en.req.Kind.String(), en.req.DType.String(), int64(len(en.in)), ps.id)
 			ps.pending[en.req.Name] = en
 			e.inflight++
 			if tl != nil {
@@ -571,6 +578,7 @@ func (e *Engine) submit(now time.Time, b *negotiate.Batch) bool {
 	e.sent.Add(uint64(len(b.Requests) + len(b.Cached)))
 	e.sentIDs.Add(uint64(len(b.Cached)))
 	if e.hub != nil {
+		e.arrived(now, e.g.Rank, b)
 		if err := e.hub.SubmitBatch(now, e.g.Rank, b); err != nil {
 			e.fail(fmt.Errorf("rank 0: %w", err))
 			return false
@@ -730,7 +738,9 @@ func (e *Engine) handleMsg(m transport.Msg) bool {
 		if tl := e.tl.Load(); tl != nil {
 			e.timelineBatch(tl, m.From, b)
 		}
-		if err := e.hub.SubmitBatch(time.Now(), m.From, b); err != nil {
+		now := time.Now()
+		e.arrived(now, m.From, b)
+		if err := e.hub.SubmitBatch(now, m.From, b); err != nil {
 			return malformed(err)
 		}
 	case (kind == negotiate.MsgResponses || kind == negotiate.MsgSetResponses) && e.hub == nil:
@@ -764,6 +774,7 @@ func (e *Engine) publish(out []negotiate.SetResponses) bool {
 	if len(out) == 0 {
 		return true
 	}
+	e.answered(out)
 	for i := range out {
 		sr := &out[i]
 		if len(sr.Members) == 1 && sr.Members[0] == e.g.Rank {
@@ -818,6 +829,7 @@ func (e *Engine) reportSeen() bool {
 
 // tick runs the stall inspector (coordinator only) and publishes the ops it gave up on.
 func (e *Engine) tick(now time.Time) bool {
+	e.refreshFigures(now)
 	resps, stalls := e.hub.Tick(now)
 	for _, s := range stalls {
 		slog.Warn("kolo: stalled op: "+s.String(), "rank", e.g.Rank)
@@ -874,6 +886,12 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 			}
 		}
 	}
+	now := time.Now()
+	for _, en := range entries {
+		if en != nil {
+			e.obs.flight.Negotiated(en.fid, now)
+		}
+	}
 	if r.Error != "" {
 		if r.Resync > 0 {
 			// Before the handles finish: their callers' next unnamed ops must see it.
@@ -887,6 +905,7 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 		}
 		for _, en := range entries {
 			if en != nil {
+				e.opDone(en, now, true)
 				en.h.finish(err)
 			}
 		}
@@ -899,10 +918,26 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 	if e.hub != nil {
 		e.executing.Store(true) // the keepAlive goroutine speaks for this driver meanwhile
 	}
+	for _, en := range entries {
+		if en != nil {
+			e.obs.flight.Started(en.fid, now)
+		}
+	}
 	err := ps.exec.run(context.Background(), *r, entries)
 	if e.hub != nil {
 		e.executing.Store(false)
 	}
+	done := time.Now()
+	var reduced int64
+	for _, en := range entries {
+		if en != nil {
+			e.opDone(en, done, err != nil)
+			if r.Kind == negotiate.Allreduce || r.Kind == negotiate.ReduceScatter {
+				reduced += int64(len(en.in))
+			}
+		}
+	}
+	e.obs.meter.Collective(done.Sub(now), reduced)
 	ps.exec.tl = nil
 	if tl != nil {
 		tl.Done(ps.id, r.Names)
@@ -1338,4 +1373,10 @@ func (e *Engine) Shutdown(ctx context.Context) error {
 		err = terr
 	}
 	return err
+}
+
+// opDone records en's end at now in the flight recorder and the meter.
+func (e *Engine) opDone(en *entry, now time.Time, failed bool) {
+	e.obs.flight.Finished(en.fid, now, failed)
+	e.obs.meter.OpDone(en.req.Kind.String(), now.Sub(en.submitted), failed)
 }
