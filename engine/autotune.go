@@ -214,8 +214,10 @@ func (e *Engine) initTuning(cfg Config) error {
 			}
 		}
 	}
+	builtin := DefaultConfig()
 	tc := autotune.Config{
 		Defaults:       defaults,
+		Builtin:        autotune.Settings{FusionBytes: builtin.FusionBytes, CycleTime: builtin.CycleTime},
 		WarmupSamples:  at.WarmupSamples,
 		StepsPerSample: at.StepsPerSample,
 		MaxSamples:     at.MaxSamples,
