@@ -17,6 +17,7 @@ import (
 	"github.com/kolo-dl/kolo/internal/netif"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/elastic"
+	"github.com/kolo-dl/kolo/launch/proc"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
 
@@ -86,7 +87,7 @@ func serveElastic(ctx context.Context, n *node, set elasticSettings) (int, error
 	if local == nil {
 		guard := startGuard()
 		defer guard.Close()
-		local = LocalStarter{Guard: guard}
+		local = proc.LocalStarter{Guard: guard}
 	}
 	j := newElasticJob(o, set, planner, n.srv, nodeStarter{local: local, nodes: nodes}, string(n.secret), n.jobID, n.stdout, n.stderr)
 	rv, err := n.elasticLocalRendezvous(nodes)
@@ -358,7 +359,7 @@ func (e *elasticNodes) readNode(nd *elasticNode, now time.Time) bool {
 			return true
 		}
 		if w := nd.workers[x.Worker]; w != nil {
-			exit := Exit{Code: x.Code, Signal: syscall.Signal(x.Signal)}
+			exit := proc.Exit{Code: x.Code, Signal: syscall.Signal(x.Signal)}
 			if x.Err != "" {
 				exit.Err = errors.New(x.Err)
 			}
@@ -389,7 +390,7 @@ func (e *elasticNodes) leave(nd *elasticNode, why string) {
 	e.log("node %d (host %s) left the job: %s", nd.num, nd.host, why)
 	for _, num := range sortedNums(nd.workers) {
 		w := nd.workers[num]
-		w.finish(Exit{Code: -1, Err: fmt.Errorf("%w (node %d, host %s: %s)", errNodeLeft, nd.num, nd.host, why)})
+		w.finish(proc.Exit{Code: -1, Err: fmt.Errorf("%w (node %d, host %s: %s)", errNodeLeft, nd.num, nd.host, why)})
 	}
 }
 
@@ -439,7 +440,7 @@ func (e *elasticNodes) orderLocked(nd *elasticNode, o jobenv.NodeOrder) (int, er
 }
 
 // start orders the worker w on its node.
-func (e *elasticNodes) start(w Worker) (Process, error) {
+func (e *elasticNodes) start(w proc.Worker) (proc.Process, error) {
 	place, round, ok, err := jobenv.ElasticPlace(jobenv.FromEnviron(w.Env))
 	if err != nil || !ok {
 		return nil, fmt.Errorf("worker of host %s has no place (%v)", w.Slot.Host, err)
@@ -459,7 +460,7 @@ func (e *elasticNodes) start(w Worker) (Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	rw := &remoteWorker{nodes: e, node: nd, num: num, exitc: make(chan Exit, 1)}
+	rw := &remoteWorker{nodes: e, node: nd, num: num, exitc: make(chan proc.Exit, 1)}
 	nd.workers[num] = rw
 	return rw, nil
 }
@@ -498,11 +499,11 @@ func (e *elasticNodes) end(code int, note string) {
 
 // nodeStarter starts the serving node's own workers itself and orders the others' nodes to.
 type nodeStarter struct {
-	local Starter
+	local proc.Starter
 	nodes *elasticNodes
 }
 
-func (s nodeStarter) Start(ctx context.Context, w Worker) (Process, error) {
+func (s nodeStarter) Start(ctx context.Context, w proc.Worker) (proc.Process, error) {
 	if w.Slot.Host == s.nodes.self() {
 		return s.local.Start(ctx, w)
 	}
@@ -515,7 +516,7 @@ type remoteWorker struct {
 	nodes *elasticNodes
 	node  *elasticNode
 	num   int
-	exitc chan Exit
+	exitc chan proc.Exit
 
 	// Guarded by nodes.mu.
 	done bool
@@ -524,7 +525,7 @@ type remoteWorker struct {
 
 func (w *remoteWorker) Stdout() io.Reader { return strings.NewReader("") }
 func (w *remoteWorker) Stderr() io.Reader { return strings.NewReader("") }
-func (w *remoteWorker) Wait() Exit        { return <-w.exitc }
+func (w *remoteWorker) Wait() proc.Exit   { return <-w.exitc }
 
 func (w *remoteWorker) StderrTail() []string {
 	w.nodes.mu.Lock()
@@ -543,7 +544,7 @@ func (w *remoteWorker) Signal(sig syscall.Signal) error {
 }
 
 // finish ends the worker once; nodes.mu is held.
-func (w *remoteWorker) finish(e Exit) {
+func (w *remoteWorker) finish(e proc.Exit) {
 	if w.done {
 		return
 	}

@@ -19,6 +19,8 @@ import (
 	"github.com/kolo-dl/kolo/auth"
 	"github.com/kolo-dl/kolo/internal/netif"
 	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/launch/layout"
+	"github.com/kolo-dl/kolo/launch/proc"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
 
@@ -84,16 +86,16 @@ type nodeInfo struct {
 
 // rankRecord is one rank's Result in a form that crosses the wire.
 type rankRecord struct {
-	Slot    Slot     `json:"slot"`
-	Code    int      `json:"code"`
-	Signal  int      `json:"signal,omitempty"`
-	Err     string   `json:"err,omitempty"`
-	Stopped bool     `json:"stopped,omitempty"`
-	Ended   int64    `json:"ended"` // unix nanoseconds: failures on different nodes are ordered by it
-	Tail    []string `json:"tail,omitempty"`
+	Slot    layout.Slot `json:"slot"`
+	Code    int         `json:"code"`
+	Signal  int         `json:"signal,omitempty"`
+	Err     string      `json:"err,omitempty"`
+	Stopped bool        `json:"stopped,omitempty"`
+	Ended   int64       `json:"ended"` // unix nanoseconds: failures on different nodes are ordered by it
+	Tail    []string    `json:"tail,omitempty"`
 }
 
-func recordOf(r Result) rankRecord {
+func recordOf(r proc.Result) rankRecord {
 	rec := rankRecord{Slot: r.Slot, Code: r.Exit.Code, Signal: int(r.Exit.Signal), Stopped: r.Stopped, Tail: r.StderrTail}
 	if r.Exit.Err != nil {
 		rec.Err = r.Exit.Err.Error()
@@ -104,8 +106,8 @@ func recordOf(r Result) rankRecord {
 	return rec
 }
 
-func (rec rankRecord) result() Result {
-	r := Result{Slot: rec.Slot, Exit: Exit{Code: rec.Code, Signal: syscall.Signal(rec.Signal)}, Stopped: rec.Stopped, StderrTail: rec.Tail}
+func (rec rankRecord) result() proc.Result {
+	r := proc.Result{Slot: rec.Slot, Exit: proc.Exit{Code: rec.Code, Signal: syscall.Signal(rec.Signal)}, Stopped: rec.Stopped, StderrTail: rec.Tail}
 	if rec.Err != "" {
 		r.Exit.Err = errors.New(rec.Err)
 	}
@@ -174,11 +176,11 @@ func (o *Options) nodeSlots() (int, error) {
 	case o.NprocPerNode > 0:
 		return o.NprocPerNode, nil
 	case o.Hosts != "":
-		hosts, err := ParseHosts(o.Hosts)
+		hosts, err := layout.ParseHosts(o.Hosts)
 		if err != nil {
 			return 0, err
 		}
-		if len(hosts) != 1 || !IsLocal(hosts[0].Name) {
+		if len(hosts) != 1 || !layout.IsLocal(hosts[0].Name) {
 			return 0, fmt.Errorf("with --rendezvous each node starts only its own ranks: -H names this node only (-H localhost:N), got %q", o.Hosts)
 		}
 		return hosts[0].Slots, nil
@@ -216,9 +218,9 @@ func RunNode(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int,
 	if err != nil {
 		return ExitUsage, err
 	}
-	var bind *Binding
-	if opts.BindTo == BindCore {
-		if bind, err = NewBinding(slots, opts.BindOverload); err != nil {
+	var bind *proc.Binding
+	if opts.BindTo == proc.BindCore {
+		if bind, err = proc.NewBinding(slots, opts.BindOverload); err != nil {
 			return ExitUsage, err
 		}
 	}
@@ -237,7 +239,7 @@ func RunNode(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int,
 
 type node struct {
 	opts           *Options
-	bind           *Binding // --bind-to core: this node's ranks' CPUs; nil: no binding
+	bind           *proc.Binding // --bind-to core: this node's ranks' CPUs; nil: no binding
 	secret         []byte
 	slots          int
 	stdout, stderr io.Writer
@@ -537,11 +539,11 @@ func (n *node) checkInfos() (int, error) {
 }
 
 // plan is the job's rank plan, the same on every node.
-func (n *node) plan() ([]Slot, error) {
-	hosts := make([]Host, len(n.infos))
+func (n *node) plan() ([]layout.Slot, error) {
+	hosts := make([]layout.Host, len(n.infos))
 	total, np := 0, 0
 	for i, info := range n.infos {
-		hosts[i] = Host{Name: n.names[i], Slots: info.Slots}
+		hosts[i] = layout.Host{Name: n.names[i], Slots: info.Slots}
 		total += info.Slots
 		if info.NP != 0 {
 			np = info.NP
@@ -550,7 +552,7 @@ func (n *node) plan() ([]Slot, error) {
 	if np == 0 {
 		np = total
 	}
-	return Plan(hosts, np)
+	return layout.Plan(hosts, np)
 }
 
 // workerRendezvous is the address this node's workers dial. A worker advertises to its peers the
@@ -602,14 +604,14 @@ func (n *node) run(ctx context.Context) (int, error) {
 	return ExitUsage, err
 }
 
-func (n *node) runRanks(ctx context.Context, slots []Slot, rvAddr string) (int, error) {
+func (n *node) runRanks(ctx context.Context, slots []layout.Slot, rvAddr string) (int, error) {
 	o := n.opts
 	myHost := n.names[n.index]
 	extra := workerExtraEnv(o)
-	var workers []Worker
+	var workers []proc.Worker
 	for _, s := range slots {
 		if s.Host == myHost {
-			workers = append(workers, Worker{Slot: s, Argv: o.Command, Env: WorkerEnv(s, rvAddr, n.jobID, string(n.secret), extra, o.Env)})
+			workers = append(workers, proc.Worker{Slot: s, Argv: o.Command, Env: WorkerEnv(s, rvAddr, n.jobID, string(n.secret), extra, o.Env)})
 		}
 	}
 	if o.Verbose {
@@ -643,10 +645,10 @@ func (n *node) runRanks(ctx context.Context, slots []Slot, rvAddr string) (int, 
 
 	guard := startGuard()
 	defer guard.Close()
-	runner := &Runner{
-		Starter: LocalStarter{Guard: guard, Bind: n.bind}, Stdout: n.stdout, Stderr: n.stderr,
+	runner := &proc.Runner{
+		Starter: proc.LocalStarter{Guard: guard, Bind: n.bind}, Stdout: n.stdout, Stderr: n.stderr,
 		OutputDir: o.OutputDir, Timestamps: o.Timestamps, Plain: o.PlainOutput,
-		OnFailure: func(r Result) {
+		OnFailure: func(r proc.Result) {
 			rec := recordOf(r)
 			n.publishStop(stopRecord{Reason: stopFailed, Node: n.index, Host: myHost, Rank: &rec})
 		},
@@ -692,7 +694,7 @@ func (n *node) runRanks(ctx context.Context, slots []Slot, rvAddr string) (int, 
 	}
 	n.finish(reported)
 	if firstAll != nil {
-		fmt.Fprint(n.stderr, Summary(all, firstAll))
+		fmt.Fprint(n.stderr, proc.Summary(all, firstAll))
 	}
 	if note != "" {
 		return code, errors.New(note)
@@ -855,10 +857,10 @@ func (n *node) currentStop() *stopRecord {
 
 // reportLost ends a node that lost the rendezvous: its own ranks are stopped; what the others did
 // is unknown.
-func (n *node) reportLost(results []Result, first *Result, err error) (int, error) {
+func (n *node) reportLost(results []proc.Result, first *proc.Result, err error) (int, error) {
 	msg := fmt.Sprintf("lost the rendezvous at %s (%v): stopped this node's ranks; the other nodes' ranks are not known here", n.opts.Rendezvous, err)
 	if first != nil {
-		fmt.Fprint(n.stderr, Summary(results, first))
+		fmt.Fprint(n.stderr, proc.Summary(results, first))
 		return first.Exit.ShellCode(), errors.New(msg)
 	}
 	return 1, errors.New(msg)
@@ -924,7 +926,7 @@ func (n *node) finish(reported int) {
 // outcome turns every node's report into the job's results, the first rank to fail (the earliest
 // end among ranks that failed on their own, on any node, traced by Blame), the exit code and a
 // note on what else went wrong (a node interrupted, lost or silent).
-func outcome(dones []*doneRecord, stop *stopRecord, names []string) (results []Result, first *Result, code int, note string) {
+func outcome(dones []*doneRecord, stop *stopRecord, names []string) (results []proc.Result, first *proc.Result, code int, note string) {
 	var missing, lost []string
 	for i, d := range dones {
 		switch {
@@ -959,7 +961,7 @@ func outcome(dones []*doneRecord, stop *stopRecord, names []string) (results []R
 			first = r
 		}
 	}
-	first = Blame(results, first)
+	first = proc.Blame(results, first)
 	var notes []string
 	switch {
 	case first != nil:

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kolo-dl/kolo/launch/layout"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
 
@@ -183,7 +184,7 @@ func TestRunNodeWrongSecret(t *testing.T) {
 
 func TestOutcome(t *testing.T) {
 	at := func(ms int) int64 { return time.Unix(100, int64(ms)*1e6).UnixNano() }
-	slot := func(r int) Slot { return Slot{Rank: r, Host: fmt.Sprintf("h%d", r/2)} }
+	slot := func(r int) layout.Slot { return layout.Slot{Rank: r, Host: fmt.Sprintf("h%d", r/2)} }
 	names := []string{"h0", "h1"}
 	tests := []struct {
 		name      string
@@ -375,7 +376,7 @@ func (s *staleDoneStore) TryGet(key string) ([]byte, bool, error) {
 func TestWatchNodesKeepsReportRacingLostNode(t *testing.T) {
 	shortNodeTimings(t)
 	n := servingNode(t, 2)
-	report, _ := json.Marshal(doneRecord{Node: 1, Host: "host1", Ranks: []rankRecord{{Slot: Slot{Rank: 1, Host: "host1"}}}})
+	report, _ := json.Marshal(doneRecord{Node: 1, Host: "host1", Ranks: []rankRecord{{Slot: layout.Slot{Rank: 1, Host: "host1"}}}})
 	st := &staleDoneStore{Store: n.srv.Store, report: report, reported: make(chan bool, 1)}
 	stop := watch(n, st)
 	if !<-st.reported {

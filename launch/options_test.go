@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/launch/elastic"
+	"github.com/kolo-dl/kolo/launch/layout"
+	"github.com/kolo-dl/kolo/launch/proc"
 )
 
 func TestParseRunFlags(t *testing.T) {
@@ -37,10 +39,10 @@ func TestParseRunFlags(t *testing.T) {
 		{"unknown flag", []string{"--bogus", "prog"}, nil, "bogus"},
 		{"bad np", []string{"-np", "two", "prog"}, nil, "invalid value"},
 		{"bind-to core", []string{"-np", "2", "--bind-to", "core", "prog"},
-			func(o *Options) bool { return o.BindTo == BindCore }, ""},
-		{"bind-to default", []string{"-np", "2", "prog"}, func(o *Options) bool { return o.BindTo == BindNone }, ""},
+			func(o *Options) bool { return o.BindTo == proc.BindCore }, ""},
+		{"bind-to default", []string{"-np", "2", "prog"}, func(o *Options) bool { return o.BindTo == proc.BindNone }, ""},
 		{"bind-to core:overload-allowed", []string{"-np", "2", "--bind-to", "core:overload-allowed", "prog"},
-			func(o *Options) bool { return o.BindTo == BindCore && o.BindOverload }, ""},
+			func(o *Options) bool { return o.BindTo == proc.BindCore && o.BindOverload }, ""},
 		{"bind-to unknown", []string{"-np", "2", "--bind-to", "socket", "prog"}, nil, `--bind-to "socket": want core, core:overload-allowed or none`},
 	}
 	for _, tc := range tests {
@@ -62,7 +64,7 @@ func TestParseRunFlags(t *testing.T) {
 func TestResolveHosts(t *testing.T) {
 	o := &Options{NP: 3}
 	hosts, err := o.ResolveHosts()
-	if err != nil || !reflect.DeepEqual(hosts, []Host{{"localhost", 3}}) {
+	if err != nil || !reflect.DeepEqual(hosts, []layout.Host{{Name: "localhost", Slots: 3}}) {
 		t.Errorf("default hosts = %v, %v", hosts, err)
 	}
 	if _, err := (&Options{}).ResolveHosts(); err == nil || !strings.Contains(err.Error(), "-np is required") {
@@ -156,7 +158,7 @@ func TestElasticLocalhostAnd127AreTwoHosts(t *testing.T) {
 		t.Fatal(err)
 	}
 	hosts, err := o.ResolveHosts()
-	if err != nil || !reflect.DeepEqual(hosts, []Host{{"localhost", 2}, {"127.0.0.1", 2}}) {
+	if err != nil || !reflect.DeepEqual(hosts, []layout.Host{{Name: "localhost", Slots: 2}, {Name: "127.0.0.1", Slots: 2}}) {
 		t.Fatalf("hosts %v, %v", hosts, err)
 	}
 }

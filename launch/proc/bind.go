@@ -1,4 +1,4 @@
-package launch
+package proc
 
 import (
 	"fmt"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/kolo-dl/kolo/internal/cpuset"
 	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/launch/layout"
 )
 
 // --bind-to values.
@@ -49,7 +50,7 @@ func NewBinding(localSize int, overload bool) (*Binding, error) {
 }
 
 // cpus is local rank s.LocalRank's share.
-func (b *Binding) cpus(s Slot) (cpuset.Set, error) {
+func (b *Binding) cpus(s layout.Slot) (cpuset.Set, error) {
 	if s.LocalRank < 0 || s.LocalRank >= len(b.shares) {
 		return nil, fmt.Errorf("--bind-to core: rank %d is local rank %d, but the CPUs were split among %d", s.Rank, s.LocalRank, len(b.shares))
 	}
@@ -62,7 +63,7 @@ func (b *Binding) cpus(s Slot) (cpuset.Set, error) {
 // at once. The thread gets the launcher's mask back before it runs anything else. The rank is
 // told how many CPUs the machine gives its ranks (jobenv.HostCPUs): its own mask shows only its
 // share, which would make it think the machine's ranks outnumber its CPUs.
-func (b *Binding) start(cmd *exec.Cmd, s Slot) error {
+func (b *Binding) start(cmd *exec.Cmd, s layout.Slot) error {
 	cpus, err := b.cpus(s)
 	if err != nil {
 		return err

@@ -1,4 +1,11 @@
-package launch
+// Package proc starts, supervises and stops the processes of kolo run's ranks: a Starter starts a
+// Worker locally (its own process group, an orphan guard, optionally bound to cores), over ssh (a
+// small sh wrapper, no kolo needed on the host) or as a Slurm job step (srun); a Runner streams
+// the ranks' output with rank prefixes, stops every rank when one fails, and names the rank the
+// failure traces back to (Blame, Summary). It must not plan ranks, host a rendezvous or know what
+// a job is (static, no-ssh, elastic): those are launch's; a Starter gets a complete Worker and
+// only runs it.
+package proc
 
 import (
 	"bufio"
@@ -14,11 +21,13 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kolo-dl/kolo/launch/layout"
 )
 
 // Worker is one process to start for one rank.
 type Worker struct {
-	Slot Slot
+	Slot layout.Slot
 	Argv []string // program and its arguments, untouched
 	Env  []string // complete environment ("K=V"), including the job contract and the secret
 	Dir  string   // working directory ("" = the launcher's)
@@ -74,7 +83,7 @@ func (e Exit) String() string {
 
 // Result is the outcome of one rank.
 type Result struct {
-	Slot       Slot
+	Slot       layout.Slot
 	Exit       Exit
 	StderrTail []string // last lines the rank wrote to stderr
 	Ended      time.Time
@@ -116,8 +125,8 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 	if tail <= 0 {
 		tail = 20
 	}
-	out := &lineWriter{w: r.Stdout, ts: r.Timestamps}
-	errw := &lineWriter{w: r.Stderr, ts: r.Timestamps}
+	out := NewLineWriter(r.Stdout, r.Timestamps)
+	errw := NewLineWriter(r.Stderr, r.Timestamps)
 
 	results := make([]Result, len(workers))
 	procs := make([]Process, len(workers))
@@ -129,12 +138,12 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 	var streams sync.WaitGroup // the output pumps: results are complete once they are done
 	var others sync.WaitGroup  // every other goroutine started here
 	defer others.Wait()
-	tails := make([]*tailBuffer, len(workers))
+	tails := make([]*Tail, len(workers))
 	drained := make([]chan struct{}, len(workers)) // closed once both of a rank's streams hit EOF
 
 	for i, w := range workers {
 		results[i].Slot = w.Slot
-		tails[i] = &tailBuffer{max: tail}
+		tails[i] = NewTail(tail)
 		drained[i] = make(chan struct{})
 		p, err := r.Starter.Start(ctx, w)
 		if err != nil {
@@ -153,12 +162,12 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 		go func() {
 			defer streams.Done()
 			defer rankStreams.Done()
-			pump(p.Stdout(), out, r.prefix(w.Slot.Rank, "stdout"), files[0], nil)
+			Pump(p.Stdout(), out, r.prefix(w.Slot.Rank, "stdout"), files[0], nil)
 		}()
 		go func() {
 			defer streams.Done()
 			defer rankStreams.Done()
-			pump(p.Stderr(), errw, r.prefix(w.Slot.Rank, "stderr"), files[1], tails[i])
+			Pump(p.Stderr(), errw, r.prefix(w.Slot.Rank, "stderr"), files[1], tails[i])
 		}()
 		others.Add(2)
 		go func() {
@@ -183,7 +192,7 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 		for i, p := range procs {
 			if p != nil && results[i].Ended.IsZero() {
 				results[i].Stopped = true
-				_ = p.Signal(stopSignal)
+				_ = p.Signal(StopSignal)
 			}
 		}
 		killTimer = time.After(grace)
@@ -200,7 +209,7 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 				stop()
 				if r.OnFailure != nil {
 					others.Add(1)
-					go func(res Result, drained <-chan struct{}, tail *tailBuffer) {
+					go func(res Result, drained <-chan struct{}, tail *Tail) {
 						defer others.Done()
 						r.reportFailure(res, drained, tail)
 					}(*first, drained[e.i], tails[e.i])
@@ -220,7 +229,7 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 	}
 	r.awaitStreams(&streams, procs, results, drained, errw)
 	for i := range results {
-		results[i].StderrTail = tails[i].lines()
+		results[i].StderrTail = tails[i].Lines()
 	}
 	if first == nil && ctx.Err() == nil {
 		return results, nil
@@ -231,12 +240,12 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 	return results, Blame(results, first)
 }
 
-// stopSignal is what Run sends the ranks it stops; GracePeriod later, SIGKILL.
-const stopSignal = syscall.SIGTERM
+// StopSignal is what Run sends the ranks it stops; GracePeriod later, SIGKILL.
+const StopSignal = syscall.SIGTERM
 
 // awaitStreams waits, for at most StreamWait, until every rank's output has reached its end; then
 // it says which ranks' output is still held open, closes it and waits for the pumps to end.
-func (r *Runner) awaitStreams(streams *sync.WaitGroup, procs []Process, results []Result, drained []chan struct{}, errw *lineWriter) {
+func (r *Runner) awaitStreams(streams *sync.WaitGroup, procs []Process, results []Result, drained []chan struct{}, errw *LineWriter) {
 	wait := r.StreamWait
 	if wait <= 0 {
 		wait = 5 * time.Second
@@ -257,7 +266,7 @@ func (r *Runner) awaitStreams(streams *sync.WaitGroup, procs []Process, results 
 			continue
 		default:
 		}
-		errw.writeLine("", fmt.Sprintf("kolo run: rank %d has ended, but a process it started still holds its output open; not waiting for it\n", results[i].Slot.Rank))
+		errw.WriteLine("", fmt.Sprintf("kolo run: rank %d has ended, but a process it started still holds its output open; not waiting for it\n", results[i].Slot.Rank))
 		for _, s := range []io.Reader{p.Stdout(), p.Stderr()} {
 			if c, ok := s.(io.Closer); ok {
 				c.Close() // ends the pump's blocked read
@@ -269,12 +278,12 @@ func (r *Runner) awaitStreams(streams *sync.WaitGroup, procs []Process, results 
 
 // reportFailure hands OnFailure the failed rank once its last output lines are in (bounded: a
 // child it left behind may hold its pipes open).
-func (r *Runner) reportFailure(res Result, drained <-chan struct{}, tail *tailBuffer) {
+func (r *Runner) reportFailure(res Result, drained <-chan struct{}, tail *Tail) {
 	select {
 	case <-drained:
 	case <-time.After(time.Second):
 	}
-	res.StderrTail = tail.lines()
+	res.StderrTail = tail.Lines()
 	r.OnFailure(res)
 }
 
@@ -305,8 +314,8 @@ func (r *Runner) rankFiles(rank int) ([2]io.Writer, error) {
 	return files, nil
 }
 
-// pump copies whole lines from r to w with a prefix, and to file and tail when set.
-func pump(r io.Reader, w *lineWriter, prefix string, file io.Writer, tail *tailBuffer) {
+// Pump copies whole lines from r to w with a prefix, and to file and tail when set.
+func Pump(r io.Reader, w *LineWriter, prefix string, file io.Writer, tail *Tail) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	for {
 		line, err := br.ReadString('\n')
@@ -314,12 +323,12 @@ func pump(r io.Reader, w *lineWriter, prefix string, file io.Writer, tail *tailB
 			if !strings.HasSuffix(line, "\n") {
 				line += "\n"
 			}
-			w.writeLine(prefix, line)
+			w.WriteLine(prefix, line)
 			if file != nil {
 				io.WriteString(file, line)
 			}
 			if tail != nil {
-				tail.add(strings.TrimRight(line, "\n"))
+				tail.Add(strings.TrimRight(line, "\n"))
 			}
 		}
 		if err != nil {
@@ -334,14 +343,20 @@ func pump(r io.Reader, w *lineWriter, prefix string, file io.Writer, tail *tailB
 	}
 }
 
-// lineWriter serialises whole lines from many ranks so output never interleaves mid-line.
-type lineWriter struct {
+// LineWriter serialises whole lines from many ranks so output never interleaves mid-line.
+type LineWriter struct {
 	mu sync.Mutex
 	w  io.Writer
 	ts bool
 }
 
-func (l *lineWriter) writeLine(prefix, line string) {
+// NewLineWriter writes whole lines to w, each after the time when timestamps is set.
+func NewLineWriter(w io.Writer, timestamps bool) *LineWriter {
+	return &LineWriter{w: w, ts: timestamps}
+}
+
+// WriteLine writes prefix and line (which ends in a newline) in one piece.
+func (l *LineWriter) WriteLine(prefix, line string) {
 	if l.w == nil {
 		return
 	}
@@ -353,7 +368,19 @@ func (l *lineWriter) writeLine(prefix, line string) {
 	io.WriteString(l.w, prefix+line)
 }
 
-type tailBuffer struct {
+// WriteBlock writes s (several lines: a summary) as it is, without a time prefix, between other
+// writers' lines.
+func (l *LineWriter) WriteBlock(s string) {
+	if l.w == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	io.WriteString(l.w, s)
+}
+
+// Tail keeps the last lines of a stream (a rank's stderr) for a failure summary.
+type Tail struct {
 	mu  sync.Mutex
 	max int
 	buf []string
@@ -363,7 +390,11 @@ type tailBuffer struct {
 // rank may write megabytes without a newline.
 const maxTailLine = 4 << 10
 
-func (t *tailBuffer) add(s string) {
+// NewTail keeps the last max lines.
+func NewTail(max int) *Tail { return &Tail{max: max} }
+
+// Add keeps s, capped at maxTailLine, dropping the oldest line beyond max.
+func (t *Tail) Add(s string) {
 	if len(s) > maxTailLine {
 		s = s[:maxTailLine] + " [...]"
 	}
@@ -375,7 +406,8 @@ func (t *tailBuffer) add(s string) {
 	}
 }
 
-func (t *tailBuffer) lines() []string {
+// Lines returns a copy of the lines kept, oldest first.
+func (t *Tail) Lines() []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return append([]string(nil), t.buf...)

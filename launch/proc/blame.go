@@ -1,4 +1,4 @@
-package launch
+package proc
 
 import (
 	"regexp"
@@ -63,5 +63,5 @@ func namedIn(tail []string) (rank int, declared, ok bool) {
 // stoppedByLauncher reports whether r ended of the launcher's own stop signal, so that its loss is
 // a consequence of the failure rather than its cause.
 func stoppedByLauncher(r *Result) bool {
-	return r.Stopped && r.Exit.Signal == stopSignal
+	return r.Stopped && r.Exit.Signal == StopSignal
 }
