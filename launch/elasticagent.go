@@ -179,32 +179,10 @@ func (a *elasticAgent) readOrders(ctx context.Context, out chan<- jobenv.NodeOrd
 }
 
 // heartbeat tells the serving node this node is alive, and notices when the serving node is not:
-// a closed connection, or no answer for nodeSilence.
+// a closed connection, or no answer for nodeSilence (sendBeats).
 func (a *elasticAgent) heartbeat(ctx context.Context, lost chan<- error) {
-	t := time.NewTicker(a.set.beat)
-	defer t.Stop()
-	last := time.Now()
-	for {
-		bctx, cancel := context.WithTimeout(ctx, a.set.beat)
-		_, err := a.n.rv.Add(bctx, jobenv.NodeBeatKey(a.num), 1)
-		cancel()
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err == nil:
-			last = time.Now()
-		case !errors.Is(err, context.DeadlineExceeded):
-			lost <- err
-			return
-		case time.Since(last) >= a.set.nodeSilence:
-			lost <- fmt.Errorf("the serving node has not answered for %.1f s", time.Since(last).Seconds())
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	if err := sendBeats(ctx, a.n.rv, jobenv.NodeBeatKey(a.num), a.set.beat, a.set.nodeSilence); err != nil {
+		lost <- err
 	}
 }
 

@@ -182,13 +182,12 @@ type elasticNode struct {
 	gone  string // why it left the job; "" while in it
 
 	orders, exits int // orders published, exit records read
-	beat          string
-	beatAt        time.Time
+	beat          beatWatch
 	workers       map[int]*remoteWorker // running, by number
 }
 
 func (e *elasticNodes) add(nd *elasticNode, now time.Time) {
-	nd.beatAt = now
+	nd.beat = newBeatWatch(now)
 	nd.workers = map[int]*remoteWorker{}
 	e.nodes = append(e.nodes, nd)
 	e.byHost[nd.host] = nd
@@ -367,9 +366,8 @@ func (e *elasticNodes) readNode(nd *elasticNode, now time.Time) bool {
 			w.finish(exit)
 		}
 	}
-	if v, _, _ := e.st.TryGet(jobenv.NodeBeatKey(nd.num)); string(v) != nd.beat {
-		nd.beat, nd.beatAt = string(v), now
-	} else if silent := now.Sub(nd.beatAt); silent >= e.set.nodeSilence {
+	v, _, _ := e.st.TryGet(jobenv.NodeBeatKey(nd.num))
+	if silent := nd.beat.silent(v, now); silent >= e.set.nodeSilence {
 		why := fmt.Sprintf("no heartbeat for %.1f s", silent.Seconds())
 		e.leave(nd, why)
 		// Alive but cut off or stopped, it learns that it is out when it reads again.

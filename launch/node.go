@@ -750,26 +750,13 @@ func (n *node) watchStop(ctx context.Context, stopRanks func()) {
 	stopRanks()
 }
 
-// heartbeat lets the serving node tell a silent node from a busy one.
+// heartbeat lets the serving node tell a silent node from a busy one (sendBeats).
 func (n *node) heartbeat(ctx context.Context) {
 	if n.srv != nil {
 		return
 	}
-	t := time.NewTicker(beatInterval)
-	defer t.Stop()
-	for {
-		bctx, cancel := context.WithTimeout(ctx, beatInterval)
-		_, err := n.rv.Add(bctx, keyBeat(n.index), 1)
-		cancel()
-		if err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
-			n.setLost(err)
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	if err := sendBeats(ctx, n.rv, keyBeat(n.index), beatInterval, 0); err != nil {
+		n.setLost(err)
 	}
 }
 
@@ -784,14 +771,10 @@ type servedStore interface {
 // at that very moment: whichever record is written first stands (SetIfAbsent), and the job is
 // stopped only if it is the lost one.
 func (n *node) watchNodes(ctx context.Context, st servedStore) {
-	type seen struct {
-		beat string
-		at   time.Time
-	}
-	last := make([]seen, len(n.infos))
+	last := make([]beatWatch, len(n.infos))
 	start := time.Now()
 	for i := range last {
-		last[i].at = start
+		last[i] = newBeatWatch(start)
 	}
 	t := time.NewTicker(beatInterval / 2)
 	defer t.Stop()
@@ -809,10 +792,7 @@ func (n *node) watchNodes(ctx context.Context, st servedStore) {
 				continue
 			}
 			v, _, _ := st.TryGet(keyBeat(i))
-			if string(v) != last[i].beat {
-				last[i] = seen{beat: string(v), at: time.Now()}
-				continue
-			}
+			silent := last[i].silent(v, time.Now())
 			limit := nodeSilence
 			select {
 			case <-n.stopped:
@@ -822,7 +802,7 @@ func (n *node) watchNodes(ctx context.Context, st servedStore) {
 				limit = min(limit, stoppingSilence)
 			default:
 			}
-			if time.Since(last[i].at) < limit {
+			if silent < limit {
 				continue
 			}
 			why := fmt.Sprintf("node %d on %s stopped answering the rendezvous (no heartbeat for %s)", i, n.names[i], limit)
