@@ -7,10 +7,12 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kolo-dl/kolo/launch/flags"
 )
 
 func TestBindToRefusesSSHRanks(t *testing.T) {
-	o, err := ParseRunFlags([]string{"-H", "localhost:1,node-that-is-not-here:1", "--bind-to", "core", "true"}, io.Discard)
+	o, err := flags.Parse([]string{"-H", "localhost:1,node-that-is-not-here:1", "--bind-to", "core", "true"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,7 +27,7 @@ func TestBindToRefusesTooManyLocalRanks(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("binding is Linux only")
 	}
-	o, err := ParseRunFlags([]string{"-np", strconv.Itoa(runtime.NumCPU() + 1), "--bind-to", "core", "true"}, io.Discard)
+	o, err := flags.Parse([]string{"-np", strconv.Itoa(runtime.NumCPU() + 1), "--bind-to", "core", "true"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +38,7 @@ func TestBindToRefusesTooManyLocalRanks(t *testing.T) {
 }
 
 func TestBindToRefusesTwoNamesForThisMachine(t *testing.T) {
-	o, err := ParseRunFlags([]string{"-H", "localhost:1,127.0.0.1:1", "--bind-to", "core", "true"}, io.Discard)
+	o, err := flags.Parse([]string{"-H", "localhost:1,127.0.0.1:1", "--bind-to", "core", "true"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +54,7 @@ func TestBindToRefusesTooManyRanksOnANode(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("binding is Linux only")
 	}
-	o, err := ParseRunFlags([]string{"--rendezvous", "127.0.0.1:1", "--nnodes", "2", "--nproc-per-node",
+	o, err := flags.Parse([]string{"--rendezvous", "127.0.0.1:1", "--nnodes", "2", "--nproc-per-node",
 		strconv.Itoa(runtime.NumCPU() + 1), "--bind-to", "core", "true"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)

@@ -43,7 +43,7 @@ func joinElasticJob(ctx context.Context, n *node, set elasticSettings) (int, err
 	defer cancel()
 	num, err := rv.Add(jctx, jobenv.NodesKey, 1)
 	if err == nil {
-		err = rv.Set(jctx, jobenv.NodeKey(int(num)), jobenv.NodeJoin{Hostname: hn, Slots: n.slots, Addr: ip, Flags: o.elasticNodeFlags()}.Encode())
+		err = rv.Set(jctx, jobenv.NodeKey(int(num)), jobenv.NodeJoin{Hostname: hn, Slots: n.slots, Addr: ip, Flags: o.ElasticNodeFlags()}.Encode())
 	}
 	if err != nil {
 		return 1, fmt.Errorf("join the elastic job at %s: %w", o.Rendezvous, err)

@@ -20,6 +20,7 @@ import (
 	"github.com/kolo-dl/kolo/internal/netif"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/elastic"
+	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/launch/layout"
 	"github.com/kolo-dl/kolo/launch/proc"
 	"github.com/kolo-dl/kolo/rendezvous"
@@ -78,11 +79,11 @@ func (s *elasticSettings) fill() {
 // exit code (0 once every worker of the last round has exited 0; 1, or the workers' own code when
 // every rank failed; ExitInterrupted; ExitUsage) and an error to print, if any; the failure
 // summary is already written to stderr.
-func RunElastic(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int, error) {
+func RunElastic(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer) (int, error) {
 	return runElastic(ctx, opts, elasticSettings{}, stdout, stderr)
 }
 
-func runElastic(ctx context.Context, opts *Options, set elasticSettings, stdout, stderr io.Writer) (int, error) {
+func runElastic(ctx context.Context, opts *flags.Options, set elasticSettings, stdout, stderr io.Writer) (int, error) {
 	set.fill()
 	planner, err := elastic.NewPlanner(opts.ElasticConfig())
 	if err != nil {
@@ -105,7 +106,7 @@ func runElastic(ctx context.Context, opts *Options, set elasticSettings, stdout,
 		}
 	}
 	if opts.DiscoveryScript == "" && slurm == nil {
-		if fixed, err = opts.fixedElasticHosts(); err != nil {
+		if fixed, err = fixedElasticHosts(opts); err != nil {
 			return ExitUsage, err
 		}
 	}
@@ -120,7 +121,7 @@ func runElastic(ctx context.Context, opts *Options, set elasticSettings, stdout,
 	srv := rendezvous.NewServer([]byte(secret))
 	// A worker whose host stops answering loses its connection, and with it its presence record
 	// (jobenv.AliveKey), as soon as its peers' connections give up on it.
-	srv.SetLiveness(transport.DeadHostTimeout(opts.progressTimeout()))
+	srv.SetLiveness(transport.DeadHostTimeout(progressTimeout(opts)))
 	addr, err := srv.Listen(addrs.listen)
 	if err != nil {
 		return 1, fmt.Errorf("start rendezvous: %w", err)
@@ -160,7 +161,7 @@ func runElastic(ctx context.Context, opts *Options, set elasticSettings, stdout,
 	return j.run(ctx, source)
 }
 
-func newElasticJob(opts *Options, set elasticSettings, planner *elastic.Planner, srv *rendezvous.Server, starter proc.Starter,
+func newElasticJob(opts *flags.Options, set elasticSettings, planner *elastic.Planner, srv *rendezvous.Server, starter proc.Starter,
 	secret, jobID string, stdout, stderr io.Writer) *elasticJob {
 	return &elasticJob{
 		opts: opts, set: set, planner: planner, srv: srv, starter: starter,
@@ -188,11 +189,9 @@ func fixedHosts(hosts []elastic.Host) hostSource {
 	}
 }
 
-// fixedElasticHosts are the hosts of an elastic job without a discovery script: -H, --hostfile,
-// or this machine with as many slots as the job may use.
 // progressTimeout is the workers' progress deadline (--progress-timeout-seconds, else the
 // launcher's own KOLO_PROGRESS_TIMEOUT_SECONDS, which workers inherit; 0: the default).
-func (o *Options) progressTimeout() time.Duration {
+func progressTimeout(o *flags.Options) time.Duration {
 	v, ok := o.EngineEnv["KOLO_PROGRESS_TIMEOUT_SECONDS"]
 	if !ok {
 		v = os.Getenv("KOLO_PROGRESS_TIMEOUT_SECONDS")
@@ -203,7 +202,9 @@ func (o *Options) progressTimeout() time.Duration {
 	return 0
 }
 
-func (o *Options) fixedElasticHosts() ([]elastic.Host, error) {
+// fixedElasticHosts are the hosts of an elastic job without a discovery script: -H, --hostfile,
+// or this machine with as many slots as the job may use.
+func fixedElasticHosts(o *flags.Options) ([]elastic.Host, error) {
 	var hosts []layout.Host
 	if o.Hosts != "" || o.Hostfile != "" {
 		var err error
@@ -223,7 +224,7 @@ func (o *Options) fixedElasticHosts() ([]elastic.Host, error) {
 // elasticJob is the event loop's state. Only the loop's goroutine touches it, except the fields
 // the per-worker goroutines own (an elasticProc's tail and open count).
 type elasticJob struct {
-	opts    *Options
+	opts    *flags.Options
 	set     elasticSettings
 	planner *elastic.Planner
 	srv     *rendezvous.Server
@@ -571,7 +572,7 @@ type remoteOutput interface {
 
 // watchPlace starts the goroutines of a started worker: its two output pumps, prefixed with its
 // place, and its waiter, which calls exited with its end once the process has ended.
-func watchPlace(p *elasticProc, out, errw *proc.LineWriter, opts *Options, wg *sync.WaitGroup, exited func(proc.Exit)) {
+func watchPlace(p *elasticProc, out, errw *proc.LineWriter, opts *flags.Options, wg *sync.WaitGroup, exited func(proc.Exit)) {
 	if r, ok := p.proc.(remoteOutput); ok {
 		wg.Add(1)
 		go func() {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/launch/proc"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
@@ -156,7 +157,7 @@ func testElasticSettings() elasticSettings {
 
 func startElastic(t *testing.T, set elasticSettings, args ...string) *elasticHarness {
 	t.Helper()
-	opts, err := ParseRunFlags(append(args, "prog"), io.Discard)
+	opts, err := flags.Parse(append(args, "prog"), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

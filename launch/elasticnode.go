@@ -17,6 +17,7 @@ import (
 	"github.com/kolo-dl/kolo/internal/netif"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/elastic"
+	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/launch/proc"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
@@ -38,13 +39,13 @@ import (
 
 // runElasticNode runs this node's part of a no-ssh elastic job: it serves the rendezvous and
 // plans, or it joins as a host.
-func runElasticNode(ctx context.Context, opts *Options, set elasticSettings, stdout, stderr io.Writer) (int, error) {
+func runElasticNode(ctx context.Context, opts *flags.Options, set elasticSettings, stdout, stderr io.Writer) (int, error) {
 	set.fill()
 	secret, err := NodeSecret(opts)
 	if err != nil {
 		return ExitUsage, err
 	}
-	slots, err := opts.elasticNodeSlots()
+	slots, err := elasticNodeSlots(opts)
 	if err != nil {
 		return ExitUsage, err
 	}
@@ -78,7 +79,7 @@ func serveElastic(ctx context.Context, n *node, set elasticSettings) (int, error
 		return 1, fmt.Errorf("this node's host name: %w", err)
 	}
 	nodes := &elasticNodes{
-		st: n.srv, set: set, flags: o.elasticNodeFlags(), jobID: n.jobID, timeout: planner.Config().Timeout,
+		st: n.srv, set: set, flags: o.ElasticNodeFlags(), jobID: n.jobID, timeout: planner.Config().Timeout,
 		nnodes: max(o.NNodes, 1), startTimeout: o.StartTimeout, startBy: time.Now().Add(o.StartTimeout),
 		byHost: map[string]*elasticNode{}, changed: make(chan struct{}, 1),
 	}
@@ -156,7 +157,7 @@ func (n *node) elasticLocalRendezvous(nodes *elasticNodes) (func() string, error
 type elasticNodes struct {
 	st           *rendezvous.Server
 	set          elasticSettings
-	flags        string // elasticNodeFlags: a node with others is refused
+	flags        string // Options.ElasticNodeFlags: a node with others is refused
 	jobID        string
 	timeout      time.Duration
 	nnodes       int // nodes the first listing waits for

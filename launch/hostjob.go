@@ -15,6 +15,7 @@ import (
 	"github.com/kolo-dl/kolo/auth"
 	"github.com/kolo-dl/kolo/internal/netif"
 	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/launch/layout"
 	"github.com/kolo-dl/kolo/launch/proc"
 	"github.com/kolo-dl/kolo/rendezvous"
@@ -31,7 +32,7 @@ const (
 // a rendezvous served from this process. It returns the launcher's exit code (0, the first failing
 // rank's, ExitInterrupted, ExitUsage, or 1) and an error to print, if any; the failure summary is
 // already written to stderr.
-func RunHosts(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int, error) {
+func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer) (int, error) {
 	hosts, err := opts.ResolveHosts()
 	if err != nil {
 		return ExitUsage, err
@@ -146,7 +147,7 @@ func RunHosts(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int
 }
 
 // workerExtraEnv is the engine tuning of opts plus the network interface workers must use.
-func workerExtraEnv(opts *Options) map[string]string {
+func workerExtraEnv(opts *flags.Options) map[string]string {
 	extra := make(map[string]string, len(opts.EngineEnv)+1)
 	for k, v := range opts.EngineEnv {
 		extra[k] = v

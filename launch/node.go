@@ -19,6 +19,7 @@ import (
 	"github.com/kolo-dl/kolo/auth"
 	"github.com/kolo-dl/kolo/internal/netif"
 	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/launch/layout"
 	"github.com/kolo-dl/kolo/launch/proc"
 	"github.com/kolo-dl/kolo/rendezvous"
@@ -159,7 +160,7 @@ type doneRecord struct {
 
 // NodeSecret is the secret every node of a no-ssh job shares, from where auth.JobSecret says:
 // --secret-file, else KOLO_SECRET, else KOLO_SECRET_FILE, else HOROVOD_SECRET_KEY.
-func NodeSecret(o *Options) ([]byte, error) {
+func NodeSecret(o *flags.Options) ([]byte, error) {
 	secret, err := auth.JobSecret(o.SecretFile, jobenv.FromEnviron(os.Environ()))
 	if err != nil {
 		return nil, err
@@ -171,7 +172,7 @@ func NodeSecret(o *Options) ([]byte, error) {
 }
 
 // nodeSlots is how many ranks this node runs.
-func (o *Options) nodeSlots() (int, error) {
+func nodeSlots(o *flags.Options) (int, error) {
 	switch {
 	case o.NprocPerNode > 0:
 		return o.NprocPerNode, nil
@@ -195,18 +196,18 @@ func (o *Options) nodeSlots() (int, error) {
 
 // elasticNodeSlots is how many workers this node of a no-ssh elastic job runs: -np counts the
 // job's ranks there, so it says nothing about a node's.
-func (o *Options) elasticNodeSlots() (int, error) {
+func elasticNodeSlots(o *flags.Options) (int, error) {
 	if o.NprocPerNode == 0 && o.Hosts == "" {
 		return 0, errors.New("say how many workers this node runs: --nproc-per-node N or -H localhost:N (in elastic mode -np, --min-np and --max-np count the job's ranks)")
 	}
-	return o.nodeSlots()
+	return nodeSlots(o)
 }
 
 // RunNode runs this node's part of a no-ssh job (see the comment at the top of this file), or of
 // an elastic one (elasticnode.go). It returns the job's exit code (the same on every node: 0, the
 // first failing rank's, ExitInterrupted, ExitUsage, or 1) and an error to print, if any; the
 // failure summary is already written to stderr.
-func RunNode(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int, error) {
+func RunNode(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer) (int, error) {
 	if opts.Elastic() {
 		return runElasticNode(ctx, opts, elasticSettings{}, stdout, stderr)
 	}
@@ -214,7 +215,7 @@ func RunNode(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int,
 	if err != nil {
 		return ExitUsage, err
 	}
-	slots, err := opts.nodeSlots()
+	slots, err := nodeSlots(opts)
 	if err != nil {
 		return ExitUsage, err
 	}
@@ -238,7 +239,7 @@ func RunNode(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int,
 }
 
 type node struct {
-	opts           *Options
+	opts           *flags.Options
 	bind           *proc.Binding // --bind-to core: this node's ranks' CPUs; nil: no binding
 	secret         []byte
 	slots          int

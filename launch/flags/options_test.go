@@ -1,4 +1,4 @@
-package launch
+package flags
 
 import (
 	"io"
@@ -12,7 +12,7 @@ import (
 	"github.com/kolo-dl/kolo/launch/proc"
 )
 
-func TestParseRunFlags(t *testing.T) {
+func TestParse(t *testing.T) {
 	tests := []struct {
 		name    string
 		args    []string
@@ -47,7 +47,7 @@ func TestParseRunFlags(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			o, err := ParseRunFlags(tc.args, io.Discard)
+			o, err := Parse(tc.args, io.Discard)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want %q", err, tc.wantErr)
@@ -137,7 +137,7 @@ func TestParseElasticFlags(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("HOROVOD_ELASTIC_TIMEOUT", tc.env)
-			o, err := ParseRunFlags(tc.args, io.Discard)
+			o, err := Parse(tc.args, io.Discard)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want %q", err, tc.wantErr)
@@ -153,7 +153,7 @@ func TestParseElasticFlags(t *testing.T) {
 
 // Horovod's own elastic tests run a job on "localhost" and "127.0.0.1" as two hosts.
 func TestElasticLocalhostAnd127AreTwoHosts(t *testing.T) {
-	o, err := ParseRunFlags([]string{"--min-np", "2", "--max-np", "4", "-H", "localhost:2,127.0.0.1:2", "prog"}, io.Discard)
+	o, err := Parse([]string{"--min-np", "2", "--max-np", "4", "-H", "localhost:2,127.0.0.1:2", "prog"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,8 @@
-package launch
+// Package flags is kolo run's command line: horovodrun-compatible flags (and --config-file, its
+// YAML form) parsed into Options, checked for consistency before anything starts, and the
+// tuning flags turned into the KOLO_* variables every worker gets. It must not start processes,
+// reach the network or decide how a job runs: it says what was asked, and launch acts on it.
+package flags
 
 import (
 	"errors"
@@ -81,10 +85,10 @@ type multiFlag []string
 func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
 func (m *multiFlag) Set(s string) error { *m = append(*m, s); return nil }
 
-// ParseRunFlags parses `kolo run` arguments. Parsing stops at the first non-flag argument: that and
+// Parse parses `kolo run` arguments. Parsing stops at the first non-flag argument: that and
 // everything after it is the command, passed to workers untouched (so the script's own flags are
 // never interpreted here).
-func ParseRunFlags(args []string, stderr io.Writer) (*Options, error) {
+func Parse(args []string, stderr io.Writer) (*Options, error) {
 	o := &Options{EngineEnv: map[string]string{}}
 	fs := flag.NewFlagSet("kolo run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -269,10 +273,10 @@ func (o *Options) checkElasticFlags(fs *flag.FlagSet, cooldown *cooldownFlag) er
 	return err
 }
 
-// elasticNodeFlags are, in a canonical form, the elastic flags every node of a no-ssh elastic job
+// ElasticNodeFlags are, in a canonical form, the elastic flags every node of a no-ssh elastic job
 // must agree on: the serving node refuses a node whose flags differ. The elastic timeout and
 // --nnodes are the serving node's alone.
-func (o *Options) elasticNodeFlags() string {
+func (o *Options) ElasticNodeFlags() string {
 	return fmt.Sprintf("-np %d --min-np %d --max-np %d --reset-limit %d --blacklist-cooldown-range %d,%d",
 		o.NP, o.MinNP, o.MaxNP, o.ResetLimit, int(o.BlacklistCooldown.Min.Seconds()), int(o.BlacklistCooldown.Max.Seconds()))
 }
