@@ -55,11 +55,11 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 		}
 		seen[s.Host] = true
 	}
-	if opts.BindTo == proc.BindCore && len(remote) > 0 {
+	if opts.BindTo == flags.BindCore && len(remote) > 0 {
 		return ExitUsage, fmt.Errorf("--bind-to core binds the ranks kolo run starts on its own machine, not those it starts over ssh (on %s): run kolo run on every node with --rendezvous (no-ssh mode), which binds each node's ranks, or drop --bind-to", strings.Join(remote, ", "))
 	}
 	var bind *proc.Binding
-	if opts.BindTo == proc.BindCore {
+	if opts.BindTo == flags.BindCore {
 		// Every slot is local here. Plan counts local ranks per host name, so two names for this
 		// machine (localhost and its hostname) would give two ranks the same CPUs.
 		if len(seen) > 1 {

@@ -220,7 +220,7 @@ func RunNode(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer)
 		return ExitUsage, err
 	}
 	var bind *proc.Binding
-	if opts.BindTo == proc.BindCore {
+	if opts.BindTo == flags.BindCore {
 		if bind, err = proc.NewBinding(slots, opts.BindOverload); err != nil {
 			return ExitUsage, err
 		}

@@ -19,7 +19,16 @@ import (
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/elastic"
 	"github.com/kolo-dl/kolo/launch/layout"
-	"github.com/kolo-dl/kolo/launch/proc"
+)
+
+// --bind-to values.
+const (
+	BindNone = "none"
+	BindCore = "core"
+	// BindCoreOverload is BindCore that, with more ranks than CPUs, binds them round robin
+	// (cpuset.Overload), as mpirun's --bind-to core:overload-allowed. Parse turns it into
+	// BindCore with BindOverload set.
+	BindCoreOverload = "core:overload-allowed"
 )
 
 // Options is what `kolo run` was asked to do, parsed from horovodrun-compatible flags.
@@ -112,7 +121,7 @@ func Parse(args []string, stderr io.Writer) (*Options, error) {
 	var sshOpts multiFlag
 	fs.Var(&sshOpts, "ssh-option", "pass -o OPTION to ssh, e.g. StrictHostKeyChecking=accept-new (repeatable)")
 	fs.StringVar(&o.NetworkInterface, "network-interface", "", "interface(s) whose address workers and the rendezvous use, e.g. eth0 or ib0,eth0 (the first present on a host); workers get KOLO_NETWORK_INTERFACE")
-	fs.StringVar(&o.BindTo, "bind-to", proc.BindNone, "core: bind each rank to cores of its own, this machine's CPUs split evenly among its ranks, whole cores first (as mpirun --bind-to core; torch's default thread count then follows); core:overload-allowed: the same, and with more ranks than CPUs each rank gets one CPU, round robin; none: no binding")
+	fs.StringVar(&o.BindTo, "bind-to", BindNone, "core: bind each rank to cores of its own, this machine's CPUs split evenly among its ranks, whole cores first (as mpirun --bind-to core; torch's default thread count then follows); core:overload-allowed: the same, and with more ranks than CPUs each rank gets one CPU, round robin; none: no binding")
 	fs.StringVar(&o.Rendezvous, "rendezvous", "", "no-ssh mode: every node runs kolo run with the same HOST:PORT and --nnodes; the node that owns HOST (or --node-rank 0) serves the rendezvous there; the job secret comes from --secret-file, else KOLO_SECRET, else KOLO_SECRET_FILE")
 	fs.IntVar(&o.NNodes, "nnodes", 0, "no-ssh mode: how many nodes (kolo run processes) the job has; in elastic mode, how many the first round waits for (default 1), more may join later")
 	fs.IntVar(&o.NodeRank, "node-rank", -1, "no-ssh mode: this node's index in 0..nnodes-1, orders the ranks (give it on every node or on none; default: order of arrival)")
@@ -163,11 +172,11 @@ func Parse(args []string, stderr io.Writer) (*Options, error) {
 	if o.Hosts != "" && o.Hostfile != "" {
 		return nil, errors.New("-H and --hostfile are mutually exclusive")
 	}
-	if o.BindTo == proc.BindCoreOverload {
-		o.BindTo, o.BindOverload = proc.BindCore, true
+	if o.BindTo == BindCoreOverload {
+		o.BindTo, o.BindOverload = BindCore, true
 	}
-	if o.BindTo != proc.BindNone && o.BindTo != proc.BindCore {
-		return nil, fmt.Errorf("--bind-to %q: want %s, %s or %s", o.BindTo, proc.BindCore, proc.BindCoreOverload, proc.BindNone)
+	if o.BindTo != BindNone && o.BindTo != BindCore {
+		return nil, fmt.Errorf("--bind-to %q: want %s, %s or %s", o.BindTo, BindCore, BindCoreOverload, BindNone)
 	}
 	if err := o.checkNodeFlags(); err != nil {
 		return nil, err
@@ -248,7 +257,7 @@ func (o *Options) checkElasticFlags(fs *flag.FlagSet, cooldown *cooldownFlag) er
 	switch {
 	case o.Rendezvous != "" && o.DiscoveryScript != "":
 		return errors.New("--host-discovery-script cannot be used with --rendezvous: without ssh, the hosts of an elastic job are the nodes that join the rendezvous (each node runs kolo run)")
-	case o.BindTo == proc.BindCore:
+	case o.BindTo == BindCore:
 		return errors.New("--bind-to core is not available in elastic mode: the ranks of a host change while the job runs")
 	case o.DiscoveryScript != "" && (o.Hosts != "" || o.Hostfile != ""):
 		return errors.New("--host-discovery-script and -H/--hostfile are mutually exclusive: the script lists the hosts")

@@ -9,7 +9,6 @@ import (
 
 	"github.com/kolo-dl/kolo/launch/elastic"
 	"github.com/kolo-dl/kolo/launch/layout"
-	"github.com/kolo-dl/kolo/launch/proc"
 )
 
 func TestParse(t *testing.T) {
@@ -39,10 +38,10 @@ func TestParse(t *testing.T) {
 		{"unknown flag", []string{"--bogus", "prog"}, nil, "bogus"},
 		{"bad np", []string{"-np", "two", "prog"}, nil, "invalid value"},
 		{"bind-to core", []string{"-np", "2", "--bind-to", "core", "prog"},
-			func(o *Options) bool { return o.BindTo == proc.BindCore }, ""},
-		{"bind-to default", []string{"-np", "2", "prog"}, func(o *Options) bool { return o.BindTo == proc.BindNone }, ""},
+			func(o *Options) bool { return o.BindTo == BindCore }, ""},
+		{"bind-to default", []string{"-np", "2", "prog"}, func(o *Options) bool { return o.BindTo == BindNone }, ""},
 		{"bind-to core:overload-allowed", []string{"-np", "2", "--bind-to", "core:overload-allowed", "prog"},
-			func(o *Options) bool { return o.BindTo == proc.BindCore && o.BindOverload }, ""},
+			func(o *Options) bool { return o.BindTo == BindCore && o.BindOverload }, ""},
 		{"bind-to unknown", []string{"-np", "2", "--bind-to", "socket", "prog"}, nil, `--bind-to "socket": want core, core:overload-allowed or none`},
 	}
 	for _, tc := range tests {

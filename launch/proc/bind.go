@@ -12,16 +12,6 @@ import (
 	"github.com/kolo-dl/kolo/launch/layout"
 )
 
-// --bind-to values.
-const (
-	BindNone = "none"
-	BindCore = "core"
-	// BindCoreOverload is BindCore that, with more ranks than CPUs, binds them round robin
-	// (cpuset.Overload), as mpirun's --bind-to core:overload-allowed. Options turn it into
-	// BindCore with BindOverload set.
-	BindCoreOverload = "core:overload-allowed"
-)
-
 // Binding is what --bind-to core gives the ranks of this machine: the CPUs kolo run may use
 // (all of them, or what taskset or a cgroup's cpuset left it), split among the local ranks by
 // whole cores (cpuset.Split). It is computed once, before any rank starts, so that a bad split is a
@@ -44,7 +34,7 @@ func NewBinding(localSize int, overload bool) (*Binding, error) {
 	}
 	shares, err := split(cpuset.Cores(all, cpuset.SysfsTopology), localSize)
 	if err != nil {
-		return nil, fmt.Errorf("--bind-to core: CPUs %s: %w (--bind-to %s shares them round robin)", all, err, BindCoreOverload)
+		return nil, fmt.Errorf("--bind-to core: CPUs %s: %w (--bind-to core:overload-allowed shares them round robin)", all, err)
 	}
 	return &Binding{all: all, shares: shares}, nil
 }

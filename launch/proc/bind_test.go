@@ -92,8 +92,8 @@ func TestBindMoreRanksThanCPUs(t *testing.T) {
 	}
 	_, err = NewBinding(len(own)+1, false)
 	if err == nil || !strings.Contains(err.Error(), "--bind-to core") || !strings.Contains(err.Error(), "ranks but only") ||
-		!strings.Contains(err.Error(), BindCoreOverload) {
-		t.Fatalf("err = %v, want a --bind-to core error saying there are too few CPUs and naming %s", err, BindCoreOverload)
+		!strings.Contains(err.Error(), "core:overload-allowed") {
+		t.Fatalf("err = %v, want a --bind-to core error saying there are too few CPUs and naming core:overload-allowed", err)
 	}
 	// Overload allowed: every rank gets one of the CPUs, round robin, each CPU the same number
 	// of ranks give or take one.
