@@ -1,21 +1,12 @@
-// Package proc starts, supervises and stops the processes of kolo run's ranks: a Starter starts a
-// Worker locally (its own process group, an orphan guard, optionally bound to cores), over ssh (a
-// small sh wrapper, no kolo needed on the host) or as a Slurm job step (srun); a Runner streams
-// the ranks' output with rank prefixes, stops every rank when one fails, and names the rank the
-// failure traces back to (Blame, Summary). It must not plan ranks, host a rendezvous or know what
-// a job is (static, no-ssh, elastic): those are launch's; a Starter gets a complete Worker and
-// only runs it.
 package proc
 
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -24,62 +15,6 @@ import (
 
 	"github.com/kolo-dl/kolo/launch/layout"
 )
-
-// Worker is one process to start for one rank.
-type Worker struct {
-	Slot layout.Slot
-	Argv []string // program and its arguments, untouched
-	Env  []string // complete environment ("K=V"), including the job contract and the secret
-	Dir  string   // working directory ("" = the launcher's)
-}
-
-// Process is a started worker. Starters other than the local one (ssh) return their own.
-type Process interface {
-	Stdout() io.Reader
-	Stderr() io.Reader
-	// Wait blocks until the process ends and returns its exit status.
-	Wait() Exit
-	// Signal delivers sig to the worker and everything it started.
-	Signal(sig syscall.Signal) error
-}
-
-// Starter starts a Worker somewhere (locally, over ssh, ...).
-type Starter interface {
-	Start(ctx context.Context, w Worker) (Process, error)
-}
-
-// Exit describes how a worker ended.
-type Exit struct {
-	Code   int            // exit code; -1 when killed by a signal or never started
-	Signal syscall.Signal // non-zero when killed by a signal
-	Err    error          // the process could not be started or waited for
-}
-
-// Failed reports whether the worker ended unsuccessfully.
-func (e Exit) Failed() bool { return e.Code != 0 || e.Signal != 0 || e.Err != nil }
-
-// ShellCode is the exit status a shell would report: the code, or 128+signal.
-func (e Exit) ShellCode() int {
-	switch {
-	case e.Signal != 0:
-		return 128 + int(e.Signal)
-	case e.Code > 0:
-		return e.Code
-	case e.Err != nil || e.Code < 0:
-		return 1
-	}
-	return 0
-}
-
-func (e Exit) String() string {
-	switch {
-	case e.Err != nil:
-		return e.Err.Error()
-	case e.Signal != 0:
-		return fmt.Sprintf("killed by signal %d (%v)", int(e.Signal), e.Signal)
-	}
-	return fmt.Sprintf("exited with code %d", e.Code)
-}
 
 // Result is the outcome of one rank.
 type Result struct {
@@ -411,122 +346,4 @@ func (t *Tail) Lines() []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return append([]string(nil), t.buf...)
-}
-
-// Summary renders the report the launcher prints when a job fails: the first failing rank, its
-// host, how it ended and its last stderr lines, then how every other rank ended.
-func Summary(results []Result, first *Result) string {
-	var b strings.Builder
-	if first == nil {
-		return ""
-	}
-	if first.Stopped {
-		// Blame traced the failure to a rank that was still winding down when the launcher stopped it.
-		fmt.Fprintf(&b, "kolo run: rank %d on %s failed first (then stopped by the launcher: %s).\n", first.Slot.Rank, first.Slot.Host, first.Exit)
-	} else {
-		fmt.Fprintf(&b, "kolo run: rank %d on %s %s (the first rank to fail).\n", first.Slot.Rank, first.Slot.Host, first.Exit)
-	}
-	if len(first.StderrTail) > 0 {
-		fmt.Fprintf(&b, "Last lines of rank %d's stderr:\n", first.Slot.Rank)
-		for _, l := range first.StderrTail {
-			fmt.Fprintf(&b, "    %s\n", l)
-		}
-	}
-	var others []string
-	for i := range results {
-		r := &results[i]
-		if r == first {
-			continue
-		}
-		how := r.Exit.String()
-		if r.Stopped {
-			how = "stopped by the launcher (" + how + ")"
-		}
-		others = append(others, fmt.Sprintf("rank %d on %s: %s", r.Slot.Rank, r.Slot.Host, how))
-	}
-	if len(others) > 0 {
-		fmt.Fprintf(&b, "Other ranks: %s\n", strings.Join(others, "; "))
-	}
-	return b.String()
-}
-
-// LocalStarter runs workers as child processes of the launcher, each in its own process group so
-// that stopping a rank also stops whatever it started (no orphans).
-type LocalStarter struct {
-	// Guard, if set, learns each rank's process group, so that the group dies even when the
-	// launcher is killed outright; once a rank's process ends, what it left in its group is killed.
-	Guard *OrphanGuard
-	// Bind, if set, starts each rank bound to its share of this machine's CPUs (--bind-to core).
-	Bind *Binding
-}
-
-type localProcess struct {
-	cmd            *exec.Cmd
-	stdout, stderr io.ReadCloser
-	guard          *OrphanGuard
-}
-
-func (l LocalStarter) Start(ctx context.Context, w Worker) (Process, error) {
-	if len(w.Argv) == 0 {
-		return nil, errors.New("no command to run")
-	}
-	cmd := exec.Command(w.Argv[0], w.Argv[1:]...)
-	cmd.Env = w.Env
-	cmd.Dir = w.Dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	// Our own pipes rather than StdoutPipe: Wait closes those at exit and can drop a rank's last
-	// lines, which are exactly the lines the failure summary needs.
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
-		return nil, err
-	}
-	cmd.Stdout, cmd.Stderr = outW, errW
-	if l.Bind != nil {
-		err = l.Bind.start(cmd, w.Slot)
-	} else {
-		err = cmd.Start()
-	}
-	outW.Close()
-	errW.Close()
-	if err != nil {
-		outR.Close()
-		errR.Close()
-		return nil, err
-	}
-	l.Guard.Add(cmd.Process.Pid)
-	return &localProcess{cmd: cmd, stdout: outR, stderr: errR, guard: l.Guard}, nil
-}
-
-func (p *localProcess) Stdout() io.Reader { return p.stdout }
-func (p *localProcess) Stderr() io.Reader { return p.stderr }
-
-func (p *localProcess) Signal(sig syscall.Signal) error {
-	// Negative pid: the whole process group the worker leads.
-	return syscall.Kill(-p.cmd.Process.Pid, sig)
-}
-
-func (p *localProcess) Wait() Exit {
-	err := p.cmd.Wait()
-	// Whatever the rank left running in its process group goes with it, guard or not.
-	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-	if p.guard != nil {
-		p.guard.Remove(p.cmd.Process.Pid)
-	}
-	if err == nil {
-		return Exit{Code: 0}
-	}
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return Exit{Code: -1, Signal: ws.Signal()}
-		}
-		return Exit{Code: ee.ExitCode()}
-	}
-	return Exit{Code: -1, Err: err}
 }
