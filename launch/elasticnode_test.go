@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
 
@@ -99,7 +100,7 @@ func startElasticNodesWith(t *testing.T, set elasticSettings, args ...string) *e
 func (h *elasticNodeHarness) add(extra ...string) int {
 	h.t.Helper()
 	args := append(append([]string{"--rendezvous", h.addr}, h.args...), extra...)
-	opts, err := ParseRunFlags(append(args, "prog"), io.Discard)
+	opts, err := flags.Parse(append(args, "prog"), io.Discard)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -399,7 +400,7 @@ func TestElasticNodesRefuseOtherFlags(t *testing.T) {
 		!strings.Contains(n.err.Error(), "--max-np 3") {
 		t.Errorf("node with --max-np 3: exit %d, %v", n.code, n.err)
 	}
-	o := &Options{Rendezvous: h.addr, NNodes: 2, NodeRank: -1, NprocPerNode: 1, StartTimeout: 2 * time.Second, Command: []string{"true"}}
+	o := &flags.Options{Rendezvous: h.addr, NNodes: 2, NodeRank: -1, NprocPerNode: 1, StartTimeout: 2 * time.Second, Command: []string{"true"}}
 	code, err := RunNode(context.Background(), o, io.Discard, io.Discard)
 	if code != ExitUsage || err == nil || !strings.Contains(err.Error(), "runs an elastic job") {
 		t.Errorf("node without elastic flags: exit %d, %v", code, err)
@@ -409,7 +410,7 @@ func TestElasticNodesRefuseOtherFlags(t *testing.T) {
 // In elastic mode -np counts the job's ranks: a node must say how many workers it runs.
 func TestElasticNodeNeedsItsSlots(t *testing.T) {
 	t.Setenv("KOLO_SECRET", "s")
-	opts, err := ParseRunFlags([]string{"--rendezvous", "127.0.0.1:1", "-np", "4", "--min-np", "2", "prog"}, io.Discard)
+	opts, err := flags.Parse([]string{"--rendezvous", "127.0.0.1:1", "-np", "4", "--min-np", "2", "prog"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -432,7 +433,7 @@ func TestElasticNodeAgentFollowsOrdersUntilTheServingNodeGoes(t *testing.T) {
 	defer srv.Close()
 	rec, _ := json.Marshal(jobRecord{ID: "job1", Elastic: true})
 	srv.Set(keyJob, rec)
-	opts, err := ParseRunFlags([]string{"--rendezvous", addr.String(), "--nproc-per-node", "2", "--min-np", "1", "-x", "EXTRA=1", "prog"}, io.Discard)
+	opts, err := flags.Parse([]string{"--rendezvous", addr.String(), "--nproc-per-node", "2", "--min-np", "1", "-x", "EXTRA=1", "prog"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -458,7 +459,7 @@ func TestElasticNodeAgentFollowsOrdersUntilTheServingNodeGoes(t *testing.T) {
 		return v
 	}
 	join, jerr := jobenv.DecodeNodeJoin(get(jobenv.NodeKey(1)))
-	if jerr != nil || join.Slots != 2 || join.Flags != opts.elasticNodeFlags() || join.Addr != "127.0.0.1" {
+	if jerr != nil || join.Slots != 2 || join.Flags != opts.ElasticNodeFlags() || join.Addr != "127.0.0.1" {
 		t.Fatalf("registration %+v, %v", join, jerr)
 	}
 	srv.Set(jobenv.NodeWelcomeKey(1), jobenv.NodeWelcome{Host: "h1", JobID: "job1", Timeout: 7 * time.Second}.Encode())

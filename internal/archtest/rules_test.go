@@ -147,8 +147,25 @@ var rules = []rule{
 	},
 	{
 		Pkgs: "./launch/...",
-		Why:  "This package must not know about tensors or the engine; it only starts, watches and stops processes and hosts the rendezvous they meet at.",
+		Why:  "This package must not know about tensors or the engine.",
 		Deps: []string{"./engine/...", "./collective", "./reduce", "./dtype", ".", "./world", "./capi", "./timeline"},
+	},
+	{
+		Pkgs: "./launch/proc",
+		Why:  "It must not plan ranks, host a rendezvous or know what a job is (static, no-ssh, elastic): those are launch's; a Starter gets a complete Worker and only runs it.",
+		Deps: []string{"./launch", "./launch/flags", "./launch/elastic", "./rendezvous"},
+	},
+	{
+		Pkgs: "./launch/layout",
+		Why:  "It must not start processes, read the network or the clock: everything here is a pure function with table tests.",
+		Deps: []string{"./launch", "./launch/proc", "net", "os/exec"},
+		Uses: pure,
+	},
+	{
+		Pkgs: "./launch/flags",
+		Why:  "It must not start processes, reach the network or decide how a job runs: it says what was asked, and launch acts on it.",
+		Deps: []string{"./launch", "./launch/proc", "./rendezvous", "os/exec"},
+		Uses: pure,
 	},
 	{
 		Pkgs:    "./launch/elastic",

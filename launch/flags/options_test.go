@@ -1,4 +1,4 @@
-package launch
+package flags
 
 import (
 	"io"
@@ -8,9 +8,10 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/launch/elastic"
+	"github.com/kolo-dl/kolo/launch/layout"
 )
 
-func TestParseRunFlags(t *testing.T) {
+func TestParse(t *testing.T) {
 	tests := []struct {
 		name    string
 		args    []string
@@ -45,7 +46,7 @@ func TestParseRunFlags(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			o, err := ParseRunFlags(tc.args, io.Discard)
+			o, err := Parse(tc.args, io.Discard)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want %q", err, tc.wantErr)
@@ -62,7 +63,7 @@ func TestParseRunFlags(t *testing.T) {
 func TestResolveHosts(t *testing.T) {
 	o := &Options{NP: 3}
 	hosts, err := o.ResolveHosts()
-	if err != nil || !reflect.DeepEqual(hosts, []Host{{"localhost", 3}}) {
+	if err != nil || !reflect.DeepEqual(hosts, []layout.Host{{Name: "localhost", Slots: 3}}) {
 		t.Errorf("default hosts = %v, %v", hosts, err)
 	}
 	if _, err := (&Options{}).ResolveHosts(); err == nil || !strings.Contains(err.Error(), "-np is required") {
@@ -135,7 +136,7 @@ func TestParseElasticFlags(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("HOROVOD_ELASTIC_TIMEOUT", tc.env)
-			o, err := ParseRunFlags(tc.args, io.Discard)
+			o, err := Parse(tc.args, io.Discard)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want %q", err, tc.wantErr)
@@ -151,12 +152,12 @@ func TestParseElasticFlags(t *testing.T) {
 
 // Horovod's own elastic tests run a job on "localhost" and "127.0.0.1" as two hosts.
 func TestElasticLocalhostAnd127AreTwoHosts(t *testing.T) {
-	o, err := ParseRunFlags([]string{"--min-np", "2", "--max-np", "4", "-H", "localhost:2,127.0.0.1:2", "prog"}, io.Discard)
+	o, err := Parse([]string{"--min-np", "2", "--max-np", "4", "-H", "localhost:2,127.0.0.1:2", "prog"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	hosts, err := o.ResolveHosts()
-	if err != nil || !reflect.DeepEqual(hosts, []Host{{"localhost", 2}, {"127.0.0.1", 2}}) {
+	if err != nil || !reflect.DeepEqual(hosts, []layout.Host{{Name: "localhost", Slots: 2}, {Name: "127.0.0.1", Slots: 2}}) {
 		t.Fatalf("hosts %v, %v", hosts, err)
 	}
 }

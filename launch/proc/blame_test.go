@@ -1,21 +1,22 @@
-package launch
+package proc
 
 import (
 	"io"
 	"syscall"
 	"testing"
 
+	"github.com/kolo-dl/kolo/launch/layout"
 	"github.com/kolo-dl/kolo/transport"
 )
 
 func TestBlame(t *testing.T) {
 	failed := func(rank int, tail ...string) Result {
-		return Result{Slot: Slot{Rank: rank, Host: "h"}, Exit: Exit{Code: 3}, StderrTail: tail}
+		return Result{Slot: layout.Slot{Rank: rank, Host: "h"}, Exit: Exit{Code: 3}, StderrTail: tail}
 	}
 	killed := func(rank int, sig syscall.Signal, stopped bool) Result {
-		return Result{Slot: Slot{Rank: rank, Host: "h"}, Exit: Exit{Code: -1, Signal: sig}, Stopped: stopped}
+		return Result{Slot: layout.Slot{Rank: rank, Host: "h"}, Exit: Exit{Code: -1, Signal: sig}, Stopped: stopped}
 	}
-	ok := func(rank int) Result { return Result{Slot: Slot{Rank: rank, Host: "h"}} }
+	ok := func(rank int) Result { return Result{Slot: layout.Slot{Rank: rank, Host: "h"}} }
 	lost1 := "kolo: allreduce kill.20: rank 1 on node0 lost during recv: EOF"
 
 	cases := []struct {

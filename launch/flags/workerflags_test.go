@@ -1,4 +1,4 @@
-package launch
+package flags
 
 import (
 	"io"
@@ -93,7 +93,7 @@ func TestWorkerFlags(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			o, err := ParseRunFlags(tc.args, io.Discard)
+			o, err := Parse(tc.args, io.Discard)
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("err = %v, want %q", err, tc.err)
@@ -144,7 +144,7 @@ func TestParseConfigErrors(t *testing.T) {
 	}
 	// A value of the wrong type is reported with the file, line and key by the flag it sets.
 	p := writeConfig(t, "params:\n  cycle_time_ms: soon\n")
-	_, err := ParseRunFlags([]string{"--config-file", p, "prog"}, io.Discard)
+	_, err := Parse([]string{"--config-file", p, "prog"}, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), p+":2: params.cycle_time_ms: want a number") {
 		t.Errorf("bad value: %v", err)
 	}
@@ -158,13 +158,13 @@ func TestParseConfigErrors(t *testing.T) {
 
 func TestEarlyExitFlags(t *testing.T) {
 	for _, args := range [][]string{{"-cb"}, {"--check-build"}, {"-v"}, {"--version"}} {
-		o, err := ParseRunFlags(args, io.Discard)
+		o, err := Parse(args, io.Discard)
 		if err != nil || !(o.CheckBuild || o.Version) {
 			t.Errorf("%v: %+v, %v (no command is needed)", args, o, err)
 		}
 	}
 	// The script's own -v is the script's.
-	o, err := ParseRunFlags([]string{"-np", "2", "python", "train.py", "-v"}, io.Discard)
+	o, err := Parse([]string{"-np", "2", "python", "train.py", "-v"}, io.Discard)
 	if err != nil || o.Version || !reflect.DeepEqual(o.Command, []string{"python", "train.py", "-v"}) {
 		t.Errorf("script's -v: %+v, %v", o, err)
 	}
@@ -173,7 +173,7 @@ func TestEarlyExitFlags(t *testing.T) {
 // Every flag appears in --help, and the ones kolo accepts without acting on them say so.
 func TestHelpListsHorovodsFlags(t *testing.T) {
 	var b strings.Builder
-	ParseRunFlags([]string{"-h"}, &b)
+	Parse([]string{"-h"}, &b)
 	help := b.String()
 	for _, f := range []string{"-autotune", "-autotune-gaussian-process-noise", "-config-file", "-log-level", "-cb", "-check-build",
 		"-timeline-filename", "-timeline-mark-cycles", "-hierarchical-allgather", "-x", "-v"} {
@@ -191,15 +191,15 @@ func TestHelpListsHorovodsFlags(t *testing.T) {
 
 func TestStartTimeout(t *testing.T) {
 	for arg, want := range map[string]time.Duration{"60": time.Minute, "2.5": 2500 * time.Millisecond, "90s": 90 * time.Second, "2m": 2 * time.Minute} {
-		o, err := ParseRunFlags([]string{"--start-timeout", arg, "prog"}, io.Discard)
+		o, err := Parse([]string{"--start-timeout", arg, "prog"}, io.Discard)
 		if err != nil || o.StartTimeout != want {
 			t.Errorf("--start-timeout %s: %v, %v", arg, o, err)
 		}
 	}
-	if o, _ := ParseRunFlags([]string{"prog"}, io.Discard); o.StartTimeout != 30*time.Second {
+	if o, _ := Parse([]string{"prog"}, io.Discard); o.StartTimeout != 30*time.Second {
 		t.Errorf("default start timeout %v", o.StartTimeout)
 	}
-	if _, err := ParseRunFlags([]string{"--start-timeout", "0", "prog"}, io.Discard); err == nil {
+	if _, err := Parse([]string{"--start-timeout", "0", "prog"}, io.Discard); err == nil {
 		t.Error("--start-timeout 0 accepted")
 	}
 }

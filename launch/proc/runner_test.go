@@ -1,4 +1,4 @@
-package launch
+package proc
 
 import (
 	"bytes"
@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kolo-dl/kolo/launch/layout"
 )
 
 // syncBuffer is a bytes.Buffer safe for the runner's concurrent writers.
@@ -39,7 +41,7 @@ func shWorkers(scripts ...string) []Worker {
 	ws := make([]Worker, len(scripts))
 	for i, s := range scripts {
 		ws[i] = Worker{
-			Slot: Slot{Rank: i, Size: len(scripts), Host: "localhost", LocalRank: i, LocalSize: len(scripts)},
+			Slot: layout.Slot{Rank: i, Size: len(scripts), Host: "localhost", LocalRank: i, LocalSize: len(scripts)},
 			Argv: []string{"/bin/sh", "-c", s},
 			Env:  os.Environ(),
 		}
@@ -197,7 +199,7 @@ func TestRunOutputDir(t *testing.T) {
 
 func TestRunStartFailure(t *testing.T) {
 	ws := shWorkers("sleep 60")
-	ws = append(ws, Worker{Slot: Slot{Rank: 1, Host: "localhost"}, Argv: []string{"/nonexistent/prog"}})
+	ws = append(ws, Worker{Slot: layout.Slot{Rank: 1, Host: "localhost"}, Argv: []string{"/nonexistent/prog"}})
 	r := &Runner{Starter: LocalStarter{}, GracePeriod: time.Second}
 	_, first := r.Run(context.Background(), ws)
 	if first == nil || first.Slot.Rank != 1 || !strings.Contains(first.Exit.String(), "/nonexistent/prog") {
@@ -254,10 +256,10 @@ func TestRunLeavesNoGoroutineBehind(t *testing.T) {
 }
 
 func TestTailCapsLongLines(t *testing.T) {
-	tb := &tailBuffer{max: 2}
-	tb.add(strings.Repeat("x", 1<<20)) // a megabyte without a newline
-	tb.add("short")
-	got := tb.lines()
+	tb := NewTail(2)
+	tb.Add(strings.Repeat("x", 1<<20)) // a megabyte without a newline
+	tb.Add("short")
+	got := tb.Lines()
 	if len(got) != 2 || len(got[0]) > maxTailLine+10 || !strings.HasSuffix(got[0], "[...]") || got[1] != "short" {
 		t.Errorf("tail = %d lines, first %d bytes; want it cut to %d bytes and marked", len(got), len(got[0]), maxTailLine)
 	}

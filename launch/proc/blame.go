@@ -1,8 +1,10 @@
-package launch
+package proc
 
 import (
+	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 )
 
 // culprit matches how kolo names the rank behind a failure in the errors every other rank reports:
@@ -63,5 +65,42 @@ func namedIn(tail []string) (rank int, declared, ok bool) {
 // stoppedByLauncher reports whether r ended of the launcher's own stop signal, so that its loss is
 // a consequence of the failure rather than its cause.
 func stoppedByLauncher(r *Result) bool {
-	return r.Stopped && r.Exit.Signal == stopSignal
+	return r.Stopped && r.Exit.Signal == StopSignal
+}
+
+// Summary renders the report the launcher prints when a job fails: the first failing rank, its
+// host, how it ended and its last stderr lines, then how every other rank ended.
+func Summary(results []Result, first *Result) string {
+	var b strings.Builder
+	if first == nil {
+		return ""
+	}
+	if first.Stopped {
+		// Blame traced the failure to a rank that was still winding down when the launcher stopped it.
+		fmt.Fprintf(&b, "kolo run: rank %d on %s failed first (then stopped by the launcher: %s).\n", first.Slot.Rank, first.Slot.Host, first.Exit)
+	} else {
+		fmt.Fprintf(&b, "kolo run: rank %d on %s %s (the first rank to fail).\n", first.Slot.Rank, first.Slot.Host, first.Exit)
+	}
+	if len(first.StderrTail) > 0 {
+		fmt.Fprintf(&b, "Last lines of rank %d's stderr:\n", first.Slot.Rank)
+		for _, l := range first.StderrTail {
+			fmt.Fprintf(&b, "    %s\n", l)
+		}
+	}
+	var others []string
+	for i := range results {
+		r := &results[i]
+		if r == first {
+			continue
+		}
+		how := r.Exit.String()
+		if r.Stopped {
+			how = "stopped by the launcher (" + how + ")"
+		}
+		others = append(others, fmt.Sprintf("rank %d on %s: %s", r.Slot.Rank, r.Slot.Host, how))
+	}
+	if len(others) > 0 {
+		fmt.Fprintf(&b, "Other ranks: %s\n", strings.Join(others, "; "))
+	}
+	return b.String()
 }

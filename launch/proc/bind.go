@@ -1,4 +1,4 @@
-package launch
+package proc
 
 import (
 	"fmt"
@@ -9,16 +9,7 @@ import (
 
 	"github.com/kolo-dl/kolo/internal/cpuset"
 	"github.com/kolo-dl/kolo/jobenv"
-)
-
-// --bind-to values.
-const (
-	BindNone = "none"
-	BindCore = "core"
-	// BindCoreOverload is BindCore that, with more ranks than CPUs, binds them round robin
-	// (cpuset.Overload), as mpirun's --bind-to core:overload-allowed. Options turn it into
-	// BindCore with BindOverload set.
-	BindCoreOverload = "core:overload-allowed"
+	"github.com/kolo-dl/kolo/launch/layout"
 )
 
 // Binding is what --bind-to core gives the ranks of this machine: the CPUs kolo run may use
@@ -43,13 +34,13 @@ func NewBinding(localSize int, overload bool) (*Binding, error) {
 	}
 	shares, err := split(cpuset.Cores(all, cpuset.SysfsTopology), localSize)
 	if err != nil {
-		return nil, fmt.Errorf("--bind-to core: CPUs %s: %w (--bind-to %s shares them round robin)", all, err, BindCoreOverload)
+		return nil, fmt.Errorf("--bind-to core: CPUs %s: %w (--bind-to core:overload-allowed shares them round robin)", all, err)
 	}
 	return &Binding{all: all, shares: shares}, nil
 }
 
 // cpus is local rank s.LocalRank's share.
-func (b *Binding) cpus(s Slot) (cpuset.Set, error) {
+func (b *Binding) cpus(s layout.Slot) (cpuset.Set, error) {
 	if s.LocalRank < 0 || s.LocalRank >= len(b.shares) {
 		return nil, fmt.Errorf("--bind-to core: rank %d is local rank %d, but the CPUs were split among %d", s.Rank, s.LocalRank, len(b.shares))
 	}
@@ -62,7 +53,7 @@ func (b *Binding) cpus(s Slot) (cpuset.Set, error) {
 // at once. The thread gets the launcher's mask back before it runs anything else. The rank is
 // told how many CPUs the machine gives its ranks (jobenv.HostCPUs): its own mask shows only its
 // share, which would make it think the machine's ranks outnumber its CPUs.
-func (b *Binding) start(cmd *exec.Cmd, s Slot) error {
+func (b *Binding) start(cmd *exec.Cmd, s layout.Slot) error {
 	cpus, err := b.cpus(s)
 	if err != nil {
 		return err

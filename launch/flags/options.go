@@ -1,4 +1,8 @@
-package launch
+// Package flags is kolo run's command line: horovodrun-compatible flags (and --config-file, its
+// YAML form) parsed into Options, checked for consistency before anything starts, and the
+// tuning flags turned into the KOLO_* variables every worker gets. It must not start processes,
+// reach the network or decide how a job runs: it says what was asked, and launch acts on it.
+package flags
 
 import (
 	"errors"
@@ -14,6 +18,17 @@ import (
 
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/elastic"
+	"github.com/kolo-dl/kolo/launch/layout"
+)
+
+// --bind-to values.
+const (
+	BindNone = "none"
+	BindCore = "core"
+	// BindCoreOverload is BindCore that, with more ranks than CPUs, binds them round robin
+	// (cpuset.Overload), as mpirun's --bind-to core:overload-allowed. Parse turns it into
+	// BindCore with BindOverload set.
+	BindCoreOverload = "core:overload-allowed"
 )
 
 // Options is what `kolo run` was asked to do, parsed from horovodrun-compatible flags.
@@ -35,13 +50,13 @@ type Options struct {
 	Version    bool   // -v: print kolo's version
 	LogLevel   string // --log-level, also passed to workers as KOLO_LOG_LEVEL
 
-	// Ranks on other hosts over ssh (launch/ssh.go).
+	// Ranks on other hosts over ssh (launch/proc/ssh.go).
 	SSHPort          int      // -p
 	SSHIdentityFile  string   // -i
 	SSHOptions       []string // --ssh-option, passed to ssh as -o
 	NetworkInterface string   // --network-interface: what workers and the rendezvous advertise
 
-	// BindTo is --bind-to: "core" binds each rank kolo run starts to cores of its own (bind.go),
+	// BindTo is --bind-to: "core" binds each rank kolo run starts to cores of its own (launch/proc/bind.go),
 	// "none" (the default) leaves placement to the kernel.
 	BindTo string
 	// BindOverload: --bind-to core:overload-allowed, more ranks than CPUs bound round robin.
@@ -79,10 +94,10 @@ type multiFlag []string
 func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
 func (m *multiFlag) Set(s string) error { *m = append(*m, s); return nil }
 
-// ParseRunFlags parses `kolo run` arguments. Parsing stops at the first non-flag argument: that and
+// Parse parses `kolo run` arguments. Parsing stops at the first non-flag argument: that and
 // everything after it is the command, passed to workers untouched (so the script's own flags are
 // never interpreted here).
-func ParseRunFlags(args []string, stderr io.Writer) (*Options, error) {
+func Parse(args []string, stderr io.Writer) (*Options, error) {
 	o := &Options{EngineEnv: map[string]string{}}
 	fs := flag.NewFlagSet("kolo run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -173,17 +188,17 @@ func ParseRunFlags(args []string, stderr io.Writer) (*Options, error) {
 }
 
 // ResolveHosts returns the hosts of the job: -H, --hostfile, or localhost with np slots.
-func (o *Options) ResolveHosts() ([]Host, error) {
+func (o *Options) ResolveHosts() ([]layout.Host, error) {
 	switch {
 	case o.Hosts != "":
-		return ParseHosts(o.Hosts)
+		return layout.ParseHosts(o.Hosts)
 	case o.Hostfile != "":
-		return ReadHostfile(o.Hostfile)
+		return layout.ReadHostfile(o.Hostfile)
 	}
 	if o.NP <= 0 {
 		return nil, errors.New("-np is required (the number of ranks to start)")
 	}
-	return []Host{{Name: "localhost", Slots: o.NP}}, nil
+	return []layout.Host{{Name: "localhost", Slots: o.NP}}, nil
 }
 
 // checkNodeFlags checks the no-ssh flags for consistency; the rest is checked once the nodes meet.
@@ -267,10 +282,10 @@ func (o *Options) checkElasticFlags(fs *flag.FlagSet, cooldown *cooldownFlag) er
 	return err
 }
 
-// elasticNodeFlags are, in a canonical form, the elastic flags every node of a no-ssh elastic job
+// ElasticNodeFlags are, in a canonical form, the elastic flags every node of a no-ssh elastic job
 // must agree on: the serving node refuses a node whose flags differ. The elastic timeout and
 // --nnodes are the serving node's alone.
-func (o *Options) elasticNodeFlags() string {
+func (o *Options) ElasticNodeFlags() string {
 	return fmt.Sprintf("-np %d --min-np %d --max-np %d --reset-limit %d --blacklist-cooldown-range %d,%d",
 		o.NP, o.MinNP, o.MaxNP, o.ResetLimit, int(o.BlacklistCooldown.Min.Seconds()), int(o.BlacklistCooldown.Max.Seconds()))
 }

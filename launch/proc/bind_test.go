@@ -1,4 +1,4 @@
-package launch
+package proc
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kolo-dl/kolo/internal/cpuset"
+	"github.com/kolo-dl/kolo/launch/layout"
 )
 
 // TestLocalStarterBinds starts each local rank of a job as large as this machine allows (up to 4)
@@ -31,7 +32,7 @@ func TestLocalStarterBinds(t *testing.T) {
 	}
 	var union cpuset.Set
 	for l := range n {
-		s := Slot{Rank: l, Size: n, Host: "localhost", LocalRank: l, LocalSize: n}
+		s := layout.Slot{Rank: l, Size: n, Host: "localhost", LocalRank: l, LocalSize: n}
 		p, err := LocalStarter{Bind: bind}.Start(context.Background(), Worker{Slot: s,
 			Argv: []string{"/bin/sh", "-c", "grep Cpus_allowed_list /proc/self/status; echo host_cpus=$KOLO_HOST_CPUS"}})
 		if err != nil {
@@ -68,7 +69,7 @@ func TestLocalStarterBinds(t *testing.T) {
 		t.Errorf("the launcher thread kept a rank's binding: %v, was %v", after, own)
 	}
 	// Without Bind a rank gets whatever the launcher has.
-	p, err := LocalStarter{}.Start(context.Background(), Worker{Slot: Slot{LocalSize: 1},
+	p, err := LocalStarter{}.Start(context.Background(), Worker{Slot: layout.Slot{LocalSize: 1},
 		Argv: []string{"/bin/sh", "-c", "grep Cpus_allowed_list /proc/self/status"}})
 	if err != nil {
 		t.Fatal(err)
@@ -91,8 +92,8 @@ func TestBindMoreRanksThanCPUs(t *testing.T) {
 	}
 	_, err = NewBinding(len(own)+1, false)
 	if err == nil || !strings.Contains(err.Error(), "--bind-to core") || !strings.Contains(err.Error(), "ranks but only") ||
-		!strings.Contains(err.Error(), BindCoreOverload) {
-		t.Fatalf("err = %v, want a --bind-to core error saying there are too few CPUs and naming %s", err, BindCoreOverload)
+		!strings.Contains(err.Error(), "core:overload-allowed") {
+		t.Fatalf("err = %v, want a --bind-to core error saying there are too few CPUs and naming core:overload-allowed", err)
 	}
 	// Overload allowed: every rank gets one of the CPUs, round robin, each CPU the same number
 	// of ranks give or take one.
@@ -103,7 +104,7 @@ func TestBindMoreRanksThanCPUs(t *testing.T) {
 	}
 	per := map[int]int{}
 	for r := range n {
-		cpus, err := b.cpus(Slot{Rank: r, LocalRank: r})
+		cpus, err := b.cpus(layout.Slot{Rank: r, LocalRank: r})
 		if err != nil || len(cpus) != 1 || !slices.Contains(own, cpus[0]) {
 			t.Fatalf("rank %d: CPUs %v, %v; want one of %v", r, cpus, err, own)
 		}
@@ -113,60 +114,5 @@ func TestBindMoreRanksThanCPUs(t *testing.T) {
 		if k < 2 || k > 3 {
 			t.Errorf("CPU %d has %d of %d ranks", cpu, k, n)
 		}
-	}
-}
-
-func TestBindToRefusesSSHRanks(t *testing.T) {
-	o, err := ParseRunFlags([]string{"-H", "localhost:1,node-that-is-not-here:1", "--bind-to", "core", "true"}, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	code, err := RunHosts(context.Background(), o, io.Discard, io.Discard)
-	if code != ExitUsage || err == nil || !strings.Contains(err.Error(), "--bind-to core") ||
-		!strings.Contains(err.Error(), "node-that-is-not-here") {
-		t.Fatalf("RunHosts = %d, %v; want a usage error naming --bind-to core and the ssh host", code, err)
-	}
-}
-
-func TestBindToRefusesTooManyLocalRanks(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("binding is Linux only")
-	}
-	o, err := ParseRunFlags([]string{"-np", strconv.Itoa(runtime.NumCPU() + 1), "--bind-to", "core", "true"}, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	code, err := RunHosts(context.Background(), o, io.Discard, io.Discard)
-	if code != ExitUsage || err == nil || !strings.Contains(err.Error(), "ranks but only") {
-		t.Fatalf("RunHosts = %d, %v; want a usage error before any rank starts", code, err)
-	}
-}
-
-func TestBindToRefusesTwoNamesForThisMachine(t *testing.T) {
-	o, err := ParseRunFlags([]string{"-H", "localhost:1,127.0.0.1:1", "--bind-to", "core", "true"}, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	code, err := RunHosts(context.Background(), o, io.Discard, io.Discard)
-	if code != ExitUsage || err == nil || !strings.Contains(err.Error(), "127.0.0.1, localhost") {
-		t.Fatalf("RunHosts = %d, %v; want a usage error naming both host names", code, err)
-	}
-}
-
-// In no-ssh mode the split is checked before the node meets the others: a usage error at once,
-// not a failed rank after every node has gathered.
-func TestBindToRefusesTooManyRanksOnANode(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("binding is Linux only")
-	}
-	o, err := ParseRunFlags([]string{"--rendezvous", "127.0.0.1:1", "--nnodes", "2", "--nproc-per-node",
-		strconv.Itoa(runtime.NumCPU() + 1), "--bind-to", "core", "true"}, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("KOLO_SECRET", "test-secret")
-	code, err := RunNode(context.Background(), o, io.Discard, io.Discard)
-	if code != ExitUsage || err == nil || !strings.Contains(err.Error(), "ranks but only") {
-		t.Fatalf("RunNode = %d, %v; want a usage error before meeting", code, err)
 	}
 }

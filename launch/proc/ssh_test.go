@@ -1,4 +1,4 @@
-package launch
+package proc
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kolo-dl/kolo/launch/layout"
 )
 
 func TestForwardedEnv(t *testing.T) {
@@ -53,7 +55,7 @@ func sshWorkers(dir string, env []string, scripts ...string) []Worker {
 	ws := make([]Worker, len(scripts))
 	for i, s := range scripts {
 		ws[i] = Worker{
-			Slot: Slot{Rank: i, Size: len(scripts), Host: "remote" + strconv.Itoa(i), LocalSize: 1, CrossRank: i, CrossSize: len(scripts)},
+			Slot: layout.Slot{Rank: i, Size: len(scripts), Host: "remote" + strconv.Itoa(i), LocalSize: 1, CrossRank: i, CrossSize: len(scripts)},
 			Argv: []string{"/bin/sh", "-c", s},
 			Env:  env,
 			Dir:  dir,

@@ -1,4 +1,4 @@
-package launch
+package proc
 
 import (
 	"bufio"
@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kolo-dl/kolo/launch/layout"
 )
 
 // SSHStarter starts workers on other machines with the system ssh client, so that ~/.ssh/config,
@@ -487,7 +489,7 @@ type HostStarter struct {
 }
 
 func (h HostStarter) Start(ctx context.Context, w Worker) (Process, error) {
-	if IsLocal(w.Slot.Host) {
+	if layout.IsLocal(w.Slot.Host) {
 		return h.Local.Start(ctx, w)
 	}
 	if h.Remote == nil {

@@ -1,12 +1,8 @@
-// Package launch turns what the user asked for (-np, -H, a hostfile) into a rank plan and starts the
-// workers of that plan, wiring each one to the rendezvous with the environment contract of DESIGN.md.
-//
-// Planning (this file, hosts.go, env.go) is pure data with parsers and table tests. Running processes
-// lives in runner.go; ssh.go starts ranks on other hosts; hostjob.go is a job started from one
-// machine (locally and over ssh), node.go a job whose nodes each run kolo run and meet at a
-// rendezvous (no ssh). This package must not know about tensors or the engine; it only starts,
-// watches and stops processes and hosts the rendezvous they meet at.
-package launch
+// Package layout is kolo run's placement as plain data: the hosts of -H and hostfiles (parsed, with
+// errors naming file and line) and the rank plan that places -np ranks on them, each rank's Slot
+// being all that its environment contract derives from. It must not start processes, read the
+// network or the clock: everything here is a pure function with table tests.
+package layout
 
 import (
 	"fmt"

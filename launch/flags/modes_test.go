@@ -1,4 +1,4 @@
-package launch
+package flags
 
 import (
 	"io"
@@ -33,7 +33,7 @@ func TestParseLaunchModeFlags(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			o, err := ParseRunFlags(tc.args, io.Discard)
+			o, err := Parse(tc.args, io.Discard)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
@@ -47,32 +47,5 @@ func TestParseLaunchModeFlags(t *testing.T) {
 				t.Errorf("parsed %+v", o)
 			}
 		})
-	}
-}
-
-func TestNodeSlots(t *testing.T) {
-	tests := []struct {
-		o       Options
-		want    int
-		wantErr string
-	}{
-		{Options{NNodes: 2, NprocPerNode: 3, NP: 8}, 3, ""},
-		{Options{NNodes: 2, Hosts: "localhost:4"}, 4, ""},
-		{Options{NNodes: 2, NP: 8}, 4, ""},
-		{Options{NNodes: 3, NP: 8}, 0, "does not split evenly"},
-		{Options{NNodes: 2, Hosts: "otherhost:2"}, 0, "-H names this node only"},
-		{Options{NNodes: 2}, 0, "--nproc-per-node"},
-	}
-	for _, tc := range tests {
-		got, err := tc.o.nodeSlots()
-		if tc.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("%+v: error %v, want %q", tc.o, err, tc.wantErr)
-			}
-			continue
-		}
-		if err != nil || got != tc.want {
-			t.Errorf("%+v: %d, %v; want %d", tc.o, got, err, tc.want)
-		}
 	}
 }
