@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import re
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -96,7 +97,7 @@ def run_nodes(kolo, n, args, full_mesh):
     hosts = args.hosts
     if n % hosts:
         raise RuntimeError(f"{n} ranks do not split over {hosts} hosts")
-    extra = {"KOLO_SECRET": "scaling-bench", "KOLO_TCP_FULL_MESH": "1" if full_mesh else "0"}
+    extra = {"KOLO_SECRET": secrets.token_hex(32), "KOLO_TCP_FULL_MESH": "1" if full_mesh else "0"}
     port = free_port()
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "kolo.json")

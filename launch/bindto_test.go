@@ -59,7 +59,7 @@ func TestBindToRefusesTooManyRanksOnANode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("KOLO_SECRET", "test-secret")
+	t.Setenv("KOLO_SECRET", "9caf06bb4436cdbfa20af9121a626bc1")
 	code, err := RunNode(context.Background(), o, io.Discard, io.Discard)
 	if code != ExitUsage || err == nil || !strings.Contains(err.Error(), "ranks but only") {
 		t.Fatalf("RunNode = %d, %v; want a usage error before meeting", code, err)

@@ -39,7 +39,7 @@ type nodeRun struct {
 // they share a host name and are told apart as NAME-nodeI) and returns how each ended.
 func runNodes(t *testing.T, ctxs []context.Context, mod func(i int, o *flags.Options), script string) []*nodeRun {
 	t.Helper()
-	t.Setenv("KOLO_SECRET", "node-test-secret")
+	t.Setenv("KOLO_SECRET", "642516251c1d4f9ecedbf40ccf0e4477")
 	port := freePort(t)
 	runs := make([]*nodeRun, len(ctxs))
 	var wg sync.WaitGroup
@@ -161,7 +161,7 @@ func TestRunNodeDisagreement(t *testing.T) {
 }
 
 func TestRunNodeWrongSecret(t *testing.T) {
-	t.Setenv("KOLO_SECRET", "the-real-one")
+	t.Setenv("KOLO_SECRET", "34b8257c0a2e2821ff307abc3141a1d0")
 	port := freePort(t)
 	o := func() *flags.Options {
 		return &flags.Options{Rendezvous: "127.0.0.1:" + port, NNodes: 2, NodeRank: -1, NprocPerNode: 1,
@@ -173,7 +173,7 @@ func TestRunNodeWrongSecret(t *testing.T) {
 		done <- code
 	}()
 	time.Sleep(300 * time.Millisecond)
-	t.Setenv("KOLO_SECRET", "a-guess")
+	t.Setenv("KOLO_SECRET", "29425f96d0686b7a732cbf8d5a05597f")
 	code, err := RunNode(context.Background(), o(), &syncBuffer{}, &syncBuffer{})
 	if code == 0 || err == nil || !strings.Contains(err.Error(), "authentication failed") {
 		t.Errorf("stranger: code %d, %v", code, err)
@@ -397,7 +397,7 @@ func TestWatchNodesKeepsReportRacingLostNode(t *testing.T) {
 // ranks are stopped, and they exit saying which node was lost.
 func TestRunNodeLostNode(t *testing.T) {
 	shortNodeTimings(t)
-	t.Setenv("KOLO_SECRET", "node-test-secret")
+	t.Setenv("KOLO_SECRET", "642516251c1d4f9ecedbf40ccf0e4477")
 	addr := "127.0.0.1:" + freePort(t)
 	o := &flags.Options{Rendezvous: addr, NNodes: 2, NodeRank: 0, NprocPerNode: 1, StartTimeout: 10 * time.Second,
 		Command: []string{"/bin/sh", "-c", `sleep 30 & echo child=$!; wait`}, EngineEnv: map[string]string{}}
@@ -412,7 +412,7 @@ func TestRunNodeLostNode(t *testing.T) {
 	// The ghost: registers as node 1 and never beats.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ghost, err := rendezvous.Dial(ctx, addr, []byte("node-test-secret"))
+	ghost, err := rendezvous.Dial(ctx, addr, []byte("642516251c1d4f9ecedbf40ccf0e4477"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -447,19 +447,23 @@ func TestNodeSecret(t *testing.T) {
 		t.Errorf("no secret: %v", err)
 	}
 	file := t.TempDir() + "/secret"
-	if err := os.WriteFile(file, []byte("from-file\n"), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte("f11ef11ef11ef11ef11ef11ef11ef11e\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv("KOLO_SECRET_FILE", file)
-	if s, err := NodeSecret(&flags.Options{}); err != nil || string(s) != "from-file" {
+	if s, err := NodeSecret(&flags.Options{}); err != nil || string(s) != "f11ef11ef11ef11ef11ef11ef11ef11e" {
 		t.Errorf("KOLO_SECRET_FILE: %q, %v", s, err)
 	}
-	t.Setenv("KOLO_SECRET", "from-env")
-	if s, err := NodeSecret(&flags.Options{}); err != nil || string(s) != "from-env" {
+	t.Setenv("KOLO_SECRET", "43d6d63b060c2e893fe63263b0b7f6fd")
+	if s, err := NodeSecret(&flags.Options{}); err != nil || string(s) != "43d6d63b060c2e893fe63263b0b7f6fd" {
 		t.Errorf("KOLO_SECRET beside KOLO_SECRET_FILE: %q, %v", s, err)
 	}
-	if s, err := NodeSecret(&flags.Options{SecretFile: file}); err != nil || string(s) != "from-file" {
+	if s, err := NodeSecret(&flags.Options{SecretFile: file}); err != nil || string(s) != "f11ef11ef11ef11ef11ef11ef11ef11e" {
 		t.Errorf("--secret-file beside KOLO_SECRET: %q, %v", s, err)
+	}
+	t.Setenv("KOLO_SECRET", "hunter2")
+	if _, err := NodeSecret(&flags.Options{}); err == nil || !strings.Contains(err.Error(), "KOLO_SECRET: job secret too short") || !strings.Contains(err.Error(), "kolo secret") {
+		t.Errorf("a short KOLO_SECRET: %v, want it refused, saying how to make one", err)
 	}
 	if _, err := NodeSecret(&flags.Options{SecretFile: file + ".missing"}); err == nil || !strings.Contains(err.Error(), "--secret-file") {
 		t.Errorf("missing --secret-file: %v", err)
