@@ -68,7 +68,7 @@ func joinElasticJob(ctx context.Context, n *node, set elasticSettings) (int, err
 	}
 	starter := set.starter
 	if starter == nil {
-		guard := startGuard()
+		guard := startGuard(o.AfterOrphans)
 		defer guard.Close()
 		starter = proc.LocalStarter{Guard: guard}
 	}

@@ -134,12 +134,12 @@ func runElastic(ctx context.Context, opts *flags.Options, set elasticSettings, s
 
 	starter := set.starter
 	if starter == nil && slurm != nil {
-		guard := startGuard()
+		guard := startGuard(opts.AfterOrphans)
 		defer guard.Close()
 		starter = &proc.SlurmStarter{JobID: slurm.JobID, Local: proc.LocalStarter{Guard: guard}}
 	}
 	if starter == nil {
-		guard := startGuard()
+		guard := startGuard(opts.AfterOrphans)
 		defer guard.Close()
 		ssh := &proc.SSHStarter{
 			Port: opts.SSHPort, IdentityFile: opts.SSHIdentityFile, Options: opts.SSHOptions,

@@ -86,7 +86,7 @@ func serveElastic(ctx context.Context, n *node, set elasticSettings) (int, error
 	nodes.add(&elasticNode{host: hn, slots: n.slots}, time.Now())
 	local := set.starter
 	if local == nil {
-		guard := startGuard()
+		guard := startGuard(o.AfterOrphans)
 		defer guard.Close()
 		local = proc.LocalStarter{Guard: guard}
 	}

@@ -122,7 +122,7 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 		rv := net.JoinHostPort(advertise[s.Host], port)
 		workers[i] = proc.Worker{Slot: s, Argv: opts.Command, Env: WorkerEnv(s, rv, jobID, secret, extra, opts.Env)}
 	}
-	guard := startGuard()
+	guard := startGuard(opts.AfterOrphans)
 	defer guard.Close()
 	runner := &proc.Runner{
 		Starter:    proc.HostStarter{Local: proc.LocalStarter{Guard: guard, Bind: bind}, Remote: ssh},
@@ -213,9 +213,10 @@ func rendezvousAddrs(slots []layout.Slot, remote []string, iface string) (listen
 	return ":0", advertise, nil
 }
 
-// startGuard starts an OrphanGuard, or returns nil (no guard) where sh cannot be started.
-func startGuard() *proc.OrphanGuard {
-	g, err := proc.StartOrphanGuard()
+// startGuard starts an OrphanGuard that runs then after it killed the ranks of a launcher that
+// died, or returns nil (no guard) where sh cannot be started.
+func startGuard(then []string) *proc.OrphanGuard {
+	g, err := proc.StartOrphanGuard(then...)
 	if err != nil {
 		slog.Warn("ranks' children may outlive a killed launcher", "err", err)
 		return nil

@@ -644,7 +644,7 @@ func (n *node) runRanks(ctx context.Context, slots []layout.Slot, rvAddr string)
 		go func() { defer bgDone.Done(); n.watchNodes(bg, n.srv) }()
 	}
 
-	guard := startGuard()
+	guard := startGuard(n.opts.AfterOrphans)
 	defer guard.Close()
 	runner := &proc.Runner{
 		Starter: proc.LocalStarter{Guard: guard, Bind: n.bind}, Stdout: n.stdout, Stderr: n.stderr,

@@ -17,6 +17,7 @@ Usage:
   kolo run -np N [-H host:slots,...] [flags] COMMAND [ARGS...]   start a job (horovodrun's flags)
   kolo bench OP [-np N] [--sizes 4,4KiB,4MiB] [--dtype float32] [--iters K] [--check] [--json FILE]
   kolo secret                                                    print a new job secret (256 random bits, hex)
+  kolo shm-sweep [DIR]                                           remove shared memory that dead jobs left in DIR (/dev/shm)
   kolo version
 
 Run "kolo run -h" or "kolo bench -h" for their flags.
@@ -32,6 +33,8 @@ func main() {
 		os.Exit(runCmd(os.Args[2:]))
 	case "bench":
 		os.Exit(benchCmd(os.Args[2:]))
+	case "shm-sweep":
+		os.Exit(shmSweepCmd(os.Args[2:]))
 	case "secret":
 		s, err := auth.NewSecret()
 		if err != nil {

@@ -33,6 +33,10 @@ const (
 
 // Options is what `kolo run` was asked to do, parsed from horovodrun-compatible flags.
 type Options struct {
+	// AfterOrphans is not a flag: the command the orphan guard runs once it has killed the ranks of
+	// a launcher that died (cmd/kolo sets it to its own shm-sweep). Empty: nothing.
+	AfterOrphans []string
+
 	NP           int
 	Hosts        string // -H
 	Hostfile     string

@@ -23,7 +23,9 @@ type OrphanGuard struct {
 }
 
 // guardScript keeps the set of live groups in $g; "+ N" adds, "- N" removes, "exit" leaves
-// without killing, and end of input kills every group left.
+// without killing, and end of input kills every group left, then runs its arguments, if any, once
+// the killed processes are gone (a dead launcher cannot clean up after its ranks: kolo run has it
+// remove the shared-memory segments they left).
 const guardScript = `g=
 while IFS= read -r l; do
   case $l in
@@ -32,15 +34,18 @@ while IFS= read -r l; do
   exit) exit 0 ;;
   esac
 done
-for p in $g; do kill -KILL -"$p" 2>/dev/null; done`
+for p in $g; do kill -KILL -"$p" 2>/dev/null; done
+[ $# -gt 0 ] && { sleep 0.2; exec "$@"; }
+exit 0`
 
-// StartOrphanGuard starts the guard process.
-func StartOrphanGuard() (*OrphanGuard, error) {
+// StartOrphanGuard starts the guard process; then, if given, is the command it runs after killing
+// the groups of a launcher that died.
+func StartOrphanGuard(then ...string) (*OrphanGuard, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command("/bin/sh", "-c", guardScript)
+	cmd := exec.Command("/bin/sh", append([]string{"-c", guardScript, "kolo-orphan-guard"}, then...)...)
 	cmd.Stdin = r
 	// Its own group: the terminal's Ctrl-C must not take it down before the launcher's own cleanup.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -133,3 +133,25 @@ func TestOrphanGuardHelperLauncher(t *testing.T) {
 	r.Run(context.Background(), shWorkers(`sleep 60 & echo child=$!; wait`)) // until the test kills this process
 	t.Error("the rank ended on its own")
 }
+
+// The guard runs its follow-up only after killing a dead launcher's groups, never on a goodbye.
+func TestOrphanGuardThen(t *testing.T) {
+	for _, dies := range []bool{true, false} {
+		mark := t.TempDir() + "/ran"
+		g, err := StartOrphanGuard("sh", "-c", "echo ran > "+mark)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := groupLeader(t)
+		g.Add(a.Process.Pid)
+		if dies {
+			g.die()
+		} else if err := g.Close(); err != nil {
+			t.Fatal(err)
+		}
+		_, err = os.Stat(mark)
+		if ran := err == nil; ran != dies {
+			t.Errorf("launcher died %v: follow-up ran %v", dies, ran)
+		}
+	}
+}

@@ -21,3 +21,9 @@ func (g *Group) Comm() transport.Comm           { return nil }
 func (g *Group) Messenger() transport.Messenger { return nil }
 func (g *Group) Abort(err error)                {}
 func (g *Group) Close() error                   { return errNeedLinux }
+
+// SegmentPrefix begins the name of every segment kolo creates.
+const SegmentPrefix = "kolo-"
+
+// Sweep does nothing on this OS: no segment was made here.
+func Sweep(dir string) ([]string, error) { return nil, nil }
