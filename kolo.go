@@ -323,7 +323,10 @@ func Init(opts ...Option) error {
 	if isElastic {
 		o.world.Carry = kept
 	}
-	if o.env("KOLO_TCP_FULL_MESH") == "1" {
+	if full, err := jobenv.ParseSwitch(jobenv.TCPFullMesh, o.env(jobenv.TCPFullMesh)); err != nil {
+		boot.Close()
+		return fmt.Errorf("kolo.Init: %w", err)
+	} else if full {
 		o.world.FullMesh = true
 	}
 	cfg0, wopt0 := cfg, o.world // an elastic worker may try several rounds, of other local sizes

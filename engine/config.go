@@ -266,8 +266,14 @@ func parseBytes(s string) (int64, error) {
 	if err != nil || f < 0 {
 		return 0, fmt.Errorf("want a byte count like 67108864 or 64MiB")
 	}
+	if b := f * float64(mult); b > maxSettingBytes {
+		return 0, fmt.Errorf("%.4g bytes is more than kolo handles (%d, 1 TiB)", b, int64(maxSettingBytes))
+	}
 	return int64(f * float64(mult)), nil
 }
+
+// maxSettingBytes bounds a byte count a setting gives: no buffer kolo makes is larger.
+const maxSettingBytes = 1 << 40
 
 // ParseBytes is parseBytes for flags and benchmarks.
 func ParseBytes(s string) (int64, error) { return parseBytes(s) }

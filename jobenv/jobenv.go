@@ -171,3 +171,18 @@ func Interface(env map[string]string) (ifaces, name string) {
 	}
 	return "", ""
 }
+
+// TCPFullMesh is the setting that connects every rank of another host at start-up (world.Options.FullMesh).
+const TCPFullMesh = "KOLO_TCP_FULL_MESH"
+
+// ParseSwitch reads an on/off setting: 1, true, on, yes or 0, false, off, no (any case); empty is
+// off. Anything else is an error naming the setting.
+func ParseSwitch(name, v string) (bool, error) {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "", "0", "false", "off", "no":
+		return false, nil
+	case "1", "true", "on", "yes":
+		return true, nil
+	}
+	return false, fmt.Errorf("%s=%q: want 1 or 0 (true/false, on/off, yes/no)", name, v)
+}

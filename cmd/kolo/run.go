@@ -28,6 +28,10 @@ func runCmd(args []string) int {
 	if code, done := beforeLaunch(opts, os.Stdout); done { // -v, -cb (checkbuild.go)
 		return code
 	}
+	if err := checkSettings(opts); err != nil {
+		fmt.Fprintf(os.Stderr, "kolo run: %v\n", err)
+		return 2
+	}
 	if exe, err := os.Executable(); err == nil {
 		opts.AfterOrphans = []string{exe, "shm-sweep"}
 	}

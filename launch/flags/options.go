@@ -170,6 +170,15 @@ func Parse(args []string, stderr io.Writer) (*Options, error) {
 	if o.CheckBuild || o.Version {
 		return o, nil
 	}
+	var npErr error
+	fs.Visit(func(f *flag.Flag) {
+		if (f.Name == "np" || f.Name == "num-proc") && o.NP <= 0 {
+			npErr = fmt.Errorf("-%s %s: must be a positive integer (the number of ranks to start)", f.Name, f.Value)
+		}
+	})
+	if npErr != nil {
+		return nil, npErr
+	}
 	if len(o.Command) == 0 {
 		return nil, errors.New("no command given: kolo run -np N COMMAND [ARGS...]")
 	}

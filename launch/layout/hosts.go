@@ -2,8 +2,10 @@ package layout
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -52,10 +54,30 @@ func parseHostSlots(item string) (Host, error) {
 	if err != nil || n <= 0 {
 		return Host{}, fmt.Errorf("slots in %q must be a positive integer", item)
 	}
-	if name == "" {
-		return Host{}, fmt.Errorf("empty host name in %q", item)
+	if err := CheckHostName(name); err != nil {
+		return Host{}, fmt.Errorf("%q: %w", item, err)
 	}
 	return Host{Name: name, Slots: n}, nil
+}
+
+// CheckHostName accepts a host name (letters, digits, '.', '-', '_'; not starting with '-', which
+// ssh would read as an option) or an IP address; anything else (spaces, a second ':', a user@) is
+// an error saying what is wrong.
+func CheckHostName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("empty host name")
+	case net.ParseIP(name) != nil:
+		return nil
+	case name[0] == '-':
+		return fmt.Errorf("host name %q starts with '-'", name)
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-' || r == '_') {
+			return fmt.Errorf("host name %q has %q: want a host name or an IP address, with one optional :SLOTS", name, r)
+		}
+	}
+	return nil
 }
 
 // ParseHostfile reads the hostfile format of horovodrun/OpenMPI: one host per line, optionally
@@ -77,6 +99,9 @@ func ParseHostfile(name string, r io.Reader) ([]Host, error) {
 		h := Host{Name: fields[0], Slots: 1}
 		if strings.Contains(h.Name, "=") {
 			return nil, fmt.Errorf("%s:%d: expected a host name first, got %q", name, line, fields[0])
+		}
+		if err := CheckHostName(h.Name); err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", name, line, err)
 		}
 		for _, f := range fields[1:] {
 			k, v, ok := strings.Cut(f, "=")

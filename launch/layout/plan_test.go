@@ -70,6 +70,11 @@ func TestParseHosts(t *testing.T) {
 		{":2", nil, "empty host name"},
 		{"", nil, "names no hosts"},
 		{"[fe80::1", nil, "unclosed"},
+		{"localhost:2:3", nil, `host name "localhost:2" has ':'`},
+		{"-oProxyCommand=touch /tmp/x:1", nil, "starts with '-'"},
+		{"node 1:2", nil, `has ' '`},
+		{"root@node1:2", nil, `has '@'`},
+		{"node-1.cluster_a:2", []Host{{"node-1.cluster_a", 2}}, ""},
 	}
 	for _, tc := range tests {
 		got, err := ParseHosts(tc.spec)

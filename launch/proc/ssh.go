@@ -160,7 +160,8 @@ func (s *SSHStarter) args(host string) []string {
 	for _, o := range s.Options {
 		a = append(a, "-o", o)
 	}
-	return append(a, host, bootstrap)
+	// "--": whatever the host is called, ssh never reads it as an option (-oProxyCommand=...).
+	return append(a, "--", host, bootstrap)
 }
 
 func (s *SSHStarter) program() string {

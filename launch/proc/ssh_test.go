@@ -37,7 +37,7 @@ func fakeSSH(t *testing.T) (program, argsLog string) {
 	script := `#!/bin/sh
 printf '%s\n' "$*" >> ` + shellQuote(argsLog) + `
 while [ $# -gt 0 ]; do
-  case $1 in -T) shift ;; -o|-p|-i) shift 2 ;; *) break ;; esac
+  case $1 in -T) shift ;; -o|-p|-i) shift 2 ;; --) shift; break ;; *) break ;; esac
 done
 host=$1; shift
 case $host in
@@ -123,7 +123,7 @@ func TestSSHStarterEnvDirAndArgs(t *testing.T) {
 		t.Errorf("stderr = %q, want only the program's line (no marker, no shell noise)", errOut.String())
 	}
 	args, _ := os.ReadFile(argsLog)
-	for _, want := range []string{"-T -o BatchMode=yes -o ConnectTimeout=3 -p 2222 -i /keys/id -o StrictHostKeyChecking=accept-new remote0 sh -c"} {
+	for _, want := range []string{"-T -o BatchMode=yes -o ConnectTimeout=3 -p 2222 -i /keys/id -o StrictHostKeyChecking=accept-new -- remote0 sh -c"} {
 		if !strings.Contains(string(args), want) {
 			t.Errorf("ssh arguments %q lack %q", args, want)
 		}
