@@ -207,3 +207,95 @@ func TestOpBlockRefusals(t *testing.T) {
 		})
 	}
 }
+
+// initWorld joins a world of this one process for the test, and leaves it at the end.
+func initWorld(t *testing.T) {
+	t.Helper()
+	h := kolo_init_async(nil, 0)
+	waitFor(t, func() bool { return kolo_wait(h, 10000, 0) != statusPending })
+	if st := kolo_poll(h); st != statusOK {
+		t.Fatalf("init: status %d, error %v", st, lookup(int64(h)).failure())
+	}
+	kolo_release(h)
+	t.Cleanup(func() {
+		h := kolo_shutdown_async()
+		waitFor(t, func() bool { return kolo_wait(h, 10000, 0) != statusPending })
+		if err := lookup(int64(h)).failure(); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		kolo_release(h)
+	})
+}
+
+// A synchronous call (waitUS > 0) waits in kolo_enqueue: an op with nothing to fetch that completed
+// returns 0 with its handle released; one with a result returns its handle, completed. An async
+// call returns its handle at once.
+func TestEnqueueWaitsAtOnce(t *testing.T) {
+	lockThread(t)
+	initWorld(t)
+	before := kolo_handles()
+	x := []float32{1, 2, 3}
+	p := unsafe.Pointer(&x[0])
+	op := testOp{in: p, out: p, kind: kindAllreduce, dt: 7, reduceOp: 1, prescale: 2, postscale: 1, device: -1,
+		waitUS: 10_000_000}
+	sync := opBlock(op, []int64{3}, nil, "sync")
+	if h := enqueueBlock(sync, len(sync)); h != 0 {
+		t.Fatalf("synchronous allreduce returned %d, want 0 (error %v)", h, lookup(h).failure())
+	}
+	if fmt.Sprint(x) != "[2 4 6]" || kolo_handles() != before {
+		t.Errorf("after it: %v (want [2 4 6]), %d handles (want %d)", x, kolo_handles(), before)
+	}
+	op.kind, op.out = kindAllgather, nil
+	gather := opBlock(op, []int64{3}, nil, "gather")
+	h := enqueueBlock(gather, len(gather))
+	if h <= 0 || kolo_poll(_Ctype_int64_t(h)) != statusOK {
+		t.Fatalf("synchronous allgather: handle %d, want a completed one", h)
+	}
+	kolo_release(_Ctype_int64_t(h))
+	op.kind, op.out, op.waitUS = kindAllreduce, p, 0
+	async := opBlock(op, []int64{3}, nil, "async")
+	h = enqueueBlock(async, len(async))
+	if h <= 0 {
+		t.Fatalf("async allreduce: handle %d", h)
+	}
+	if st := kolo_wait(_Ctype_int64_t(h), 10_000_000, 1); st != statusOK {
+		t.Fatalf("async allreduce: status %d", st)
+	}
+}
+
+// What a small op allocates in the C ABI and below it, against a budget: the count is exact where
+// a timing is noise. Lower the budget when a change saves an allocation.
+func TestSmallOpAllocations(t *testing.T) {
+	lockThread(t)
+	initWorld(t)
+	x := []float32{1}
+	p := unsafe.Pointer(&x[0])
+	op := testOp{in: p, out: p, kind: kindAllreduce, dt: 7, reduceOp: 1, prescale: 1, postscale: 1, device: -1,
+		waitUS: 10_000_000}
+	sync := opBlock(op, []int64{1}, nil, "sync")
+	op.waitUS = 0
+	async := opBlock(op, []int64{1}, nil, "async")
+	for _, tc := range []struct {
+		name   string
+		budget float64
+		op     func()
+	}{
+		{"synchronous allreduce (one call)", 16, func() {
+			if h := enqueueBlock(sync, len(sync)); h != 0 {
+				t.Fatalf("returned %d, want 0", h)
+			}
+		}},
+		{"async allreduce and kolo_wait", 16, func() {
+			h := enqueueBlock(async, len(async))
+			if st := kolo_wait(_Ctype_int64_t(h), 10_000_000, 1); st != statusOK {
+				t.Fatalf("status %d", st)
+			}
+		}},
+	} {
+		if n := testing.AllocsPerRun(200, tc.op); n > tc.budget {
+			t.Errorf("%s: %v allocations per op, budget %v", tc.name, n, tc.budget)
+		} else {
+			t.Logf("%s: %v allocations per op (budget %v)", tc.name, n, tc.budget)
+		}
+	}
+}

@@ -332,12 +332,17 @@ def _reduce_op(op, average, kind=None, name=None, process_set=None, group_size=N
     pair is refused (_refuse): the other ranks' calls fail instead of waiting for this rank.
     group_size is the number of tensors of a grouped call (None: not grouped; an empty group is
     refused by _enqueue_group on every rank alike, and is no op to refuse)."""
+    if average is None and op in _REDUCE_OPS:  # the common call: nothing else to check
+        return op
     try:
         return _check_reduce_op(op, average)
     except ValueError as e:
         if kind is None or group_size == 0:
             raise
         _refuse(kind, name, process_set, e, group_size or 0)
+
+
+_REDUCE_OPS = (Average, Sum, Adasum, Min, Max, Product)
 
 
 def _check_reduce_op(op, average):
@@ -349,7 +354,7 @@ def _check_reduce_op(op, average):
         op = Average if average else Sum
     elif op is None:
         op = Average
-    if op not in (Average, Sum, Adasum, Min, Max, Product):
+    if op not in _REDUCE_OPS:
         raise ValueError("unknown reduction op %r (want Average, Sum, Adasum, Min, Max or Product)"
                          % (op,))
     return op
@@ -489,7 +494,8 @@ def _submit(kind, tensor, inplace, name, op, root, prescale_factor, postscale_fa
     inp, out = o.inp, o.out
     return _issue(o, _op_block(kind, inp.data_ptr(), out.data_ptr() if out is not None else 0, dt, inp.shape, op,
                                root, prescale_factor, postscale_factor, splits, psid,
-                               _device_id(tensor), wait_us, _name_arg(name)[0]))
+                               _device_id(tensor), wait_us,
+                               name.encode("utf-8") if name.__class__ is str else _name_arg(name)[0]))
 
 
 def _enqueue(kind, tensor, inplace, name, op=Sum, root=0, prescale_factor=1.0, postscale_factor=1.0,
@@ -638,13 +644,13 @@ class HorovodAllreduce(torch.autograd.Function):
 
 
 def _compress(compression, tensor):
-    if compression is None:
+    if compression is None or compression is _NO_COMPRESSION:  # as NoneCompressor, without its calls
         return tensor, None
     return compression.compress(tensor)
 
 
 def _decompress(compression, tensor, ctx):
-    if compression is None:
+    if compression is None or compression is _NO_COMPRESSION:
         return tensor
     return compression.decompress(tensor, ctx)
 
