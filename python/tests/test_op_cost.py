@@ -15,24 +15,25 @@ import json
 from test_ops import single
 
 # Per call form: the Python functions one op runs (each once, unless listed twice) and the library
-# functions it calls. A synchronous call is one call into the library (kolo_enqueue waits its first
-# slice); an async op and its synchronize are two.
+# functions it calls, with the number of arguments each takes (name/n). A synchronous call is one
+# call into the library (kolo_enqueue waits its first slice); an async op and its synchronize are
+# two. kolo_enqueue takes its op as one block: ctypes converts each argument with a Python call.
 BUDGET = {
     "allreduce_": (["allreduce_", "_reduce_op", "_run", "_submit", "_stage", "_device_id", "_op_block",
                     "_issue", "result"],
-                   ["kolo_enqueue"]),
+                   ["kolo_enqueue/2"]),
     "allreduce_async+synchronize": (["allreduce_async", "_reduce_op", "_enqueue", "_submit", "_stage",
                                      "_device_id", "_op_block", "_issue", "synchronize", "wait", "result"],
-                                    ["kolo_enqueue", "kolo_wait"]),
+                                    ["kolo_enqueue/2", "kolo_wait/3"]),
     "allreduce": (["allreduce", "_compress", "_allreduce", "_reduce_op", "_run", "_submit", "_stage",
                    "_device_id", "_op_block", "_issue", "result", "_decompress"],
-                  ["kolo_enqueue"]),
+                  ["kolo_enqueue/2"]),
     "allreduce unnamed": (["allreduce", "_compress", "_allreduce", "_reduce_op", "_run", "_submit", "_stage",
                            "_device_id", "_name_arg", "_op_block", "_issue", "result", "_decompress"],
-                          ["kolo_enqueue"]),
+                          ["kolo_enqueue/2"]),
     "broadcast_": (["broadcast_", "_run", "_submit", "_stage", "_device_id", "_op_block", "_issue", "result"],
-                   ["kolo_enqueue"]),
-    "barrier": (["barrier", "_process_set_id", "_op_block", "_issue"], ["kolo_enqueue"]),
+                   ["kolo_enqueue/2"]),
+    "barrier": (["barrier", "_process_set_id", "_op_block", "_issue"], ["kolo_enqueue/2"]),
 }
 
 # Runs each form a few times, then once under a profile hook that records the Python functions
@@ -52,13 +53,20 @@ COUNT = """
         "barrier": lambda: hvd.barrier(),
     }
 
+    # Stands in for the library, recording each call and how many arguments ctypes converted for
+    # it (each costs a Python call inside ctypes).
     class Counting(object):
+
         def __init__(self, lib, calls):
             self._lib, self._calls = lib, calls
 
         def __getattr__(self, name):
-            self._calls.append(name)
-            return getattr(self._lib, name)
+            fn = getattr(self._lib, name)
+
+            def counted(*args):
+                self._calls.append("%s/%d" % (name, len(args)))
+                return fn(*args)
+            return counted
 
     got = {}
     for form, op in forms.items():
@@ -67,7 +75,7 @@ COUNT = """
         py, lib = [], []
 
         def hook(frame, event, arg):
-            if event == "call" and frame.f_code.co_name != "__getattr__":
+            if event == "call" and frame.f_code.co_name not in ("__getattr__", "counted"):
                 py.append(frame.f_code.co_name)
 
         real, _lib.C = _lib.C, Counting(_lib.C, lib)
