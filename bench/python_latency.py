@@ -16,6 +16,7 @@ least). Float32 sum, warm buffers.
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -88,7 +89,7 @@ def main():
         for name, fn in peers[rnd % len(peers):] + peers[:rnd % len(peers)]:
             if name in missing:
                 continue
-            out = os.path.join(tmp, "%s-%d.json" % (name.replace(" ", "_").replace("+", "_"), rnd))
+            out = os.path.join(tmp, "%s-%d.json" % (re.sub(r"[^\w.=-]", "_", name), rnd))
             try:
                 fn(args, out)
                 with open(out) as f:
