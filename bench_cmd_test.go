@@ -9,8 +9,8 @@ import (
 )
 
 // `kolo bench OP --check` runs every op it offers among 3 local ranks and checks the results: a
-// size below the board's 2 KiB limit (on the board after the first op), one above it, and one
-// that does not divide among the ranks; barrier prints one row of no data.
+// small size, a larger one, and one that does not divide among the ranks; barrier prints one row
+// of no data.
 func TestBenchEveryOp(t *testing.T) {
 	kolo := buildKolo(t)
 	for _, op := range bench.Ops {

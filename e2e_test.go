@@ -67,8 +67,8 @@ func TestStallReported(t *testing.T) {
 var killResult = regexp.MustCompile(`\[(\d+)\]<stderr>:KILL-RESULT elapsed=(\d+) err=(.*)`)
 
 // kill -9 one rank mid-allreduce: every other rank fails within 5 s naming the lost rank. "kill"
-// runs 1 MiB allreduces; "kill-small" one 4-byte allreduce under one name, which goes through the
-// shared-memory board: the survivors wait there BoardWait, then at rank 0, which finds rank 1 gone.
+// runs 1 MiB allreduces; "kill-small" one 4-byte allreduce under one name, cached after the first:
+// the survivors' negotiation at rank 0, or rank 0 itself, finds rank 1 gone.
 func TestKilledRankFailsOthers(t *testing.T) {
 	for _, tc := range []struct {
 		scenario string
@@ -148,6 +148,11 @@ const stopTimeout = 2 * time.Second
 //   - With resume, also stopped for 1.5 s (waited on for about 1.2 s): nothing fails and every
 //     result is right.
 func testStoppedRank(t *testing.T, scenario string, hosts []e2e.Host, np int, opt e2e.Options, resume bool) {
+	testStoppedRankFor(t, scenario, hosts, np, opt, map[bool]string{true: "1.5"}[resume])
+}
+
+// testStoppedRankFor is testStoppedRank with the resumed case's stop given ("": no such case).
+func testStoppedRankFor(t *testing.T, scenario string, hosts []e2e.Host, np int, opt e2e.Options, resumeFor string) {
 	host1 := ""
 	for i, n := 0, 0; i < len(hosts); i++ {
 		if n += hosts[i].Slots; n > 1 {
@@ -189,12 +194,12 @@ func testStoppedRank(t *testing.T, scenario string, hosts []e2e.Host, np int, op
 			}
 		}
 	})
-	if !resume {
+	if resumeFor == "" {
 		return
 	}
 	t.Run("resumed in time", func(t *testing.T) {
 		o := opt
-		o.Env = env("1.5")
+		o.Env = env(resumeFor)
 		job := e2e.Launch(t, scenario, hosts, np, o)
 		requireSuccess(t, job)
 		if n := strings.Count(job.Stderr.String(), "STOP-OK"); n != np {
@@ -203,13 +208,20 @@ func testStoppedRank(t *testing.T, scenario string, hosts []e2e.Host, np int, op
 	})
 }
 
-// SIGSTOP one of 3 ranks of one host in a stream of 4-byte allreduces under one name, which after
-// the first go through the shared-memory board (engine/board.go): rank 1 stops 200 ms after it
-// posted op 21, which the others post 500 ms late. Having waited BoardWait, rank 1 sent the op to
-// rank 0 before it stopped, so the others meet it there, and the op runs as a collective that
-// waits on rank 1: the same failure, or after SIGCONT in time the same success, as the 1 MiB case.
+// SIGSTOP one of 3 ranks of one host in a stream of 4-byte allreduces under one name, each after
+// the first negotiated as a cache id: rank 1 stops 200 ms after it submitted op 21, which the
+// others submit 500 ms late. Rank 1 sent the op to rank 0 before it stopped, so the others meet it
+// there, and the op runs as a collective that waits on rank 1: the same failure, or after SIGCONT
+// in time the same success, as the 1 MiB case.
 func TestStoppedRankSmallOpsSharedMemory(t *testing.T) {
 	testStoppedRank(t, "sigstop-small", e2e.LocalHosts(3), 3, e2e.Options{}, true)
+}
+
+// SIGSTOP one of 3 ranks between two ops: the others wait on an op it has not submitted, and
+// only its silence tells it from a rank that computes. Stopped 1 s (silent at most 1.5 s with its
+// heartbeat every 0.5 s), it is not blamed.
+func TestStoppedRankBetweenOps(t *testing.T) {
+	testStoppedRankFor(t, "sigstop-between", e2e.LocalHosts(3), 3, e2e.Options{}, "1")
 }
 
 // SIGSTOP one of 2 ranks of one host mid-allreduce: shared memory.

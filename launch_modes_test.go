@@ -334,7 +334,7 @@ func TestNoSSHLaunch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := launchEnv("KOLO_SECRET=no-ssh-test-secret")
+	env := launchEnv("KOLO_SECRET=0123456789abcdef0123456789abcdef")
 	port := 29400
 	// nodes starts kolo run with args on every host, each under a host name of its own.
 	nodes := func(t *testing.T, args ...string) []*launcher {

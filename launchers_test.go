@@ -41,7 +41,7 @@ func TestMPIRun(t *testing.T) {
 			if tc.given {
 				addr := freeAddr(t)
 				// The secret goes through mpirun's environment (-x NAME), never its command line.
-				extraEnv = append(extraEnv, "KOLO_SECRET=given-by-the-test")
+				extraEnv = append(extraEnv, "KOLO_SECRET=9e1f0c2b7a6d5e4f3a2b1c0d9e8f7a6b")
 				args = append(args, "-x", "KOLO_RENDEZVOUS_ADDR="+addr, "-x", "KOLO_SECRET")
 			}
 			args = append(args, self, "-test.run=^$")

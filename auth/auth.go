@@ -65,28 +65,75 @@ func NewSecret() (string, error) {
 // A variable that is empty or only blanks is not given. A source that is given but unusable (a file
 // that cannot be read, or holds only blanks) is an error naming the source, never a reason to fall
 // through to the next one: a wrong mount must not quietly pick another secret. With no source it
-// returns nil and no error.
+// returns nil and no error. A secret found is checked by CheckStrength: a weak one is an error
+// naming its source.
 func JobSecret(file string, env map[string]string) ([]byte, error) {
-	readFile := func(from, path string) ([]byte, error) {
+	b, from, err := findSecret(file, env)
+	if err != nil || b == nil {
+		return nil, err
+	}
+	if err := CheckStrength(b); err != nil {
+		return nil, fmt.Errorf("%s: %w", from, err)
+	}
+	return b, nil
+}
+
+func findSecret(file string, env map[string]string) (secret []byte, from string, err error) {
+	readFile := func(from, path string) ([]byte, string, error) {
 		b, err := ReadSecretFile(path) // its errors name the path
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", from, err)
+			return nil, from, fmt.Errorf("%s: %w", from, err)
 		}
-		return b, nil
+		return b, from + " " + path, nil
 	}
 	if file != "" {
 		return readFile("--secret-file", file)
 	}
 	if v := strings.TrimSpace(env[jobenv.Secret]); v != "" {
-		return []byte(v), nil
+		return []byte(v), jobenv.Secret, nil
 	}
 	if path := strings.TrimSpace(env[jobenv.SecretFile]); path != "" {
 		return readFile(jobenv.SecretFile, path)
 	}
 	if v := strings.TrimSpace(env[jobenv.HorovodSecret]); v != "" {
-		return []byte(v), nil
+		return []byte(v), jobenv.HorovodSecret, nil
 	}
-	return nil, nil
+	return nil, "", nil
+}
+
+// MinSecretBits is the least a job secret must carry: a secret an attacker who was dialed (see
+// Handshake) could guess offline must not be guessable.
+const MinSecretBits = 128
+
+// ErrWeakSecret is matched (errors.Is) by CheckStrength's refusals.
+var ErrWeakSecret = errors.New("job secret too short")
+
+// CheckStrength refuses a secret that is not hex or base64 of at least MinSecretBits: a word
+// or a phrase, however long, is not random, and a short random string is guessable.
+func CheckStrength(secret []byte) error {
+	s := string(secret)
+	bits := 0
+	switch {
+	case isDigits(s, "0123456789abcdefABCDEF"):
+		bits = 4 * len(s)
+	case isDigits(strings.TrimRight(s, "="), "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_"):
+		bits = 6 * len(strings.TrimRight(s, "="))
+	default:
+		return fmt.Errorf("%w: it is neither hex nor base64 (a random secret of at least %d bits is; make one with `kolo secret`)", ErrWeakSecret, MinSecretBits)
+	}
+	if bits < MinSecretBits {
+		return fmt.Errorf("%w: %d characters carry at most %d bits, and a job secret needs %d (make one with `kolo secret`: 256 random bits in hex)", ErrWeakSecret, len(s), bits, MinSecretBits)
+	}
+	return nil
+}
+
+func isDigits(s, alphabet string) bool {
+	for _, r := range s {
+		if !strings.ContainsRune(alphabet, r) {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // ReadSecretFile reads a secret from a file (trailing whitespace ignored) and refuses an empty one.

@@ -124,6 +124,9 @@ func FuzzHandshakeListener(f *testing.F) {
 }
 
 func TestJobSecret(t *testing.T) {
+	// Each source holds a different secret, strong enough to pass CheckStrength.
+	s1, h1 := strings.Repeat("51", 16), "aDFoMWgxaDFoMWgxaDFoMWgx"
+	fromFlag, fromEnvFile := strings.Repeat("f1", 16), strings.Repeat("e1", 16)
 	dir := t.TempDir()
 	write := func(name, content string) string {
 		p := filepath.Join(dir, name)
@@ -132,8 +135,8 @@ func TestJobSecret(t *testing.T) {
 		}
 		return p
 	}
-	flagFile := write("flag", "from-flag\n")
-	envFile := write("env", "  from-env-file \n")
+	flagFile := write("flag", fromFlag+"\n")
+	envFile := write("env", "  "+fromEnvFile+" \n")
 	blank := write("blank", " \n\t\n")
 	missing := filepath.Join(dir, "missing")
 	tests := []struct {
@@ -144,18 +147,21 @@ func TestJobSecret(t *testing.T) {
 		wantErr string
 	}{
 		{"nothing", "", nil, "", ""},
-		{"KOLO_SECRET", "", map[string]string{jobenv.Secret: " s1 \n"}, "s1", ""},
-		{"HOROVOD_SECRET_KEY", "", map[string]string{jobenv.HorovodSecret: "h1"}, "h1", ""},
-		{"KOLO_SECRET_FILE", "", map[string]string{jobenv.SecretFile: envFile}, "from-env-file", ""},
-		{"flag", flagFile, nil, "from-flag", ""},
-		{"flag beats every variable", flagFile, map[string]string{jobenv.Secret: "s1", jobenv.SecretFile: envFile, jobenv.HorovodSecret: "h1"}, "from-flag", ""},
-		{"KOLO_SECRET beats KOLO_SECRET_FILE (kolo run's workers inherit the user's)", "", map[string]string{jobenv.Secret: "s1", jobenv.SecretFile: envFile}, "s1", ""},
-		{"KOLO_SECRET beats HOROVOD_SECRET_KEY", "", map[string]string{jobenv.Secret: "s1", jobenv.HorovodSecret: "h1"}, "s1", ""},
-		{"KOLO_SECRET_FILE beats HOROVOD_SECRET_KEY", "", map[string]string{jobenv.SecretFile: envFile, jobenv.HorovodSecret: "h1"}, "from-env-file", ""},
-		{"blank variables are not given", "", map[string]string{jobenv.Secret: "  ", jobenv.SecretFile: " ", jobenv.HorovodSecret: "h1"}, "h1", ""},
-		{"unreadable flag file does not fall through", missing, map[string]string{jobenv.Secret: "s1"}, "", "--secret-file: read secret file: open " + missing},
+		{"KOLO_SECRET", "", map[string]string{jobenv.Secret: " " + s1 + " \n"}, s1, ""},
+		{"HOROVOD_SECRET_KEY", "", map[string]string{jobenv.HorovodSecret: h1}, h1, ""},
+		{"KOLO_SECRET_FILE", "", map[string]string{jobenv.SecretFile: envFile}, fromEnvFile, ""},
+		{"flag", flagFile, nil, fromFlag, ""},
+		{"flag beats every variable", flagFile, map[string]string{jobenv.Secret: s1, jobenv.SecretFile: envFile, jobenv.HorovodSecret: h1}, fromFlag, ""},
+		{"KOLO_SECRET beats KOLO_SECRET_FILE (kolo run's workers inherit the user's)", "", map[string]string{jobenv.Secret: s1, jobenv.SecretFile: envFile}, s1, ""},
+		{"KOLO_SECRET beats HOROVOD_SECRET_KEY", "", map[string]string{jobenv.Secret: s1, jobenv.HorovodSecret: h1}, s1, ""},
+		{"KOLO_SECRET_FILE beats HOROVOD_SECRET_KEY", "", map[string]string{jobenv.SecretFile: envFile, jobenv.HorovodSecret: h1}, fromEnvFile, ""},
+		{"blank variables are not given", "", map[string]string{jobenv.Secret: "  ", jobenv.SecretFile: " ", jobenv.HorovodSecret: h1}, h1, ""},
+		{"unreadable flag file does not fall through", missing, map[string]string{jobenv.Secret: s1}, "", "--secret-file: read secret file: open " + missing},
 		{"blank flag file", blank, nil, "", "is empty"},
-		{"unreadable KOLO_SECRET_FILE does not fall through", "", map[string]string{jobenv.SecretFile: missing, jobenv.HorovodSecret: "h1"}, "", jobenv.SecretFile + ": read secret file: open " + missing},
+		{"a weak KOLO_SECRET is refused, naming it", "", map[string]string{jobenv.Secret: "hunter2"}, "", jobenv.Secret + ": job secret too short: 7 characters carry at most 42 bits"},
+		{"a weak secret file is refused, naming it", write("weak", "0123456789abcdef\n"), nil, "", "--secret-file " + filepath.Join(dir, "weak") + ": job secret too short"},
+		{"a weak HOROVOD_SECRET_KEY does not fall through to nothing", "", map[string]string{jobenv.HorovodSecret: "password"}, "", "kolo secret"},
+		{"unreadable KOLO_SECRET_FILE does not fall through", "", map[string]string{jobenv.SecretFile: missing, jobenv.HorovodSecret: h1}, "", jobenv.SecretFile + ": read secret file: open " + missing},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -235,5 +241,31 @@ func TestWrongSecretDialerIsDenied(t *testing.T) {
 	}
 	if !errors.Is(le, ErrDenied) {
 		t.Errorf("listener: %v, want ErrDenied", le)
+	}
+}
+
+func TestCheckStrength(t *testing.T) {
+	for _, tc := range []struct {
+		secret string
+		ok     bool
+	}{
+		{strings.Repeat("0f", 16), true},          // 128 bits of hex
+		{strings.Repeat("0f", 15) + "0", false},   // 124
+		{"YWJjZGVmZ2hpamtsbW5vcA==", true},        // 16 bytes of base64
+		{"YWJjZGVmZ2hpamtsbW5v", false},           // 120 bits
+		{"a correct horse battery staple", false}, // not hex or base64
+		{"", false},
+	} {
+		err := CheckStrength([]byte(tc.secret))
+		if (err == nil) != tc.ok {
+			t.Errorf("CheckStrength(%q) = %v, want ok %v", tc.secret, err, tc.ok)
+		}
+		if err != nil && (!errors.Is(err, ErrWeakSecret) || strings.Contains(err.Error(), tc.secret) && tc.secret != "") {
+			t.Errorf("CheckStrength(%q): %v: want ErrWeakSecret, without the secret in it", tc.secret, err)
+		}
+	}
+	s, err := NewSecret()
+	if err != nil || CheckStrength([]byte(s)) != nil {
+		t.Errorf("NewSecret %q fails CheckStrength: %v", s, err)
 	}
 }

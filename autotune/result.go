@@ -19,8 +19,9 @@ type Result struct {
 	Best     Settings
 	HaveBest bool
 	// Speedup is Best's steps/s over the defaults' (geometric mean over its pairs), and Low-High its
-	// 95% confidence interval; NaN when unknown.
+	// 95% confidence interval; NaN when unknown. Pairs is the number of pairs behind them.
 	Speedup, Low, High float64
+	Pairs              int
 	// DecidedAt is the step whose sample settled it; the switch, if any, applies Lag steps later.
 	DecidedAt int64
 	// Samples is the number of samples measured after warm-up; Candidates the number of
@@ -42,8 +43,8 @@ func (r Result) String() string {
 		return s
 	}
 	if !r.KeptDefaults {
-		return fmt.Sprintf("autotune: %v: %.2fx the defaults' steps/s (95%% CI %s), decided at step %d",
-			r.Chosen, r.Speedup, r.interval(), r.DecidedAt)
+		return fmt.Sprintf("autotune: %v: %.2fx the defaults' steps/s%s, decided at step %d",
+			r.Chosen, r.Speedup, r.interval(" (", ")"), r.DecidedAt)
 	}
 	s := fmt.Sprintf("autotune: kept the defaults (%v): no candidate was faster with 95%% confidence", r.Chosen)
 	if r.HaveBest {
@@ -53,12 +54,18 @@ func (r Result) String() string {
 }
 
 func (r Result) speedup() string {
-	return fmt.Sprintf("%.2fx, 95%% CI %s", r.Speedup, r.interval())
+	return fmt.Sprintf("%.2fx%s", r.Speedup, r.interval(", ", ""))
 }
 
-func (r Result) interval() string {
-	if math.IsNaN(r.Low) || math.IsNaN(r.High) || r.Low <= 0 || math.IsInf(r.High, 0) {
-		return "not yet known"
+// interval is ", 95% CI Low-High" (between open and close), or why there is none: an interval from
+// fewer pairs than a verdict needs estimates the noise from one or two differences, and is as wide
+// as it is meaningless, so it is not printed.
+func (r Result) interval(open, close string) string {
+	switch {
+	case r.Pairs < minPairs:
+		return fmt.Sprintf(" from %d pair%s, too few for an interval", r.Pairs, map[bool]string{true: "", false: "s"}[r.Pairs == 1])
+	case math.IsNaN(r.Low) || math.IsNaN(r.High) || r.Low <= 0 || math.IsInf(r.High, 0):
+		return open + "95% CI not yet known" + close
 	}
-	return fmt.Sprintf("%.2f-%.2f", r.Low, r.High)
+	return fmt.Sprintf("%s95%% CI %.2f-%.2f%s", open, r.Low, r.High, close)
 }

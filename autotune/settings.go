@@ -33,9 +33,8 @@ type Settings struct {
 	// the default there is not to poll.
 	SpinTime time.Duration
 	// ResponseCache: whether the coordinator gives ops cache ids, so that ranks send a known op as
-	// an id (and, on one host, small allreduces negotiate on the shared-memory board). Horovod's
-	// autotuner tunes it too: with few, large ops the cache saves little, and each op's id costs
-	// the coordinator a lookup. Switched on rank 0 only, at its step: the other ranks follow the
+	// an id. Horovod's autotuner tunes it too: with few, large ops the cache saves little, and each
+	// op's id costs the coordinator a lookup. Switched on rank 0 only, at its step: the other ranks follow the
 	// evictions in the response stream.
 	ResponseCache Switch
 }
@@ -265,10 +264,10 @@ const (
 // in effect, but a value that cannot be mistaken for "not tuned". 2 ms outlasts most of a
 // collective's waits between two running ranks. kolo's 50 us default lies just above the middle
 // (45 us), so the initial design's far corner barely spins: the safer side, since a long spin
-// takes the core from the job's own compute threads (cnn:16 with 2 ranks on the 2-core test VM,
-// `bench/autotune.py --jobs cnn:16 --fusion-mib 128 --cycle-ms 0 --spin-us 1,50,500,4000
-// --grid-repeats 2 --tuned-repeats 0`: 41 and 58 steps/s spinning 4 ms against 55 and 60 at 50
-// us), while a short one costs at most a wake-up per wait.
+// takes the core from the job's own compute threads when its ranks fill the host's cores (cnn:16
+// with 2 ranks on a host with 2 cores, `bench/autotune.py --jobs cnn:16 --fusion-mib 128
+// --cycle-ms 0 --spin-us 1,50,500,4000 --grid-repeats 2 --tuned-repeats 0`: 41 and 58 steps/s
+// spinning 4 ms against 55 and 60 at 50 us), while a short one costs at most a wake-up per wait.
 const (
 	MinSpinTime = time.Microsecond
 	MaxSpinTime = 2 * time.Millisecond

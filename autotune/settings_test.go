@@ -86,16 +86,22 @@ func TestResultString(t *testing.T) {
 		want string
 	}{
 		{Result{Decided: true, Chosen: Settings{FusionBytes: 32 << 20, CycleTime: 0}, Best: Settings{FusionBytes: 32 << 20, CycleTime: 0}, HaveBest: true,
-			Speedup: 1.0712, Low: 1.0351, High: 1.0987, DecidedAt: 240},
+			Speedup: 1.0712, Low: 1.0351, High: 1.0987, Pairs: 5, DecidedAt: 240},
 			"autotune: fusion 32 MiB, cycle 0 ms: 1.07x the defaults' steps/s (95% CI 1.04-1.10), decided at step 240"},
 		{Result{Decided: true, Chosen: Settings{FusionBytes: 128 << 20, CycleTime: 0}, KeptDefaults: true, Best: Settings{FusionBytes: 8 << 20, CycleTime: time.Millisecond}, HaveBest: true,
-			Speedup: 1.01, Low: 0.98, High: 1.04, DecidedAt: 300},
+			Speedup: 1.01, Low: 0.98, High: 1.04, Pairs: 5, DecidedAt: 300},
 			"autotune: kept the defaults (fusion 128 MiB, cycle 0 ms): no candidate was faster with 95% confidence (best: fusion 8 MiB, cycle 1 ms at 1.01x, 95% CI 0.98-1.04), decided at step 300"},
 		{Result{Decided: true, Chosen: Settings{FusionBytes: 128 << 20, CycleTime: 0}, KeptDefaults: true, Speedup: nan, Low: nan, High: nan, DecidedAt: 90},
 			"autotune: kept the defaults (fusion 128 MiB, cycle 0 ms): no candidate was faster with 95% confidence, decided at step 90"},
 		{Result{Chosen: Settings{FusionBytes: 128 << 20, CycleTime: 0}, KeptDefaults: true, Samples: 4, Best: Settings{FusionBytes: 0, CycleTime: 25 * time.Millisecond}, HaveBest: true,
-			Speedup: 0.5, Low: 0, High: math.Inf(1)},
+			Speedup: 0.5, Low: 0, High: math.Inf(1), Pairs: 3},
 			"autotune: no decision yet after 4 samples (best so far: fusion off, cycle 25 ms at 0.50x, 95% CI not yet known)"},
+		// One pair's interval is finite and meaningless (0.00-1654685463.00 was printed once): not
+		// printed.
+		{Result{Decided: true, Chosen: Settings{FusionBytes: 1 << 20, CycleTime: 20 * time.Millisecond}, KeptDefaults: true,
+			Best: Settings{FusionBytes: 1 << 20, CycleTime: 20 * time.Millisecond, SmallAllreduceBytes: 4 << 20}, HaveBest: true,
+			Speedup: 1.09, Low: 1e-9, High: 1654685463, Pairs: 1, DecidedAt: 116},
+			"autotune: kept the defaults (fusion 1 MiB, cycle 20 ms): no candidate was faster with 95% confidence (best: fusion 1 MiB, cycle 20 ms, small allreduce 4 MiB at 1.09x from 1 pair, too few for an interval), decided at step 116"},
 		{Result{Chosen: Settings{FusionBytes: 128 << 20, CycleTime: 0}, KeptDefaults: true, Speedup: nan, Low: nan, High: nan},
 			"autotune: no decision yet after 0 samples"},
 	} {

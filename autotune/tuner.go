@@ -20,6 +20,10 @@ type Config struct {
 	// candidate is compared with, and what is kept unless a candidate is better with 95%
 	// confidence over the whole run. The engine starts with them in force at step 1.
 	Defaults Settings
+	// Builtin is kolo's own fusion threshold and cycle time (the other fields are ignored; zero:
+	// not given). Where the job's differ, the first candidate is the job's settings with these
+	// two, so that a job started with settings that cost it finds its way back first of all.
+	Builtin Settings
 	// WarmupSamples are discarded at the start (default 3, Horovod's --autotune-warmup-samples).
 	WarmupSamples int
 	// StepsPerSample, when set (--autotune-steps-per-sample), is the number of optimizer steps in
@@ -481,7 +485,9 @@ func (t *Tuner) stop() (Settings, bool) {
 }
 
 // design is the next point of the initial design that lies clear of the points measured, if one is
-// left. First the middle of the fusion range (in log bytes) at the shorter of the defaults' and the
+// left. First, when the job's fusion threshold or cycle time differ from kolo's own (Builtin),
+// the job's settings with kolo's two: settings that cost a job are most often a user's or an
+// old script's, and kolo's own are where it finds its way back. Then the middle of the fusion range (in log bytes) at the shorter of the defaults' and the
 // far corner's cycle times: where a fusion threshold's usual optimum lies (small ones send many
 // small allreduces, large ones start communicating late), which no corner sees, and the likeliest
 // winner (a cycle only adds latency to negotiation, so the shorter is the likelier to win); a
@@ -491,21 +497,30 @@ func (t *Tuner) stop() (Settings, bool) {
 // a rectangle and tells the two knobs' effects apart. The model takes over from there, with points
 // enough to fit a length scale per knob.
 func (t *Tuner) design() (Settings, bool) {
-	corner := t.space.farCorner(t.cfg.Defaults)
-	x := t.space.point(t.cfg.Defaults)
+	d := t.cfg.Defaults
+	corner := t.space.farCorner(d)
+	x := t.space.point(d)
 	x[0] = t.space.middle(0)
 	middle := t.space.settings(x) // the middle fusion threshold at the shorter cycle
-	middle.CycleTime = min(t.cfg.Defaults.CycleTime, corner.CycleTime)
-	cycle := t.cfg.Defaults // the far cycle time
+	middle.CycleTime = min(d.CycleTime, corner.CycleTime)
+	cycle := d // the far cycle time
 	cycle.CycleTime = corner.CycleTime
-	points := []Settings{middle, corner, cycle}
-	if len(t.space.dims) > 2 {
-		// The collective knobs alone at the corner, second: the far corner moves the cycle time
-		// too, which alone often makes it slow enough to abandon, and says nothing of them then.
-		coll := corner
-		coll.FusionBytes, coll.CycleTime = t.cfg.Defaults.FusionBytes, t.cfg.Defaults.CycleTime
-		points = []Settings{middle, coll, corner, cycle}
+	var points []Settings
+	if b := t.cfg.Builtin; b != (Settings{}) && (b.FusionBytes != d.FusionBytes || b.CycleTime != d.CycleTime) {
+		own := d
+		own.FusionBytes, own.CycleTime = b.FusionBytes, b.CycleTime
+		points = append(points, own)
 	}
+	points = append(points, middle)
+	if len(t.space.dims) > 2 {
+		// The collective knobs alone at the corner, before the far corner: that moves the cycle
+		// time too, which alone often makes it slow enough to abandon, and says nothing of them
+		// then.
+		coll := corner
+		coll.FusionBytes, coll.CycleTime = d.FusionBytes, d.CycleTime
+		points = append(points, coll)
+	}
+	points = append(points, corner, cycle)
 	for t.designed < len(points) {
 		s := points[t.designed]
 		t.designed++
@@ -713,7 +728,7 @@ func (t *Tuner) summary() Result {
 	}
 	if best != nil {
 		r.Best, r.HaveBest = best.settings, true
-		r.Speedup, r.Low, r.High = best.result.Speedup, best.result.Low, best.result.High
+		r.Speedup, r.Low, r.High, r.Pairs = best.result.Speedup, best.result.Low, best.result.High, best.result.Pairs
 	}
 	return r
 }

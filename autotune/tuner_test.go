@@ -866,3 +866,46 @@ func TestTunesResponseCache(t *testing.T) {
 		}
 	}
 }
+
+// TestFindsItsWayBackFromBadSettings: a job started with a fusion threshold and a cycle time that
+// cost it 18% (1 MiB and 20 ms, kolo's own being 128 MiB and 0) gets kolo's back, or as good, in
+// every run, whatever collective knobs the defaults also set: kolo's own fusion threshold and
+// cycle time are the first candidate.
+func TestFindsItsWayBackFromBadSettings(t *testing.T) {
+	builtin := Settings{FusionBytes: 128 << 20}
+	bad := Settings{FusionBytes: 1 << 20, CycleTime: 20 * time.Millisecond, SmallAllreduceBytes: 64 << 10, ResponseCache: On}
+	mean := func(s Settings, _ int64) float64 {
+		t := 0.1 + s.CycleTime.Seconds()/2
+		if s.FusionBytes < 8<<20 {
+			t += 0.008 // many small fused buffers
+		}
+		return t
+	}
+	best := mean(builtin, 0)
+	for seed := uint64(1); seed <= 8; seed++ {
+		r := simulate(t, Config{Defaults: bad, Builtin: builtin, Seed: seed, WarmupSamples: 3, StepsPerSample: 10}, job{mean: mean, jitter: 0.02}, seed, 1000)
+		res := r.tuner.Result()
+		if !res.Decided || res.KeptDefaults {
+			t.Fatalf("seed %d: %v", seed, res)
+		}
+		if got := mean(res.Chosen, 0); got > 1.02*best {
+			t.Errorf("seed %d: chose %v, %.1f ms a step; kolo's own settings take %.1f ms", seed, res.Chosen, 1e3*got, 1e3*best)
+		}
+		first := bad
+		first.FusionBytes, first.CycleTime = builtin.FusionBytes, builtin.CycleTime
+		for _, s := range r.inForce[1:] {
+			if s != bad {
+				if s != first {
+					t.Errorf("seed %d: the first candidate was %v, want the job's settings with kolo's fusion and cycle (%v)", seed, s, first)
+				}
+				break
+			}
+		}
+		if res.DecidedAt > 300 {
+			t.Errorf("seed %d: decided at step %d, want <= 300", seed, res.DecidedAt)
+		}
+		if seed == 1 {
+			t.Logf("%v, %d candidates", res, res.Candidates)
+		}
+	}
+}

@@ -23,8 +23,8 @@ settings (fusion 1 MiB, cycle 20 ms). For each job:
   the tuned run's rate after its decision over the best point's run's rate over the same steps.
   The grid's best of a dozen noisy points is biased up (the winner's curse) and measured minutes
   away from the tuned runs; the paired ratio is what the tuner's choice is worth against it.
-Runs are --pause seconds apart, because this VM's speed drifts; the table gives medians with
-ranges.
+Runs are --pause seconds apart, because a machine's speed drifts over minutes (other tenants of a
+shared or virtual host, thermal limits); the table gives medians with ranges.
 
 --compare-root DIR (another kolo checkout, built with `make lib build`, such as an earlier
 commit's `git archive`) adds that build's tuned runs beside this one's, each slot running both in

@@ -20,6 +20,10 @@ apart. The table then gives, per
 size, each peer's median busbw with its range over the rounds, and the ratio of the medians; the
 rounds run right after another peer are also summarised apart, since a run's speed can depend on
 what ran just before it.
+
+--plot FILE.png also draws the table (busbw by size, a line per peer, ranges as error bars; needs
+python3-matplotlib, imported only then); --replot FILE.json --plot FILE.png draws what an earlier
+run wrote with --json, measuring nothing.
 """
 import argparse
 import json
@@ -154,6 +158,38 @@ def span(vals, fmt):
     return f"{fmt(m)} ({fmt(min(vals))}-{fmt(max(vals))})"
 
 
+def draw(args, busbw, note=None):
+    """--plot: the table as a picture, busbw by size with a line per peer (median and range over rounds)."""
+    import plot  # bench/plot.py; matplotlib is needed only when a picture is asked for
+
+    sizes = sorted({b for per in busbw.values() for b in per})
+    series = {name: [(b, statistics.median(v), min(v), max(v)) for b, v in per.items() if v]
+              for name, per in busbw.items()}
+    rounds = f", median and range of {args.repeats} rounds" if args.repeats > 1 else ""
+    plot.panels(args.plot, f"allreduce float32 sum, {args.np} ranks: busbw by size{rounds}", "size per rank",
+                [("busbw GB/s (log)", True, series)], sizes, [human(b) for b in sizes],
+                note=note or plot.machine())
+
+
+def replot(args):
+    """--replot: --plot from a --json file, either shape (one run per peer, or rounds)."""
+    with open(args.replot) as f:
+        rep = json.load(f)
+    args.np = rep["np"]
+    if "runs" in rep:
+        busbw = {}
+        for run in rep["runs"]:
+            per = busbw.setdefault(run["peer"], {})
+            for b, r in run["results"].items():
+                per.setdefault(int(b), []).append(r["busbw_GBps"])
+        args.repeats = 1 + max(run["round"] for run in rep["runs"])
+    else:
+        busbw = {n: {int(b): [r["busbw_GBps"]] for b, r in res.items()} for n, res in rep["results"].items()}
+        args.repeats = 1
+    draw(args, busbw, note=rep.get("measured"))
+    return 0
+
+
 def repeated(args, peers):
     """--repeats > 1: rounds of every peer, rotated, half of them back to back."""
     tmp = tempfile.mkdtemp(prefix="kolo-compare-")
@@ -223,6 +259,9 @@ def repeated(args, peers):
             json.dump({"np": args.np, "warmup": args.warmup, "runs": [
                 {"round": r, "peer": n, "right_after": ra, "results": res} for r, n, ra, res in runs],
                 "missing": missing}, f, indent=2)
+    if args.plot:
+        draw(args, {n: {b: [res[b]["busbw_GBps"] for _, pn, _, res in runs if pn == n and b in res] for b in sizes}
+                    for n in names})
     return 0 if "kolo" in names else 1
 
 
@@ -236,6 +275,10 @@ def main():
     p.add_argument("--warmup", type=int, default=3,
                    help="untimed iterations per size, for every peer (default 3, as kolo bench's)")
     p.add_argument("--json", help="write the combined table as JSON here")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="also draw the table: busbw by size, a line per peer (needs matplotlib: python3-matplotlib)")
+    p.add_argument("--replot", metavar="FILE.json",
+                   help="measure nothing: draw --plot from a file an earlier run wrote with --json")
     p.add_argument("--peers", default="kolo,gloo,openmpi", help="which peers to run (kolo always first in tables)")
     p.add_argument("--repeats", type=int, default=1, help="rounds of every peer (see above; default 1)")
     p.add_argument("--pause", type=float, default=5.0, help="seconds before a run that is not back to back")
@@ -243,6 +286,10 @@ def main():
                    help="also run kolo with this variable set, as a peer of its own in the rounds (kolo/that "
                         "peer compares the setting with kolo's default); repeatable, implies the rounds' table")
     args = p.parse_args()
+    if args.replot:
+        if not args.plot:
+            p.error("--replot needs --plot FILE.png")
+        return replot(args)
 
     known = {"kolo": bench_kolo, "gloo": bench_gloo, "openmpi": bench_mpi}
     wanted = [n.strip() for n in args.peers.split(",") if n.strip()]
@@ -292,6 +339,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"np": args.np, "warmup": args.warmup, "results": data, "missing": missing}, f, indent=2)
+    if args.plot:
+        draw(args, {n: {b: [r["busbw_GBps"]] for b, r in res.items()} for n, res in data.items()})
     return 0 if "kolo" in data else 1
 
 

@@ -28,11 +28,15 @@ the ring neighbours and the hierarchical allreduce's peers at start-up, the rest
 with KOLO_TCP_FULL_MESH=1 (every remote rank connected at start-up, as before). Sockets per rank
 are counted after the first allreduce and again at the end of the benchmark. OpenMPI is left out
 there: its ranks on one machine would talk through shared memory.
+
+--plot FILE.png also draws the table, one panel per figure against the ranks, medians with their
+ranges (needs python3-matplotlib, imported only then).
 """
 import argparse
 import json
 import os
 import re
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -93,7 +97,7 @@ def run_nodes(kolo, n, args, full_mesh):
     hosts = args.hosts
     if n % hosts:
         raise RuntimeError(f"{n} ranks do not split over {hosts} hosts")
-    extra = {"KOLO_SECRET": "scaling-bench", "KOLO_TCP_FULL_MESH": "1" if full_mesh else "0"}
+    extra = {"KOLO_SECRET": secrets.token_hex(32), "KOLO_TCP_FULL_MESH": "1" if full_mesh else "0"}
     port = free_port()
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "kolo.json")
@@ -174,6 +178,18 @@ def hosts_table(args, ranks):
                   f"| {med([k['requests'] for k in ks], num)} | {med([k['sockets'] for k in ks], num)} "
                   f"| {med([k['sockets_others'] for k in ks], num)} | {med([k['sockets_others_end'] for k in ks], num)} "
                   f"| {med([k['us4'] for k in ks], us)} | {med([k['us4m'] for k in ks], ms_)} |")
+    if args.plot:
+        def per(who, key, scale=1.0):
+            return {n: [r[key] / scale for r in runs[who] if r.get(key) is not None] for n, runs in rows.items()}
+
+        both = lambda key, scale=1.0: {"lazy mesh (default)": per("lazy", key, scale),  # noqa: E731
+                                       "full mesh": per("full", key, scale)}
+        draw(args.plot, f"kolo across {args.hosts} emulated hosts ({os.cpu_count()} CPUs), {args.repeats} repeats: "
+             "median and range", ranks,
+             [("start-up to first allreduce s", False, both("startup_s")),
+              ("sockets, other ranks (most)", False, both("sockets_others")),
+              ("4 B allreduce us (log)", True, both("us4")),
+              ("4 MiB allreduce ms (log)", True, both("us4m", 1000.0))])
 
 
 def run_kolo(kolo, n, args):
@@ -210,6 +226,28 @@ def run_mpi(n, args):
     return {"us4": times[4], "us4m": times[4 << 20]}
 
 
+def spread(vals):
+    """(median, low, high) of the figures present, or None."""
+    vals = [v for v in vals if v is not None]
+    return (statistics.median(vals), min(vals), max(vals)) if vals else None
+
+
+def draw(path, title, xs, plots):
+    """--plot: the table as a picture, one panel per column, ranks on the x axis.
+
+    plots: [(ylabel, ylog, {series label: {ranks: [figures]}})]; figures are already in the panel's unit.
+    """
+    import plot  # bench/plot.py; matplotlib is needed only when a picture is asked for
+
+    drawn = []
+    for ylabel, ylog, series in plots:
+        pts = {}
+        for label, per in series.items():
+            pts[label] = [(n,) + s for n, s in ((n, spread(v)) for n, v in per.items()) if s]
+        drawn.append((ylabel, ylog, pts))
+    plot.panels(path, title, "ranks", drawn, xs, [str(n) for n in xs], note=plot.machine(), cols=2)
+
+
 def med(vals, fmt):
     vals = [v for v in vals if v is not None]
     if not vals:
@@ -230,6 +268,8 @@ def main():
     p.add_argument("--kolo", default=os.path.join(ROOT, "bin", "kolo"), help="the kolo binary (default bin/kolo)")
     p.add_argument("--no-mpi", action="store_true", help="leave OpenMPI out")
     p.add_argument("--json", help="also write every run's figures here")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="also draw the table, a panel per figure against the ranks (needs python3-matplotlib)")
     p.add_argument("--hosts", type=int, default=1,
                    help="emulate this many hosts with no-SSH nodes on this machine, lazy mesh against full mesh")
     args = p.parse_args()
@@ -276,6 +316,17 @@ def main():
               f"| {med([k['sockets'] for k in ks], num)} | {med([k['us4'] for k in ks], us)} "
               f"| {med([m['us4'] for m in msr], us)} | {med([k['us4m'] for k in ks], ms_)} "
               f"| {med([m['us4m'] for m in msr], ms_)} | {ratio} |")
+    if args.plot:
+        def per(who, key, scale=1.0):
+            return {n: [r[key] / scale for r in (ks if who == "kolo" else msr) if r.get(key) is not None]
+                    for n, (ks, msr) in rows.items()}
+
+        both = lambda key, scale: {"kolo": per("kolo", key, scale), "OpenMPI": per("mpi", key, scale)}  # noqa: E731
+        draw(args.plot, f"kolo on one host ({os.cpu_count()} CPUs), {args.repeats} repeats: median and range",
+             ranks, [("/dev/shm peak MiB", False, {"kolo": per("kolo", "shm_peak", 1 << 20)}),
+                     ("start-up to first allreduce s", False, {"kolo": per("kolo", "startup_s")}),
+                     ("4 B allreduce us (log)", True, both("us4", 1.0)),
+                     ("4 MiB allreduce ms (log)", True, both("us4m", 1000.0))])
 
 
 if __name__ == "__main__":

@@ -1,11 +1,10 @@
 #!/usr/bin/env python3
-"""Small-allreduce latency on one host, with more ranks than cores or not: kolo with its
-shared-memory negotiation (the board, the default), kolo with every op through rank 0
-(KOLO_SHM_NEGOTIATION=0), and OpenMPI (mpi4py), in one run.
+"""Small-allreduce latency on one host, with more ranks than cores or not: kolo and OpenMPI
+(mpi4py), in one run.
 
     python3 bench/small_ops.py --ranks 2,4,8,16 --repeats 3
 
-For each rank count the three peers run in turn, 3 s apart, the order rotating each repeat so
+For each rank count the peers run in turn, 3 s apart, the order rotating each repeat so
 that each peer also runs right after each other; each run times --iters ops of each size after
 --warmup untimed ones and reports the median per op. The table gives medians over the repeats
 with their ranges, and the ratios of the medians to OpenMPI's.
@@ -23,9 +22,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PY = "/usr/bin/python3"
-PEERS = ("board", "rank0", "mpi")
-LABELS = {"board": "kolo (board)", "rank0": "kolo, via rank 0", "mpi": "OpenMPI",
-          "bound": "kolo (board), bound", "mpibound": "OpenMPI, bound"}
+PEERS = ("kolo", "mpi")
+LABELS = {"kolo": "kolo", "mpi": "OpenMPI", "bound": "kolo, bound", "mpibound": "OpenMPI, bound"}
 
 
 def run(peer, n, args, slices=False):
@@ -45,7 +43,6 @@ def run(peer, n, args, slices=False):
             if os.geteuid() == 0:
                 cmd.insert(1, "--allow-run-as-root")
         else:
-            env["KOLO_SHM_NEGOTIATION"] = "0" if peer == "rank0" else "1"
             bind = ["--bind-to", "core:overload-allowed"] if peer == "bound" else []
             kolo = args.compare_kolo if peer == "other" else args.kolo
             cmd = [kolo, "run", "-np", str(n), *bind, *pin, kolo, "bench", "allreduce"]
@@ -95,15 +92,15 @@ def main():
     p.add_argument("--timeout", type=int, default=600)
     p.add_argument("--kolo", default=os.path.join(ROOT, "bin", "kolo"))
     p.add_argument("--compare-kolo", default="",
-                   help="another kolo binary (an earlier commit's bin/kolo) as one more peer, kolo (board) "
-                        "built there, labelled with --compare-label: an A/B of two builds in one run")
+                   help="another kolo binary (an earlier commit's bin/kolo) as one more peer, labelled "
+                        "with --compare-label: an A/B of two builds in one run")
     p.add_argument("--compare-label", default="other build")
     p.add_argument("--bound", action="store_true",
-                   help="two more peers: kolo with the board and OpenMPI, each rank bound to one CPU round "
+                   help="two more peers: kolo and OpenMPI, each rank bound to one CPU round "
                         "robin (kolo run / mpirun --bind-to core:overload-allowed)")
     p.add_argument("--placements", default="",
                    help="semicolon-separated CPU lists, one CPU per local rank (0,0,0,1;0,1,0,1): for each, "
-                        "two more peers, kolo (board) and OpenMPI with every rank pinned there (one --ranks "
+                        "two more peers, kolo and OpenMPI with every rank pinned there (one --ranks "
                         "value, as long as each list)")
     p.add_argument("--slices", type=int, default=0,
                    help="time the first size in this many consecutive slices of --iters ops from each run's "
@@ -112,15 +109,14 @@ def main():
     peers = PEERS + (("bound", "mpibound") if args.bound else ())
     if args.compare_kolo:
         peers += ("other",)
-        LABELS["other"] = f"kolo (board), {args.compare_label}"
+        LABELS["other"] = f"kolo, {args.compare_label}"
     for place in filter(None, args.placements.split(";")):
         if len(args.ranks.split(",")) != 1 or len(place.split(",")) != int(args.ranks):
             p.error(f"--placements {place!r}: give one --ranks value and one CPU per rank")
-        peers += (f"board@{place}", f"mpi@{place}")
-        LABELS[f"board@{place}"], LABELS[f"mpi@{place}"] = f"kolo (board), CPUs {place}", f"OpenMPI, CPUs {place}"
+        peers += (f"kolo@{place}", f"mpi@{place}")
+        LABELS[f"kolo@{place}"], LABELS[f"mpi@{place}"] = f"kolo, CPUs {place}", f"OpenMPI, CPUs {place}"
     if args.slices:
-        # The rank-0 path is the board's with an extra hop; the states in question are the board's.
-        return slices(args, tuple(p for p in peers if p != "rank0"))
+        return slices(args, peers)
     ranks = [int(x) for x in args.ranks.split(",")]
     rows = {}
     for n in ranks:
@@ -134,15 +130,15 @@ def main():
             print(f"# {n} ranks, repeat {rep + 1}: " + ", ".join(f"{peer} {got[peer][-1]}" for peer in peers),
                   file=sys.stderr, flush=True)
         rows[n] = got
-    sizes = sorted(rows[ranks[0]]["board"][0])
+    sizes = sorted(rows[ranks[0]]["kolo"][0])
     print(f"# small allreduces (float32 sum) on one host ({os.cpu_count()} CPUs), {args.iters} ops per run, "
           f"{args.repeats} runs of each peer rotated; medians of the runs' per-op medians, us (ranges)")
     # Each kolo peer over the OpenMPI run placed alike (a pinned kolo over OpenMPI pinned the same
     # way), the others over unbound OpenMPI; with --compare-kolo, this build over the other too.
-    base = [(p, "mpi@" + p.partition("@")[2] if p.startswith("board@") else "mpi")
+    base = [(p, "mpi@" + p.partition("@")[2] if p.startswith("kolo@") else "mpi")
             for p in peers if p != "mpi" and not p.startswith("mpi@")]
     if args.compare_kolo:
-        base.append(("board", "other"))
+        base.append(("kolo", "other"))
     head = "| ranks | size |" + "".join(f" {LABELS[p]} |" for p in peers) + "".join(
         f" {LABELS[p]} / {LABELS[b]} |" for p, b in base)
     print(head)

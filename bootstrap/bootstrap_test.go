@@ -63,10 +63,10 @@ func TestJoinPlainAndKoloRun(t *testing.T) {
 		t.Errorf("kolo run without secret: %v", err)
 	}
 	secretFile := filepath.Join(t.TempDir(), "secret")
-	os.WriteFile(secretFile, []byte("s3cret\n"), 0o600)
+	os.WriteFile(secretFile, []byte(testSecret+"\n"), 0o600)
 	kolo[jobenv.SecretFile] = secretFile
 	s, err = Join(context.Background(), kolo, "me", Options{})
-	if err != nil || string(s.Secret) != "s3cret" || s.Launcher != jobenv.KoloRun {
+	if err != nil || string(s.Secret) != testSecret || s.Launcher != jobenv.KoloRun {
 		t.Errorf("kolo run with secret file: %+v, %v", s, err)
 	}
 	kolo[jobenv.SecretFile] = filepath.Join(t.TempDir(), "missing")
@@ -79,13 +79,13 @@ func TestJoinPlainAndKoloRun(t *testing.T) {
 // launcher at the rendezvous for its rounds (a job of one that grows).
 func TestJoinElasticWorldOfOneReadsTheSecret(t *testing.T) {
 	env := jobenv.Encode(jobenv.Job{Size: 1, LocalSize: 1, CrossSize: 1, Hostname: "h", Rendezvous: "h:1", JobID: "j"})
-	env[jobenv.Secret] = "s3cret"
+	env[jobenv.Secret] = testSecret
 	if s, err := Join(context.Background(), env, "me", Options{}); err != nil || s.Secret != nil {
 		t.Fatalf("a plain job of one: %+v, %v (needs no secret)", s, err)
 	}
 	env[jobenv.Elastic] = "1"
 	s, err := Join(context.Background(), env, "me", Options{})
-	if err != nil || string(s.Secret) != "s3cret" {
+	if err != nil || string(s.Secret) != testSecret {
 		t.Fatalf("an elastic worker alone: %+v, %v", s, err)
 	}
 }
@@ -143,14 +143,14 @@ func TestJoinThroughFile(t *testing.T) {
 // A user-given secret is never written to the file; the ranks read it from their environment.
 func TestJoinGivenSecretStaysOutOfFile(t *testing.T) {
 	dir := t.TempDir()
-	envs := []map[string]string{ompi(0, 2, dir, jobenv.Secret, "given"), ompi(1, 2, dir, jobenv.Secret, "given")}
+	envs := []map[string]string{ompi(0, 2, dir, jobenv.Secret, givenSecret), ompi(1, 2, dir, jobenv.Secret, givenSecret)}
 	ss, errs := joinAll(t, envs, 0, 20*time.Second)
 	if errs[0] != nil || errs[1] != nil {
 		t.Fatal(errs)
 	}
 	defer ss[0].Close()
 	b, err := os.ReadFile(filepath.Join(dir, "mpirun-4242"))
-	if err != nil || strings.Contains(string(b), "secret=") || string(ss[1].Secret) != "given" {
+	if err != nil || strings.Contains(string(b), "secret=") || string(ss[1].Secret) != givenSecret {
 		t.Errorf("file %q (%v), rank 1 secret %q", b, err, ss[1].Secret)
 	}
 }
@@ -166,8 +166,8 @@ func TestJoinGivenAddress(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	envs := []map[string]string{
-		ompi(0, 2, dir, jobenv.Rendezvous, addr, jobenv.Secret, "given"),
-		ompi(1, 2, dir, jobenv.Rendezvous, addr, jobenv.Secret, "given"),
+		ompi(0, 2, dir, jobenv.Rendezvous, addr, jobenv.Secret, givenSecret),
+		ompi(1, 2, dir, jobenv.Rendezvous, addr, jobenv.Secret, givenSecret),
 	}
 	ss, errs := joinAll(t, envs, 0, 20*time.Second)
 	if errs[0] != nil || errs[1] != nil {
@@ -182,7 +182,7 @@ func TestJoinGivenAddress(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := rendezvous.Dial(ctx, addr, []byte("given"))
+	c, err := rendezvous.Dial(ctx, addr, []byte(givenSecret))
 	if err != nil {
 		t.Fatalf("rank 0 does not serve at %s: %v", addr, err)
 	}
@@ -357,3 +357,9 @@ func TestReadRecordRefusesLooseFile(t *testing.T) {
 		}
 	}
 }
+
+// Secrets as a user gives them: strong enough for auth.CheckStrength, and different.
+var (
+	testSecret  = strings.Repeat("5e", 16)
+	givenSecret = strings.Repeat("61", 16)
+)

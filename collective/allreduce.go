@@ -38,6 +38,9 @@ type Tuning struct {
 	// SlotStores is how the shared-memory algorithms write their slots; SlotStoresAuto (the
 	// zero value) measures it per group (see SlotStores).
 	SlotStores SlotStores
+	// SlotStoresMeasured, if set, is called on rank 0 when a group has measured its slot stores
+	// (SlotStoresAuto), with what the measurement found: the package does not log, its caller does.
+	SlotStoresMeasured func(SlotStoresMeasurement)
 	// SharedRoundBytes caps what the shared-memory algorithms move per rank per round of barriers
 	// (the shared allreduce's round, the exchanges' piece) when every rank has a CPU; with more
 	// ranks than CPUs a round is as large as the slot (half a slot for the exchanges). Default

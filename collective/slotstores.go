@@ -3,7 +3,6 @@ package collective
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -41,6 +40,14 @@ func (m SlotStores) String() string {
 	return "auto"
 }
 
+// SlotStoresMeasurement is what one group's measurement of its slot stores found, for the caller
+// to report (Tuning.SlotStoresMeasured): this package does not log.
+type SlotStoresMeasurement struct {
+	Ranks            int
+	Chosen           SlotStores
+	Streaming, Plain []time.Duration // this rank's trial times of each mode, in the order run; none if it ran no trials
+}
+
 // slotStoresOf remembers the measured choice of each group, by its Shared capability.
 var slotStoresOf sync.Map // transport.Shared -> SlotStores
 
@@ -63,8 +70,11 @@ func slotStores(ctx context.Context, c transport.Comm, s transport.Shared, tun *
 	if err != nil {
 		return 0, err
 	}
-	slotStoresOf.Store(s, m)
-	return m, nil
+	slotStoresOf.Store(s, m.Chosen)
+	if c.Rank() == 0 && tun != nil && tun.SlotStoresMeasured != nil && len(m.Streaming) > 0 {
+		tun.SlotStoresMeasured(m)
+	}
+	return m.Chosen, nil
 }
 
 // calibrateRounds is how many shared allreduces of each mode calibrateSlotStores times; the
@@ -94,13 +104,13 @@ type trialFunc func(ctx context.Context, mode SlotStores) (time.Duration, error)
 // an AMD EPYC VM where the allreduce ran 2-3x faster with streaming stores that copy took about
 // the same time either way, so noise decided, and a third of runs chose plain stores and ran at
 // their speed throughout (docs/benchmarks.md, "What moved 2-rank bandwidth").
-func calibrateSlotStores(ctx context.Context, c transport.Comm, s transport.Shared, tun *Tuning) (SlotStores, error) {
+func calibrateSlotStores(ctx context.Context, c transport.Comm, s transport.Shared, tun *Tuning) (SlotStoresMeasurement, error) {
 	n := c.Size()
 	round := tun.sharedRound() // the rounds the group's allreduces take
 	// A few rounds at most where slots are small (tests' groups): the modes differ per byte.
 	size := min(max(calibrateBytes/n, calibrateMin), calibrateMax, 4*len(s.Slot(c.Rank()))) / 64 * 64
 	if size == 0 {
-		return SlotStoresStreaming, nil
+		return SlotStoresMeasurement{Ranks: n, Chosen: SlotStoresStreaming}, nil
 	}
 	buf := make([]byte, size)
 	trial := func(ctx context.Context, mode SlotStores) (time.Duration, error) {
@@ -112,8 +122,9 @@ func calibrateSlotStores(ctx context.Context, c transport.Comm, s transport.Shar
 	return decideSlotStores(ctx, c, s, trial)
 }
 
-// decideSlotStores runs the trials, alternating the modes, and has rank 0 choose and publish.
-func decideSlotStores(ctx context.Context, c transport.Comm, s transport.Shared, trial trialFunc) (SlotStores, error) {
+// decideSlotStores runs the trials, alternating the modes, and has rank 0 choose and publish. Every
+// rank's measurement has the choice; the trial times are its own.
+func decideSlotStores(ctx context.Context, c transport.Comm, s transport.Shared, trial trialFunc) (SlotStoresMeasurement, error) {
 	r := c.Rank()
 	var took [2][]time.Duration // by mode: streaming, plain
 	for i := range 2 * calibrateRounds {
@@ -123,7 +134,7 @@ func decideSlotStores(ctx context.Context, c transport.Comm, s transport.Shared,
 		}
 		d, err := trial(ctx, mode)
 		if err != nil {
-			return 0, fmt.Errorf("calibrate slot stores: %v stores, trial %d: %w", mode, i/2+1, err)
+			return SlotStoresMeasurement{}, fmt.Errorf("calibrate slot stores: %v stores, trial %d: %w", mode, i/2+1, err)
 		}
 		took[k] = append(took[k], d)
 	}
@@ -135,16 +146,12 @@ func decideSlotStores(ctx context.Context, c transport.Comm, s transport.Shared,
 		}
 	}
 	if err := s.Barrier(ctx); err != nil {
-		return 0, fmt.Errorf("calibrate slot stores: barrier after the choice: %w", err)
+		return SlotStoresMeasurement{}, fmt.Errorf("calibrate slot stores: barrier after the choice: %w", err)
 	}
-	m := SlotStores(slot[0])
-	if r == 0 {
-		slog.Debug("collective: slot stores measured", "ranks", c.Size(), "chosen", m,
-			"streaming", took[0], "plain", took[1])
-	}
+	m := SlotStoresMeasurement{Ranks: c.Size(), Chosen: SlotStores(slot[0]), Streaming: took[0], Plain: took[1]}
 	// Nobody writes a slot again until every rank has read the choice.
 	if err := s.Barrier(ctx); err != nil {
-		return 0, fmt.Errorf("calibrate slot stores: barrier after reading the choice: %w", err)
+		return SlotStoresMeasurement{}, fmt.Errorf("calibrate slot stores: barrier after reading the choice: %w", err)
 	}
 	return m, nil
 }

@@ -127,8 +127,8 @@ func TestSlotStoresFollowTheTrials(t *testing.T) {
 					}
 					return tc.streaming, nil
 				}
-				var err error
-				got[r], err = decideSlotStores(ctx, c, c.(transport.Shared), trial)
+				m, err := decideSlotStores(ctx, c, c.(transport.Shared), trial)
+				got[r] = m.Chosen
 				return err
 			})
 			for r := range n {
@@ -154,5 +154,40 @@ func TestSlotStoresTrialFails(t *testing.T) {
 	})
 	if errs[1] == nil || !strings.Contains(errs[1].Error(), "streaming stores, trial 1: no memory") {
 		t.Fatalf("rank 1: %v", errs[1])
+	}
+}
+
+// The measurement is reported to the caller once, on rank 0 only, with the choice every rank
+// made and rank 0's trial times (the engine logs it; this package does not).
+func TestSlotStoresMeasurementReported(t *testing.T) {
+	const n = 3
+	var reports []SlotStoresMeasurement // written by rank 0 only
+	got := make([]SlotStores, n)
+	errs := ranks(t, n, []inmem.Option{inmem.WithSlotBytes(2 << 20)}, nil, func(ctx context.Context, r int, c transport.Comm) error {
+		tun := &Tuning{SlotStoresMeasured: func(m SlotStoresMeasurement) {
+			if r != 0 {
+				t.Errorf("rank %d reported a measurement", r)
+			}
+			reports = append(reports, m)
+		}}
+		var err error
+		for range 2 { // the second call finds the group's choice and measures nothing
+			if got[r], err = slotStores(ctx, c, c.(transport.Shared), tun); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	if len(reports) != 1 {
+		t.Fatalf("%d reports, want 1", len(reports))
+	}
+	m := reports[0]
+	if m.Ranks != n || m.Chosen != got[0] || len(m.Streaming) != calibrateRounds || len(m.Plain) != calibrateRounds {
+		t.Errorf("report %+v, want %d ranks, choice %v, %d trials of each mode", m, n, got[0], calibrateRounds)
 	}
 }

@@ -214,8 +214,10 @@ func (e *Engine) initTuning(cfg Config) error {
 			}
 		}
 	}
+	builtin := DefaultConfig()
 	tc := autotune.Config{
 		Defaults:       defaults,
+		Builtin:        autotune.Settings{FusionBytes: builtin.FusionBytes, CycleTime: builtin.CycleTime},
 		WarmupSamples:  at.WarmupSamples,
 		StepsPerSample: at.StepsPerSample,
 		MaxSamples:     at.MaxSamples,
@@ -280,6 +282,7 @@ func countHosts(hosts []string) int {
 // DistributedOptimizer marks each of its steps). The settings rank 0's autotuner chose for the
 // next step come into force here, and on rank 0 the tuner times the step.
 func (e *Engine) MarkStep() {
+	e.obs.observeStep(time.Now())
 	t := &e.tune
 	t.mu.Lock()
 	step := t.steps.Add(1)

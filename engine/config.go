@@ -48,14 +48,8 @@ type Config struct {
 	// the job runs.
 	SmallAllreduceBytes int64
 	SharedRoundBytes    int64
-	// CoordinatorOnly negotiates every op through rank 0 (KOLO_SHM_NEGOTIATION=0). By default a
-	// world on one host negotiates its cached small allreduces through the shared-memory board
-	// instead (board.go); BoardWait (default DefaultBoardWait) is how long such an op waits there
-	// for the other ranks before it goes rank 0's way.
-	CoordinatorOnly bool
-	BoardWait       time.Duration
-	SetupTimeout    time.Duration // connecting to peers; default 60 s
-	ShutdownWait    time.Duration // how long Shutdown waits for the other ranks; default 30 s
+	SetupTimeout        time.Duration // connecting to peers; default 60 s
+	ShutdownWait        time.Duration // how long Shutdown waits for the other ranks; default 30 s
 	// Spin is how long idle waits poll before parking; 0 = never. Negative, as in DefaultConfig,
 	// means unset: kolo.Init picks DefaultSpin for the host (and leaves the shared-memory waits
 	// their own default), New takes it as 0.
@@ -224,9 +218,6 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 			errs = append(errs, fmt.Sprintf("%s=%q: want 1 (streaming stores), 0 (plain) or auto", k, v))
 		}
 	}
-	board := true
-	boolVar("SHM_NEGOTIATION", &board)
-	c.CoordinatorOnly = !board
 	bytesVar("SMALL_ALLREDUCE_BYTES", &c.SmallAllreduceBytes)
 	bytesVar("SHM_ROUND_BYTES", &c.SharedRoundBytes)
 	durVar("START_TIMEOUT", time.Second, &c.SetupTimeout)

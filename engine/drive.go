@@ -155,7 +155,7 @@ func (e *Engine) acquired() {
 func (e *Engine) release() {
 	e.mu.Lock()
 	e.driving = false
-	more := e.ended || e.closed || len(e.queue) > 0 || e.inflight > 0 || e.onBoard() || e.joining != nil || e.foreign > 0
+	more := e.ended || e.closed || len(e.queue) > 0 || e.inflight > 0 || e.joining != nil || e.foreign > 0
 	toWaiters := more && !e.ended && !e.closed && e.waiting.Load() > 0
 	if toWaiters {
 		e.handoff = true
@@ -253,11 +253,8 @@ func (e *Engine) serve(ctx context.Context, h *Handle) {
 // busy reports whether this rank has work that needs a driver. Rank 0 always has while a process
 // set without it exists: it coordinates that set, and no caller of its own waits for those ops.
 func (e *Engine) busy() bool {
-	return e.queued.Load() > 0 || e.inflight > 0 || e.onBoard() || e.joining != nil || e.foreign > 0
+	return e.queued.Load() > 0 || e.inflight > 0 || e.joining != nil || e.foreign > 0
 }
-
-// onBoard reports whether ops of this rank wait on the board (driver-owned).
-func (e *Engine) onBoard() bool { return e.brd != nil && len(e.brd.pending) > 0 }
 
 // sleep waits, as the driver, until a control message arrives, an op is queued, ctx ends, the stall
 // inspector is due or checkEvery passes.
@@ -269,15 +266,12 @@ func (e *Engine) sleep(ctx context.Context, h *Handle, now time.Time) {
 	if !e.coord.since.IsZero() {
 		d = min(d, e.coord.since.Add(e.cfg.ProgressTimeout).Sub(now)) // the deadline on rank 0
 	}
-	if e.onBoard() {
-		d = min(d, e.boardDeadline().Sub(now))
-	}
 	if d <= 0 {
 		return
 	}
 	if e.poller != nil {
 		e.poller.Sleep(func() bool {
-			return e.queued.Load() > 0 || ctx.Err() != nil || (h != nil && h.Poll()) || (h == nil && e.waiting.Load() > 0) || e.boardReady()
+			return e.queued.Load() > 0 || ctx.Err() != nil || (h != nil && h.Poll()) || (h == nil && e.waiting.Load() > 0)
 		}, d)
 		return
 	}
@@ -285,7 +279,7 @@ func (e *Engine) sleep(ctx context.Context, h *Handle, now time.Time) {
 	defer e.timer.Stop()
 	select {
 	case m, ok := <-e.inbox:
-		e.held, e.heldOK = &m, ok
+		e.held, e.hasHeld, e.heldOK = m, true, ok
 	case <-e.nudge:
 	case <-ctx.Done():
 	case <-e.timer.C:
@@ -294,9 +288,9 @@ func (e *Engine) sleep(ctx context.Context, h *Handle, now time.Time) {
 
 // recv returns the next control message if one has arrived.
 func (e *Engine) recv() (transport.Msg, bool, error) {
-	if e.held != nil {
-		m, ok := *e.held, e.heldOK
-		e.held = nil
+	if e.hasHeld {
+		m, ok := e.held, e.heldOK
+		e.held, e.hasHeld = transport.Msg{}, false
 		if !ok {
 			return transport.Msg{}, false, transport.ErrClosed
 		}
@@ -330,6 +324,7 @@ func (e *Engine) step(now time.Time) bool {
 	if cycle := time.Duration(e.tune.cycle.Load()); cycle > 0 && e.queued.Load() > 0 {
 		time.Sleep(cycle) // let more ops gather into one negotiation
 	}
+	e.obs.closeSteps()
 	progressed, ok := e.drainQueue(now)
 	if !ok {
 		e.ended = true
@@ -348,17 +343,13 @@ func (e *Engine) step(now time.Time) bool {
 		progressed = true
 		if m.From == 0 && e.hub == nil {
 			e.coord.heard(now)
+		} else if e.members.heard != nil && m.From >= 0 && m.From < len(e.members.heard) {
+			e.members.heard[m.From] = now
 		}
 		if !e.handleMsg(m) {
 			e.ended = true
 			return true
 		}
-	}
-	if moved, ok := e.boardStep(now); !ok {
-		e.ended = true
-		return true
-	} else if moved {
-		progressed = true
 	}
 	if progressed {
 		if tl := e.tl.Load(); tl != nil {
@@ -375,7 +366,7 @@ func (e *Engine) step(now time.Time) bool {
 	if !e.nextTick.IsZero() {
 		if !now.Before(e.nextTick) {
 			e.nextTick = now.Add(tickEvery(e.cfg))
-			if !e.tick(now) {
+			if !e.watchMembers(now) || !e.tick(now) {
 				e.ended = true
 				return true
 			}

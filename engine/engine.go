@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/engine/negotiate"
+	"github.com/kolo-dl/kolo/observe/flight"
 	"github.com/kolo-dl/kolo/timeline"
 	"github.com/kolo-dl/kolo/transport"
 )
@@ -85,11 +86,12 @@ type Engine struct {
 	queued  atomic.Int32  // len(queue), for a sleeping driver's wake-up condition
 	stopped chan struct{} // closed when the background goroutine exits
 
-	poller transport.Poller     // the Messenger's Poller capability, if it has one
-	inbox  <-chan transport.Msg // else its Inbox
-	timer  *time.Timer          // bounds a driver's sleep on inbox (driver-owned)
-	held   *transport.Msg       // a message taken from inbox while sleeping, not yet handled
-	heldOK bool                 // held came from an open inbox
+	poller  transport.Poller     // the Messenger's Poller capability, if it has one
+	inbox   <-chan transport.Msg // else its Inbox
+	timer   *time.Timer          // bounds a driver's sleep on inbox (driver-owned)
+	held    transport.Msg        // a message taken from inbox while sleeping, not yet handled (a value: no allocation per wake)
+	hasHeld bool                 // held is set
+	heldOK  bool                 // held came from an open inbox
 
 	// bgDriving: the background goroutine holds the drive token, and a caller that starts waiting
 	// must wake it to take over.
@@ -104,6 +106,7 @@ type Engine struct {
 	// tl is the running timeline, or nil: the only cost of a disabled timeline is loading it.
 	// tlMu orders StartTimeline and StopTimeline (the loop only loads tl).
 	tl   atomic.Pointer[timeline.Timeline]
+	obs  *observer // flight recorder, meter and (rank 0) straggler tracker: observe.go
 	tlMu sync.Mutex
 
 	// inFlight holds, per process set, the names of the ops submitted on this rank that have not
@@ -140,9 +143,6 @@ type Engine struct {
 	ended    bool      // the loop has stopped for good (failure, or shut down)
 	nextTick time.Time // when the coordinator's stall inspector runs next
 
-	// brd negotiates small cached allreduces through shared memory (board.go); nil elsewhere.
-	brd *board
-
 	// tune holds the settings the autotuner changes while the job runs (autotune.go).
 	tune tuning
 
@@ -163,6 +163,8 @@ type Engine struct {
 	kaWaiting []bool
 	kaMsg     []byte
 	coord     coordClock
+	// members is rank 0's deadline on the others, fed by their heartbeats (keepalive.go).
+	members memberClock
 }
 
 // setName is an op's name within its process set.
@@ -210,12 +212,11 @@ func (e *Engine) Joins() uint64 { return e.joins.Load() }
 type entry struct {
 	req       negotiate.Request
 	submitted time.Time // when the driver took it from the queue
+	fid       flight.ID // its record in the flight recorder
 	set       *procSet
 	in        []byte // input bytes
 	out       []byte // output bytes (nil when the engine allocates: allgather, alltoall, reducescatter)
 	h         *Handle
-	boardID   uint32 // the cache id it goes by on the board (board.go)
-	boardBorn uint64 // and the Response that announced that id
 }
 
 // outgoing is the requests of one process set going to the coordinator in one Batch.
@@ -277,15 +278,16 @@ func New(cfg Config, g Group) (*Engine, error) {
 		resync:   map[int]resyncPoint{},
 		global:   global,
 		table:    negotiate.NewSetTable(g.Size),
-		brd:      newBoard(cfg, g),
 	}
 	e.kick.Stop()
 	e.timer.Stop()
+	if e.obs, err = newObserver(g.Rank, g.Size, time.Now()); err != nil {
+		return nil, err
+	}
 	if p, ok := transport.PollerOf(g.Messenger); ok {
 		e.poller = p
 	} else {
 		e.inbox = g.Messenger.Inbox()
-		e.brd = nil // a round's completion rings the Poller's doorbell
 	}
 	if g.Rank == 0 {
 		e.hub, err = negotiate.NewHub(negotiate.Config{
@@ -326,7 +328,11 @@ func New(cfg Config, g Group) (*Engine, error) {
 	if e.keepAliveOn() {
 		e.kaWaiting = make([]bool, g.Size)
 		e.kaMsg = negotiate.EncodeKeepAlive(nil)
+		e.members = memberClock{heard: make([]time.Time, g.Size), missing: make([]bool, g.Size)}
 		go e.keepAlive()
+	} else if g.Size > 1 && cfg.ProgressTimeout > 0 {
+		e.kaMsg = negotiate.EncodeKeepAlive(nil)
+		go e.heartbeat()
 	}
 	return e, nil
 }
@@ -351,7 +357,9 @@ func stallDeadline(cfg Config, d time.Duration) time.Duration {
 // tickEvery is how often the coordinator runs the stall inspector; 0 when it is off.
 func tickEvery(cfg Config) time.Duration {
 	every := time.Duration(0)
-	for _, d := range []time.Duration{stallWarning(cfg), stallDeadline(cfg, cfg.StallShutdown), stallDeadline(cfg, cfg.StallCrossed)} {
+	// The progress deadline too: rank 0 watches at each tick that the ranks others wait on still
+	// run (watchMembers).
+	for _, d := range []time.Duration{stallWarning(cfg), stallDeadline(cfg, cfg.StallShutdown), stallDeadline(cfg, cfg.StallCrossed), cfg.ProgressTimeout} {
 		if d > 0 && (every == 0 || d < every) {
 			every = d
 		}
@@ -498,29 +506,14 @@ func (e *Engine) drainQueue(now time.Time) (took, ok bool) {
 					en.h.finish(fmt.Errorf("rank %d: join called again before the first join completed", e.g.Rank))
 					continue
 				}
-				if e.brd != nil {
-					// The ops on the board go to rank 0 ahead of the join, and no rank
-					// negotiates on the board until every rank has joined.
-					if !e.boardFlush(now) {
-						return true, false
-					}
-					en.h.fellBack = e.brd.b
-					e.brd.b.BoardFallbacks(1)
-				}
 				e.joining, join = en, true
 				continue
 			case e.joining != nil && ps == e.global:
 				en.h.finish(fmt.Errorf("rank %d: %s %q submitted after this rank called join", e.g.Rank, en.req.Kind, en.req.Name))
 				continue
 			}
-			if id, ok := e.boardable(en); ok {
-				if tl != nil {
-					tl.Submitted(ps.id, en.req.Name, opLabel(en.req.Kind), e.g.Rank)
-				}
-				e.boardAdd(en, id)
-				continue
-			}
 			// No duplicate can reach here: enqueue reserved the name until the op completes.
+			en.fid = e.obs.flight.Submit(now, en.req.Name, en.req.Kind.String(), en.req.DType.String(), int64(len(en.in)), ps.id)
 			ps.pending[en.req.Name] = en
 			e.inflight++
 			if tl != nil {
@@ -553,7 +546,7 @@ func (e *Engine) drainQueue(now time.Time) (took, ok bool) {
 		clear(q)
 		e.spare = q[:0]
 	}
-	if closed && e.inflight == 0 && !e.onBoard() {
+	if closed && e.inflight == 0 {
 		return len(q) > 0, false
 	}
 	return len(q) > 0, true
@@ -585,6 +578,7 @@ func (e *Engine) submit(now time.Time, b *negotiate.Batch) bool {
 	e.sent.Add(uint64(len(b.Requests) + len(b.Cached)))
 	e.sentIDs.Add(uint64(len(b.Cached)))
 	if e.hub != nil {
+		e.arrived(now, e.g.Rank, b)
 		if err := e.hub.SubmitBatch(now, e.g.Rank, b); err != nil {
 			e.fail(fmt.Errorf("rank 0: %w", err))
 			return false
@@ -601,7 +595,7 @@ func (e *Engine) submit(now time.Time, b *negotiate.Batch) bool {
 
 // Requests returns how many ops this rank has submitted to the coordinator so far, and how many
 // of them it sent as response-cache ids: a known op costs a few bytes instead of its whole
-// request. (Ops the shared-memory board negotiated are in neither.)
+// request.
 func (e *Engine) Requests() (ops, asIDs uint64) { return e.sent.Load(), e.sentIDs.Load() }
 
 // sendControl sends a control message to rank r within the progress timeout. A control message
@@ -706,8 +700,9 @@ func (e *Engine) handleMsg(m transport.Msg) bool {
 		return malformed(err)
 	}
 	switch {
-	case kind == negotiate.MsgKeepAlive && e.hub == nil:
-		// Rank 0 runs: step has noted that it heard from it.
+	case kind == negotiate.MsgKeepAlive:
+		// Rank 0 runs, or (on rank 0) the sender's process does: step has noted that it heard
+		// from it.
 		if err := negotiate.DecodeKeepAlive(m.Body); err != nil {
 			return malformed(err)
 		}
@@ -743,7 +738,9 @@ func (e *Engine) handleMsg(m transport.Msg) bool {
 		if tl := e.tl.Load(); tl != nil {
 			e.timelineBatch(tl, m.From, b)
 		}
-		if err := e.hub.SubmitBatch(time.Now(), m.From, b); err != nil {
+		now := time.Now()
+		e.arrived(now, m.From, b)
+		if err := e.hub.SubmitBatch(now, m.From, b); err != nil {
 			return malformed(err)
 		}
 	case (kind == negotiate.MsgResponses || kind == negotiate.MsgSetResponses) && e.hub == nil:
@@ -777,6 +774,7 @@ func (e *Engine) publish(out []negotiate.SetResponses) bool {
 	if len(out) == 0 {
 		return true
 	}
+	e.answered(out)
 	for i := range out {
 		sr := &out[i]
 		if len(sr.Members) == 1 && sr.Members[0] == e.g.Rank {
@@ -831,6 +829,7 @@ func (e *Engine) reportSeen() bool {
 
 // tick runs the stall inspector (coordinator only) and publishes the ops it gave up on.
 func (e *Engine) tick(now time.Time) bool {
+	e.refreshFigures(now)
 	resps, stalls := e.hub.Tick(now)
 	for _, s := range stalls {
 		slog.Warn("kolo: stalled op: "+s.String(), "rank", e.g.Rank)
@@ -887,6 +886,12 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 			}
 		}
 	}
+	now := time.Now()
+	for _, en := range entries {
+		if en != nil {
+			e.obs.flight.Negotiated(en.fid, now)
+		}
+	}
 	if r.Error != "" {
 		if r.Resync > 0 {
 			// Before the handles finish: their callers' next unnamed ops must see it.
@@ -900,6 +905,7 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 		}
 		for _, en := range entries {
 			if en != nil {
+				e.opDone(en, now, true)
 				en.h.finish(err)
 			}
 		}
@@ -912,10 +918,26 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 	if e.hub != nil {
 		e.executing.Store(true) // the keepAlive goroutine speaks for this driver meanwhile
 	}
+	for _, en := range entries {
+		if en != nil {
+			e.obs.flight.Started(en.fid, now)
+		}
+	}
 	err := ps.exec.run(context.Background(), *r, entries)
 	if e.hub != nil {
 		e.executing.Store(false)
 	}
+	done := time.Now()
+	var reduced int64
+	for _, en := range entries {
+		if en != nil {
+			e.opDone(en, done, err != nil)
+			if r.Kind == negotiate.Allreduce || r.Kind == negotiate.ReduceScatter {
+				reduced += int64(len(en.in))
+			}
+		}
+	}
+	e.obs.meter.Collective(done.Sub(now), reduced)
 	ps.exec.tl = nil
 	if tl != nil {
 		tl.Done(ps.id, r.Names)
@@ -1299,12 +1321,6 @@ func (e *Engine) halt(err error, tell bool) {
 		clear(ps.pending)
 	}
 	e.inflight = 0
-	if e.brd != nil {
-		for _, en := range e.brd.pending {
-			en.h.finish(err)
-		}
-		e.brd.pending, e.brd.inRound = nil, nil
-	}
 	if e.joining != nil {
 		e.joining.h.finish(err)
 		e.joining = nil
@@ -1320,7 +1336,7 @@ type OpError struct{ Msg string }
 func (e *OpError) Error() string { return e.Msg }
 
 // shutdownName is the barrier every rank passes on the way out.
-const shutdownName = "kolo.shutdown"
+const shutdownName = negotiate.ShutdownName
 
 // Shutdown waits (up to Config.ShutdownWait) until every rank reaches Shutdown, so that no rank
 // tears down connections another rank still needs, then stops the loop. Ops still pending fail
@@ -1357,4 +1373,10 @@ func (e *Engine) Shutdown(ctx context.Context) error {
 		err = terr
 	}
 	return err
+}
+
+// opDone records en's end at now in the flight recorder and the meter.
+func (e *Engine) opDone(en *entry, now time.Time, failed bool) {
+	e.obs.flight.Finished(en.fid, now, failed)
+	e.obs.meter.OpDone(en.req.Kind.String(), now.Sub(en.submitted), failed)
 }

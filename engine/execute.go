@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"strings"
 
@@ -42,7 +43,14 @@ type executor struct {
 // replaces them with its own by a Retune ahead of the first op where they can differ (engine New).
 func newExecutor(g Group, cfg Config) *executor {
 	return &executor{g: g, cfg: cfg, fusion: new([]byte), single: len(g.LocalRanks) == g.Size && g.Local != nil, hosts: g.Hosts,
-		tun: collective.Tuning{SlotStores: cfg.SlotStores}}
+		tun: collective.Tuning{SlotStores: cfg.SlotStores, SlotStoresMeasured: logSlotStores}}
+}
+
+// logSlotStores logs what a group's measurement of its slot stores found (KOLO_LOG_LEVEL=debug):
+// package collective does not log.
+func logSlotStores(m collective.SlotStoresMeasurement) {
+	slog.Debug("collective: slot stores measured", "ranks", m.Ranks, "chosen", m.Chosen,
+		"streaming", m.Streaming, "plain", m.Plain)
 }
 
 // sub is the executor of a process set over g (its own ranks and Comm; no host or cross groups, so

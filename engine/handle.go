@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-
-	"github.com/kolo-dl/kolo/transport"
 )
 
 // Handle is the future of one submitted op: Wait, Poll, Err. Safe for concurrent use.
@@ -24,9 +22,6 @@ type Handle struct {
 	// same name submitted again meanwhile is refused (Engine.reserve).
 	reserved bool
 	set      int
-	// fellBack: the op (or join) holds one of the board's shared fallback count until it
-	// completes (board.go).
-	fellBack transport.Board
 }
 
 func newHandle(name string, e *Engine) *Handle {
@@ -36,9 +31,6 @@ func newHandle(name string, e *Engine) *Handle {
 func (h *Handle) finish(err error) {
 	h.once.Do(func() {
 		h.err = err
-		if h.fellBack != nil {
-			h.fellBack.BoardFallbacks(-1)
-		}
 		if h.reserved {
 			// Before done closes: a caller that saw the op complete may submit the name again.
 			h.e.unreserve(h.set, h.name)

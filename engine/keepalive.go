@@ -16,6 +16,14 @@ package engine
 // marks a round due and summons the background goroutine, so they go out while rank 0's own caller
 // computes outside kolo. While the driver runs a collective (which may outlast the interval), the
 // goroutine sends to every rank itself.
+//
+// The other way round, every other rank's heartbeat goroutine sends rank 0 the same two bytes
+// every ProgressTimeout/4, whatever it does: a goroutine runs while the rank's program computes
+// (for minutes, holding Python's GIL, or anything else), and stops only when the whole process
+// stops (SIGSTOP, a paused VM, a process swapped out). So when ranks wait on an op that rank r has
+// not submitted, and rank 0 has heard nothing from r for ProgressTimeout, r is frozen between two
+// ops, not computing: rank 0 stops the job naming it (watchMembers), as a collective's progress
+// deadline names a rank frozen inside one.
 
 import (
 	"context"
@@ -80,6 +88,70 @@ func (e *Engine) sendKeepAlives() bool {
 			e.fail(e.lostError(r, fmt.Errorf("send keep-alive: %w", err)))
 			return false
 		}
+	}
+	return true
+}
+
+// heartbeat (ranks other than 0) tells rank 0 that this process runs, every keepAliveEvery, until
+// the loop ends.
+func (e *Engine) heartbeat() {
+	every := keepAliveEvery(e.cfg.ProgressTimeout)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.stopped:
+			return
+		case <-t.C:
+		}
+		if e.g.Messenger.Lost(0) != nil {
+			return // the driver reports it
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), every)
+		_ = e.g.Messenger.SendMsg(ctx, 0, e.kaMsg) // a failed send is the driver's to report
+		cancel()
+	}
+}
+
+// memberClock is rank 0's deadline on the other ranks: when it last heard from each.
+type memberClock struct {
+	heard   []time.Time // per rank: the step that last read a message from it
+	missing []bool      // scratch for Hub.Missing
+	last    time.Time   // the previous look
+}
+
+// watchMembers (rank 0, at each tick) stops the job, naming the rank, when ranks wait on an op that
+// rank has not submitted and rank 0 has heard nothing from it, not even its heartbeat, for
+// ProgressTimeout: its process is frozen. It returns false when the loop must end.
+func (e *Engine) watchMembers(now time.Time) bool {
+	m := &e.members
+	if m.heard == nil {
+		return true
+	}
+	gap := now.Sub(m.last)
+	first := m.last.IsZero()
+	m.last = now
+	if first || transport.NotRunning(gap, checkEvery) {
+		// Rank 0 itself did not run meanwhile: what it did not hear says nothing of the others.
+		for r := range m.heard {
+			m.heard[r] = now
+		}
+		return true
+	}
+	clear(m.missing)
+	e.hub.Missing(m.missing)
+	for r, miss := range m.missing {
+		if !miss || r == e.g.Rank || now.Sub(m.heard[r]) < e.cfg.ProgressTimeout {
+			continue
+		}
+		reason := fmt.Sprintf("rank %d", r)
+		if h := e.host(r); h != "" {
+			reason += fmt.Sprintf(" (%s)", h)
+		}
+		reason += fmt.Sprintf(" made no progress for %v: other ranks wait for it to submit its next op, and it has sent nothing for %v, not even its heartbeat: its process is stopped (SIGSTOP, a paused machine, swapped out), not merely computing",
+			e.cfg.ProgressTimeout, roundAge(now.Sub(m.heard[r])))
+		e.resolveStall(negotiate.Abort{Rank: e.g.Rank, Reason: reason, Stalled: true, StalledOn: r}, true, e.cfg.ProgressTimeout)
+		return false
 	}
 	return true
 }

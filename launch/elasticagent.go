@@ -12,6 +12,8 @@ import (
 
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/elastic"
+	"github.com/kolo-dl/kolo/launch/layout"
+	"github.com/kolo-dl/kolo/launch/proc"
 )
 
 // The joining side of a no-ssh elastic job (elasticnode.go has the serving side): a node that does
@@ -41,7 +43,7 @@ func joinElasticJob(ctx context.Context, n *node, set elasticSettings) (int, err
 	defer cancel()
 	num, err := rv.Add(jctx, jobenv.NodesKey, 1)
 	if err == nil {
-		err = rv.Set(jctx, jobenv.NodeKey(int(num)), jobenv.NodeJoin{Hostname: hn, Slots: n.slots, Addr: ip, Flags: o.elasticNodeFlags()}.Encode())
+		err = rv.Set(jctx, jobenv.NodeKey(int(num)), jobenv.NodeJoin{Hostname: hn, Slots: n.slots, Addr: ip, Flags: o.ElasticNodeFlags()}.Encode())
 	}
 	if err != nil {
 		return 1, fmt.Errorf("join the elastic job at %s: %w", o.Rendezvous, err)
@@ -68,12 +70,12 @@ func joinElasticJob(ctx context.Context, n *node, set elasticSettings) (int, err
 	if starter == nil {
 		guard := startGuard()
 		defer guard.Close()
-		starter = LocalStarter{Guard: guard}
+		starter = proc.LocalStarter{Guard: guard}
 	}
 	a := &elasticAgent{
 		n: n, set: set, num: int(num), welcome: w, starter: starter, extra: workerExtraEnv(o),
-		out:   &lineWriter{w: n.stdout, ts: o.Timestamps},
-		errw:  &lineWriter{w: n.stderr, ts: o.Timestamps},
+		out:   proc.NewLineWriter(n.stdout, o.Timestamps),
+		errw:  proc.NewLineWriter(n.stderr, o.Timestamps),
 		procs: map[int]*elasticProc{},
 		exits: make(chan agentExit),
 	}
@@ -87,10 +89,10 @@ type elasticAgent struct {
 	set     elasticSettings
 	num     int
 	welcome jobenv.NodeWelcome
-	starter Starter
+	starter proc.Starter
 	extra   map[string]string
 
-	out, errw *lineWriter
+	out, errw *proc.LineWriter
 	procs     map[int]*elasticProc // by worker number (the order that started it), until it exits
 	exits     chan agentExit
 	wg        sync.WaitGroup // the workers' pumps and waiters
@@ -100,7 +102,7 @@ type elasticAgent struct {
 type agentExit struct {
 	num  int
 	p    *elasticProc
-	exit Exit
+	exit proc.Exit
 }
 
 // errRendezvousLost wraps why a joined node lost the rendezvous.
@@ -177,32 +179,10 @@ func (a *elasticAgent) readOrders(ctx context.Context, out chan<- jobenv.NodeOrd
 }
 
 // heartbeat tells the serving node this node is alive, and notices when the serving node is not:
-// a closed connection, or no answer for nodeSilence.
+// a closed connection, or no answer for nodeSilence (sendBeats).
 func (a *elasticAgent) heartbeat(ctx context.Context, lost chan<- error) {
-	t := time.NewTicker(a.set.beat)
-	defer t.Stop()
-	last := time.Now()
-	for {
-		bctx, cancel := context.WithTimeout(ctx, a.set.beat)
-		_, err := a.n.rv.Add(bctx, jobenv.NodeBeatKey(a.num), 1)
-		cancel()
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err == nil:
-			last = time.Now()
-		case !errors.Is(err, context.DeadlineExceeded):
-			lost <- err
-			return
-		case time.Since(last) >= a.set.nodeSilence:
-			lost <- fmt.Errorf("the serving node has not answered for %.1f s", time.Since(last).Seconds())
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	if err := sendBeats(ctx, a.n.rv, jobenv.NodeBeatKey(a.num), a.set.beat, a.set.nodeSilence); err != nil {
+		lost <- err
 	}
 }
 
@@ -210,23 +190,23 @@ func (a *elasticAgent) heartbeat(ctx context.Context, lost chan<- error) {
 // exit.
 func (a *elasticAgent) start(o jobenv.NodeOrder) error {
 	opts, w := a.n.opts, a.welcome
-	s := Slot{Rank: o.Rank, Size: o.Size, Host: w.Host, LocalRank: o.LocalRank, LocalSize: o.LocalSize,
+	s := layout.Slot{Rank: o.Rank, Size: o.Size, Host: w.Host, LocalRank: o.LocalRank, LocalSize: o.LocalSize,
 		CrossRank: o.CrossRank, CrossSize: o.CrossSize}
 	env := elasticWorkerEnv(s, o.Slot, o.Round, w.Timeout, opts.Rendezvous, w.JobID, string(a.n.secret), a.extra, opts.Env)
 	p := &elasticProc{place: elastic.Worker{Host: w.Host, Slot: o.Slot}, round: o.Round, rank: o.Rank,
-		tail: &tailBuffer{max: 20}, drained: make(chan struct{})}
-	proc, err := a.starter.Start(context.Background(), Worker{Slot: s, Argv: opts.Command, Env: env})
+		tail: proc.NewTail(20), drained: make(chan struct{})}
+	started, err := a.starter.Start(context.Background(), proc.Worker{Slot: s, Argv: opts.Command, Env: env})
 	if err != nil {
 		close(p.drained)
 		a.log("%s could not be started: %v", p.place, err)
-		return a.report(agentExit{num: o.Worker, p: p, exit: Exit{Code: -1, Err: fmt.Errorf("start %s: %w", p.place, err)}}, false)
+		return a.report(agentExit{num: o.Worker, p: p, exit: proc.Exit{Code: -1, Err: fmt.Errorf("start %s: %w", p.place, err)}}, false)
 	}
-	p.proc = proc
+	p.proc = started
 	a.procs[o.Worker] = p
 	if opts.Verbose {
 		a.log("started %s for round %d as rank %d", p.place, p.round, p.rank)
 	}
-	watchPlace(p, a.out, a.errw, opts, &a.wg, func(e Exit) {
+	watchPlace(p, a.out, a.errw, opts, &a.wg, func(e proc.Exit) {
 		a.exits <- agentExit{num: o.Worker, p: p, exit: e} // run drains exits until every worker has ended
 	})
 	return nil
@@ -247,7 +227,7 @@ func (a *elasticAgent) report(x agentExit, leaving bool) error {
 		case <-p.drained:
 		case <-time.After(time.Second):
 		}
-		rec.Tail = p.tail.lines()
+		rec.Tail = p.tail.Lines()
 		if !leaving && !p.stopped {
 			a.log("%s (started for round %d as rank %d) %s", p.place, p.round, p.rank, x.exit)
 		}
@@ -265,7 +245,7 @@ func (a *elasticAgent) report(x agentExit, leaving bool) error {
 func (a *elasticAgent) end(o jobenv.NodeOrder) (int, error) {
 	a.stopAll(false, syscall.SIGTERM) // none runs unless the end came from a node dropped as lost
 	if o.Reason != "" {
-		a.errw.writeLine("", o.Reason+"\n")
+		a.errw.WriteLine("", o.Reason+"\n")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
@@ -337,5 +317,5 @@ func (a *elasticAgent) awaitOutput() {
 
 // log writes a "kolo run: elastic:" line to stderr, between the workers' lines.
 func (a *elasticAgent) log(format string, args ...any) {
-	a.errw.writeLine("", "kolo run: elastic: "+fmt.Sprintf(format, args...)+"\n")
+	a.errw.WriteLine("", "kolo run: elastic: "+fmt.Sprintf(format, args...)+"\n")
 }

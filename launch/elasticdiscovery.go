@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/launch/elastic"
+	"github.com/kolo-dl/kolo/launch/proc"
 )
 
 // discover runs the --host-discovery-script, then again discoverEvery after each run ends, and
@@ -52,7 +53,7 @@ func RunDiscoveryScript(ctx context.Context, script string, timeout time.Duratio
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = time.Second // a child that escaped the group may hold the pipes open
 	stdout := &cappedBuffer{max: maxDiscoveryOutput}
-	stderr := &tailBuffer{max: 3}
+	stderr := proc.NewTail(3)
 	cmd.Stdout = stdout
 	cmd.Stderr = lineSink{stderr}
 	err := cmd.Run()
@@ -61,7 +62,7 @@ func RunDiscoveryScript(ctx context.Context, script string, timeout time.Duratio
 		return nil, fmt.Errorf("--host-discovery-script %q did not finish within %s", script, timeout)
 	case err != nil:
 		msg := fmt.Sprintf("--host-discovery-script %q: %v", script, err)
-		if tail := stderr.lines(); len(tail) > 0 {
+		if tail := stderr.Lines(); len(tail) > 0 {
 			msg += ": " + strings.Join(tail, " / ")
 		}
 		return nil, errors.New(msg)
@@ -92,12 +93,12 @@ func (c *cappedBuffer) Write(p []byte) (int, error) {
 }
 
 // lineSink feeds a tailBuffer the lines written to it (a script's stderr, for its error message).
-type lineSink struct{ t *tailBuffer }
+type lineSink struct{ t *proc.Tail }
 
 func (l lineSink) Write(p []byte) (int, error) {
 	for _, line := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
 		if line = strings.TrimSpace(line); line != "" {
-			l.t.add(line)
+			l.t.Add(line)
 		}
 	}
 	return len(p), nil

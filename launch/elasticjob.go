@@ -20,6 +20,9 @@ import (
 	"github.com/kolo-dl/kolo/internal/netif"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/elastic"
+	"github.com/kolo-dl/kolo/launch/flags"
+	"github.com/kolo-dl/kolo/launch/layout"
+	"github.com/kolo-dl/kolo/launch/proc"
 	"github.com/kolo-dl/kolo/rendezvous"
 	"github.com/kolo-dl/kolo/transport"
 )
@@ -37,7 +40,7 @@ import (
 // elasticSettings are the loop's timings and its starter; tests shorten them. Zero fields take
 // the defaults.
 type elasticSettings struct {
-	starter         Starter           // nil: local processes, ssh for other hosts (srun inside a Slurm allocation)
+	starter         proc.Starter      // nil: local processes, ssh for other hosts (srun inside a Slurm allocation)
 	env             map[string]string // nil: the process's; where a Slurm allocation is read from
 	discoverEvery   time.Duration     // pause between runs of the discovery script; 1 s, Horovod's
 	discoverTimeout time.Duration     // a discovery run that takes longer failed; 30 s
@@ -76,11 +79,11 @@ func (s *elasticSettings) fill() {
 // exit code (0 once every worker of the last round has exited 0; 1, or the workers' own code when
 // every rank failed; ExitInterrupted; ExitUsage) and an error to print, if any; the failure
 // summary is already written to stderr.
-func RunElastic(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int, error) {
+func RunElastic(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer) (int, error) {
 	return runElastic(ctx, opts, elasticSettings{}, stdout, stderr)
 }
 
-func runElastic(ctx context.Context, opts *Options, set elasticSettings, stdout, stderr io.Writer) (int, error) {
+func runElastic(ctx context.Context, opts *flags.Options, set elasticSettings, stdout, stderr io.Writer) (int, error) {
 	set.fill()
 	planner, err := elastic.NewPlanner(opts.ElasticConfig())
 	if err != nil {
@@ -103,7 +106,7 @@ func runElastic(ctx context.Context, opts *Options, set elasticSettings, stdout,
 		}
 	}
 	if opts.DiscoveryScript == "" && slurm == nil {
-		if fixed, err = opts.fixedElasticHosts(); err != nil {
+		if fixed, err = fixedElasticHosts(opts); err != nil {
 			return ExitUsage, err
 		}
 	}
@@ -118,7 +121,7 @@ func runElastic(ctx context.Context, opts *Options, set elasticSettings, stdout,
 	srv := rendezvous.NewServer([]byte(secret))
 	// A worker whose host stops answering loses its connection, and with it its presence record
 	// (jobenv.AliveKey), as soon as its peers' connections give up on it.
-	srv.SetLiveness(transport.DeadHostTimeout(opts.progressTimeout()))
+	srv.SetLiveness(transport.DeadHostTimeout(progressTimeout(opts)))
 	addr, err := srv.Listen(addrs.listen)
 	if err != nil {
 		return 1, fmt.Errorf("start rendezvous: %w", err)
@@ -133,16 +136,16 @@ func runElastic(ctx context.Context, opts *Options, set elasticSettings, stdout,
 	if starter == nil && slurm != nil {
 		guard := startGuard()
 		defer guard.Close()
-		starter = &SlurmStarter{JobID: slurm.JobID, Local: LocalStarter{Guard: guard}}
+		starter = &proc.SlurmStarter{JobID: slurm.JobID, Local: proc.LocalStarter{Guard: guard}}
 	}
 	if starter == nil {
 		guard := startGuard()
 		defer guard.Close()
-		ssh := &SSHStarter{
+		ssh := &proc.SSHStarter{
 			Port: opts.SSHPort, IdentityFile: opts.SSHIdentityFile, Options: opts.SSHOptions,
 			ConnectTimeout: connectTimeout(opts.StartTimeout), Forward: opts.Env,
 		}
-		starter = HostStarter{Local: LocalStarter{Guard: guard}, Remote: ssh}
+		starter = proc.HostStarter{Local: proc.LocalStarter{Guard: guard}, Remote: ssh}
 	}
 	j := newElasticJob(opts, set, planner, srv, starter, secret, NewJobID(), stdout, stderr)
 	if slurm != nil {
@@ -158,14 +161,14 @@ func runElastic(ctx context.Context, opts *Options, set elasticSettings, stdout,
 	return j.run(ctx, source)
 }
 
-func newElasticJob(opts *Options, set elasticSettings, planner *elastic.Planner, srv *rendezvous.Server, starter Starter,
+func newElasticJob(opts *flags.Options, set elasticSettings, planner *elastic.Planner, srv *rendezvous.Server, starter proc.Starter,
 	secret, jobID string, stdout, stderr io.Writer) *elasticJob {
 	return &elasticJob{
 		opts: opts, set: set, planner: planner, srv: srv, starter: starter,
 		secret: secret, jobID: jobID, extra: workerExtraEnv(opts),
 		timeout: planner.Config().Timeout,
-		out:     &lineWriter{w: stdout, ts: opts.Timestamps},
-		errw:    &lineWriter{w: stderr, ts: opts.Timestamps},
+		out:     proc.NewLineWriter(stdout, opts.Timestamps),
+		errw:    proc.NewLineWriter(stderr, opts.Timestamps),
 		procs:   map[elastic.Worker]*elasticProc{},
 		exits:   make(chan elasticExit),
 	}
@@ -186,11 +189,9 @@ func fixedHosts(hosts []elastic.Host) hostSource {
 	}
 }
 
-// fixedElasticHosts are the hosts of an elastic job without a discovery script: -H, --hostfile,
-// or this machine with as many slots as the job may use.
 // progressTimeout is the workers' progress deadline (--progress-timeout-seconds, else the
 // launcher's own KOLO_PROGRESS_TIMEOUT_SECONDS, which workers inherit; 0: the default).
-func (o *Options) progressTimeout() time.Duration {
+func progressTimeout(o *flags.Options) time.Duration {
 	v, ok := o.EngineEnv["KOLO_PROGRESS_TIMEOUT_SECONDS"]
 	if !ok {
 		v = os.Getenv("KOLO_PROGRESS_TIMEOUT_SECONDS")
@@ -201,15 +202,17 @@ func (o *Options) progressTimeout() time.Duration {
 	return 0
 }
 
-func (o *Options) fixedElasticHosts() ([]elastic.Host, error) {
-	var hosts []Host
+// fixedElasticHosts are the hosts of an elastic job without a discovery script: -H, --hostfile,
+// or this machine with as many slots as the job may use.
+func fixedElasticHosts(o *flags.Options) ([]elastic.Host, error) {
+	var hosts []layout.Host
 	if o.Hosts != "" || o.Hostfile != "" {
 		var err error
 		if hosts, err = o.ResolveHosts(); err != nil {
 			return nil, err
 		}
 	} else {
-		hosts = []Host{{Name: "localhost", Slots: max(o.NP, o.MinNP, o.MaxNP)}}
+		hosts = []layout.Host{{Name: "localhost", Slots: max(o.NP, o.MinNP, o.MaxNP)}}
 	}
 	out := make([]elastic.Host, len(hosts))
 	for i, h := range hosts {
@@ -221,11 +224,11 @@ func (o *Options) fixedElasticHosts() ([]elastic.Host, error) {
 // elasticJob is the event loop's state. Only the loop's goroutine touches it, except the fields
 // the per-worker goroutines own (an elasticProc's tail and open count).
 type elasticJob struct {
-	opts    *Options
+	opts    *flags.Options
 	set     elasticSettings
 	planner *elastic.Planner
 	srv     *rendezvous.Server
-	starter Starter
+	starter proc.Starter
 	secret  string
 	jobID   string
 	extra   map[string]string
@@ -233,7 +236,7 @@ type elasticJob struct {
 	// workerRendezvous is the HOST:PORT of the rendezvous the workers of host dial.
 	workerRendezvous func(host string) string
 
-	out, errw *lineWriter
+	out, errw *proc.LineWriter
 	startCtx  context.Context // what a start waits under (ssh sessions queue per host)
 
 	hosts  []elastic.Host                  // the last discovery
@@ -264,14 +267,14 @@ type elasticProc struct {
 	place elastic.Worker
 	round int // the round it was started for
 	rank  int // its rank in that round
-	proc  Process
+	proc  proc.Process
 
-	tail    *tailBuffer
+	tail    *proc.Tail
 	open    atomic.Int32  // output streams not yet at their end
 	drained chan struct{} // closed when open reaches 0
 
 	exited   bool
-	exit     Exit
+	exit     proc.Exit
 	stopped  bool   // the launcher stopped it: its exit is expected
 	stuck    bool   // killed for not asking for a re-forming
 	reported bool   // handed to the planner as failed
@@ -280,7 +283,7 @@ type elasticProc struct {
 
 type elasticExit struct {
 	p    *elasticProc
-	exit Exit
+	exit proc.Exit
 }
 
 type discovery struct {
@@ -509,11 +512,11 @@ func (j *elasticJob) start(world *elastic.Generation, newcomers []elastic.Worker
 	var starting sync.WaitGroup
 	for i, w := range newcomers {
 		r := ranks[w]
-		s := Slot{Rank: r.Rank, Size: r.Size, Host: w.Host, LocalRank: r.LocalRank, LocalSize: r.LocalSize,
+		s := layout.Slot{Rank: r.Rank, Size: r.Size, Host: w.Host, LocalRank: r.LocalRank, LocalSize: r.LocalSize,
 			CrossRank: r.CrossRank, CrossSize: r.CrossSize}
-		p := &elasticProc{place: w, round: j.round.Number, rank: r.Rank, tail: &tailBuffer{max: 20}, drained: make(chan struct{})}
+		p := &elasticProc{place: w, round: j.round.Number, rank: r.Rank, tail: proc.NewTail(20), drained: make(chan struct{})}
 		procs[i] = p
-		worker := Worker{Slot: s, Argv: j.opts.Command, Env: j.workerEnv(s, w)}
+		worker := proc.Worker{Slot: s, Argv: j.opts.Command, Env: j.workerEnv(s, w)}
 		starting.Add(1)
 		go func() {
 			defer starting.Done()
@@ -526,7 +529,7 @@ func (j *elasticJob) start(world *elastic.Generation, newcomers []elastic.Worker
 		j.all = append(j.all, p)
 		if errs[i] != nil {
 			close(p.drained)
-			j.onExit(elasticExit{p, Exit{Code: -1, Err: fmt.Errorf("start %s: %w", p.place, errs[i])}})
+			j.onExit(elasticExit{p, proc.Exit{Code: -1, Err: fmt.Errorf("start %s: %w", p.place, errs[i])}})
 			continue
 		}
 		if j.opts.Verbose {
@@ -537,13 +540,13 @@ func (j *elasticJob) start(world *elastic.Generation, newcomers []elastic.Worker
 }
 
 // workerEnv is WorkerEnv of the worker's first round plus its place in the elastic job.
-func (j *elasticJob) workerEnv(s Slot, w elastic.Worker) []string {
+func (j *elasticJob) workerEnv(s layout.Slot, w elastic.Worker) []string {
 	return elasticWorkerEnv(s, w.Slot, j.round.Number, j.timeout, j.workerRendezvous(w.Host), j.jobID, j.secret, j.extra, j.opts.Env)
 }
 
 // elasticWorkerEnv is the environment of a worker of an elastic job started for round at slot
 // of host s.Host (s: its numbers in that round): WorkerEnv and the place (jobenv/elastic.go).
-func elasticWorkerEnv(s Slot, slot, round int, timeout time.Duration, rv, jobID, secret string, extra map[string]string, forward []string) []string {
+func elasticWorkerEnv(s layout.Slot, slot, round int, timeout time.Duration, rv, jobID, secret string, extra map[string]string, forward []string) []string {
 	env := WorkerEnv(s, rv, jobID, secret, extra, forward)
 	return append(env,
 		jobenv.Elastic+"=1",
@@ -556,7 +559,7 @@ func elasticWorkerEnv(s Slot, slot, round int, timeout time.Duration, rv, jobID,
 
 // watch starts the goroutines of a started worker: its two output pumps and its waiter.
 func (j *elasticJob) watch(p *elasticProc) {
-	watchPlace(p, j.out, j.errw, j.opts, &j.wg, func(e Exit) {
+	watchPlace(p, j.out, j.errw, j.opts, &j.wg, func(e proc.Exit) {
 		j.exits <- elasticExit{p, e} // the loop drains exits until every worker has ended
 	})
 }
@@ -569,14 +572,14 @@ type remoteOutput interface {
 
 // watchPlace starts the goroutines of a started worker: its two output pumps, prefixed with its
 // place, and its waiter, which calls exited with its end once the process has ended.
-func watchPlace(p *elasticProc, out, errw *lineWriter, opts *Options, wg *sync.WaitGroup, exited func(Exit)) {
+func watchPlace(p *elasticProc, out, errw *proc.LineWriter, opts *flags.Options, wg *sync.WaitGroup, exited func(proc.Exit)) {
 	if r, ok := p.proc.(remoteOutput); ok {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			e := p.proc.Wait()
 			for _, l := range r.StderrTail() {
-				p.tail.add(l)
+				p.tail.Add(l)
 			}
 			close(p.drained)
 			exited(e)
@@ -600,12 +603,12 @@ func watchPlace(p *elasticProc, out, errw *lineWriter, opts *Options, wg *sync.W
 	go func() {
 		defer wg.Done()
 		defer streamDone()
-		pump(p.proc.Stdout(), out, prefix("stdout"), files[0], nil)
+		proc.Pump(p.proc.Stdout(), out, prefix("stdout"), files[0], nil)
 	}()
 	go func() {
 		defer wg.Done()
 		defer streamDone()
-		pump(p.proc.Stderr(), errw, prefix("stderr"), files[1], p.tail)
+		proc.Pump(p.proc.Stderr(), errw, prefix("stderr"), files[1], p.tail)
 	}()
 	go func() {
 		defer wg.Done()
@@ -872,11 +875,7 @@ func (j *elasticJob) fail(reason string, code int) *elasticEnd {
 	}
 	summary := j.summary(reason)
 	j.endNote = summary
-	if j.errw.w != nil {
-		j.errw.mu.Lock()
-		io.WriteString(j.errw.w, summary)
-		j.errw.mu.Unlock()
-	}
+	j.errw.WriteBlock(summary)
 	return &elasticEnd{code: code}
 }
 
@@ -907,7 +906,7 @@ func stopping(ps []*elasticProc) []*elasticProc {
 		}
 		if !p.stopped && !p.stuck {
 			p.stopped = true
-			_ = p.proc.Signal(stopSignal)
+			_ = p.proc.Signal(proc.StopSignal)
 		}
 		running = append(running, p)
 	}
@@ -1026,7 +1025,7 @@ func (j *elasticJob) summary(reason string) string {
 			how = "was stopped as stuck (" + how + ")"
 		}
 		fmt.Fprintf(&b, "kolo run: %s (%s) %s.\n", p.place, p.failedAs, how)
-		if tail := p.tail.lines(); len(tail) > 0 {
+		if tail := p.tail.Lines(); len(tail) > 0 {
 			fmt.Fprintf(&b, "Last lines of %s's stderr:\n", p.place)
 			for _, l := range tail {
 				fmt.Fprintf(&b, "    %s\n", l)
@@ -1053,7 +1052,7 @@ func (j *elasticJob) summary(reason string) string {
 
 // log writes a "kolo run: elastic:" line to stderr, between the workers' lines.
 func (j *elasticJob) log(format string, args ...any) {
-	j.errw.writeLine("", "kolo run: elastic: "+fmt.Sprintf(format, args...)+"\n")
+	j.errw.WriteLine("", "kolo run: elastic: "+fmt.Sprintf(format, args...)+"\n")
 }
 
 func elasticPlaces(ws []elastic.Worker) string {
@@ -1089,7 +1088,7 @@ func newElasticAddrs(iface string, discovery bool, fixed []elastic.Host) (*elast
 	}
 	allLocal := !discovery
 	for _, h := range fixed {
-		allLocal = allLocal && IsLocal(h.Name)
+		allLocal = allLocal && layout.IsLocal(h.Name)
 	}
 	if allLocal {
 		a.listen, a.fixed = "127.0.0.1:0", "127.0.0.1"
@@ -1104,13 +1103,13 @@ func (a *elasticAddrs) forHost(host string, hosts []elastic.Host) string {
 	if a.fixed != "" {
 		return a.fixed
 	}
-	if !IsLocal(host) {
+	if !layout.IsLocal(host) {
 		return a.remoteAddr(host)
 	}
 	// A worker tells its peers the address it reaches the rendezvous from: a worker of this
 	// machine gets the address other hosts reach it at, when there are other hosts.
 	for _, h := range hosts {
-		if !IsLocal(h.Name) {
+		if !layout.IsLocal(h.Name) {
 			return a.remoteAddr(h.Name)
 		}
 	}

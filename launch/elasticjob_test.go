@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/launch/flags"
+	"github.com/kolo-dl/kolo/launch/proc"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
 
@@ -26,7 +28,7 @@ type fakeWorker struct {
 
 	outR, errR *io.PipeReader
 	outW, errW *io.PipeWriter
-	exitc      chan Exit
+	exitc      chan proc.Exit
 
 	ended       atomic.Bool
 	prevRunning bool // started while the worker before it at its place had not ended
@@ -42,7 +44,7 @@ type fakeWorker struct {
 func (p *fakeWorker) Stdout() io.Reader { return p.outR }
 func (p *fakeWorker) Stderr() io.Reader { return p.errR }
 
-func (p *fakeWorker) Wait() Exit {
+func (p *fakeWorker) Wait() proc.Exit {
 	e := <-p.exitc
 	p.outW.Close()
 	p.errW.Close()
@@ -56,24 +58,24 @@ func (p *fakeWorker) Signal(sig syscall.Signal) error {
 	takes := p.killTakes
 	p.mu.Unlock()
 	if sig == syscall.SIGKILL && takes > 0 {
-		time.AfterFunc(takes, func() { p.end(Exit{Code: -1, Signal: sig}) })
+		time.AfterFunc(takes, func() { p.end(proc.Exit{Code: -1, Signal: sig}) })
 		return nil
 	}
 	if !ignore {
-		p.end(Exit{Code: -1, Signal: sig})
+		p.end(proc.Exit{Code: -1, Signal: sig})
 	}
 	return nil
 }
 
 // end makes the process exit; the first end wins. ended is set before the exit is delivered: a
 // launcher that has collected the exit (and a test that then looks) must see it set.
-func (p *fakeWorker) end(e Exit) {
+func (p *fakeWorker) end(e proc.Exit) {
 	if p.ended.CompareAndSwap(false, true) {
 		p.exitc <- e // buffered for the one exit
 	}
 }
 
-func (p *fakeWorker) exit(code int) { p.end(Exit{Code: code}) }
+func (p *fakeWorker) exit(code int) { p.end(proc.Exit{Code: code}) }
 
 func (p *fakeWorker) signalled() []syscall.Signal {
 	p.mu.Lock()
@@ -93,9 +95,9 @@ type fakeElasticStarter struct {
 	procs map[string][]*fakeWorker
 }
 
-func (f *fakeElasticStarter) Start(_ context.Context, w Worker) (Process, error) {
+func (f *fakeElasticStarter) Start(_ context.Context, w proc.Worker) (proc.Process, error) {
 	env := jobenv.FromEnviron(w.Env)
-	p := &fakeWorker{place: env[jobenv.ElasticHost] + "[" + env[jobenv.ElasticSlot] + "]", env: env, exitc: make(chan Exit, 1)}
+	p := &fakeWorker{place: env[jobenv.ElasticHost] + "[" + env[jobenv.ElasticSlot] + "]", env: env, exitc: make(chan proc.Exit, 1)}
 	p.outR, p.outW = io.Pipe()
 	p.errR, p.errW = io.Pipe()
 	f.mu.Lock()
@@ -155,7 +157,7 @@ func testElasticSettings() elasticSettings {
 
 func startElastic(t *testing.T, set elasticSettings, args ...string) *elasticHarness {
 	t.Helper()
-	opts, err := ParseRunFlags(append(args, "prog"), io.Discard)
+	opts, err := flags.Parse(append(args, "prog"), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

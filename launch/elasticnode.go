@@ -17,6 +17,8 @@ import (
 	"github.com/kolo-dl/kolo/internal/netif"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/elastic"
+	"github.com/kolo-dl/kolo/launch/flags"
+	"github.com/kolo-dl/kolo/launch/proc"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
 
@@ -37,13 +39,13 @@ import (
 
 // runElasticNode runs this node's part of a no-ssh elastic job: it serves the rendezvous and
 // plans, or it joins as a host.
-func runElasticNode(ctx context.Context, opts *Options, set elasticSettings, stdout, stderr io.Writer) (int, error) {
+func runElasticNode(ctx context.Context, opts *flags.Options, set elasticSettings, stdout, stderr io.Writer) (int, error) {
 	set.fill()
 	secret, err := NodeSecret(opts)
 	if err != nil {
 		return ExitUsage, err
 	}
-	slots, err := opts.elasticNodeSlots()
+	slots, err := elasticNodeSlots(opts)
 	if err != nil {
 		return ExitUsage, err
 	}
@@ -77,7 +79,7 @@ func serveElastic(ctx context.Context, n *node, set elasticSettings) (int, error
 		return 1, fmt.Errorf("this node's host name: %w", err)
 	}
 	nodes := &elasticNodes{
-		st: n.srv, set: set, flags: o.elasticNodeFlags(), jobID: n.jobID, timeout: planner.Config().Timeout,
+		st: n.srv, set: set, flags: o.ElasticNodeFlags(), jobID: n.jobID, timeout: planner.Config().Timeout,
 		nnodes: max(o.NNodes, 1), startTimeout: o.StartTimeout, startBy: time.Now().Add(o.StartTimeout),
 		byHost: map[string]*elasticNode{}, changed: make(chan struct{}, 1),
 	}
@@ -86,7 +88,7 @@ func serveElastic(ctx context.Context, n *node, set elasticSettings) (int, error
 	if local == nil {
 		guard := startGuard()
 		defer guard.Close()
-		local = LocalStarter{Guard: guard}
+		local = proc.LocalStarter{Guard: guard}
 	}
 	j := newElasticJob(o, set, planner, n.srv, nodeStarter{local: local, nodes: nodes}, string(n.secret), n.jobID, n.stdout, n.stderr)
 	rv, err := n.elasticLocalRendezvous(nodes)
@@ -155,7 +157,7 @@ func (n *node) elasticLocalRendezvous(nodes *elasticNodes) (func() string, error
 type elasticNodes struct {
 	st           *rendezvous.Server
 	set          elasticSettings
-	flags        string // elasticNodeFlags: a node with others is refused
+	flags        string // Options.ElasticNodeFlags: a node with others is refused
 	jobID        string
 	timeout      time.Duration
 	nnodes       int // nodes the first listing waits for
@@ -181,13 +183,12 @@ type elasticNode struct {
 	gone  string // why it left the job; "" while in it
 
 	orders, exits int // orders published, exit records read
-	beat          string
-	beatAt        time.Time
+	beat          beatWatch
 	workers       map[int]*remoteWorker // running, by number
 }
 
 func (e *elasticNodes) add(nd *elasticNode, now time.Time) {
-	nd.beatAt = now
+	nd.beat = newBeatWatch(now)
 	nd.workers = map[int]*remoteWorker{}
 	e.nodes = append(e.nodes, nd)
 	e.byHost[nd.host] = nd
@@ -358,7 +359,7 @@ func (e *elasticNodes) readNode(nd *elasticNode, now time.Time) bool {
 			return true
 		}
 		if w := nd.workers[x.Worker]; w != nil {
-			exit := Exit{Code: x.Code, Signal: syscall.Signal(x.Signal)}
+			exit := proc.Exit{Code: x.Code, Signal: syscall.Signal(x.Signal)}
 			if x.Err != "" {
 				exit.Err = errors.New(x.Err)
 			}
@@ -366,9 +367,8 @@ func (e *elasticNodes) readNode(nd *elasticNode, now time.Time) bool {
 			w.finish(exit)
 		}
 	}
-	if v, _, _ := e.st.TryGet(jobenv.NodeBeatKey(nd.num)); string(v) != nd.beat {
-		nd.beat, nd.beatAt = string(v), now
-	} else if silent := now.Sub(nd.beatAt); silent >= e.set.nodeSilence {
+	v, _, _ := e.st.TryGet(jobenv.NodeBeatKey(nd.num))
+	if silent := nd.beat.silent(v, now); silent >= e.set.nodeSilence {
 		why := fmt.Sprintf("no heartbeat for %.1f s", silent.Seconds())
 		e.leave(nd, why)
 		// Alive but cut off or stopped, it learns that it is out when it reads again.
@@ -389,7 +389,7 @@ func (e *elasticNodes) leave(nd *elasticNode, why string) {
 	e.log("node %d (host %s) left the job: %s", nd.num, nd.host, why)
 	for _, num := range sortedNums(nd.workers) {
 		w := nd.workers[num]
-		w.finish(Exit{Code: -1, Err: fmt.Errorf("%w (node %d, host %s: %s)", errNodeLeft, nd.num, nd.host, why)})
+		w.finish(proc.Exit{Code: -1, Err: fmt.Errorf("%w (node %d, host %s: %s)", errNodeLeft, nd.num, nd.host, why)})
 	}
 }
 
@@ -439,7 +439,7 @@ func (e *elasticNodes) orderLocked(nd *elasticNode, o jobenv.NodeOrder) (int, er
 }
 
 // start orders the worker w on its node.
-func (e *elasticNodes) start(w Worker) (Process, error) {
+func (e *elasticNodes) start(w proc.Worker) (proc.Process, error) {
 	place, round, ok, err := jobenv.ElasticPlace(jobenv.FromEnviron(w.Env))
 	if err != nil || !ok {
 		return nil, fmt.Errorf("worker of host %s has no place (%v)", w.Slot.Host, err)
@@ -459,7 +459,7 @@ func (e *elasticNodes) start(w Worker) (Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	rw := &remoteWorker{nodes: e, node: nd, num: num, exitc: make(chan Exit, 1)}
+	rw := &remoteWorker{nodes: e, node: nd, num: num, exitc: make(chan proc.Exit, 1)}
 	nd.workers[num] = rw
 	return rw, nil
 }
@@ -498,11 +498,11 @@ func (e *elasticNodes) end(code int, note string) {
 
 // nodeStarter starts the serving node's own workers itself and orders the others' nodes to.
 type nodeStarter struct {
-	local Starter
+	local proc.Starter
 	nodes *elasticNodes
 }
 
-func (s nodeStarter) Start(ctx context.Context, w Worker) (Process, error) {
+func (s nodeStarter) Start(ctx context.Context, w proc.Worker) (proc.Process, error) {
 	if w.Slot.Host == s.nodes.self() {
 		return s.local.Start(ctx, w)
 	}
@@ -515,7 +515,7 @@ type remoteWorker struct {
 	nodes *elasticNodes
 	node  *elasticNode
 	num   int
-	exitc chan Exit
+	exitc chan proc.Exit
 
 	// Guarded by nodes.mu.
 	done bool
@@ -524,7 +524,7 @@ type remoteWorker struct {
 
 func (w *remoteWorker) Stdout() io.Reader { return strings.NewReader("") }
 func (w *remoteWorker) Stderr() io.Reader { return strings.NewReader("") }
-func (w *remoteWorker) Wait() Exit        { return <-w.exitc }
+func (w *remoteWorker) Wait() proc.Exit   { return <-w.exitc }
 
 func (w *remoteWorker) StderrTail() []string {
 	w.nodes.mu.Lock()
@@ -543,7 +543,7 @@ func (w *remoteWorker) Signal(sig syscall.Signal) error {
 }
 
 // finish ends the worker once; nodes.mu is held.
-func (w *remoteWorker) finish(e Exit) {
+func (w *remoteWorker) finish(e proc.Exit) {
 	if w.done {
 		return
 	}

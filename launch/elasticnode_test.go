@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
 
@@ -54,7 +55,7 @@ func startElasticNodes(t *testing.T, args ...string) *elasticNodeHarness {
 
 func startElasticNodesWith(t *testing.T, set elasticSettings, args ...string) *elasticNodeHarness {
 	t.Helper()
-	t.Setenv("KOLO_SECRET", "elastic-node-test-secret")
+	t.Setenv("KOLO_SECRET", "fb7337591c207f7582ee84159737fc2a")
 	t.Setenv("KOLO_ELASTIC_TIMEOUT", "")
 	t.Setenv("HOROVOD_ELASTIC_TIMEOUT", "")
 	hn, err := os.Hostname()
@@ -87,7 +88,7 @@ func startElasticNodesWith(t *testing.T, set elasticSettings, args ...string) *e
 	// Node 0 serves: the others start once it answers.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	rv, err := rendezvous.Dial(ctx, h.addr, []byte("elastic-node-test-secret"))
+	rv, err := rendezvous.Dial(ctx, h.addr, []byte("fb7337591c207f7582ee84159737fc2a"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +100,7 @@ func startElasticNodesWith(t *testing.T, set elasticSettings, args ...string) *e
 func (h *elasticNodeHarness) add(extra ...string) int {
 	h.t.Helper()
 	args := append(append([]string{"--rendezvous", h.addr}, h.args...), extra...)
-	opts, err := ParseRunFlags(append(args, "prog"), io.Discard)
+	opts, err := flags.Parse(append(args, "prog"), io.Discard)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -186,7 +187,7 @@ func TestElasticNodesStartTogetherAndSucceed(t *testing.T) {
 	for name, v := range map[string]string{
 		jobenv.Rank: "3", jobenv.Size: "4", jobenv.LocalRank: "1", jobenv.LocalSize: "2", jobenv.CrossRank: "1",
 		jobenv.CrossSize: "2", jobenv.Hostname: h.hostOf(1), jobenv.Rendezvous: h.addr,
-		jobenv.JobID: local[jobenv.JobID], jobenv.Secret: "elastic-node-test-secret",
+		jobenv.JobID: local[jobenv.JobID], jobenv.Secret: "fb7337591c207f7582ee84159737fc2a",
 		jobenv.Elastic: "1", jobenv.ElasticHost: h.hostOf(1), jobenv.ElasticSlot: "1",
 		jobenv.ElasticRound: "1", jobenv.ElasticTimeout: "42",
 	} {
@@ -399,7 +400,7 @@ func TestElasticNodesRefuseOtherFlags(t *testing.T) {
 		!strings.Contains(n.err.Error(), "--max-np 3") {
 		t.Errorf("node with --max-np 3: exit %d, %v", n.code, n.err)
 	}
-	o := &Options{Rendezvous: h.addr, NNodes: 2, NodeRank: -1, NprocPerNode: 1, StartTimeout: 2 * time.Second, Command: []string{"true"}}
+	o := &flags.Options{Rendezvous: h.addr, NNodes: 2, NodeRank: -1, NprocPerNode: 1, StartTimeout: 2 * time.Second, Command: []string{"true"}}
 	code, err := RunNode(context.Background(), o, io.Discard, io.Discard)
 	if code != ExitUsage || err == nil || !strings.Contains(err.Error(), "runs an elastic job") {
 		t.Errorf("node without elastic flags: exit %d, %v", code, err)
@@ -408,8 +409,8 @@ func TestElasticNodesRefuseOtherFlags(t *testing.T) {
 
 // In elastic mode -np counts the job's ranks: a node must say how many workers it runs.
 func TestElasticNodeNeedsItsSlots(t *testing.T) {
-	t.Setenv("KOLO_SECRET", "s")
-	opts, err := ParseRunFlags([]string{"--rendezvous", "127.0.0.1:1", "-np", "4", "--min-np", "2", "prog"}, io.Discard)
+	t.Setenv("KOLO_SECRET", "043a718774c572bd8a25adbeb1bfcd5c")
+	opts, err := flags.Parse([]string{"--rendezvous", "127.0.0.1:1", "-np", "4", "--min-np", "2", "prog"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,8 +424,8 @@ func TestElasticNodeNeedsItsSlots(t *testing.T) {
 // its welcome and orders, reports an exit with its stderr tail, and when the serving node is
 // gone (the rendezvous closes) it stops its workers and ends the job, saying why.
 func TestElasticNodeAgentFollowsOrdersUntilTheServingNodeGoes(t *testing.T) {
-	t.Setenv("KOLO_SECRET", "agent-test")
-	srv := rendezvous.NewServer([]byte("agent-test"))
+	t.Setenv("KOLO_SECRET", "68ab7e273251b36c26a9c9b0f7574cd5")
+	srv := rendezvous.NewServer([]byte("68ab7e273251b36c26a9c9b0f7574cd5"))
 	addr, err := srv.Listen("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -432,7 +433,7 @@ func TestElasticNodeAgentFollowsOrdersUntilTheServingNodeGoes(t *testing.T) {
 	defer srv.Close()
 	rec, _ := json.Marshal(jobRecord{ID: "job1", Elastic: true})
 	srv.Set(keyJob, rec)
-	opts, err := ParseRunFlags([]string{"--rendezvous", addr.String(), "--nproc-per-node", "2", "--min-np", "1", "-x", "EXTRA=1", "prog"}, io.Discard)
+	opts, err := flags.Parse([]string{"--rendezvous", addr.String(), "--nproc-per-node", "2", "--min-np", "1", "-x", "EXTRA=1", "prog"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -458,7 +459,7 @@ func TestElasticNodeAgentFollowsOrdersUntilTheServingNodeGoes(t *testing.T) {
 		return v
 	}
 	join, jerr := jobenv.DecodeNodeJoin(get(jobenv.NodeKey(1)))
-	if jerr != nil || join.Slots != 2 || join.Flags != opts.elasticNodeFlags() || join.Addr != "127.0.0.1" {
+	if jerr != nil || join.Slots != 2 || join.Flags != opts.ElasticNodeFlags() || join.Addr != "127.0.0.1" {
 		t.Fatalf("registration %+v, %v", join, jerr)
 	}
 	srv.Set(jobenv.NodeWelcomeKey(1), jobenv.NodeWelcome{Host: "h1", JobID: "job1", Timeout: 7 * time.Second}.Encode())
@@ -467,7 +468,7 @@ func TestElasticNodeAgentFollowsOrdersUntilTheServingNodeGoes(t *testing.T) {
 	h := &elasticHarness{t: t, fake: fake}
 	w := h.worker("h1[1]", 0)
 	for name, v := range map[string]string{jobenv.Rank: "1", jobenv.Size: "2", jobenv.CrossRank: "1", jobenv.Hostname: "h1",
-		jobenv.Rendezvous: addr.String(), jobenv.JobID: "job1", jobenv.Secret: "agent-test", jobenv.ElasticRound: "2",
+		jobenv.Rendezvous: addr.String(), jobenv.JobID: "job1", jobenv.Secret: "68ab7e273251b36c26a9c9b0f7574cd5", jobenv.ElasticRound: "2",
 		jobenv.ElasticTimeout: "7", "EXTRA": "1"} {
 		if w.env[name] != v {
 			t.Errorf("worker: %s=%q, want %q", name, w.env[name], v)

@@ -15,6 +15,9 @@ import (
 	"github.com/kolo-dl/kolo/auth"
 	"github.com/kolo-dl/kolo/internal/netif"
 	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/launch/flags"
+	"github.com/kolo-dl/kolo/launch/layout"
+	"github.com/kolo-dl/kolo/launch/proc"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
 
@@ -29,7 +32,7 @@ const (
 // a rendezvous served from this process. It returns the launcher's exit code (0, the first failing
 // rank's, ExitInterrupted, ExitUsage, or 1) and an error to print, if any; the failure summary is
 // already written to stderr.
-func RunHosts(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int, error) {
+func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer) (int, error) {
 	hosts, err := opts.ResolveHosts()
 	if err != nil {
 		return ExitUsage, err
@@ -40,23 +43,23 @@ func RunHosts(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int
 			np += h.Slots
 		}
 	}
-	slots, err := Plan(hosts, np)
+	slots, err := layout.Plan(hosts, np)
 	if err != nil {
 		return ExitUsage, err
 	}
 	var remote []string
 	seen := map[string]bool{}
 	for _, s := range slots {
-		if !seen[s.Host] && !IsLocal(s.Host) {
+		if !seen[s.Host] && !layout.IsLocal(s.Host) {
 			remote = append(remote, s.Host)
 		}
 		seen[s.Host] = true
 	}
-	if opts.BindTo == BindCore && len(remote) > 0 {
+	if opts.BindTo == flags.BindCore && len(remote) > 0 {
 		return ExitUsage, fmt.Errorf("--bind-to core binds the ranks kolo run starts on its own machine, not those it starts over ssh (on %s): run kolo run on every node with --rendezvous (no-ssh mode), which binds each node's ranks, or drop --bind-to", strings.Join(remote, ", "))
 	}
-	var bind *Binding
-	if opts.BindTo == BindCore {
+	var bind *proc.Binding
+	if opts.BindTo == flags.BindCore {
 		// Every slot is local here. Plan counts local ranks per host name, so two names for this
 		// machine (localhost and its hostname) would give two ranks the same CPUs.
 		if len(seen) > 1 {
@@ -67,7 +70,7 @@ func RunHosts(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int
 			slices.Sort(names)
 			return ExitUsage, fmt.Errorf("--bind-to core: the ranks of this machine are under %d host names (%s): give them under one", len(names), strings.Join(names, ", "))
 		}
-		if bind, err = NewBinding(len(slots), opts.BindOverload); err != nil {
+		if bind, err = proc.NewBinding(len(slots), opts.BindOverload); err != nil {
 			return ExitUsage, err
 		}
 	}
@@ -76,7 +79,7 @@ func RunHosts(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int
 		return ExitUsage, err
 	}
 
-	ssh := &SSHStarter{
+	ssh := &proc.SSHStarter{
 		Port: opts.SSHPort, IdentityFile: opts.SSHIdentityFile, Options: opts.SSHOptions,
 		ConnectTimeout: connectTimeout(opts.StartTimeout), Forward: opts.Env,
 	}
@@ -114,15 +117,15 @@ func RunHosts(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int
 	}
 	extra := workerExtraEnv(opts)
 	jobID := NewJobID()
-	workers := make([]Worker, len(slots))
+	workers := make([]proc.Worker, len(slots))
 	for i, s := range slots {
 		rv := net.JoinHostPort(advertise[s.Host], port)
-		workers[i] = Worker{Slot: s, Argv: opts.Command, Env: WorkerEnv(s, rv, jobID, secret, extra, opts.Env)}
+		workers[i] = proc.Worker{Slot: s, Argv: opts.Command, Env: WorkerEnv(s, rv, jobID, secret, extra, opts.Env)}
 	}
 	guard := startGuard()
 	defer guard.Close()
-	runner := &Runner{
-		Starter:    HostStarter{Local: LocalStarter{Guard: guard, Bind: bind}, Remote: ssh},
+	runner := &proc.Runner{
+		Starter:    proc.HostStarter{Local: proc.LocalStarter{Guard: guard, Bind: bind}, Remote: ssh},
 		Stdout:     stdout,
 		Stderr:     stderr,
 		OutputDir:  opts.OutputDir,
@@ -134,7 +137,7 @@ func RunHosts(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int
 		first = nil // a rank that was still waiting to start when Ctrl-C came did not fail
 	}
 	if first != nil {
-		fmt.Fprint(stderr, Summary(results, first))
+		fmt.Fprint(stderr, proc.Summary(results, first))
 		return first.Exit.ShellCode(), nil
 	}
 	if ctx.Err() != nil {
@@ -144,7 +147,7 @@ func RunHosts(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int
 }
 
 // workerExtraEnv is the engine tuning of opts plus the network interface workers must use.
-func workerExtraEnv(opts *Options) map[string]string {
+func workerExtraEnv(opts *flags.Options) map[string]string {
 	extra := make(map[string]string, len(opts.EngineEnv)+1)
 	for k, v := range opts.EngineEnv {
 		extra[k] = v
@@ -166,7 +169,7 @@ func connectTimeout(start time.Duration) time.Duration {
 // network gets an address it can route to, not a name only this machine resolves). Local ranks
 // of a job that spans hosts advertise themselves from the address they dial, so they get the one
 // of the first remote host.
-func rendezvousAddrs(slots []Slot, remote []string, iface string) (listen string, advertise map[string]string, err error) {
+func rendezvousAddrs(slots []layout.Slot, remote []string, iface string) (listen string, advertise map[string]string, err error) {
 	advertise = map[string]string{}
 	if iface != "" {
 		ip, _, err := netif.InterfaceIP(iface)
@@ -211,8 +214,8 @@ func rendezvousAddrs(slots []Slot, remote []string, iface string) (listen string
 }
 
 // startGuard starts an OrphanGuard, or returns nil (no guard) where sh cannot be started.
-func startGuard() *OrphanGuard {
-	g, err := StartOrphanGuard()
+func startGuard() *proc.OrphanGuard {
+	g, err := proc.StartOrphanGuard()
 	if err != nil {
 		slog.Warn("ranks' children may outlive a killed launcher", "err", err)
 		return nil

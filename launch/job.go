@@ -8,12 +8,14 @@ import (
 	"strings"
 
 	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/launch/layout"
+	"github.com/kolo-dl/kolo/launch/proc"
 	"github.com/kolo-dl/kolo/version"
 )
 
 // WorkerEnv is the environment of one rank: the launcher's own environment, the job contract of
 // slot, extraEnv, the forwarded variables (-x NAME or NAME=VALUE) and, last, the secret.
-func WorkerEnv(s Slot, rendezvous, jobID, secret string, extraEnv map[string]string, forward []string) []string {
+func WorkerEnv(s layout.Slot, rendezvous, jobID, secret string, extraEnv map[string]string, forward []string) []string {
 	env := os.Environ()
 	for k, v := range jobenv.Encode(jobenv.Job{
 		Rank: s.Rank, Size: s.Size, LocalRank: s.LocalRank, LocalSize: s.LocalSize,
@@ -37,13 +39,13 @@ func WorkerEnv(s Slot, rendezvous, jobID, secret string, extraEnv map[string]str
 }
 
 // LocalWorkers builds the Workers of a plan whose every rank runs on this machine.
-func LocalWorkers(slots []Slot, argv []string, rendezvous, jobID, secret string, extraEnv map[string]string, forward []string) ([]Worker, error) {
-	ws := make([]Worker, len(slots))
+func LocalWorkers(slots []layout.Slot, argv []string, rendezvous, jobID, secret string, extraEnv map[string]string, forward []string) ([]proc.Worker, error) {
+	ws := make([]proc.Worker, len(slots))
 	for i, s := range slots {
-		if !IsLocal(s.Host) {
+		if !layout.IsLocal(s.Host) {
 			return nil, fmt.Errorf("host %q is not this machine; launching on other hosts (ssh or --rendezvous) is not available yet", s.Host)
 		}
-		ws[i] = Worker{Slot: s, Argv: argv, Env: WorkerEnv(s, rendezvous, jobID, secret, extraEnv, forward)}
+		ws[i] = proc.Worker{Slot: s, Argv: argv, Env: WorkerEnv(s, rendezvous, jobID, secret, extraEnv, forward)}
 	}
 	return ws, nil
 }
@@ -57,9 +59,9 @@ func NewJobID() string {
 
 // RendezvousHost picks the address workers dial to reach the launcher's rendezvous: loopback when
 // every rank is local.
-func RendezvousHost(slots []Slot) string {
+func RendezvousHost(slots []layout.Slot) string {
 	for _, s := range slots {
-		if !IsLocal(s.Host) {
+		if !layout.IsLocal(s.Host) {
 			if hn, err := os.Hostname(); err == nil {
 				return hn
 			}

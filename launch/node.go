@@ -19,6 +19,9 @@ import (
 	"github.com/kolo-dl/kolo/auth"
 	"github.com/kolo-dl/kolo/internal/netif"
 	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/launch/flags"
+	"github.com/kolo-dl/kolo/launch/layout"
+	"github.com/kolo-dl/kolo/launch/proc"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
 
@@ -84,16 +87,16 @@ type nodeInfo struct {
 
 // rankRecord is one rank's Result in a form that crosses the wire.
 type rankRecord struct {
-	Slot    Slot     `json:"slot"`
-	Code    int      `json:"code"`
-	Signal  int      `json:"signal,omitempty"`
-	Err     string   `json:"err,omitempty"`
-	Stopped bool     `json:"stopped,omitempty"`
-	Ended   int64    `json:"ended"` // unix nanoseconds: failures on different nodes are ordered by it
-	Tail    []string `json:"tail,omitempty"`
+	Slot    layout.Slot `json:"slot"`
+	Code    int         `json:"code"`
+	Signal  int         `json:"signal,omitempty"`
+	Err     string      `json:"err,omitempty"`
+	Stopped bool        `json:"stopped,omitempty"`
+	Ended   int64       `json:"ended"` // unix nanoseconds: failures on different nodes are ordered by it
+	Tail    []string    `json:"tail,omitempty"`
 }
 
-func recordOf(r Result) rankRecord {
+func recordOf(r proc.Result) rankRecord {
 	rec := rankRecord{Slot: r.Slot, Code: r.Exit.Code, Signal: int(r.Exit.Signal), Stopped: r.Stopped, Tail: r.StderrTail}
 	if r.Exit.Err != nil {
 		rec.Err = r.Exit.Err.Error()
@@ -104,8 +107,8 @@ func recordOf(r Result) rankRecord {
 	return rec
 }
 
-func (rec rankRecord) result() Result {
-	r := Result{Slot: rec.Slot, Exit: Exit{Code: rec.Code, Signal: syscall.Signal(rec.Signal)}, Stopped: rec.Stopped, StderrTail: rec.Tail}
+func (rec rankRecord) result() proc.Result {
+	r := proc.Result{Slot: rec.Slot, Exit: proc.Exit{Code: rec.Code, Signal: syscall.Signal(rec.Signal)}, Stopped: rec.Stopped, StderrTail: rec.Tail}
 	if rec.Err != "" {
 		r.Exit.Err = errors.New(rec.Err)
 	}
@@ -157,7 +160,7 @@ type doneRecord struct {
 
 // NodeSecret is the secret every node of a no-ssh job shares, from where auth.JobSecret says:
 // --secret-file, else KOLO_SECRET, else KOLO_SECRET_FILE, else HOROVOD_SECRET_KEY.
-func NodeSecret(o *Options) ([]byte, error) {
+func NodeSecret(o *flags.Options) ([]byte, error) {
 	secret, err := auth.JobSecret(o.SecretFile, jobenv.FromEnviron(os.Environ()))
 	if err != nil {
 		return nil, err
@@ -169,16 +172,16 @@ func NodeSecret(o *Options) ([]byte, error) {
 }
 
 // nodeSlots is how many ranks this node runs.
-func (o *Options) nodeSlots() (int, error) {
+func nodeSlots(o *flags.Options) (int, error) {
 	switch {
 	case o.NprocPerNode > 0:
 		return o.NprocPerNode, nil
 	case o.Hosts != "":
-		hosts, err := ParseHosts(o.Hosts)
+		hosts, err := layout.ParseHosts(o.Hosts)
 		if err != nil {
 			return 0, err
 		}
-		if len(hosts) != 1 || !IsLocal(hosts[0].Name) {
+		if len(hosts) != 1 || !layout.IsLocal(hosts[0].Name) {
 			return 0, fmt.Errorf("with --rendezvous each node starts only its own ranks: -H names this node only (-H localhost:N), got %q", o.Hosts)
 		}
 		return hosts[0].Slots, nil
@@ -193,18 +196,18 @@ func (o *Options) nodeSlots() (int, error) {
 
 // elasticNodeSlots is how many workers this node of a no-ssh elastic job runs: -np counts the
 // job's ranks there, so it says nothing about a node's.
-func (o *Options) elasticNodeSlots() (int, error) {
+func elasticNodeSlots(o *flags.Options) (int, error) {
 	if o.NprocPerNode == 0 && o.Hosts == "" {
 		return 0, errors.New("say how many workers this node runs: --nproc-per-node N or -H localhost:N (in elastic mode -np, --min-np and --max-np count the job's ranks)")
 	}
-	return o.nodeSlots()
+	return nodeSlots(o)
 }
 
 // RunNode runs this node's part of a no-ssh job (see the comment at the top of this file), or of
 // an elastic one (elasticnode.go). It returns the job's exit code (the same on every node: 0, the
 // first failing rank's, ExitInterrupted, ExitUsage, or 1) and an error to print, if any; the
 // failure summary is already written to stderr.
-func RunNode(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int, error) {
+func RunNode(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer) (int, error) {
 	if opts.Elastic() {
 		return runElasticNode(ctx, opts, elasticSettings{}, stdout, stderr)
 	}
@@ -212,13 +215,13 @@ func RunNode(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int,
 	if err != nil {
 		return ExitUsage, err
 	}
-	slots, err := opts.nodeSlots()
+	slots, err := nodeSlots(opts)
 	if err != nil {
 		return ExitUsage, err
 	}
-	var bind *Binding
-	if opts.BindTo == BindCore {
-		if bind, err = NewBinding(slots, opts.BindOverload); err != nil {
+	var bind *proc.Binding
+	if opts.BindTo == flags.BindCore {
+		if bind, err = proc.NewBinding(slots, opts.BindOverload); err != nil {
 			return ExitUsage, err
 		}
 	}
@@ -236,8 +239,8 @@ func RunNode(ctx context.Context, opts *Options, stdout, stderr io.Writer) (int,
 }
 
 type node struct {
-	opts           *Options
-	bind           *Binding // --bind-to core: this node's ranks' CPUs; nil: no binding
+	opts           *flags.Options
+	bind           *proc.Binding // --bind-to core: this node's ranks' CPUs; nil: no binding
 	secret         []byte
 	slots          int
 	stdout, stderr io.Writer
@@ -537,11 +540,11 @@ func (n *node) checkInfos() (int, error) {
 }
 
 // plan is the job's rank plan, the same on every node.
-func (n *node) plan() ([]Slot, error) {
-	hosts := make([]Host, len(n.infos))
+func (n *node) plan() ([]layout.Slot, error) {
+	hosts := make([]layout.Host, len(n.infos))
 	total, np := 0, 0
 	for i, info := range n.infos {
-		hosts[i] = Host{Name: n.names[i], Slots: info.Slots}
+		hosts[i] = layout.Host{Name: n.names[i], Slots: info.Slots}
 		total += info.Slots
 		if info.NP != 0 {
 			np = info.NP
@@ -550,7 +553,7 @@ func (n *node) plan() ([]Slot, error) {
 	if np == 0 {
 		np = total
 	}
-	return Plan(hosts, np)
+	return layout.Plan(hosts, np)
 }
 
 // workerRendezvous is the address this node's workers dial. A worker advertises to its peers the
@@ -602,14 +605,14 @@ func (n *node) run(ctx context.Context) (int, error) {
 	return ExitUsage, err
 }
 
-func (n *node) runRanks(ctx context.Context, slots []Slot, rvAddr string) (int, error) {
+func (n *node) runRanks(ctx context.Context, slots []layout.Slot, rvAddr string) (int, error) {
 	o := n.opts
 	myHost := n.names[n.index]
 	extra := workerExtraEnv(o)
-	var workers []Worker
+	var workers []proc.Worker
 	for _, s := range slots {
 		if s.Host == myHost {
-			workers = append(workers, Worker{Slot: s, Argv: o.Command, Env: WorkerEnv(s, rvAddr, n.jobID, string(n.secret), extra, o.Env)})
+			workers = append(workers, proc.Worker{Slot: s, Argv: o.Command, Env: WorkerEnv(s, rvAddr, n.jobID, string(n.secret), extra, o.Env)})
 		}
 	}
 	if o.Verbose {
@@ -643,10 +646,10 @@ func (n *node) runRanks(ctx context.Context, slots []Slot, rvAddr string) (int, 
 
 	guard := startGuard()
 	defer guard.Close()
-	runner := &Runner{
-		Starter: LocalStarter{Guard: guard, Bind: n.bind}, Stdout: n.stdout, Stderr: n.stderr,
+	runner := &proc.Runner{
+		Starter: proc.LocalStarter{Guard: guard, Bind: n.bind}, Stdout: n.stdout, Stderr: n.stderr,
 		OutputDir: o.OutputDir, Timestamps: o.Timestamps, Plain: o.PlainOutput,
-		OnFailure: func(r Result) {
+		OnFailure: func(r proc.Result) {
 			rec := recordOf(r)
 			n.publishStop(stopRecord{Reason: stopFailed, Node: n.index, Host: myHost, Rank: &rec})
 		},
@@ -692,7 +695,7 @@ func (n *node) runRanks(ctx context.Context, slots []Slot, rvAddr string) (int, 
 	}
 	n.finish(reported)
 	if firstAll != nil {
-		fmt.Fprint(n.stderr, Summary(all, firstAll))
+		fmt.Fprint(n.stderr, proc.Summary(all, firstAll))
 	}
 	if note != "" {
 		return code, errors.New(note)
@@ -748,26 +751,13 @@ func (n *node) watchStop(ctx context.Context, stopRanks func()) {
 	stopRanks()
 }
 
-// heartbeat lets the serving node tell a silent node from a busy one.
+// heartbeat lets the serving node tell a silent node from a busy one (sendBeats).
 func (n *node) heartbeat(ctx context.Context) {
 	if n.srv != nil {
 		return
 	}
-	t := time.NewTicker(beatInterval)
-	defer t.Stop()
-	for {
-		bctx, cancel := context.WithTimeout(ctx, beatInterval)
-		_, err := n.rv.Add(bctx, keyBeat(n.index), 1)
-		cancel()
-		if err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
-			n.setLost(err)
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	if err := sendBeats(ctx, n.rv, keyBeat(n.index), beatInterval, 0); err != nil {
+		n.setLost(err)
 	}
 }
 
@@ -782,14 +772,10 @@ type servedStore interface {
 // at that very moment: whichever record is written first stands (SetIfAbsent), and the job is
 // stopped only if it is the lost one.
 func (n *node) watchNodes(ctx context.Context, st servedStore) {
-	type seen struct {
-		beat string
-		at   time.Time
-	}
-	last := make([]seen, len(n.infos))
+	last := make([]beatWatch, len(n.infos))
 	start := time.Now()
 	for i := range last {
-		last[i].at = start
+		last[i] = newBeatWatch(start)
 	}
 	t := time.NewTicker(beatInterval / 2)
 	defer t.Stop()
@@ -807,10 +793,7 @@ func (n *node) watchNodes(ctx context.Context, st servedStore) {
 				continue
 			}
 			v, _, _ := st.TryGet(keyBeat(i))
-			if string(v) != last[i].beat {
-				last[i] = seen{beat: string(v), at: time.Now()}
-				continue
-			}
+			silent := last[i].silent(v, time.Now())
 			limit := nodeSilence
 			select {
 			case <-n.stopped:
@@ -820,7 +803,7 @@ func (n *node) watchNodes(ctx context.Context, st servedStore) {
 				limit = min(limit, stoppingSilence)
 			default:
 			}
-			if time.Since(last[i].at) < limit {
+			if silent < limit {
 				continue
 			}
 			why := fmt.Sprintf("node %d on %s stopped answering the rendezvous (no heartbeat for %s)", i, n.names[i], limit)
@@ -855,10 +838,10 @@ func (n *node) currentStop() *stopRecord {
 
 // reportLost ends a node that lost the rendezvous: its own ranks are stopped; what the others did
 // is unknown.
-func (n *node) reportLost(results []Result, first *Result, err error) (int, error) {
+func (n *node) reportLost(results []proc.Result, first *proc.Result, err error) (int, error) {
 	msg := fmt.Sprintf("lost the rendezvous at %s (%v): stopped this node's ranks; the other nodes' ranks are not known here", n.opts.Rendezvous, err)
 	if first != nil {
-		fmt.Fprint(n.stderr, Summary(results, first))
+		fmt.Fprint(n.stderr, proc.Summary(results, first))
 		return first.Exit.ShellCode(), errors.New(msg)
 	}
 	return 1, errors.New(msg)
@@ -924,7 +907,7 @@ func (n *node) finish(reported int) {
 // outcome turns every node's report into the job's results, the first rank to fail (the earliest
 // end among ranks that failed on their own, on any node, traced by Blame), the exit code and a
 // note on what else went wrong (a node interrupted, lost or silent).
-func outcome(dones []*doneRecord, stop *stopRecord, names []string) (results []Result, first *Result, code int, note string) {
+func outcome(dones []*doneRecord, stop *stopRecord, names []string) (results []proc.Result, first *proc.Result, code int, note string) {
 	var missing, lost []string
 	for i, d := range dones {
 		switch {
@@ -959,7 +942,7 @@ func outcome(dones []*doneRecord, stop *stopRecord, names []string) (results []R
 			first = r
 		}
 	}
-	first = Blame(results, first)
+	first = proc.Blame(results, first)
 	var notes []string
 	switch {
 	case first != nil:

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kolo-dl/kolo/launch/flags"
+	"github.com/kolo-dl/kolo/launch/layout"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
 
@@ -35,15 +37,15 @@ type nodeRun struct {
 
 // runNodes runs `kolo run --rendezvous` for each of n nodes in this process (all on loopback, so
 // they share a host name and are told apart as NAME-nodeI) and returns how each ended.
-func runNodes(t *testing.T, ctxs []context.Context, mod func(i int, o *Options), script string) []*nodeRun {
+func runNodes(t *testing.T, ctxs []context.Context, mod func(i int, o *flags.Options), script string) []*nodeRun {
 	t.Helper()
-	t.Setenv("KOLO_SECRET", "node-test-secret")
+	t.Setenv("KOLO_SECRET", "642516251c1d4f9ecedbf40ccf0e4477")
 	port := freePort(t)
 	runs := make([]*nodeRun, len(ctxs))
 	var wg sync.WaitGroup
 	for i := range ctxs {
 		runs[i] = &nodeRun{}
-		o := &Options{Rendezvous: "127.0.0.1:" + port, NNodes: len(ctxs), NodeRank: -1, StartTimeout: 10 * time.Second,
+		o := &flags.Options{Rendezvous: "127.0.0.1:" + port, NNodes: len(ctxs), NodeRank: -1, StartTimeout: 10 * time.Second,
 			Command: []string{"/bin/sh", "-c", script}, EngineEnv: map[string]string{}}
 		if mod != nil {
 			mod(i, o)
@@ -71,7 +73,7 @@ func background(n int) []context.Context {
 var rankLine = regexp.MustCompile(`\[(\d+)\]<stdout>:rank=(\d+) size=(\d+) local=(\d+)/(\d+) job=(\w+)`)
 
 func TestRunNodeSuccess(t *testing.T) {
-	runs := runNodes(t, background(3), func(i int, o *Options) { o.NP = 6 },
+	runs := runNodes(t, background(3), func(i int, o *flags.Options) { o.NP = 6 },
 		`echo "rank=$KOLO_RANK size=$KOLO_SIZE local=$KOLO_LOCAL_RANK/$KOLO_LOCAL_SIZE job=$KOLO_JOB_ID"`)
 	seen := map[string]bool{}
 	jobs := map[string]bool{}
@@ -97,7 +99,7 @@ func TestRunNodeSuccess(t *testing.T) {
 
 // A rank failing on one node stops every node's ranks; every node exits with its code and names it.
 func TestRunNodeFailureStopsEveryNode(t *testing.T) {
-	runs := runNodes(t, background(3), func(i int, o *Options) { o.NprocPerNode = 2; o.NodeRank = i },
+	runs := runNodes(t, background(3), func(i int, o *flags.Options) { o.NprocPerNode = 2; o.NodeRank = i },
 		`if [ "$KOLO_RANK" = 3 ]; then sleep 0.5; echo "rank 3 breaks" >&2; exit 7; fi; sleep 30 & echo child=$!; wait`)
 	var pids []int
 	for i, r := range runs {
@@ -124,7 +126,7 @@ func TestRunNodeInterruptStopsEveryNode(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ctxs[1] = ctx
 	time.AfterFunc(time.Second, cancel)
-	runs := runNodes(t, ctxs, func(i int, o *Options) { o.NprocPerNode = 1 }, `sleep 30 & echo child=$!; wait`)
+	runs := runNodes(t, ctxs, func(i int, o *flags.Options) { o.NprocPerNode = 1 }, `sleep 30 & echo child=$!; wait`)
 	for i, r := range runs {
 		if r.code != ExitInterrupted || r.err == nil || !strings.Contains(r.err.Error(), "interrupted on node") {
 			t.Errorf("node %d: code %d, %v; want %d and who was interrupted", i, r.code, r.err, ExitInterrupted)
@@ -134,7 +136,7 @@ func TestRunNodeInterruptStopsEveryNode(t *testing.T) {
 }
 
 func TestRunNodeMissingNode(t *testing.T) {
-	runs := runNodes(t, background(2), func(i int, o *Options) {
+	runs := runNodes(t, background(2), func(i int, o *flags.Options) {
 		o.NNodes = 3
 		o.NprocPerNode = 1
 		o.StartTimeout = 1500 * time.Millisecond
@@ -150,7 +152,7 @@ func TestRunNodeMissingNode(t *testing.T) {
 }
 
 func TestRunNodeDisagreement(t *testing.T) {
-	runs := runNodes(t, background(2), func(i int, o *Options) { o.NP = 2 + 2*i }, `true`)
+	runs := runNodes(t, background(2), func(i int, o *flags.Options) { o.NP = 2 + 2*i }, `true`)
 	for i, r := range runs {
 		if r.code == 0 || r.err == nil || !strings.Contains(r.err.Error(), "started with -np") {
 			t.Errorf("node %d: code %d, %v: want an error naming the -np that differ", i, r.code, r.err)
@@ -159,10 +161,10 @@ func TestRunNodeDisagreement(t *testing.T) {
 }
 
 func TestRunNodeWrongSecret(t *testing.T) {
-	t.Setenv("KOLO_SECRET", "the-real-one")
+	t.Setenv("KOLO_SECRET", "34b8257c0a2e2821ff307abc3141a1d0")
 	port := freePort(t)
-	o := func() *Options {
-		return &Options{Rendezvous: "127.0.0.1:" + port, NNodes: 2, NodeRank: -1, NprocPerNode: 1,
+	o := func() *flags.Options {
+		return &flags.Options{Rendezvous: "127.0.0.1:" + port, NNodes: 2, NodeRank: -1, NprocPerNode: 1,
 			StartTimeout: 1500 * time.Millisecond, Command: []string{"true"}}
 	}
 	done := make(chan int, 1)
@@ -171,7 +173,7 @@ func TestRunNodeWrongSecret(t *testing.T) {
 		done <- code
 	}()
 	time.Sleep(300 * time.Millisecond)
-	t.Setenv("KOLO_SECRET", "a-guess")
+	t.Setenv("KOLO_SECRET", "29425f96d0686b7a732cbf8d5a05597f")
 	code, err := RunNode(context.Background(), o(), &syncBuffer{}, &syncBuffer{})
 	if code == 0 || err == nil || !strings.Contains(err.Error(), "authentication failed") {
 		t.Errorf("stranger: code %d, %v", code, err)
@@ -183,7 +185,7 @@ func TestRunNodeWrongSecret(t *testing.T) {
 
 func TestOutcome(t *testing.T) {
 	at := func(ms int) int64 { return time.Unix(100, int64(ms)*1e6).UnixNano() }
-	slot := func(r int) Slot { return Slot{Rank: r, Host: fmt.Sprintf("h%d", r/2)} }
+	slot := func(r int) layout.Slot { return layout.Slot{Rank: r, Host: fmt.Sprintf("h%d", r/2)} }
 	names := []string{"h0", "h1"}
 	tests := []struct {
 		name      string
@@ -240,7 +242,7 @@ func TestOutcome(t *testing.T) {
 // Two nodes given the same --node-rank: both fail at once (not after --start-timeout), each saying
 // which node rank and what to do.
 func TestRunNodeRankConflict(t *testing.T) {
-	runs := runNodes(t, background(2), func(i int, o *Options) { o.NodeRank = 0; o.NprocPerNode = 1 }, `true`)
+	runs := runNodes(t, background(2), func(i int, o *flags.Options) { o.NodeRank = 0; o.NprocPerNode = 1 }, `true`)
 	var taken, claimed int
 	for i, r := range runs {
 		if r.code != ExitUsage || r.err == nil || !strings.Contains(r.err.Error(), "node rank 0") || !strings.Contains(r.err.Error(), "--node-rank") {
@@ -287,7 +289,7 @@ func servingNode(t *testing.T, nnodes int) *node {
 		srv.Close()
 		t.Fatal(err)
 	}
-	n := &node{opts: &Options{Rendezvous: addr.String(), NNodes: nnodes}, secret: secret, srv: srv, rv: rv,
+	n := &node{opts: &flags.Options{Rendezvous: addr.String(), NNodes: nnodes}, secret: secret, srv: srv, rv: rv,
 		infos: make([]nodeInfo, nnodes), stopped: make(chan struct{}), lost: make(chan struct{})}
 	for i := range nnodes {
 		n.infos[i] = nodeInfo{Index: i, Hostname: fmt.Sprintf("host%d", i), Slots: 1, NNodes: nnodes}
@@ -375,7 +377,7 @@ func (s *staleDoneStore) TryGet(key string) ([]byte, bool, error) {
 func TestWatchNodesKeepsReportRacingLostNode(t *testing.T) {
 	shortNodeTimings(t)
 	n := servingNode(t, 2)
-	report, _ := json.Marshal(doneRecord{Node: 1, Host: "host1", Ranks: []rankRecord{{Slot: Slot{Rank: 1, Host: "host1"}}}})
+	report, _ := json.Marshal(doneRecord{Node: 1, Host: "host1", Ranks: []rankRecord{{Slot: layout.Slot{Rank: 1, Host: "host1"}}}})
 	st := &staleDoneStore{Store: n.srv.Store, report: report, reported: make(chan bool, 1)}
 	stop := watch(n, st)
 	if !<-st.reported {
@@ -395,9 +397,9 @@ func TestWatchNodesKeepsReportRacingLostNode(t *testing.T) {
 // ranks are stopped, and they exit saying which node was lost.
 func TestRunNodeLostNode(t *testing.T) {
 	shortNodeTimings(t)
-	t.Setenv("KOLO_SECRET", "node-test-secret")
+	t.Setenv("KOLO_SECRET", "642516251c1d4f9ecedbf40ccf0e4477")
 	addr := "127.0.0.1:" + freePort(t)
-	o := &Options{Rendezvous: addr, NNodes: 2, NodeRank: 0, NprocPerNode: 1, StartTimeout: 10 * time.Second,
+	o := &flags.Options{Rendezvous: addr, NNodes: 2, NodeRank: 0, NprocPerNode: 1, StartTimeout: 10 * time.Second,
 		Command: []string{"/bin/sh", "-c", `sleep 30 & echo child=$!; wait`}, EngineEnv: map[string]string{}}
 	var run nodeRun
 	done := make(chan struct{})
@@ -410,7 +412,7 @@ func TestRunNodeLostNode(t *testing.T) {
 	// The ghost: registers as node 1 and never beats.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ghost, err := rendezvous.Dial(ctx, addr, []byte("node-test-secret"))
+	ghost, err := rendezvous.Dial(ctx, addr, []byte("642516251c1d4f9ecedbf40ccf0e4477"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -441,25 +443,29 @@ func TestNodeSecret(t *testing.T) {
 	for _, k := range []string{"KOLO_SECRET", "KOLO_SECRET_FILE", "HOROVOD_SECRET_KEY"} {
 		t.Setenv(k, "")
 	}
-	if _, err := NodeSecret(&Options{}); err == nil || !strings.Contains(err.Error(), "KOLO_SECRET") || !strings.Contains(err.Error(), "--secret-file") {
+	if _, err := NodeSecret(&flags.Options{}); err == nil || !strings.Contains(err.Error(), "KOLO_SECRET") || !strings.Contains(err.Error(), "--secret-file") {
 		t.Errorf("no secret: %v", err)
 	}
 	file := t.TempDir() + "/secret"
-	if err := os.WriteFile(file, []byte("from-file\n"), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte("f11ef11ef11ef11ef11ef11ef11ef11e\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv("KOLO_SECRET_FILE", file)
-	if s, err := NodeSecret(&Options{}); err != nil || string(s) != "from-file" {
+	if s, err := NodeSecret(&flags.Options{}); err != nil || string(s) != "f11ef11ef11ef11ef11ef11ef11ef11e" {
 		t.Errorf("KOLO_SECRET_FILE: %q, %v", s, err)
 	}
-	t.Setenv("KOLO_SECRET", "from-env")
-	if s, err := NodeSecret(&Options{}); err != nil || string(s) != "from-env" {
+	t.Setenv("KOLO_SECRET", "43d6d63b060c2e893fe63263b0b7f6fd")
+	if s, err := NodeSecret(&flags.Options{}); err != nil || string(s) != "43d6d63b060c2e893fe63263b0b7f6fd" {
 		t.Errorf("KOLO_SECRET beside KOLO_SECRET_FILE: %q, %v", s, err)
 	}
-	if s, err := NodeSecret(&Options{SecretFile: file}); err != nil || string(s) != "from-file" {
+	if s, err := NodeSecret(&flags.Options{SecretFile: file}); err != nil || string(s) != "f11ef11ef11ef11ef11ef11ef11ef11e" {
 		t.Errorf("--secret-file beside KOLO_SECRET: %q, %v", s, err)
 	}
-	if _, err := NodeSecret(&Options{SecretFile: file + ".missing"}); err == nil || !strings.Contains(err.Error(), "--secret-file") {
+	t.Setenv("KOLO_SECRET", "hunter2")
+	if _, err := NodeSecret(&flags.Options{}); err == nil || !strings.Contains(err.Error(), "KOLO_SECRET: job secret too short") || !strings.Contains(err.Error(), "kolo secret") {
+		t.Errorf("a short KOLO_SECRET: %v, want it refused, saying how to make one", err)
+	}
+	if _, err := NodeSecret(&flags.Options{SecretFile: file + ".missing"}); err == nil || !strings.Contains(err.Error(), "--secret-file") {
 		t.Errorf("missing --secret-file: %v", err)
 	}
 }
@@ -467,7 +473,7 @@ func TestNodeSecret(t *testing.T) {
 // Nodes started with different --nnodes fail at once with a usage error that says so, on every
 // node, rather than waiting out --start-timeout.
 func TestRunNodeNNodesDisagree(t *testing.T) {
-	runs := runNodes(t, background(2), func(i int, o *Options) {
+	runs := runNodes(t, background(2), func(i int, o *flags.Options) {
 		o.NNodes = 2 + i
 		o.NprocPerNode = 1
 		o.StartTimeout = 20 * time.Second

@@ -6,12 +6,12 @@ import "unsafe"
 // non-temporal stores where the active kernel has them, so that dst's lines go to memory instead
 // of staying in this core's cache.
 //
-// That is what data for another core wants. On the 2-vCPU EPYC VM this project is measured on, a
-// line that one core wrote and another then reads, or that one core rewrites after another read
-// it, moves core to core one round trip at a time, which held the staged 2-rank allreduce to
-// OpenMPI's ~5.5 GB/s; staging through memory took it to 9-13 GB/s (`bench/compare.py`,
-// docs/benchmarks.md). Data this core reads again soon must not be
-// streamed: it would come back from memory.
+// That is what data for another core wants where the two cores share no cache (the two vCPUs of
+// an AMD EPYC virtual machine, say): there a line that one core wrote and another then reads, or
+// that one core rewrites after another read it, moves core to core one round trip at a time,
+// which held the staged 2-rank allreduce to OpenMPI's ~5.5 GB/s; staging through memory took it
+// to 9-13 GB/s (`bench/compare.py`, docs/benchmarks.md). Data this core reads again soon must not
+// be streamed: it would come back from memory.
 //
 // The stores are fenced before StreamCopy returns, so whatever the caller publishes next (an
 // atomic flag, a barrier arrival) is ordered after them.

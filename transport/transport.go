@@ -236,38 +236,3 @@ type Shared interface {
 type Spinner interface {
 	SetSpin(d time.Duration)
 }
-
-// Board is an optional capability of a Comm whose ranks share one memory segment (the shm
-// transport): a notice board of numbered rounds that never block. Each rank owns a block per round
-// parity; it writes its block, then arrives, and may take the arrival back until the round
-// completes, which it does when every rank is arrived at once. Blocks of round k are read after
-// it completed, and rewritten no earlier than round k+2, which no rank can arrive at before every
-// rank arrived at k+1, so after every rank finished reading round k. The engine negotiates a
-// host-local world's steady-state small allreduces through it without its coordinator
-// (engine/board.go).
-type Board interface {
-	// BoardBlock is rank r's block for rounds of parity p (0 or 1), BoardBlockBytes long.
-	BoardBlock(r, p int) []byte
-	// BoardArrive counts this rank in round k (rounds are numbered from 0 and taken in order)
-	// and reports whether that completed it. The first arrival and the last wake every rank
-	// sleeping on its Poller.
-	BoardArrive(k uint64) bool
-	// BoardWithdraw takes this rank's arrival at round k back, unless the round completed:
-	// then it reports false, and the arrival stands.
-	BoardWithdraw(k uint64) bool
-	// BoardArrived is how many ranks are arrived at round k now (all of them once it completed).
-	BoardArrived(k uint64) int
-	// BoardSee records that this rank has read completed round k; BoardSeen is how many ranks
-	// have. A rank may wait for the others to see a round before it returns its ops, so that
-	// ranks return from one op at nearly the same time, as they do from a collective. Every rank
-	// must see every round it completes, in order: the counts are kept per round parity and
-	// carry over.
-	BoardSee(k uint64)
-	BoardSeen(k uint64) int
-	// BoardFallbacks adds delta to a count every rank shares and returns its new value: the
-	// reasons, somewhere on the host, that ops must go the coordinator's way for now.
-	BoardFallbacks(delta int64) int64
-}
-
-// BoardBlockBytes is the size of a Board's blocks.
-const BoardBlockBytes = 8 << 10

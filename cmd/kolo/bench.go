@@ -14,7 +14,7 @@ import (
 	"github.com/kolo-dl/kolo/bench"
 	"github.com/kolo-dl/kolo/dtype"
 	"github.com/kolo-dl/kolo/jobenv"
-	"github.com/kolo-dl/kolo/launch"
+	"github.com/kolo-dl/kolo/launch/flags"
 )
 
 // benchCmd implements `kolo bench OP`. With -np N it launches N local ranks of itself (through the
@@ -71,7 +71,7 @@ func benchCmd(args []string) int {
 			return 1
 		}
 		argv := append([]string{self, "bench"}, args...)
-		code, err := runJob(ctx, &launch.Options{NP: *np, Command: argv, EngineEnv: map[string]string{}, PlainOutput: true})
+		code, err := runJob(ctx, &flags.Options{NP: *np, Command: argv, EngineEnv: map[string]string{}, PlainOutput: true})
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "kolo bench: %v\n", err)
 		}

@@ -15,13 +15,13 @@ import (
 
 	"github.com/kolo-dl/kolo"
 	"github.com/kolo-dl/kolo/jobenv"
-	"github.com/kolo-dl/kolo/launch"
+	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/transport/shm"
 )
 
 // beforeLaunch handles what kolo run does before (or instead of) launching: -v, -cb, and the
 // launcher's own log level. done means kolo run ends with code.
-func beforeLaunch(opts *launch.Options, stdout io.Writer) (code int, done bool) {
+func beforeLaunch(opts *flags.Options, stdout io.Writer) (code int, done bool) {
 	if opts.LogLevel != "" {
 		if l, err := jobenv.ParseLogLevel(opts.LogLevel); err == nil {
 			slog.SetLogLoggerLevel(l)

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo"
-	"github.com/kolo-dl/kolo/launch"
+	"github.com/kolo-dl/kolo/launch/flags"
 )
 
 func TestFormatCheckBuild(t *testing.T) {
@@ -105,10 +105,10 @@ func TestProbeRealPython(t *testing.T) {
 
 func TestBeforeLaunch(t *testing.T) {
 	var b strings.Builder
-	if code, done := beforeLaunch(&launch.Options{Version: true}, &b); !done || code != 0 || b.String() != "kolo "+kolo.Version+"\n" {
+	if code, done := beforeLaunch(&flags.Options{Version: true}, &b); !done || code != 0 || b.String() != "kolo "+kolo.Version+"\n" {
 		t.Errorf("-v: %d %v %q", code, done, b.String())
 	}
-	if _, done := beforeLaunch(&launch.Options{Command: []string{"prog"}}, &b); done {
+	if _, done := beforeLaunch(&flags.Options{Command: []string{"prog"}}, &b); done {
 		t.Error("a launch ended before launching")
 	}
 }

@@ -10,11 +10,12 @@ import (
 	"syscall"
 
 	"github.com/kolo-dl/kolo/launch"
+	"github.com/kolo-dl/kolo/launch/flags"
 )
 
 // runCmd implements `kolo run`; it returns the process exit code.
 func runCmd(args []string) int {
-	opts, err := launch.ParseRunFlags(args, os.Stderr)
+	opts, err := flags.Parse(args, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
@@ -38,7 +39,7 @@ func runCmd(args []string) int {
 // run (no ssh), elastic or not; otherwise elastic mode (--min-np, --max-np,
 // --host-discovery-script), where workers come and go, or a job whose every rank this launcher
 // starts, locally or over ssh.
-func runJob(ctx context.Context, opts *launch.Options) (int, error) {
+func runJob(ctx context.Context, opts *flags.Options) (int, error) {
 	switch {
 	case opts.Rendezvous != "":
 		return launch.RunNode(ctx, opts, os.Stdout, os.Stderr)

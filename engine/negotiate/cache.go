@@ -174,10 +174,8 @@ type Cache struct {
 	rank, size int
 	limit      uint32
 	slots      []*opSig // by id; grown on demand up to limit
-	born       []uint64 // by id: the Seq of the Response that announced the entry
 	byName     map[string]uint32
 	seen       uint64
-	evictions  uint64
 }
 
 // NewCache makes the cache of rank out of size ranks; capacity must be the Coordinator's
@@ -194,20 +192,6 @@ func NewCache(rank, size, capacity int) (*Cache, error) {
 
 // Seen is the Seq of the last Response learned: what this rank's Batches must carry.
 func (c *Cache) Seen() uint64 { return c.seen }
-
-// Evictions counts the ids this rank's cache has dropped: while it stays, every id this rank held
-// still stands for the same entry.
-func (c *Cache) Evictions() uint64 { return c.evictions }
-
-// Born is the Seq of the Response that announced id's entry (0 if this rank holds none). Every
-// rank learns the same Responses, so an id and its Born name one entry on every rank that holds
-// it, though the id may be reused after an eviction.
-func (c *Cache) Born(id uint32) uint64 {
-	if c.get(id) == nil {
-		return 0
-	}
-	return c.born[id]
-}
 
 // Len is the number of ids this rank knows.
 func (c *Cache) Len() int { return len(c.byName) }
@@ -255,7 +239,6 @@ func (c *Cache) Learn(r *Response) error {
 		}
 		c.slots[id] = nil
 		delete(c.byName, s.name)
-		c.evictions++
 	}
 	if r.FromCache {
 		if r.Names == nil {
@@ -299,10 +282,8 @@ func (c *Cache) Learn(r *Response) error {
 		}
 		for uint32(len(c.slots)) <= id {
 			c.slots = append(c.slots, nil)
-			c.born = append(c.born, 0)
 		}
 		c.slots[id] = s
-		c.born[id] = r.Seq
 		c.byName[s.name] = id
 	}
 	return nil

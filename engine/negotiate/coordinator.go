@@ -62,6 +62,11 @@ type Coordinator struct {
 	joined      []bool
 	joinedCount int
 
+	// ended are the ranks that reached shutdown (submitted ShutdownName's barrier): they submit
+	// nothing more, so every other op that misses one of them fails at once, naming it.
+	ended      []bool
+	endedCount int
+
 	seq   uint64   // Seq of the last Response emitted
 	seen  []uint64 // per rank: the largest Seen reported
 	cache coordCache
@@ -162,6 +167,7 @@ func NewCoordinator(cfg Config) (*Coordinator, error) {
 		byName: map[string]*op{},
 		groups: map[int64]*groupState{},
 		joined: make([]bool, cfg.Size),
+		ended:  make([]bool, cfg.Size),
 		seen:   make([]uint64, cfg.Size),
 		last:   make([]time.Time, cfg.Size),
 		cache:  newCoordCache(cfg.CacheCapacity),
@@ -186,6 +192,21 @@ func (c *Coordinator) SetFusionBytes(n int64) {
 // has to agree: a rank still sending an id the cache dropped is answered through its tombstone.
 // On again, ops get ids as they did. No effect with the cache disabled by capacity.
 func (c *Coordinator) SetCacheOff(off bool) { c.cache.off = off }
+
+// Missing sets missing[r] for every rank r (a job rank: Config.Ranks) that some rank waits on: it
+// has not submitted an op another rank submitted, and has neither joined nor ended. The engine
+// watches that such ranks still run. It costs a walk of the pending ops; it allocates nothing.
+func (c *Coordinator) Missing(missing []bool) {
+	for o := c.head; o != nil; o = o.next {
+		for r, how := range o.sent {
+			if how == subAbsent && !c.joined[r] && !c.ended[r] {
+				if j := c.ids.of(r); j >= 0 && j < len(missing) {
+					missing[j] = true
+				}
+			}
+		}
+	}
+}
 
 // Waiting sets waiting[r] for every rank r (a job rank: Config.Ranks) that has submitted something
 // this Coordinator has not answered: an op others have not submitted yet, a member of a group
@@ -354,7 +375,17 @@ func (c *Coordinator) submitFull(now time.Time, rank int, r *Request) {
 		o.reqs[rank] = *r
 		o.hasFull = true
 		o.allSame = false
-		c.maybeComplete(now, o)
+		c.submitted(now, o, rank)
+	}
+}
+
+// submitted completes o if it can, after rank's submission; a rank that submitted the shutdown
+// barrier has ended.
+func (c *Coordinator) submitted(now time.Time, o *op, rank int) {
+	shutdown := isShutdown(o) // o may be recycled once complete
+	c.maybeComplete(now, o)
+	if shutdown {
+		c.end(now, rank)
 	}
 }
 
@@ -389,7 +420,7 @@ func (c *Coordinator) submitCached(now time.Time, rank int, seen uint64, id uint
 		if how == subOther {
 			o.via[rank], o.hasVia = e, true
 		}
-		c.maybeComplete(now, o)
+		c.submitted(now, o, rank)
 	}
 }
 
@@ -409,7 +440,39 @@ func (c *Coordinator) mark(o *op, rank int, how uint8) bool {
 	return true
 }
 
-// maybeComplete resolves o once every rank has submitted it or joined.
+// isShutdown reports whether o is the barrier ranks pass on their way out.
+func isShutdown(o *op) bool { return o.name == ShutdownName && o.kind == Barrier }
+
+// End records that rank will submit nothing more in this set: it reached shutdown. Every op
+// pending or submitted later that it has not submitted fails at once, naming it, instead of
+// waiting for the stall inspector (a rank whose program finished early must not hold the
+// others until then). The Hub ends a rank in every set once it reaches the global set's shutdown.
+func (c *Coordinator) End(now time.Time, rank int) error {
+	if rank < 0 || rank >= c.size {
+		return fmt.Errorf("negotiate: end of rank %d of %d ranks: rank out of range", rank, c.size)
+	}
+	c.end(now, rank)
+	return nil
+}
+
+func (c *Coordinator) end(now time.Time, rank int) {
+	if c.ended[rank] {
+		return
+	}
+	c.ended[rank] = true
+	c.endedCount++
+	for o := c.head; o != nil; {
+		next := o.next
+		c.maybeComplete(now, o)
+		o = next
+	}
+}
+
+// Ended reports whether rank reached shutdown.
+func (c *Coordinator) Ended(rank int) bool { return c.ended[rank] }
+
+// maybeComplete resolves o once every rank has submitted it or joined, or fails it once a rank
+// that will never submit it has ended.
 func (c *Coordinator) maybeComplete(now time.Time, o *op) {
 	n := o.n
 	if c.joinedCount > 0 {
@@ -421,6 +484,22 @@ func (c *Coordinator) maybeComplete(now time.Time, o *op) {
 	}
 	if n == c.size {
 		c.resolve(now, o)
+		return
+	}
+	if c.endedCount > 0 && !isShutdown(o) {
+		var gone []int
+		for r, e := range c.ended {
+			if e && o.sent[r] == subAbsent && !c.joined[r] {
+				gone = append(gone, c.ids.of(r))
+			}
+		}
+		if len(gone) > 0 {
+			if o.err == "" {
+				o.err = fmt.Sprintf("%s %q: %s ended without submitting it (reached shutdown: its program finished or called shutdown)",
+					o.kind, o.name, rankWord(gone))
+			}
+			c.resolve(now, o)
+		}
 	}
 }
 

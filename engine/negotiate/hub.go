@@ -6,6 +6,10 @@ import (
 	"time"
 )
 
+// ShutdownName is the global set's barrier every rank passes on its way out (the engine's
+// Shutdown). A rank that submitted it has ended: see Coordinator.End.
+const ShutdownName = "kolo.shutdown"
+
 // SetChangePrefix names the global set's allgathers that carry process set changes (the engine's
 // own ops). They run with joined ranks too, which propose nothing but apply the verdict.
 const SetChangePrefix = "kolo.process_set#"
@@ -148,6 +152,14 @@ func (h *Hub) Waiting(waiting []bool) {
 	}
 }
 
+// Missing sets missing[r] for every job rank r that, in some set, another rank waits on
+// (Coordinator.Missing). missing has one entry per job rank; it is not cleared first.
+func (h *Hub) Missing(missing []bool) {
+	for _, s := range h.sets {
+		s.co.Missing(missing)
+	}
+}
+
 // SubmitBatch takes one message that job rank from sent. b.Set picks the set, and b.Rank must be
 // from's rank in it. An error is a broken protocol (unknown set, a non-member, a wrong rank), not a
 // problem with the ops: the engine treats it as a malformed message.
@@ -163,7 +175,20 @@ func (h *Hub) SubmitBatch(now time.Time, from int, b *Batch) error {
 	if b.Rank != r {
 		return fmt.Errorf("negotiate: batch from rank %d for process set %d claims set rank %d, want %d", from, b.Set, b.Rank, r)
 	}
-	return s.co.SubmitBatch(now, b)
+	if err := s.co.SubmitBatch(now, b); err != nil {
+		return err
+	}
+	if b.Set == 0 && s.co.Ended(from) {
+		// A rank that reached shutdown submits nothing more in any set.
+		for _, id := range h.ids {
+			if o := h.sets[id]; id != 0 {
+				if i, ok := slices.BinarySearch(o.ranks, from); ok {
+					o.co.End(now, i)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // CachedName tells what cache id meant, in process set `set`, to a rank that had learned seen of

@@ -572,3 +572,39 @@ func TestHubWaiting(t *testing.T) {
 		})
 	}
 }
+
+// A rank that reaches the global set's shutdown has ended in every set: an op of a process set
+// it belongs to fails at once, naming it by its job rank, and a set without it goes on.
+func TestHubEndsARankInEverySet(t *testing.T) {
+	hub, err := NewHub(Config{Size: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hub.AddSet(1, []int{1, 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := hub.AddSet(2, []int{0, 1}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(0, 0)
+	submit := func(set, from, setRank int, name string, kind OpKind) {
+		t.Helper()
+		b := &Batch{Rank: setRank, Set: set, Requests: []Request{{Name: name, Kind: kind, DType: dtype.Float32, Shape: []int64{1}}}}
+		if err := hub.SubmitBatch(now, from, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	submit(1, 1, 0, "in.set1", Allreduce)
+	submit(2, 0, 0, "in.set2", Allreduce)
+	submit(0, 2, 2, ShutdownName, Barrier)
+	var got []string
+	for _, sr := range hub.Ready() {
+		for _, r := range sr.Responses {
+			got = append(got, fmt.Sprintf("set %d: %v %s", sr.Set, r.Names, r.Error))
+		}
+	}
+	want := []string{`set 1: [in.set1] allreduce "in.set1": rank 2 ended without submitting it (reached shutdown: its program finished or called shutdown)`}
+	if !slices.Equal(got, want) {
+		t.Errorf("responses:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

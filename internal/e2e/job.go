@@ -14,6 +14,8 @@ import (
 
 	"github.com/kolo-dl/kolo/auth"
 	"github.com/kolo-dl/kolo/launch"
+	"github.com/kolo-dl/kolo/launch/layout"
+	"github.com/kolo-dl/kolo/launch/proc"
 	"github.com/kolo-dl/kolo/rendezvous"
 	"github.com/kolo-dl/kolo/world"
 )
@@ -60,8 +62,8 @@ func (o *Output) String() string {
 
 // Job is one launched test job.
 type Job struct {
-	Results        []launch.Result
-	First          *launch.Result
+	Results        []proc.Result
+	First          *proc.Result
 	Stdout, Stderr *Output
 	Elapsed        time.Duration
 	Intrusions     int
@@ -113,25 +115,25 @@ func Launch(t testing.TB, scenario string, hosts []Host, np int, o Options) *Job
 		_, port, _ := net.SplitHostPort(addr.String())
 		advertise = net.JoinHostPort(advertise, port)
 	}
-	lh := make([]launch.Host, len(hosts))
+	lh := make([]layout.Host, len(hosts))
 	wrap := map[string][]string{}
 	for i, h := range hosts {
-		lh[i] = launch.Host{Name: h.Name, Slots: h.Slots}
+		lh[i] = layout.Host{Name: h.Name, Slots: h.Slots}
 		wrap[h.Name] = h.Wrap
 	}
-	slots, err := launch.Plan(lh, np)
+	slots, err := layout.Plan(lh, np)
 	if err != nil {
 		t.Fatal(err)
 	}
 	jobID := launch.NewJobID()
-	workers := make([]launch.Worker, len(slots))
+	workers := make([]proc.Worker, len(slots))
 	for i, s := range slots {
 		e := launch.WorkerEnv(s, advertise, jobID, secret, env, []string{WorkerEnv + "=" + scenario})
 		argv := append(append([]string(nil), wrap[s.Host]...), os.Args[0], "-test.run=^$")
-		workers[i] = launch.Worker{Slot: s, Argv: argv, Env: e}
+		workers[i] = proc.Worker{Slot: s, Argv: argv, Env: e}
 	}
 	job := &Job{Stdout: &Output{}, Stderr: &Output{}}
-	r := &launch.Runner{Starter: launch.LocalStarter{}, Stdout: job.Stdout, Stderr: job.Stderr, GracePeriod: o.Grace}
+	r := &proc.Runner{Starter: proc.LocalStarter{}, Stdout: job.Stdout, Stderr: job.Stderr, GracePeriod: o.Grace}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	start := time.Now()

@@ -21,19 +21,20 @@ import (
 
 // Scenarios maps a name to what every rank runs. Each returns nil when this rank saw what it should.
 var Scenarios = map[string]func(ctx context.Context) error{
-	"ops":           opsScenario,
-	"big":           bigScenario,
-	"order":         orderScenario,
-	"mismatch":      mismatchScenario,
-	"stall":         stallScenario,
-	"join":          joinScenario,
-	"kill":          killScenario,
-	"kill-small":    killSmallScenario,
-	"abort":         abortScenario,
-	"steady":        steadyScenario,
-	"loop":          loopScenario,
-	"sigstop":       sigstopScenario,
-	"sigstop-small": sigstopSmallScenario,
+	"ops":             opsScenario,
+	"big":             bigScenario,
+	"order":           orderScenario,
+	"mismatch":        mismatchScenario,
+	"stall":           stallScenario,
+	"join":            joinScenario,
+	"kill":            killScenario,
+	"kill-small":      killSmallScenario,
+	"abort":           abortScenario,
+	"steady":          steadyScenario,
+	"loop":            loopScenario,
+	"sigstop":         sigstopScenario,
+	"sigstop-small":   sigstopSmallScenario,
+	"sigstop-between": sigstopBetweenScenario,
 }
 
 // loopScenario allreduces until an op fails (a test kills part of the job) and returns that error.
@@ -410,7 +411,7 @@ func killScenario(ctx context.Context) error {
 }
 
 // killSmallScenario is killScenario with one 4-byte allreduce under one name, which from the
-// second op on goes through the shared-memory board on one host (engine/board.go).
+// second op on is negotiated as a response-cache id.
 func killSmallScenario(ctx context.Context) error {
 	return killRun(ctx, 1, func(int) string { return "kill" })
 }
@@ -470,14 +471,22 @@ func sigstopScenario(ctx context.Context) error {
 }
 
 // sigstopSmallScenario is sigstopScenario with one 4-byte allreduce under one name: from the
-// second op on it is cached, and on one host negotiated through shared memory (engine/board.go).
-// Rank 1 is stopped 500 ms into the op, long after it waited BoardWait (50 ms) on the board for the
-// others and sent the op to rank 0; the others enter 800 ms late.
+// second op on it is cached. Rank 1 is stopped 500 ms into the op, long after it sent the op to
+// rank 0; the others enter 800 ms late.
 func sigstopSmallScenario(ctx context.Context) error {
 	return sigstopRun(ctx, 1, func(int) string { return "stop" }, 500*time.Millisecond)
 }
 
-// sigstopRun stops rank 1 stopAfter into op 21; the others enter it stopAfter+300 ms late.
+// sigstopBetweenScenario stops rank 1 between two ops: it has finished op 20 and stops 100 ms
+// later, before it submits op 21, which the others enter at once. Nothing of rank 1 is in a
+// collective: only its silence (no heartbeat) tells it from a rank that computes.
+func sigstopBetweenScenario(ctx context.Context) error {
+	return sigstopRun(ctx, 1<<10, func(i int) string { return fmt.Sprintf("between.%d", i) }, -100*time.Millisecond)
+}
+
+// sigstopRun stops rank 1 stopAfter into op 21; the others enter it stopAfter+300 ms late. A
+// negative stopAfter stops rank 1 that long after it finished op 20, before it enters op 21 (it
+// waits 3 times as long first), and the others enter op 21 at once.
 func sigstopRun(ctx context.Context, elems int, name func(i int) string, stopAfter time.Duration) error {
 	rank, size := kolo.Rank(), kolo.Size()
 	stopFor, err := strconv.ParseFloat(os.Getenv(StopForEnv), 64)
@@ -489,13 +498,16 @@ func sigstopRun(ctx context.Context, elems int, name func(i int) string, stopAft
 	for i := range 40 {
 		if i == 20 && rank == 1 {
 			pid := os.Getpid()
-			helper := exec.Command("sh", "-c", fmt.Sprintf("sleep %g; kill -STOP %d; sleep %g; kill -CONT %d", stopAfter.Seconds(), pid, stopFor, pid))
+			helper := exec.Command("sh", "-c", fmt.Sprintf("sleep %g; kill -STOP %d; sleep %g; kill -CONT %d", stopAfter.Abs().Seconds(), pid, stopFor, pid))
 			helper.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // out of reach of the launcher's stop
 			if err := helper.Start(); err != nil {
 				return err
 			}
 			go helper.Wait()
-		} else if i == 20 {
+			if stopAfter < 0 {
+				time.Sleep(-3 * stopAfter) // stopped in here, between ops
+			}
+		} else if i == 20 && stopAfter > 0 {
 			time.Sleep(stopAfter + 300*time.Millisecond)
 		}
 		for j := range buf {

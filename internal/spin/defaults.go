@@ -15,13 +15,14 @@ const (
 	// DefaultSpin is how long a wait polls before it sleeps on a host with a CPU for every rank.
 	// Spinning buys latency only while the awaited peer runs at the same time; 50 µs rather than a
 	// few because a rank asleep in a collective can stay asleep while its spinning peer holds the
-	// core its wake-up was queued on: with 5 µs, a quarter of 2-rank runs on the 2-core test VM
-	// settled into ~100 µs per small allreduce instead of ~10 µs.
+	// core its wake-up was queued on: with 5 µs, a quarter of 2-rank runs on a host with 2 cores
+	// settled into ~100 µs per small allreduce instead of ~10 µs (`bench/python_latency.py --np 2
+	// --sizes 4 --rounds 5 --kolo-env KOLO_SPIN_TIME=5` shows it).
 	DefaultSpin = 50 * time.Microsecond
 	// DefaultYields is how many times a wait that does not poll yields its CPU (Yield) before it
 	// sleeps, on a host whose ranks outnumber its CPUs. A yield hands the core to a rank that can
 	// run, often the one awaited, for about a microsecond of system call, where a futex sleep and
-	// wake-up costs tens of microseconds on the test VM: with 4 ranks on 2 cores (`kolo bench
+	// wake-up costs tens of microseconds: with 4 ranks on 2 cores (`kolo bench
 	// allreduce -np 4`, 200 ops) a 4-byte allreduce went from 218-257 us to 118-151 us, 4 KiB from
 	// 249-288 to 147-165 us; 8 yields gave half of that, 128 or 512 no more.
 	DefaultYields = 32

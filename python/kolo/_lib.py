@@ -176,8 +176,7 @@ def _after_fork_in_child():
         C = _Unavailable(_fork_error)
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _forked():

@@ -25,7 +25,7 @@ import threading
 import time
 import traceback
 
-try:
+try:  # cloudpickle, an optional dependency, also pickles lambdas and closures; plain pickle is the fallback.
     import cloudpickle as _pickler
 except ImportError:  # pragma: no cover - depends on the installation
     _pickler = pickle

@@ -14,6 +14,7 @@ sample of an epoch is processed exactly once.
 import collections
 import json
 import os
+import secrets
 import subprocess
 import time
 
@@ -215,7 +216,7 @@ def test_no_ssh_nodes_a_failed_worker_leaves_the_other_node_training(tmp_path):
               str(batches), "--batch-size", str(bsz), "--exit-schedule", '{"(1, 2)": [3]}',
               "--exit-mode", "kill"]
     e = env()
-    e["KOLO_SECRET"] = "no-ssh-elastic-test"
+    e["KOLO_SECRET"] = secrets.token_hex(32)
     nodes = []
     try:
         for i in range(2):

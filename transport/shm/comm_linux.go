@@ -22,8 +22,9 @@ type comm struct {
 }
 
 var (
-	_ transport.Comm   = (*comm)(nil)
-	_ transport.Shared = (*comm)(nil)
+	_ transport.Comm    = (*comm)(nil)
+	_ transport.Shared  = (*comm)(nil)
+	_ transport.Spinner = (*comm)(nil)
 )
 
 func newComm(g *Group) *comm {

@@ -210,7 +210,6 @@ func ReservedBytes(cfg Config) int64 {
 //	global header (one page): identity, ready word, attach count, abort word and reason, barrier
 //	per-rank blocks (rankBlockBytes each): pid, state, barrier arrivals, futex doorbells
 //	ring controls (ringCtlBytes each): tail and head, on separate cache lines; data rings, then msg rings
-//	board blocks (BoardBlockBytes each): two per rank, one per round parity (board_linux.go)
 //	slots, data rings, msg rings: each page-aligned; the rings come last, so that what is
 //	reserved at create is one prefix of the file and the rings a hole after it until first used
 const (
@@ -238,9 +237,6 @@ const (
 	offBarArrivals  = 8 * cacheLine  // uint64: total Barrier arrivals of all ranks
 	offBarGen       = 9 * cacheLine  // uint32 futex word, bumped when a barrier completes
 	offBarWaiters   = 10 * cacheLine // uint32: ranks asleep on offBarGen
-	offBoardArrived = 11 * cacheLine // 2 uint64s, on lines of their own: the board's arrivals of even and odd rounds
-	offBoardFalls   = 13 * cacheLine // int64: the board's fallback count (transport.Board)
-	offBoardSeen    = 14 * cacheLine // 2 uint64s, on lines of their own: ranks that read even and odd rounds
 	globalBytes     = pageBytes
 
 	// per-rank block fields
@@ -260,7 +256,7 @@ const (
 	ctlTail           = 0
 	ctlHead           = cacheLine
 	segmentMagic      = 0x314d48534f4c4f4b // "KOLOSHM1" little-endian
-	segmentVersion    = 3
+	segmentVersion    = 4
 	stateAttached     = 1
 	stateCommClosed   = 2
 	stateMsgClosed    = 4
@@ -271,7 +267,6 @@ type layout struct {
 	size, pairs                          int
 	slotBytes, ringBytes, msgRingBytes   int
 	rankBlocks, ringCtls, msgCtls        int
-	boards                               int
 	slots, rings, msgRings, total, hdrSz int64
 }
 
@@ -281,8 +276,7 @@ func newLayout(cfg Config) layout {
 	l.rankBlocks = globalBytes
 	l.ringCtls = l.rankBlocks + l.size*rankBlockBytes
 	l.msgCtls = l.ringCtls + l.pairs*ringCtlBytes
-	l.boards = l.msgCtls + l.pairs*ringCtlBytes
-	l.hdrSz = int64(roundUp(l.boards+2*l.size*BoardBlockBytes, pageBytes))
+	l.hdrSz = int64(roundUp(l.msgCtls+l.pairs*ringCtlBytes, pageBytes))
 	l.slots = l.hdrSz
 	l.rings = l.slots + int64(l.size)*int64(l.slotBytes)
 	l.msgRings = l.rings + int64(l.pairs)*int64(l.ringBytes)
@@ -306,10 +300,7 @@ func (l layout) ringCtl(src, dst int) int64 {
 	return int64(l.ringCtls + l.pair(src, dst)*ringCtlBytes)
 }
 func (l layout) msgCtl(src, dst int) int64 { return int64(l.msgCtls + l.pair(src, dst)*ringCtlBytes) }
-func (l layout) board(r, parity int) int64 {
-	return int64(l.boards + (2*r+parity)*BoardBlockBytes)
-}
-func (l layout) slot(r int) int64 { return l.slots + int64(r)*int64(l.slotBytes) }
+func (l layout) slot(r int) int64          { return l.slots + int64(r)*int64(l.slotBytes) }
 func (l layout) ring(src, dst int) int64 {
 	return l.rings + int64(l.pair(src, dst))*int64(l.ringBytes)
 }

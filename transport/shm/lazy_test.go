@@ -297,7 +297,7 @@ func TestRingThatDoesNotFitFailsItsFirstSend(t *testing.T) {
 		{"message ring", func(g *Group) error { return g.Messenger().SendMsg(ctx, 1, []byte("hello")) }, "message ring"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			// The header, the board and two 64 KiB slots fit 512 KiB; a 1 MiB ring does not.
+			// The header and two 64 KiB slots fit 512 KiB; a 1 MiB ring does not.
 			dir := smallTmpfs(t, "512k")
 			cfg := testConfig(t, 2)
 			cfg.Dir, cfg.RingBytes, cfg.MsgRingBytes, cfg.Ranks = dir, 1<<20, 1<<20, []int{10, 11}
@@ -314,7 +314,7 @@ func TestRingThatDoesNotFitFailsItsFirstSend(t *testing.T) {
 				t.Errorf("error blames a peer, not the full file system: %v", err)
 			}
 			for _, want := range []string{tc.ring, "local ranks 0->1", "job ranks 10->11", "needs 1 MiB", dir, "free",
-				"reserved 168 KiB at start", "--shm-size"} {
+				"reserved 136 KiB at start", "--shm-size"} {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("error does not say %q: %v", want, err)
 				}

@@ -18,32 +18,15 @@ from kolo.torch.mpi_ops import (  # noqa: F401
     sparse_allreduce_async,
     shutdown, size, synchronize,
 )
-from kolo.torch.process_sets import ProcessSet, global_process_set  # noqa: F401
+from kolo.torch.compression import Compression  # noqa: F401
+from kolo.torch.functions import (  # noqa: F401
+    allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters,
+)
+from kolo.torch.optimizer import DistributedOptimizer  # noqa: F401
+from kolo.torch.process_sets import (  # noqa: F401
+    ProcessSet, add_process_set, global_process_set, remove_process_set,
+)
+from kolo.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
+from kolo.torch.timeline import start_timeline, stop_timeline  # noqa: F401
 
-
-def _optional(module, names):
-    """Re-exports names from a sibling module that may not exist yet in a partial checkout; an
-    import error inside an existing module is raised, not hidden."""
-    import importlib
-    full = "kolo.torch." + module
-    try:
-        mod = importlib.import_module(full)
-    except ModuleNotFoundError as e:
-        if e.name != full:
-            raise
-        return
-    for n in names:
-        if hasattr(mod, n):
-            globals()[n] = getattr(mod, n)
-
-
-_optional("process_sets", ["add_process_set", "remove_process_set"])
-_optional("compression", ["Compression"])
-_optional("optimizer", ["DistributedOptimizer"])
-_optional("functions", ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
-                        "allgather_object"])
-_optional("sync_batch_norm", ["SyncBatchNorm"])
-_optional("timeline", ["start_timeline", "stop_timeline"])
-del _optional
-
-from kolo.torch import elastic  # noqa: E402,F401  (hvd.elastic.run, TorchState, ...)
+from kolo.torch import elastic  # noqa: F401  (hvd.elastic.run, TorchState, ...)

@@ -21,12 +21,9 @@ import torch
 
 from kolo import _lib
 from kolo._lib import HorovodInternalError, KoloInternalError  # noqa: F401 (re-exported)
+from kolo.torch.compression import Compression
+from kolo.torch.process_sets import _init_process_sets
 from kolo.torch.process_sets import ProcessSet, global_process_set  # noqa: F401 (re-exported)
-
-try:  # compression.py is optional: without it allreduce has no compression argument default
-    from kolo.torch.compression import Compression
-except ImportError:  # pragma: no cover - only while the package is being assembled
-    Compression = None
 
 # Reduction ops, with horovod's values.
 Average = 0
@@ -94,11 +91,7 @@ def init(comm=None, process_sets=None):
     if _lib.init(ranks):
         _drop_handles()
     if process_sets:
-        from kolo.torch import process_sets as _ps
-        setup = getattr(_ps, "_init_process_sets", None)
-        if setup is None:
-            raise NotImplementedError("init(process_sets=...): only the global process set is available")
-        setup(process_sets)
+        _init_process_sets(process_sets)
 
 
 def _comm_ranks(comm):
@@ -644,21 +637,18 @@ class HorovodAllreduce(torch.autograd.Function):
 
 
 def _compress(compression, tensor):
-    if compression is None or compression is _NO_COMPRESSION:  # as NoneCompressor, without its calls
+    if compression is None or compression is Compression.none:  # as NoneCompressor, without its calls
         return tensor, None
     return compression.compress(tensor)
 
 
 def _decompress(compression, tensor, ctx):
-    if compression is None or compression is _NO_COMPRESSION:
+    if compression is None or compression is Compression.none:
         return tensor
     return compression.decompress(tensor, ctx)
 
 
-_NO_COMPRESSION = Compression.none if Compression is not None else None
-
-
-def allreduce(tensor, average=None, name=None, compression=_NO_COMPRESSION, op=None,
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Returns tensor reduced across ranks (Average by default); differentiable."""
     t, ctx = _compress(compression, tensor)
@@ -722,7 +712,7 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
         return (None, None, None, None, None, None) + tuple(grads)
 
 
-def grouped_allreduce(tensors, average=None, name=None, compression=_NO_COMPRESSION, op=None,
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Returns every tensor of the list reduced across ranks, as one group; differentiable."""
     pairs = [_compress(compression, t) for t in tensors]
@@ -939,7 +929,7 @@ class HorovodReducescatter(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
-def reducescatter(tensor, name=None, compression=_NO_COMPRESSION, op=Average,
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """Returns this rank's share of the reduction of tensor across ranks; differentiable."""
     t, ctx = _compress(compression, tensor)
@@ -976,7 +966,7 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
         return (None, None, None, None, None) + tuple(grads)
 
 
-def grouped_reducescatter(tensors, name=None, compression=_NO_COMPRESSION, op=Average,
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """Returns this rank's share of the reduction of every tensor of the list, as one group."""
     pairs = [_compress(compression, t) for t in tensors]

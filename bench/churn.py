@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Training under a stranger's connection churn: kolo's DistributedOptimizer (bench/ddp_compare.py's
+kolo worker) with and without a loop that connects to every port the job listens on, sends 70
+bytes that are not a kolo handshake, and closes, as fast as it can; side by side in one run.
+
+    make build lib && python3 bench/churn.py --np 2 --repeats 3
+
+The churn starts once the job listens (its ports are found from /proc) and runs until it ends, from
+--churners processes on this machine. The table gives samples/s (median and range over repeats),
+the churn's connections per second, and how many bytes of output the job wrote (its own lines plus
+kolo's warnings about rejected connections), with and without churn. On a machine with few cores
+the churners' own CPU time is part of what the job loses; the table says how much CPU they took.
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import multiprocessing as mp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PY = "/usr/bin/python3"
+sys.path.insert(0, HERE)
+from compare import free_port  # noqa: E402
+
+
+def descendants(pid):
+    """pid and every process below it."""
+    kids = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        kids.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(kids.get(p, []))
+    return out
+
+
+def listening_ports(pids):
+    """(host, port) of every TCP socket in LISTEN state that one of pids holds."""
+    inodes = set()
+    for p in pids:
+        try:
+            for fd in os.listdir("/proc/%d/fd" % p):
+                try:
+                    link = os.readlink("/proc/%d/fd/%s" % (p, fd))
+                except OSError:
+                    continue
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        except OSError:
+            continue
+    ports = set()
+    for table, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[3] != "0A" or f[9] not in inodes:  # 0A: LISTEN
+                continue
+            addr, port = f[1].split(":")
+            port = int(port, 16)
+            if v6:
+                host = "::1" if addr.endswith("00000001") and set(addr[:-8]) == {"0"} else "::"
+            else:
+                b = bytes.fromhex(addr)[::-1]
+                host = socket.inet_ntoa(b)
+            ports.add(("127.0.0.1" if host in ("0.0.0.0", "::") else host, port))
+    return sorted(ports)
+
+
+def churn(ports, stop, count, cpu, rate):
+    """Connect, send 70 bytes, close, round the ports, until stop is set; at most rate a second
+    (0: as fast as it can)."""
+    junk = os.urandom(70)
+    n, i = 0, 0
+    start = time.time()
+    while not stop.is_set():
+        if rate and n >= rate * (time.time() - start):
+            time.sleep(0.001)
+            continue
+        host, port = ports[i % len(ports)]
+        i += 1
+        try:
+            s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+            s.settimeout(0.5)
+            s.connect((host, port))
+            s.send(junk)
+            s.close()
+            n += 1
+        except OSError:
+            pass
+    count.value = n
+    cpu.value = time.process_time()
+
+
+def job(args, with_churn):
+    cmd = [os.path.join(ROOT, "bin", "kolo"), "run", "-np", str(args.np), PY,
+           os.path.join(HERE, "ddp_compare.py"), "--worker", "kolo", "--batch", str(args.batch),
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--mlp-sizes", args.mlp_sizes,
+           "--port", str(free_port())]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(ROOT, "python"))
+    with tempfile.TemporaryFile() as out:
+        p = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        stop = mp.Event()
+        counts, cpus, procs, ports = [], [], [], []
+        started = ended = None
+        if with_churn:
+            deadline = time.time() + 60
+            while p.poll() is None and time.time() < deadline:
+                ports = listening_ports(descendants(p.pid))
+                if len(ports) >= 1 + args.np:  # the launcher's rendezvous and every rank's
+                    break
+                time.sleep(0.05)
+            if ports:
+                started = time.time()
+                for _ in range(args.churners):
+                    c, u = mp.Value("q", 0), mp.Value("d", 0)
+                    pr = mp.Process(target=churn, args=(ports, stop, c, u, args.rate / args.churners))
+                    pr.start()
+                    counts.append(c)
+                    cpus.append(u)
+                    procs.append(pr)
+        rc = p.wait(timeout=1800)
+        ended = time.time()
+        stop.set()
+        for pr in procs:
+            pr.join()
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    if rc != 0:
+        raise RuntimeError("%s failed (exit %d):\n%s" % (" ".join(cmd), rc, text[-3000:]))
+    res = None
+    for line in text.splitlines():
+        i = line.find("RESULT ")
+        if i >= 0:
+            res = json.loads(line[i + len("RESULT "):])
+    conns = sum(c.value for c in counts)
+    secs = (ended - started) if started else 0
+    churn_cpu = sum(u.value for u in cpus)
+    return {"samples_per_sec": res["samples_per_sec"], "output_bytes": len(text.encode()),
+            "conns_per_sec": conns / secs if secs else 0, "ports": len(ports),
+            "churn_cpu_share": churn_cpu / secs if secs else 0}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--steps", type=int, default=300, help="timed steps per job")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--mlp-sizes", default="784,512,512,10")
+    p.add_argument("--churners", type=int, default=1, help="churning processes")
+    p.add_argument("--rate", type=float, default=0, help="connections per second, all churners together (0: as fast as they can)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--pause", type=float, default=3)
+    args = p.parse_args()
+    runs = {False: [], True: []}
+    for r in range(args.repeats):
+        for with_churn in ((False, True) if r % 2 == 0 else (True, False)):
+            res = job(args, with_churn)
+            runs[with_churn].append(res)
+            print("repeat %d %-8s %7.1f samples/s, %5.0f conn/s at %d ports (churners' CPU %.2f cores), %d bytes of output"
+                  % (r, "churn" if with_churn else "quiet", res["samples_per_sec"], res["conns_per_sec"], res["ports"],
+                     res["churn_cpu_share"], res["output_bytes"]), file=sys.stderr, flush=True)
+            time.sleep(args.pause)
+
+    def med(k, c):
+        return statistics.median(x[k] for x in runs[c])
+
+    q, c = [x["samples_per_sec"] for x in runs[False]], [x["samples_per_sec"] for x in runs[True]]
+    paired = [a / b for a, b in zip(c, q)]
+    print("| setup | samples/s | churn conn/s | churners' CPU (cores) | output bytes per job |")
+    print("|---|---:|---:|---:|---:|")
+    print("| no churn | %.1f (%.1f-%.1f) | - | - | %d |" % (med("samples_per_sec", False), min(q), max(q), med("output_bytes", False)))
+    print("| churn at every port | %.1f (%.1f-%.1f) | %.0f | %.2f | %d |" % (
+        med("samples_per_sec", True), min(c), max(c), med("conns_per_sec", True), med("churn_cpu_share", True),
+        med("output_bytes", True)))
+    print()
+    print("churn / no churn: %.2fx (pairs %.2f-%.2f); %d ranks, batch %d, MLP %s, %d timed steps, %s"
+          % (med("samples_per_sec", True) / med("samples_per_sec", False), min(paired), max(paired), args.np,
+             args.batch, args.mlp_sizes, args.steps,
+             "churn at most %g conn/s" % args.rate if args.rate else "churn as fast as it goes"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+package proc
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+)
+
+// OrphanGuard kills the process groups of local ranks if the launcher dies without stopping them
+// (SIGKILL, OOM killer). A rank's own process gets SIGKILL from the kernel when the launcher dies
+// (Pdeathsig), but whatever the rank started would live on; the guard is a small sh process,
+// outside the launcher's process group, that is told each rank's group and, when its input ends
+// without a goodbye, kills every group it still knows.
+type OrphanGuard struct {
+	mu     sync.Mutex
+	w      io.WriteCloser
+	cmd    *exec.Cmd
+	closed bool
+}
+
+// guardScript keeps the set of live groups in $g; "+ N" adds, "- N" removes, "exit" leaves
+// without killing, and end of input kills every group left.
+const guardScript = `g=
+while IFS= read -r l; do
+  case $l in
+  "+ "*) g="$g ${l#+ }" ;;
+  "- "*) n=; for p in $g; do [ "$p" = "${l#- }" ] || n="$n $p"; done; g=$n ;;
+  exit) exit 0 ;;
+  esac
+done
+for p in $g; do kill -KILL -"$p" 2>/dev/null; done`
+
+// StartOrphanGuard starts the guard process.
+func StartOrphanGuard() (*OrphanGuard, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command("/bin/sh", "-c", guardScript)
+	cmd.Stdin = r
+	// Its own group: the terminal's Ctrl-C must not take it down before the launcher's own cleanup.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		r.Close()
+		w.Close()
+		return nil, fmt.Errorf("start the orphan guard: %w", err)
+	}
+	r.Close()
+	return &OrphanGuard{w: w, cmd: cmd}, nil
+}
+
+func (g *OrphanGuard) send(line string) {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.closed {
+		io.WriteString(g.w, line+"\n")
+	}
+}
+
+// Add registers the process group pgid.
+func (g *OrphanGuard) Add(pgid int) { g.send("+ " + strconv.Itoa(pgid)) }
+
+// Remove forgets pgid (its leader has been reaped and the group killed), so that a later group
+// reusing the number is never touched.
+func (g *OrphanGuard) Remove(pgid int) { g.send("- " + strconv.Itoa(pgid)) }
+
+// Close lets the guard exit without killing anything and waits for it.
+func (g *OrphanGuard) Close() error {
+	if g == nil {
+		return nil
+	}
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return nil
+	}
+	io.WriteString(g.w, "exit\n")
+	g.closed = true
+	g.w.Close()
+	g.mu.Unlock()
+	return g.cmd.Wait()
+}

@@ -1,0 +1,266 @@
+package proc
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kolo-dl/kolo/launch/layout"
+)
+
+// syncBuffer is a bytes.Buffer safe for the runner's concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func shWorkers(scripts ...string) []Worker {
+	ws := make([]Worker, len(scripts))
+	for i, s := range scripts {
+		ws[i] = Worker{
+			Slot: layout.Slot{Rank: i, Size: len(scripts), Host: "localhost", LocalRank: i, LocalSize: len(scripts)},
+			Argv: []string{"/bin/sh", "-c", s},
+			Env:  os.Environ(),
+		}
+	}
+	return ws
+}
+
+func TestRunAllSucceed(t *testing.T) {
+	var out, errOut syncBuffer
+	r := &Runner{Starter: LocalStarter{}, Stdout: &out, Stderr: &errOut}
+	results, first := r.Run(context.Background(), shWorkers("echo hello; echo partial-line | tr -d '\\n'", "echo world >&2"))
+	if first != nil {
+		t.Fatalf("unexpected failure: %+v", first)
+	}
+	for _, want := range []string{"[0]<stdout>:hello\n", "[0]<stdout>:partial-line\n"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("stdout %q lacks %q", out.String(), want)
+		}
+	}
+	if !strings.Contains(errOut.String(), "[1]<stderr>:world\n") {
+		t.Errorf("stderr %q lacks prefixed line", errOut.String())
+	}
+	if len(results) != 2 || results[0].Exit.Failed() || results[1].Exit.Failed() {
+		t.Errorf("results %+v", results)
+	}
+}
+
+func TestRunFailureStopsOthers(t *testing.T) {
+	var out, errOut syncBuffer
+	r := &Runner{Starter: LocalStarter{}, Stdout: &out, Stderr: &errOut, GracePeriod: time.Second}
+	start := time.Now()
+	results, first := r.Run(context.Background(), shWorkers(
+		"sleep 60",
+		"echo 'Traceback: ValueError: bad batch' >&2; sleep 0.2; exit 7",
+		"trap '' TERM; sleep 60", // ignores SIGTERM: must be SIGKILLed after the grace period
+	))
+	elapsed := time.Since(start)
+	if first == nil || first.Slot.Rank != 1 || first.Exit.ShellCode() != 7 {
+		t.Fatalf("first failure = %+v, want rank 1 exit 7", first)
+	}
+	if elapsed > 5*time.Second {
+		t.Errorf("stopping took %v, want < 5s", elapsed)
+	}
+	if !results[0].Stopped || results[0].Exit.Signal != syscall.SIGTERM {
+		t.Errorf("rank 0: %+v, want stopped by SIGTERM", results[0])
+	}
+	if results[2].Exit.Signal != syscall.SIGKILL {
+		t.Errorf("rank 2: %+v, want SIGKILL after grace", results[2])
+	}
+	sum := Summary(results, first)
+	for _, want := range []string{"rank 1 on localhost exited with code 7", "ValueError: bad batch", "rank 0 on localhost: stopped by the launcher"} {
+		if !strings.Contains(sum, want) {
+			t.Errorf("summary lacks %q:\n%s", want, sum)
+		}
+	}
+}
+
+// A rank that fails because another told it so exits first; the one that told it is still winding
+// down and is stopped. The report names the one that failed, with its own stderr.
+func TestRunBlamesTheRankNamedByTheFirstToExit(t *testing.T) {
+	r := &Runner{Starter: LocalStarter{}, GracePeriod: time.Second}
+	results, first := r.Run(context.Background(), shWorkers(
+		// The pause lets rank 1 write its error before rank 0 fails and the launcher stops rank 1.
+		"sleep 0.3; echo 'KoloInternalError: allreduce grad.3: rank 1 failed: ValueError: loss is nan' >&2; exit 1",
+		"echo 'ValueError: loss is nan' >&2; sleep 60",
+	))
+	if first == nil || first.Slot.Rank != 1 || !first.Stopped {
+		t.Fatalf("first = %+v, want rank 1 (stopped by the launcher)", first)
+	}
+	sum := Summary(results, first)
+	for _, want := range []string{"rank 1 on localhost failed first (then stopped by the launcher: killed by signal 15",
+		"Last lines of rank 1's stderr:\n    ValueError: loss is nan", "rank 0 on localhost: exited with code 1"} {
+		if !strings.Contains(sum, want) {
+			t.Errorf("summary lacks %q:\n%s", want, sum)
+		}
+	}
+}
+
+// A rank that leaves a process of its own session (out of reach of the group kill) holding its
+// output: Run returns after StreamWait, with the rank's output so far, and says why it stopped
+// reading.
+func TestRunDoesNotWaitForLeftoverOutputForever(t *testing.T) {
+	var out, errOut syncBuffer
+	r := &Runner{Starter: LocalStarter{}, Stdout: &out, Stderr: &errOut, StreamWait: 300 * time.Millisecond}
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	defer func() {
+		if b, err := os.ReadFile(pidFile); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}()
+	start := time.Now()
+	results, first := r.Run(context.Background(), shWorkers(
+		// The pause gives setsid time to leave the rank's process group, which dies with the rank.
+		"echo before; setsid sleep 30 & echo $! > "+pidFile+"; sleep 0.3; echo after >&2",
+		"true",
+	))
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Run took %v, want about StreamWait", took)
+	}
+	if first != nil || results[0].Exit.Failed() {
+		t.Errorf("first = %+v, results %+v: want success", first, results)
+	}
+	if !strings.Contains(out.String(), "[0]<stdout>:before") || !strings.Contains(errOut.String(), "[0]<stderr>:after") {
+		t.Errorf("rank 0's output lost: stdout %q stderr %q", out.String(), errOut.String())
+	}
+	if !strings.Contains(errOut.String(), "rank 0 has ended, but a process it started still holds its output open") {
+		t.Errorf("no word on the held output: %q", errOut.String())
+	}
+}
+
+func TestRunSignalledRank(t *testing.T) {
+	r := &Runner{Starter: LocalStarter{}, GracePeriod: time.Second}
+	_, first := r.Run(context.Background(), shWorkers("sleep 60", "kill -9 $$"))
+	if first == nil || first.Slot.Rank != 1 || first.Exit.Signal != syscall.SIGKILL || first.Exit.ShellCode() != 137 {
+		t.Fatalf("first = %+v, want rank 1 killed by SIGKILL (137)", first)
+	}
+}
+
+func TestRunCancelStopsEverything(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Runner{Starter: LocalStarter{}, GracePeriod: time.Second}
+	time.AfterFunc(300*time.Millisecond, cancel)
+	start := time.Now()
+	// The grandchild (sleep in background) must die too: its process group is signalled.
+	results, first := r.Run(ctx, shWorkers("sleep 60 & wait", "sleep 60"))
+	if time.Since(start) > 4*time.Second {
+		t.Fatalf("cancel took %v", time.Since(start))
+	}
+	if first != nil {
+		t.Errorf("cancel reported as rank failure: %+v", first)
+	}
+	for _, r := range results {
+		if !r.Stopped {
+			t.Errorf("rank %d not marked stopped", r.Slot.Rank)
+		}
+	}
+}
+
+func TestRunOutputDir(t *testing.T) {
+	dir := t.TempDir()
+	r := &Runner{Starter: LocalStarter{}, OutputDir: dir}
+	r.Run(context.Background(), shWorkers("echo out0; echo err0 >&2", "echo out1"))
+	for rank, want := range map[int]string{0: "out0\n", 1: "out1\n"} {
+		b, err := os.ReadFile(fmt.Sprintf("%s/rank.%d/stdout", dir, rank))
+		if err != nil || string(b) != want {
+			t.Errorf("rank %d stdout file = %q, %v; want %q", rank, b, err, want)
+		}
+	}
+	if b, _ := os.ReadFile(dir + "/rank.0/stderr"); string(b) != "err0\n" {
+		t.Errorf("rank 0 stderr file = %q", b)
+	}
+}
+
+func TestRunStartFailure(t *testing.T) {
+	ws := shWorkers("sleep 60")
+	ws = append(ws, Worker{Slot: layout.Slot{Rank: 1, Host: "localhost"}, Argv: []string{"/nonexistent/prog"}})
+	r := &Runner{Starter: LocalStarter{}, GracePeriod: time.Second}
+	_, first := r.Run(context.Background(), ws)
+	if first == nil || first.Slot.Rank != 1 || !strings.Contains(first.Exit.String(), "/nonexistent/prog") {
+		t.Fatalf("first = %+v, want rank 1 start failure naming the program", first)
+	}
+}
+
+// fakeProcess ends with exit as soon as it is waited for; its output is out (stdout) and errOut.
+type fakeProcess struct {
+	out, errOut string
+	exit        Exit
+}
+
+func (p *fakeProcess) Stdout() io.Reader           { return strings.NewReader(p.out) }
+func (p *fakeProcess) Stderr() io.Reader           { return strings.NewReader(p.errOut) }
+func (p *fakeProcess) Wait() Exit                  { return p.exit }
+func (p *fakeProcess) Signal(syscall.Signal) error { return nil }
+
+// fakeStarter starts the fakeProcess of each rank.
+type fakeStarter map[int]*fakeProcess
+
+func (f fakeStarter) Start(_ context.Context, w Worker) (Process, error) { return f[w.Slot.Rank], nil }
+
+// Run returns only once every goroutine it started has ended, OnFailure's included: nothing it
+// started may act after the caller has moved on (a node publishing a stop after its outcome).
+func TestRunLeavesNoGoroutineBehind(t *testing.T) {
+	before := runtime.NumGoroutine()
+	var reported atomic.Bool
+	r := &Runner{
+		Starter: fakeStarter{0: {out: "ok\n"}, 1: {errOut: "boom\n", exit: Exit{Code: 3}}},
+		OnFailure: func(res Result) {
+			time.Sleep(200 * time.Millisecond) // a slow rendezvous
+			if res.Slot.Rank != 1 || len(res.StderrTail) != 1 || res.StderrTail[0] != "boom" {
+				t.Errorf("OnFailure got %+v, want rank 1 with its stderr", res)
+			}
+			reported.Store(true)
+		},
+	}
+	_, first := r.Run(context.Background(), shWorkers("", ""))
+	if first == nil || first.Slot.Rank != 1 {
+		t.Fatalf("first = %+v, want rank 1", first)
+	}
+	if !reported.Load() {
+		t.Error("Run returned while OnFailure was still running")
+	}
+	// Goroutines that have called Done may take a moment to exit; none may stay.
+	deadline := time.Now().Add(2 * time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		t.Errorf("%d goroutines before Run, %d after", before, n)
+	}
+}
+
+func TestTailCapsLongLines(t *testing.T) {
+	tb := NewTail(2)
+	tb.Add(strings.Repeat("x", 1<<20)) // a megabyte without a newline
+	tb.Add("short")
+	got := tb.Lines()
+	if len(got) != 2 || len(got[0]) > maxTailLine+10 || !strings.HasSuffix(got[0], "[...]") || got[1] != "short" {
+		t.Errorf("tail = %d lines, first %d bytes; want it cut to %d bytes and marked", len(got), len(got[0]), maxTailLine)
+	}
+}
