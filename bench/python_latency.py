@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Allreduce latency from Python: kolo.torch (hvd.allreduce_) side by side with torch.distributed
-on Gloo, and kolo's Go API (`kolo bench`) as the floor the binding adds to. Same machine, same
-sizes, one run, one table with ratios.
+"""Allreduce latency from Python: kolo.torch called each way a script calls it (--forms:
+hvd.allreduce_, allreduce_async then synchronize, hvd.allreduce named and unnamed, and hvd.allreduce
+of a tensor that requires a gradient, through the autograd Function) side by side with
+torch.distributed on Gloo, and kolo's Go API (`kolo bench`) as the floor the binding adds to. Same
+machine, same sizes, one run, one table.
 
-    make build lib && /usr/bin/python3 bench/python_latency.py --np 2 --sizes 4 --rounds 5
+    make build lib && /usr/bin/python3 bench/python_latency.py --np 2 --sizes 4 --rounds 3
     KOLO_PYTHON=python3 python3 bench/python_latency.py --device cuda --sizes 4,4MiB,64MiB  # a GPU machine
 
 Each round runs every peer once (in turn, so that machine noise hits them alike) and takes the
@@ -14,6 +16,7 @@ least). Float32 sum, warm buffers.
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -25,13 +28,22 @@ import compare  # noqa: E402  (run, bench_gloo, human, env_setting, MALLOC_ENV, 
 
 KOLO = os.path.join(ROOT, "bin", "kolo")
 
+# The peer's --form values, as the table names them.
+FORMS = {
+    "allreduce_": "hvd.allreduce_(t, name=...)",
+    "async+sync": "hvd.synchronize(hvd.allreduce_async(t, name=...))",
+    "allreduce": "hvd.allreduce(t, name=...)",
+    "unnamed": "hvd.allreduce(t)",
+    "grad": "hvd.allreduce(t, name=...) of a tensor that requires a gradient",
+}
 
-def bench_kolo_torch(args, out, extra=None):
+
+def bench_kolo_torch(args, out, form, extra=None):
     env = {"PYTHONPATH": os.path.join(ROOT, "python"), "OMP_NUM_THREADS": "1"}
     env.update(extra or {})
     compare.run([KOLO, "run", "-np", str(args.np), compare.PY, os.path.join(HERE, "peers", "kolo_torch_allreduce.py"),
                  "--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup), "--json", out,
-                 "--device", args.device], env=env)
+                 "--device", args.device, "--form", form], env=env)
 
 
 def bench_kolo_go(args, out):
@@ -52,16 +64,23 @@ def main():
                         "result is back on the GPU (torch.cuda.synchronize), every rank on the same GPU; "
                         "kolo Go stays in host memory, the floor the staging adds to")
     p.add_argument("--kolo-env", metavar="VAR=VALUE",
-                   help="also run kolo.torch with this variable set, as a peer of its own (alternated with the "
-                        "others), to compare a setting: e.g. KOLO_CUDA_PINNED=0")
+                   help="also run kolo.torch's first form with this variable set, as a peer of its own (alternated "
+                        "with the others), to compare a setting: e.g. KOLO_CUDA_PINNED=0")
+    p.add_argument("--forms", default=",".join(FORMS),
+                   help="the ways to call kolo.torch's allreduce, each a peer: %s (default: all)"
+                        % ", ".join("%s (%s)" % kv for kv in FORMS.items()))
     args = p.parse_args()
+    forms = [f.strip() for f in args.forms.split(",") if f.strip()]
+    for f in forms:
+        if f not in FORMS:
+            p.error("unknown form %r (want %s)" % (f, ", ".join(FORMS)))
 
-    peers = [("kolo.torch", bench_kolo_torch), ("gloo", compare.bench_gloo), ("kolo Go", bench_kolo_go)]
-    variant = None
+    peers = [("kolo.torch " + f, lambda a, o, f=f: bench_kolo_torch(a, o, f)) for f in forms]
+    peers += [("gloo", compare.bench_gloo), ("kolo Go", bench_kolo_go)]
+    first = peers[0][0]
     if args.kolo_env:
-        variant = "kolo.torch " + args.kolo_env
         env = compare.env_setting(p, args.kolo_env)
-        peers.insert(1, (variant, lambda a, o: bench_kolo_torch(a, o, env)))
+        peers.insert(len(forms), ("%s %s" % (first, args.kolo_env), lambda a, o: bench_kolo_torch(a, o, forms[0], env)))
     rounds = {name: {} for name, _ in peers}  # name -> bytes -> [median per round]
     missing = {}
     tmp = tempfile.mkdtemp(prefix="kolo-pylat-")
@@ -70,7 +89,7 @@ def main():
         for name, fn in peers[rnd % len(peers):] + peers[:rnd % len(peers)]:
             if name in missing:
                 continue
-            out = os.path.join(tmp, "%s-%d.json" % (name.replace(" ", "_"), rnd))
+            out = os.path.join(tmp, "%s-%d.json" % (re.sub(r"[^\w.=-]", "_", name), rnd))
             try:
                 fn(args, out)
                 with open(out) as f:
@@ -88,24 +107,19 @@ def main():
         return min(v) if v else None
 
     print("# allreduce float32 sum from Python, np=%d, tensors on %s, median per op of %d ops; median and best "
-          "of %d rounds; gloo/kolo.torch > 1 means kolo.torch is faster" % (args.np, args.device, args.iters,
-                                                                            args.rounds))
+          "of %d rounds; binding cost: %s minus kolo Go" % (args.np, args.device, args.iters, args.rounds, first))
+    names = [name for name, _ in peers]
+    short = lambda name: name[len("kolo.torch "):] if name.startswith("kolo.torch ") else name  # noqa: E731
     cost = "binding cost us" if args.device == "cpu" else "binding + staging us"
-    hdr = ["size", "kolo.torch us", "gloo us", "kolo Go us", "gloo/kolo.torch", cost, "best: kolo.torch", "gloo",
-           "kolo Go"]
-    if variant:
-        hdr[4:4] = ["%s us" % variant, "%s/kolo.torch" % variant]
+    hdr = ["size"] + ["%s us" % short(n) for n in names] + [cost] + ["best: %s" % short(names[0])] + \
+        [short(n) for n in names[1:]]
     rows = []
     fmt = lambda x: "%.1f" % x if x else "-"  # noqa: E731
-    for nbytes in sorted(rounds["kolo.torch"]):
-        k, g, go = med("kolo.torch", nbytes), med("gloo", nbytes), med("kolo Go", nbytes)
-        row = [compare.human(nbytes), fmt(k), fmt(g), fmt(go), "%.2fx" % (g / k) if g else "-",
-               "%.1f" % (k - go) if go else "-", fmt(best("kolo.torch", nbytes)), fmt(best("gloo", nbytes)),
-               fmt(best("kolo Go", nbytes))]
-        if variant:
-            v = med(variant, nbytes)
-            row[4:4] = [fmt(v), "%.2fx" % (v / k) if v else "-"]
-        rows.append(row)
+    for nbytes in sorted(set(b for n in names for b in rounds[n])):
+        go = med("kolo Go", nbytes)
+        k = med(first, nbytes)
+        rows.append([compare.human(nbytes)] + [fmt(med(n, nbytes)) for n in names] +
+                    ["%.1f" % (k - go) if k and go else "-"] + [fmt(best(n, nbytes)) for n in names])
     widths = [max(len(str(r[i])) for r in rows + [hdr]) for i in range(len(hdr))]
     print("  ".join(h.rjust(w) for h, w in zip(hdr, widths)))
     for r in rows:
@@ -118,7 +132,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"np": args.np, "rounds": rounds, "missing": missing}, f, indent=2)
-    return 0 if rounds["kolo.torch"] else 1
+    return 0 if rounds[first] else 1
 
 
 if __name__ == "__main__":

@@ -60,8 +60,10 @@ func TestExportedFunctionsRefuseBadArguments(t *testing.T) {
 		// TestEnqueueRefusesBadArguments covers) and returns the failed op's handle, negative. 263
 		// is not float32's 7 once truncated to a byte: the C int reaches the check whole.
 		{"kolo_enqueue forwards and returns a negative handle", true, func() int64 {
-			return int64(kolo_enqueue(1, nil, 0, nil, nil, 256+7, nil, 0, 1, 0, 1, 1, nil, 0, 0, 0, -1))
+			b := opBlock(testOp{kind: 1, dt: 256 + 7, reduceOp: 1, prescale: 1, postscale: 1, device: -1}, nil, nil, "")
+			return enqueueBlock(b, len(b))
 		}, "argument dt = 263"},
+		{"kolo_enqueue null block", true, func() int64 { return int64(kolo_enqueue(nil, 72)) }, "kolo_enqueue: argument rec = NULL"},
 		{"kolo_enqueue_group null handles", false, func() int64 {
 			return int64(kolo_enqueue_group(1, nil, 0, 2, nil, nil, nil, nil, nil, 1, 1, 1, 0, -1, nil))
 		}, "kolo_enqueue_group: argument handles = NULL"},

@@ -2,6 +2,17 @@ package main
 
 /*
 #include <stdint.h>
+
+// kolo_op is the head of the block kolo_enqueue reads: one op, whose shape (ndim int64s), splits
+// (nsplits int64s, none when nsplits is -1) and name (nameLen bytes of UTF-8, not NUL-terminated)
+// follow it in that order. One block rather than an argument per field because a ctypes caller
+// pays a Python call per argument it converts: 17 arguments cost ~2.8 us, most of a small op.
+// The fields are the C ABI's argument names; no padding (pointers and doubles first).
+typedef struct {
+	void *in, *out;
+	double prescale, postscale;
+	int32_t kind, dt, ndim, reduceOp, root, nsplits, processSet, device, waitUS, nameLen;
+} kolo_op;
 */
 import "C"
 
@@ -109,9 +120,72 @@ func (o *op) wait(d time.Duration) {
 		t.Stop()
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	_ = o.h.Wait(ctx) // its error, if any, is the op's (kolo_error) or the timeout (status says)
-	cancel()
+	ctx := sliceCtx{deadline: time.Now().Add(d)}
+	_ = o.h.Wait(&ctx) // its error, if any, is the op's (kolo_error) or the timeout (status says)
+	ctx.stop()
+}
+
+// sliceCtx is the context of one wait slice: a deadline that arms a timer only when the wait
+// asks for its Done channel, which the engine's driver does only before it sleeps. A small op
+// completes while its waiter spins, and context.WithTimeout's timer and allocations were a tenth
+// of it.
+type sliceCtx struct {
+	deadline time.Time
+	mu       sync.Mutex
+	done     chan struct{} // made on the first Done, or when Err finds the deadline passed
+	timer    *time.Timer
+	err      error
+}
+
+func (c *sliceCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+func (c *sliceCtx) Value(any) any               { return nil }
+
+func (c *sliceCtx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		c.done = make(chan struct{})
+		if d := time.Until(c.deadline); d > 0 {
+			c.timer = time.AfterFunc(d, c.expire)
+		} else {
+			c.expireLocked()
+		}
+	}
+	return c.done
+}
+
+func (c *sliceCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil && !time.Now().Before(c.deadline) {
+		if c.done == nil {
+			c.done = make(chan struct{})
+		}
+		c.expireLocked() // before its timer fires: Done closes with the error
+	}
+	return c.err
+}
+
+func (c *sliceCtx) expire() {
+	c.mu.Lock()
+	c.expireLocked()
+	c.mu.Unlock()
+}
+
+func (c *sliceCtx) expireLocked() {
+	if c.err == nil {
+		c.err = context.DeadlineExceeded
+		close(c.done)
+	}
+}
+
+// stop releases the timer, if the wait armed one.
+func (c *sliceCtx) stop() {
+	c.mu.Lock()
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	c.mu.Unlock()
 }
 
 // handles maps the integer handles the caller holds to ops. Ids start at 1 and are never reused.
@@ -198,31 +272,87 @@ func options(prescale, postscale float64, processSet, device int) ([]kolo.OpOpti
 	return opts, nil
 }
 
-// kolo_enqueue submits one op and returns its handle: positive, or negative when the op failed at
-// once (kolo_error has why, a refused argument included; release it either way). in and out stay
-// the caller's: they must live, untouched, until the handle completes. out is used by allreduce
-// and broadcast (it may be in); allgather, alltoall and reducescatter allocate their result
-// (kolo_result). splits (alltoall) may be null for an even split. op is horovod's numbering
-// (Average=0, Sum=1, Min=3, Max=4, Product=5) and must be one of them for every kind, as root must
-// be a rank (>= 0); barrier and join read no tensor, and ignore in, out, dt and shape. name may be
-// empty, for a name derived from what the op is. waited, when not 0, says the caller waits on the
-// handle next (a synchronous call): the engine then arms no timer to drive the op without it.
-// device is Horovod's: -1 for a tensor in host memory, else the GPU whose tensor the caller staged
-// through in and out (every rank must agree on host or GPU; see kolo.FromGPU).
+// kolo_enqueue submits one op, described by the size bytes at rec (a kolo_op and the arrays that
+// follow it), and returns its handle: positive, or negative when the op failed at once (kolo_error
+// has why, a refused argument included; release it either way). in and out stay the caller's: they
+// must live, untouched, until the handle completes. out is used by allreduce and broadcast (it may
+// be in); allgather, alltoall and reducescatter allocate their result (kolo_result). nsplits -1
+// (alltoall) splits evenly. reduceOp is horovod's numbering (Average=0, Sum=1, Adasum=2, Min=3,
+// Max=4, Product=5) and must be one of them for every kind; barrier and join read no tensor, and
+// ignore in, out, dt and shape. nameLen may be 0, for a name derived from what the op is. device is
+// Horovod's: -1 for a tensor in host memory, else the GPU whose tensor the caller staged through in
+// and out (every rank must agree on host or GPU; see kolo.FromGPU).
+//
+// waitUS 0 is an async call: the engine drives the op by itself if nobody waits on it soon. waitUS
+// > 0 says the caller waits on the op at once (a synchronous call): the engine arms no timer to
+// drive it, and kolo_enqueue waits up to waitUS microseconds for it, as kolo_wait does, saving the
+// caller that call. An op that completed successfully in that time and has no result to fetch
+// (allreduce, broadcast, barrier) returns 0: its handle is released already.
 //
 //export kolo_enqueue
-func kolo_enqueue(kind C.int, name *C.char, nameLen C.int, in, out unsafe.Pointer, dt C.int,
-	shape *C.int64_t, ndim C.int, reduceOp C.int, root C.int, prescale, postscale C.double,
-	splits *C.int64_t, nsplits C.int, processSet C.int, waited C.int, device C.int) C.int64_t {
-	return issued(enqueue(enqueueArgs{
-		kind: int(kind), name: unsafe.Pointer(name), nameLen: int(nameLen), in: in, out: out,
-		dtype: int(dt), shape: unsafe.Pointer(shape), ndim: int(ndim), op: int(reduceOp), root: int(root),
-		prescale: float64(prescale), postscale: float64(postscale), splits: unsafe.Pointer(splits),
-		nsplits: int(nsplits), processSet: int(processSet), waited: waited != 0, device: int(device),
-	}))
+func kolo_enqueue(rec unsafe.Pointer, size C.int) C.int64_t {
+	a, err := opArgs(rec, int(size))
+	if err != nil {
+		return issued(&op{err: fmt.Errorf("kolo_enqueue: %w", err)})
+	}
+	o := enqueue(a)
+	if a.waitUS > 0 {
+		o.wait(time.Duration(a.waitUS) * time.Microsecond)
+		if (a.kind == kindAllreduce || a.kind == kindBroadcast || a.kind == kindBarrier) && o.status() == statusOK {
+			return 0
+		}
+	}
+	return issued(o)
 }
 
-// enqueueArgs are kolo_enqueue's arguments, unchecked, in Go types.
+// opHeadBytes is the size of a kolo_op: where its arrays start.
+const opHeadBytes = int(C.sizeof_kolo_op)
+
+// opArgs reads the op block at p, size bytes: its kolo_op and, pointing into the block, its shape,
+// splits and name.
+func opArgs(p unsafe.Pointer, size int) (enqueueArgs, error) {
+	block, err := cArray[byte]("rec", "size", p, size)
+	if err != nil {
+		return enqueueArgs{}, err
+	}
+	if size < opHeadBytes {
+		return enqueueArgs{}, &argError{"size", whole, size, fmt.Sprintf("shorter than a kolo_op (%d bytes)", opHeadBytes)}
+	}
+	var h C.kolo_op
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&h)), opHeadBytes), block) // the block need not be aligned
+	a := enqueueArgs{
+		kind: int(h.kind), in: h.in, out: h.out, dtype: int(h.dt), ndim: int(h.ndim), op: int(h.reduceOp),
+		root: int(h.root), prescale: float64(h.prescale), postscale: float64(h.postscale),
+		nsplits: int(h.nsplits), processSet: int(h.processSet), device: int(h.device), waitUS: int(h.waitUS),
+		nameLen: int(h.nameLen),
+	}
+	for _, c := range []struct {
+		arg string
+		v   int
+	}{{"ndim", a.ndim}, {"nameLen", a.nameLen}, {"waitUS", a.waitUS}} {
+		if err := notNegative(c.arg, c.v); err != nil {
+			return enqueueArgs{}, err
+		}
+	}
+	if a.nsplits < -1 {
+		return enqueueArgs{}, &argError{"nsplits", whole, a.nsplits, "negative (-1: no splits)"}
+	}
+	// Counts of int32 fields: these sums cannot overflow an int.
+	shapeAt := opHeadBytes
+	splitsAt := shapeAt + 8*a.ndim
+	nameAt := splitsAt + 8*max(a.nsplits, 0)
+	if end := nameAt + a.nameLen; end > size {
+		return enqueueArgs{}, &argError{"size", whole, size, fmt.Sprintf("the op's shape, splits and name need %d", end)}
+	}
+	a.shape = unsafe.Add(p, shapeAt)
+	if a.nsplits >= 0 {
+		a.splits = unsafe.Add(p, splitsAt)
+	}
+	a.name = unsafe.Add(p, nameAt)
+	return a, nil
+}
+
+// enqueueArgs are an op's arguments (kolo_op's fields), unchecked, in Go types.
 type enqueueArgs struct {
 	kind                int
 	name                unsafe.Pointer
@@ -233,11 +363,11 @@ type enqueueArgs struct {
 	ndim                int
 	op, root            int
 	prescale, postscale float64
-	splits              unsafe.Pointer
+	splits              unsafe.Pointer // nil: none (alltoall splits evenly)
 	nsplits             int
 	processSet          int
-	waited              bool // the caller waits on the handle next (kolo.WaitsAtOnce)
-	device              int  // -1: host memory; else a GPU's tensor, staged (kolo.FromGPU)
+	device              int // -1: host memory; else a GPU's tensor, staged (kolo.FromGPU)
+	waitUS              int // > 0: the caller waits on the handle at once (kolo.WaitsAtOnce)
 }
 
 func enqueue(a enqueueArgs) *op {
@@ -258,7 +388,7 @@ func enqueue(a enqueueArgs) *op {
 	if err != nil {
 		return fail(err)
 	}
-	if a.waited {
+	if a.waitUS > 0 {
 		opts = append(opts, kolo.WaitsAtOnce())
 	}
 	var t, o kolo.Tensor

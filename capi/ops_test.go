@@ -1,7 +1,9 @@
 package main
 
 import (
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -108,5 +110,192 @@ func TestHandleTable(t *testing.T) {
 	kolo_release(-h)
 	if kolo_poll(-h) != statusUnknown || kolo_handles() != before {
 		t.Error("released handle still known")
+	}
+}
+
+// testOp is kolo_op as Go lays it out: tests build the blocks kolo_enqueue reads with it.
+type testOp struct {
+	in, out                                                                      unsafe.Pointer
+	prescale, postscale                                                          float64
+	kind, dt, ndim, reduceOp, root, nsplits, processSet, device, waitUS, nameLen int32
+}
+
+// head is h's bytes, as a C caller lays out its kolo_op.
+func (h testOp) head() []byte {
+	return append([]byte(nil), unsafe.Slice((*byte)(unsafe.Pointer(&h)), unsafe.Sizeof(h))...)
+}
+
+// opBlock is the block kolo_enqueue reads for h, with shape, splits (nil: none, nsplits -1) and
+// name after it, and h's counts set from them.
+func opBlock(h testOp, shape, splits []int64, name string) []byte {
+	h.ndim, h.nsplits, h.nameLen = int32(len(shape)), -1, int32(len(name))
+	if splits != nil {
+		h.nsplits = int32(len(splits))
+	}
+	b := h.head()
+	for _, v := range append(append([]int64(nil), shape...), splits...) {
+		b = binary.NativeEndian.AppendUint64(b, uint64(v))
+	}
+	return append(b, name...)
+}
+
+// enqueueBlock calls kolo_enqueue with the first size bytes of b, as a C caller would (_Ctype_int
+// is cgo's name for C.int, which a test file cannot spell).
+func enqueueBlock(b []byte, size int) int64 {
+	return int64(kolo_enqueue(unsafe.Pointer(&b[0]), _Ctype_int(size)))
+}
+
+// The block's head is the size of the C struct, and every field lands where opArgs reads it.
+func TestOpBlock(t *testing.T) {
+	if got := int(unsafe.Sizeof(testOp{})); got != opHeadBytes {
+		t.Fatalf("testOp has %d bytes, kolo_op %d", got, opHeadBytes)
+	}
+	in, out := new(float32), new(float32)
+	b := opBlock(testOp{in: unsafe.Pointer(in), out: unsafe.Pointer(out), prescale: 0.5, postscale: 3, kind: 4,
+		dt: 7, reduceOp: 5, root: 1, processSet: 2, device: 3, waitUS: 50}, []int64{6, 7}, []int64{1, 2, 3}, "grad")
+	a, err := opArgs(unsafe.Pointer(&b[0]), len(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := fmt.Sprintf("%v %v %v %v %d %d %d %d %d %d %d",
+		a.in == unsafe.Pointer(in), a.out == unsafe.Pointer(out), a.prescale, a.postscale, a.kind, a.dtype,
+		a.op, a.root, a.processSet, a.device, a.waitUS)
+	if want := "true true 0.5 3 4 7 5 1 2 3 50"; got != want {
+		t.Errorf("fields %s, want %s", got, want)
+	}
+	shape, _ := cInt64s("shape", "ndim", a.shape, a.ndim)
+	splits, _ := cInt64s("splits", "nsplits", a.splits, a.nsplits)
+	name, _ := cString("name", "nameLen", a.name, a.nameLen)
+	if got := fmt.Sprintf("%v %v %s", shape, splits, name); got != "[6 7] [1 2 3] grad" {
+		t.Errorf("arrays %s, want [6 7] [1 2 3] grad", got)
+	}
+	if a, err := opArgs(unsafe.Pointer(&b[0]), len(b)+1); err != nil || a.nameLen != 4 {
+		t.Errorf("a block longer than its op: %v, name of %d bytes", err, a.nameLen)
+	}
+	none := opBlock(testOp{}, nil, nil, "")
+	if a, err := opArgs(unsafe.Pointer(&none[0]), len(none)); err != nil || a.splits != nil {
+		t.Errorf("nsplits -1: %v, splits %v, want none", err, a.splits)
+	}
+}
+
+// kolo_enqueue refuses a block that does not hold what it declares, naming the field.
+func TestOpBlockRefusals(t *testing.T) {
+	lockThread(t)
+	valid := testOp{kind: kindAllreduce, dt: 7, reduceOp: 1, prescale: 1, postscale: 1, device: -1}
+	short := func(b []byte, n int) func() ([]byte, int) { return func() ([]byte, int) { return b, n } }
+	whole := func(h testOp) func() ([]byte, int) { return func() ([]byte, int) { return h.head(), opHeadBytes } }
+	for _, tc := range []struct {
+		name  string
+		block func() ([]byte, int) // the block and the size passed with it
+		want  string
+	}{
+		{"shorter than the head", short(opBlock(valid, nil, nil, ""), 71), "argument size = 71: shorter than a kolo_op (72 bytes)"},
+		{"negative size", short(opBlock(valid, nil, nil, ""), -1), "argument size = -1"},
+		{"shape cut off", short(opBlock(valid, []int64{2, 3}, nil, ""), 80), "argument size = 80: the op's shape, splits and name need 88"},
+		{"name cut off", short(opBlock(valid, nil, nil, "grad"), 75), "argument size = 75: the op's shape, splits and name need 76"},
+		{"negative ndim", whole(testOp{ndim: -2}), "argument ndim = -2"},
+		{"negative name length", whole(testOp{nameLen: -1}), "argument nameLen = -1"},
+		{"nsplits below -1", whole(testOp{nsplits: -2}), "argument nsplits = -2"},
+		{"negative wait", whole(testOp{waitUS: -5}), "argument waitUS = -5"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lockThread(t)
+			b, size := tc.block()
+			if msg := handleError(t, enqueueBlock(b, size)); !strings.Contains(msg, "kolo_enqueue: "+tc.want) {
+				t.Errorf("error %q, want it to contain %q", msg, "kolo_enqueue: "+tc.want)
+			}
+		})
+	}
+}
+
+// initWorld joins a world of this one process for the test, and leaves it at the end.
+func initWorld(t *testing.T) {
+	t.Helper()
+	h := kolo_init_async(nil, 0)
+	waitFor(t, func() bool { return kolo_wait(h, 10000, 0) != statusPending })
+	if st := kolo_poll(h); st != statusOK {
+		t.Fatalf("init: status %d, error %v", st, lookup(int64(h)).failure())
+	}
+	kolo_release(h)
+	t.Cleanup(func() {
+		h := kolo_shutdown_async()
+		waitFor(t, func() bool { return kolo_wait(h, 10000, 0) != statusPending })
+		if err := lookup(int64(h)).failure(); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		kolo_release(h)
+	})
+}
+
+// A synchronous call (waitUS > 0) waits in kolo_enqueue: an op with nothing to fetch that completed
+// returns 0 with its handle released; one with a result returns its handle, completed. An async
+// call returns its handle at once.
+func TestEnqueueWaitsAtOnce(t *testing.T) {
+	lockThread(t)
+	initWorld(t)
+	before := kolo_handles()
+	x := []float32{1, 2, 3}
+	p := unsafe.Pointer(&x[0])
+	op := testOp{in: p, out: p, kind: kindAllreduce, dt: 7, reduceOp: 1, prescale: 2, postscale: 1, device: -1,
+		waitUS: 10_000_000}
+	sync := opBlock(op, []int64{3}, nil, "sync")
+	if h := enqueueBlock(sync, len(sync)); h != 0 {
+		t.Fatalf("synchronous allreduce returned %d, want 0 (error %v)", h, lookup(h).failure())
+	}
+	if fmt.Sprint(x) != "[2 4 6]" || kolo_handles() != before {
+		t.Errorf("after it: %v (want [2 4 6]), %d handles (want %d)", x, kolo_handles(), before)
+	}
+	op.kind, op.out = kindAllgather, nil
+	gather := opBlock(op, []int64{3}, nil, "gather")
+	h := enqueueBlock(gather, len(gather))
+	if h <= 0 || kolo_poll(_Ctype_int64_t(h)) != statusOK {
+		t.Fatalf("synchronous allgather: handle %d, want a completed one", h)
+	}
+	kolo_release(_Ctype_int64_t(h))
+	op.kind, op.out, op.waitUS = kindAllreduce, p, 0
+	async := opBlock(op, []int64{3}, nil, "async")
+	h = enqueueBlock(async, len(async))
+	if h <= 0 {
+		t.Fatalf("async allreduce: handle %d", h)
+	}
+	if st := kolo_wait(_Ctype_int64_t(h), 10_000_000, 1); st != statusOK {
+		t.Fatalf("async allreduce: status %d", st)
+	}
+}
+
+// What a small op allocates in the C ABI and below it, against a budget: the count is exact where
+// a timing is noise. Lower the budget when a change saves an allocation.
+func TestSmallOpAllocations(t *testing.T) {
+	lockThread(t)
+	initWorld(t)
+	x := []float32{1}
+	p := unsafe.Pointer(&x[0])
+	op := testOp{in: p, out: p, kind: kindAllreduce, dt: 7, reduceOp: 1, prescale: 1, postscale: 1, device: -1,
+		waitUS: 10_000_000}
+	sync := opBlock(op, []int64{1}, nil, "sync")
+	op.waitUS = 0
+	async := opBlock(op, []int64{1}, nil, "async")
+	for _, tc := range []struct {
+		name   string
+		budget float64
+		op     func()
+	}{
+		{"synchronous allreduce (one call)", 16, func() {
+			if h := enqueueBlock(sync, len(sync)); h != 0 {
+				t.Fatalf("returned %d, want 0", h)
+			}
+		}},
+		{"async allreduce and kolo_wait", 16, func() {
+			h := enqueueBlock(async, len(async))
+			if st := kolo_wait(_Ctype_int64_t(h), 10_000_000, 1); st != statusOK {
+				t.Fatalf("status %d", st)
+			}
+		}},
+	} {
+		if n := testing.AllocsPerRun(200, tc.op); n > tc.budget {
+			t.Errorf("%s: %v allocations per op, budget %v", tc.name, n, tc.budget)
+		} else {
+			t.Logf("%s: %v allocations per op (budget %v)", tc.name, n, tc.budget)
+		}
 	}
 }

@@ -14,9 +14,12 @@ BUS = {
 }
 
 
-def parse_args():
-    """The command line every peer takes: --sizes, --iters, --warmup, --json."""
+def parse_args(form=None):
+    """The command line every peer takes: --sizes, --iters, --warmup, --json; with form (default,
+    choices), also --form, for a peer that times an op called in several ways."""
     p = argparse.ArgumentParser()
+    if form:
+        p.add_argument("--form", default=form[0], choices=form[1])
     p.add_argument("--sizes", required=True)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)

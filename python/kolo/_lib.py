@@ -97,10 +97,8 @@ _SIGNATURES = {
     "kolo_cross_rank": (_i, []),
     "kolo_cross_size": (_i, []),
     "kolo_is_homogeneous": (_i, []),
-    # kind, name, name length, in, out, dtype, shape (packed int64), ndim, op, root, prescale,
-    # postscale, splits (packed int64 or None), number of splits, process set id, waited (1: the
-    # caller synchronizes on the handle next), device (Horovod's: -1 host memory, else the GPU)
-    "kolo_enqueue": (_i64, [_i, _s, _i, _p, _p, _i, _s, _i, _i, _i, _d, _d, _s, _i, _i, _i, _i]),
+    # one op: a kolo_op and the arrays after it (kolo.torch.mpi_ops._op_block builds it), its size
+    "kolo_enqueue": (_i64, [_s, _i]),
     # kind, name, name length, n, ins, outs, dtypes, shapes, ndims, op, prescale, postscale,
     # process set id, device (as kolo_enqueue's), handles (out)
     "kolo_enqueue_group": (_i, [_i, _s, _i, _i, _p, _p, _p, _p, _p, _i, _d, _d, _i, _i, _p]),

@@ -108,8 +108,9 @@ def test_bad_arguments_raise_instead_of_killing_python():
             msg = _lib.last_error()
             assert want in msg, (want, msg)
 
-        refused(C.kolo_enqueue(1, None, 0, None, None, 99, None, 0, 1, 0, 1.0, 1.0, None, 0, 0, 0, -1),
-                "argument dt = 99")
+        block = mpi_ops._op_block(1, 0, 0, 99, (), 1, 0, 1.0, 1.0, None, 0, -1, 0, None)
+        refused(C.kolo_enqueue(block, len(block)), "argument dt = 99")
+        refused(C.kolo_enqueue(block, 71), "argument size = 71")
         failed(C.kolo_enqueue_group(1, None, 0, 2, None, None, None, None, None, 1, 1.0, 1.0, 0, -1, None),
                "argument handles = NULL")
 
@@ -137,7 +138,9 @@ def test_init_raises_the_error_of_an_interrupted_init():
         import kolo.torch as hvd
         from kolo import _lib
         C = _lib._load()
-        h = C.kolo_enqueue(1, None, 0, None, None, 99, None, 0, 1, 0, 1.0, 1.0, None, 0, 0, 0, -1)
+        from kolo.torch import mpi_ops
+        block = mpi_ops._op_block(1, 0, 0, 99, (), 1, 0, 1.0, 1.0, None, 0, -1, 0, None)
+        h = C.kolo_enqueue(block, len(block))
         assert h < 0, h
         _lib._pending = (-h, "init")
         try:

@@ -227,6 +227,51 @@ def _pack_int64s(values):
     return s.pack(*values)
 
 
+# kolo_enqueue reads one block per op (capi/ops.go's kolo_op): the input's and output's addresses,
+# the scale factors, ten C ints (kind, dt, ndim, reduceOp, root, nsplits, processSet, device,
+# waitUS, nameLen), then the shape, the splits and the name. One argument rather than one per
+# field: ctypes converts each argument with a Python call, and seventeen cost more than the op.
+_OP_HEAD = "@PPdd10i"
+_OP_STRUCTS = [struct.Struct(_OP_HEAD + "%dq" % n) for n in range(9)]
+
+
+def _op_block(kind, inp, out, dt, shape, op, root, prescale, postscale, splits, psid, device, wait_us, name):
+    """The kolo_enqueue block of an op: inp and out are addresses (0 for none), splits a list
+    (None: none), name bytes (None: unnamed). wait_us > 0 makes it a synchronous call (_issue)."""
+    n = len(shape)
+    s = _OP_STRUCTS[n] if n < len(_OP_STRUCTS) else struct.Struct(_OP_HEAD + "%dq" % n)
+    b = s.pack(inp, out, prescale, postscale, kind, dt, n, op, root, -1 if splits is None else len(splits),
+               psid, device, wait_us, len(name) if name else 0, *shape)
+    if splits:
+        b += _pack_int64s(splits)
+    if name:
+        b += name
+    return b
+
+
+# Ops whose handle a KeyboardInterrupt took before it was recorded: the engine may still use their
+# tensors, which must outlive it.
+_interrupted = []
+
+
+def _issue(o, block):
+    """Submits op o (block from _op_block) and returns it with its handle in o.h, recorded in the
+    handle map; o.h is 0 for a synchronous call that completed within its first wait slice (its
+    handle is released already: o.result() is the result). Raises what the op failed with at once."""
+    try:
+        h = _lib.C.kolo_enqueue(block, len(block))
+        if h > 0:
+            o.h = h
+            _handle_map[h] = o
+    except BaseException:  # Ctrl-C during the wait of a synchronous call
+        _interrupted.append(o)
+        raise
+    if h < 0:
+        raise _lib.take_error(-h)
+    o.h = h
+    return o
+
+
 def _dtype_of(tensor):
     dt = _DTYPES.get(tensor.dtype)
     if dt is None:
@@ -280,12 +325,17 @@ def _reduce_op(op, average, kind=None, name=None, process_set=None, group_size=N
     pair is refused (_refuse): the other ranks' calls fail instead of waiting for this rank.
     group_size is the number of tensors of a grouped call (None: not grouped; an empty group is
     refused by _enqueue_group on every rank alike, and is no op to refuse)."""
+    if average is None and op in _REDUCE_OPS:  # the common call: nothing else to check
+        return op
     try:
         return _check_reduce_op(op, average)
     except ValueError as e:
         if kind is None or group_size == 0:
             raise
         _refuse(kind, name, process_set, e, group_size or 0)
+
+
+_REDUCE_OPS = (Average, Sum, Adasum, Min, Max, Product)
 
 
 def _check_reduce_op(op, average):
@@ -297,7 +347,7 @@ def _check_reduce_op(op, average):
         op = Average if average else Sum
     elif op is None:
         op = Average
-    if op not in (Average, Sum, Adasum, Min, Max, Product):
+    if op not in _REDUCE_OPS:
         raise ValueError("unknown reduction op %r (want Average, Sum, Adasum, Min, Max or Product)"
                          % (op,))
     return op
@@ -416,34 +466,48 @@ def _host_copy(tensor):
     return tensor.detach().to(_CPU).contiguous()
 
 
-def _enqueue(kind, tensor, inplace, name, op=Sum, root=0, prescale_factor=1.0,
-             postscale_factor=1.0, splits=None, process_set=global_process_set, waited=0):
-    """Submits one op and returns its handle. waited=1 says the caller synchronizes on it next (a
-    synchronous call): the engine then arms no timer to drive the op without it."""
-    psid = _process_set_id(process_set)
-    try:
-        dt = _dtype_of(tensor)
-        splits_like = splits if isinstance(splits, torch.Tensor) else None
-        if splits is not None:
-            splits = _splits_arg(splits)
-    except ValueError as e:
-        _refuse(kind, name, process_set, e)
+def _submit(kind, tensor, inplace, name, op, root, prescale_factor, postscale_factor, splits, process_set,
+            wait_us):
+    """Submits one op (_issue) and returns its _Op."""
+    psid = process_set.process_set_id
+    if psid is None:
+        _process_set_id(process_set)  # raises
+    dt = _DTYPES.get(tensor.dtype)
+    splits_like = None
+    if dt is None or splits is not None:
+        try:
+            dt = _dtype_of(tensor)
+            splits_like = splits if isinstance(splits, torch.Tensor) else None
+            if splits is not None:
+                splits = _splits_arg(splits)
+        except ValueError as e:
+            _refuse(kind, name, process_set, e)
     o = _stage(kind, tensor, inplace)
     o.splits_like = splits_like
     inp, out = o.inp, o.out
-    nm, nlen = _name_arg(name)
-    sp, nsp = None, 0
-    if splits is not None:
-        sp, nsp = _pack_int64s(splits), len(splits)
-    shape = inp.shape
-    h = _lib.C.kolo_enqueue(kind, nm, nlen, inp.data_ptr(), out.data_ptr() if out is not None else None,
-                            dt, _pack_int64s(shape), len(shape), op, root, prescale_factor,
-                            postscale_factor, sp, nsp, psid, waited, _device_id(tensor))
-    if h < 0:
-        raise _lib.take_error(-h)
-    o.h = h
-    _handle_map[h] = o
-    return h
+    return _issue(o, _op_block(kind, inp.data_ptr(), out.data_ptr() if out is not None else 0, dt, inp.shape, op,
+                               root, prescale_factor, postscale_factor, splits, psid,
+                               _device_id(tensor), wait_us,
+                               name.encode("utf-8") if name.__class__ is str else _name_arg(name)[0]))
+
+
+def _enqueue(kind, tensor, inplace, name, op=Sum, root=0, prescale_factor=1.0, postscale_factor=1.0,
+             splits=None, process_set=global_process_set):
+    """Submits one op and returns its handle."""
+    return _submit(kind, tensor, inplace, name, op, root, prescale_factor, postscale_factor, splits, process_set,
+                   0).h
+
+
+def _run(kind, tensor, inplace, name, op=Sum, root=0, prescale_factor=1.0, postscale_factor=1.0, splits=None,
+         process_set=global_process_set):
+    """Runs one op as a synchronous call and returns what synchronize() would. The engine arms no
+    timer to drive it (the caller does), and kolo_enqueue waits the first slice itself: an op that
+    completes within it costs one call into the library."""
+    o = _submit(kind, tensor, inplace, name, op, root, prescale_factor, postscale_factor, splits, process_set,
+                _lib.WAIT_SLICE_US)
+    if o.h == 0:
+        return o.result()
+    return synchronize(o.h)
 
 
 def _enqueue_group(kind, tensors, inplace, name, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
@@ -550,8 +614,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
                process_set=global_process_set):
     """Reduces tensor across ranks in place and returns it."""
     op = _reduce_op(op, average, _ALLREDUCE, name, process_set)
-    return synchronize(_enqueue(_ALLREDUCE, tensor, True, name, op, 0, prescale_factor, postscale_factor, None,
-                                process_set, waited=1))
+    return _run(_ALLREDUCE, tensor, True, name, op, 0, prescale_factor, postscale_factor, None, process_set)
 
 
 class HorovodAllreduce(torch.autograd.Function):
@@ -564,9 +627,7 @@ class HorovodAllreduce(torch.autograd.Function):
         ctx.prescale_factor = prescale_factor
         ctx.postscale_factor = postscale_factor
         ctx.process_set = process_set
-        op = _reduce_op(op, average, _ALLREDUCE, name, process_set)
-        return synchronize(_enqueue(_ALLREDUCE, tensor, False, name, op, 0, prescale_factor, postscale_factor,
-                                    None, process_set, waited=1))
+        return _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -576,13 +637,13 @@ class HorovodAllreduce(torch.autograd.Function):
 
 
 def _compress(compression, tensor):
-    if compression is None:
+    if compression is None or compression is Compression.none:  # as NoneCompressor, without its calls
         return tensor, None
     return compression.compress(tensor)
 
 
 def _decompress(compression, tensor, ctx):
-    if compression is None:
+    if compression is None or compression is Compression.none:
         return tensor
     return compression.decompress(tensor, ctx)
 
@@ -591,8 +652,17 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Returns tensor reduced across ranks (Average by default); differentiable."""
     t, ctx = _compress(compression, tensor)
-    out = HorovodAllreduce.apply(t, average, name, op, prescale_factor, postscale_factor, process_set)
+    if t.requires_grad and torch.is_grad_enabled():
+        out = HorovodAllreduce.apply(t, average, name, op, prescale_factor, postscale_factor, process_set)
+    else:  # nothing to differentiate: the Function's bookkeeping would cost more than a small op
+        out = _allreduce(t, average, name, op, prescale_factor, postscale_factor, process_set)
     return _decompress(compression, out, ctx)
+
+
+def _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set):
+    """allreduce's result, as HorovodAllreduce's forward computes it."""
+    op = _reduce_op(op, average, _ALLREDUCE, name, process_set)
+    return _run(_ALLREDUCE, tensor, False, name, op, 0, prescale_factor, postscale_factor, None, process_set)
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -690,7 +760,7 @@ class HorovodAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
         # raises for a scalar
-        out = synchronize(_enqueue(_ALLGATHER, tensor, False, name, process_set=process_set, waited=1))
+        out = _run(_ALLGATHER, tensor, False, name, process_set=process_set)
         ctx.dim = tensor.shape[0]
         ctx.process_set = process_set
         return out
@@ -756,7 +826,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """Copies root_rank's tensor into tensor on every rank and returns it."""
-    return synchronize(_enqueue(_BROADCAST, tensor, True, name, root=root_rank, process_set=process_set, waited=1))
+    return _run(_BROADCAST, tensor, True, name, root=root_rank, process_set=process_set)
 
 
 class HorovodBroadcast(torch.autograd.Function):
@@ -766,8 +836,7 @@ class HorovodBroadcast(torch.autograd.Function):
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank = root_rank
         ctx.process_set = process_set
-        return synchronize(_enqueue(_BROADCAST, tensor, False, name, root=root_rank, process_set=process_set,
-                                    waited=1))
+        return _run(_BROADCAST, tensor, False, name, root=root_rank, process_set=process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -797,8 +866,7 @@ class HorovodAlltoall(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        output, received_splits = synchronize(_enqueue(_ALLTOALL, tensor, False, name, splits=splits,
-                                                       process_set=process_set, waited=1))
+        output, received_splits = _run(_ALLTOALL, tensor, False, name, splits=splits, process_set=process_set)
         ctx.process_set = process_set
         ctx.recvsplits = received_splits
         if splits is None:
@@ -849,8 +917,8 @@ class HorovodReducescatter(torch.autograd.Function):
         ctx.process_set = process_set
         ctx.scale = (prescale_factor, postscale_factor)
         rop = _reduce_op(op, None, _REDUCESCATTER, name, process_set)
-        return synchronize(_enqueue(_REDUCESCATTER, tensor, False, name, rop, 0, prescale_factor, postscale_factor,
-                                    process_set=process_set, waited=1))
+        return _run(_REDUCESCATTER, tensor, False, name, rop, 0, prescale_factor, postscale_factor,
+                    process_set=process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -912,24 +980,19 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 
 def barrier(process_set=global_process_set):
     """Returns once every rank has called barrier."""
-    h = _lib.C.kolo_enqueue(_BARRIER, None, 0, None, None, 0, None, 0, 0, 0, 1.0, 1.0, None, 0,
-                            _process_set_id(process_set), 1, -1)
-    if h < 0:
-        raise _lib.take_error(-h)
     o = _Op()
-    o.h, o.kind = h, _BARRIER
-    _handle_map[h] = o
-    synchronize(h)
+    o.kind = _BARRIER
+    _issue(o, _op_block(_BARRIER, 0, 0, 0, (), 0, 0, 1.0, 1.0, None, _process_set_id(process_set), -1,
+                        _lib.WAIT_SLICE_US, None))
+    if o.h:
+        synchronize(o.h)
 
 
 def join(device=-1):
     """Says this rank has no more data; other ranks' allreduces go on with it contributing
     nothing until every rank has joined. Returns the last rank to join. device is accepted for
     Horovod compatibility (kolo needs no device for the zeros it contributes)."""
-    h = _lib.C.kolo_enqueue(_JOIN, None, 0, None, None, 0, None, 0, 0, 0, 1.0, 1.0, None, 0, 0, 1, -1)
-    if h < 0:
-        raise _lib.take_error(-h)
     o = _Op()
-    o.h, o.kind = h, _JOIN
-    _handle_map[h] = o
-    return synchronize(h)
+    o.kind = _JOIN
+    return synchronize(_issue(o, _op_block(_JOIN, 0, 0, 0, (), 0, 0, 1.0, 1.0, None, 0, -1, _lib.WAIT_SLICE_US,
+                                          None)).h)
