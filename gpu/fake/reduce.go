@@ -67,14 +67,16 @@ func reduceInto(t gpu.DataType, op gpu.RedOp, dst []byte, srcs [][]byte) {
 
 func reduceAs[T number](c codec[T], float bool, op gpu.RedOp, dst []byte, srcs [][]byte) {
 	n := T(len(srcs))
+	scratch := make([]byte, c.size)
 	for off := 0; off+c.size <= len(dst); off += c.size {
 		at := func(r int) T { return c.get(srcs[r][off:]) }
 		var acc T
 		if op == gpu.Avg && float {
-			// Each step is rounded to the element type, as on the device.
-			c.put(dst[off:], at(0)*(1/n))
+			// Each product and each sum is rounded to the element type, as on the device.
+			scaled := func(r int) T { c.put(scratch, at(r)*(1/n)); return c.get(scratch) }
+			c.put(dst[off:], scaled(0))
 			for r := 1; r < len(srcs); r++ {
-				c.put(dst[off:], c.get(dst[off:])+at(r)*(1/n))
+				c.put(dst[off:], c.get(dst[off:])+scaled(r))
 			}
 			continue
 		}
