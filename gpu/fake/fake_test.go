@@ -561,6 +561,7 @@ func TestBadArguments(t *testing.T) {
 		{"unmatched GroupEnd", c.GroupEnd()},
 		{"copy past the end", s.CopyAsync(small, small, 8)},
 		{"free of an offset", d.Free(small.Add(1))},
+		{"alltoall with one count for two ranks", gpu.AllToAll(c, small, []int{1}, []int{0}, small, []int{1}, []int{0}, gpu.Float32, s)},
 	} {
 		if tc.err == nil {
 			t.Errorf("%s: no error", tc.name)
