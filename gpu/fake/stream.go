@@ -64,12 +64,18 @@ func (s *Stream) run() {
 }
 
 func (s *Stream) enqueue(f func()) error {
+	return s.enqueueWith(func() func() { return f })
+}
+
+// enqueueWith adds the work prepare returns, calling prepare only if the stream accepts work, so that
+// an event is counted as recorded only when its record is queued.
+func (s *Stream) enqueueWith(prepare func() func()) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.destroyed {
 		return errDestroyed
 	}
-	s.queue = append(s.queue, f)
+	s.queue = append(s.queue, prepare())
 	s.enqueued++
 	select {
 	case s.wake <- struct{}{}:
@@ -97,8 +103,10 @@ func (s *Stream) Record(e gpu.Event) error {
 	if !ok {
 		return fmt.Errorf("fake stream: record of a %T", e)
 	}
-	gen := ev.recorded.Add(1)
-	return s.enqueue(func() { ev.complete(gen) })
+	return s.enqueueWith(func() func() {
+		gen := ev.recorded.Add(1)
+		return func() { ev.complete(gen) }
+	})
 }
 
 // WaitEvent implements gpu.Stream. As with cudaStreamWaitEvent, it waits for the Record made
