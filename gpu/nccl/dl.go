@@ -1,0 +1,675 @@
+//go:build cgo && linux
+
+package nccl
+
+/*
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+// The declarations kolo needs from nccl.h and cuda_runtime_api.h, written here so that no CUDA
+// or NCCL header is needed to build. Handles are opaque pointers.
+typedef int ncclResult_t;
+typedef void* ncclComm_t;
+typedef struct { char internal[128]; } ncclUniqueId;
+typedef struct {
+	size_t size;
+	unsigned int magic;
+	unsigned int version;
+	int blocking;
+	int cgaClusterSize;
+	int minCTAs;
+	int maxCTAs;
+	const char* netName;
+	int splitShare;
+} koloNcclConfig; // ncclConfig_v21700
+_Static_assert(sizeof(ncclUniqueId) == 128, "NCCL_UNIQUE_ID_BYTES");
+
+typedef int cudaError_t;
+typedef void* cudaStream_t;
+typedef void* cudaEvent_t;
+
+static size_t kolo_config_offset(int field) {
+	switch (field) {
+	case 0: return offsetof(koloNcclConfig, magic);
+	case 1: return offsetof(koloNcclConfig, version);
+	case 2: return offsetof(koloNcclConfig, blocking);
+	case 3: return offsetof(koloNcclConfig, cgaClusterSize);
+	case 4: return offsetof(koloNcclConfig, minCTAs);
+	case 5: return offsetof(koloNcclConfig, maxCTAs);
+	case 6: return offsetof(koloNcclConfig, netName);
+	case 7: return offsetof(koloNcclConfig, splitShare);
+	}
+	return (size_t)-1;
+}
+
+static struct {
+	ncclResult_t (*getVersion)(int*);
+	ncclResult_t (*getUniqueId)(ncclUniqueId*);
+	ncclResult_t (*commInitRankConfig)(ncclComm_t*, int, ncclUniqueId, int, koloNcclConfig*);
+	ncclResult_t (*commGetAsyncError)(ncclComm_t, ncclResult_t*);
+	ncclResult_t (*commAbort)(ncclComm_t);
+	ncclResult_t (*commDestroy)(ncclComm_t);
+	ncclResult_t (*commFinalize)(ncclComm_t);
+	ncclResult_t (*commCount)(ncclComm_t, int*);
+	ncclResult_t (*commUserRank)(ncclComm_t, int*);
+	ncclResult_t (*commSplit)(ncclComm_t, int, int, ncclComm_t*, koloNcclConfig*); // NULL before 2.18
+	ncclResult_t (*allReduce)(const void*, void*, size_t, int, int, ncclComm_t, cudaStream_t);
+	ncclResult_t (*broadcast)(const void*, void*, size_t, int, int, ncclComm_t, cudaStream_t);
+	ncclResult_t (*allGather)(const void*, void*, size_t, int, ncclComm_t, cudaStream_t);
+	ncclResult_t (*reduceScatter)(const void*, void*, size_t, int, int, ncclComm_t, cudaStream_t);
+	ncclResult_t (*send)(const void*, size_t, int, int, ncclComm_t, cudaStream_t);
+	ncclResult_t (*recv)(void*, size_t, int, int, ncclComm_t, cudaStream_t);
+	ncclResult_t (*groupStart)(void);
+	ncclResult_t (*groupEnd)(void);
+	const char* (*getLastError)(ncclComm_t); // NULL before 2.13
+
+	cudaError_t (*setDevice)(int);
+	cudaError_t (*malloc)(void**, size_t);
+	cudaError_t (*free)(void*);
+	cudaError_t (*streamCreateWithFlags)(cudaStream_t*, unsigned int);
+	cudaError_t (*streamDestroy)(cudaStream_t);
+	cudaError_t (*streamQuery)(cudaStream_t);
+	cudaError_t (*streamWaitEvent)(cudaStream_t, cudaEvent_t, unsigned int);
+	cudaError_t (*eventCreateWithFlags)(cudaEvent_t*, unsigned int);
+	cudaError_t (*eventRecord)(cudaEvent_t, cudaStream_t);
+	cudaError_t (*eventQuery)(cudaEvent_t);
+	cudaError_t (*eventDestroy)(cudaEvent_t);
+	cudaError_t (*memcpyAsync)(void*, const void*, size_t, int, cudaStream_t);
+	cudaError_t (*deviceGetPCIBusId)(char*, int, int);
+	const char* (*getErrorString)(cudaError_t);
+} K;
+
+static void* kolo_open(const char* path) {
+	// A library already in the process (torch's) is preferred to a second copy.
+	void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+	return h ? h : dlopen(path, RTLD_NOW | RTLD_LOCAL);
+}
+
+static const char* kolo_dlerror(void) {
+	const char* e = dlerror();
+	return e ? e : "";
+}
+
+#define SYM(h, field, name) if (!(*(void**)(&K.field) = dlsym(h, name))) return name;
+#define OPT(h, field, name) *(void**)(&K.field) = dlsym(h, name);
+
+// kolo_bind_nccl fills K's NCCL functions; it returns the name of a missing one, or NULL.
+static const char* kolo_bind_nccl(void* h) {
+	SYM(h, getVersion, "ncclGetVersion")
+	SYM(h, getUniqueId, "ncclGetUniqueId")
+	SYM(h, commInitRankConfig, "ncclCommInitRankConfig")
+	SYM(h, commGetAsyncError, "ncclCommGetAsyncError")
+	SYM(h, commAbort, "ncclCommAbort")
+	SYM(h, commDestroy, "ncclCommDestroy")
+	SYM(h, commFinalize, "ncclCommFinalize")
+	SYM(h, commCount, "ncclCommCount")
+	SYM(h, commUserRank, "ncclCommUserRank")
+	SYM(h, allReduce, "ncclAllReduce")
+	SYM(h, broadcast, "ncclBroadcast")
+	SYM(h, allGather, "ncclAllGather")
+	SYM(h, reduceScatter, "ncclReduceScatter")
+	SYM(h, send, "ncclSend")
+	SYM(h, recv, "ncclRecv")
+	SYM(h, groupStart, "ncclGroupStart")
+	SYM(h, groupEnd, "ncclGroupEnd")
+	OPT(h, commSplit, "ncclCommSplit")
+	OPT(h, getLastError, "ncclGetLastError")
+	return NULL;
+}
+
+static const char* kolo_bind_cuda(void* h) {
+	SYM(h, setDevice, "cudaSetDevice")
+	SYM(h, malloc, "cudaMalloc")
+	SYM(h, free, "cudaFree")
+	SYM(h, streamCreateWithFlags, "cudaStreamCreateWithFlags")
+	SYM(h, streamDestroy, "cudaStreamDestroy")
+	SYM(h, streamQuery, "cudaStreamQuery")
+	SYM(h, streamWaitEvent, "cudaStreamWaitEvent")
+	SYM(h, eventCreateWithFlags, "cudaEventCreateWithFlags")
+	SYM(h, eventRecord, "cudaEventRecord")
+	SYM(h, eventQuery, "cudaEventQuery")
+	SYM(h, eventDestroy, "cudaEventDestroy")
+	SYM(h, memcpyAsync, "cudaMemcpyAsync")
+	SYM(h, deviceGetPCIBusId, "cudaDeviceGetPCIBusId")
+	SYM(h, getErrorString, "cudaGetErrorString")
+	return NULL;
+}
+
+static int kolo_has_split(void) { return K.commSplit != NULL; }
+static int kolo_nccl_version(int* v) { return K.getVersion(v); }
+static const char* kolo_nccl_last_error(uintptr_t c) { return K.getLastError ? K.getLastError((ncclComm_t)c) : ""; }
+static const char* kolo_cuda_error_string(int e) { return K.getErrorString(e); }
+
+// Every CUDA call first makes dev current on the calling thread: the current device is
+// per thread, and a goroutine may run on any thread.
+#define ON(dev) { cudaError_t e_ = K.setDevice(dev); if (e_) return e_; }
+
+static int kolo_malloc(int dev, uintptr_t* p, size_t n) { ON(dev) void* q = NULL; int e = K.malloc(&q, n); *p = (uintptr_t)q; return e; }
+static int kolo_free(int dev, uintptr_t p) { ON(dev) return K.free((void*)p); }
+static int kolo_stream_create(int dev, uintptr_t* s) { ON(dev) cudaStream_t q = NULL; int e = K.streamCreateWithFlags(&q, 1); *s = (uintptr_t)q; return e; } // cudaStreamNonBlocking
+static int kolo_stream_destroy(int dev, uintptr_t s) { ON(dev) return K.streamDestroy((cudaStream_t)s); }
+static int kolo_stream_query(int dev, uintptr_t s) { ON(dev) return K.streamQuery((cudaStream_t)s); }
+static int kolo_stream_wait_event(int dev, uintptr_t s, uintptr_t ev) { ON(dev) return K.streamWaitEvent((cudaStream_t)s, (cudaEvent_t)ev, 0); }
+static int kolo_event_create(int dev, uintptr_t* ev) { ON(dev) cudaEvent_t q = NULL; int e = K.eventCreateWithFlags(&q, 2); *ev = (uintptr_t)q; return e; } // cudaEventDisableTiming
+static int kolo_event_record(int dev, uintptr_t ev, uintptr_t s) { ON(dev) return K.eventRecord((cudaEvent_t)ev, (cudaStream_t)s); }
+static int kolo_event_query(int dev, uintptr_t ev) { ON(dev) return K.eventQuery((cudaEvent_t)ev); }
+static int kolo_event_destroy(int dev, uintptr_t ev) { ON(dev) return K.eventDestroy((cudaEvent_t)ev); }
+static int kolo_memcpy_d2d(int dev, uintptr_t dst, uintptr_t src, size_t n, uintptr_t s) { ON(dev) return K.memcpyAsync((void*)dst, (const void*)src, n, 3, (cudaStream_t)s); } // cudaMemcpyDeviceToDevice
+static int kolo_pci_bus_id(int dev, char* buf, int n) { return K.deviceGetPCIBusId(buf, n, dev); }
+
+static int kolo_unique_id(char* out) { ncclUniqueId id; int r = K.getUniqueId(&id); memcpy(out, id.internal, 128); return r; }
+
+static int kolo_comm_init(int dev, uintptr_t* c, int n, const char* idBytes, int rank) {
+	ON(dev)
+	ncclUniqueId id;
+	memcpy(id.internal, idBytes, 128);
+	koloNcclConfig cfg;
+	memset(&cfg, 0, sizeof cfg);
+	cfg.size = sizeof cfg;
+	cfg.magic = 0xcafebeef;
+	cfg.version = 21700;
+	cfg.blocking = 0;
+	cfg.cgaClusterSize = cfg.minCTAs = cfg.maxCTAs = cfg.splitShare = INT32_MIN;
+	cfg.netName = NULL;
+	ncclComm_t comm = NULL;
+	int r = K.commInitRankConfig(&comm, n, id, rank, &cfg);
+	*c = (uintptr_t)comm;
+	return r;
+}
+
+static int kolo_comm_split(int dev, uintptr_t c, int color, int key, uintptr_t* out) {
+	ON(dev)
+	koloNcclConfig cfg;
+	memset(&cfg, 0, sizeof cfg);
+	cfg.size = sizeof cfg;
+	cfg.magic = 0xcafebeef;
+	cfg.version = 21700;
+	cfg.blocking = 0;
+	cfg.cgaClusterSize = cfg.minCTAs = cfg.maxCTAs = cfg.splitShare = INT32_MIN;
+	ncclComm_t sub = NULL;
+	int r = K.commSplit((ncclComm_t)c, color, key, &sub, &cfg);
+	*out = (uintptr_t)sub;
+	return r;
+}
+
+static int kolo_async_error(uintptr_t c, int* state) { ncclResult_t s = 0; int r = K.commGetAsyncError((ncclComm_t)c, &s); *state = s; return r; }
+static int kolo_abort(uintptr_t c) { return K.commAbort((ncclComm_t)c); }
+static int kolo_destroy(uintptr_t c) { return K.commDestroy((ncclComm_t)c); }
+static int kolo_finalize(uintptr_t c) { return K.commFinalize((ncclComm_t)c); }
+static int kolo_rank_size(uintptr_t c, int* rank, int* size) { int r = K.commUserRank((ncclComm_t)c, rank); return r ? r : K.commCount((ncclComm_t)c, size); }
+static int kolo_all_reduce(int dev, uintptr_t s, uintptr_t r, size_t n, int t, int op, uintptr_t c, uintptr_t st) { ON(dev) return K.allReduce((void*)s, (void*)r, n, t, op, (ncclComm_t)c, (cudaStream_t)st); }
+static int kolo_broadcast(int dev, uintptr_t s, uintptr_t r, size_t n, int t, int root, uintptr_t c, uintptr_t st) { ON(dev) return K.broadcast((void*)s, (void*)r, n, t, root, (ncclComm_t)c, (cudaStream_t)st); }
+static int kolo_all_gather(int dev, uintptr_t s, uintptr_t r, size_t n, int t, uintptr_t c, uintptr_t st) { ON(dev) return K.allGather((void*)s, (void*)r, n, t, (ncclComm_t)c, (cudaStream_t)st); }
+static int kolo_reduce_scatter(int dev, uintptr_t s, uintptr_t r, size_t n, int t, int op, uintptr_t c, uintptr_t st) { ON(dev) return K.reduceScatter((void*)s, (void*)r, n, t, op, (ncclComm_t)c, (cudaStream_t)st); }
+static int kolo_send(int dev, uintptr_t b, size_t n, int t, int peer, uintptr_t c, uintptr_t st) { ON(dev) return K.send((void*)b, n, t, peer, (ncclComm_t)c, (cudaStream_t)st); }
+static int kolo_recv(int dev, uintptr_t b, size_t n, int t, int peer, uintptr_t c, uintptr_t st) { ON(dev) return K.recv((void*)b, n, t, peer, (ncclComm_t)c, (cudaStream_t)st); }
+static int kolo_group_start(void) { return K.groupStart(); }
+static int kolo_group_end(void) { return K.groupEnd(); }
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/kolo-dl/kolo/gpu"
+)
+
+// The C side binds one NCCL and one CUDA runtime per process; Open binds them once.
+var (
+	openOnce    sync.Once
+	openBackend *backend
+	openErr     error
+)
+
+// Open loads NCCL and the CUDA runtime and checks NCCL's version. Its error says why the device
+// path cannot serve (it matches gpu.ErrUnavailable): the caller logs it and stages. The first
+// call's options decide for the life of the process.
+func Open(o Options) (Backend, error) {
+	openOnce.Do(func() { openBackend, openErr = open(o) })
+	if openErr != nil {
+		return nil, openErr
+	}
+	return openBackend, nil
+}
+
+func open(o Options) (*backend, error) {
+	ncclPath, nh, err := dlopenFirst(append(append([]string(nil), o.NCCLPaths...), ncclNames...))
+	if err != nil {
+		return nil, fmt.Errorf("%w: libnccl.so.2 not found (%v)", ErrNotFound, err)
+	}
+	if missing := C.kolo_bind_nccl(nh); missing != nil {
+		return nil, fmt.Errorf("%w: %s: %w %s", ErrTooOld, ncclPath, errNoSymbol, C.GoString(missing))
+	}
+	var code C.int
+	if r := C.kolo_nccl_version(&code); r != resSuccess {
+		return nil, fmt.Errorf("%w: %s: %w", gpu.ErrUnavailable, ncclPath, &ResultError{Call: "ncclGetVersion", Code: int(r)})
+	}
+	v, err := checkVersion(ncclPath, int(code))
+	if err != nil {
+		return nil, err
+	}
+	cudaPath, ch, err := dlopenFirst(append(append([]string(nil), o.CUDAPaths...), cudaNames...))
+	if err != nil {
+		return nil, fmt.Errorf("%w: CUDA runtime (libcudart) not found (%v)", ErrNotFound, err)
+	}
+	if missing := C.kolo_bind_cuda(ch); missing != nil {
+		return nil, fmt.Errorf("%w: %s: %w %s", gpu.ErrUnavailable, cudaPath, errNoSymbol, C.GoString(missing))
+	}
+	return &backend{version: v, split: C.kolo_has_split() != 0, timeout: callTimeout(o)}, nil
+}
+
+// dlopenFirst returns the first of paths that loads, or every failure.
+func dlopenFirst(paths []string) (string, unsafe.Pointer, error) {
+	var why []string
+	for _, p := range paths {
+		cp := C.CString(p)
+		h := C.kolo_open(cp)
+		C.free(unsafe.Pointer(cp))
+		if h != nil {
+			return p, h, nil
+		}
+		why = append(why, C.GoString(C.kolo_dlerror()))
+	}
+	return "", nil, fmt.Errorf("tried %s", strings.Join(why, "; "))
+}
+
+func cudaErr(call string, code C.int) error {
+	if code == 0 {
+		return nil
+	}
+	return &CUDAError{Call: call, Code: int(code), Text: C.GoString(C.kolo_cuda_error_string(code))}
+}
+
+// configOffset is the C compiler's offset of ncclConfig_v21700's field i, for the layout test.
+func configOffset(i int) uintptr { return uintptr(C.kolo_config_offset(C.int(i))) }
+
+const cConfigSize = C.sizeof_koloNcclConfig
+
+// backend is the loaded libraries. Its methods are safe for concurrent use.
+type backend struct {
+	version gpu.Version
+	split   bool
+	timeout time.Duration
+}
+
+func (b *backend) Version() gpu.Version { return b.version }
+
+func (b *backend) Device(ordinal int) (gpu.Device, error) {
+	if _, err := b.PCIBusID(ordinal); err != nil {
+		return nil, err
+	}
+	return &device{b: b, ord: C.int(ordinal)}, nil
+}
+
+func (b *backend) PCIBusID(ordinal int) (string, error) {
+	var buf [64]C.char
+	if err := cudaErr("cudaDeviceGetPCIBusId", C.kolo_pci_bus_id(C.int(ordinal), &buf[0], C.int(len(buf)))); err != nil {
+		return "", fmt.Errorf("device %d: %w", ordinal, err)
+	}
+	return C.GoString(&buf[0]), nil
+}
+
+func (b *backend) NewUniqueID() (gpu.UniqueID, error) {
+	var id gpu.UniqueID
+	if r := C.kolo_unique_id((*C.char)(unsafe.Pointer(&id[0]))); r != resSuccess {
+		return id, b.result("ncclGetUniqueId", 0, int(r))
+	}
+	return id, nil
+}
+
+func (b *backend) result(call string, comm C.uintptr_t, code int) error {
+	return &ResultError{Call: call, Code: code, Detail: C.GoString(C.kolo_nccl_last_error(comm))}
+}
+
+func (b *backend) NewComm(ctx context.Context, dev gpu.Device, id gpu.UniqueID, size, rank int) (gpu.Comm, error) {
+	d, ok := dev.(*device)
+	if !ok {
+		return nil, fmt.Errorf("nccl comm on a %T", dev)
+	}
+	var h C.uintptr_t
+	r := C.kolo_comm_init(d.ord, &h, C.int(size), (*C.char)(unsafe.Pointer(&id[0])), C.int(rank))
+	c := &comm{b: b, dev: d, h: h, rank: rank, size: size}
+	if r != resSuccess && r != resInProgress {
+		if h != 0 {
+			C.kolo_abort(h)
+		}
+		return nil, fmt.Errorf("rank %d of %d: %w", rank, size, b.result("ncclCommInitRankConfig", h, int(r)))
+	}
+	if err := c.settle(ctx, "ncclCommInitRankConfig"); err != nil {
+		return nil, fmt.Errorf("rank %d of %d: %w", rank, size, err)
+	}
+	return c.public(), nil
+}
+
+// public is c as the interfaces it serves: a Splitter only where the library can split.
+func (c *comm) public() gpu.Comm {
+	if c.b.split {
+		return splitter{c}
+	}
+	return c
+}
+
+type device struct {
+	b   *backend
+	ord C.int
+}
+
+func (d *device) Alloc(n int) (gpu.Ptr, error) {
+	var p C.uintptr_t
+	if err := cudaErr("cudaMalloc", C.kolo_malloc(d.ord, &p, C.size_t(n))); err != nil {
+		return 0, fmt.Errorf("%d bytes on device %d: %w", n, d.ord, err)
+	}
+	return gpu.Ptr(p), nil
+}
+
+func (d *device) Free(p gpu.Ptr) error {
+	return cudaErr("cudaFree", C.kolo_free(d.ord, C.uintptr_t(p)))
+}
+
+func (d *device) NewStream() (gpu.Stream, error) {
+	var h C.uintptr_t
+	if err := cudaErr("cudaStreamCreateWithFlags", C.kolo_stream_create(d.ord, &h)); err != nil {
+		return nil, err
+	}
+	return &stream{d: d, h: h, owned: true}, nil
+}
+
+func (d *device) WrapStream(handle uintptr) (gpu.Stream, error) {
+	return &stream{d: d, h: C.uintptr_t(handle)}, nil
+}
+
+func (d *device) NewEvent() (gpu.Event, error) {
+	var h C.uintptr_t
+	if err := cudaErr("cudaEventCreateWithFlags", C.kolo_event_create(d.ord, &h)); err != nil {
+		return nil, err
+	}
+	return &event{d: d, h: h}, nil
+}
+
+type stream struct {
+	d     *device
+	h     C.uintptr_t // cudaStream_t; 0 is the legacy default stream
+	owned bool
+}
+
+func (s *stream) CopyAsync(dst, src gpu.Ptr, n int) error {
+	return cudaErr("cudaMemcpyAsync", C.kolo_memcpy_d2d(s.d.ord, C.uintptr_t(dst), C.uintptr_t(src), C.size_t(n), s.h))
+}
+
+func (s *stream) Record(e gpu.Event) error {
+	ev, ok := e.(*event)
+	if !ok {
+		return fmt.Errorf("cuda stream: record of a %T", e)
+	}
+	return cudaErr("cudaEventRecord", C.kolo_event_record(s.d.ord, ev.h, s.h))
+}
+
+func (s *stream) WaitEvent(e gpu.Event) error {
+	ev, ok := e.(*event)
+	if !ok {
+		return fmt.Errorf("cuda stream: wait on a %T", e)
+	}
+	return cudaErr("cudaStreamWaitEvent", C.kolo_stream_wait_event(s.d.ord, s.h, ev.h))
+}
+
+func (s *stream) Synchronize(ctx context.Context) error {
+	return poll(ctx, "cudaStreamQuery", func() C.int { return C.kolo_stream_query(s.d.ord, s.h) })
+}
+
+func (s *stream) Destroy() error {
+	if !s.owned {
+		return nil
+	}
+	return cudaErr("cudaStreamDestroy", C.kolo_stream_destroy(s.d.ord, s.h))
+}
+
+type event struct {
+	d *device
+	h C.uintptr_t
+}
+
+func (e *event) Query() (bool, error) {
+	r := C.kolo_event_query(e.d.ord, e.h)
+	if r == cudaErrorNotReady {
+		return false, nil
+	}
+	return r == 0, cudaErr("cudaEventQuery", r)
+}
+
+func (e *event) Synchronize(ctx context.Context) error {
+	return poll(ctx, "cudaEventQuery", func() C.int { return C.kolo_event_query(e.d.ord, e.h) })
+}
+
+func (e *event) Destroy() error {
+	return cudaErr("cudaEventDestroy", C.kolo_event_destroy(e.d.ord, e.h))
+}
+
+// poll waits for query to stop reporting cudaErrorNotReady, spinning briefly for latency, then
+// sleeping, never past ctx (cudaStreamSynchronize would block the thread with no deadline).
+func poll(ctx context.Context, call string, query func() C.int) error {
+	for i := 0; ; i++ {
+		r := query()
+		if r != cudaErrorNotReady {
+			return cudaErr(call, r)
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("%s: work not done: %w", call, err)
+		}
+		if i > 100 {
+			time.Sleep(min(time.Duration(i-100)*10*time.Microsecond, time.Millisecond))
+		}
+	}
+}
+
+// comm is a non-blocking NCCL communicator.
+type comm struct {
+	b          *backend
+	dev        *device
+	h          C.uintptr_t
+	rank, size int
+
+	mu      sync.Mutex
+	aborted bool
+}
+
+func (c *comm) Rank() int { return c.rank }
+func (c *comm) Size() int { return c.size }
+
+// settle polls ncclCommGetAsyncError until the communicator leaves ncclInProgress; at the deadline
+// it aborts, so that NCCL never holds the engine.
+func (c *comm) settle(ctx context.Context, call string) error {
+	for i := 0; ; i++ {
+		var state C.int
+		if r := C.kolo_async_error(c.h, &state); r != resSuccess {
+			c.abort()
+			return c.b.result("ncclCommGetAsyncError", c.h, int(r))
+		}
+		switch {
+		case state == resSuccess:
+			return nil
+		case state != resInProgress:
+			c.abort()
+			return fmt.Errorf("%s: %w", call, c.b.result("ncclCommGetAsyncError", c.h, int(state)))
+		}
+		if err := ctx.Err(); err != nil {
+			c.abort()
+			return fmt.Errorf("%s still in progress, communicator aborted: %w", call, err)
+		}
+		if i > 100 {
+			time.Sleep(min(time.Duration(i-100)*10*time.Microsecond, time.Millisecond))
+		}
+	}
+}
+
+// enqueued checks an enqueue's result: in non-blocking mode ncclInProgress means "accepted, still
+// being set up", which must settle before the next call on the communicator.
+func (c *comm) enqueued(call string, r C.int) error {
+	if c.isAborted() {
+		return fmt.Errorf("%s: %w", call, gpu.ErrAborted)
+	}
+	switch r {
+	case resSuccess:
+		return nil
+	case resInProgress:
+		ctx, cancel := context.WithTimeout(context.Background(), c.b.timeout)
+		defer cancel()
+		return c.settle(ctx, call)
+	}
+	return c.b.result(call, c.h, int(r))
+}
+
+func (c *comm) isAborted() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.aborted
+}
+
+func (c *comm) AllReduce(send, recv gpu.Ptr, count int, t gpu.DataType, op gpu.RedOp, s gpu.Stream) error {
+	st, err := c.stream(s)
+	if err != nil {
+		return err
+	}
+	return c.enqueued("ncclAllReduce", C.kolo_all_reduce(c.dev.ord, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count), C.int(t), C.int(op), c.h, st))
+}
+
+func (c *comm) Broadcast(send, recv gpu.Ptr, count int, t gpu.DataType, root int, s gpu.Stream) error {
+	st, err := c.stream(s)
+	if err != nil {
+		return err
+	}
+	return c.enqueued("ncclBroadcast", C.kolo_broadcast(c.dev.ord, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count), C.int(t), C.int(root), c.h, st))
+}
+
+func (c *comm) AllGather(send, recv gpu.Ptr, sendCount int, t gpu.DataType, s gpu.Stream) error {
+	st, err := c.stream(s)
+	if err != nil {
+		return err
+	}
+	return c.enqueued("ncclAllGather", C.kolo_all_gather(c.dev.ord, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(sendCount), C.int(t), c.h, st))
+}
+
+func (c *comm) ReduceScatter(send, recv gpu.Ptr, recvCount int, t gpu.DataType, op gpu.RedOp, s gpu.Stream) error {
+	st, err := c.stream(s)
+	if err != nil {
+		return err
+	}
+	return c.enqueued("ncclReduceScatter", C.kolo_reduce_scatter(c.dev.ord, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(recvCount), C.int(t), C.int(op), c.h, st))
+}
+
+func (c *comm) Send(buf gpu.Ptr, count int, t gpu.DataType, peer int, s gpu.Stream) error {
+	st, err := c.stream(s)
+	if err != nil {
+		return err
+	}
+	return c.enqueued("ncclSend", C.kolo_send(c.dev.ord, C.uintptr_t(buf), C.size_t(count), C.int(t), C.int(peer), c.h, st))
+}
+
+func (c *comm) Recv(buf gpu.Ptr, count int, t gpu.DataType, peer int, s gpu.Stream) error {
+	st, err := c.stream(s)
+	if err != nil {
+		return err
+	}
+	return c.enqueued("ncclRecv", C.kolo_recv(c.dev.ord, C.uintptr_t(buf), C.size_t(count), C.int(t), C.int(peer), c.h, st))
+}
+
+// GroupStart and GroupEnd are NCCL's, which are per thread: the caller keeps a group on one
+// goroutine locked to its thread (runtime.LockOSThread) from start to end.
+func (c *comm) GroupStart() error {
+	if r := C.kolo_group_start(); r != resSuccess {
+		return c.b.result("ncclGroupStart", c.h, int(r))
+	}
+	return nil
+}
+
+func (c *comm) GroupEnd() error { return c.enqueued("ncclGroupEnd", C.kolo_group_end()) }
+
+func (c *comm) stream(s gpu.Stream) (C.uintptr_t, error) {
+	st, ok := s.(*stream)
+	if !ok {
+		return 0, fmt.Errorf("nccl on a %T stream", s)
+	}
+	return st.h, nil
+}
+
+func (c *comm) AsyncError() error {
+	if c.isAborted() {
+		return gpu.ErrAborted
+	}
+	var state C.int
+	if r := C.kolo_async_error(c.h, &state); r != resSuccess {
+		return c.b.result("ncclCommGetAsyncError", c.h, int(r))
+	}
+	if state != resSuccess && state != resInProgress {
+		return c.b.result("ncclCommGetAsyncError", c.h, int(state))
+	}
+	return nil
+}
+
+func (c *comm) abort() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.aborted {
+		c.aborted = true
+		C.kolo_abort(c.h)
+	}
+}
+
+func (c *comm) Abort() error {
+	c.abort()
+	return nil
+}
+
+// Destroy finalizes (flushing work in flight, bounded by the call timeout) and frees the
+// communicator; a finalize that does not settle aborts it instead.
+func (c *comm) Destroy() error {
+	if c.isAborted() {
+		return gpu.ErrAborted
+	}
+	if err := c.enqueued("ncclCommFinalize", C.kolo_finalize(c.h)); err != nil {
+		c.abort()
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.aborted = true
+	if r := C.kolo_destroy(c.h); r != resSuccess {
+		return c.b.result("ncclCommDestroy", 0, int(r))
+	}
+	return nil
+}
+
+// splitter is a comm whose library has ncclCommSplit; Backend hands it out only then, so that
+// "can split" is a type assertion.
+type splitter struct{ *comm }
+
+func (c splitter) Split(ctx context.Context, color, key int) (gpu.Comm, error) {
+	var h C.uintptr_t
+	r := C.kolo_comm_split(c.dev.ord, c.h, C.int(color), C.int(key), &h)
+	if err := c.enqueued("ncclCommSplit", r); err != nil {
+		return nil, err
+	}
+	if h == 0 {
+		return nil, nil // NoColor
+	}
+	sub := &comm{b: c.b, dev: c.dev, h: h}
+	if err := sub.settle(ctx, "ncclCommSplit"); err != nil {
+		return nil, err
+	}
+	// NCCL numbers the sub-communicator's ranks; ask it rather than recompute the key order.
+	var rank, size C.int
+	if r := C.kolo_rank_size(h, &rank, &size); r != resSuccess {
+		sub.abort()
+		return nil, c.b.result("ncclCommUserRank", h, int(r))
+	}
+	sub.rank, sub.size = int(rank), int(size)
+	return sub.public(), nil
+}
