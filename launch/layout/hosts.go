@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -67,7 +67,7 @@ func CheckHostName(name string) error {
 	switch {
 	case name == "":
 		return errors.New("empty host name")
-	case net.ParseIP(name) != nil:
+	case isIP(name):
 		return nil
 	case name[0] == '-':
 		return fmt.Errorf("host name %q starts with '-'", name)
@@ -170,4 +170,9 @@ func IsLocal(name string) bool {
 		return true
 	}
 	return false
+}
+
+func isIP(s string) bool {
+	_, err := netip.ParseAddr(s)
+	return err == nil
 }

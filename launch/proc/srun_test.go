@@ -57,7 +57,8 @@ while :; do sleep 0.01; done
 	}
 	start := func(prog string) Process {
 		os.Remove(log)
-		s := &SlurmStarter{JobID: "1", Program: prog, KillAfter: 300 * time.Millisecond}
+		// KillAfter far beyond the gap between the two SIGINTs: a loaded machine delays the trap.
+		s := &SlurmStarter{JobID: "1", Program: prog, KillAfter: 1500 * time.Millisecond}
 		p, err := s.Start(context.Background(), Worker{Slot: layout.Slot{Host: "n1"}, Argv: []string{"train"}, Env: os.Environ()})
 		if err != nil {
 			t.Fatal(err)
