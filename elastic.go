@@ -299,17 +299,6 @@ func ElasticRound() int {
 	return s.elastic.round.Number
 }
 
-// ElasticKeptPeers is the number of ranks on other hosts whose connections this worker kept from
-// its last round (the survivors it was connected to: only ranks new to it were dialed); 0 when
-// this is not an elastic worker or it is not initialized.
-func ElasticKeptPeers() int {
-	s, err := get()
-	if err != nil || s.elastic == nil {
-		return 0
-	}
-	return s.world.Adopted()
-}
-
 // ElasticUpdate reports whether the launcher has published a round after this worker's: hosts
 // were added or removed, or a rank was lost. newest is that round's number; removalOnly is true
 // when every worker of it is in this round already, so no newcomer needs the training state.

@@ -158,22 +158,6 @@ func WithRanks(ranks []int) Option {
 // joined in between.
 var joined = map[string]int{}
 
-// carried is what the last world of an elastic worker left: its TCP connections to the processes
-// on other hosts, for the next round to adopt where the same processes meet again.
-var (
-	carriedMu sync.Mutex
-	carried   *world.Carry
-)
-
-// takeCarried hands over what the last world left, nil if nothing.
-func takeCarried() *world.Carry {
-	carriedMu.Lock()
-	defer carriedMu.Unlock()
-	c := carried
-	carried = nil
-	return c
-}
-
 // isEveryRank reports whether ranks is 0..size-1 in order: the whole job, as without WithRanks.
 func isEveryRank(ranks []int, size int) bool {
 	if len(ranks) != size {
@@ -318,11 +302,6 @@ func Init(opts ...Option) error {
 		}
 	}
 	var w *world.World
-	kept := takeCarried()
-	defer kept.Close() // what this Init did not adopt: its peers left the job, or connected anew
-	if isElastic {
-		o.world.Carry = kept
-	}
 	if o.env("KOLO_TCP_FULL_MESH") == "1" {
 		o.world.FullMesh = true
 	}
@@ -353,8 +332,7 @@ func Init(opts ...Option) error {
 	job = w.Job // with the local and cross ranks derived where the launcher could not say them
 	if ew != nil {
 		cfg.Autotune.Round = ew.round.Number // the autotuner tunes each round's world anew
-		slog.Debug("kolo: joined an elastic round", "round", ew.round.Number, "rank", job.Rank, "size", job.Size,
-			"kept_tcp_peers", w.Adopted())
+		slog.Debug("kolo: joined an elastic round", "round", ew.round.Number, "rank", job.Rank, "size", job.Size)
 	}
 	e, err := engine.New(cfg, engine.Group{
 		Rank: job.Rank, Size: job.Size, Hosts: w.Hosts, Comm: w.Comm, Messenger: w.Messenger,
@@ -444,14 +422,9 @@ func (s *state) close() error {
 		fmt.Fprintln(os.Stderr, r)
 	}
 	if s.elastic != nil {
-		// An elastic worker goes on to the next round: keep the connections to the processes
-		// that may be in it.
-		c, cerr := s.world.Detach()
-		takeCarried().Close()
-		carriedMu.Lock()
-		carried = c
-		carriedMu.Unlock()
-		if err == nil {
+		// An elastic worker goes on to the next round: its peers' calls on it are to fail as
+		// on a rank that left, not blame it.
+		if cerr := s.world.Leave(); err == nil {
 			err = cerr
 		}
 	} else if cerr := s.world.Close(); err == nil {
