@@ -9,10 +9,10 @@ import (
 	"github.com/kolo-dl/kolo/transport"
 )
 
-// A rank that leaves a world on purpose (an elastic worker that goes on to form the next world)
-// tells its peers so before it closes its connections: a call of theirs waiting on it then fails
-// with transport.ErrPeerLeft, not with a closed connection that would blame a survivor for the
-// failure it saw first.
+// A rank that leaves a mesh on purpose while its process goes on (Mesh.Leave) tells its peers so
+// before it closes its connections: a call of theirs waiting on it then fails with
+// transport.ErrPeerLeft, not with a closed connection that would blame it for a failure it only
+// saw first.
 
 // leaveNotice is the length prefix that stands for "this rank left": larger than any message.
 const leaveNotice = 0xFFFFFFFF
@@ -20,8 +20,8 @@ const leaveNotice = 0xFFFFFFFF
 // errLeftNotice is readMsg's report of a leave notice.
 var errLeftNotice = errors.New("leave notice")
 
-// noticeTimeout bounds writing a leave notice; a peer that does not take four bytes in that time
-// is not worth keeping.
+// noticeTimeout bounds writing a leave notice: a peer that does not take four bytes in that time
+// learns of the leave from the closed connection.
 const noticeTimeout = time.Second
 
 // Leave ends the mesh as Close does, but first tells each peer still healthy that this rank
