@@ -221,14 +221,6 @@ func TestElasticHostKilled(t *testing.T) {
 	if !strings.Contains(j.out.String(), "trained on 6 ranks: every rank holds identical weights") {
 		t.Errorf("no identical-weights line\n%s", j.output())
 	}
-	// The engine was not re-made from scratch: the new rank 0 (a survivor) kept its connections to
-	// the survivors on other hosts it had talked to. The mesh is lazy, so which those are depends
-	// on the survivor; each had at least its hierarchical-allreduce peers, the same local rank on
-	// the two other surviving hosts.
-	keptLine := regexp.MustCompile(fmt.Sprintf(`round %s: rank 0 kept its connections to (\d) ranks on other hosts`, m[1]))
-	if k := keptLine.FindStringSubmatch(j.out.String()); k == nil || k[1] < "2" {
-		t.Errorf("no line saying rank 0 kept its connections to at least 2 ranks of other hosts in round %s\n%s", m[1], j.output())
-	}
 	if resumed > 5*time.Second {
 		t.Errorf("the new world's first step came %.2f s after the kill, want within 5 s\n%s", resumed.Seconds(), j.output())
 	}

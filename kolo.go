@@ -5,7 +5,8 @@
 //
 // Each collective has a blocking form taking a context and an Async form returning a *Handle. A
 // process without a launcher environment is a world of size 1. This package is a thin layer over
-// the engine: it must not contain negotiation or transport logic.
+// the engine and the worker (package worker joins the job and owns each world): it must not
+// contain negotiation, transport or job-joining logic.
 package kolo
 
 import (
@@ -16,18 +17,16 @@ import (
 	"log/slog"
 	"math"
 	"os"
-	"runtime"
 	"slices"
 	"sync"
 
-	"github.com/kolo-dl/kolo/bootstrap"
 	"github.com/kolo-dl/kolo/dtype"
 	"github.com/kolo-dl/kolo/engine"
 	"github.com/kolo-dl/kolo/engine/negotiate"
-	"github.com/kolo-dl/kolo/internal/spin"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/reduce"
 	"github.com/kolo-dl/kolo/version"
+	"github.com/kolo-dl/kolo/worker"
 	"github.com/kolo-dl/kolo/world"
 )
 
@@ -117,19 +116,21 @@ func refusable(kind OpKind) error {
 // ErrNotInitialized is returned by every call before Init or after Shutdown.
 var ErrNotInitialized = errors.New("kolo is not initialized: call kolo.Init first")
 
+// state is the world this process is in: its worker's, with the names of its ops.
 type state struct {
 	job    jobenv.Job
-	boot   *bootstrap.Session // rank 0 under mpirun/srun hosts the rendezvous here
 	world  *world.World
 	engine *engine.Engine
 	names  *namer
-
-	elastic *elasticWorker // nil unless this is a worker of an elastic job
+	worker *worker.Worker
 }
 
 var (
 	mu  sync.Mutex
-	cur *state
+	cur *state // nil before Init and after Shutdown
+	// past is what the worlds this process joined leave to the next (worker.Memory): the
+	// worker's, kept here because a worker lasts one world.
+	past worker.Memory
 )
 
 // Option adjusts Init.
@@ -149,76 +150,6 @@ type initOptions struct {
 // hosts the rendezvous, rank 0 must be one of them.
 func WithRanks(ranks []int) Option {
 	return func(o *initOptions) { o.ranks = slices.Clone(ranks) }
-}
-
-// joined counts, per set of ranks ("" for the whole job), the worlds of those ranks this process
-// has started to join: each gets rendezvous records and shared memory of its own (world ids
-// differ), so that a world joined after Shutdown never reads what an earlier one left. Every member
-// of a set of ranks joins its worlds the same number of times, whatever other worlds some of them
-// joined in between.
-var joined = map[string]int{}
-
-// carried is what the last world of an elastic worker left: its TCP connections to the processes
-// on other hosts, for the next round to adopt where the same processes meet again.
-var (
-	carriedMu sync.Mutex
-	carried   *world.Carry
-)
-
-// takeCarried hands over what the last world left, nil if nothing.
-func takeCarried() *world.Carry {
-	carriedMu.Lock()
-	defer carriedMu.Unlock()
-	c := carried
-	carried = nil
-	return c
-}
-
-// isEveryRank reports whether ranks is 0..size-1 in order: the whole job, as without WithRanks.
-func isEveryRank(ranks []int, size int) bool {
-	if len(ranks) != size {
-		return false
-	}
-	for i, r := range ranks {
-		if r != i {
-			return false
-		}
-	}
-	return true
-}
-
-// subset is the job of ranks (WithRanks) within the launcher's job: ranked by position in ranks,
-// local and cross numbers left for world.Connect to derive from the hosts, and a world id of its
-// own.
-func subset(job jobenv.Job, ranks []int) (jobenv.Job, error) {
-	if len(ranks) == 0 {
-		return job, errors.New("WithRanks: no ranks")
-	}
-	seen := map[int]bool{}
-	idx := -1
-	for i, r := range ranks {
-		if r < 0 || r >= job.Size {
-			return job, fmt.Errorf("WithRanks %v: rank %d is not a rank of this job of %d", ranks, r, job.Size)
-		}
-		if seen[r] {
-			return job, fmt.Errorf("WithRanks %v: rank %d is listed twice", ranks, r)
-		}
-		seen[r] = true
-		if r == job.Rank {
-			idx = i
-		}
-	}
-	if idx < 0 {
-		return job, fmt.Errorf("WithRanks %v: this process (rank %d of the job) is not one of them", ranks, job.Rank)
-	}
-	h := fnv.New64a()
-	for _, r := range ranks {
-		fmt.Fprintf(h, "%d,", r)
-	}
-	job.JobID = fmt.Sprintf("%s.ranks%x", job.JobID, h.Sum64())
-	job.Rank, job.Size = idx, len(ranks)
-	job.LocalRank, job.LocalSize, job.CrossRank, job.CrossSize = 0, 0, 0, 0
-	return job, nil
 }
 
 // WithEngineConfig overrides the engine settings read from the environment.
@@ -286,124 +217,24 @@ func Init(opts ...Option) error {
 			jobenv.HorovodNetworkInterface: o.env(jobenv.HorovodNetworkInterface),
 		})
 	}
-	// kolo run, mpirun or srun: who started this process decides where the ranks meet.
-	hn, _ := os.Hostname()
-	if o.ranks != nil {
-		// Refused before the rendezvous: a rank outside the world must not wait there (under
-		// mpirun rank 0 may have closed it already, having left a world of its own).
-		if d, err := jobenv.Detect(env, hn); err == nil {
-			if _, err := subset(d.Job, o.ranks); err != nil {
-				return &ArgumentError{Err: fmt.Errorf("kolo.Init: %w", err)}
-			}
-		}
-	}
-	boot, err := bootstrap.Join(context.Background(), env, hn, bootstrap.Options{Timeout: o.world.Timeout})
-	if err != nil {
-		return fmt.Errorf("kolo.Init: %w", err)
-	}
-	_, _, isElastic, err := jobenv.ElasticPlace(env)
-	if err != nil {
-		boot.Close()
-		return fmt.Errorf("kolo.Init: %w", err)
-	}
-	if isElastic && o.ranks != nil {
-		boot.Close()
-		return &ArgumentError{Err: errors.New("kolo.Init: a world of some ranks (WithRanks, init(comm=...)) is not available in an elastic job, whose ranks change")}
-	}
-	job := boot.Job
-	if o.ranks != nil && !isEveryRank(o.ranks, job.Size) {
-		if job, err = subset(job, o.ranks); err != nil {
-			boot.Close()
-			return &ArgumentError{Err: fmt.Errorf("kolo.Init: %w", err)}
-		}
-	}
-	var w *world.World
-	kept := takeCarried()
-	defer kept.Close() // what this Init did not adopt: its peers left the job, or connected anew
-	if isElastic {
-		o.world.Carry = kept
-	}
+	wopt := worker.Options{Env: env, Engine: cfg, World: o.world, Ranks: o.ranks,
+		ShareCPUs: o.cpuShare && o.env("GOMAXPROCS") == ""}
 	if full, err := jobenv.ParseSwitch(jobenv.TCPFullMesh, o.env(jobenv.TCPFullMesh)); err != nil {
-		boot.Close()
 		return fmt.Errorf("kolo.Init: %w", err)
 	} else if full {
-		o.world.FullMesh = true
+		wopt.World.FullMesh = true
 	}
-	cfg0, wopt0 := cfg, o.world // an elastic worker may try several rounds, of other local sizes
-	connect := func(ctx context.Context, j jobenv.Job) error {
-		cfg, o.world = spinSettings(cfg0, wopt0, j.LocalSize)
-		if o.cpuShare && o.env("GOMAXPROCS") == "" {
-			shareCPUs(j.LocalSize)
-		}
-		var err error
-		w, err = world.Connect(ctx, j, boot.Secret, o.world)
-		return err
-	}
-	var ew *elasticWorker
-	if isElastic {
-		ew, job, err = joinElastic(env, job, boot.Secret, connect)
-	} else {
-		joined[job.JobID]++
-		if n := joined[job.JobID]; n > 1 && job.Size > 1 {
-			job.JobID = fmt.Sprintf("%s.%d", job.JobID, n)
-		}
-		err = connect(context.Background(), job)
-	}
+	w, err := worker.Join(&past, wopt)
 	if err != nil {
-		boot.Close()
+		var ae *ArgumentError
+		if errors.As(err, &ae) {
+			return &ArgumentError{Err: fmt.Errorf("kolo.Init: %w", ae.Err)}
+		}
 		return fmt.Errorf("kolo.Init: %w", err)
 	}
-	job = w.Job // with the local and cross ranks derived where the launcher could not say them
-	if ew != nil {
-		cfg.Autotune.Round = ew.round.Number // the autotuner tunes each round's world anew
-		slog.Debug("kolo: joined an elastic round", "round", ew.round.Number, "rank", job.Rank, "size", job.Size,
-			"kept_tcp_peers", w.Adopted())
-	}
-	e, err := engine.New(cfg, engine.Group{
-		Rank: job.Rank, Size: job.Size, Hosts: w.Hosts, Comm: w.Comm, Messenger: w.Messenger,
-		Local: w.Local, LocalRanks: w.LocalRanks, Cross: w.Cross, Abort: w.Abort,
-	})
-	if err != nil {
-		w.Close()
-		if ew != nil {
-			ew.close()
-		}
-		boot.Close()
-		return fmt.Errorf("kolo.Init: %w", err)
-	}
-	cur = &state{job: job, boot: boot, world: w, engine: e, names: newNamer(e.Joins, e.Resynced), elastic: ew}
+	e := w.Engine()
+	cur = &state{job: w.Job(), world: w.World(), engine: e, names: newNamer(e.Joins, e.Resynced), worker: w}
 	return nil
-}
-
-// shareCPUs lowers GOMAXPROCS to this rank's share of the host's CPUs (see WithCPUShare); it never
-// raises it above what the runtime chose (the CPUs this process may run on).
-func shareCPUs(localSize int) {
-	n := max(1, spin.HostCPUs()/max(1, localSize))
-	if cur := runtime.GOMAXPROCS(0); n < cur {
-		runtime.GOMAXPROCS(n)
-		slog.Debug("kolo: GOMAXPROCS set to this rank's share of the host's CPUs", "from", cur, "to", n,
-			"host_cpus", spin.HostCPUs(), "local_ranks", localSize)
-	}
-}
-
-// spinSettings settles how long this rank's waits poll. A Spin left unset (negative, as in
-// engine.DefaultConfig and in ConfigFromEnv without KOLO_SPIN_TIME) becomes the host's default,
-// and the shared-memory waits keep theirs. A Spin given (KOLO_SPIN_TIME, or a Config that sets it)
-// governs the shared-memory waits too, unless the world options set ShmSpin themselves: 0 means
-// never to spin there as here (for shm.Config.Spin 0 would mean its default).
-func spinSettings(cfg engine.Config, w world.Options, localSize int) (engine.Config, world.Options) {
-	if cfg.Spin < 0 {
-		cfg.Spin = engine.DefaultSpin(localSize)
-		cfg.Yields = engine.DefaultYields(localSize)
-		return cfg, w
-	}
-	if w.ShmSpin == 0 {
-		w.ShmSpin = cfg.Spin
-		if cfg.Spin == 0 {
-			w.ShmSpin = -1
-		}
-	}
-	return cfg, w
 }
 
 // applyLogLevel sets the level of slog's default logger from KOLO_LOG_LEVEL (kolo run
@@ -438,37 +269,8 @@ func Shutdown() error {
 	return s.close()
 }
 
-// close leaves the world: the engine's shutdown barrier (skipped by an engine that stopped on an
-// error), then connections and the bootstrap session. Rank 0 then says what the autotuner did,
-// if it ran: the line that ends the job's output under kolo run.
-func (s *state) close() error {
-	err := s.engine.Shutdown(context.Background())
-	if r := s.engine.AutotuneReport(); r != "" {
-		fmt.Fprintln(os.Stderr, r)
-	}
-	if s.elastic != nil {
-		// An elastic worker goes on to the next round: keep the connections to the processes
-		// that may be in it.
-		c, cerr := s.world.Detach()
-		takeCarried().Close()
-		carriedMu.Lock()
-		carried = c
-		carriedMu.Unlock()
-		if err == nil {
-			err = cerr
-		}
-	} else if cerr := s.world.Close(); err == nil {
-		err = cerr
-	}
-	if cerr := s.boot.Close(); err == nil {
-		err = cerr
-	}
-	if s.elastic != nil {
-		s.elastic.leaving(s.engine.Err())
-		s.elastic.close()
-	}
-	return err
-}
+// close leaves the world (worker.Worker.Leave).
+func (s *state) close() error { return s.worker.Leave() }
 
 // MarkStep tells kolo that the program finished one training step: the autotuner (kolo run
 // --autotune) times the job by these marks, and every rank switches its settings at the same

@@ -8,7 +8,6 @@ package world
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -54,10 +53,6 @@ type Options struct {
 	// (KOLO_TCP_FULL_MESH=1). By default Connect connects only the remote ranks the collectives
 	// use at once (eagerPeers), and the others on first use.
 	FullMesh bool
-	// Carry holds connections an earlier world of this process left (World.Detach). Connect
-	// adopts those to processes that are members again, instead of dialing them, and takes
-	// them out of Carry; the caller closes what is left once it has joined.
-	Carry *Carry
 }
 
 // World is this process's view of the job once connected.
@@ -72,14 +67,12 @@ type World struct {
 	LocalRanks []int               // job ranks of Local, in order
 
 	closers []func() error
-	// ln is this world's listener; linger, how long it stays open after a Detach (closeListener).
+	// ln is this world's listener; linger, how long it stays open after a Leave (closeListener).
 	ln        *tcp.Listener
 	linger    time.Duration
-	lingering bool // Detach left the world: the listener outlives it by linger
+	lingering bool // Leave left the world: the listener outlives it by linger
 	shm       *shm.Group
 	mesh      *tcp.Mesh
-	id        string   // this rank's endpoint id, kept from world to world through Carry
-	procs     []string // procs[r] = rank r's endpoint id
 }
 
 // Connect builds the World of job. A job of size 1 needs no rendezvous.
@@ -146,8 +139,7 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 	// Every rank publishes where it listens and which host it is on and gets everyone's back, in
 	// one request (the rendezvous answers once all ranks have sent theirs): start-up costs the
 	// server n requests, not n².
-	w.id = opt.Carry.ident()
-	me := fmt.Sprintf("%s|%s|%s|%s", addr, job.Hostname, bootID(), w.id)
+	me := fmt.Sprintf("%s|%s|%s", addr, job.Hostname, bootID())
 	table, err := rv.Gather(ctx, recordsKey(job.JobID), job.Size, job.Rank, []byte(me))
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: publish its address and wait for the other %d ranks': %w", job.Rank, job.Size-1, err)
@@ -155,13 +147,12 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 	addrs := make([]string, job.Size)
 	w.Hosts = make([]string, job.Size)
 	boots := make([]string, job.Size)
-	w.procs = make([]string, job.Size)
 	for r, v := range table {
-		parts := strings.SplitN(string(v), "|", 4)
-		if len(parts) != 4 {
+		parts := strings.SplitN(string(v), "|", 3)
+		if len(parts) != 3 {
 			return nil, fmt.Errorf("rank %d: malformed address record of rank %d: %q", job.Rank, r, v)
 		}
-		addrs[r], w.Hosts[r], boots[r], w.procs[r] = parts[0], parts[1], parts[2], parts[3]
+		addrs[r], w.Hosts[r], boots[r] = parts[0], parts[1], parts[2]
 	}
 
 	if job.LocalSize == 0 { // a subset of the launcher's job (kolo.WithRanks): known now
@@ -237,17 +228,13 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 
 	cross := crossGroup(w.Hosts, job) // the hierarchical allreduce's peers: connected at once, and Cross
 	if len(remote) > 0 {
-		adopt := opt.Carry.take(remote, w.procs)
 		m, err := tcp.Connect(ctx, ln, tcp.Config{
 			Rank: job.Rank, Size: job.Size, Peers: remote, Addrs: addrs, Hosts: w.Hosts,
 			Secret: secret, JobID: job.JobID, Streams: opt.TCPStreams, ConnectTimeout: opt.Timeout,
-			ProgressTimeout: opt.ProgressTimeout, Adopt: adopt, Listening: true,
+			ProgressTimeout: opt.ProgressTimeout, Listening: true,
 			Lazy: !opt.FullMesh, Eager: eagerPeers(job.Rank, job.Size, remote, cross),
 		})
 		if err != nil {
-			for _, c := range adopt {
-				c.Close()
-			}
 			return nil, fmt.Errorf("rank %d: connect to ranks on other hosts: %w", job.Rank, err)
 		}
 		w.mesh = m
@@ -296,27 +283,23 @@ func (w *World) Close() error {
 	return errors.Join(errs...)
 }
 
-// Detach leaves the world as Close does, but keeps the TCP connections to the ranks of other
-// hosts that are still healthy (telling them this rank left, so their waiting calls fail at
-// once), for the next world this process joins to adopt (Options.Carry). Shared memory is left:
-// a host's next world makes its own segment, for its own number of ranks.
+// Leave leaves the world as Close does, but first tells the ranks of other hosts that this rank
+// left on purpose (tcp's leave notice), so that their waiting calls fail at once with
+// transport.ErrPeerLeft rather than blame this rank for a failure it only saw.
 //
 // The world's listener stays open a while longer (Options.Timeout, the connect timeout its peers
 // dial under): it tells a peer that dials this rank's ended world, or asks about a set it was
 // dialed (tcp's probe), that the rank left, where a closed port would only say "refused" and the
 // peer would retry until its timeout and then blame this rank.
-func (w *World) Detach() (*Carry, error) {
-	c := &Carry{id: w.id, byProc: map[string]*tcp.Carried{}}
+func (w *World) Leave() error {
 	if w.mesh != nil {
-		for r, cs := range w.mesh.Detach() {
-			c.byProc[w.procs[r]] = cs
-		}
+		w.mesh.Leave()
 		w.lingering = true
 	}
-	return c, w.Close()
+	return w.Close()
 }
 
-// closeListener closes the world's listener, or after a Detach schedules it to close once its
+// closeListener closes the world's listener, or after a Leave schedules it to close once its
 // linger has passed.
 func (w *World) closeListener() error {
 	if w.lingering && w.linger > 0 {
@@ -334,70 +317,6 @@ func (w *World) RemoteConnected() int {
 		return 0
 	}
 	return w.mesh.ConnectedPeers()
-}
-
-// Adopted is the number of ranks whose connections came from an earlier world (Options.Carry).
-func (w *World) Adopted() int {
-	if w.mesh == nil {
-		return 0
-	}
-	return w.mesh.Adopted()
-}
-
-// Carry is the connections an earlier world left (World.Detach), by the endpoint at the other
-// end. An endpoint is a chain of worlds joined one after the other (one per process under a
-// launcher; one per simulated rank in a test), named by an id its first world drew.
-type Carry struct {
-	id     string
-	byProc map[string]*tcp.Carried
-}
-
-// ident is the endpoint id of the world that adopts c: the same as the world that left it, or a
-// new one.
-func (c *Carry) ident() string {
-	if c != nil && c.id != "" {
-		return c.id
-	}
-	var b [12]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic("world: no randomness for an endpoint id: " + err.Error())
-	}
-	return hex.EncodeToString(b[:])
-}
-
-// take removes from c the sets of the processes among ranks (procs[r] is rank r's) and returns
-// them by rank. A nil Carry holds nothing.
-func (c *Carry) take(ranks []int, procs []string) map[int]*tcp.Carried {
-	if c == nil {
-		return nil
-	}
-	out := map[int]*tcp.Carried{}
-	for _, r := range ranks {
-		if cs := c.byProc[procs[r]]; cs != nil {
-			out[r] = cs
-			delete(c.byProc, procs[r])
-		}
-	}
-	return out
-}
-
-// Len is the number of processes c still holds connections to.
-func (c *Carry) Len() int {
-	if c == nil {
-		return 0
-	}
-	return len(c.byProc)
-}
-
-// Close closes the connections nobody adopted.
-func (c *Carry) Close() {
-	if c == nil {
-		return
-	}
-	for p, cs := range c.byProc {
-		cs.Close()
-		delete(c.byProc, p)
-	}
 }
 
 // crossGroup returns, when every host runs the same number of ranks, the ranks that share this

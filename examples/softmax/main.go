@@ -206,7 +206,6 @@ func runElastic(steps, batch, nf, nc, samples int, lr float32, commit, logEvery 
 			if rank == 0 && st.step == from+1 {
 				// Once its first step is done: the round is up.
 				fmt.Printf("round %d: %d ranks from step %d\n", kolo.ElasticRound(), size, from)
-				fmt.Printf("round %d: rank 0 kept its connections to %d ranks on other hosts\n", kolo.ElasticRound(), kolo.ElasticKeptPeers())
 			}
 			if rank == 0 && (st.step%int64(logEvery) == 0 || st.step == int64(steps)) {
 				fmt.Printf("step %4d  loss %.4f  t %.4f\n", st.step, loss, time.Since(started).Seconds())

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/kolo-dl/kolo/collective"
 	"github.com/kolo-dl/kolo/dtype"
@@ -177,36 +176,4 @@ func BenchmarkAllreduce(b *testing.B) {
 			}
 		})
 	}
-}
-
-// BenchmarkReform compares what a new world of 4 ranks (2 data streams) costs to connect on
-// loopback: dialing and authenticating every connection anew, against adopting the connections a
-// detached world left (the resync: a token written and read on each). It prints a table:
-//
-//	go test -run '^$' -bench Reform -benchtime 200x ./transport/tcp
-func BenchmarkReform(b *testing.B) {
-	const n = 4
-	var dial, adopt time.Duration
-	b.Run("dial", func(b *testing.B) {
-		start := time.Now()
-		for range b.N {
-			w := connectAllWith(b, n, 2, 64<<10, nil)
-			for r := range n {
-				w.ms[r].Close()
-				w.ls[r].Close()
-			}
-		}
-		dial = time.Since(start) / time.Duration(b.N)
-	})
-	b.Run("adopt", func(b *testing.B) {
-		w := connectAllWith(b, n, 2, 64<<10, nil)
-		perm := []int{1, 2, 3, 0}
-		start := time.Now()
-		for i := range b.N {
-			w = reform(b, w, detachAll(w), perm, []string{"127.0.0.1:1", "127.0.0.1:1", "127.0.0.1:1", "127.0.0.1:1"}, fmt.Sprintf("job-%d", i+2))
-		}
-		adopt = time.Since(start) / time.Duration(b.N)
-	})
-	fmt.Printf("\nconnecting a world of %d ranks x 2 streams on loopback, per world\n\n| anew (dial + auth) ms | adopted (detach + resync) ms | ratio |\n|---:|---:|---:|\n| %.2f | %.2f | %.1fx |\n",
-		n, dial.Seconds()*1e3, adopt.Seconds()*1e3, dial.Seconds()/adopt.Seconds())
 }

@@ -33,13 +33,12 @@ const (
 	linkIdle      linkState = iota // no set; the first call that needs one dials
 	linkDialing                    // this rank dials the set
 	linkAccepting                  // the peer dials the set; its connections are arriving
-	linkAdopting                   // a set carried from an earlier mesh is being resynced
 	linkUp                         // the set is installed
 	linkFailed                     // the set could not be made: p.lost says why
 	linkClosed                     // the mesh is closing
 )
 
-// settle ends a transition (dialing, accepting, adopting) in state s and wakes whoever waits on
+// settle ends a transition (dialing, accepting) in state s and wakes whoever waits on
 // it. Called under linkMu.
 func (p *peer) settle(s linkState) {
 	p.link = s
@@ -152,7 +151,7 @@ func (m *Mesh) dialSet(ctx context.Context, p *peer) {
 	p.linkMu.Lock()
 	defer p.linkMu.Unlock()
 	if err != nil || p.link != linkDialing {
-		// A Detach may have ended this dial once the peer had acked and taken the whole set:
+		// A Leave may have ended this dial once the peer had acked and taken the whole set:
 		// the leave notice then keeps the peer from blaming this rank.
 		for id, c := range conns {
 			closeUnused(id, c, m.leaving.Load())
@@ -167,7 +166,7 @@ func (m *Mesh) dialSet(ctx context.Context, p *peer) {
 	case err != nil:
 		m.failLocked(p, &transport.PeerError{Rank: p.rank, Host: p.host, Op: "connect", Err: err})
 	default:
-		m.install(p, conns, nil)
+		m.install(p, conns)
 	}
 }
 
@@ -211,7 +210,7 @@ func (m *Mesh) failLocked(p *peer, pe *transport.PeerError) {
 	if p.lost.CompareAndSwap(nil, pe) {
 		level := slog.LevelWarn
 		if errors.Is(pe.Err, transport.ErrPeerLeft) || m.leaving.Load() || m.closed.Load() {
-			// Its world ended, or this mesh's own Close or Detach cut the link: no fault of it.
+			// Its world ended, or this mesh's own Close or Leave cut the link: no fault of it.
 			level = slog.LevelDebug
 		}
 		m.log.Log(context.Background(), level, "tcp transport: could not connect to peer", "rank", m.rank, "peer", p.rank, "host", p.host, "err", pe.Err)
@@ -279,7 +278,7 @@ func (m *Mesh) arrive(a arrival) {
 	p := m.peers[a.id.peer]
 	p.linkMu.Lock()
 	defer p.linkMu.Unlock()
-	if m.closed.Load() || (p.link != linkAccepting && p.link != linkAdopting) {
+	if m.closed.Load() || p.link != linkAccepting {
 		closeUnused(a.id, a.conn, m.closed.Load() && m.leaving.Load()) // acked: the dialer may take the set
 		return
 	}
@@ -300,9 +299,7 @@ func (m *Mesh) arrive(a arrival) {
 	}
 	conns := p.partial
 	p.partial = nil
-	// While adopting: the peer gave the carried set up and dialed anew; its new set is the one it
-	// uses, and the carried one is closed when its resync ends.
-	m.install(p, conns, nil)
+	m.install(p, conns)
 }
 
 // watchPartial watches the control connection c of p's set while the rest of the set is still
@@ -310,7 +307,7 @@ func (m *Mesh) arrive(a arrival) {
 // (it ended, or one of the set's connections failed) would be noticed only at the connect
 // timeout, and blamed. Its first bytes are peeked, not consumed: a dialer with every ack installs
 // the set and may send messages before this end has it all, and the watch ends then (the set
-// will be complete here too). The leave notice (closeUnused, dialOnce: the dialer detached) fails
+// will be complete here too). The leave notice (closeUnused, dialOnce: the dialer left) fails
 // the link with transport.ErrPeerLeft; the connection's end (the dialer closed, or died) fails it
 // as a connection error, since the set can no longer be complete.
 func (m *Mesh) watchPartial(p *peer, c *net.TCPConn) {
@@ -323,7 +320,6 @@ func (m *Mesh) watchPartial(p *peer, c *net.TCPConn) {
 		time.Sleep(time.Millisecond)
 		n, err = peek(c, b[:])
 	}
-	m.awaitAdopted(p)
 	p.linkMu.Lock()
 	defer p.linkMu.Unlock()
 	if m.closed.Load() || p.link != linkAccepting || p.partial[connID{peer: p.rank, lane: laneControl}] != c {
@@ -355,10 +351,9 @@ const partialPoll = 10 * time.Millisecond
 func (m *Mesh) watchPartialData(p *peer, id connID, c *net.TCPConn) {
 	defer m.wg.Done()
 	var b [1]byte
-	watched := func() bool { // while adopting carried connections too: the resync may fail
-		return !m.closed.Load() && (p.link == linkAccepting || p.link == linkAdopting) && p.partial[id] == c
+	stillPartial := func() bool {
+		return !m.closed.Load() && p.link == linkAccepting && p.partial[id] == c
 	}
-	stillPartial := func() bool { return p.link == linkAccepting && watched() }
 	var err error
 	for {
 		var n int
@@ -366,16 +361,13 @@ func (m *Mesh) watchPartialData(p *peer, id connID, c *net.TCPConn) {
 			break
 		}
 		p.linkMu.Lock()
-		still := watched()
+		still := stillPartial()
 		p.linkMu.Unlock()
 		if !still || !m.pause(partialPoll) {
 			return
 		}
 	}
 	ctrl := connID{peer: p.rank, lane: laneControl}
-	if err != nil {
-		m.awaitAdopted(p)
-	}
 	p.linkMu.Lock()
 	if err == nil || !stillPartial() || p.partial[ctrl] != nil || p.probing {
 		// Data flows (the dialer has the whole set: so will this rank), the set is settled, its
@@ -410,21 +402,6 @@ func (m *Mesh) watchPartialData(p *peer, id connID, c *net.TCPConn) {
 			id.lane, id.stream, m.rank, have, 1+m.cfg.Streams, why, err)})
 }
 
-// awaitAdopted returns once p's link is not adopting a carried set (or the mesh closes). A set the
-// peer dials meanwhile arrives beside the resync (it gave the carried set up), and if the resync
-// fails the link goes on accepting that set: what a watch of it found while the link was adopting
-// still counts then.
-func (m *Mesh) awaitAdopted(p *peer) {
-	for {
-		p.linkMu.Lock()
-		adopting := p.link == linkAdopting && !m.closed.Load()
-		p.linkMu.Unlock()
-		if !adopting || !m.pause(partialPoll) {
-			return
-		}
-	}
-}
-
 // pause waits d, or less if the mesh closes: then it reports false.
 func (m *Mesh) pause(d time.Duration) bool {
 	t := time.NewTimer(d)
@@ -441,41 +418,7 @@ func (m *Mesh) pause(d time.Duration) bool {
 // at once from memory, so only a dead or unreachable host takes this long.
 const probeTimeout = 2 * time.Second
 
-// adopted ends the resync of p's carried set: installed if it succeeded and the peer did not dial
-// a new set meanwhile; otherwise an eager peer is connected anew, and a lazy one left for its
-// first use.
-func (m *Mesh) adopted(ctx context.Context, p *peer, res adoptResult) {
-	p.linkMu.Lock()
-	defer p.linkMu.Unlock()
-	if res.err == nil && (p.link != linkAdopting || len(p.partial) > 0) {
-		for _, c := range res.conns {
-			c.Close()
-		}
-		res.err = errors.New("the peer dialed a new set instead")
-	}
-	if res.err == nil {
-		m.install(p, res.conns, res.rest)
-		m.nAdopted.Add(1)
-		return
-	}
-	if p.link != linkAdopting {
-		return
-	}
-	m.log.Debug("tcp transport: connections kept from the last world not adopted; connecting anew",
-		"rank", m.rank, "peer", p.rank, "host", p.host, "err", res.err)
-	switch {
-	case len(p.partial) > 0:
-		m.acceptLocked(p)
-	case !p.eager:
-		p.settle(linkIdle)
-	case p.rank > m.rank:
-		m.dialLocked(p, ctx, 0)
-	default:
-		p.transition(linkAccepting) // Connect's own deadline bounds the wait
-	}
-}
-
-// closeLink settles p's link as closed for Close or Detach (left), and reports whether its set
+// closeLink settles p's link as closed for Close or Leave (left), and reports whether its set
 // was up. A set still arriving is closed; when this rank leaves, its control connection first
 // carries the leave notice, since the peer may have all its acks and take the set: its calls
 // then fail with transport.ErrPeerLeft, not with a closed connection that blames this rank.

@@ -215,39 +215,6 @@ func TestLazyCloseWhileDialing(t *testing.T) {
 	}
 }
 
-// Detach carries only the sets a lazy mesh made; the next lazy mesh adopts those and connects
-// the rest on first use.
-func TestLazyDetachAdopt(t *testing.T) {
-	w := lazyWorld(t, 3, nil)
-	w.each(t, func(r int, c transport.Comm) error {
-		if r == 2 {
-			return nil
-		}
-		rb := make([]byte, 5000)
-		if err := c.SendRecv(context.Background(), 1-r, payload(r, 1-r, 1, len(rb)), 1-r, rb); err != nil {
-			return err
-		}
-		return check(rb, 1-r, r, 1)
-	})
-	carried := detachAll(w)
-	for r, want := range []int{1, 1, 0} {
-		if len(carried[r]) != want {
-			t.Fatalf("rank %d carried %d sets, want %d", r, len(carried[r]), want)
-		}
-	}
-	nw := reformWith(t, w, carried, []int{0, 1, 2}, w.addrs, "job-2", func(cfg *Config) { cfg.Lazy = true })
-	for r, want := range []int{1, 1, 0} {
-		if got := nw.ms[r].Adopted(); got != want {
-			t.Errorf("rank %d adopted %d sets, want %d", r, got, want)
-		}
-	}
-	exchange(t, nw, 2)
-	if got := connected(nw); fmt.Sprint(got) != "[2 2 2]" {
-		t.Fatalf("after a full exchange: connected peers %v", got)
-	}
-}
-
-// Many ranks needing each other at once, in random pairs, all connect, with no rejection.
 func TestLazyManyFirstUsesAtOnce(t *testing.T) {
 	const n = 8
 	w := lazyWorld(t, n, nil)

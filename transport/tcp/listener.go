@@ -68,8 +68,8 @@ type Listener struct {
 	closed bool
 	regs   map[regKey]*registration
 	early  []earlyConn
-	// ended are the meshes that closed or detached, newest last: a dial meant for one is refused
-	// at once (with ackLeft for a detached one), not parked as if its Connect were still to come,
+	// ended are the meshes that closed or left, newest last: a dial meant for one is refused
+	// at once (with ackLeft for a left one), not parked as if its Connect were still to come,
 	// which would hold the dialer's call until its connect timeout.
 	ended   []endedMesh
 	pending map[net.Conn]struct{} // accepted, not yet routed: closed by Close
@@ -90,7 +90,6 @@ const (
 	holdDialed                    // Mesh.dialSet: every connection dialed, the link not yet looked at
 	holdReturned                  // Mesh.dialSet: one connection's dial returned, taken or not
 	holdInstall                   // Mesh.install, under the peer's lock: the mesh not yet looked at
-	holdAdopting                  // Connect: a carried set's resync about to start (id names the peer)
 )
 
 type regKey struct {
@@ -106,7 +105,7 @@ type registration struct {
 	expect  map[int]bool    // ranks that may dial this one
 	got     map[connID]bool // claimed by an accepted hello
 	active  bool            // false once the mesh stopped listening on ch
-	left    bool            // the mesh detached (set with active false)
+	left    bool            // the mesh left (set with active false)
 	ch      chan arrival
 	// decide, called before a claimed connection is acked (never under the Listener's lock),
 	// lets the mesh take it (ackTaken) or decline it: ackCrossed when the mesh is dialing that
@@ -127,7 +126,7 @@ type arrival struct {
 
 type endedMesh struct {
 	key  regKey
-	left bool // detached (Mesh.Detach), not closed
+	left bool // left (Mesh.Leave), not closed
 }
 
 type earlyConn struct {
@@ -214,7 +213,7 @@ func (l *Listener) reject(c *net.TCPConn, why string, err error) {
 // unfinished closes c, whose handshake or hello did not finish: rejected (a warning), unless
 // nobody failed a check. That is when this listener's Close ended it (Close closes the
 // connections still in their handshake), or when the dialer hung up before it had sent all of
-// its part: a kolo rank that gave up its dial (a leaving rank's Detach cuts its dials, and a
+// its part: a kolo rank that gave up its dial (a leaving rank's Leave cuts its dials, and a
 // survivor cuts its dial to a rank that left), or a probe that proved nothing. A dialer with the
 // wrong secret sends its proof before it reads ours, so its proof is checked and denied here
 // first; one that is silent runs into the handshake's timeout; both are still rejections.
@@ -495,7 +494,7 @@ func (l *Listener) register(key regKey, size, streams int, expect []int, decide 
 }
 
 // unregister ends a registration and closes whatever reached it that its mesh did not take; left
-// says that the mesh detached rather than closed.
+// says that the mesh left rather than closed.
 func (l *Listener) unregister(reg *registration, left bool) {
 	l.mu.Lock()
 	reg.active, reg.left = false, left

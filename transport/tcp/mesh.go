@@ -81,12 +81,6 @@ type Config struct {
 	// ConnectTimeout. Without it refused dials are retried, for a peer that may not listen yet.
 	Listening bool
 
-	// Adopt holds, by rank, connections to peers that an earlier mesh among the same processes
-	// left open (Mesh.Detach): Connect resyncs them instead of dialing, and falls back to dialing
-	// (or to waiting for the peer's dial) for a set the peer no longer holds. Both ends must know
-	// each other as the same process they detached from; the caller matches them.
-	Adopt map[int]*Carried
-
 	chunk       int           // tests shrink it to exercise striping with small buffers
 	userTimeout time.Duration // tests shrink it; DefaultUserTimeout otherwise
 	log         *slog.Logger
@@ -166,7 +160,6 @@ type Mesh struct {
 	peers      []*peer       // by rank; nil for ranks outside the mesh
 	log        *slog.Logger
 	inbox      chan transport.Msg
-	nAdopted   atomic.Int32 // peers whose connections came from an earlier mesh
 	// life bounds the dials a call starts (Lazy): Close ends it.
 	life    context.Context
 	endLife context.CancelFunc
@@ -176,7 +169,7 @@ type Mesh struct {
 	// goroutines those calls hand work to.
 	opMu   sync.RWMutex
 	closed atomic.Bool
-	// leaving is set, before closed, by Detach.
+	// leaving is set, before closed, by Leave.
 	leaving atomic.Bool
 	quit    chan struct{}
 	once    sync.Once
@@ -197,7 +190,6 @@ type peer struct {
 	partial map[connID]*net.TCPConn
 	expiry  *time.Timer // fails a set the peer began and did not finish
 	probing bool        // a watch of the set asks the dialer's listener about it (watchPartialData)
-	eager   bool        // Connect waits for it; an adopted set that fails falls back to connecting now
 	up      atomic.Bool
 
 	ctrl *net.TCPConn
@@ -214,23 +206,13 @@ type peer struct {
 
 	ctrlMu  sync.Mutex // one message at a time on the control connection
 	ctrlBuf []byte
-
-	// left says the peer detached (its leave notice came): it is lost for this mesh, but its
-	// connections stay open for Detach to carry.
-	left atomic.Bool
-	// ctrlPre holds control bytes read before this mesh (after an adopted set's token);
-	// ctrlRest, what readControl had read but not examined when it stopped (owned by readControl
-	// until it returns).
-	ctrlPre  []byte
-	ctrlRest []byte
 }
 
 // Connect forms the mesh. Without Config.Lazy it connects every peer: it dials the peers above
 // this rank, waits for those below to dial in through l, and returns once every connection of
 // every peer is up, or fails naming the peer it could not reach. With Lazy it connects only the
 // peers in Config.Eager that way, and the others when a call first needs them (see link.go).
-// Either way it first resyncs the sets in Config.Adopt, and l keeps taking the mesh's incoming
-// connections until the mesh is closed.
+// Either way l keeps taking the mesh's incoming connections until the mesh is closed.
 func Connect(ctx context.Context, l *Listener, cfg Config) (*Mesh, error) {
 	if err := cfg.check(); err != nil {
 		return nil, fmt.Errorf("tcp transport: rank %d: bad config: %w", cfg.Rank, err)
@@ -263,21 +245,6 @@ func Connect(ctx context.Context, l *Listener, cfg Config) (*Mesh, error) {
 	for _, r := range cfg.Peers {
 		p := m.peers[r]
 		switch {
-		case cfg.Adopt[r] != nil:
-			p.linkMu.Lock()
-			p.eager = isEager[r]
-			if p.link == linkIdle {
-				p.transition(linkAdopting)
-			}
-			p.linkMu.Unlock()
-			m.wg.Add(1)
-			go func() {
-				defer m.wg.Done()
-				if l.hold != nil {
-					l.hold(holdAdopting, connID{peer: r})
-				}
-				m.adopted(ctx, p, adopt(ctx, &cfg, r, cfg.Adopt[r]))
-			}()
 		case !isEager[r]:
 			continue
 		case r > cfg.Rank:
@@ -320,15 +287,15 @@ func Connect(ctx context.Context, l *Listener, cfg Config) (*Mesh, error) {
 			case <-l.done:
 				return fail(fmt.Errorf("listener %s closed", l.Addr()))
 			case <-ctx.Done():
-				// A dial that failed says more than the peers still missing. The dials and
-				// resyncs end with ctx: let them settle first.
+				// A dial that failed says more than the peers still missing. The dials end
+				// with ctx: let them settle first.
 				settleBy := time.After(time.Second)
 				for _, r := range waitFor {
 					q := m.peers[r]
 					q.linkMu.Lock()
 					st, ready := q.link, q.ready
 					q.linkMu.Unlock()
-					if st == linkDialing || st == linkAdopting {
+					if st == linkDialing {
 						select {
 						case <-ready:
 						case <-settleBy:
@@ -473,7 +440,7 @@ func dialOnce(ctx context.Context, addr string, secret []byte, h hello, leaving 
 var aLongTimeAgo = time.Unix(1, 0)
 
 // probeMesh asks rank peer's listener whether its mesh of this job is still open: nil if it is,
-// an error matching transport.ErrPeerLeft if it detached, another error if it closed, or if the
+// an error matching transport.ErrPeerLeft if it left, another error if it closed, or if the
 // listener cannot be reached or answer (a dead process, a dead host) within ctx. It is one dial
 // of a probe-lane hello, which the listener answers and hangs up.
 func probeMesh(ctx context.Context, cfg *Config, peer int) error {
@@ -535,7 +502,7 @@ func newMesh(cfg *Config, l *Listener) *Mesh {
 // connections and starts their goroutines. It runs under p.linkMu; on a closed mesh it closes them,
 // with the leave notice if this rank leaves: the mesh may have closed after its caller looked, and
 // the peer, which acked or dialed the whole set, may have taken it.
-func (m *Mesh) install(p *peer, conns map[connID]*net.TCPConn, rest []byte) {
+func (m *Mesh) install(p *peer, conns map[connID]*net.TCPConn) {
 	if m.l.hold != nil {
 		m.l.hold(holdInstall, connID{peer: p.rank, lane: laneControl})
 	}
@@ -546,7 +513,6 @@ func (m *Mesh) install(p *peer, conns map[connID]*net.TCPConn, rest []byte) {
 		return
 	}
 	p.ctrl = conns[connID{peer: p.rank, lane: laneControl}]
-	p.ctrlPre = rest
 	p.ctrlDone = make(chan struct{})
 	setUserTimeout(p.ctrl, m.cfg.userTimeout)
 	ka := ctrlKeepAlive(m.cfg.userTimeout)
@@ -631,9 +597,9 @@ func (m *Mesh) Close() error {
 	return nil
 }
 
-// begin starts closing (Close, Detach): no call, dial or arrival makes a peer's link up after
+// begin starts closing (Close, Leave): no call, dial or arrival makes a peer's link up after
 // it, and the listener stops handing the mesh connections.
-// left says that it detaches: dials that reach it from now on are told that this rank left.
+// left says that it leaves: dials that reach it from now on are told that this rank left.
 func (m *Mesh) begin(left bool) {
 	m.leaving.Store(left)
 	m.closed.Store(true)
@@ -645,7 +611,7 @@ func (m *Mesh) begin(left bool) {
 }
 
 // stop ends the mesh's goroutines once its connections are closed or interrupted (Close,
-// Detach): it waits for every call to return, so that no one hands work to the workers any
+// Leave): it waits for every call to return, so that no one hands work to the workers any
 // more, stops them and closes the inbox.
 func (m *Mesh) stop() {
 	m.opMu.Lock()

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"time"
 
 	"github.com/kolo-dl/kolo/transport"
@@ -90,22 +89,16 @@ func (ms *messenger) SendMsg(ctx context.Context, peer int, body []byte) error {
 func (p *peer) readControl() {
 	m := p.m
 	defer m.wg.Done()
-	src := &prefixed{pre: p.ctrlPre, r: p.ctrl}
-	r := bufio.NewReaderSize(src, 64<<10)
+	r := bufio.NewReaderSize(p.ctrl, 64<<10)
 	for {
 		body, err := readMsg(r)
 		if err != nil {
-			left := errors.Is(err, errLeftNotice)
-			if left || m.closed.Load() {
-				// Detach may carry the connection: keep what was read past the last message.
-				// (src still holds whatever of ctrlPre bufio had not taken.)
-				p.ctrlRest = unread(r, src)
-			}
-			if left {
+			switch {
+			case errors.Is(err, errLeftNotice):
 				p.leave()
-			} else if m.closed.Load() {
+			case m.closed.Load():
 				return
-			} else {
+			default:
 				p.markLost("recv message", err)
 			}
 			close(p.ctrlDone) // before the inbox, which may be full: calls wait for it (awaitVerdict)
@@ -118,30 +111,7 @@ func (p *peer) readControl() {
 		select {
 		case m.inbox <- transport.Msg{From: p.rank, Body: body}:
 		case <-m.quit:
-			p.ctrlRest = unread(r, src)
 			return
 		}
 	}
-}
-
-// unread returns everything read from the connection and not yet examined: what r has
-// buffered, then what r has not yet taken of src's prefix.
-func unread(r *bufio.Reader, src *prefixed) []byte {
-	b, _ := r.Peek(r.Buffered())
-	return append(append([]byte(nil), b...), src.pre...)
-}
-
-// prefixed reads pre, then r.
-type prefixed struct {
-	pre []byte
-	r   io.Reader
-}
-
-func (p *prefixed) Read(b []byte) (int, error) {
-	if len(p.pre) > 0 {
-		n := copy(b, p.pre)
-		p.pre = p.pre[n:]
-		return n, nil
-	}
-	return p.r.Read(b)
 }

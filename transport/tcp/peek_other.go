@@ -10,7 +10,7 @@ import (
 // peekable says that peek works here.
 const peekable = false
 
-// peek is not available here: adopting carried connections fails, and the mesh dials anew.
+// peek is not available here: a set still arriving is not watched.
 func peek(*net.TCPConn, []byte) (int, error) {
 	return 0, errors.New("peeking at a socket is not supported on this platform")
 }

@@ -20,7 +20,7 @@ import (
 // A probe (lane 2) asks the listener about the mesh of rank "to" and carries nothing after the
 // ack: taken, that mesh is open; left, it detached; refused, it closed or never opened here.
 //	msg:   u32 len | body
-//	leave: u32 0xFFFFFFFF (the sender detached: Mesh.Detach)
+//	leave: u32 0xFFFFFFFF (the sender left: Mesh.Leave)
 
 const (
 	helloMagic    = "KOLOTCP1"

@@ -65,7 +65,7 @@ func TestWireRoundTrip(t *testing.T) {
 	if _, err := readMsg(bytes.NewReader([]byte{0xff, 0xff, 0xff, 0xfe})); !errors.Is(err, errMalformed) {
 		t.Fatalf("4 GiB message header: %v", err)
 	}
-	// The largest length is not a message but the leave notice of Mesh.Detach.
+	// The largest length is not a message but the leave notice of Mesh.Leave.
 	if _, err := readMsg(bytes.NewReader([]byte{0xff, 0xff, 0xff, 0xff, 1, 2})); !errors.Is(err, errLeftNotice) {
 		t.Fatalf("leave notice: %v", err)
 	}

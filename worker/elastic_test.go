@@ -1,4 +1,4 @@
-package kolo
+package worker
 
 import (
 	"context"
@@ -22,6 +22,7 @@ type elasticBed struct {
 	addr   string
 	secret []byte
 	pub    *rendezvous.Client
+	mem    *Memory // the worker process's: every join of a test is the same process's
 }
 
 func newElasticBed(t *testing.T) *elasticBed {
@@ -38,15 +39,9 @@ func newElasticBed(t *testing.T) *elasticBed {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	elasticMu.Lock()
-	elasticJoined = 0
-	elasticMu.Unlock()
-	t.Cleanup(func() {
-		elasticMu.Lock()
-		elasticJoined = 0
-		elasticMu.Unlock()
-	})
-	return &elasticBed{t: t, addr: addr.String(), secret: secret, pub: c}
+	mem := &Memory{}
+	t.Cleanup(func() { mem.linger(nil) })
+	return &elasticBed{t: t, addr: addr.String(), secret: secret, pub: c, mem: mem}
 }
 
 func (b *elasticBed) publish(r jobenv.Round) {
@@ -96,7 +91,7 @@ func TestJoinElasticFindsItsPlace(t *testing.T) {
 	a0, a1, c0 := jobenv.Place{Host: "a", Slot: 0}, jobenv.Place{Host: "a", Slot: 1}, jobenv.Place{Host: "c", Slot: 0}
 	b.publish(roundOf(1, 1, a0, a1, c0))
 	var got jobenv.Job
-	w, job, err := joinElastic(b.env("a", 1, 1), b.base(), b.secret, func(_ context.Context, j jobenv.Job) error {
+	w, job, err := joinElastic(b.mem, b.env("a", 1, 1), b.base(), b.secret, func(_ context.Context, j jobenv.Job) error {
 		got = j
 		return nil
 	})
@@ -119,7 +114,7 @@ func TestJoinElasticFindsItsPlace(t *testing.T) {
 	waitUpdate(t, w, 3, false)
 }
 
-func waitUpdate(t *testing.T, w *elasticWorker, newest int, removal bool) {
+func waitUpdate(t *testing.T, w *elasticRound, newest int, removal bool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -140,19 +135,19 @@ func waitUpdate(t *testing.T, w *elasticWorker, newest int, removal bool) {
 func TestJoinElasticRefusals(t *testing.T) {
 	b := newElasticBed(t)
 	b.publish(roundOf(1, 1, jobenv.Place{Host: "a", Slot: 0}))
-	_, _, err := joinElastic(b.env("b", 0, 1), b.base(), b.secret, noConnect)
+	_, _, err := joinElastic(b.mem, b.env("b", 0, 1), b.base(), b.secret, noConnect)
 	if err == nil || !strings.Contains(err.Error(), "round 1 has no rank for this worker") {
 		t.Fatalf("a worker the round does not have: %v", err)
 	}
 	// A connection that fails for its own reasons is that error, not a wait for another round.
-	_, _, err = joinElastic(b.env("a", 0, 1), b.base(), b.secret, func(context.Context, jobenv.Job) error {
+	_, _, err = joinElastic(b.mem, b.env("a", 0, 1), b.base(), b.secret, func(context.Context, jobenv.Job) error {
 		return errors.New("shm: no space")
 	})
 	if err == nil || !strings.Contains(err.Error(), "join round 1 as rank 0 of 1: shm: no space") {
 		t.Fatalf("a failed connect: %v", err)
 	}
 	b.publish(jobenv.Round{Number: 2, End: "below min-np: 1 slot available, --min-np 2; waited 5 s"})
-	_, _, err = joinElastic(b.env("a", 0, 2), b.base(), b.secret, noConnect)
+	_, _, err = joinElastic(b.mem, b.env("a", 0, 2), b.base(), b.secret, noConnect)
 	if !errors.Is(err, ErrElasticEnded) || !strings.Contains(err.Error(), "below min-np") {
 		t.Fatalf("the job ended: %v", err)
 	}
@@ -161,7 +156,7 @@ func TestJoinElasticRefusals(t *testing.T) {
 	env := b.env("a", 0, 7)
 	env[jobenv.ElasticTimeout] = "0.2"
 	start := time.Now()
-	_, _, err = joinElastic(env, b.base(), b.secret, noConnect)
+	_, _, err = joinElastic(b.mem, env, b.base(), b.secret, noConnect)
 	if err == nil || !strings.Contains(err.Error(), "for round 7") || time.Since(start) > 3*time.Second {
 		t.Fatalf("after %v: %v", time.Since(start), err)
 	}
@@ -189,7 +184,7 @@ func TestJoinElasticMovesToANewerRound(t *testing.T) {
 			t.Errorf("publish round 2: %v", err)
 		}
 	}()
-	w, job, err := joinElastic(b.env("a", 0, 1), b.base(), b.secret, func(ctx context.Context, j jobenv.Job) error {
+	w, job, err := joinElastic(b.mem, b.env("a", 0, 1), b.base(), b.secret, func(ctx context.Context, j jobenv.Job) error {
 		tried = append(tried, j.JobID)
 		if j.Size > 1 {
 			<-ctx.Done() // b never comes
@@ -211,7 +206,7 @@ func TestJoinElasticAgainAsksForTheNextRound(t *testing.T) {
 	b := newElasticBed(t)
 	a0 := jobenv.Place{Host: "a", Slot: 0}
 	b.publish(roundOf(1, 1, a0))
-	w, _, err := joinElastic(b.env("a", 0, 1), b.base(), b.secret, noConnect)
+	w, _, err := joinElastic(b.mem, b.env("a", 0, 1), b.base(), b.secret, noConnect)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +214,7 @@ func TestJoinElasticAgainAsksForTheNextRound(t *testing.T) {
 	joined := make(chan error, 1)
 	var job jobenv.Job
 	go func() {
-		w, j, err := joinElastic(b.env("a", 0, 1), b.base(), b.secret, noConnect)
+		w, j, err := joinElastic(b.mem, b.env("a", 0, 1), b.base(), b.secret, noConnect)
 		if err == nil {
 			job = j
 			w.close()
@@ -248,7 +243,7 @@ func TestJoinElasticNamesTheStuckPeer(t *testing.T) {
 	b := newElasticBed(t)
 	a0, c0 := jobenv.Place{Host: "a", Slot: 0}, jobenv.Place{Host: "c", Slot: 0}
 	b.publish(roundOf(1, 1, a0, c0))
-	w, _, err := joinElastic(b.env("a", 0, 1), b.base(), b.secret, noConnect)
+	w, _, err := joinElastic(b.mem, b.env("a", 0, 1), b.base(), b.secret, noConnect)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +254,7 @@ func TestJoinElasticNamesTheStuckPeer(t *testing.T) {
 	rejoined := make(chan struct{})
 	go func() {
 		defer close(rejoined)
-		if w, _, err := joinElastic(b.env("a", 0, 1), b.base(), b.secret, noConnect); err == nil {
+		if w, _, err := joinElastic(b.mem, b.env("a", 0, 1), b.base(), b.secret, noConnect); err == nil {
 			w.close()
 		}
 	}()
@@ -281,18 +276,18 @@ func TestJoinElasticNamesTheStuckPeer(t *testing.T) {
 
 	// A lost peer is named when its host agrees with the round's.
 	w.leaving(fmt.Errorf("rank 0: %w", &transport.PeerError{Rank: 1, Host: "c", Op: "recv", Err: errors.New("timed out")}))
-	elasticMu.Lock()
-	named := elasticSuspects
-	elasticMu.Unlock()
+	b.mem.mu.Lock()
+	named := b.mem.suspects
+	b.mem.mu.Unlock()
 	if len(named) != 1 || named[0] != c0 {
 		t.Errorf("a lost peer on its host: named %v, want %v", named, c0)
 	}
 	for _, err := range []error{nil, errors.New("rank 1 on c lost during recv"), &engine.StuckError{Rank: 0, Reason: "itself"},
 		&transport.PeerError{Rank: 1, Host: "a", Op: "recv", Err: errors.New("a host's own numbering")}} {
 		w.leaving(err)
-		elasticMu.Lock()
-		named := elasticSuspects
-		elasticMu.Unlock()
+		b.mem.mu.Lock()
+		named := b.mem.suspects
+		b.mem.mu.Unlock()
 		if named != nil {
 			t.Errorf("leaving with %v names %v, want nobody", err, named)
 		}

@@ -3,7 +3,6 @@ package tcp
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -13,200 +12,9 @@ import (
 	"github.com/kolo-dl/kolo/transport"
 )
 
-// detachAll detaches every mesh of w at once, as the ranks of a failed world do.
-func detachAll(w *world) []map[int]*Carried {
-	out := make([]map[int]*Carried, len(w.ms))
-	var wg sync.WaitGroup
-	for r, m := range w.ms {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			out[r] = m.Detach()
-		}()
-	}
-	wg.Wait()
-	return out
-}
-
-// reform connects a new world among w's processes, in which old rank o has rank perm[o], adopting
-// what carried holds (by old ranks) and dialing addrs for the rest.
-func reform(t testing.TB, w *world, carried []map[int]*Carried, perm []int, addrs []string, job string) *world {
-	t.Helper()
-	return reformWith(t, w, carried, perm, addrs, job, nil)
-}
-
-// reformWith is reform with each rank's Config changed by edit first.
-func reformWith(t testing.TB, w *world, carried []map[int]*Carried, perm []int, addrs []string, job string, edit func(*Config)) *world {
-	t.Helper()
-	n := len(w.ls)
-	nw := &world{ls: make([]*Listener, n), sink: w.sink, addrs: make([]string, n), hosts: make([]string, n)}
-	for o, r := range perm {
-		nw.ls[r], nw.addrs[r], nw.hosts[r] = w.ls[o], addrs[o], w.hosts[o]
-	}
-	nw.ms = make([]*Mesh, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for o, r := range perm {
-		cfg := nw.cfg(r, 2, 64<<10)
-		cfg.JobID = job
-		cfg.Adopt = map[int]*Carried{}
-		for op, c := range carried[o] {
-			cfg.Adopt[perm[op]] = c
-		}
-		if edit != nil {
-			edit(&cfg)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			nw.ms[r], errs[r] = Connect(context.Background(), nw.ls[r], cfg)
-		}()
-	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("new rank %d: %v", r, err)
-		}
-	}
-	t.Cleanup(func() {
-		for _, m := range nw.ms {
-			m.Close()
-		}
-	})
-	return nw
-}
-
-// exchange has every pair of w's ranks swap data (several sizes, across the striping) and a
-// message, and checks both.
-func exchange(t *testing.T, w *world, round int) {
-	t.Helper()
-	n := len(w.ms)
-	for _, size := range []int{1, 4099, 300<<10 + 7} {
-		w.each(t, func(r int, c transport.Comm) error {
-			for k := 1; k < n; k++ {
-				to, from := (r+k)%n, (r-k+n)%n
-				rb := make([]byte, size)
-				if err := c.SendRecv(context.Background(), to, payload(r, to, round, size), from, rb); err != nil {
-					return err
-				}
-				if err := check(rb, from, r, round); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-	}
-	for r, m := range w.ms {
-		for p := range n {
-			if p != r {
-				if err := m.Messenger().SendMsg(context.Background(), p, fmt.Appendf(nil, "round %d from %d", round, r)); err != nil {
-					t.Fatalf("rank %d: message to %d: %v", r, p, err)
-				}
-			}
-		}
-	}
-	for r, m := range w.ms {
-		got := map[int]string{}
-		for len(got) < n-1 {
-			select {
-			case msg := <-m.Messenger().Inbox():
-				if msg.Body == nil {
-					t.Fatalf("rank %d: rank %d lost: %v", r, msg.From, m.Messenger().Lost(msg.From))
-				}
-				got[msg.From] = string(msg.Body)
-			case <-time.After(5 * time.Second):
-				t.Fatalf("rank %d: messages of round %d: got %v", r, round, got)
-			}
-		}
-		for p, body := range got {
-			if want := fmt.Sprintf("round %d from %d", round, p); body != want {
-				t.Fatalf("rank %d: from rank %d %q, want %q", r, p, body, want)
-			}
-		}
-	}
-}
-
-// Survivors of a world re-form with new ranks over the connections they had, across whatever the
-// old world left in flight: a send cut short, a receive cut short, unread messages.
-func TestDetachAdopt(t *testing.T) {
-	w := connectAll(t, 3, 2, 64<<10)
-	exchange(t, w, 1)
-
-	// Leave the streams out of step, as a failed collective does.
-	sendDone := make(chan error, 1)
-	// More than the sockets of two streams buffer: it cannot complete.
-	go func() { sendDone <- w.ms[0].Comm().Send(context.Background(), 1, make([]byte, 80<<20)) }()
-	if err := w.ms[1].Comm().Recv(context.Background(), 0, make([]byte, 1<<20+5)); err != nil {
-		t.Fatal(err)
-	}
-	recvDone := make(chan error, 1)
-	go func() { recvDone <- w.ms[2].Comm().Recv(context.Background(), 1, make([]byte, 3<<20)) }()
-	if err := w.ms[1].Comm().Send(context.Background(), 2, make([]byte, 1<<20)); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 50 {
-		if err := w.ms[2].Messenger().SendMsg(context.Background(), 0, []byte(fmt.Sprintf("stale %d", i))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(50 * time.Millisecond)
-	carried := detachAll(w)
-	for _, ch := range []chan error{sendDone, recvDone} {
-		select {
-		case err := <-ch:
-			if err == nil {
-				t.Fatal("a call cut short by Detach succeeded")
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("a call still blocked 5 s after Detach")
-		}
-	}
-	for r, c := range carried {
-		if len(c) != 2 {
-			t.Fatalf("rank %d carried %d peers, want 2", r, len(c))
-		}
-	}
-
-	// Addresses nobody listens on: a dial would fail the test.
-	nowhere := []string{"127.0.0.1:1", "127.0.0.1:1", "127.0.0.1:1"}
-	nw := reform(t, w, carried, []int{1, 2, 0}, nowhere, "job-2")
-	for r, m := range nw.ms {
-		if m.Adopted() != 2 {
-			t.Errorf("new rank %d adopted %d peers, want 2", r, m.Adopted())
-		}
-	}
-	exchange(t, nw, 2)
-
-	// And again, in another order.
-	nw2 := reform(t, nw, detachAll(nw), []int{2, 0, 1}, nowhere, "job-3")
-	exchange(t, nw2, 3)
-}
-
-// A peer that gave its set up (closed it) is connected to anew, by the usual dial; the others are
-// still adopted.
-func TestAdoptFallsBackToDialing(t *testing.T) {
-	for _, gaveUp := range []struct{ who, peer int }{{2, 0}, {0, 2}} {
-		t.Run(fmt.Sprintf("rank %d closed its set for rank %d", gaveUp.who, gaveUp.peer), func(t *testing.T) {
-			w := connectAll(t, 3, 2, 64<<10)
-			exchange(t, w, 1) // a lazy mesh connects here
-			carried := detachAll(w)
-			carried[gaveUp.who][gaveUp.peer].Close()
-			delete(carried[gaveUp.who], gaveUp.peer)
-			nw := reform(t, w, carried, []int{0, 1, 2}, w.addrs, "job-2")
-			want := []int{1, 2, 1}
-			for r, m := range nw.ms {
-				if m.Adopted() != want[r] {
-					t.Errorf("rank %d adopted %d peers, want %d", r, m.Adopted(), want[r])
-				}
-			}
-			exchange(t, nw, 2)
-		})
-	}
-}
-
-// A rank that detaches is lost to its peers at once, with transport.ErrPeerLeft, as a closed connection would
+// A rank that leaves is lost to its peers at once, with transport.ErrPeerLeft, as a closed connection would
 // be; the rest of the mesh goes on.
-func TestDetachedPeerFailsWaitingCalls(t *testing.T) {
+func TestLeftPeerFailsWaitingCalls(t *testing.T) {
 	w := connectAll(t, 3, 2, ChunkSize)
 	w.linkAll(t) // a lazy mesh's sets up too: the calls below wait on a connected peer
 	errc := make(chan error, 2)
@@ -214,7 +22,7 @@ func TestDetachedPeerFailsWaitingCalls(t *testing.T) {
 	go func() { errc <- w.ms[0].Comm().Send(context.Background(), 2, make([]byte, 64<<20)) }()
 	time.Sleep(100 * time.Millisecond)
 	start := time.Now()
-	c2 := w.ms[2].Detach()
+	w.ms[2].Leave()
 	for range 2 {
 		select {
 		case err := <-errc:
@@ -223,7 +31,7 @@ func TestDetachedPeerFailsWaitingCalls(t *testing.T) {
 				t.Fatalf("after %s: %v, want a PeerError for rank 2 that left", time.Since(start), err)
 			}
 		case <-time.After(2 * time.Second):
-			t.Fatal("a call on the detached peer still blocked after 2 s")
+			t.Fatal("a call on the left peer still blocked after 2 s")
 		}
 	}
 	for _, r := range []int{0, 1} {
@@ -237,7 +45,7 @@ func TestDetachedPeerFailsWaitingCalls(t *testing.T) {
 			t.Fatalf("rank %d: no loss notice in the inbox", r)
 		}
 		if err := ms.SendMsg(context.Background(), 2, []byte("x")); !errors.Is(err, transport.ErrPeerLeft) {
-			t.Fatalf("rank %d: SendMsg to the detached rank: %v", r, err)
+			t.Fatalf("rank %d: SendMsg to the left rank: %v", r, err)
 		}
 	}
 	sub := &world{ms: w.ms[:2]}
@@ -248,18 +56,9 @@ func TestDetachedPeerFailsWaitingCalls(t *testing.T) {
 		}
 		return check(rb, 1-r, r, 5)
 	})
-	// The three re-form over the connections they had, rank 2's included on both sides.
-	carried := append(detachAll(&world{ms: w.ms[:2]}), c2)
-	for r, c := range carried {
-		if len(c) != 2 {
-			t.Fatalf("rank %d carried %d peers, want 2", r, len(c))
-		}
-	}
-	nw := reform(t, w, carried, []int{2, 1, 0}, []string{"127.0.0.1:1", "127.0.0.1:1", "127.0.0.1:1"}, "job-2")
-	exchange(t, nw, 2)
 }
 
-// A lazy mesh's first call to a rank that already detached, or detaches while the set is being
+// A lazy mesh's first call to a rank that already left, or leaves while the set is being
 // dialed, fails at once with transport.ErrPeerLeft (not after the connect timeout, and not as a
 // refusal that would blame the rank), and the inbox says the peer is lost; a closed rank's
 // refusal also comes at once.
@@ -270,8 +69,8 @@ func TestLazyDialToARankThatLeft(t *testing.T) {
 		left   bool
 		during bool // end the rank while the dial is under way, not before
 	}{
-		{"detached before", func(m *Mesh) { m.Detach() }, true, false},
-		{"detached during", func(m *Mesh) { m.Detach() }, true, true},
+		{"left before", func(m *Mesh) { m.Leave() }, true, false},
+		{"left during", func(m *Mesh) { m.Leave() }, true, true},
 		{"closed before", func(m *Mesh) { m.Close() }, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -328,7 +127,7 @@ func TestLazyDialToARankThatLeft(t *testing.T) {
 
 // A rank that ends while a set it acked, or dialed and had acked, is still on its way to its mesh
 // closes the set, and the peer, which acked or had every ack and took the set, learns at once why:
-// with the leave notice on the set's control connection if the rank detached (whichever path that
+// with the leave notice on the set's control connection if the rank left (whichever path that
 // set takes closes it), as a connection closed by the rank if it closed. A connection the rank had
 // not yet acked is declined, as a dial to a rank that left (not logged as rejected) or to a closed
 // one. Listener.hold stops one connection of the set, or the whole set, at each path's point while
@@ -360,7 +159,7 @@ func TestLeaveNoticeOnAnAckedSet(t *testing.T) {
 		end  func(m *Mesh)
 		left bool
 	}{
-		{"detached", func(m *Mesh) { m.Detach() }, true},
+		{"left", func(m *Mesh) { m.Leave() }, true},
 		{"closed", func(m *Mesh) { m.Close() }, false},
 	}
 	for _, e := range ends {
@@ -464,7 +263,7 @@ func TestLeaveNoticeOnAnAckedSet(t *testing.T) {
 	}
 }
 
-// waitPeerEnded checks what mesh m reports once its peer ended (left: it detached, else it
+// waitPeerEnded checks what mesh m reports once its peer ended (left: it left, else it
 // closed): the call blocked on it (errc) fails within 2 s with a PeerError for it, ErrPeerLeft
 // exactly when it left; the loss notice reaches the inbox; Lost agrees.
 func waitPeerEnded(t *testing.T, m *Mesh, errc <-chan error, peer int, left bool) {
@@ -513,38 +312,8 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// A peer whose control lane is busy when the mesh detaches (a message being written: the leave
-// notice cannot be put between its bytes) is not carried but closed, and the next world dials it.
-func TestDetachClosesAPeerWithABusyControlLane(t *testing.T) {
-	w := connectAll(t, 3, 2, 64<<10)
-	w.linkAll(t)
-	busy := w.ms[0].peers[2]
-	busy.ctrlMu.Lock()
-	c0 := w.ms[0].Detach()
-	busy.ctrlMu.Unlock()
-	if len(c0) != 1 || c0[1] == nil {
-		t.Fatalf("rank 0 carried peers %v, want only rank 1", keys(c0))
-	}
-	carried := []map[int]*Carried{c0, w.ms[1].Detach(), w.ms[2].Detach()}
-	nw := reform(t, w, carried, []int{0, 1, 2}, w.addrs, "job-2")
-	for r, want := range []int{1, 2, 1} {
-		if got := nw.ms[r].Adopted(); got != want {
-			t.Errorf("rank %d adopted %d peers, want %d", r, got, want)
-		}
-	}
-	exchange(t, nw, 2)
-}
-
-func keys(m map[int]*Carried) []int {
-	var ks []int
-	for k := range m {
-		ks = append(ks, k)
-	}
-	return ks
-}
-
 // A rank that ends while the set it dials is only partly taken by the peer (the rest will never
-// come) is known to the peer at once: as a rank that left if it detached (the leave notice on the
+// come) is known to the peer at once: as a rank that left if it left (the leave notice on the
 // set's control connection, whether the rank had read that connection's ack or not), as a
 // connection closed by the rank if it closed. The peer's call then fails within 2 s, not at the
 // connect timeout, and a rank that left is not logged as lost or rejected. Listener.hold keeps
@@ -558,7 +327,7 @@ func TestLeaveNoticeOnAPartialSet(t *testing.T) {
 		end  func(m *Mesh)
 		left bool
 	}{
-		{"detached", func(m *Mesh) { m.Detach() }, true},
+		{"left", func(m *Mesh) { m.Leave() }, true},
 		{"closed", func(m *Mesh) { m.Close() }, false},
 	} {
 		for _, pl := range []struct {
@@ -647,7 +416,7 @@ func TestEndedBeforeItsControlConnectionArrived(t *testing.T) {
 		end  func(w *world)
 		left bool
 	}{
-		{"detached", func(w *world) { w.ms[0].Detach() }, true},
+		{"left", func(w *world) { w.ms[0].Leave() }, true},
 		{"closed", func(w *world) { w.ms[0].Close() }, false},
 		{"closed with its listener", func(w *world) { w.ms[0].Close(); w.ls[0].Close() }, false},
 	} {
@@ -703,9 +472,9 @@ func TestProbeMesh(t *testing.T) {
 	if err := ask(0, 1); err != nil {
 		t.Fatalf("probe of an open mesh: %v", err)
 	}
-	w.ms[1].Detach()
+	w.ms[1].Leave()
 	if err := ask(0, 1); !errors.Is(err, transport.ErrPeerLeft) {
-		t.Fatalf("probe of a detached mesh: %v, want ErrPeerLeft", err)
+		t.Fatalf("probe of a left mesh: %v, want ErrPeerLeft", err)
 	}
 	w.ms[2].Close()
 	if err := ask(0, 2); err == nil || errors.Is(err, transport.ErrPeerLeft) || !errors.Is(err, errRejected) {
@@ -745,75 +514,5 @@ func TestProbeMesh(t *testing.T) {
 	start := time.Now()
 	if err := probeMesh(short, &mute, 1); err == nil || time.Since(start) > 2*time.Second {
 		t.Fatalf("probe of a silent port: %v after %v, want an error at the 300 ms deadline", err, time.Since(start))
-	}
-}
-
-// The same while the accepting rank still adopts the set it carried to the dialer, which the
-// dialer gave up and dials anew: the new set arrives beside the resync, and when the resync
-// fails the link goes on accepting it. What the watch of that set saw meanwhile (the dialer left)
-// still counts: the accepting rank's Connect fails at once, the dialer not blamed.
-func TestLeftWhileThePeerAdopted(t *testing.T) {
-	w := connectAll(t, 3, 2, 64<<10)
-	w.linkAll(t)
-	carried := detachAll(w)
-	carried[0][2].Close() // rank 0 gave up its set to rank 2; rank 2 still carries its end
-	delete(carried[0], 2)
-
-	releaseAdopt, releaseSet, arrived := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	var adoptOnce, setOnce, arrivedOnce sync.Once
-	openAdopt := func() { adoptOnce.Do(func() { close(releaseAdopt) }) }
-	openSet := func() { setOnce.Do(func() { close(releaseSet) }) }
-	defer openAdopt() // a failed case must not leave the listener held
-	defer openSet()
-	// Rank 2 holds its resync of the set to rank 0, and all of rank 0's new set but data stream 0.
-	w.ls[2].hold = func(at holdPoint, id connID) {
-		switch {
-		case at == holdAdopting && id.peer == 0:
-			<-releaseAdopt
-		case at == holdClaimed && id.peer == 0 && (id.lane == laneControl || id.stream == 1):
-			<-releaseSet
-		case at == holdReceived && id.peer == 0 && id.lane == laneData && id.stream == 0:
-			arrivedOnce.Do(func() { close(arrived) })
-		}
-	}
-	type connected struct {
-		m   *Mesh
-		err error
-	}
-	done := make([]chan connected, 3)
-	for r := range 3 {
-		cfg := w.cfg(r, 2, 64<<10)
-		cfg.JobID = "job-2"
-		cfg.Lazy, cfg.Eager = true, nil
-		cfg.ConnectTimeout = 20 * time.Second
-		cfg.Adopt = carried[r]
-		done[r] = make(chan connected, 1)
-		go func() {
-			m, err := Connect(context.Background(), w.ls[r], cfg)
-			done[r] <- connected{m, err}
-		}()
-	}
-	c0, c1 := <-done[0], <-done[1]
-	for r, c := range []connected{c0, c1} {
-		if c.err != nil {
-			t.Fatalf("rank %d: %v", r, c.err)
-		}
-		defer c.m.Close()
-	}
-	go c0.m.Comm().Send(context.Background(), 2, nil) // dials rank 2; fails as rank 0 leaves
-	<-arrived
-	time.Sleep(50 * time.Millisecond) // data stream 0 into rank 2's partial set
-	c0.m.Detach()
-	time.Sleep(100 * time.Millisecond) // rank 2's watch (10 ms polls) sees it close while adopting
-	start := time.Now()
-	openAdopt()
-	select {
-	case c2 := <-done[2]:
-		var pe *transport.PeerError
-		if !errors.As(c2.err, &pe) || pe.Rank != 0 || !errors.Is(c2.err, transport.ErrPeerLeft) {
-			t.Fatalf("rank 2's Connect after %v: %v, want rank 0 left", time.Since(start), c2.err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("rank 2's Connect still waits 5 s after its resync with rank 0 failed (connect timeout 20 s)")
 	}
 }

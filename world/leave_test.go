@@ -14,10 +14,9 @@ import (
 	"github.com/kolo-dl/kolo/transport"
 )
 
-// member is one endpoint's place in a world: its host and what it carries from its last world.
+// member is one rank's place in a world.
 type member struct {
-	host  string
-	carry *Carry
+	host string
 }
 
 // form connects a world of members (rank r is members[r]) under job id job.
@@ -49,7 +48,7 @@ func formWith(t testing.TB, addr, job string, secret []byte, shmDir string, memb
 		go func() {
 			defer wg.Done()
 			j := jobenv.Job{Rank: r, Size: n, LocalRank: local, LocalSize: localSize, Hostname: m.host, Rendezvous: addr, JobID: job}
-			opt := Options{ListenAddr: "127.0.0.1:0", ShmDir: shmDir, Carry: m.carry}
+			opt := Options{ListenAddr: "127.0.0.1:0", ShmDir: shmDir}
 			if edit != nil {
 				edit(&opt)
 			}
@@ -95,56 +94,34 @@ func ring(t *testing.T, worlds []*World, tag string) {
 	}
 }
 
-// An elastic job's next world keeps the TCP connections among its survivors, whatever their new
-// ranks, and dials only the endpoints new to each other.
-func TestNextWorldAdoptsSurvivorsConnections(t *testing.T) {
-	secret := []byte("carry-test-secret")
+// An elastic job's next world is a new world: the survivors of one leave it and connect the next,
+// with new ranks and a newcomer, on the same listeners' hosts.
+func TestNextWorldAfterLeave(t *testing.T) {
+	secret := []byte("leave-test-secret")
 	_, addr := serveRendezvous(t, secret)
 	shmDir := t.TempDir()
 
 	w1 := form(t, addr, "round-1", secret, shmDir, []member{{host: "a"}, {host: "a"}, {host: "b"}, {host: "b"}})
 	ring(t, w1, "round 1")
-	carries := make([]*Carry, len(w1))
 	for r, w := range w1 {
-		var err error
-		if carries[r], err = w.Detach(); err != nil {
-			t.Fatalf("rank %d: detach: %v", r, err)
+		if err := w.Leave(); err != nil {
+			t.Fatalf("rank %d: leave: %v", r, err)
 		}
 	}
-	if got := []int{carries[0].Len(), carries[1].Len(), carries[2].Len(), carries[3].Len()}; fmt.Sprint(got) != "[2 2 2 2]" {
-		t.Fatalf("carried TCP peers per rank %v, want 2 each (the other host's ranks)", got)
-	}
-	carries[2].Close() // its process is gone
-
 	// Round 2: old rank 3 first, then host a's two; and a newcomer on host c.
-	w2 := form(t, addr, "round-2", secret, shmDir, []member{
-		{host: "b", carry: carries[3]}, {host: "a", carry: carries[0]}, {host: "a", carry: carries[1]}, {host: "c"}})
+	w2 := form(t, addr, "round-2", secret, shmDir, []member{{host: "b"}, {host: "a"}, {host: "a"}, {host: "c"}})
 	defer func() {
 		for _, w := range w2 {
 			w.Close()
 		}
 	}()
-	// Rank 0 (old 3) kept 2 peers (host a's) and dialed the newcomer; host a's ranks kept 1
-	// (old 3) each, not old 2's, which is gone; the newcomer kept nothing.
-	want := []int{2, 1, 1, 0}
-	for r, w := range w2 {
-		if w.Adopted() != want[r] {
-			t.Errorf("round 2 rank %d adopted %d peers, want %d", r, w.Adopted(), want[r])
-		}
-	}
-	// What nobody adopted stays for the caller to close: host a's sets for the gone process.
-	if got := []int{carries[0].Len(), carries[1].Len(), carries[3].Len()}; fmt.Sprint(got) != "[1 1 0]" {
-		t.Errorf("sets left in the carries after round 2: %v, want [1 1 0]", got)
-	}
-	carries[0].Close()
-	carries[1].Close()
 	ring(t, w2, "round 2")
 }
 
 // A peer that first dials a rank after that rank's world ended (here ranks 3 and 6, which no
 // collective had connected) learns why at once, as it would had they been connected, instead of
 // retrying the port until its connect timeout and then blaming the rank: a rank that left
-// (Detach) still answers for its world and is not blamed; one whose world closed (its process is
+// (Leave) still answers for its world and is not blamed; one whose world closed (its process is
 // ending) no longer listens, and the refused dial names it.
 func TestEndedRankAnswersLateDials(t *testing.T) {
 	for _, tc := range []struct {
@@ -152,13 +129,7 @@ func TestEndedRankAnswersLateDials(t *testing.T) {
 		end  func(*World) error
 		ok   func(error) bool
 	}{
-		{"detached", func(w *World) error {
-			c, err := w.Detach()
-			if err == nil {
-				c.Close()
-			}
-			return err
-		}, func(err error) bool { return errors.Is(err, transport.ErrPeerLeft) }},
+		{"left", (*World).Leave, func(err error) bool { return errors.Is(err, transport.ErrPeerLeft) }},
 		{"closed", (*World).Close, func(err error) bool {
 			var pe *transport.PeerError
 			return errors.As(err, &pe) && pe.Rank == 6 && pe.Host == "h3" && !errors.Is(err, transport.ErrPeerLeft) &&
