@@ -59,6 +59,7 @@ func tune(c *net.TCPConn) {
 // whole life, since a lazy one (Config.Lazy) connects to most peers on first use.
 type Listener struct {
 	ln               *net.TCPListener
+	gate             *accept.Gate // strangers' failed handshakes: logged at a bounded rate, repeat offenders refused
 	secret           []byte
 	log              *slog.Logger
 	handshakeTimeout time.Duration
@@ -150,6 +151,7 @@ func listen(addr string, secret []byte, log *slog.Logger, handshakeTimeout time.
 	}
 	l := &Listener{
 		ln:               ln.(*net.TCPListener),
+		gate:             accept.NewGate("tcp transport", log, accept.GatePolicy{}),
 		secret:           append([]byte(nil), secret...),
 		log:              log,
 		handshakeTimeout: handshakeTimeout,
@@ -185,12 +187,13 @@ func (l *Listener) Close() error {
 	l.early = nil
 	l.mu.Unlock()
 	l.wg.Wait()
+	l.gate.Close()
 	return err
 }
 
 func (l *Listener) accept() {
 	defer l.wg.Done()
-	accept.Loop(l.ln, l.log, "tcp transport", func(c net.Conn) bool {
+	accept.Loop(l.gate.Wrap(l.ln), l.log, "tcp transport", func(c net.Conn) bool {
 		l.mu.Lock()
 		if l.closed {
 			l.mu.Unlock()
@@ -206,7 +209,7 @@ func (l *Listener) accept() {
 }
 
 func (l *Listener) reject(c *net.TCPConn, why string, err error) {
-	l.log.Warn("tcp transport: rejected connection", "remote", c.RemoteAddr().String(), "why", why, "err", err)
+	l.gate.Rejected(c.RemoteAddr(), why, err)
 	c.Close()
 }
 
