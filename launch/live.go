@@ -169,6 +169,9 @@ func (l *live) end(failure, dir string) {
 		if failure == "" {
 			if s.Steps() > 0 {
 				fmt.Fprint(l.stderr, s.EndTable())
+				if line := slowestLine(s); line != "" {
+					fmt.Fprintln(l.stderr, line)
+				}
 			}
 			return
 		}
@@ -182,6 +185,20 @@ func (l *live) end(failure, dir string) {
 		}
 		fmt.Fprintf(l.stderr, "kolo run: every rank's last ops (flight recorder) written to %s\n", name)
 	})
+}
+
+// slowestLine names the rank rank 0 last named as the one the others wait for, if any.
+func slowestLine(s *view.State) string {
+	st := s.Straggle()
+	if st == nil || st.Slowest < 0 || st.Slowest >= s.Size() {
+		return ""
+	}
+	late, _ := s.Lateness(st.Slowest)
+	host := "an unknown host"
+	if r, _ := s.Report(st.Slowest); r != nil {
+		host = r.Host
+	}
+	return fmt.Sprintf("slowest: rank %d on %s, %v after the median of the others", st.Slowest, host, late.Round(10*time.Microsecond))
 }
 
 func writeFlightFile(name string, f view.FlightFile) error {
