@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -91,8 +92,8 @@ func startLive(ctx context.Context, opts *flags.Options, store *rendezvous.Store
 // statusTerminal is where the status lines are drawn, or nil for none: stdout when it is a
 // terminal (auto, on), or any stdout with on, drawn as on a terminal 100 columns wide.
 func statusTerminal(mode string, stdout io.Writer) console.Terminal {
-	if mode == flags.StatusOff {
-		return nil
+	if mode != flags.StatusAuto && mode != flags.StatusOn {
+		return nil // off, or Options not parsed from flags (kolo bench prints a table of its own)
 	}
 	if f, ok := stdout.(*os.File); ok {
 		if _, ok := (console.File{File: f}).Width(); ok {
@@ -150,8 +151,9 @@ func (l *live) stop() {
 }
 
 // end writes to stderr what the job leaves: the end table of a job that ran a step or, when
-// failure (why the job failed) is not empty, what each rank involved was in, with every rank's
-// flight recorder written to kolo-flight-<job id>.json in dir (empty: the current directory).
+// failure (why the job failed) is not empty and some rank reported, what each rank involved was
+// in, with every rank's flight recorder written to kolo-flight-<job id>.json in dir (empty: the
+// current directory).
 func (l *live) end(failure, dir string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
@@ -174,6 +176,9 @@ func (l *live) end(failure, dir string) {
 				}
 			}
 			return
+		}
+		if !slices.ContainsFunc(s.Reports(), func(r *report.Report) bool { return r != nil }) {
+			return // no rank reported (not a kolo program, or it failed before its first report)
 		}
 		if text := s.StallText(now, 0, stallLines); text != "" {
 			fmt.Fprint(l.stderr, text)
