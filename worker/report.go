@@ -26,7 +26,7 @@ const flightSendTimeout = 2 * time.Second
 type reporter struct {
 	pub      relay.Publisher
 	store    relay.Store
-	eng      *engine.Engine
+	engErr   func() error // the engine's error, nil while it runs
 	interval time.Duration
 
 	cancel context.CancelFunc
@@ -42,21 +42,20 @@ func startReporter(w *world.World, eng *engine.Engine) *reporter {
 	if w.Job.Size <= 1 || w.Rendezvous == nil {
 		return nil
 	}
-	r := &reporter{
-		pub: relay.Publisher{
-			World: w.Job.JobID, Rank: w.Job.Rank, Host: w.Job.Hostname,
-			Recorder: eng.Flight(), Meter: eng.Meter(),
-		},
-		store:    w.Rendezvous,
-		eng:      eng,
-		interval: report.Interval(w.Job.Size),
-		done:     make(chan struct{}),
+	pub := relay.Publisher{
+		World: w.Job.JobID, Rank: w.Job.Rank, Host: w.Job.Hostname,
+		Recorder: eng.Flight(), Meter: eng.Meter(),
 	}
 	if w.Job.Rank == 0 {
-		r.pub.Straggle = eng.Straggle
+		pub.Straggle = eng.Straggle
 	}
+	return newReporter(pub, w.Rendezvous, report.Interval(w.Job.Size), eng.Err)
+}
+
+// newReporter starts publishing pub's reports on store every interval.
+func newReporter(pub relay.Publisher, store relay.Store, interval time.Duration, engErr func() error) *reporter {
 	ctx, cancel := context.WithCancel(context.Background())
-	r.cancel = cancel
+	r := &reporter{pub: pub, store: store, engErr: engErr, interval: interval, cancel: cancel, done: make(chan struct{})}
 	go r.run(ctx)
 	return r
 }
@@ -71,7 +70,7 @@ func (r *reporter) run(ctx context.Context) {
 			return
 		case now := <-t.C:
 			r.publish(ctx, now)
-			if r.eng.Err() != nil {
+			if r.engErr() != nil {
 				r.sendFlight()
 			}
 		}
@@ -117,7 +116,7 @@ func (r *reporter) stop(failed bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), flightSendTimeout)
 	defer cancel()
 	r.publish(ctx, time.Now())
-	if failed || r.eng.Err() != nil {
+	if failed || r.engErr() != nil {
 		r.sendFlight()
 	}
 }
