@@ -17,20 +17,22 @@ import (
 var (
 	metricsAddrLine = regexp.MustCompile(`kolo run: metrics at (http://\S+/metrics)`)
 	latenessSeries  = regexp.MustCompile(`(?m)^kolo_rank_lateness_seconds\{host="[^"]*",rank="(\d+)"\} (\S+)$`)
-	slowestLineRe   = regexp.MustCompile(`(?m)^slowest: rank (\d+) on `)
+	slowestLineRe   = regexp.MustCompile(`(?m)^slowest: rank (\d+) on \S+, (\S+) after`)
 	endRowRe        = regexp.MustCompile(`(?m)^\|\s+(\d+) \| [^|]+\|\s+(\d+) \|`)
 	flightFileLine  = regexp.MustCompile(`flight recorder\) written to (\S+\.json)`)
 )
 
 // TestLiveViewNamesTheSlowRank runs 4 ranks of the Go example, one of them slowed in every step or
 // none, with --metrics-addr: while the job runs, /metrics shows the slowed rank as the latest to
-// arrive (and no rank late when none is slowed), and the end table on stderr names it.
+// arrive, and the end of the job on stderr names it. With none slowed, no rank is late by half the
+// slowdown, in /metrics or at the end: 4 ranks on a loaded 2-CPU machine do make one late by
+// 10-15 ms now and then, which rank 0 rightly names, so "none" is "none like the slowed rank".
 func TestLiveViewNamesTheSlowRank(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts kolo run")
 	}
 	kolo, softmax := buildKolo(t), buildSoftmax(t)
-	const slow = 40 * time.Millisecond
+	const slow = 60 * time.Millisecond
 	for _, tc := range []struct {
 		name     string
 		slowRank int // -1: none
@@ -104,7 +106,9 @@ func TestLiveViewNamesTheSlowRank(t *testing.T) {
 			case tc.slowRank >= 0 && (len(named) != 1 || named[0][1] != strconv.Itoa(tc.slowRank)):
 				t.Errorf("end of the job: want rank %d named slowest:\n%s", tc.slowRank, stderr)
 			case tc.slowRank < 0 && len(named) != 0:
-				t.Errorf("end of the job: no rank was slowed, yet one is named slowest:\n%s", stderr)
+				if d, err := time.ParseDuration(named[0][2]); err != nil || d >= slow/2 {
+					t.Errorf("end of the job: no rank was slowed, yet one is named slowest by %s:\n%s", named[0][2], stderr)
+				}
 			}
 			if strings.Contains(l.stdout.String(), "| rank |") {
 				t.Errorf("the end table went to stdout:\n%s", l.stdout.String())
