@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/engine"
+	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/observe/relay"
 	"github.com/kolo-dl/kolo/observe/report"
 	"github.com/kolo-dl/kolo/world"
@@ -36,10 +37,10 @@ type reporter struct {
 	sentFail bool       // the flight recorder went out after the engine's error
 }
 
-// startReporter starts w's reporter, or returns nil for a world of one (no launcher view to feed)
-// or one with no rendezvous.
-func startReporter(w *world.World, eng *engine.Engine) *reporter {
-	if w.Job.Size <= 1 || w.Rendezvous == nil {
+// startReporter starts w's reporter, or returns nil where no launcher reads the reports: a world
+// of one, or a job mpirun or srun started (its rendezvous is rank 0's own).
+func startReporter(launcher jobenv.Launcher, w *world.World, eng *engine.Engine) *reporter {
+	if launcher != jobenv.KoloRun || w.Job.Size <= 1 || w.Rendezvous == nil {
 		return nil
 	}
 	pub := relay.Publisher{

@@ -165,7 +165,7 @@ func Join(mem *Memory, opt Options) (*Worker, error) {
 		boot.Close()
 		return nil, err
 	}
-	return &Worker{job: job, boot: boot, world: w, engine: e, report: startReporter(w, e), elastic: er}, nil
+	return &Worker{job: job, boot: boot, world: w, engine: e, report: startReporter(boot.Launcher, w, e), elastic: er}, nil
 }
 
 // Job is this process's place in the world it joined.
