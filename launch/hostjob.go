@@ -122,24 +122,31 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 		rv := net.JoinHostPort(advertise[s.Host], port)
 		workers[i] = proc.Worker{Slot: s, Argv: opts.Command, Env: WorkerEnv(s, rv, jobID, secret, extra, opts.Env)}
 	}
+	view, rankOut, rankErr, err := startLive(ctx, opts, srv.Store, jobID, len(slots), stdout, stderr)
+	if err != nil {
+		return ExitUsage, err
+	}
 	guard := startGuard(opts.AfterOrphans)
 	defer guard.Close()
 	runner := &proc.Runner{
 		Starter:    proc.HostStarter{Local: proc.LocalStarter{Guard: guard, Bind: bind}, Remote: ssh},
-		Stdout:     stdout,
-		Stderr:     stderr,
+		Stdout:     rankOut,
+		Stderr:     rankErr,
 		OutputDir:  opts.OutputDir,
 		Timestamps: opts.Timestamps,
 		Plain:      opts.PlainOutput,
 	}
 	results, first := runner.Run(ctx, workers)
+	view.stop()
 	if first != nil && ctx.Err() != nil && errors.Is(first.Exit.Err, ctx.Err()) {
 		first = nil // a rank that was still waiting to start when Ctrl-C came did not fail
 	}
 	if first != nil {
 		fmt.Fprint(stderr, proc.Summary(results, first))
+		view.end(fmt.Sprintf("rank %d on %s: %s", first.Slot.Rank, first.Slot.Host, first.Exit), opts.OutputDir)
 		return first.Exit.ShellCode(), nil
 	}
+	view.end("", "")
 	if ctx.Err() != nil {
 		return ExitInterrupted, errors.New("interrupted: stopped every rank")
 	}

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that kolo's demo and tests use, if any is missing: PyTorch (the binding,
 # its tests and examples); the peers and test beds (OpenMPI, sshd in network namespaces, a one-node
-# Slurm; iptables lets the namespaces' traffic through a FORWARD policy Docker set to DROP); the
+# Slurm; a Prometheus server that scrapes kolo run --metrics-addr; iptables lets the namespaces'
+# traffic through a FORWARD policy Docker set to DROP); the
 # example's data; the Python packaging tools; and the C compiler cgo needs to build the library Python
 # loads (go build -buildmode=c-shared). Does nothing when all are there.
 set -euo pipefail
 pkgs=(gcc libc6-dev iproute2 iptables make python3-torch python3-numpy python3-pytest python3-yaml python3-setuptools
       python3-wheel python3-pip python3-venv openmpi-bin python3-mpi4py openssh-server
-      openssh-client slurm-wlm munge dataset-fashion-mnist)
+      openssh-client slurm-wlm munge dataset-fashion-mnist prometheus)
 need=()
 for p in "${pkgs[@]}"; do
   # A test on the output, not "| grep -q": under pipefail grep -q's early exit can fail the pipe.

@@ -76,6 +76,7 @@ type Worker struct {
 	boot    *bootstrap.Session // rank 0 under mpirun/srun hosts the rendezvous here
 	world   *world.World
 	engine  *engine.Engine
+	report  *reporter     // nil in a world of one
 	elastic *elasticRound // nil unless this is a worker of an elastic job
 }
 
@@ -164,7 +165,7 @@ func Join(mem *Memory, opt Options) (*Worker, error) {
 		boot.Close()
 		return nil, err
 	}
-	return &Worker{job: job, boot: boot, world: w, engine: e, elastic: er}, nil
+	return &Worker{job: job, boot: boot, world: w, engine: e, report: startReporter(boot.Launcher, w, e), elastic: er}, nil
 }
 
 // Job is this process's place in the world it joined.
@@ -198,11 +199,12 @@ func (w *Worker) ElasticUpdate() (newest int, removalOnly, ok bool) {
 }
 
 // Leave leaves the world: the engine's shutdown barrier (skipped by an engine that stopped on an
-// error), then connections and the bootstrap session. Rank 0 then says what the autotuner did,
+// error), the last report to the launcher (with the flight recorder after an error), then connections and the bootstrap session. Rank 0 then says what the autotuner did,
 // if it ran: the line that ends the job's output under kolo run. An elastic worker then records
 // whom its engine's error blames, for the next Join to name to the launcher.
 func (w *Worker) Leave() error {
 	err := w.engine.Shutdown(context.Background())
+	w.report.stop(err != nil)
 	if r := w.engine.AutotuneReport(); r != "" {
 		fmt.Fprintln(os.Stderr, r)
 	}

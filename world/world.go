@@ -65,6 +65,9 @@ type World struct {
 	Local      transport.Comm      // ranks of this host, in rank order (shared memory when possible)
 	Cross      transport.Comm      // one rank per host with this LocalRank; nil unless every host has the same number of ranks
 	LocalRanks []int               // job ranks of Local, in order
+	// Rendezvous is this world's connection to the job's rendezvous, open until the world closes
+	// (nil in a world of one): the worker publishes its reports for the launcher through it.
+	Rendezvous *rendezvous.Client
 
 	closers []func() error
 	// ln is this world's listener; linger, how long it stays open after a Leave (closeListener).
@@ -120,6 +123,7 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 		return nil, fmt.Errorf("rank %d: reach rendezvous %s: %w", job.Rank, job.Rendezvous, err)
 	}
 	w.closers = append(w.closers, rv.Close)
+	w.Rendezvous = rv
 
 	ln, err := tcp.Listen(opt.ListenAddr, secret)
 	if err != nil {

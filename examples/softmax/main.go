@@ -32,10 +32,16 @@ func main() {
 	samples := flag.Int("samples", 8192, "dataset size (all ranks together)")
 	elastic := flag.Bool("elastic", false, "survive lost ranks and added hosts under kolo run's elastic mode")
 	commit := flag.Int("commit", 10, "with -elastic: steps between commits of the weights")
-	pace := flag.Duration("pace", 0, "with -elastic: least time per step (slows a demo down to watch, or to kill a rank in)")
+	pace := flag.Duration("pace", 0, "least time per step (slows a demo down to watch, or to kill a rank in)")
 	logEvery := flag.Int("log-every", 50, "with -elastic: steps between the loss lines rank 0 prints")
+	slowRank := flag.Int("slow-rank", -1, "this rank sleeps -slow in every step (shows a straggler in kolo run's live view and --metrics-addr)")
+	slow := flag.Duration("slow", 20*time.Millisecond, "with -slow-rank: the sleep")
+	exitRank := flag.Int("exit-rank", -1, "this rank exits with status 3 before step -exit-step (a failed rank, for kolo run's flight-recorder file)")
+	exitStep := flag.Int("exit-step", 20, "with -exit-rank: the step")
 	flag.Parse()
-	train := run
+	train := func(steps, batch, nf, nc, samples int, lr float32) error {
+		return run(steps, batch, nf, nc, samples, lr, *pace, fault{*slowRank, *slow, *exitRank, *exitStep})
+	}
 	if *elastic {
 		train = func(steps, batch, nf, nc, samples int, lr float32) error {
 			return runElastic(steps, batch, nf, nc, samples, lr, *commit, max(*logEvery, 1), *pace)
@@ -47,7 +53,16 @@ func main() {
 	}
 }
 
-func run(steps, batch, nf, nc, samples int, lr float32) error {
+// fault is what a rank of the non-elastic run does to show the launcher's view of a slow or failed
+// rank.
+type fault struct {
+	slowRank int
+	slow     time.Duration
+	exitRank int
+	exitStep int
+}
+
+func run(steps, batch, nf, nc, samples int, lr float32, pace time.Duration, f fault) error {
 	if err := kolo.Init(); err != nil {
 		return err
 	}
@@ -70,9 +85,20 @@ func run(steps, batch, nf, nc, samples int, lr float32) error {
 
 	t := newTrainer(x, y, nf, nc, batch, lr, rank, size)
 	for step := 0; step < steps; step++ {
+		began := time.Now()
+		if rank == f.exitRank && step == f.exitStep {
+			fmt.Fprintf(os.Stderr, "rank %d: exiting at step %d (-exit-rank)\n", rank, step)
+			os.Exit(3)
+		}
+		if rank == f.slowRank {
+			time.Sleep(f.slow)
+		}
 		loss, err := t.step(ctx, w)
 		if err != nil {
 			return err
+		}
+		if d := pace - time.Since(began); d > 0 {
+			time.Sleep(d)
 		}
 		kolo.MarkStep() // kolo run --autotune times the job by these marks
 		if rank == 0 && (step%50 == 0 || step == steps-1) {

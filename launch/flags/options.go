@@ -31,6 +31,13 @@ const (
 	BindCoreOverload = "core:overload-allowed"
 )
 
+// Values of --status.
+const (
+	StatusAuto = "auto" // the live status lines when stdout is a terminal
+	StatusOn   = "on"
+	StatusOff  = "off"
+)
+
 // Options is what `kolo run` was asked to do, parsed from horovodrun-compatible flags.
 type Options struct {
 	// AfterOrphans is not a flag: the command the orphan guard runs once it has killed the ranks of
@@ -48,6 +55,11 @@ type Options struct {
 	EngineEnv    map[string]string // tuning flags translated to KOLO_* variables for workers
 	Command      []string
 	PlainOutput  bool // no rank prefixes on output lines (kolo bench)
+
+	// The launcher's live view of the job (package observe), for the jobs whose rendezvous it
+	// serves itself.
+	Status      string // --status: StatusAuto, StatusOn or StatusOff
+	MetricsAddr string // --metrics-addr HOST:PORT: serve Prometheus metrics there; empty: none
 
 	// Flags that end kolo run before any launch, and settings of the launcher itself.
 	CheckBuild bool   // -cb: print what this build of kolo supports
@@ -114,6 +126,8 @@ func Parse(args []string, stderr io.Writer) (*Options, error) {
 	fs.Var((*seconds)(&o.StartTimeout), "start-timeout", "how long ranks may take to start and meet: seconds as horovodrun takes them (60), or a duration (90s, 2m)")
 	fs.StringVar(&o.OutputDir, "output-filename", "", "also write each rank's output to DIR/rank.N/{stdout,stderr}")
 	fs.BoolVar(&o.Verbose, "verbose", false, "log what the launcher does")
+	fs.StringVar(&o.Status, "status", StatusAuto, "live status lines under the ranks' output: auto (when stdout is a terminal), on, off")
+	fs.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve the job's metrics for Prometheus at http://HOST:PORT/metrics while it runs (a loopback HOST, 127.0.0.1, keeps them on this machine; port 0 picks one)")
 	fs.BoolVar(&o.Timestamps, "prefix-output-with-timestamp", false, "prefix every output line with the time")
 	var env multiFlag
 	fs.Var(&env, "x", "forward an environment variable to workers: NAME or NAME=VALUE (repeatable)")
@@ -190,6 +204,14 @@ func Parse(args []string, stderr io.Writer) (*Options, error) {
 	}
 	if o.BindTo != BindNone && o.BindTo != BindCore {
 		return nil, fmt.Errorf("--bind-to %q: want %s, %s or %s", o.BindTo, BindCore, BindCoreOverload, BindNone)
+	}
+	if o.Status != StatusAuto && o.Status != StatusOn && o.Status != StatusOff {
+		return nil, fmt.Errorf("--status %q: want %s, %s or %s", o.Status, StatusAuto, StatusOn, StatusOff)
+	}
+	if o.MetricsAddr != "" {
+		if host, _, err := net.SplitHostPort(o.MetricsAddr); err != nil || host == "" {
+			return nil, fmt.Errorf("--metrics-addr %q: want HOST:PORT with a host (127.0.0.1:9400 serves this machine only)", o.MetricsAddr)
+		}
 	}
 	if err := o.checkNodeFlags(); err != nil {
 		return nil, err

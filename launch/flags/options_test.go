@@ -46,6 +46,12 @@ func TestParse(t *testing.T) {
 		{"bind-to core:overload-allowed", []string{"-np", "2", "--bind-to", "core:overload-allowed", "prog"},
 			func(o *Options) bool { return o.BindTo == BindCore && o.BindOverload }, ""},
 		{"bind-to unknown", []string{"-np", "2", "--bind-to", "socket", "prog"}, nil, `--bind-to "socket": want core, core:overload-allowed or none`},
+		{"status and metrics default", []string{"-np", "2", "prog"}, func(o *Options) bool { return o.Status == StatusAuto && o.MetricsAddr == "" }, ""},
+		{"status off, metrics on loopback", []string{"-np", "2", "--status", "off", "--metrics-addr", "127.0.0.1:9400", "prog"},
+			func(o *Options) bool { return o.Status == StatusOff && o.MetricsAddr == "127.0.0.1:9400" }, ""},
+		{"status unknown", []string{"-np", "2", "--status", "yes", "prog"}, nil, `--status "yes": want auto, on or off`},
+		{"metrics-addr without a host", []string{"-np", "2", "--metrics-addr", ":9400", "prog"}, nil, `--metrics-addr ":9400": want HOST:PORT with a host`},
+		{"metrics-addr without a port", []string{"-np", "2", "--metrics-addr", "127.0.0.1", "prog"}, nil, `--metrics-addr "127.0.0.1": want HOST:PORT`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
