@@ -583,7 +583,7 @@ func noisierThan(defaults Settings, k float64) func(Settings) float64 {
 }
 
 // TestPooledSpreadRaisesPower: started from bad settings (fusion 1 MiB, cycle 20 ms) on a 140 ms
-// step whose samples are as noisy as this VM's (10% jitter a step), with a real 10% gain for any
+// step whose samples are as noisy as a shared 2-core VM's (10% jitter a step), with a real 10% gain for any
 // cycle under 8 ms, the tuner crowns a winning candidate in most runs. Judged on each candidate's
 // own 3-5 pairs, whose t quantile with 2-4 degrees of freedom sets most of the interval's width,
 // it did in 45 of 100; with the run's pooled spread (decide.Rule.Pooled), 74.
@@ -746,7 +746,7 @@ func TestSampleSize(t *testing.T) {
 }
 
 // collectiveJob is a job that gains from a larger shared-memory round up to the slot (8 MiB; each
-// halving below costs perHalving of the step, as with 4 ranks on the test VM, where whole-slot
+// halving below costs perHalving of the step, as with 4 ranks on 2 cores, where whole-slot
 // rounds measured fastest) and from the flat allreduce (hierarchical on costs hier seconds a
 // step), and loses the cycle time; fusion and the small-allreduce threshold do not matter.
 func collectiveJob(base, perHalving, hier float64) func(Settings, int64) float64 {
