@@ -6,9 +6,10 @@ package engine
 // that holds the drive token, one at a time. A caller blocked in Handle.Wait takes the token and
 // drives until its op is done, MPI-style: the goroutine that needs the result makes the progress,
 // so a small op crosses no goroutine boundary at all, and with a transport.Poller it reads the
-// control messages straight from shared memory. Measured on the 2-core test VM, every hand-off
-// between goroutines or processes that had gone to sleep cost 10-50 µs, several times the whole
-// op; this way a 4-byte allreduce between two ranks that spin needs none.
+// control messages straight from shared memory. On a 2-core host every hand-off between
+// goroutines or processes that had gone to sleep cost 10-50 µs, several times the whole op
+// (`go test -bench PingPong ./transport/shm` beside `kolo bench allreduce -np 2 --sizes 4`); this
+// way a 4-byte allreduce between two ranks that spin needs none.
 //
 // The background goroutine drives when nobody waits: for async ops (it picks up an op that no
 // caller took within kickDelay), for work a departing driver leaves behind, for the coordinator's
