@@ -199,6 +199,40 @@ def ab_env(args):
         print(f"| {job} | {med(rates[False])} | {med(rates[True])} | {med(paired, '%.3f')} |")
 
 
+def vs_defaults(args):
+    """--vs-defaults N: issue 30's acceptance. Each job N times as `kolo run --autotune` from the job's
+    settings (bad: fusion 1 MiB, cycle 20 ms; else kolo's defaults) beside a run at kolo's defaults
+    without the tuner, alternating which goes first; each run's steps/s over the last half of its
+    steps, and the tuned run's over its partner's."""
+    steps = args.tuned_steps
+    print(f"# `kolo run --autotune` from each job's settings against kolo's defaults without it, "
+          f"{args.vs_defaults} pairs alternating the order, {steps} steps a run, steps/s over the last "
+          f"{steps - steps // 2}; 'tuned / defaults': each pair's ratio; target: every pair at least "
+          f"{args.bad_target} from bad settings, {args.default_target} from the defaults")
+    print("| job | defaults steps/s | tuned steps/s | tuned / defaults, each pair | min | target | met |")
+    print("|---|---:|---:|---|---:|---:|:---:|")
+    for job in args.jobs.split(","):
+        parts = job.split(":")
+        model, batch, bad = parts[0], int(parts[1]), len(parts) > 2 and parts[2] == "bad"
+        env = settings_env(1.0, 20.0) if bad else {}
+        rates = {False: [], True: []}
+        for k in range(args.vs_defaults):
+            for tuned in ((True, False) if k % 2 == 0 else (False, True)):
+                time.sleep(args.pause)
+                if tuned:
+                    ends, _ = run_job(model, batch, steps, env,
+                                      flags=("--autotune", *shlex.split(args.tuned_flags)))
+                else:
+                    ends, _ = run_job(model, batch, steps, {})
+                rates[tuned].append(rate(ends, steps // 2))
+                print(f"# {job} pair {k + 1} {'tuned' if tuned else 'defaults'}: {rates[tuned][-1]:.2f} steps/s",
+                      file=sys.stderr, flush=True)
+        ratios = [t / d for t, d in zip(rates[True], rates[False])]
+        target = args.bad_target if bad else args.default_target
+        print(f"| {job} | {med(rates[False])} | {med(rates[True])} | {', '.join('%.3f' % r for r in ratios)} "
+              f"| {min(ratios):.3f} | {target:g} | {'yes' if min(ratios) >= target else 'no'} |", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", default="mlp:16,mlp:64,cnn:16,cnn:64,mlp:16:bad")
@@ -233,12 +267,18 @@ def main():
                         "(for a knob the tuner does not search, such as KOLO_CACHE_CAPACITY=0)")
     p.add_argument("--ab-repeats", type=int, default=3)
     p.add_argument("--pause", type=float, default=2.0)
+    p.add_argument("--vs-defaults", type=int, default=0, metavar="N",
+                   help="instead of the grid: N pairs of a tuned run against kolo's defaults per job (issue 30's acceptance)")
+    p.add_argument("--bad-target", type=float, default=0.95, help="with --vs-defaults: least tuned/defaults from bad settings")
+    p.add_argument("--default-target", type=float, default=0.97, help="with --vs-defaults: least tuned/defaults from the defaults")
     p.add_argument("--json", help="write every run's figures here")
     p.add_argument("--compare-root", help="another built kolo checkout whose tuned runs go beside this one's")
     p.add_argument("--compare-label", default="old")
     args = p.parse_args()
     if args.ab_env:
         return ab_env(args)
+    if args.vs_defaults:
+        return vs_defaults(args)
     roots = [(ROOT, "")] + ([(os.path.abspath(args.compare_root), " (" + args.compare_label + ")")] if args.compare_root else [])
     fusions = [float(x) for x in args.fusion_mib.split(",")]
     cycles = [float(x) for x in args.cycle_ms.split(",")]
