@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/internal/e2e"
+	"github.com/kolo-dl/kolo/jobenv"
 )
 
 // buildKolo builds the kolo command into a temporary directory of t.
@@ -34,7 +35,9 @@ func buildKolo(t testing.TB) string {
 	return bin
 }
 
-// launchEnv is this process's environment without any kolo job of its own.
+// launchEnv is this process's environment without any kolo job of its own. Its jobs may start
+// more ranks than this machine has CPUs (KOLO_OVERSUBSCRIBE): tests start 3 to 8 on small
+// machines. extra comes last, and wins.
 func launchEnv(extra ...string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
@@ -42,6 +45,7 @@ func launchEnv(extra ...string) []string {
 			env = append(env, kv)
 		}
 	}
+	env = append(env, jobenv.Oversubscribe+"=1")
 	return append(env, extra...)
 }
 

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -106,6 +107,12 @@ func runElastic(ctx context.Context, opts *flags.Options, set elasticSettings, s
 		}
 	}
 	if opts.DiscoveryScript == "" && slurm == nil {
+		if opts.Hosts == "" && opts.Hostfile == "" {
+			n, flag := elasticLocalRanks(opts)
+			if err := checkOversubscribe(opts, n, flag, runtime.NumCPU()); err != nil {
+				return ExitUsage, err
+			}
+		}
 		if fixed, err = fixedElasticHosts(opts); err != nil {
 			return ExitUsage, err
 		}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -41,6 +42,11 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 	if np == 0 {
 		for _, h := range hosts {
 			np += h.Slots
+		}
+	}
+	if opts.Hosts == "" && opts.Hostfile == "" {
+		if err := checkOversubscribe(opts, np, "-np", runtime.NumCPU()); err != nil {
+			return ExitUsage, err
 		}
 	}
 	slots, err := layout.Plan(hosts, np)
