@@ -37,9 +37,10 @@ wheel:
 demo: deps build lib
 	PYTHONPATH=python $(BIN)/kolo run -np 2 $(PYTHON) examples/pytorch_mnist.py
 
-# The Go example: softmax regression on generated data, 4 ranks, no Python.
+# The Go example: softmax regression on generated data, 4 ranks, no Python (--oversubscribe: on
+# machines with fewer CPUs too).
 demo-go: build
-	$(BIN)/kolo run -np 4 $(BIN)/softmax
+	$(BIN)/kolo run -np 4 --oversubscribe $(BIN)/softmax
 
 lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \

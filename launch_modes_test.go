@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/internal/e2e"
+	"github.com/kolo-dl/kolo/jobenv"
 )
 
 // buildKolo builds the kolo command into a temporary directory of t.
@@ -33,7 +35,9 @@ func buildKolo(t testing.TB) string {
 	return bin
 }
 
-// launchEnv is this process's environment without any kolo job of its own.
+// launchEnv is this process's environment without any kolo job of its own. Its jobs may start
+// more ranks than this machine has CPUs (KOLO_OVERSUBSCRIBE): tests start 3 to 8 on small
+// machines. extra comes last, and wins.
 func launchEnv(extra ...string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
@@ -41,6 +45,7 @@ func launchEnv(extra ...string) []string {
 			env = append(env, kv)
 		}
 	}
+	env = append(env, jobenv.Oversubscribe+"=1")
 	return append(env, extra...)
 }
 
@@ -218,6 +223,37 @@ func TestSSHLaunch(t *testing.T) {
 			t.Fatalf("exit %d\n%s", code, l.output())
 		}
 		checkNoOrphans(t, hosts.Netns, sshd)
+	})
+
+	// Without --network-interface: the launcher listens on the address the hosts reach it at, each
+	// rank on its host's address, and nothing on every interface.
+	t.Run("listens on the hosts' network", func(t *testing.T) {
+		l := run(t, nil, "-H", fmt.Sprintf("%s:1,%s:1", a[0], a[1]), "-x", e2e.WorkerEnv+"=loop", self, "-test.run=^$")
+		l.waitOutput(t, loopingLine, 2, time.Minute)
+		want := map[int][]string{l.cmd.Process.Pid: {hosts.Gateway}}
+		for _, m := range loopingLine.FindAllStringSubmatch(l.stdout.String(), -1) {
+			pid, _ := strconv.Atoi(m[1])
+			want[pid] = []string{a[0], a[1]}
+		}
+		for pid, ips := range want {
+			addrs, err := listeningAddrs(pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(addrs) == 0 {
+				t.Errorf("process %d listens nowhere", pid)
+			}
+			for _, addr := range addrs {
+				if !slices.Contains(ips, addr.IP.String()) {
+					t.Errorf("process %d listens on %s, want only on %v (all: %v)", pid, addr, ips, addrs)
+				}
+			}
+		}
+		l.cmd.Process.Signal(os.Interrupt)
+		if code := l.wait(t, 20*time.Second); code != 130 {
+			t.Errorf("exit %d after Ctrl-C, want 130\n%s", code, l.output())
+		}
+		checkNoOrphans(t, hosts.Netns, sshd, l.stdout.String())
 	})
 
 	t.Run("environment, directory and secret", func(t *testing.T) {

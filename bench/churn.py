@@ -115,7 +115,7 @@ def job(args, with_churn):
            os.path.join(HERE, "ddp_compare.py"), "--worker", "kolo", "--batch", str(args.batch),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--mlp-sizes", args.mlp_sizes,
            "--port", str(free_port())]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(ROOT, "python"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(ROOT, "python"), KOLO_OVERSUBSCRIBE="1")
     with tempfile.TemporaryFile() as out:
         p = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
         stop = mp.Event()

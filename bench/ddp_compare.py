@@ -118,7 +118,7 @@ def measure(setup, args, batch):
               "--mlp-sizes", args.mlp_sizes, "--groups", str(args.groups)] + (
                   ["--bind"] if args.bind else [])
     me = os.path.abspath(__file__)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", KOLO_OVERSUBSCRIBE="1")  # --np may exceed the CPUs, as torchrun's
     if setup.startswith("kolo+"):  # kolo with one more environment variable (--kolo-also)
         key, _, value = setup[len("kolo+"):].partition("=")
         env[key] = value

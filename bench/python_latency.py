@@ -39,7 +39,7 @@ FORMS = {
 
 
 def bench_kolo_torch(args, out, form, extra=None):
-    env = {"PYTHONPATH": os.path.join(ROOT, "python"), "OMP_NUM_THREADS": "1"}
+    env = {"PYTHONPATH": os.path.join(ROOT, "python"), "OMP_NUM_THREADS": "1", "KOLO_OVERSUBSCRIBE": "1"}
     env.update(extra or {})
     compare.run([KOLO, "run", "-np", str(args.np), compare.PY, os.path.join(HERE, "peers", "kolo_torch_allreduce.py"),
                  "--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup), "--json", out,

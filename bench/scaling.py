@@ -199,8 +199,9 @@ def run_kolo(kolo, n, args):
                "--iters", str(args.iters), "--warmup", "3", "--json", out]
         sampler = PeakSampler()
         t0 = time.time_ns()
-        p = subprocess.run(cmd, env=env_with(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=args.timeout)
+        # KOLO_OVERSUBSCRIBE, as mpirun's --oversubscribe below: n may exceed the CPUs.
+        p = subprocess.run(cmd, env=env_with({"KOLO_OVERSUBSCRIBE": "1"}), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=args.timeout)
         peak = sampler.peak()
         if p.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}")

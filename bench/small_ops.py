@@ -30,7 +30,7 @@ def run(peer, n, args, slices=False):
     """A run's per-op medians by size, or with slices, in the order of args.sizes (sizes may repeat)."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
-        env = dict(os.environ)
+        env = dict(os.environ, KOLO_OVERSUBSCRIBE="1")  # as mpirun's --oversubscribe: n may exceed the CPUs
         peer, _, place = peer.partition("@")  # kolo@0,0,0,1: each local rank pinned (pin.py)
         pin = [PY, os.path.join(HERE, "peers", "pin.py"), place] if place else []
         if peer in ("mpi", "mpibound"):

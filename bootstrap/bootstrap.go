@@ -128,7 +128,15 @@ func (s *Session) host(secret []byte, file string, env map[string]string, log *s
 		}
 		secret = []byte(hexSecret)
 	}
-	listen, advertise, err := listenAddr(*j)
+	var iface net.IP
+	if ifaces, ifaceVar := jobenv.Interface(env); ifaces != "" && j.LocalSize != j.Size {
+		ip, _, err := netif.InterfaceIP(ifaces)
+		if err != nil {
+			return fmt.Errorf("rank 0: %s: %w", ifaceVar, err)
+		}
+		iface = ip
+	}
+	listen, advertise, err := listenAddr(*j, iface)
 	if err != nil {
 		return fmt.Errorf("rank 0: %w", err)
 	}
@@ -140,17 +148,11 @@ func (s *Session) host(secret []byte, file string, env map[string]string, log *s
 	_, port, _ := net.SplitHostPort(addr.String())
 	if advertise == "" {
 		host := j.Hostname // resolvable by the other nodes under Slurm and most MPI set-ups
-		ifaces, ifaceVar := jobenv.Interface(env)
 		switch {
 		case j.LocalSize == j.Size:
 			host = "127.0.0.1"
-		case ifaces != "":
-			ip, _, err := netif.InterfaceIP(ifaces)
-			if err != nil {
-				srv.Close()
-				return fmt.Errorf("rank 0: %s: %w", ifaceVar, err)
-			}
-			host = ip.String()
+		case iface != nil:
+			host = iface.String()
 		}
 		advertise = net.JoinHostPort(host, port)
 	}
@@ -313,13 +315,26 @@ func (s *Session) Close() error {
 }
 
 // listenAddr is where rank 0's server listens and, when the user chose the address, what the other
-// ranks dial. Without KOLO_RENDEZVOUS_ADDR a job on one host stays on loopback.
-func listenAddr(j jobenv.Job) (listen, advertise string, err error) {
+// ranks dial; iface is the network interface's address, if one was named. It listens where the
+// other ranks reach rank 0, and no wider: loopback in a job on one host; the address here of the
+// rendezvous host they are given; the interface's address; the address here of this host's name;
+// every interface only when none of these says (a name that resolves to loopback here, or not at
+// all; an address behind NAT).
+func listenAddr(j jobenv.Job, iface net.IP) (listen, advertise string, err error) {
+	at := func(host, port string) string {
+		if iface != nil {
+			return net.JoinHostPort(iface.String(), port)
+		}
+		if ip, ok := netif.AddressHere(host); ok {
+			return net.JoinHostPort(ip.String(), port)
+		}
+		return net.JoinHostPort("", port)
+	}
 	if j.Rendezvous == "" {
 		if j.LocalSize == j.Size {
 			return "127.0.0.1:0", "", nil
 		}
-		return ":0", "", nil
+		return at(j.Hostname, "0"), "", nil
 	}
 	host, port, err := net.SplitHostPort(j.Rendezvous)
 	if err != nil || port == "0" || port == "" {
@@ -328,7 +343,10 @@ func listenAddr(j jobenv.Job) (listen, advertise string, err error) {
 	if ip := net.ParseIP(host); (ip != nil && ip.IsLoopback()) || host == "localhost" {
 		return j.Rendezvous, j.Rendezvous, nil
 	}
-	return net.JoinHostPort("", port), j.Rendezvous, nil
+	if ip, ok := netif.AddressHere(host); ok { // the address given wins over the interface's
+		return net.JoinHostPort(ip.String(), port), j.Rendezvous, nil
+	}
+	return at(host, port), j.Rendezvous, nil
 }
 
 func rendezvousDir(env map[string]string) (string, error) {

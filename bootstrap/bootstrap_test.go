@@ -263,21 +263,38 @@ func TestCloseKeepsForeignFile(t *testing.T) {
 }
 
 func TestListenAddr(t *testing.T) {
-	tests := []struct {
+	var mine string // a non-loopback address of this machine, if it has one
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && !ipn.IP.IsLoopback() && ipn.IP.To4() != nil {
+				mine = ipn.IP.String()
+				break
+			}
+		}
+	}
+	type test struct {
 		job               jobenv.Job
+		iface             net.IP
 		listen, advertise string
 		err               string
-	}{
-		{jobenv.Job{Size: 4, LocalSize: 4}, "127.0.0.1:0", "", ""},
-		{jobenv.Job{Size: 4, LocalSize: 2}, ":0", "", ""},
-		{jobenv.Job{Size: 4, LocalSize: 2, Rendezvous: "10.1.2.3:29500"}, ":29500", "10.1.2.3:29500", ""},
-		{jobenv.Job{Size: 4, LocalSize: 2, Rendezvous: "node1:29500"}, ":29500", "node1:29500", ""},
-		{jobenv.Job{Size: 4, LocalSize: 4, Rendezvous: "127.0.0.1:29500"}, "127.0.0.1:29500", "127.0.0.1:29500", ""},
-		{jobenv.Job{Size: 4, LocalSize: 4, Rendezvous: "node1"}, "", "", "fixed port"},
-		{jobenv.Job{Size: 4, LocalSize: 4, Rendezvous: "node1:0"}, "", "", "fixed port"},
+	}
+	tests := []test{
+		{jobenv.Job{Size: 4, LocalSize: 4}, nil, "127.0.0.1:0", "", ""},
+		{jobenv.Job{Size: 4, LocalSize: 2, Hostname: "kolo-no-such-host.invalid"}, nil, ":0", "", ""},
+		{jobenv.Job{Size: 4, LocalSize: 2, Hostname: "kolo-no-such-host.invalid"}, net.IPv4(10, 9, 8, 7), "10.9.8.7:0", "", ""},
+		{jobenv.Job{Size: 4, LocalSize: 2, Rendezvous: "node1:29500"}, net.IPv4(10, 9, 8, 7), "10.9.8.7:29500", "node1:29500", ""},
+		{jobenv.Job{Size: 4, LocalSize: 2, Rendezvous: "10.1.2.3:29500"}, nil, ":29500", "10.1.2.3:29500", ""},
+		{jobenv.Job{Size: 4, LocalSize: 2, Rendezvous: "node1:29500"}, nil, ":29500", "node1:29500", ""},
+		{jobenv.Job{Size: 4, LocalSize: 4, Rendezvous: "127.0.0.1:29500"}, nil, "127.0.0.1:29500", "127.0.0.1:29500", ""},
+		{jobenv.Job{Size: 4, LocalSize: 4, Rendezvous: "node1"}, nil, "", "", "fixed port"},
+		{jobenv.Job{Size: 4, LocalSize: 4, Rendezvous: "node1:0"}, nil, "", "", "fixed port"},
+	}
+	if mine != "" { // the rendezvous address given is this machine's: listen there, whatever the interface
+		addr := net.JoinHostPort(mine, "29500")
+		tests = append(tests, test{jobenv.Job{Size: 4, LocalSize: 2, Rendezvous: addr}, net.IPv4(10, 9, 8, 7), addr, addr, ""})
 	}
 	for _, tc := range tests {
-		l, a, err := listenAddr(tc.job)
+		l, a, err := listenAddr(tc.job, tc.iface)
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
 				t.Errorf("%+v: err %v, want %q", tc.job, err, tc.err)

@@ -175,6 +175,10 @@ func Interface(env map[string]string) (ifaces, name string) {
 // TCPFullMesh is the setting that connects every rank of another host at start-up (world.Options.FullMesh).
 const TCPFullMesh = "KOLO_TCP_FULL_MESH"
 
+// Oversubscribe is kolo run's --oversubscribe as a setting of its environment: start more local
+// ranks than this machine has CPUs. Read by kolo run, not by ranks.
+const Oversubscribe = "KOLO_OVERSUBSCRIBE"
+
 // ParseSwitch reads an on/off setting: 1, true, on, yes or 0, false, off, no (any case); empty is
 // off. Anything else is an error naming the setting.
 func ParseSwitch(name, v string) (bool, error) {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -106,6 +107,12 @@ func runElastic(ctx context.Context, opts *flags.Options, set elasticSettings, s
 		}
 	}
 	if opts.DiscoveryScript == "" && slurm == nil {
+		if opts.Hosts == "" && opts.Hostfile == "" {
+			n, flag := elasticLocalRanks(opts)
+			if err := checkOversubscribe(opts, n, flag, runtime.NumCPU()); err != nil {
+				return ExitUsage, err
+			}
+		}
 		if fixed, err = fixedElasticHosts(opts); err != nil {
 			return ExitUsage, err
 		}
@@ -122,14 +129,16 @@ func runElastic(ctx context.Context, opts *flags.Options, set elasticSettings, s
 	// A worker whose host stops answering loses its connection, and with it its presence record
 	// (jobenv.AliveKey), as soon as its peers' connections give up on it.
 	srv.SetLiveness(transport.DeadHostTimeout(progressTimeout(opts)))
-	addr, err := srv.Listen(addrs.listen)
-	if err != nil {
-		return 1, fmt.Errorf("start rendezvous: %w", err)
-	}
 	defer srv.Close()
-	_, addrs.port, _ = net.SplitHostPort(addr.String())
-	if opts.Verbose {
-		slog.Info("rendezvous listening", "addr", addr.String())
+	addrs.lns = newRendezvousListeners(srv, "")
+	if addrs.fixed != "" {
+		addr, err := addrs.lns.at(addrs.fixed)
+		if err != nil {
+			return 1, fmt.Errorf("start rendezvous: %w", err)
+		}
+		if opts.Verbose {
+			slog.Info("rendezvous listening", "addr", addr)
+		}
 	}
 
 	starter := set.starter
@@ -151,9 +160,7 @@ func runElastic(ctx context.Context, opts *flags.Options, set elasticSettings, s
 	if slurm != nil {
 		j.log("hosts from Slurm job %s's allocation; each worker starts as a job step of its own (srun)", slurm.JobID)
 	}
-	j.workerRendezvous = func(host string) string {
-		return net.JoinHostPort(addrs.forHost(host, j.hosts), addrs.port)
-	}
+	j.workerRendezvous = func(host string) string { return addrs.dial(host, j.hosts) }
 	source := j.discover
 	if opts.DiscoveryScript == "" {
 		source = fixedHosts(fixed)
@@ -1063,12 +1070,11 @@ func elasticPlaces(ws []elastic.Worker) string {
 	return strings.Join(s, ", ")
 }
 
-// elasticAddrs says where the launcher's rendezvous listens and which of its addresses each
-// host's workers dial. Hosts come and go, so unlike rendezvousAddrs it decides per host, when a
-// worker starts there.
+// elasticAddrs says which of the launcher's addresses each host's workers dial, and has the
+// rendezvous listen there (rendezvousListeners). Hosts come and go, so unlike rendezvousAddrs it
+// decides per host, when a worker starts there.
 type elasticAddrs struct {
-	listen string
-	port   string
+	lns    *rendezvousListeners
 	fixed  string            // every host's: --network-interface's address, or loopback when every host is this machine
 	remote map[string]string // per other host: the address this machine reaches it from
 
@@ -1083,7 +1089,7 @@ func newElasticAddrs(iface string, discovery bool, fixed []elastic.Host) (*elast
 		if err != nil {
 			return nil, fmt.Errorf("--network-interface: %w", err)
 		}
-		a.listen, a.fixed = net.JoinHostPort(ip.String(), "0"), ip.String()
+		a.fixed = ip.String()
 		return a, nil
 	}
 	allLocal := !discovery
@@ -1091,11 +1097,21 @@ func newElasticAddrs(iface string, discovery bool, fixed []elastic.Host) (*elast
 		allLocal = allLocal && layout.IsLocal(h.Name)
 	}
 	if allLocal {
-		a.listen, a.fixed = "127.0.0.1:0", "127.0.0.1"
-		return a, nil
+		a.fixed = "127.0.0.1"
 	}
-	a.listen = ":0"
 	return a, nil
+}
+
+// dial is the HOST:PORT the workers of host dial (forHost's address), where the rendezvous now
+// listens. Should it fail to listen there, the workers' dial fails and says so.
+func (a *elasticAddrs) dial(host string, hosts []elastic.Host) string {
+	ip := a.forHost(host, hosts)
+	addr, err := a.lns.at(ip)
+	if err != nil {
+		slog.Warn("the rendezvous cannot listen where the workers of a host dial it", "host", host, "addr", ip, "err", err)
+		return net.JoinHostPort(ip, "0")
+	}
+	return addr
 }
 
 // forHost is the address the workers of host dial; hosts is the current discovery.

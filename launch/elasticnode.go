@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"sort"
@@ -95,7 +96,16 @@ func serveElastic(ctx context.Context, n *node, set elasticSettings) (int, error
 	if err != nil {
 		return ExitUsage, err
 	}
-	j.workerRendezvous = func(host string) string { return rv() }
+	j.workerRendezvous = func(host string) string {
+		addr := rv()
+		h, _, _ := net.SplitHostPort(addr)
+		at, err := n.lns.at(h)
+		if err != nil {
+			slog.Warn("the rendezvous cannot listen where this node's workers dial it", "addr", addr, "err", err)
+			return addr
+		}
+		return at
+	}
 	nodes.log = j.log
 	j.log("serving the rendezvous at %s: host %s (%s); the first round waits for %s (--nnodes)", o.Rendezvous, hn, countOf(n.slots, "slot"), countOf(nodes.nnodes, "node"))
 

@@ -6,8 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
+	"maps"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -43,6 +44,11 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 			np += h.Slots
 		}
 	}
+	if opts.Hosts == "" && opts.Hostfile == "" {
+		if err := checkOversubscribe(opts, np, "-np", runtime.NumCPU()); err != nil {
+			return ExitUsage, err
+		}
+	}
 	slots, err := layout.Plan(hosts, np)
 	if err != nil {
 		return ExitUsage, err
@@ -74,7 +80,7 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 			return ExitUsage, err
 		}
 	}
-	listen, advertise, err := rendezvousAddrs(slots, remote, opts.NetworkInterface)
+	advertise, err := rendezvousAddrs(slots, remote, opts.NetworkInterface)
 	if err != nil {
 		return ExitUsage, err
 	}
@@ -103,14 +109,13 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 		return 1, err
 	}
 	srv := rendezvous.NewServer([]byte(secret))
-	addr, err := srv.Listen(listen)
+	defer srv.Close()
+	rvAddr, err := newRendezvousListeners(srv, "").atAll(slices.Collect(maps.Values(advertise)))
 	if err != nil {
 		return 1, fmt.Errorf("start rendezvous: %w", err)
 	}
-	defer srv.Close()
-	_, port, _ := net.SplitHostPort(addr.String())
 	if opts.Verbose {
-		slog.Info("rendezvous listening", "addr", addr.String(), "ranks", np, "hosts", len(seen))
+		slog.Info("rendezvous listening", "addrs", slices.Sorted(maps.Values(rvAddr)), "ranks", np, "hosts", len(seen))
 		// What start-up (and the job's later rendezvous use) cost the server: bench/scaling.py
 		// reads it for its table.
 		defer func() { slog.Info("rendezvous served", "requests", srv.Requests(), "ranks", np) }()
@@ -119,7 +124,7 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 	jobID := NewJobID()
 	workers := make([]proc.Worker, len(slots))
 	for i, s := range slots {
-		rv := net.JoinHostPort(advertise[s.Host], port)
+		rv := rvAddr[advertise[s.Host]]
 		workers[i] = proc.Worker{Slot: s, Argv: opts.Command, Env: WorkerEnv(s, rv, jobID, secret, extra, opts.Env)}
 	}
 	view, rankOut, rankErr, err := startLive(ctx, opts, srv.Store, jobID, len(slots), stdout, stderr)
@@ -170,29 +175,29 @@ func connectTimeout(start time.Duration) time.Duration {
 	return max(time.Second, start-time.Second)
 }
 
-// rendezvousAddrs says where the launcher's rendezvous listens and, per host of the plan, the IP
-// that host's workers dial: the --network-interface address; loopback when every rank is local;
+// rendezvousAddrs says, per host of the plan, the IP that host's workers dial, where the
+// launcher's rendezvous listens: the --network-interface address; loopback when every rank is local;
 // otherwise the address this machine reaches each remote host from (so a namespace or a second
 // network gets an address it can route to, not a name only this machine resolves). Local ranks
 // of a job that spans hosts advertise themselves from the address they dial, so they get the one
 // of the first remote host.
-func rendezvousAddrs(slots []layout.Slot, remote []string, iface string) (listen string, advertise map[string]string, err error) {
+func rendezvousAddrs(slots []layout.Slot, remote []string, iface string) (advertise map[string]string, err error) {
 	advertise = map[string]string{}
 	if iface != "" {
 		ip, _, err := netif.InterfaceIP(iface)
 		if err != nil {
-			return "", nil, fmt.Errorf("--network-interface: %w", err)
+			return nil, fmt.Errorf("--network-interface: %w", err)
 		}
 		for _, s := range slots {
 			advertise[s.Host] = ip.String()
 		}
-		return net.JoinHostPort(ip.String(), "0"), advertise, nil
+		return advertise, nil
 	}
 	if len(remote) == 0 {
 		for _, s := range slots {
 			advertise[s.Host] = "127.0.0.1"
 		}
-		return "127.0.0.1:0", advertise, nil
+		return advertise, nil
 	}
 	fallback := ""
 	for _, h := range remote {
@@ -201,7 +206,7 @@ func rendezvousAddrs(slots []layout.Slot, remote []string, iface string) (listen
 			// ssh may know the host by a name only its config resolves: give the workers our name.
 			hn, herr := os.Hostname()
 			if herr != nil {
-				return "", nil, fmt.Errorf("no address for %s to reach this machine at: %v; and no host name: %w", h, err, herr)
+				return nil, fmt.Errorf("no address for %s to reach this machine at: %v; and no host name: %w", h, err, herr)
 			}
 			slog.Warn("cannot tell which address of this machine host reaches; giving its workers this machine's name (use --network-interface to choose)", "host", h, "err", err, "name", hn)
 			advertise[h] = hn
@@ -217,7 +222,7 @@ func rendezvousAddrs(slots []layout.Slot, remote []string, iface string) (listen
 			advertise[s.Host] = fallback
 		}
 	}
-	return ":0", advertise, nil
+	return advertise, nil
 }
 
 // startGuard starts an OrphanGuard that runs then after it killed the ranks of a launcher that

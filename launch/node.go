@@ -245,7 +245,8 @@ type node struct {
 	slots          int
 	stdout, stderr io.Writer
 
-	srv   *rendezvous.Server // when this node serves the rendezvous
+	srv   *rendezvous.Server   // when this node serves the rendezvous
+	lns   *rendezvousListeners // srv's
 	rv    *rendezvous.Client
 	port  string
 	jobID string
@@ -348,12 +349,21 @@ func (n *node) connect(ctx context.Context) (int, error) {
 	o := n.opts
 	host, port, _ := net.SplitHostPort(o.Rendezvous)
 	n.port = port
+	dial := o.Rendezvous
 	if n.shouldServe(host) {
 		srv := rendezvous.NewServer(n.secret)
-		_, err := srv.Listen(net.JoinHostPort("", port))
+		lns := newRendezvousListeners(srv, port)
+		bind, err := n.serveHost(host)
+		if err != nil {
+			return ExitUsage, err
+		}
+		at, err := lns.at(bind)
 		switch {
 		case err == nil:
-			n.srv = srv
+			n.srv, n.lns = srv, lns
+			if dial = at; bind == "" {
+				dial = net.JoinHostPort("127.0.0.1", port)
+			}
 			rec, _ := json.Marshal(jobRecord{ID: NewJobID(), Elastic: o.Elastic()})
 			srv.Set(keyJob, rec)
 			if o.Verbose {
@@ -368,10 +378,6 @@ func (n *node) connect(ctx context.Context) (int, error) {
 		default:
 			return 1, fmt.Errorf("serve the rendezvous on port %s: %w", port, err)
 		}
-	}
-	dial := o.Rendezvous
-	if n.srv != nil {
-		dial = net.JoinHostPort("127.0.0.1", port)
 	}
 	rv, err := rendezvous.Dial(ctx, dial, n.secret)
 	if err != nil {
@@ -447,6 +453,31 @@ func (n *node) shouldServe(host string) bool {
 	}
 	_, err := net.LookupHost(host)
 	return err != nil
+}
+
+// serveHost is where this node, serving the rendezvous at host, listens: host when it is an
+// address; for a name, the address of this machine it resolves to, --network-interface's address
+// when it resolves to none but loopback (Debian maps a host's own name to 127.0.1.1, while the
+// other nodes resolve it to an address of their network) or to nothing, else every interface.
+// "localhost" is loopback: no other machine can dial it.
+func (n *node) serveHost(host string) (string, error) {
+	if ip := net.ParseIP(host); ip != nil {
+		return host, nil
+	}
+	if host == "localhost" {
+		return "127.0.0.1", nil
+	}
+	if ip, ok := netif.AddressHere(host); ok {
+		return ip.String(), nil
+	}
+	if n.opts.NetworkInterface != "" {
+		ip, _, err := netif.InterfaceIP(n.opts.NetworkInterface)
+		if err != nil {
+			return "", fmt.Errorf("--network-interface: %w", err)
+		}
+		return ip.String(), nil
+	}
+	return "", nil
 }
 
 func (n *node) register(ctx context.Context) (int, error) {
@@ -563,6 +594,16 @@ func (n *node) workerRendezvous() (string, error) {
 	if n.srv == nil {
 		return n.opts.Rendezvous, nil
 	}
+	addr, err := n.workerRendezvousAddr()
+	if err != nil {
+		return "", err
+	}
+	host, _, _ := net.SplitHostPort(addr)
+	return n.lns.at(host)
+}
+
+// workerRendezvousAddr is workerRendezvous on the serving node, before it listens there.
+func (n *node) workerRendezvousAddr() (string, error) {
 	if n.opts.NetworkInterface != "" {
 		ip, _, err := netif.InterfaceIP(n.opts.NetworkInterface)
 		if err != nil {

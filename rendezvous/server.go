@@ -33,7 +33,7 @@ type Server struct {
 	gate *accept.Gate // strangers' failed handshakes: logged at a bounded rate, repeat offenders refused
 
 	mu     sync.Mutex
-	ln     net.Listener
+	lns    []net.Listener
 	conns  map[*serverConn]struct{}
 	closed bool
 	wg     sync.WaitGroup
@@ -62,6 +62,8 @@ func newServer(secret []byte, log *slog.Logger, handshakeTimeout time.Duration) 
 func (s *Server) SetLiveness(d time.Duration) { s.liveness = d }
 
 // Listen starts serving on addr (":0" picks a port) in the background and returns the bound address.
+// It may be called again for another address (a launcher listens on each address it gives its
+// workers, not on every interface); every listener serves the same Store.
 func (s *Server) Listen(addr string) (net.Addr, error) {
 	if len(s.secret) == 0 {
 		return nil, errors.New("rendezvous listen: empty job secret")
@@ -71,18 +73,16 @@ func (s *Server) Listen(addr string) (net.Addr, error) {
 		return nil, fmt.Errorf("rendezvous listen on %s: %w", addr, err)
 	}
 	s.mu.Lock()
-	if s.closed || s.ln != nil {
+	if s.closed {
 		s.mu.Unlock()
 		ln.Close()
-		if s.closed {
-			return nil, fmt.Errorf("rendezvous listen on %s: %w", addr, ErrClosed)
-		}
-		return nil, fmt.Errorf("rendezvous listen on %s: already listening on %s", addr, s.ln.Addr())
+		return nil, fmt.Errorf("rendezvous listen on %s: %w", addr, ErrClosed)
 	}
-	s.ln = s.gate.Wrap(ln)
+	gated := s.gate.Wrap(ln)
+	s.lns = append(s.lns, gated)
 	s.wg.Add(1)
 	s.mu.Unlock()
-	go s.accept(s.ln)
+	go s.accept(gated)
 	return ln.Addr(), nil
 }
 
@@ -122,8 +122,8 @@ func (s *Server) Close() error {
 	}
 	s.closed = true
 	var err error
-	if s.ln != nil {
-		err = s.ln.Close()
+	for _, ln := range s.lns {
+		err = errors.Join(err, ln.Close())
 	}
 	for sc := range s.conns {
 		sc.c.Close()

@@ -54,4 +54,5 @@ torch.Tensor.cuda = _shared
 EOF
 	path="$path:$tmp/share"
 fi
-PYTHONPATH="$path" "$root/bin/kolo" run -np "$np" "$py" -m pytest -q -p no:cacheprovider -rfs "$@" "$tmp/test_torch.py"
+# --oversubscribe: NP may exceed the CPUs (a small machine, or a GPU box with few cores).
+PYTHONPATH="$path" "$root/bin/kolo" run -np "$np" --oversubscribe "$py" -m pytest -q -p no:cacheprovider -rfs "$@" "$tmp/test_torch.py"

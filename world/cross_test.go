@@ -30,7 +30,7 @@ func TestConnectDerivesCrossRank(t *testing.T) {
 			defer wg.Done()
 			job := jobenv.Job{Rank: r, Size: 3, LocalRank: local[r], LocalSize: localSize[r], Hostname: hosts[r],
 				Rendezvous: addr, JobID: "cross-test"}
-			worlds[r], errs[r] = Connect(ctx, job, secret, Options{ListenAddr: "127.0.0.1:0", ShmDir: shmDir})
+			worlds[r], errs[r] = Connect(ctx, job, secret, Options{ShmDir: shmDir})
 		}()
 	}
 	wg.Wait()

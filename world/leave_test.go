@@ -48,7 +48,7 @@ func formWith(t testing.TB, addr, job string, secret []byte, shmDir string, memb
 		go func() {
 			defer wg.Done()
 			j := jobenv.Job{Rank: r, Size: n, LocalRank: local, LocalSize: localSize, Hostname: m.host, Rendezvous: addr, JobID: job}
-			opt := Options{ListenAddr: "127.0.0.1:0", ShmDir: shmDir}
+			opt := Options{ShmDir: shmDir}
 			if edit != nil {
 				edit(&opt)
 			}

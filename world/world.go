@@ -34,7 +34,6 @@ type Options struct {
 	TCPStreams   int           // data connections per remote peer; default 2
 	ShmSlotBytes int           // per-rank shared slot; default shm's (8 MiB up to 24 local ranks, then less)
 	ShmDir       string        // default /dev/shm
-	ListenAddr   string        // default "0.0.0.0:0", or the Interface's address
 	NoShm        bool          // force TCP even between ranks of one host
 	// ShmSpin is how long shared-memory waits spin before they sleep (shm.Config.Spin): 0 for
 	// the transport's default, negative never to spin. kolo.Init sets it from KOLO_SPIN_TIME, so
@@ -42,7 +41,9 @@ type Options struct {
 	ShmSpin time.Duration
 	// Interface names the network interface(s) whose address this rank listens on and advertises to
 	// its peers (comma-separated: the first one present here is used; kolo run --network-interface,
-	// KOLO_NETWORK_INTERFACE). Empty: the address this rank reaches the rendezvous from.
+	// KOLO_NETWORK_INTERFACE). Empty: the address this rank reaches the rendezvous from (loopback in
+	// a job on one host). A rank listens on that one address only, never on every interface: a
+	// stranger on another network cannot reach its port.
 	Interface string
 	// ProgressTimeout is the transports' progress deadline (tcp.Config and shm.Config's): a
 	// collective's transfer that waits this long on a peer that moves nothing fails with a
@@ -93,12 +94,6 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 			return nil, fmt.Errorf("rank %d: %w", job.Rank, err)
 		}
 		ifaceIP = ip
-		if opt.ListenAddr == "" {
-			opt.ListenAddr = net.JoinHostPort(ip.String(), "0")
-		}
-	}
-	if opt.ListenAddr == "" {
-		opt.ListenAddr = "0.0.0.0:0"
 	}
 	ctx, cancel := context.WithTimeout(ctx, opt.Timeout)
 	defer cancel()
@@ -125,20 +120,17 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 	w.closers = append(w.closers, rv.Close)
 	w.Rendezvous = rv
 
-	ln, err := tcp.Listen(opt.ListenAddr, secret)
+	at, err := listenAddr(rv.LocalAddr(), ifaceIP)
+	if err != nil {
+		return nil, fmt.Errorf("rank %d: %w", job.Rank, err)
+	}
+	ln, err := tcp.Listen(at, secret)
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: listen for peers: %w", job.Rank, err)
 	}
 	w.ln, w.linger = ln, opt.Timeout
 	w.closers = append(w.closers, w.closeListener)
-	toRendezvous := rv.LocalAddr()
-	if ifaceIP != nil {
-		toRendezvous = &net.TCPAddr{IP: ifaceIP}
-	}
-	addr, err := publicAddr(toRendezvous, ln.Addr())
-	if err != nil {
-		return nil, fmt.Errorf("rank %d: %w", job.Rank, err)
-	}
+	addr := ln.Addr().String()
 
 	// Every rank publishes where it listens and which host it is on and gets everyone's back, in
 	// one request (the rendezvous answers once all ranks have sent theirs): start-up costs the
@@ -367,15 +359,19 @@ func eagerPeers(rank, size int, remote, cross []int) []int {
 	return out
 }
 
-// publicAddr combines the IP this process uses to reach the rendezvous (so peers on other hosts
-// can route to it) with the port of the peer listener.
-func publicAddr(toRendezvous, listener net.Addr) (string, error) {
-	ta, ok1 := toRendezvous.(*net.TCPAddr)
-	la, ok2 := listener.(*net.TCPAddr)
-	if !ok1 || !ok2 {
-		return "", fmt.Errorf("unexpected address types %T, %T", toRendezvous, listener)
+// listenAddr is the one address a rank listens on for its peers and publishes to them: the
+// --network-interface address, else the address of this end of its connection to the rendezvous
+// (the route its hosts use; loopback when the job is on one host). Never every interface: a
+// stranger on a network the job does not use cannot reach the port.
+func listenAddr(toRendezvous net.Addr, iface net.IP) (string, error) {
+	if iface != nil {
+		return net.JoinHostPort(iface.String(), "0"), nil
 	}
-	return net.JoinHostPort(ta.IP.String(), strconv.Itoa(la.Port)), nil
+	ta, ok := toRendezvous.(*net.TCPAddr)
+	if !ok {
+		return "", fmt.Errorf("unexpected address type %T of the connection to the rendezvous", toRendezvous)
+	}
+	return (&net.TCPAddr{IP: ta.IP, Zone: ta.Zone}).String(), nil
 }
 
 // recordsKey is the rendezvous Gather of the address records of the world of job id jobID; rank

@@ -131,3 +131,31 @@ func StripUser(host string) string {
 	}
 	return host
 }
+
+// AddressHere returns the first address host resolves to (host may be an IP) that is assigned to
+// an interface of this machine and is not loopback: where a server named host here should listen
+// for other machines, and no wider.
+func AddressHere(host string) (net.IP, bool) {
+	host = StripUser(host)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ips, err := net.DefaultResolver.LookupIPAddr(ctx, host)
+	if err != nil {
+		return nil, false
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, false
+	}
+	for _, ip := range ips {
+		if ip.IP.IsLoopback() {
+			continue
+		}
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.Equal(ip.IP) {
+				return ip.IP, true
+			}
+		}
+	}
+	return nil, false
+}

@@ -1,6 +1,7 @@
 package netif
 
 import (
+	"net"
 	"strings"
 	"testing"
 )
@@ -34,5 +35,34 @@ func TestSourceIPAndIsThisMachine(t *testing.T) {
 	}
 	if _, err := SourceIP("kolo-no-such-host.invalid"); err == nil {
 		t.Error("SourceIP of a name that does not resolve succeeded")
+	}
+}
+
+func TestAddressHere(t *testing.T) {
+	var mine string // a non-loopback address of this machine, if it has one
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && !ipn.IP.IsLoopback() && !ipn.IP.IsLinkLocalUnicast() {
+				mine = ipn.IP.String()
+				break
+			}
+		}
+	}
+	tests := []struct {
+		host string
+		want string // "": none
+	}{
+		{"127.0.0.1", ""}, {"localhost", ""}, // loopback reaches no other machine
+		{"192.0.2.7", ""}, // TEST-NET-1: not here
+		{"kolo-no-such-host.invalid", ""},
+	}
+	if mine != "" {
+		tests = append(tests, struct{ host, want string }{mine, mine}, struct{ host, want string }{"user@" + mine, mine})
+	}
+	for _, tc := range tests {
+		ip, ok := AddressHere(tc.host)
+		if ok != (tc.want != "") || (ok && ip.String() != tc.want) {
+			t.Errorf("AddressHere(%q) = %v, %v; want %q", tc.host, ip, ok, tc.want)
+		}
 	}
 }

@@ -77,6 +77,9 @@ type Options struct {
 	BindTo string
 	// BindOverload: --bind-to core:overload-allowed, more ranks than CPUs bound round robin.
 	BindOverload bool
+	// Oversubscribe: --oversubscribe (or KOLO_OVERSUBSCRIBE=1), start a job on this machine alone
+	// with more ranks than it has CPUs; launch refuses that otherwise.
+	Oversubscribe bool
 
 	// No ssh: every node runs kolo run and they meet at a rendezvous (launch/node.go).
 	Rendezvous   string // --rendezvous HOST:PORT
@@ -140,6 +143,7 @@ func Parse(args []string, stderr io.Writer) (*Options, error) {
 	fs.Var(&sshOpts, "ssh-option", "pass -o OPTION to ssh, e.g. StrictHostKeyChecking=accept-new (repeatable)")
 	fs.StringVar(&o.NetworkInterface, "network-interface", "", "interface(s) whose address workers and the rendezvous use, e.g. eth0 or ib0,eth0 (the first present on a host); workers get KOLO_NETWORK_INTERFACE")
 	fs.StringVar(&o.BindTo, "bind-to", BindNone, "core: bind each rank to cores of its own, this machine's CPUs split evenly among its ranks, whole cores first (as mpirun --bind-to core; torch's default thread count then follows); core:overload-allowed: the same, and with more ranks than CPUs each rank gets one CPU, round robin; none: no binding")
+	fs.BoolVar(&o.Oversubscribe, "oversubscribe", false, "start more ranks than this machine has CPUs, in a job without -H or --hostfile (as mpirun's --oversubscribe; also KOLO_OVERSUBSCRIBE=1); refused otherwise")
 	fs.StringVar(&o.Rendezvous, "rendezvous", "", "no-ssh mode: every node runs kolo run with the same HOST:PORT and --nnodes; the node that owns HOST (or --node-rank 0) serves the rendezvous there; the job secret comes from --secret-file, else KOLO_SECRET, else KOLO_SECRET_FILE")
 	fs.IntVar(&o.NNodes, "nnodes", 0, "no-ssh mode: how many nodes (kolo run processes) the job has; in elastic mode, how many the first round waits for (default 1), more may join later")
 	fs.IntVar(&o.NodeRank, "node-rank", -1, "no-ssh mode: this node's index in 0..nnodes-1, orders the ranks (give it on every node or on none; default: order of arrival)")
@@ -218,6 +222,12 @@ func Parse(args []string, stderr io.Writer) (*Options, error) {
 	}
 	if err := o.checkElasticFlags(fs, &cooldown); err != nil {
 		return nil, err
+	}
+	if !o.Oversubscribe {
+		var err error
+		if o.Oversubscribe, err = jobenv.ParseSwitch(jobenv.Oversubscribe, os.Getenv(jobenv.Oversubscribe)); err != nil {
+			return nil, err
+		}
 	}
 	return o, nil
 }

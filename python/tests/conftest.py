@@ -1,0 +1,9 @@
+"""Shared set-up of the Python tests.
+
+The tests start jobs of 3 to 8 ranks on machines with fewer CPUs (2 on the machines they were
+written on): kolo run refuses that unless asked, so every job a test starts may oversubscribe.
+Tests that strip KOLO_* from the environment they give kolo run set it themselves.
+"""
+import os
+
+os.environ["KOLO_OVERSUBSCRIBE"] = "1"
