@@ -47,6 +47,13 @@ func RoundKey(n int) string { return "elastic/round/" + strconv.Itoa(n) }
 // did are stuck, and the launcher stops them as failed.
 func ReinitKey(n int, p Place) string { return RoundKey(n) + "/reinit/" + p.String() }
 
+// LeftKey is set by the worker at p when it leaves round n without an error (to join the next
+// one, or at the end of training), before it closes its connections; one that leaves on an error
+// sets ReinitKey instead, also before. A peer whose call fails on those connections names the
+// worker to the launcher (EncodeReinit), which stops a named worker at once only if it has set
+// neither: one that left on purpose is not stuck.
+func LeftKey(n int, p Place) string { return RoundKey(n) + "/left/" + p.String() }
+
 // JoinedKey is set by the worker at p once it has joined round n (its connections are made).
 // The launcher reads it when the job ends: a worker that exits 0 finished training in the last
 // round it joined, and workers started for a later round, which can never form without it, are

@@ -768,15 +768,18 @@ func (j *elasticJob) checkReinit(now time.Time) *elasticEnd {
 		}
 	}
 	// A worker its peers found stuck (a progress deadline: stopped, cut off) will not ask: it
-	// is stopped now rather than after the grace. So is one that joined the round and can no
-	// longer be reached (its presence record went with its connection), once another asked:
-	// not before, since a launcher cut off from every worker for a while must not end a job
-	// that trains on without it. Others that have not asked get the grace.
+	// is stopped now rather than after the grace, unless it left the round on purpose (a peer
+	// names the worker whose closed connections cut its call, and a worker says that it left
+	// before it closes them: read again now, after the records that name it). So is one that
+	// joined the round and can no longer be reached (its presence record went with its
+	// connection), once another asked: not before, since a launcher cut off from every worker
+	// for a while must not end a job that trains on without it. Others that have not asked get
+	// the grace.
 	var named, unreachable []*elasticProc
 	for _, p := range waiting {
 		pl := jobenv.Place{Host: p.place.Host, Slot: p.place.Slot}
 		switch {
-		case suspect[pl]:
+		case suspect[pl] && !j.left(n, pl):
 			named = append(named, p)
 		case asked > 0 && j.unreachable(n, pl):
 			unreachable = append(unreachable, p)
@@ -812,6 +815,17 @@ func (j *elasticJob) checkReinit(now time.Time) *elasticEnd {
 		return nil
 	}
 	return j.stopStuck(now, waiting, fmt.Sprintf("did not ask for a new round within %s of the other workers of round %d", j.set.reinitGrace, n))
+}
+
+// left reports whether the worker at pl said that it left round n on purpose: it asked for the
+// next round, or left without an error (jobenv.LeftKey).
+func (j *elasticJob) left(n int, pl jobenv.Place) bool {
+	for _, key := range []string{jobenv.ReinitKey(n, pl), jobenv.LeftKey(n, pl)} {
+		if _, ok, err := j.srv.TryGet(key); err == nil && ok {
+			return true
+		}
+	}
+	return false
 }
 
 // unreachable reports whether the worker at pl joined round n and has lost its presence record.

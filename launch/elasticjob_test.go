@@ -258,6 +258,16 @@ func (h *elasticHarness) ask(n int, host string, slot int, suspects ...jobenv.Pl
 	}
 }
 
+// leave sets the record of place that it left round n without an error, as its worker does
+// before it closes its connections.
+func (h *elasticHarness) leave(n int, host string, slot int) {
+	h.t.Helper()
+	key := jobenv.LeftKey(n, jobenv.Place{Host: host, Slot: slot})
+	if err := h.client(host+"["+fmt.Sprint(slot)+"]").Set(context.Background(), key, []byte("1")); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
 // logged reports whether the launcher's stderr has want, waiting up to 5 s for it: the launcher
 // logs a round after publishing it, so a test that has seen the round may look before the line.
 func (h *elasticHarness) logged(want string) bool {
@@ -688,6 +698,31 @@ func TestElasticSuspectIsStoppedAtOnce(t *testing.T) {
 	wantSignals(t, h.worker("localhost[1]", 0))
 	if !h.logged("127.0.0.1[0] found stuck by the other workers of round 1") {
 		t.Errorf("stderr lacks the suspect:\n%s", h.stderr.String())
+	}
+}
+
+// A worker named by a peer whose call its closed connections cut, but which said that it left the
+// round on purpose (jobenv.LeftKey) before it closed them, is not stopped as stuck: it asks for
+// the next round in its own time, and the same workers meet again.
+func TestElasticSuspectThatLeftIsNotStopped(t *testing.T) {
+	set := testElasticSettings()
+	set.reinitGrace = time.Minute
+	h := startElastic(t, set, "-np", "3", "-H", "localhost:2,127.0.0.1:1", "--min-np", "1")
+	r1 := h.round("localhost[0]", 1)
+	h.leave(1, "localhost", 1)
+	h.ask(1, "localhost", 0, jobenv.Place{Host: "localhost", Slot: 1})
+	h.ask(1, "127.0.0.1", 0, jobenv.Place{Host: "localhost", Slot: 1})
+	time.Sleep(300 * time.Millisecond) // many of the launcher's 10 ms ticks
+	h.ask(1, "localhost", 1)
+	r2 := h.round("localhost[0]", 2)
+	if r2.Generation != 1 || places(r2) != places(r1) {
+		t.Errorf("round 2: generation %d on %s, want generation 1 on %s", r2.Generation, places(r2), places(r1))
+	}
+	for _, place := range []string{"localhost[0]", "localhost[1]", "127.0.0.1[0]"} {
+		wantSignals(t, h.worker(place, 0))
+	}
+	if strings.Contains(h.stderr.String(), "stopped as stuck") {
+		t.Errorf("a worker was stopped as stuck:\n%s", h.stderr.String())
 	}
 }
 

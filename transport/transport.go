@@ -114,11 +114,6 @@ var ErrAborted = errors.New("shm group aborted")
 // ErrPeerLost is the sentinel every *PeerError matches with errors.Is.
 var ErrPeerLost = errors.New("peer lost")
 
-// ErrPeerLeft is the cause in a *PeerError for a peer that left the group on purpose, its
-// process going on (an elastic job's survivor leaving a failed world to form the next one): it
-// is not to blame for the failure.
-var ErrPeerLeft = errors.New("it left this world (its process goes on, to form the next world)")
-
 // PeerError says which peer failed and why. Errors from Comm and Messenger methods that are caused
 // by a peer (connection reset, EOF, a dead process) are *PeerError so that the engine can name the
 // lost rank in the error every other rank reports.

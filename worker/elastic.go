@@ -201,12 +201,19 @@ func (w *elasticRound) update() (newest int, removalOnly, ok bool) {
 	return w.newest, w.removalOnly, w.newest > 0
 }
 
-// leaving records, as this worker leaves its round with the engine's error err, the worker err
-// blames (a progress deadline passed waiting on it, or its connection broke: a stopped process,
-// a cut link), for the next Join to name to the launcher, which otherwise cannot tell a worker
-// that will never ask for the next round from one still computing. A lost peer's rank is trusted
-// only when its host agrees with the round's: errors of a host's shared memory may number ranks
-// within the host, and a rank misread there names a worker of the host that failed anyway.
+// leaving tells the launcher, as this worker leaves its round with the engine's error err, that
+// it leaves on purpose, before its connections close: a peer whose call then fails on them names
+// this worker, and the launcher, which stops at once a named worker that has not asked for the
+// next round (it takes it for stuck), must know by then that this one left. After an error that
+// is the request for the next round (jobenv.ReinitKey), naming the worker err blames (a progress
+// deadline passed waiting on it, or its connection broke: a stopped process, a cut link, or a
+// peer that left first), which the launcher otherwise cannot tell from one still computing;
+// without one it is jobenv.LeftKey (the next Join asks for the next round). Either is set while
+// this connection still holds the presence record: the launcher never sees this worker both
+// silent and unrecorded. The suspect is kept for the next Join to name again. A lost peer's rank
+// is trusted only when its host agrees with the round's: errors of a host's shared memory may
+// number ranks within the host, and a rank misread there names a worker of the host that failed
+// anyway.
 func (w *elasticRound) leaving(err error) {
 	rank, host := -1, ""
 	var stuck *engine.StuckError
@@ -217,8 +224,7 @@ func (w *elasticRound) leaving(err error) {
 		rank = stuck.Rank
 	case errors.As(err, &stall):
 		rank = stall.Rank
-	case errors.As(err, &lost) && !errors.Is(err, transport.ErrPeerLeft):
-		// (A peer that left is a survivor that saw the failure first, not its cause.)
+	case errors.As(err, &lost):
 		rank, host = lost.Rank, lost.Host
 	}
 	var suspects []jobenv.Place
@@ -231,15 +237,14 @@ func (w *elasticRound) leaving(err error) {
 	w.mem.mu.Lock()
 	w.mem.suspects = suspects
 	w.mem.mu.Unlock()
+	key, val := jobenv.LeftKey(w.round.Number, w.place), []byte("1")
 	if err != nil {
-		// Ask for the next round now, while this connection still holds the presence record:
-		// the launcher never sees this worker both silent and unrecorded. (The next Join asks
-		// again, the same way.)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if serr := w.client.Set(ctx, jobenv.ReinitKey(w.round.Number, w.place), jobenv.EncodeReinit(suspects)); serr != nil {
-			slog.Debug("kolo: elastic worker could not ask for the next round as it left", "place", w.place, "err", serr)
-		}
+		key, val = jobenv.ReinitKey(w.round.Number, w.place), jobenv.EncodeReinit(suspects)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if serr := w.client.Set(ctx, key, val); serr != nil {
+		slog.Debug("kolo: elastic worker could not tell the launcher it leaves its round", "place", w.place, "key", key, "err", serr)
 	}
 }
 

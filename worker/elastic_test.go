@@ -293,3 +293,38 @@ func TestJoinElasticNamesTheStuckPeer(t *testing.T) {
 		}
 	}
 }
+
+// A worker leaving its round says so at the launcher's rendezvous (it does before it closes its
+// connections, so that a peer naming it does not get it stopped as stuck): without an error as
+// one that left, after an error as one that asks for the next round.
+func TestLeavingTellsTheLauncher(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		key  func(n int, p jobenv.Place) string
+		not  func(n int, p jobenv.Place) string
+	}{
+		{"no error", nil, jobenv.LeftKey, jobenv.ReinitKey},
+		{"error", errors.New("rank 1 on c lost during recv"), jobenv.ReinitKey, jobenv.LeftKey},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newElasticBed(t)
+			a0, c0 := jobenv.Place{Host: "a", Slot: 0}, jobenv.Place{Host: "c", Slot: 0}
+			b.publish(roundOf(1, 1, a0, c0))
+			w, _, err := joinElastic(b.mem, b.env("a", 0, 1), b.base(), b.secret, noConnect)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.leaving(tc.err)
+			w.close()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if _, ok, err := b.pub.TryGet(ctx, tc.key(1, a0)); err != nil || !ok {
+				t.Errorf("no %s record (%v)", tc.key(1, a0), err)
+			}
+			if _, ok, err := b.pub.TryGet(ctx, tc.not(1, a0)); err != nil || ok {
+				t.Errorf("a %s record (%v)", tc.not(1, a0), err)
+			}
+		})
+	}
+}

@@ -199,9 +199,11 @@ func (w *Worker) ElasticUpdate() (newest int, removalOnly, ok bool) {
 }
 
 // Leave leaves the world: the engine's shutdown barrier (skipped by an engine that stopped on an
-// error), the last report to the launcher (with the flight recorder after an error), then connections and the bootstrap session. Rank 0 then says what the autotuner did,
-// if it ran: the line that ends the job's output under kolo run. An elastic worker then records
-// whom its engine's error blames, for the next Join to name to the launcher.
+// error), the last report to the launcher (with the flight recorder after an error), then
+// connections and the bootstrap session. Rank 0 then says what the autotuner did, if it ran: the
+// line that ends the job's output under kolo run. An elastic worker first tells the launcher that
+// it leaves its round on purpose, naming whom its engine's error blames (elasticRound.leaving),
+// and only then closes its connections.
 func (w *Worker) Leave() error {
 	err := w.engine.Shutdown(context.Background())
 	w.report.stop(err != nil)
@@ -209,19 +211,15 @@ func (w *Worker) Leave() error {
 		fmt.Fprintln(os.Stderr, r)
 	}
 	if w.elastic != nil {
-		// An elastic worker goes on to the next round: its peers' calls on it are to fail as
-		// on a rank that left, not blame it.
-		if cerr := w.world.Leave(); err == nil {
-			err = cerr
-		}
-	} else if cerr := w.world.Close(); err == nil {
+		w.elastic.leaving(w.engine.Err())
+	}
+	if cerr := w.world.Close(); err == nil {
 		err = cerr
 	}
 	if cerr := w.boot.Close(); err == nil {
 		err = cerr
 	}
 	if w.elastic != nil {
-		w.elastic.leaving(w.engine.Err())
 		w.elastic.close()
 	}
 	return err

@@ -71,12 +71,9 @@ type World struct {
 	Rendezvous *rendezvous.Client
 
 	closers []func() error
-	// ln is this world's listener; linger, how long it stays open after a Leave (closeListener).
-	ln        *tcp.Listener
-	linger    time.Duration
-	lingering bool // Leave left the world: the listener outlives it by linger
-	shm       *shm.Group
-	mesh      *tcp.Mesh
+	shm     *shm.Group
+	mesh    *tcp.Mesh
+	ln      *tcp.Listener // where the peers dial this rank
 }
 
 // Connect builds the World of job. A job of size 1 needs no rendezvous.
@@ -128,8 +125,8 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: listen for peers: %w", job.Rank, err)
 	}
-	w.ln, w.linger = ln, opt.Timeout
-	w.closers = append(w.closers, w.closeListener)
+	w.ln = ln
+	w.closers = append(w.closers, ln.Close)
 	addr := ln.Addr().String()
 
 	// Every rank publishes where it listens and which host it is on and gets everyone's back, in
@@ -277,33 +274,6 @@ func (w *World) Close() error {
 	}
 	w.closers = nil
 	return errors.Join(errs...)
-}
-
-// Leave leaves the world as Close does, but first tells the ranks of other hosts that this rank
-// left on purpose (tcp's leave notice), so that their waiting calls fail at once with
-// transport.ErrPeerLeft rather than blame this rank for a failure it only saw.
-//
-// The world's listener stays open a while longer (Options.Timeout, the connect timeout its peers
-// dial under): it tells a peer that dials this rank's ended world, or asks about a set it was
-// dialed (tcp's probe), that the rank left, where a closed port would only say "refused" and the
-// peer would retry until its timeout and then blame this rank.
-func (w *World) Leave() error {
-	if w.mesh != nil {
-		w.mesh.Leave()
-		w.lingering = true
-	}
-	return w.Close()
-}
-
-// closeListener closes the world's listener, or after a Leave schedules it to close once its
-// linger has passed.
-func (w *World) closeListener() error {
-	if w.lingering && w.linger > 0 {
-		ln := w.ln
-		time.AfterFunc(w.linger, func() { ln.Close() })
-		return nil
-	}
-	return w.ln.Close()
 }
 
 // RemoteConnected is the number of ranks of other hosts this rank has connections to: with a

@@ -345,7 +345,6 @@ func (d *dir) finish(ctx context.Context, op string, want int, n int64, err erro
 		}
 		return fmt.Errorf("rank %d: %s %d bytes, rank %d: stopped after %d: %w", p.m.rank, op, want, p.rank, n, ctx.Err())
 	}
-	p.awaitVerdict(err)
 	return p.markLost(op, err)
 }
 

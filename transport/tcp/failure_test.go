@@ -23,7 +23,7 @@ import (
 func badDial(addr string, secret []byte, h hello) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := dialOnce(ctx, addr, secret, h, nil)
+	c, err := dialOnce(ctx, addr, secret, h)
 	if err == nil {
 		c.Close()
 	}

@@ -1,9 +1,7 @@
 package tcp
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -120,7 +118,7 @@ func (m *Mesh) dialSet(ctx context.Context, p *peer) {
 	results := make(chan dialed, len(ids))
 	for _, id := range ids {
 		go func() {
-			c, err := dialPeer(ctx, &m.cfg, id, &m.leaving)
+			c, err := dialPeer(ctx, &m.cfg, id)
 			results <- dialed{id, c, err}
 		}()
 	}
@@ -128,33 +126,24 @@ func (m *Mesh) dialSet(ctx context.Context, p *peer) {
 	var err error
 	for range ids {
 		d := <-results
-		if m.l.hold != nil {
-			m.l.hold(holdReturned, d.id)
-		}
 		if d.err != nil {
 			if err == nil || errors.Is(d.err, errCrossed) {
 				err = d.err
 			}
-			if !errors.Is(d.err, errCrossed) && !errors.Is(d.err, transport.ErrPeerLeft) {
-				// The set fails: stop the others. Not on a crossing, or a peer that left,
-				// where each of them is declined in turn: cut short mid-handshake, they
-				// would look like intruders.
+			if !errors.Is(d.err, errCrossed) {
+				// The set fails: stop the others. Not on a crossing, where each of them is
+				// declined in turn: cut short mid-handshake, they would look like intruders.
 				cancel()
 			}
 			continue
 		}
 		conns[d.id] = d.conn
 	}
-	if m.l.hold != nil {
-		m.l.hold(holdDialed, connID{peer: p.rank, lane: laneControl})
-	}
 	p.linkMu.Lock()
 	defer p.linkMu.Unlock()
 	if err != nil || p.link != linkDialing {
-		// A Leave may have ended this dial once the peer had acked and taken the whole set:
-		// the leave notice then keeps the peer from blaming this rank.
-		for id, c := range conns {
-			closeUnused(id, c, m.leaving.Load())
+		for _, c := range conns {
+			c.Close()
 		}
 	}
 	switch {
@@ -209,8 +198,8 @@ func (m *Mesh) failLocked(p *peer, pe *transport.PeerError) {
 	p.partial = nil
 	if p.lost.CompareAndSwap(nil, pe) {
 		level := slog.LevelWarn
-		if errors.Is(pe.Err, transport.ErrPeerLeft) || m.leaving.Load() || m.closed.Load() {
-			// Its world ended, or this mesh's own Close or Leave cut the link: no fault of it.
+		if m.closed.Load() {
+			// This mesh's own Close cut the link: no fault of the peer.
 			level = slog.LevelDebug
 		}
 		m.log.Log(context.Background(), level, "tcp transport: could not connect to peer", "rank", m.rank, "peer", p.rank, "host", p.host, "err", pe.Err)
@@ -236,8 +225,6 @@ func (m *Mesh) decide(id connID) (byte, string) {
 	p.linkMu.Lock()
 	defer p.linkMu.Unlock()
 	switch {
-	case (m.closed.Load() || p.link == linkClosed) && m.leaving.Load():
-		return ackLeft, fmt.Sprintf("rank %d is leaving this world", m.rank)
 	case m.closed.Load() || p.link == linkClosed:
 		return ackRefused, fmt.Sprintf("rank %d's mesh is closing", m.rank)
 	case p.link == linkIdle:
@@ -249,9 +236,6 @@ func (m *Mesh) decide(id connID) (byte, string) {
 		m.acceptLocked(p) // the lower rank's set wins; ours will be declined
 	case p.link == linkUp:
 		return ackRefused, fmt.Sprintf("rank %d is already connected to rank %d", m.rank, id.peer)
-	case p.link == linkFailed && errors.Is(p.lost.Load().Err, transport.ErrPeerLeft):
-		// A connection of the set it gave up when it left (watchPartial), late: no intruder.
-		return ackLeft, fmt.Sprintf("rank %d left rank %d's world", id.peer, m.rank)
 	case p.link == linkFailed:
 		return ackRefused, fmt.Sprintf("rank %d gave up connecting to rank %d: %v", m.rank, id.peer, p.lost.Load().Err)
 	}
@@ -264,9 +248,6 @@ func (m *Mesh) arrivals() {
 	for {
 		select {
 		case a := <-m.reg.ch:
-			if m.l.hold != nil {
-				m.l.hold(holdReceived, a.id)
-			}
 			m.arrive(a)
 		case <-m.quit:
 			return
@@ -279,7 +260,7 @@ func (m *Mesh) arrive(a arrival) {
 	p.linkMu.Lock()
 	defer p.linkMu.Unlock()
 	if m.closed.Load() || p.link != linkAccepting {
-		closeUnused(a.id, a.conn, m.closed.Load() && m.leaving.Load()) // acked: the dialer may take the set
+		a.conn.Close()
 		return
 	}
 	if p.partial == nil {
@@ -289,11 +270,7 @@ func (m *Mesh) arrive(a arrival) {
 	if len(p.partial) < 1+m.cfg.Streams {
 		if peekable {
 			m.wg.Add(1) // under linkMu, as install's goroutines are
-			if a.id.lane == laneControl {
-				go m.watchPartial(p, a.conn)
-			} else {
-				go m.watchPartialData(p, a.id, a.conn)
-			}
+			go m.watchPartial(p, a.id, a.conn)
 		}
 		return
 	}
@@ -302,104 +279,44 @@ func (m *Mesh) arrive(a arrival) {
 	m.install(p, conns)
 }
 
-// watchPartial watches the control connection c of p's set while the rest of the set is still
-// arriving. Nothing is read from a set before it is installed, so a dialer that gave the set up
-// (it ended, or one of the set's connections failed) would be noticed only at the connect
-// timeout, and blamed. Its first bytes are peeked, not consumed: a dialer with every ack installs
-// the set and may send messages before this end has it all, and the watch ends then (the set
-// will be complete here too). The leave notice (closeUnused, dialOnce: the dialer left) fails
-// the link with transport.ErrPeerLeft; the connection's end (the dialer closed, or died) fails it
-// as a connection error, since the set can no longer be complete.
-func (m *Mesh) watchPartial(p *peer, c *net.TCPConn) {
-	defer m.wg.Done()
-	var b [4]byte
-	n, err := peek(c, b[:])
-	// A message's length begins with a byte below 0xFF (MaxMsg): bytes 0xFF may be the first
-	// of the notice.
-	for wait := time.Now().Add(noticeTimeout); err == nil && n < len(b) && bytes.Count(b[:n], []byte{0xFF}) == n && time.Now().Before(wait); {
-		time.Sleep(time.Millisecond)
-		n, err = peek(c, b[:])
-	}
-	p.linkMu.Lock()
-	defer p.linkMu.Unlock()
-	if m.closed.Load() || p.link != linkAccepting || p.partial[connID{peer: p.rank, lane: laneControl}] != c {
-		return // installed, settled otherwise, or closed by this mesh
-	}
-	switch {
-	case err != nil:
-		m.failLocked(p, &transport.PeerError{Rank: p.rank, Host: p.host, Op: "connect",
-			Err: fmt.Errorf("it closed its set to rank %d with %d of the %d connections here: %w",
-				m.rank, len(p.partial), 1+m.cfg.Streams, err)})
-	case n == len(b) && binary.BigEndian.Uint32(b[:]) == leaveNotice:
-		m.failLocked(p, &transport.PeerError{Rank: p.rank, Host: p.host, Op: "connect", Err: transport.ErrPeerLeft})
-	}
-}
-
-// partialPoll is how often watchPartialData looks at a data connection of a set still arriving.
+// partialPoll is how often watchPartial looks at a connection of a set still arriving.
 const partialPoll = 10 * time.Millisecond
 
-// watchPartialData watches data connection c (id) of p's set while the rest of the set is still
-// arriving, for the case watchPartial cannot see: a dialer that gave the set up before its control
-// connection got here (it left, or died, while that one was still in its handshake) closes the
-// data connections it had and writes nothing: a data connection's bytes are the stream itself,
-// so a leave notice there could be taken for data by a set that did get installed. So when one
-// ends, this rank asks the dialer's listener whether that rank's mesh is still open (probeMesh):
-// a rank that left says so, and the link fails with transport.ErrPeerLeft; a dead one cannot
-// answer, and a live one gave the set up, so it fails as a connection error, at once in either
-// case rather than at the connect timeout. The socket is polled, not waited on, so that the
-// watch never holds the read lock a transfer needs once the set is installed.
-func (m *Mesh) watchPartialData(p *peer, id connID, c *net.TCPConn) {
+// watchPartial watches connection c (id) of p's set while the rest of the set is still arriving.
+// Nothing is read from a set before it is installed, so a dialer that gave the set up (its mesh
+// closed, its process died, or another connection of the set failed) would be noticed only at the
+// connect timeout. So when c ends, the link fails at once as a connection error: the set can no
+// longer be complete. Bytes on c end the watch: a dialer with every ack installs the set and may
+// send before this end has it all, and the set will be complete here too. The socket is peeked
+// at, never read, and polled rather than waited on, so that the watch never holds the read lock a
+// call needs once the set is installed.
+func (m *Mesh) watchPartial(p *peer, id connID, c *net.TCPConn) {
 	defer m.wg.Done()
-	var b [1]byte
 	stillPartial := func() bool {
 		return !m.closed.Load() && p.link == linkAccepting && p.partial[id] == c
 	}
-	var err error
+	var b [1]byte
 	for {
-		var n int
-		if n, err = peekNow(c, b[:]); n > 0 || err != nil {
-			break
+		n, err := peekNow(c, b[:])
+		if n > 0 {
+			return
 		}
 		p.linkMu.Lock()
+		if err != nil {
+			if stillPartial() {
+				m.failLocked(p, &transport.PeerError{Rank: p.rank, Host: p.host, Op: "connect",
+					Err: fmt.Errorf("it closed %s of its set to rank %d with %d of the %d connections here: %w",
+						id, m.rank, len(p.partial), 1+m.cfg.Streams, err)})
+			}
+			p.linkMu.Unlock()
+			return
+		}
 		still := stillPartial()
 		p.linkMu.Unlock()
 		if !still || !m.pause(partialPoll) {
 			return
 		}
 	}
-	ctrl := connID{peer: p.rank, lane: laneControl}
-	p.linkMu.Lock()
-	if err == nil || !stillPartial() || p.partial[ctrl] != nil || p.probing {
-		// Data flows (the dialer has the whole set: so will this rank), the set is settled, its
-		// control connection is here and watched, or another stream's watch asks already.
-		p.linkMu.Unlock()
-		return
-	}
-	p.probing = true
-	have := len(p.partial)
-	p.linkMu.Unlock()
-
-	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
-	perr := probeMesh(ctx, &m.cfg, p.rank)
-	cancel()
-
-	p.linkMu.Lock()
-	defer p.linkMu.Unlock()
-	p.probing = false
-	if !stillPartial() || p.partial[ctrl] != nil {
-		return
-	}
-	if errors.Is(perr, transport.ErrPeerLeft) {
-		m.failLocked(p, &transport.PeerError{Rank: p.rank, Host: p.host, Op: "connect", Err: transport.ErrPeerLeft})
-		return
-	}
-	why := "its mesh is still open"
-	if perr != nil {
-		why = perr.Error()
-	}
-	m.failLocked(p, &transport.PeerError{Rank: p.rank, Host: p.host, Op: "connect",
-		Err: fmt.Errorf("it closed %v stream %d of its set to rank %d with %d of the %d connections here, before its control connection arrived (asked why: %s): %w",
-			id.lane, id.stream, m.rank, have, 1+m.cfg.Streams, why, err)})
 }
 
 // pause waits d, or less if the mesh closes: then it reports false.
@@ -414,19 +331,13 @@ func (m *Mesh) pause(d time.Duration) bool {
 	}
 }
 
-// probeTimeout bounds watchPartialData's question to the dialer's listener: the listener answers
-// at once from memory, so only a dead or unreachable host takes this long.
-const probeTimeout = 2 * time.Second
-
-// closeLink settles p's link as closed for Close or Leave (left), and reports whether its set
-// was up. A set still arriving is closed; when this rank leaves, its control connection first
-// carries the leave notice, since the peer may have all its acks and take the set: its calls
-// then fail with transport.ErrPeerLeft, not with a closed connection that blames this rank.
-func (p *peer) closeLink(left bool) bool {
+// closeLink settles p's link as closed for Close, closes a set still arriving, and reports
+// whether p's set was up.
+func (p *peer) closeLink() bool {
 	p.linkMu.Lock()
 	defer p.linkMu.Unlock()
-	for id, c := range p.partial {
-		closeUnused(id, c, left)
+	for _, c := range p.partial {
+		c.Close()
 	}
 	p.partial = nil
 	p.settle(linkClosed)

@@ -171,7 +171,7 @@ func TestLazyUnfinishedSetExpires(t *testing.T) {
 	defer m.Close()
 	// Rank 1's control connection, and nothing more.
 	c, err := dialOnce(context.Background(), w.addrs[0], testSecret,
-		hello{lane: laneControl, streams: 2, from: 1, to: 0, size: 2, job: "job-1"}, nil)
+		hello{lane: laneControl, streams: 2, from: 1, to: 0, size: 2, job: "job-1"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"slices"
 	"sync"
 	"time"
 
@@ -21,8 +20,6 @@ const (
 	earlyTTL = 2 * time.Minute
 	// maxEarly bounds the connections parked before any Connect claims them.
 	maxEarly = 4096
-	// maxEnded bounds the ended meshes a Listener remembers (one per elastic round).
-	maxEnded = 64
 	// ackTimeout bounds writing the few bytes of an ack.
 	ackTimeout = 5 * time.Second
 )
@@ -65,33 +62,13 @@ type Listener struct {
 	handshakeTimeout time.Duration
 	done             chan struct{} // closed by Close
 
-	mu     sync.Mutex
-	closed bool
-	regs   map[regKey]*registration
-	early  []earlyConn
-	// ended are the meshes that closed or left, newest last: a dial meant for one is refused
-	// at once (with ackLeft for a left one), not parked as if its Connect were still to come,
-	// which would hold the dialer's call until its connect timeout.
-	ended   []endedMesh
+	mu      sync.Mutex
+	closed  bool
+	regs    map[regKey]*registration
+	early   []earlyConn
 	pending map[net.Conn]struct{} // accepted, not yet routed: closed by Close
 	wg      sync.WaitGroup
-
-	// hold, nil outside tests, lets a test stop a connection on its way to the mesh (holdPoint)
-	// and end the mesh meanwhile, to reach each path of the leave notice at will.
-	hold func(at holdPoint, id connID)
 }
-
-// holdPoint is where Listener.hold stops a connection.
-type holdPoint uint8
-
-const (
-	holdClaimed  holdPoint = iota // Listener.deliver: claimed, its mesh not yet asked to take it
-	holdAcked                     // Listener.deliver: acked, not yet handed to the registration
-	holdReceived                  // Mesh.arrivals: taken off the registration, not yet in its set
-	holdDialed                    // Mesh.dialSet: every connection dialed, the link not yet looked at
-	holdReturned                  // Mesh.dialSet: one connection's dial returned, taken or not
-	holdInstall                   // Mesh.install, under the peer's lock: the mesh not yet looked at
-)
 
 type regKey struct {
 	job  string
@@ -106,7 +83,6 @@ type registration struct {
 	expect  map[int]bool    // ranks that may dial this one
 	got     map[connID]bool // claimed by an accepted hello
 	active  bool            // false once the mesh stopped listening on ch
-	left    bool            // the mesh left (set with active false)
 	ch      chan arrival
 	// decide, called before a claimed connection is acked (never under the Listener's lock),
 	// lets the mesh take it (ackTaken) or decline it: ackCrossed when the mesh is dialing that
@@ -120,14 +96,16 @@ type connID struct {
 	stream int
 }
 
+func (id connID) String() string {
+	if id.lane == laneData {
+		return fmt.Sprintf("data stream %d", id.stream)
+	}
+	return id.lane.String() + " connection"
+}
+
 type arrival struct {
 	id   connID
 	conn *net.TCPConn
-}
-
-type endedMesh struct {
-	key  regKey
-	left bool // left (Mesh.Leave), not closed
 }
 
 type earlyConn struct {
@@ -216,8 +194,8 @@ func (l *Listener) reject(c *net.TCPConn, why string, err error) {
 // unfinished closes c, whose handshake or hello did not finish: rejected (a warning), unless
 // nobody failed a check. That is when this listener's Close ended it (Close closes the
 // connections still in their handshake), or when the dialer hung up before it had sent all of
-// its part: a kolo rank that gave up its dial (a leaving rank's Leave cuts its dials, and a
-// survivor cuts its dial to a rank that left), or a probe that proved nothing. A dialer with the
+// its part: a kolo rank that gave up its dial (its mesh closed, or another connection of the
+// set failed). A dialer with the
 // wrong secret sends its proof before it reads ours, so its proof is checked and denied here
 // first; one that is silent runs into the handshake's timeout; both are still rejections.
 func (l *Listener) unfinished(c *net.TCPConn, why string, err error) {
@@ -263,23 +241,7 @@ func (l *Listener) route(c *net.TCPConn, h hello) {
 		return
 	}
 	reg := l.regs[regKey{h.job, h.to}]
-	if h.lane == laneProbe {
-		status, why := byte(ackTaken), ""
-		if reg == nil || !reg.active {
-			if status, why = l.endedLocked(h); status == ackTaken {
-				status, why = ackRefused, fmt.Sprintf("no mesh of job %q rank %d here", h.job, h.to)
-			}
-		}
-		l.mu.Unlock()
-		l.answerProbe(c, h, status, why)
-		return
-	}
 	if reg == nil {
-		if status, why := l.endedLocked(h); status != ackTaken {
-			l.mu.Unlock()
-			l.refuseStatus(c, h, status, why)
-			return
-		}
 		if len(l.regs) > 0 {
 			why := l.mismatchLocked(h)
 			l.mu.Unlock()
@@ -303,29 +265,6 @@ func (l *Listener) route(c *net.TCPConn, h hello) {
 		return
 	}
 	l.deliver(reg, c, h)
-}
-
-// answerProbe tells a peer of the job whether the mesh it asked about is open (ackTaken), left
-// (ackLeft) or closed (ackRefused), and hangs up: a question, not an intrusion, whatever the answer.
-func (l *Listener) answerProbe(c *net.TCPConn, h hello, status byte, why string) {
-	c.SetWriteDeadline(time.Now().Add(ackTimeout))
-	_, err := c.Write(appendAckStatus(nil, status, why))
-	c.Close()
-	l.log.Debug("tcp transport: answered a probe", "from", h.from, "about", h.to, "job", h.job,
-		"status", status, "why", why, "err", err)
-}
-
-// endedLocked says how to refuse a hello meant for a mesh that ended (ackTaken if none did).
-func (l *Listener) endedLocked(h hello) (byte, string) {
-	for _, e := range l.ended {
-		if e.key == (regKey{h.job, h.to}) {
-			if e.left {
-				return ackLeft, fmt.Sprintf("rank %d left job %q's world", h.to, h.job)
-			}
-			return ackRefused, fmt.Sprintf("rank %d's mesh for job %q has closed", h.to, h.job)
-		}
-	}
-	return ackTaken, ""
 }
 
 func (l *Listener) mismatchLocked(h hello) string {
@@ -377,18 +316,8 @@ func (r *registration) claimLocked(h hello) string {
 
 // refuse tells the dialer why (so its Connect fails with the reason instead of timing out) and logs.
 func (l *Listener) refuse(c *net.TCPConn, h hello, why string) {
-	l.refuseStatus(c, h, ackRefused, why)
-}
-
-// refuseStatus is refuse with the ack's status; a dial to a rank that left is no intrusion and
-// is not logged as one.
-func (l *Listener) refuseStatus(c *net.TCPConn, h hello, status byte, why string) {
 	c.SetWriteDeadline(time.Now().Add(ackTimeout))
-	c.Write(appendAckStatus(nil, status, why))
-	if status == ackLeft {
-		c.Close()
-		return
-	}
+	c.Write(appendAckStatus(nil, ackRefused, why))
 	l.reject(c, fmt.Sprintf("rank %d of job %q: %s", h.from, h.job, why), errRejected)
 }
 
@@ -396,18 +325,14 @@ func (l *Listener) refuseStatus(c *net.TCPConn, h hello, status byte, why string
 // declines it.
 func (l *Listener) deliver(reg *registration, c *net.TCPConn, h hello) {
 	id := connID{peer: h.from, lane: h.lane, stream: h.stream}
-	if l.hold != nil {
-		l.hold(holdClaimed, id)
-	}
 	if status, why := reg.decide(id); status != ackTaken {
 		l.mu.Lock()
 		delete(reg.got, id)
 		l.mu.Unlock()
 		c.SetWriteDeadline(time.Now().Add(ackTimeout))
 		c.Write(appendAckStatus(nil, status, why))
-		if status == ackCrossed || status == ackLeft {
-			// The usual outcome of two ranks' first use at once, or a dial to a rank that left
-			// (see refuseStatus): nothing to warn about.
+		if status == ackCrossed {
+			// The usual outcome of two ranks' first use at once: nothing to warn about.
 			c.Close()
 			return
 		}
@@ -417,14 +342,11 @@ func (l *Listener) deliver(reg *registration, c *net.TCPConn, h hello) {
 	c.SetWriteDeadline(time.Now().Add(ackTimeout))
 	_, err := c.Write(appendAck(nil, ""))
 	c.SetWriteDeadline(time.Time{})
-	if l.hold != nil {
-		l.hold(holdAcked, id)
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err != nil || !reg.active {
 		delete(reg.got, id) // the dialer retries this slot
-		closeUnused(id, c, err == nil && reg.left)
+		c.Close()
 		return
 	}
 	reg.ch <- arrival{id: id, conn: c} // sized for every expected connection: never blocks
@@ -457,28 +379,20 @@ func (l *Listener) register(key regKey, size, streams int, expect []int, decide 
 		return nil, fmt.Errorf("tcp transport: a mesh for job %q rank %d is already open on listener %s", key.job, key.rank, l.ln.Addr())
 	}
 	l.regs[key] = reg
-	// A mesh opened anew under an ended one's key (a caller's reused job id) takes its dials.
-	l.ended = slices.DeleteFunc(l.ended, func(e endedMesh) bool { return e.key == key })
 	l.purgeLocked(time.Now())
 	type verdict struct {
-		e      earlyConn
-		status byte
-		why    string
+		e   earlyConn
+		why string
 	}
 	var vs []verdict
 	for _, e := range l.early {
-		status, why := l.endedLocked(e.h)
-		if status == ackTaken {
-			if (regKey{e.h.job, e.h.to}) != key {
-				why = l.mismatchLocked(e.h)
-			} else {
-				why = reg.claimLocked(e.h)
-			}
-			if why != "" {
-				status = ackRefused
-			}
+		why := ""
+		if (regKey{e.h.job, e.h.to}) != key {
+			why = l.mismatchLocked(e.h)
+		} else {
+			why = reg.claimLocked(e.h)
 		}
-		vs = append(vs, verdict{e, status, why})
+		vs = append(vs, verdict{e, why})
 	}
 	l.early = nil
 	l.wg.Add(len(vs))
@@ -487,7 +401,7 @@ func (l *Listener) register(key regKey, size, streams int, expect []int, decide 
 		go func() {
 			defer l.wg.Done()
 			if v.why != "" {
-				l.refuseStatus(v.e.conn, v.e.h, v.status, v.why)
+				l.refuse(v.e.conn, v.e.h, v.why)
 			} else {
 				l.deliver(reg, v.e.conn, v.e.h)
 			}
@@ -496,23 +410,18 @@ func (l *Listener) register(key regKey, size, streams int, expect []int, decide 
 	return reg, nil
 }
 
-// unregister ends a registration and closes whatever reached it that its mesh did not take; left
-// says that the mesh left rather than closed.
-func (l *Listener) unregister(reg *registration, left bool) {
+// unregister ends a registration and closes whatever reached it that its mesh did not take.
+func (l *Listener) unregister(reg *registration) {
 	l.mu.Lock()
-	reg.active, reg.left = false, left
+	reg.active = false
 	if l.regs[reg.key] == reg {
 		delete(l.regs, reg.key)
 	}
-	if len(l.ended) == maxEnded {
-		l.ended = append(l.ended[:0], l.ended[1:]...)
-	}
-	l.ended = append(l.ended, endedMesh{key: reg.key, left: left})
 	l.mu.Unlock()
 	for {
 		select {
 		case a := <-reg.ch:
-			closeUnused(a.id, a.conn, left) // acked: the dialer may take the set
+			a.conn.Close()
 		default:
 			return
 		}

@@ -169,11 +169,9 @@ type Mesh struct {
 	// goroutines those calls hand work to.
 	opMu   sync.RWMutex
 	closed atomic.Bool
-	// leaving is set, before closed, by Leave.
-	leaving atomic.Bool
-	quit    chan struct{}
-	once    sync.Once
-	wg      sync.WaitGroup
+	quit   chan struct{}
+	once   sync.Once
+	wg     sync.WaitGroup
 }
 
 type peer struct {
@@ -189,7 +187,6 @@ type peer struct {
 	ready   chan struct{} // closed when link settles (up, failed, idle or closed)
 	partial map[connID]*net.TCPConn
 	expiry  *time.Timer // fails a set the peer began and did not finish
-	probing bool        // a watch of the set asks the dialer's listener about it (watchPartialData)
 	up      atomic.Bool
 
 	ctrl *net.TCPConn
@@ -199,10 +196,6 @@ type peer struct {
 	// broken is why the data lane is out of step (a transfer cut short midway, its connections
 	// still open); nil while it is usable.
 	broken atomic.Pointer[error]
-
-	// ctrlDone is closed once the control reader has found the connection's end and marked the
-	// peer lost, or left if the end was a leave notice (not when this mesh closes).
-	ctrlDone chan struct{}
 
 	ctrlMu  sync.Mutex // one message at a time on the control connection
 	ctrlBuf []byte
@@ -331,16 +324,15 @@ func (m *Mesh) missing(below []int, waited time.Duration, cause error) error {
 
 // dialPeer makes one connection to a higher rank, retrying refused and broken attempts until ctx
 // ends (refused ones only maxRefused times with Config.Listening). A wrong secret or a refused
-// hello fails at once: retrying cannot fix them. leaving says whether this rank leaves when ctx
-// ends (see dialOnce); nil: it does not.
-func dialPeer(ctx context.Context, cfg *Config, id connID, leaving *atomic.Bool) (*net.TCPConn, error) {
+// hello fails at once: retrying cannot fix them.
+func dialPeer(ctx context.Context, cfg *Config, id connID) (*net.TCPConn, error) {
 	addr := cfg.Addrs[id.peer]
 	h := hello{lane: id.lane, stream: id.stream, streams: cfg.Streams, from: cfg.Rank, to: id.peer, size: cfg.Size, job: cfg.JobID}
 	backoff := 10 * time.Millisecond
 	var lastErr error
 	hungUp, refused := 0, 0
 	for attempt := 1; ; attempt++ {
-		c, err := dialOnce(ctx, addr, cfg.Secret, h, leaving)
+		c, err := dialOnce(ctx, addr, cfg.Secret, h)
 		if err == nil {
 			return c, nil
 		}
@@ -379,11 +371,8 @@ func dialPeer(ctx context.Context, cfg *Config, id connID, leaving *atomic.Bool)
 	}
 }
 
-// dialOnce makes one attempt at connection h. When ctx ends after the hello went out and leaving
-// says that this rank leaves, a control connection is closed with the leave notice: the peer may
-// have acked it (its ack unread here, or read) and be waiting for the rest of the set
-// (watchPartial). leaving may be nil.
-func dialOnce(ctx context.Context, addr string, secret []byte, h hello, leaving *atomic.Bool) (*net.TCPConn, error) {
+// dialOnce makes one attempt at connection h.
+func dialOnce(ctx context.Context, addr string, secret []byte, h hello) (*net.TCPConn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -420,17 +409,15 @@ func dialOnce(ctx context.Context, addr string, secret []byte, h hello, leaving 
 		return nil, fmt.Errorf("send hello: %w", err)
 	}
 	// The ack comes once the peer's Connect has claimed the connection, which may be a while.
-	id := connID{peer: h.to, lane: h.lane, stream: h.stream}
-	leaves := func() bool { return leaving != nil && leaving.Load() }
 	if err := readAck(c); err != nil {
-		closeUnused(id, c, ctx.Err() != nil && !declined(err) && leaves())
+		c.Close()
 		if declined(err) {
 			return nil, err
 		}
 		return nil, fmt.Errorf("waiting for rank %d to take the connection (its Connect may not have started): %w", h.to, err)
 	}
 	if !stop() {
-		closeUnused(id, c, leaves())
+		c.Close()
 		return nil, ctx.Err()
 	}
 	c.SetDeadline(time.Time{})
@@ -438,20 +425,6 @@ func dialOnce(ctx context.Context, addr string, secret []byte, h hello, leaving 
 }
 
 var aLongTimeAgo = time.Unix(1, 0)
-
-// probeMesh asks rank peer's listener whether its mesh of this job is still open: nil if it is,
-// an error matching transport.ErrPeerLeft if it left, another error if it closed, or if the
-// listener cannot be reached or answer (a dead process, a dead host) within ctx. It is one dial
-// of a probe-lane hello, which the listener answers and hangs up.
-func probeMesh(ctx context.Context, cfg *Config, peer int) error {
-	h := hello{lane: laneProbe, streams: cfg.Streams, from: cfg.Rank, to: peer, size: cfg.Size, job: cfg.JobID}
-	c, err := dialOnce(ctx, cfg.Addrs[peer], cfg.Secret, h, nil)
-	if err != nil {
-		return fmt.Errorf("probe rank %d at %s: %w", peer, cfg.Addrs[peer], err)
-	}
-	c.Close()
-	return nil
-}
 
 // errHungUp marks a handshake the listener ended by closing the connection. auth.Handshake's
 // listener side may close before its own proof is out, so a dialer with the wrong secret can see
@@ -499,21 +472,16 @@ func newMesh(cfg *Config, l *Listener) *Mesh {
 }
 
 // install makes conns (a whole set: the control connection and every data stream) p's
-// connections and starts their goroutines. It runs under p.linkMu; on a closed mesh it closes them,
-// with the leave notice if this rank leaves: the mesh may have closed after its caller looked, and
-// the peer, which acked or dialed the whole set, may have taken it.
+// connections and starts their goroutines. It runs under p.linkMu; on a closed mesh (it may have
+// closed after its caller looked) it closes them.
 func (m *Mesh) install(p *peer, conns map[connID]*net.TCPConn) {
-	if m.l.hold != nil {
-		m.l.hold(holdInstall, connID{peer: p.rank, lane: laneControl})
-	}
 	if m.closed.Load() {
-		for id, c := range conns {
-			closeUnused(id, c, m.leaving.Load())
+		for _, c := range conns {
+			c.Close()
 		}
 		return
 	}
 	p.ctrl = conns[connID{peer: p.rank, lane: laneControl}]
-	p.ctrlDone = make(chan struct{})
 	setUserTimeout(p.ctrl, m.cfg.userTimeout)
 	ka := ctrlKeepAlive(m.cfg.userTimeout)
 	p.ctrl.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: ka, Interval: ka, Count: keepAliveCount})
@@ -586,9 +554,16 @@ func (m *Mesh) Messenger() transport.Messenger { return (*messenger)(m) }
 // and the peers see this rank as lost.
 func (m *Mesh) Close() error {
 	m.once.Do(func() {
-		m.begin(false)
+		// From here no call, dial or arrival makes a peer's link up, and the listener stops
+		// handing the mesh connections.
+		m.closed.Store(true)
+		close(m.quit)
+		m.endLife()
+		if m.reg != nil {
+			m.l.unregister(m.reg)
+		}
 		for _, p := range m.peers {
-			if p != nil && p.closeLink(false) {
+			if p != nil && p.closeLink() {
 				p.closeConns()
 			}
 		}
@@ -597,22 +572,8 @@ func (m *Mesh) Close() error {
 	return nil
 }
 
-// begin starts closing (Close, Leave): no call, dial or arrival makes a peer's link up after
-// it, and the listener stops handing the mesh connections.
-// left says that it leaves: dials that reach it from now on are told that this rank left.
-func (m *Mesh) begin(left bool) {
-	m.leaving.Store(left)
-	m.closed.Store(true)
-	close(m.quit)
-	m.endLife()
-	if m.reg != nil {
-		m.l.unregister(m.reg, left)
-	}
-}
-
-// stop ends the mesh's goroutines once its connections are closed or interrupted (Close,
-// Leave): it waits for every call to return, so that no one hands work to the workers any
-// more, stops them and closes the inbox.
+// stop ends the mesh's goroutines once its connections are closed: it waits for every call to
+// return, so that no one hands work to the workers any more, stops them and closes the inbox.
 func (m *Mesh) stop() {
 	m.opMu.Lock()
 	for _, p := range m.peers {

@@ -64,9 +64,15 @@ type world struct {
 
 func newListeners(t testing.TB, n int) *world {
 	t.Helper()
+	return newListenersWith(t, n, 500*time.Millisecond)
+}
+
+// newListenersWith is newListeners whose listeners wait handshakeTimeout for a handshake and hello.
+func newListenersWith(t testing.TB, n int, handshakeTimeout time.Duration) *world {
+	t.Helper()
 	w := &world{sink: &logSink{}}
 	for r := range n {
-		l, err := listen("127.0.0.1:0", testSecret, slog.New(w.sink), 500*time.Millisecond)
+		l, err := listen("127.0.0.1:0", testSecret, slog.New(w.sink), handshakeTimeout)
 		if err != nil {
 			t.Fatal(err)
 		}

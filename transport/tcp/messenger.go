@@ -3,7 +3,6 @@ package tcp
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -93,15 +92,10 @@ func (p *peer) readControl() {
 	for {
 		body, err := readMsg(r)
 		if err != nil {
-			switch {
-			case errors.Is(err, errLeftNotice):
-				p.leave()
-			case m.closed.Load():
+			if m.closed.Load() {
 				return
-			default:
-				p.markLost("recv message", err)
 			}
-			close(p.ctrlDone) // before the inbox, which may be full: calls wait for it (awaitVerdict)
+			p.markLost("recv message", err)
 			select {
 			case m.inbox <- transport.Msg{From: p.rank}:
 			case <-m.quit:

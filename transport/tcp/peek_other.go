@@ -7,14 +7,10 @@ import (
 	"net"
 )
 
-// peekable says that peek works here.
+// peekable says that peekNow works here.
 const peekable = false
 
-// peek is not available here: a set still arriving is not watched.
-func peek(*net.TCPConn, []byte) (int, error) {
-	return 0, errors.New("peeking at a socket is not supported on this platform")
-}
-
+// peekNow is not available here: a set still arriving is not watched.
 func peekNow(*net.TCPConn, []byte) (int, error) {
 	return 0, errors.New("peeking at a socket is not supported on this platform")
 }

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-
-	"github.com/kolo-dl/kolo/transport"
 )
 
 // After auth.Handshake the dialer sends a hello naming the job, itself, whom it meant to reach and
@@ -15,12 +13,8 @@ import (
 // (control lane). All integers are big-endian.
 //
 //	hello: "KOLOTCP1" | u8 lane | u16 stream | u16 streams | u32 from | u32 to | u32 size | u8 len | job id
-//	ack:   u8 status (0 taken, 1 refused, 2 crossed, 3 left) | u16 len | reason
-//
-// A probe (lane 2) asks the listener about the mesh of rank "to" and carries nothing after the
-// ack: taken, that mesh is open; left, it detached; refused, it closed or never opened here.
+//	ack:   u8 status (0 taken, 1 refused, 2 crossed) | u16 len | reason
 //	msg:   u32 len | body
-//	leave: u32 0xFFFFFFFF (the sender left: Mesh.Leave)
 
 const (
 	helloMagic    = "KOLOTCP1"
@@ -41,8 +35,6 @@ type lane uint8
 const (
 	laneControl lane = 0
 	laneData    lane = 1
-	// laneProbe asks whether the mesh of the rank dialed is still open (probeMesh).
-	laneProbe lane = 2
 )
 
 func (l lane) String() string {
@@ -51,8 +43,6 @@ func (l lane) String() string {
 		return "control"
 	case laneData:
 		return "data"
-	case laneProbe:
-		return "probe"
 	}
 	return fmt.Sprintf("lane(%d)", uint8(l))
 }
@@ -71,7 +61,7 @@ var errMalformed = errors.New("malformed tcp transport frame")
 
 func (h hello) validate() error {
 	switch {
-	case h.lane != laneControl && h.lane != laneData && h.lane != laneProbe:
+	case h.lane != laneControl && h.lane != laneData:
 		return fmt.Errorf("unknown %v", h.lane)
 	case h.size < 1 || h.size > maxRanks:
 		return fmt.Errorf("group size %d out of range", h.size)
@@ -138,15 +128,10 @@ func appendAck(dst []byte, reason string) []byte {
 
 // Ack statuses. ackCrossed answers a lazy mesh's dial that met the peer's own dial to this rank:
 // the lower rank's set is the one both keep, so the higher rank drops its dial and waits.
-//
-// ackLeft answers a dial to a mesh that detached (its rank left this world to form the next
-// one): the dialer's call fails with transport.ErrPeerLeft, as it would had the set been up when
-// the peer left, and not with a refusal that blames the peer.
 const (
 	ackTaken   = 0
 	ackRefused = 1
 	ackCrossed = 2
-	ackLeft    = 3
 )
 
 func appendAckStatus(dst []byte, status byte, reason string) []byte {
@@ -164,10 +149,10 @@ var errRejected = errors.New("connection rejected by peer")
 // errCrossed marks a dial the acceptor declined because it is dialing this rank itself (ackCrossed).
 var errCrossed = errors.New("the peer is dialing this rank itself")
 
-// declined says err is an ack that declined the connection (refused, crossed, or the rank left):
-// the acceptor's answer, which dialing again cannot change.
+// declined says err is an ack that declined the connection (refused or crossed): the acceptor's
+// answer, which dialing again cannot change.
 func declined(err error) bool {
-	return errors.Is(err, errRejected) || errors.Is(err, errCrossed) || errors.Is(err, transport.ErrPeerLeft)
+	return errors.Is(err, errRejected) || errors.Is(err, errCrossed)
 }
 
 // readAck returns nil if the acceptor took the connection, an error wrapping errRejected with its
@@ -178,7 +163,7 @@ func readAck(r io.Reader) error {
 		return fmt.Errorf("read ack: %w", err)
 	}
 	n := int(binary.BigEndian.Uint16(b[1:]))
-	if b[0] > ackLeft || n > maxReason || (b[0] == ackTaken) != (n == 0) {
+	if b[0] > ackCrossed || n > maxReason || (b[0] == ackTaken) != (n == 0) {
 		return fmt.Errorf("%w: ack status %d with %d-byte reason", errMalformed, b[0], n)
 	}
 	if n == 0 {
@@ -188,11 +173,8 @@ func readAck(r io.Reader) error {
 	if _, err := io.ReadFull(r, reason); err != nil {
 		return fmt.Errorf("read ack reason: %w", err)
 	}
-	switch b[0] {
-	case ackCrossed:
+	if b[0] == ackCrossed {
 		return fmt.Errorf("%w: %s", errCrossed, reason)
-	case ackLeft:
-		return fmt.Errorf("%w (%s)", transport.ErrPeerLeft, reason)
 	}
 	return fmt.Errorf("%w: %s", errRejected, reason)
 }
@@ -203,9 +185,6 @@ func readMsg(r io.Reader) ([]byte, error) {
 	var hdr [4]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return nil, err
-	}
-	if binary.BigEndian.Uint32(hdr[:]) == leaveNotice {
-		return nil, errLeftNotice
 	}
 	n := int(binary.BigEndian.Uint32(hdr[:]))
 	if n > MaxMsg {

@@ -94,18 +94,18 @@ func ring(t *testing.T, worlds []*World, tag string) {
 	}
 }
 
-// An elastic job's next world is a new world: the survivors of one leave it and connect the next,
+// An elastic job's next world is a new world: the survivors of one close it and connect the next,
 // with new ranks and a newcomer, on the same listeners' hosts.
-func TestNextWorldAfterLeave(t *testing.T) {
-	secret := []byte("leave-test-secret")
+func TestNextWorldAfterClose(t *testing.T) {
+	secret := []byte("next-world-secret")
 	_, addr := serveRendezvous(t, secret)
 	shmDir := t.TempDir()
 
 	w1 := form(t, addr, "round-1", secret, shmDir, []member{{host: "a"}, {host: "a"}, {host: "b"}, {host: "b"}})
 	ring(t, w1, "round 1")
 	for r, w := range w1 {
-		if err := w.Leave(); err != nil {
-			t.Fatalf("rank %d: leave: %v", r, err)
+		if err := w.Close(); err != nil {
+			t.Fatalf("rank %d: close: %v", r, err)
 		}
 	}
 	// Round 2: old rank 3 first, then host a's two; and a newcomer on host c.
@@ -118,48 +118,34 @@ func TestNextWorldAfterLeave(t *testing.T) {
 	ring(t, w2, "round 2")
 }
 
-// A peer that first dials a rank after that rank's world ended (here ranks 3 and 6, which no
-// collective had connected) learns why at once, as it would had they been connected, instead of
-// retrying the port until its connect timeout and then blaming the rank: a rank that left
-// (Leave) still answers for its world and is not blamed; one whose world closed (its process is
-// ending) no longer listens, and the refused dial names it.
-func TestEndedRankAnswersLateDials(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		end  func(*World) error
-		ok   func(error) bool
-	}{
-		{"left", (*World).Leave, func(err error) bool { return errors.Is(err, transport.ErrPeerLeft) }},
-		{"closed", (*World).Close, func(err error) bool {
-			var pe *transport.PeerError
-			return errors.As(err, &pe) && pe.Rank == 6 && pe.Host == "h3" && !errors.Is(err, transport.ErrPeerLeft) &&
-				strings.Contains(err.Error(), "nothing listens there any more")
-		}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			secret := []byte("late-dial-secret")
-			_, addr := serveRendezvous(t, secret)
-			var members []member
-			for h := range 4 {
-				members = append(members, member{host: fmt.Sprintf("h%d", h)}, member{host: fmt.Sprintf("h%d", h)})
-			}
-			worlds := formWith(t, addr, "late-dial-"+tc.name, secret, t.TempDir(), members,
-				func(o *Options) { o.Timeout = 20 * time.Second })
-			defer func() {
-				for _, w := range worlds {
-					w.Close()
-				}
-			}()
-			if err := tc.end(worlds[6]); err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-			defer cancel()
-			start := time.Now()
-			err := worlds[3].Comm.Send(ctx, 6, []byte("late"))
-			if took := time.Since(start); !tc.ok(err) || took > 5*time.Second {
-				t.Fatalf("send to rank 6 after its world ended: %v after %v; want it named at once (within 5 s)", err, took.Round(time.Millisecond))
-			}
-		})
+// A peer that first dials a rank after that rank's world closed (here ranks 3 and 6, which no
+// collective had connected) learns it at once, as it would had they been connected, instead of
+// retrying the port until its connect timeout (20 s here): the closed world no longer listens,
+// and the refused dial names the rank and its host.
+func TestClosedRankFailsLateDials(t *testing.T) {
+	secret := []byte("late-dial-secret")
+	_, addr := serveRendezvous(t, secret)
+	var members []member
+	for h := range 4 {
+		members = append(members, member{host: fmt.Sprintf("h%d", h)}, member{host: fmt.Sprintf("h%d", h)})
+	}
+	worlds := formWith(t, addr, "late-dial", secret, t.TempDir(), members,
+		func(o *Options) { o.Timeout = 20 * time.Second })
+	defer func() {
+		for _, w := range worlds {
+			w.Close()
+		}
+	}()
+	if err := worlds[6].Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	start := time.Now()
+	err := worlds[3].Comm.Send(ctx, 6, []byte("late"))
+	var pe *transport.PeerError
+	ok := errors.As(err, &pe) && pe.Rank == 6 && pe.Host == "h3" && strings.Contains(err.Error(), "nothing listens there any more")
+	if took := time.Since(start); !ok || took > 5*time.Second {
+		t.Fatalf("send to rank 6 after its world closed: %v after %v; want it named at once (within 5 s)", err, took.Round(time.Millisecond))
 	}
 }
