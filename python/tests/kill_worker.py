@@ -9,8 +9,8 @@ warm-up, so that the others are inside the same op, and SIGKILLs itself. Each su
 
     KILL-RESULT rank=R op=I elapsed_ms=MS path=P err=ERROR
 
-where MS runs from the start of the op that failed to its error, and P is the data path
-(hvd.nccl_built(): "staged" when 0). What is measured is kolo's own detection, not the launcher
+where MS runs from the start of the op that failed to its error, and P is the data path: host
+for CPU tensors; for CUDA tensors nccl where hvd.nccl_built(), else staged (through host memory). What is measured is kolo's own detection, not the launcher
 stopping the job: the victim's process is a child of the rank the launcher started, which stays
 up for LINGER seconds after the child died, as a lost host would leave the launcher in the dark.
 """
@@ -66,7 +66,7 @@ def main():
     if a.device == "cuda":
         torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
-    path = "staged" if not hvd.nccl_built() else "nccl (nccl_built=%s)" % hvd.nccl_built()
+    path = "host" if not a.device.startswith("cuda") else "nccl" if hvd.nccl_built() else "staged"
     t = torch.ones(max(a.bytes // 4, 1), dtype=torch.float32, device=a.device)
     took = []
     for i in range(KILL_AT + 1000):
