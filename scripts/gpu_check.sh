@@ -130,13 +130,7 @@ command_of() {
 		echo "KOLO_TEST_DEVICE=$device KOLO_CONFORMANCE_RANKS=${1#conformance-} KOLO_CONFORMANCE_JOB_TIMEOUT=$(($(limit_of "$1") - 15))" \
 			"\$py -m pytest -q -s -rf -p no:cacheprovider $tests/test_conformance.py -k 'test_job_ran_every_case or test_module'" ;;
 	kill) echo "KOLO_TEST_DEVICE=$device \$py -m pytest -q -s -rf -p no:cacheprovider $tests/test_kill.py" ;;
-	horovod)
-		if [ "$device" = cuda ]; then
-			echo "$root/scripts/horovod_suite.sh $horovod 2"
-		else
-			# On CPU, the allreduce and broadcast tests: the suite's plumbing, in a minute.
-			echo "$root/scripts/horovod_suite.sh $horovod 2 -k 'test_horovod_allreduce or test_horovod_broadcast'"
-		fi ;;
+	horovod) echo "$root/scripts/horovod_suite.sh $horovod 2" ;;
 	allreduce)
 		if [ "$device" = cuda ]; then
 			echo "\$py $root/bench/python_latency.py --np 2 --device cuda --forms allreduce_ --peers nccl,gloo" \

@@ -7,8 +7,8 @@
 #   scripts/horovod_suite.sh /path/to/horovod [NP] [PYTEST_ARGS...]
 #
 # NP defaults to 2 (Horovod runs the suite at 2 ranks and more). The suite needs pytest and
-# packaging (Debian: python3-pytest python3-packaging); common.py's imports of mock and cloudpickle,
-# which test_torch.py does not use, are met by stand-ins where those are not installed.
+# packaging (Debian: python3-pytest python3-packaging); where mock or cloudpickle is not installed,
+# common.py, which imports them for helpers test_torch.py does not use, does without.
 # KOLO_PYTHON names the Python with torch (default /usr/bin/python3). Where torch sees fewer GPUs
 # than NP ranks, the ranks share them: the tests put rank r's tensors on cuda:r (its local rank), and
 # a sitecustomize on the ranks' path maps that index onto the GPUs there are.
@@ -38,7 +38,8 @@ if ! "$py" -c 'import mock' 2>/dev/null; then
 fi
 if ! "$py" -c 'import cloudpickle' 2>/dev/null; then
 	# common.py pickles functions for its in_thread helpers only, which test_torch.py does not call.
-	echo 'from pickle import dumps, loads  # noqa: F401  (cloudpickle, which common.py imports)' >"$tmp/cloudpickle.py"
+	# (No stand-in module: kolo.torch would take it for cloudpickle.)
+	sed -i 's/^import cloudpickle$/cloudpickle = None/' "$tmp/common.py"
 fi
 path="$root/python:$tmp"
 if "$py" -c "import sys, torch; sys.exit(not (torch.cuda.is_available() and torch.cuda.device_count() < $np))"; then

@@ -1,7 +1,7 @@
 """torch.distributed allreduce (Gloo, or NCCL with --backend nccl) timed like `kolo bench`. Started
 once per rank by bench/compare.py with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
-set. NCCL takes rank r's tensors on GPU r (modulo the GPUs there are); ranks that share a GPU need
-NCCL_HOSTIDs of their own (scripts/nccl_hostid_python.sh), else NCCL refuses them."""
+set. With --device cuda rank r's tensors are on GPU r (modulo the GPUs there are); NCCL ranks that
+share a GPU need NCCL_HOSTIDs of their own (scripts/nccl_hostid_python.sh), else NCCL refuses them."""
 import os
 import sys
 
@@ -15,7 +15,7 @@ import common  # noqa: E402
 def main():
     a = common.parse_args()
     torch.set_num_threads(1)
-    if a.backend == "nccl":
+    if a.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     dist.init_process_group(a.backend)
     rank, n = dist.get_rank(), dist.get_world_size()

@@ -27,6 +27,8 @@ def main():
     a = common.parse_args(form=("allreduce_", sorted(FORMS)))
     torch.set_num_threads(1)
     hvd.init()
+    if a.device == "cuda":
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())  # rank r on GPU r, as the peers
     sizes = a.sizes
     res = common.measure(
         "allreduce", hvd.size(), sizes, a.iters, a.warmup,
