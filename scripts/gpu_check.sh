@@ -323,13 +323,25 @@ for s in "${selected[@]}"; do
 			[[ " $KNOWN_HOROVOD_FAILURES " == *" $f "* ]] || unknown="$unknown $f"
 		done
 		note="$summary"
-		if [ "${STATUS[$s]}" = FAIL ] && [ -n "$failed" ] && [ -z "$unknown" ]; then
+		if [ "${STATUS[$s]}" = FAIL ] && [ -n "$failed" ] && [ -z "$unknown" ] && [[ $summary != *error* ]]; then
 			STATUS[$s]=PASS note="$summary (only the known PyTorch 2.11 Muon failures)"
 		elif [ -n "$unknown" ]; then
 			note="$summary; failed:$unknown"
 		fi ;;
-	allreduce | resnet50)
-		note=$(grep -h 'not measured' "$log" | head -2 | paste -sd';' -) ;;
+	allreduce)
+		# The ratio table's medians: kolo.torch's op time over each peer's, per size.
+		note=$(awk '/^# op time ratio/ {f = 1; next}
+			f == 1 {for (i = 2; i < NF; i++) if ($i == "/") peer[++n] = $(i + 1); f = 2; next}
+			f == 2 && /^#/ {exit}
+			f == 2 {k = 0; row = ""; for (i = 2; i <= NF; i++) if ($i ~ /^[0-9.]+x$/) row = row (k++ ? ", " : "") $i " " peer[k]
+				printf "%s%s %s", (r++ ? "; " : "kolo time over: "), $1, row}' "$log")
+		note="$note$(grep -h 'not measured' "$log" | head -2 | sed 's/^# */; /' | tr -d '\n')" ;;
+	resnet50)
+		note=$(awk -F'|' '/kolo \/ DDP/ {for (i = 2; i < NF; i++) if ($i ~ /kolo \/ DDP/) c = i; next}
+			c && /^$/ {exit}
+			c && $2 ~ /^ *[0-9]+ *$/ {v = $c; gsub(/^ +| +$/, "", v)
+				printf "%skolo img/s over DDP'"'"'s at batch %d: %s", (r++ ? "; " : ""), $2, v}' "$log")
+		note="$note$(grep -h 'not measured' "$log" | head -2 | sed 's/^# */; /' | tr -d '\n')" ;;
 	esac
 	if [ "$s" != env ] && [ "$s" != allreduce ] && [ "$s" != resnet50 ]; then
 		n=$(grep -c 'NCCL version' "$log")
@@ -344,7 +356,7 @@ done
 	for s in allreduce resnet50; do
 		[ -f "$out/$s.log" ] || continue
 		echo
-		echo "== $s: $(command_of "$s" | sed "s|$root/||g")"
+		echo "== $s: $(command_of "$s" | sed -e "s|$root/||g" -e "s|\\\$py|$py|")"
 		sed -n '/^# allreduce float32\|^model: /,$p' "$out/$s.log" | grep -v '^-- \|^(killed'
 	done
 	echo
