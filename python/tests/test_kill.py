@@ -52,7 +52,7 @@ def test_killed_rank_fails_the_others_naming_it():
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), KOLO_PROGRESS_TIMEOUT_SECONDS=str(PROGRESS))
     t0 = time.monotonic()
     results, out = run_until_reports([KOLO, "run", "-np", str(NP), PY, os.path.join(HERE, "kill_worker.py"),
-                                      "--victim", str(VICTIM)], env, NP - 1, timeout=PROGRESS + 90)
+                                      "--victim", str(VICTIM)], env, NP - 1, timeout=PROGRESS + 22)
     took = time.monotonic() - t0
     assert "SIGKILL" in out, out
     got = {int(m.group(2)): m for m in results}
