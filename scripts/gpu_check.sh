@@ -173,6 +173,8 @@ env_report() {
 	else
 		echo "nvidia-smi: not found"
 	fi
+	echo "== variables that choose the data path (every rank sees them)"
+	env | grep -E '^(NCCL_|CUDA_VISIBLE|KOLO_NCCL|KOLO_CUDA|HOROVOD_GPU)' | grep -vi secret | sort
 	echo "== libraries"
 	ldconfig -p 2>/dev/null | grep -E 'libnccl|libcuda\.so|libcudart' || echo "ldconfig: no libnccl, libcuda or libcudart listed"
 	ls -l /usr/local/nvidia/lib64/libcuda.so* 2>/dev/null
