@@ -26,9 +26,9 @@ FORMS = {
 def main():
     a = common.parse_args(form=("allreduce_", sorted(FORMS)))
     torch.set_num_threads(1)
+    if a.device == "cuda":  # rank r on GPU r, as the peers, before kolo starts
+        torch.cuda.set_device(int(os.environ.get("KOLO_LOCAL_RANK", "0")) % torch.cuda.device_count())
     hvd.init()
-    if a.device == "cuda":
-        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())  # rank r on GPU r, as the peers
     sizes = a.sizes
     res = common.measure(
         "allreduce", hvd.size(), sizes, a.iters, a.warmup,

@@ -61,10 +61,10 @@ def main():
     import torch
     import kolo.torch as hvd
     torch.set_num_threads(1)
+    if a.device == "cuda":  # rank r on GPU r, before kolo starts
+        torch.cuda.set_device(int(os.environ.get("KOLO_LOCAL_RANK", "0")) % torch.cuda.device_count())
     hvd.init()
     rank = hvd.rank()
-    if a.device == "cuda":
-        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
     path = "host" if not a.device.startswith("cuda") else "nccl" if hvd.nccl_built() else "staged"
     t = torch.ones(max(a.bytes // 4, 1), dtype=torch.float32, device=a.device)

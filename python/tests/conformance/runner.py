@@ -168,12 +168,12 @@ def main():
     from conformance.case import Context, Stop, describe
     from conformance.device import DEVICE
 
+    if DEVICE == "cuda":
+        # Rank r on GPU r, as a training script places its ranks, before kolo starts; ranks share
+        # GPUs where there are fewer GPUs than ranks.
+        torch.cuda.set_device(int(os.environ.get("KOLO_LOCAL_RANK", "0")) % torch.cuda.device_count())
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    if DEVICE == "cuda":
-        # Rank r on GPU r, as a training script places its ranks; ranks share GPUs where there are
-        # fewer GPUs than ranks.
-        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     cases = load_cases(modules, selection)
     if rank == 0:
         emit({"event": "start", "size": size, "cases": [n for n, _ in cases], "device": DEVICE,
