@@ -1,6 +1,6 @@
 """scripts/gpu_check.sh without a GPU: its arguments, its plan (--dry-run), and two of its steps run
-for real on CPU tensors (env and kill), which proves the step machinery (logs, timeouts, the
-summary). The whole check on CPU, every step (a few minutes on 2 cores):
+for real on CPU tensors (env and kill), which proves the step machinery (logs, notes, the
+summary). The whole check on CPU, every step (under 2 minutes on 2 cores):
 
     make build lib && scripts/gpu_check.sh --device cpu
 """
