@@ -95,7 +95,7 @@ if [ -n "$horovod_git" ]; then
 	rm -rf "$dest.new"
 	for f in test/parallel/test_torch.py test/utils/common.py; do
 		mkdir -p "$dest.new/$(dirname "$f")"
-		git --git-dir="$horovod_git" show "HEAD:$f" >"$dest.new/$f" || die "$horovod_git has no $f at HEAD"
+		git --git-dir="$horovod_git" show "HEAD:$f" >"$dest.new/$f" || { rm -rf "$dest.new"; die "$horovod_git has no $f at HEAD"; }
 	done
 	rm -rf "$dest" && mv "$dest.new" "$dest" || die "cannot replace $dest"
 	echo "Horovod $(git --git-dir="$horovod_git" rev-parse --short HEAD): test files in $dest"
