@@ -22,9 +22,10 @@
 #   resnet50       ResNet-50, batch 32, synthetic images: kolo's DistributedOptimizer against DDP
 #                  over NCCL, 2 ranks, alternated (bench/ddp_compare.py)
 #
-# Every rank runs through scripts/nccl_hostid_python.sh, which gives it an NCCL_HOSTID of its own:
-# ranks sharing one GPU are then taken for separate hosts and NCCL runs (over its network
-# transport) instead of refusing them. Figures on that bed are for ratios, not absolute speeds.
+# Every rank runs through scripts/nccl_hostid_python.sh, which gives it an NCCL_HOSTID of its own
+# where the GPUs are fewer than its job's ranks: ranks sharing one GPU are then taken for separate
+# hosts and NCCL runs (over its network transport) instead of refusing them. Figures on that bed
+# are for ratios, not absolute speeds.
 # NCCL_DEBUG=VERSION (unless set) makes every NCCL communicator print NCCL's version: a kolo step
 # whose log has none ran without NCCL (staged through host memory).
 #
@@ -249,6 +250,15 @@ mkdir -p "$out" || die "cannot make $out"
 out=$(cd "$out" && pwd)
 
 export NCCL_BED_PYTHON=$py
+NCCL_BED_GPUS=$("$py" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0)
+export NCCL_BED_GPUS
+if [ "$device" = cpu ]; then
+	bed="CPU tensors, Gloo in place of NCCL"
+elif [ "$NCCL_BED_GPUS" -ge 3 ]; then
+	bed="$NCCL_BED_GPUS GPUs: a GPU per rank"
+else
+	bed="$NCCL_BED_GPUS GPU(s): where a step has more ranks, each rank has an NCCL_HOSTID of its own and NCCL runs over its network transport (figures for ratios only)"
+fi
 export KOLO_PYTHON=$root/scripts/nccl_hostid_python.sh
 export NCCL_DEBUG=${NCCL_DEBUG:-VERSION}
 export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
@@ -370,6 +380,7 @@ done
 	done
 	echo
 	echo "== summary: gpu check on $device, $(date -u +%Y-%m-%dT%H:%MZ), logs in $out"
+	echo "bed: $bed"
 	printf '%-14s %-8s %6s  %s\n' step status "wall s" note
 	for s in "${selected[@]}"; do
 		printf '%-14s %-8s %6s  %s\n' "$s" "${STATUS[$s]}" "${SECONDS_TAKEN[$s]}" "${NOTE[$s]}"

@@ -7,10 +7,16 @@
 #
 #   KOLO_PYTHON=$PWD/scripts/nccl_hostid_python.sh python3 bench/python_latency.py --device cuda ...
 #
-# NCCL_BED_PYTHON: the real Python (default python3). Outside a rank it only runs that Python.
+# NCCL_BED_PYTHON: the real Python (default python3). NCCL_BED_GPUS: the machine's GPU count; where
+# it is given and the job's ranks on this host (KOLO_LOCAL_SIZE, else WORLD_SIZE) fit on that many
+# GPUs, a GPU each, the host id is left alone, so that NCCL uses the links between the GPUs.
+# Outside a rank it only runs the real Python.
 rank=${KOLO_RANK:-${RANK:-}}
+ranks=${KOLO_LOCAL_SIZE:-${WORLD_SIZE:-}}
 if [ -n "$rank" ]; then
-	NCCL_HOSTID="${NCCL_BED_HOSTID_PREFIX:-kolo-bed}-rank$rank"
-	export NCCL_HOSTID
+	if [ -z "${NCCL_BED_GPUS:-}" ] || [ -z "$ranks" ] || [ "$ranks" -gt "$NCCL_BED_GPUS" ]; then
+		NCCL_HOSTID="${NCCL_BED_HOSTID_PREFIX:-kolo-bed}-rank$rank"
+		export NCCL_HOSTID
+	fi
 fi
 exec "${NCCL_BED_PYTHON:-python3}" "$@"
