@@ -8,6 +8,7 @@ summary). The whole check on CPU, every step (under 2 minutes on 2 cores):
 import os
 import re
 import subprocess
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -60,3 +61,17 @@ def test_env_and_kill_steps_run_on_cpu(tmp_path):
     assert rc == 0, out
     env_log = (tmp_path / "env.log").read_text()
     assert "CHECK-ENV cuda=missing" in env_log and "== kolo" in env_log, env_log
+
+
+def test_each_rank_gets_its_own_nccl_host_where_ranks_share_gpus():
+    wrapper = os.path.join(ROOT, "scripts", "nccl_hostid_python.sh")
+    probe = "import os; print(os.environ.get('NCCL_HOSTID'))"
+    for env, want in (({"KOLO_RANK": "1", "KOLO_LOCAL_SIZE": "3"}, "kolo-bed-rank1"),
+                      ({"KOLO_RANK": "2", "KOLO_LOCAL_SIZE": "3", "NCCL_BED_GPUS": "1"}, "kolo-bed-rank2"),
+                      ({"RANK": "0", "WORLD_SIZE": "2", "NCCL_BED_GPUS": "1"}, "kolo-bed-rank0"),
+                      ({"KOLO_RANK": "1", "KOLO_LOCAL_SIZE": "3", "NCCL_BED_GPUS": "4"}, "None"),  # a GPU each
+                      ({}, "None")):  # not a rank
+        e = {k: v for k, v in os.environ.items() if k not in ("KOLO_RANK", "RANK", "NCCL_HOSTID", "NCCL_BED_GPUS")}
+        e.update(env, NCCL_BED_PYTHON=sys.executable)
+        p = subprocess.run([wrapper, "-c", probe], env=e, stdout=subprocess.PIPE, text=True, timeout=30)
+        assert p.returncode == 0 and p.stdout.strip() == want, (env, p.stdout)
