@@ -10,9 +10,10 @@ warm-up, so that the others are inside the same op, and SIGKILLs itself. Each su
     KILL-RESULT rank=R op=I elapsed_ms=MS path=P err=ERROR
 
 where MS runs from the start of the op that failed to its error, and P is the data path: host
-for CPU tensors; for CUDA tensors nccl where hvd.nccl_built(), else staged (through host memory). What is measured is kolo's own detection, not the launcher
-stopping the job: the victim's process is a child of the rank the launcher started, which stays
-up for LINGER seconds after the child died, as a lost host would leave the launcher in the dark.
+for CPU tensors; for CUDA tensors nccl where hvd.nccl_built(), else staged (through host memory).
+What is measured is kolo's own detection, not the launcher stopping the job: the victim's
+process is a child of the rank the launcher started, which stays up for LINGER seconds after the
+child died, as a lost host would leave the launcher in the dark.
 """
 
 import argparse
@@ -42,7 +43,7 @@ def rank_of_env():
     return int(os.environ["KOLO_RANK"])
 
 
-def linger(a):
+def linger():
     """The victim's rank as the launcher sees it: runs the real rank as a child and outlives it."""
     child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child"] + sys.argv[1:])
     child.wait()
@@ -56,7 +57,7 @@ def linger(a):
 def main():
     a = args()
     if rank_of_env() == a.victim and not a.child:
-        linger(a)
+        linger()
     sys.path.insert(0, os.path.join(HERE, os.pardir))
     import torch
     import kolo.torch as hvd
