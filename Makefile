@@ -7,7 +7,7 @@ PYTHON  ?= /usr/bin/python3
 # The engine as the Python package loads it (capi/), and the kolo command a wheel ships beside it.
 PYLIB   := python/kolo/lib
 
-.PHONY: help deps demo-go build lib wheel demo test test-python test-deploy test-race lint bench clean docker-e2e
+.PHONY: help deps demo-go build lib wheel demo test test-python test-deploy test-race lint bench clean docker-e2e gpu-check
 
 help:
 	@echo "make demo   - build kolo and train a CNN on Fashion-MNIST with kolo.torch on 2 local ranks"
@@ -17,6 +17,7 @@ help:
 	@echo "make lib    - build the engine library for the Python package ($(PYLIB)/libkolo.so)"
 	@echo "make wheel  - dist/kolo-*.whl: kolo.torch, the engine and the kolo command (no Go needed to install)"
 	@echo "make docker-e2e - build the image, train on 2 containers x 2 ranks, kill one, SSH variant (docs/containers.md)"
+	@echo "make gpu-check - kolo on CUDA tensors against NCCL, one GPU, under 10 minutes (docs/pytorch.md, \"CUDA tensors\")"
 
 # Debian packages the demo and the tests use (PyTorch, OpenMPI, sshd, Slurm, the example's data).
 deps:
@@ -67,6 +68,12 @@ test-deploy:
 # Needs a Docker engine; builds images from source (see docs/containers.md for its duration).
 docker-e2e:
 	deploy/docker-e2e.sh
+
+# The GPU check (scripts/gpu_check.sh). It builds nothing: a GPU machine may have no Go, so bin/ and
+# python/kolo/lib/ come built (make build lib) with the repository. GPU_CHECK_ARGS=--device cpu runs
+# its steps on CPU tensors.
+gpu-check:
+	scripts/gpu_check.sh $(GPU_CHECK_ARGS)
 
 bench: build
 	/usr/bin/python3 bench/compare.py --np 2 --sizes 4,4KiB,256KiB,4MiB,64MiB

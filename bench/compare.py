@@ -97,15 +97,17 @@ def split_sizes(args):
 SMALL_BYTES = 64 << 10
 
 
-def bench_gloo(args, out):
+def bench_gloo(args, out, backend="gloo"):
+    """torch.distributed's allreduce on backend (gloo; nccl, for tensors on GPUs)."""
     port = free_port()
     procs = []
     for r in range(args.np):
-        env = dict(os.environ, **MALLOC_ENV, RANK=str(r), WORLD_SIZE=str(args.np), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        env = dict(os.environ, **MALLOC_ENV, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.np),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen([PY, os.path.join(HERE, "peers", "gloo_allreduce.py"), "--sizes", args.sizes,
                                        "--iters", str(args.iters), "--warmup", str(args.warmup),
-                                       "--json", out, "--device", getattr(args, "device", "cpu")],
+                                       "--json", out, "--device", getattr(args, "device", "cpu"),
+                                       "--backend", backend],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     try:
         logs = [p.communicate(timeout=900)[0] for p in procs]
@@ -116,7 +118,8 @@ def bench_gloo(args, out):
                 p.wait()
     for r, p in enumerate(procs):
         if p.returncode != 0:
-            raise RuntimeError(f"gloo rank {r} failed:\n{logs[r][-3000:]}")
+            last = ([ln for ln in logs[r].splitlines() if ln.strip()] or ["no output"])[-1]
+            raise RuntimeError(f"{backend} rank {r} failed: {last[:300]}\n{logs[r][-3000:]}")
 
 
 def bench_mpi(args, out):

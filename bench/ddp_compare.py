@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""Training throughput: kolo's DistributedOptimizer against torch DistributedDataParallel over Gloo,
-side by side in one run, with a single process as the scaling baseline.
+"""Training throughput: kolo's DistributedOptimizer against torch DistributedDataParallel over Gloo
+(or NCCL), side by side in one run, with a single process as the scaling baseline.
 
     python3 bench/ddp_compare.py --np 2 --batches 16,64 --repeats 3
+    KOLO_PYTHON=$PWD/scripts/nccl_hostid_python.sh python3 bench/ddp_compare.py --model resnet50 \
+        --device cuda --backend nccl --setups single,kolo,ddp --batches 32   # ranks sharing one GPU
 
-Same model (MLP 784-2048-2048-10 by default: 23 MB of float32 gradients), same synthetic data,
-same SGD, one torch thread per rank (OMP_NUM_THREADS=1). Each measurement is one fresh job: warm-up
-steps, then --steps timed steps between two barriers on rank 0; samples/sec counts every rank's
-samples. The three setups are run in turn, --repeats times, so slow drift on a shared machine hits
-all of them alike; the table reports the median and the range.
+Same model (MLP 784-2048-2048-10 by default: 23 MB of float32 gradients; --model resnet50: ResNet-50
+on 224x224 images, 1000 classes, torchvision's if installed, else the same network defined here:
+25.6 M parameters either way), same synthetic data, same SGD, one torch thread per rank
+(OMP_NUM_THREADS=1). Each measurement is one fresh job: warm-up steps, then --steps timed steps
+between two barriers on rank 0; samples/sec counts every rank's samples. The setups are run in
+turn, --repeats times, so slow drift on a shared machine hits all of them alike; the table
+reports the median and the range. On --device cuda each step ends with torch.cuda.synchronize()
+(the phases are then host time: launching forward and backward, and the optimizer step's wait).
 
 Worker mode (what the jobs run): --worker single|kolo|ddp.
 """
@@ -22,14 +27,70 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-PY = "/usr/bin/python3"
+PY = os.environ.get("KOLO_PYTHON") or "/usr/bin/python3"  # KOLO_PYTHON: a Python with torch elsewhere
 
 from compare import free_port  # noqa: E402  (bench/compare.py, beside this script)
 
 
+def resnet50(torch):
+    """ResNet-50 (He et al. 2015, v1.5: stride in the 3x3 convolution), torchvision's layout and
+    initialization, 1000 classes; torchvision's own when it is installed."""
+    try:
+        import torchvision
+        return torchvision.models.resnet50(), "torchvision.models.resnet50"
+    except ImportError:
+        pass
+    nn = torch.nn
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, width, stride):
+            super().__init__()
+            cout = width * 4
+            self.conv1 = nn.Conv2d(cin, width, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(width)
+            self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+            self.bn2 = nn.BatchNorm2d(width)
+            self.conv3 = nn.Conv2d(width, cout, 1, bias=False)
+            self.bn3 = nn.BatchNorm2d(cout)
+            self.relu = nn.ReLU(inplace=True)
+            self.downsample = None
+            if stride != 1 or cin != cout:
+                self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
+                                                nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            idt = x if self.downsample is None else self.downsample(x)
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.relu(self.bn2(self.conv2(out)))
+            return self.relu(self.bn3(self.conv3(out)) + idt)
+
+    layers = [nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+              nn.MaxPool2d(3, stride=2, padding=1)]
+    cin = 64
+    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for i in range(blocks):
+            layers.append(Bottleneck(cin, width, stride if i == 0 else 1))
+            cin = width * 4
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 1000)]
+    model = nn.Sequential(*layers)
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+    return model, "ResNet-50 defined in bench/ddp_compare.py (torchvision absent)"
+
+
 def build(args, torch):
-    sizes = [int(s) for s in args.mlp_sizes.split(",")]
     torch.manual_seed(1234)
+    if args.model == "resnet50":
+        model, args.model_name = resnet50(torch)
+        x = torch.randn(args.batch, 3, args.image_size, args.image_size)
+        y = torch.randint(0, 1000, (args.batch,))
+        return model.to(args.device), x.to(args.device), y.to(args.device)
+    sizes = [int(s) for s in args.mlp_sizes.split(",")]
+    args.model_name = "MLP " + "-".join(map(str, sizes))
     layers = []
     for i in range(len(sizes) - 1):
         layers.append(torch.nn.Linear(sizes[i], sizes[i + 1]))
@@ -38,7 +99,7 @@ def build(args, torch):
     model = torch.nn.Sequential(*layers)
     x = torch.randn(args.batch, sizes[0])
     y = torch.randint(0, sizes[-1], (args.batch,))
-    return model, x, y
+    return model.to(args.device), x.to(args.device), y.to(args.device)
 
 
 def worker(args):
@@ -50,6 +111,10 @@ def worker(args):
     import torch.nn.functional as F
     torch.set_num_threads(1)
     rank, size = 0, 1
+    cuda = args.device == "cuda"
+    if cuda:
+        # Rank r on GPU r; ranks share GPUs where there are fewer GPUs than ranks.
+        torch.cuda.set_device(int(os.environ.get("KOLO_LOCAL_RANK", "0")) % torch.cuda.device_count())
     if args.worker in ("kolo", "nocomm"):
         sys.path.insert(0, os.path.join(ROOT, "python"))
         import kolo.torch as hvd
@@ -68,10 +133,11 @@ def worker(args):
     elif args.worker == "ddp":
         import torch.distributed as dist
         rank, size = int(os.environ["KOLO_RANK"]), int(os.environ["KOLO_SIZE"])
-        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port,
+        dist.init_process_group(args.backend, init_method="tcp://127.0.0.1:%d" % args.port,
                                 rank=rank, world_size=size)
         model, x, y = build(args, torch)
-        model = torch.nn.parallel.DistributedDataParallel(model)
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[torch.cuda.current_device()] if cuda else None)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         barrier = dist.barrier
     else:
@@ -89,6 +155,8 @@ def worker(args):
         loss.backward()  # DDP's allreduces run and are waited for in here
         t2 = time.perf_counter()
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
         t3 = time.perf_counter()
         for i, d in enumerate((t1 - t0, t2 - t1, t3 - t2)):
             phases[i] += d
@@ -107,7 +175,8 @@ def worker(args):
         ms = [1000 * p / args.steps for p in phases]
         print("RESULT " + json.dumps({"samples_per_sec": args.batch * size * args.steps / elapsed,
                                       "step_ms": 1000 * elapsed / args.steps, "forward_ms": ms[0],
-                                      "backward_ms": ms[1], "opt_step_ms": ms[2],
+                                      "backward_ms": ms[1], "opt_step_ms": ms[2], "model": args.model_name,
+                                      "parameters": sum(p.numel() for p in model.parameters()),
                                       "cpu_ms": 1000 * cpu / args.steps}), flush=True)
     if args.worker == "ddp":
         torch.distributed.destroy_process_group()
@@ -115,7 +184,8 @@ def worker(args):
 
 def measure(setup, args, batch):
     common = ["--batch", str(batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
-              "--mlp-sizes", args.mlp_sizes, "--groups", str(args.groups)] + (
+              "--mlp-sizes", args.mlp_sizes, "--groups", str(args.groups), "--model", args.model,
+              "--image-size", str(args.image_size), "--device", args.device, "--backend", args.backend] + (
                   ["--bind"] if args.bind else [])
     me = os.path.abspath(__file__)
     env = dict(os.environ, OMP_NUM_THREADS="1", KOLO_OVERSUBSCRIBE="1")  # --np may exceed the CPUs, as torchrun's
@@ -135,22 +205,34 @@ def measure(setup, args, batch):
         i = line.find("RESULT ")
         if i >= 0:
             return json.loads(line[i + len("RESULT "):])
-    raise RuntimeError("%s failed (exit %d):\n%s" % (" ".join(cmd), p.returncode, p.stdout[-3000:]))
+    last = ([ln for ln in p.stdout.splitlines() if ln.strip()] or ["no output"])[-1]
+    raise RuntimeError("%s failed (exit %d): %s\n%s\n%s" % (setup, p.returncode, last[:300], " ".join(cmd),
+                                                            p.stdout[-3000:]))
 
 
 def driver(args):
     batches = [int(b) for b in args.batches.split(",")]
-    setups = ["single", "nocomm", "kolo", "ddp"]
+    setups = [s.strip() for s in args.setups.split(",") if s.strip()]
     if args.kolo_also:
         setups.append("kolo+" + args.kolo_also)
     rates = {(b, s): [] for b in batches for s in setups}
     phases = {(b, s): [] for b in batches for s in setups}
+    missing = {}  # setup -> why it has no figure (a failed job is reported, the others still run)
+    model = None
     for r in range(args.repeats):
         for b in batches:
             # Rotate the order so no setup always runs first after the machine was idle.
             order = setups[r % len(setups):] + setups[:r % len(setups)]
             for s in order:
-                res = measure(s, args, b)
+                if s in missing:
+                    continue
+                try:
+                    res = measure(s, args, b)
+                except Exception as e:
+                    missing[s] = str(e)
+                    print("repeat %d batch %d %s failed: %s" % (r, b, s, e), file=sys.stderr, flush=True)
+                    continue
+                model = model or "%s (%.1f M parameters)" % (res["model"], res["parameters"] / 1e6)
                 rates[(b, s)].append(res["samples_per_sec"])
                 print("repeat %d batch %d %-6s %7.1f samples/s (%.1f ms/step: forward %.1f, "
                       "backward %.1f, optimizer step %.1f; rank 0 CPU %.1f ms/step)"
@@ -158,48 +240,62 @@ def driver(args):
                          res["backward_ms"], res["opt_step_ms"], res["cpu_ms"]),
                       file=sys.stderr, flush=True)
                 phases[(b, s)].append(res)
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    lines = [
-        "| batch/rank | 1 process | %d processes, no communication | kolo DistributedOptimizer, "
-        "%d ranks | DDP (Gloo), %d ranks | kolo / DDP (range over repeats) "
-        "| kolo scaling efficiency | DDP scaling efficiency |" % (args.np, args.np, args.np),
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for b in batches:
-        one, k, d = med[(b, "single")], med[(b, "kolo")], med[(b, "ddp")]
+    med = {k: statistics.median(v) for k, v in rates.items() if v}
+    label = {"single": "1 process", "nocomm": "%d processes, no communication" % args.np,
+             "kolo": "kolo DistributedOptimizer, %d ranks" % args.np,
+             "ddp": "DDP (%s), %d ranks" % ({"gloo": "Gloo", "nccl": "NCCL"}[args.backend], args.np)}
+    main = [s for s in ("single", "nocomm", "kolo", "ddp") if s in setups]
+    both = "kolo" in setups and "ddp" in setups
+    head = ("| batch/rank | " + " | ".join(label[s] for s in main) +
+            (" | kolo / DDP (range over repeats)" if both else "") +
+            (" | kolo scaling efficiency | DDP scaling efficiency" if "single" in setups else "") + " |")
+    lines = ["model: %s on %s; samples/s: median (range over %d repeats)" % (model, args.device, args.repeats),
+             head, "|" + "---:|" * (head.count("|") - 1)]
 
-        def cell(s):
-            v = rates[(b, s)]
-            return "%.1f (%.1f-%.1f)" % (med[(b, s)], min(v), max(v))
+    def cell(b, s):
+        v = rates[(b, s)]
+        return "%.1f (%.1f-%.1f)" % (med[(b, s)], min(v), max(v)) if v else "-"
+
+    def ratio(b, a, c):
         # Ratios within one repeat compare runs minutes apart, not a quiet one with a busy one.
-        paired = [kv / dv for kv, dv in zip(rates[(b, "kolo")], rates[(b, "ddp")])]
-        lines.append("| %d | %s | %s | %s | %s | %.2fx (%.2f-%.2f) | %.2f | %.2f |" % (
-            b, cell("single"), cell("nocomm"), cell("kolo"), cell("ddp"), k / d, min(paired),
-            max(paired),
-            k / (args.np * one), d / (args.np * one)))
+        paired = [x / y for x, y in zip(rates[(b, a)], rates[(b, c)])]
+        return "%.2fx (%.2f-%.2f)" % (med[(b, a)] / med[(b, c)], min(paired), max(paired)) if paired else "-"
+
+    for b in batches:
+        row = [str(b)] + [cell(b, s) for s in main]
+        if both:
+            row.append(ratio(b, "kolo", "ddp"))
+        if "single" in setups:
+            one = med.get((b, "single"))
+            for s in ("kolo", "ddp"):
+                v = med.get((b, s))
+                row.append("%.2f" % (v / (args.np * one)) if v and one else "-")
+        lines.append("| " + " | ".join(row) + " |")
     if args.kolo_also:
         v = "kolo+" + args.kolo_also
         lines += ["", "| batch/rank | kolo | kolo with %s | kolo / it (range over repeats) |" % args.kolo_also,
                   "|---:|---:|---:|---:|"]
         for b in batches:
-            paired = [a / c for a, c in zip(rates[(b, "kolo")], rates[(b, v)])]
-            lines.append("| %d | %s | %s | %.2fx (%.2f-%.2f) |" % (
-                b, "%.1f" % med[(b, "kolo")], "%.1f (%.1f-%.1f)" % (med[(b, v)], min(rates[(b, v)]),
-                max(rates[(b, v)])), med[(b, "kolo")] / med[(b, v)], min(paired), max(paired)))
+            lines.append("| %d | %s | %s | %s |" % (b, cell(b, "kolo"), cell(b, v), ratio(b, "kolo", v)))
     lines += ["", "| batch/rank | setup | ms/step | forward | backward | optimizer step "
               "| rank 0 CPU ms/step |", "|---:|---|---:|---:|---:|---:|---:|"]
     for b in batches:
         for s in setups:
             runs = phases[(b, s)]
+            if not runs:
+                continue
             cells = [statistics.median(r[k] for r in runs)
                      for k in ("step_ms", "forward_ms", "backward_ms", "opt_step_ms", "cpu_ms")]
             lines.append("| %d | %s | %s |" % (b, s, " | ".join("%.1f" % c for c in cells)))
+    for s, why in missing.items():
+        lines.append("# %s: not measured: %s" % (s, why.splitlines()[0] if why else "failed"))
     table = "\n".join(lines)
     print(table)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"np": args.np, "steps": args.steps, "runs": {
-                "%d/%s" % k: v for k, v in phases.items()}, "table": table}, f, indent=1)
+            json.dump({"np": args.np, "steps": args.steps, "model": model, "runs": {
+                "%d/%s" % k: v for k, v in phases.items()}, "missing": missing, "table": table}, f, indent=1)
+    return 1 if missing else 0
 
 
 def main():
@@ -215,6 +311,13 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--mlp-sizes", default="784,2048,2048,10")
+    p.add_argument("--model", default="mlp", choices=("mlp", "resnet50"),
+                   help="mlp (--mlp-sizes) or resnet50 (torchvision's, else defined here; --image-size)")
+    p.add_argument("--image-size", type=int, default=224, help="resnet50's input images: N x N")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the model and data live")
+    p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"), help="DDP's torch.distributed backend")
+    p.add_argument("--setups", default="single,nocomm,kolo,ddp",
+                   help="which setups to run, of single, nocomm, kolo, ddp (default: all)")
     p.add_argument("--port", type=int, default=0, help="(worker) DDP's rendezvous port")
     p.add_argument("--bind", action="store_true",
                    help="bind every setup's ranks to cores of their own (kolo run --bind-to core; "
@@ -225,10 +328,14 @@ def main():
     p.add_argument("--json", help="also write the raw rates here")
     args = p.parse_args()
     if args.worker:
-        worker(args)
-    else:
-        driver(args)
+        return worker(args)
+    for s in args.setups.split(","):
+        if s.strip() not in ("single", "nocomm", "kolo", "ddp", ""):
+            p.error("unknown setup %r (want single, nocomm, kolo, ddp)" % s)
+    if args.backend == "nccl" and args.device != "cuda":
+        p.error("--backend nccl needs --device cuda")
+    return driver(args)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,16 +2,19 @@
 """Allreduce latency from Python: kolo.torch called each way a script calls it (--forms:
 hvd.allreduce_, allreduce_async then synchronize, hvd.allreduce named and unnamed, and hvd.allreduce
 of a tensor that requires a gradient, through the autograd Function) side by side with
-torch.distributed on Gloo, and kolo's Go API (`kolo bench`) as the floor the binding adds to. Same
-machine, same sizes, one run, one table.
+torch.distributed on Gloo (and on NCCL, --peers), and kolo's Go API (`kolo bench`) as the floor the
+binding adds to. Same machine, same sizes, one run, one table.
 
     make build lib && /usr/bin/python3 bench/python_latency.py --np 2 --sizes 4 --rounds 3
     KOLO_PYTHON=python3 python3 bench/python_latency.py --device cuda --sizes 4,4MiB,64MiB  # a GPU machine
+    KOLO_PYTHON=$PWD/scripts/nccl_hostid_python.sh python3 bench/python_latency.py --device cuda \
+        --forms allreduce_ --peers nccl,gloo --sizes 4,4MiB,64MiB   # ranks sharing one GPU (NCCL_HOSTID)
 
 Each round runs every peer once (in turn, so that machine noise hits them alike) and takes the
 median per-op wall time of --iters ops after warm-up; the table shows, per peer, the median over
 rounds and the best round (on a shared machine, the best round is the one other work disturbed
-least). Float32 sum, warm buffers.
+least). Float32 sum, warm buffers. A second table gives kolo.torch's op time over each peer's
+(below 1: kolo is faster), the median of the rounds' ratios and their range.
 """
 import argparse
 import json
@@ -51,6 +54,13 @@ def bench_kolo_go(args, out):
                  "--iters", str(args.iters), "--warmup", str(args.warmup), "--json", out])
 
 
+def table(hdr, rows):
+    widths = [max(len(str(r[i])) for r in rows + [hdr]) for i in range(len(hdr))]
+    print("  ".join(h.rjust(w) for h, w in zip(hdr, widths)))
+    for r in rows:
+        print("  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--np", type=int, default=2)
@@ -66,6 +76,9 @@ def main():
     p.add_argument("--kolo-env", metavar="VAR=VALUE",
                    help="also run kolo.torch's first form with this variable set, as a peer of its own (alternated "
                         "with the others), to compare a setting: e.g. KOLO_CUDA_PINNED=0")
+    p.add_argument("--peers", default="gloo,go",
+                   help="the peers beside kolo.torch: gloo and nccl (torch.distributed on that backend, tensors on "
+                        "--device), go (kolo bench, host memory); default gloo,go")
     p.add_argument("--forms", default=",".join(FORMS),
                    help="the ways to call kolo.torch's allreduce, each a peer: %s (default: all)"
                         % ", ".join("%s (%s)" % kv for kv in FORMS.items()))
@@ -75,8 +88,17 @@ def main():
         if f not in FORMS:
             p.error("unknown form %r (want %s)" % (f, ", ".join(FORMS)))
 
+    others = {"gloo": ("gloo", compare.bench_gloo),
+              "nccl": ("nccl", lambda a, o: compare.bench_gloo(a, o, backend="nccl")),
+              "go": ("kolo Go", bench_kolo_go)}
+    wanted = [x.strip() for x in args.peers.split(",") if x.strip()]
+    for x in wanted:
+        if x not in others:
+            p.error("unknown peer %r (want %s)" % (x, ", ".join(others)))
+    if "nccl" in wanted and args.device == "cpu":
+        p.error("the nccl peer needs --device cuda")
     peers = [("kolo.torch " + f, lambda a, o, f=f: bench_kolo_torch(a, o, f)) for f in forms]
-    peers += [("gloo", compare.bench_gloo), ("kolo Go", bench_kolo_go)]
+    peers += [others[x] for x in wanted]
     first = peers[0][0]
     if args.kolo_env:
         env = compare.env_setting(p, args.kolo_env)
@@ -99,31 +121,47 @@ def main():
                 missing[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
 
     def med(name, nbytes):
-        v = rounds[name].get(nbytes)
+        v = rounds.get(name, {}).get(nbytes)
         return statistics.median(v) if v else None
 
     def best(name, nbytes):
         v = rounds[name].get(nbytes)
         return min(v) if v else None
 
-    print("# allreduce float32 sum from Python, np=%d, tensors on %s, median per op of %d ops; median and best "
-          "of %d rounds; binding cost: %s minus kolo Go" % (args.np, args.device, args.iters, args.rounds, first))
     names = [name for name, _ in peers]
+    with_go = "kolo Go" in names
+    print("# allreduce float32 sum from Python, np=%d, tensors on %s, median per op of %d ops; median and best "
+          "of %d rounds%s" % (args.np, args.device, args.iters, args.rounds,
+                              "; binding cost: %s minus kolo Go" % first if with_go else ""))
     short = lambda name: name[len("kolo.torch "):] if name.startswith("kolo.torch ") else name  # noqa: E731
-    cost = "binding cost us" if args.device == "cpu" else "binding + staging us"
-    hdr = ["size"] + ["%s us" % short(n) for n in names] + [cost] + ["best: %s" % short(names[0])] + \
+    cost = ["binding cost us" if args.device == "cpu" else "binding + staging us"] if with_go else []
+    hdr = ["size"] + ["%s us" % short(n) for n in names] + cost + ["best: %s" % short(names[0])] + \
         [short(n) for n in names[1:]]
     rows = []
     fmt = lambda x: "%.1f" % x if x else "-"  # noqa: E731
-    for nbytes in sorted(set(b for n in names for b in rounds[n])):
+    sizes = sorted(set(b for n in names for b in rounds[n]))
+    for nbytes in sizes:
         go = med("kolo Go", nbytes)
         k = med(first, nbytes)
         rows.append([compare.human(nbytes)] + [fmt(med(n, nbytes)) for n in names] +
-                    ["%.1f" % (k - go) if k and go else "-"] + [fmt(best(n, nbytes)) for n in names])
-    widths = [max(len(str(r[i])) for r in rows + [hdr]) for i in range(len(hdr))]
-    print("  ".join(h.rjust(w) for h, w in zip(hdr, widths)))
-    for r in rows:
-        print("  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
+                    (["%.1f" % (k - go) if k and go else "-"] if with_go else []) +
+                    [fmt(best(n, nbytes)) for n in names])
+    table(hdr, rows)
+    # Each round's ratio pairs runs made minutes apart at most, in the same state of the machine.
+    print("# op time ratio %s / peer (below 1: kolo.torch is faster): median of the rounds' ratios (range); "
+          "each side's range over the rounds in us" % first)
+    hdr = ["size"] + ["/ %s" % short(n) for n in names[1:]] + ["%s range" % short(n) for n in names]
+    rows = []
+    for nbytes in sizes:
+        row = [compare.human(nbytes)]
+        for n in names[1:]:
+            pairs = [k / o for k, o in zip(rounds[first].get(nbytes, []), rounds[n].get(nbytes, [])) if o]
+            row.append("%.2fx (%.2f-%.2f)" % (statistics.median(pairs), min(pairs), max(pairs)) if pairs else "-")
+        for n in names:
+            v = rounds[n].get(nbytes)
+            row.append("%.1f-%.1f" % (min(v), max(v)) if v else "-")
+        rows.append(row)
+    table(hdr, rows)
     for name in rounds:
         for nbytes, v in sorted(rounds[name].items()):
             print("# %s %s per round: %s" % (name, compare.human(nbytes), " ".join("%.1f" % x for x in v)))

@@ -25,6 +25,7 @@ def parse_args(form=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", required=True)
     p.add_argument("--device", default="cpu", help="where the torch peers' tensors live (cpu, cuda)")
+    p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"), help="torch.distributed's backend")
     a = p.parse_args()
     a.sizes = [parse_size(s) for s in a.sizes.split(",")]
     return a

@@ -1,5 +1,7 @@
-"""torch.distributed (Gloo) allreduce timed like `kolo bench`. Started once per rank by
-bench/compare.py with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set."""
+"""torch.distributed allreduce (Gloo, or NCCL with --backend nccl) timed like `kolo bench`. Started
+once per rank by bench/compare.py with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
+set. With --device cuda rank r's tensors are on GPU r (modulo the GPUs there are); NCCL ranks that
+share a GPU need NCCL_HOSTIDs of their own (scripts/nccl_hostid_python.sh), else NCCL refuses them."""
 import os
 import sys
 
@@ -13,7 +15,9 @@ import common  # noqa: E402
 def main():
     a = common.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    if a.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    dist.init_process_group(a.backend)
     rank, n = dist.get_rank(), dist.get_world_size()
     sizes = a.sizes
     res = common.measure(

@@ -26,6 +26,8 @@ FORMS = {
 def main():
     a = common.parse_args(form=("allreduce_", sorted(FORMS)))
     torch.set_num_threads(1)
+    if a.device == "cuda":  # rank r on GPU r, as the peers, before kolo starts
+        torch.cuda.set_device(int(os.environ.get("KOLO_LOCAL_RANK", "0")) % torch.cuda.device_count())
     hvd.init()
     sizes = a.sizes
     res = common.measure(

@@ -1,6 +1,10 @@
 """kolo.torch's conformance suite (python/tests/conformance/) at 2 and 3 ranks.
 
     make lib build && /usr/bin/python3 -m pytest -q python/tests/test_conformance.py
+    KOLO_TEST_DEVICE=cuda KOLO_CONFORMANCE_RANKS=3 python3 -m pytest -q python/tests/test_conformance.py
+
+KOLO_TEST_DEVICE=cuda runs every case on CUDA tensors (conformance/device.py); KOLO_CONFORMANCE_RANKS
+says at which rank counts (default 2,3).
 
 For each rank count, every case runs inside one `kolo run -np N` job (conformance/runner.py); the
 job's report becomes one pytest test per (rank count, module), which fails listing each failed
@@ -16,6 +20,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -30,8 +35,10 @@ RUNNER = os.path.join(HERE, "conformance", "runner.py")
 
 from conformance import runner  # noqa: E402  (stdlib only at import)
 
-RANKS = (2, 3)
-JOB_TIMEOUT = 240  # seconds; the runner's own deadlines end a hung job long before this
+RANKS = tuple(int(n) for n in os.environ.get("KOLO_CONFORMANCE_RANKS", "2,3").split(","))
+# Seconds; the runner's own deadlines end a hung job long before this. KOLO_CONFORMANCE_JOB_TIMEOUT
+# shortens it where a caller has less time (scripts/gpu_check.sh).
+JOB_TIMEOUT = int(os.environ.get("KOLO_CONFORMANCE_JOB_TIMEOUT", "240"))
 LINE = re.compile(r"^\[(\d+)\]<stdout>:" + re.escape(runner.MARK) + r"(\{.*\})\s*$")
 
 _jobs = {}
@@ -58,6 +65,7 @@ class Job(object):
         self.timeouts = []    # timeout events (any rank)
         self.sync_failures = []
         self.done = None
+        self.device = None    # where the cases' tensors were, from the start event
         for line in out.splitlines():
             m = LINE.match(line)
             if not m:
@@ -66,6 +74,7 @@ class Job(object):
             kind = ev.get("event")
             if kind == "start":
                 self.cases = ev["cases"]
+                self.device = ev["device"]
             elif kind == "case":
                 self.results[ev["case"]] = ev
             elif kind == "timeout":
@@ -140,7 +149,7 @@ def module_report(j, module):
 @pytest.mark.parametrize("np", RANKS)
 def test_job_ran_every_case(np):
     j = job(np)
-    print("conformance at %d ranks: %d cases in %.1f s" % (np, len(j.cases), j.seconds))
+    print("conformance at %d ranks on %s tensors: %d cases in %.1f s" % (np, j.device, len(j.cases), j.seconds))
     for ev in j.results.values():
         if ev["status"] == "xfail":
             print("  xfail %s: %s" % (ev["case"], ev["xfail"]))
@@ -184,3 +193,26 @@ def test_runner_reports_failures_and_timeouts():
     assert "in hangs_on_rank_1" in j.out, j.tail()  # the stack dump
     want = "selftest.never_runs did not report: case selftest.hangs_on_rank_1 timed out on rank 1"
     assert want in module_report(j, "selftest"), module_report(j, "selftest")
+
+
+def test_device_puts_the_cases_tensors_there():
+    # KOLO_TEST_DEVICE, checked on torch's "meta" device (there is no GPU in CI): the factories
+    # the cases use put tensors there unless told otherwise, random ones drawn from the host's
+    # seed, models moved by on_device; kolo's own torch is untouched.
+    code = textwrap.dedent("""
+        import torch as real
+        from conformance.device import DEVICE, on_device, torch
+        assert DEVICE == "meta", DEVICE
+        for t in (torch.ones(2), torch.zeros(2), torch.full((2,), 3.0), torch.tensor([1]),
+                  torch.arange(3), torch.empty(1), torch.linspace(0, 1, 3), torch.eye(2),
+                  torch.randn(2, generator=real.Generator().manual_seed(1)), torch.randint(0, 5, (2,))):
+            assert t.device.type == "meta", t.device
+        assert torch.ones(2, device="cpu").device.type == "cpu"
+        assert real.ones(2).device.type == "cpu"
+        assert on_device(torch.nn.Linear(2, 2)).weight.device.type == "meta"
+        assert torch.Tensor is real.Tensor and torch.float16 is real.float16
+        print("ok")
+        """)
+    p = subprocess.run([PY, "-c", code], env=dict(os.environ, KOLO_TEST_DEVICE="meta", PYTHONPATH=HERE),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stdout

@@ -1,7 +1,7 @@
 """allgather and allgather_async: every dtype, dim 0 differing per rank, empty and non-contiguous
 tensors, many in flight, autograd."""
 
-import torch
+from conformance.device import torch
 
 import kolo.torch as hvd
 from conformance import reference as ref

@@ -4,7 +4,7 @@ factors, scalars, empty and non-contiguous tensors, autograd."""
 import time
 import warnings
 
-import torch
+from conformance.device import torch
 
 import kolo.torch as hvd
 from conformance import reference as ref

@@ -2,7 +2,7 @@
 
 import time
 
-import torch
+from conformance.device import torch
 
 import kolo.torch as hvd
 from conformance import reference as ref

@@ -3,7 +3,7 @@ scalars, empty and non-contiguous tensors, autograd."""
 
 import time
 
-import torch
+from conformance.device import torch
 
 import kolo.torch as hvd
 from conformance import reference as ref

@@ -118,7 +118,7 @@ class Context(object):
     def next_op_works(self, after, stop=True):
         """The job still works after `after`: a named and an unnamed allreduce give the sum of
         every rank's ones. (The unnamed one checks that the ranks still number unnamed ops alike.)"""
-        import torch
+        from conformance.device import torch
         import kolo.torch as hvd
         for name in (self.op_name("after " + after), None):
             label = "named" if name else "unnamed"

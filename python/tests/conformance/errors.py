@@ -12,7 +12,7 @@ first failure (the ranks would only disagree further)."""
 
 import time
 
-import torch
+from conformance.device import torch
 
 import kolo.torch as hvd
 from conformance.case import case

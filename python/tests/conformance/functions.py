@@ -1,7 +1,7 @@
 """broadcast_parameters, broadcast_optimizer_state (fresh optimizers, options, model= for sparse
 embeddings), broadcast_object, allgather_object."""
 
-import torch
+from conformance.device import on_device, torch
 
 import kolo.torch as hvd
 from conformance.case import case
@@ -21,6 +21,7 @@ class Net(torch.nn.Module):
             self.bn.running_mean.uniform_()
             self.bn.running_var.uniform_(1, 2)
             self.bn.num_batches_tracked.fill_(seed)
+        on_device(self)
 
     def forward(self, x):
         return self.out(self.bn(self.fc(x)).double())
@@ -118,7 +119,7 @@ def broadcast_optimizer_state_model_with_sparse_embedding(ctx):
 
         def forward(self, idx):
             return self.fc(self.emb(idx))
-    model = Emb()
+    model = on_device(Emb())
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     hvd.broadcast_optimizer_state(opt, root_rank=0, model=model)
     ctx.check(all(opt.state.get(p) for p in model.parameters()), "no state created")

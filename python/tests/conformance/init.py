@@ -3,7 +3,7 @@
 import os
 import sys
 
-import torch
+from conformance.device import torch
 
 import kolo.torch as hvd
 from conformance.case import case

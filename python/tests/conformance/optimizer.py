@@ -7,7 +7,7 @@ itself (on a copy of the model) and checks kolo's result against their average."
 
 import warnings
 
-import torch
+from conformance.device import on_device, torch
 
 import kolo.torch as hvd
 from conformance import reference as ref
@@ -25,7 +25,7 @@ class Net(torch.nn.Module):
         self.fc1 = torch.nn.Linear(4, 3)
         self.fc2 = torch.nn.Linear(3, 2)
         self.extra = torch.nn.Linear(4, 2)
-        self.double()
+        on_device(self.double())
 
     def forward(self, x, use_extra=False):
         out = self.fc2(torch.tanh(self.fc1(x)))

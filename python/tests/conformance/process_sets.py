@@ -3,7 +3,7 @@ outside a set, mismatches inside a set, hvd.init(process_sets=...).
 
 The sets: low = ranks [0 .. size-2], high = ranks [1 .. size-1] (at 2 ranks, [0] and [1])."""
 
-import torch
+from conformance.device import torch
 
 import kolo.torch as hvd
 from conformance import reference as ref

@@ -5,7 +5,7 @@ the way Horovod defines it.
 
 import math
 
-import torch
+from conformance.device import torch
 
 import kolo.torch as hvd
 

@@ -3,6 +3,8 @@
     KOLO_STALL_CROSSED_TIME_SECONDS=3 PYTHONPATH=python bin/kolo run -np 3 /usr/bin/python3 \\
         python/tests/conformance/runner.py [MODULE | MODULE.CASE ...] [--modules=M1,M2]
 
+KOLO_TEST_DEVICE=cuda puts every case's tensors on the GPU (conformance/device.py).
+
 Every rank runs the same cases in the same order. A watchdog thread gives each case its deadline:
 a rank that overruns prints which case timed out with a stack dump of its threads, and ends the
 job (exit TIMEOUT_EXIT), so a hang costs a deadline, not CI's patience. After each case the ranks
@@ -164,12 +166,17 @@ def main():
     import kolo.torch as hvd
     from kolo.torch import mpi_ops
     from conformance.case import Context, Stop, describe
+    from conformance.device import DEVICE
 
+    if DEVICE == "cuda":
+        # Rank r on GPU r, as a training script places its ranks, before kolo starts; ranks share
+        # GPUs where there are fewer GPUs than ranks.
+        torch.cuda.set_device(int(os.environ.get("KOLO_LOCAL_RANK", "0")) % torch.cuda.device_count())
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     cases = load_cases(modules, selection)
     if rank == 0:
-        emit({"event": "start", "size": size, "cases": [n for n, _ in cases],
+        emit({"event": "start", "size": size, "cases": [n for n, _ in cases], "device": DEVICE,
               "stall_crossed": os.environ["KOLO_STALL_CROSSED_TIME_SECONDS"]})
     dog = Watchdog(rank)
     dog.start()

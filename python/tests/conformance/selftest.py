@@ -6,7 +6,7 @@ at its deadline with that rank's stack."""
 
 import time
 
-import torch
+from conformance.device import torch
 
 import kolo.torch as hvd
 from conformance.case import case

@@ -1,7 +1,7 @@
 """sparse_allreduce_async, and DistributedOptimizer over a sparse embedding with SparseAdam
 (sparse_as_dense False and True)."""
 
-import torch
+from conformance.device import on_device, torch
 
 import kolo.torch as hvd
 from conformance import reference as ref
@@ -51,7 +51,7 @@ def _sparse_adam(ctx, sparse_as_dense):
 
     def make():
         torch.manual_seed(5)
-        return torch.nn.Embedding(10, 4, sparse=True).double()
+        return on_device(torch.nn.Embedding(10, 4, sparse=True).double())
 
     def indices(q, step):
         return torch.tensor([q, (q + step) % 10, 9, (3 * q + step) % 10])
