@@ -20,6 +20,7 @@ import (
 	"github.com/kolo-dl/kolo/engine"
 	"github.com/kolo-dl/kolo/internal/spin"
 	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/observe/report"
 	"github.com/kolo-dl/kolo/rendezvous"
 	"github.com/kolo-dl/kolo/world"
 )
@@ -165,7 +166,21 @@ func Join(mem *Memory, opt Options) (*Worker, error) {
 		boot.Close()
 		return nil, err
 	}
-	return &Worker{job: job, boot: boot, world: w, engine: e, report: startReporter(boot.Launcher, w, e), elastic: er}, nil
+	key := failureKey{world: boot.Job.JobID, who: report.RankName(boot.Job.Rank), rank: boot.Job.Rank, host: job.Hostname,
+		launcherRank: func(r int) int { return r }}
+	switch {
+	case er != nil:
+		// The launcher knows an elastic worker by its place; ranks are the round's.
+		key.who, key.rank = er.place.String(), job.Rank
+	case opt.Ranks != nil:
+		key.launcherRank = func(r int) int {
+			if r >= 0 && r < len(opt.Ranks) {
+				return opt.Ranks[r]
+			}
+			return r
+		}
+	}
+	return &Worker{job: job, boot: boot, world: w, engine: e, report: startReporter(boot.Launcher, w, e, key), elastic: er}, nil
 }
 
 // Job is this process's place in the world it joined.
@@ -204,7 +219,7 @@ func (w *Worker) ElasticUpdate() (newest int, removalOnly, ok bool) {
 // whom its engine's error blames, for the next Join to name to the launcher.
 func (w *Worker) Leave() error {
 	err := w.engine.Shutdown(context.Background())
-	w.report.stop(err != nil)
+	w.report.stop(err)
 	if r := w.engine.AutotuneReport(); r != "" {
 		fmt.Fprintln(os.Stderr, r)
 	}
