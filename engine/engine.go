@@ -41,6 +41,10 @@ type Group struct {
 	LocalRanks []int               // job ranks of Local
 	Cross      transport.Comm      // same local rank across hosts; nil if not homogeneous
 	Abort      func(error)         // make every local wait fail (shared memory); may be nil
+	// Stopped, if set, is called once when the engine stops on an error, with that error, before
+	// any op fails with it: a program that leaves on the op's error has had it reported (the
+	// worker sends the launcher its failure record). It must return within a few seconds.
+	Stopped func(error)
 }
 
 // ErrShutdown is returned for ops submitted after Shutdown or pending when it ran.
@@ -1339,6 +1343,9 @@ func (e *Engine) halt(err error, tell bool) {
 		if told {
 			<-e.toldDone // an Abort is telling the peers: they hear before any caller here does
 		}
+	}
+	if e.g.Stopped != nil {
+		e.g.Stopped(err)
 	}
 	for _, ps := range e.sets {
 		for _, en := range ps.pending {

@@ -15,6 +15,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kolo-dl/kolo/bootstrap"
 	"github.com/kolo-dl/kolo/engine"
@@ -154,9 +155,16 @@ func Join(mem *Memory, opt Options) (*Worker, error) {
 		cfg.Autotune.Round = er.round.Number // the autotuner tunes each round's world anew
 		slog.Debug("kolo: joined an elastic round", "round", er.round.Number, "rank", job.Rank, "size", job.Size)
 	}
+	// The reporter starts with the engine it reports on: the engine reaches it through rep.
+	var rep atomic.Pointer[reporter]
 	e, err := engine.New(cfg, engine.Group{
 		Rank: job.Rank, Size: job.Size, Hosts: w.Hosts, Comm: w.Comm, Messenger: w.Messenger,
 		Local: w.Local, LocalRanks: w.LocalRanks, Cross: w.Cross, Abort: w.Abort,
+		Stopped: func(err error) {
+			if r := rep.Load(); r != nil {
+				r.sendFailure(failureOf(err, false))
+			}
+		},
 	})
 	if err != nil {
 		w.Close()
@@ -180,7 +188,12 @@ func Join(mem *Memory, opt Options) (*Worker, error) {
 			return r
 		}
 	}
-	return &Worker{job: job, boot: boot, world: w, engine: e, report: startReporter(boot.Launcher, w, e, key), elastic: er}, nil
+	r := startReporter(boot.Launcher, w, e, key)
+	rep.Store(r)
+	if err := e.Err(); err != nil && r != nil { // it stopped before rep was set
+		r.sendFailure(failureOf(err, false))
+	}
+	return &Worker{job: job, boot: boot, world: w, engine: e, report: r, elastic: er}, nil
 }
 
 // Job is this process's place in the world it joined.
