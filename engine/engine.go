@@ -1268,6 +1268,7 @@ wait:
 // not take its notice in time is logged. Aborting an engine that has already stopped or shut down
 // does nothing.
 func (e *Engine) Abort(err error) {
+	err = &AbortError{Err: err}
 	e.mu.Lock()
 	done := e.fatal != nil || e.closed || e.told
 	e.mu.Unlock()
@@ -1306,6 +1307,13 @@ func (e *Engine) Abort(err error) {
 	}
 	e.release()
 }
+
+// AbortError is how an engine stops when its own program gave up (Abort): the failure is this
+// rank's own. Its text is the program's error's.
+type AbortError struct{ Err error }
+
+func (e *AbortError) Error() string { return e.Err.Error() }
+func (e *AbortError) Unwrap() error { return e.Err }
 
 // abortWait bounds how long Abort waits for the driver to give way.
 const abortWait = 500 * time.Millisecond

@@ -28,9 +28,10 @@ func failureOf(err error, own bool) report.Failure {
 		lost   *engine.LostError
 		opErr  *engine.OpError
 		argErr *engine.ArgumentError
+		abort  *engine.AbortError
 	)
 	switch {
-	case own:
+	case own || errors.As(err, &abort):
 		f.Kind = report.KindException
 	case errors.As(err, &stuck):
 		f.Kind, f.Blames = report.KindStalled, stuck.Rank
@@ -89,8 +90,9 @@ type failureKey struct {
 	launcherRank func(int) int
 }
 
-// sendFailure sends f (bounded by flightSendTimeout) with the whole flight recorder, once per
-// distinct record: the engine's failure and the program's exit on it are one failure.
+// sendFailure sends f (bounded by flightSendTimeout) with the whole flight recorder, once: the
+// first failure is the rank's, what follows (the program leaving on the engine's error, the
+// engine stopping on the program's abort) its consequence.
 func (r *reporter) sendFailure(f report.Failure) {
 	f.Rank, f.Host = r.key.rank, r.key.host
 	if f.Blames >= 0 {
@@ -98,7 +100,7 @@ func (r *reporter) sendFailure(f report.Failure) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.sentFailure != nil && *r.sentFailure == f {
+	if r.sentFailure != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), flightSendTimeout)

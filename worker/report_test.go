@@ -116,6 +116,7 @@ func TestFailureOf(t *testing.T) {
 		{"peer lost in the transport", fmt.Errorf("rank 0: %w", &transport.PeerError{Rank: 2, Op: "recv", Err: io.EOF}), false, report.KindLost, 2},
 		{"peer left on purpose", &transport.PeerError{Rank: 2, Op: "recv", Err: transport.ErrPeerLeft}, false, report.KindLost, -1},
 		{"peer lost in the engine", fmt.Errorf("rank 0: %w", &engine.LostError{Rank: 4, Err: io.EOF}), false, report.KindLost, 4},
+		{"this rank's own abort", &engine.AbortError{Err: errors.New("rank 1 failed: bad")}, false, report.KindException, -1},
 		{"op error", &engine.OpError{Msg: "allreduce \"g\": shapes differ", Op: "g"}, false, report.KindOp, -1},
 		{"anything else", errors.New("malformed control message"), false, report.KindError, -1},
 	} {
