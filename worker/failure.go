@@ -87,6 +87,7 @@ type failureKey struct {
 	who          string
 	rank         int
 	host         string
+	round        int // the elastic round; 0 when not elastic
 	launcherRank func(int) int
 }
 
@@ -94,7 +95,7 @@ type failureKey struct {
 // first failure is the rank's, what follows (the program leaving on the engine's error, the
 // engine stopping on the program's abort) its consequence.
 func (r *reporter) sendFailure(f report.Failure) {
-	f.Rank, f.Host = r.key.rank, r.key.host
+	f.Rank, f.Host, f.Round = r.key.rank, r.key.host, r.key.round
 	if f.Blames >= 0 {
 		f.Blames = r.key.launcherRank(f.Blames)
 	}

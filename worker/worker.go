@@ -179,7 +179,7 @@ func Join(mem *Memory, opt Options) (*Worker, error) {
 	switch {
 	case er != nil:
 		// The launcher knows an elastic worker by its place; ranks are the round's.
-		key.who, key.rank = er.place.String(), job.Rank
+		key.who, key.rank, key.round = er.place.String(), job.Rank, er.round.Number
 	case opt.Ranks != nil:
 		key.launcherRank = func(r int) int {
 			if r >= 0 && r < len(opt.Ranks) {

@@ -18,6 +18,9 @@ type Failure struct {
 	Blames  int    `json:"blames"`
 	Op      string `json:"op,omitempty"` // the op it failed in, if any
 	Message string `json:"message"`
+	// Round is the elastic round the rank failed in (its Rank and Blames are that round's); 0 in
+	// a job that is not elastic.
+	Round int `json:"round,omitempty"`
 }
 
 // Kind is how a rank failed.
