@@ -906,7 +906,7 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 			e.resync[ps.id] = resyncPoint{r.Resync, e.joins.Load()}
 			e.namesMu.Unlock()
 		}
-		err := &OpError{Msg: r.Error, Op: firstName(r.Names)}
+		err := &OpError{Msg: r.Error, Op: firstName(r.Names), Ended: r.Ended}
 		if ps.id != 0 {
 			err.Msg = fmt.Sprintf("process set %d: %s", ps.id, r.Error)
 		}
@@ -1375,6 +1375,8 @@ func (e *Engine) halt(err error, tell bool) {
 type OpError struct {
 	Msg string
 	Op  string // the op's name (the first of a fused group's)
+	// Ended are the ranks that ended (reached shutdown) without submitting the op: its cause.
+	Ended []int
 }
 
 // LastOpError is the last op error this engine handed to a caller, nil if none: a program that

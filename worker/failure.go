@@ -46,6 +46,8 @@ func failureOf(err error, own bool) report.Failure {
 		f.Kind, f.Blames = report.KindLost, peer.Rank
 	case errors.As(err, &lost):
 		f.Kind, f.Blames = report.KindLost, lost.Rank
+	case errors.As(err, &opErr) && len(opErr.Ended) > 0:
+		f.Kind, f.Op, f.Blames = report.KindEnded, opErr.Op, opErr.Ended[0]
 	case errors.As(err, &opErr):
 		f.Kind, f.Op = report.KindOp, opErr.Op
 	case errors.As(err, &argErr):

@@ -117,6 +117,7 @@ func TestFailureOf(t *testing.T) {
 		{"peer left on purpose", &transport.PeerError{Rank: 2, Op: "recv", Err: transport.ErrPeerLeft}, false, report.KindLost, -1},
 		{"peer lost in the engine", fmt.Errorf("rank 0: %w", &engine.LostError{Rank: 4, Err: io.EOF}), false, report.KindLost, 4},
 		{"this rank's own abort", &engine.AbortError{Err: errors.New("rank 1 failed: bad")}, false, report.KindException, -1},
+		{"a peer ended early", &engine.OpError{Msg: "allreduce \"g\": rank 3 ended without submitting it", Op: "g", Ended: []int{3}}, false, report.KindEnded, 3},
 		{"op error", &engine.OpError{Msg: "allreduce \"g\": shapes differ", Op: "g"}, false, report.KindOp, -1},
 		{"anything else", errors.New("malformed control message"), false, report.KindError, -1},
 	} {

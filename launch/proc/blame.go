@@ -17,7 +17,8 @@ import (
 //   - to a rank that told the others it failed, unless it then exited cleanly;
 //   - to a rank reported lost if it failed too, of something other than the launcher's stop
 //     signal (one the launcher stopped was alive when the failure began), or if it exited cleanly
-//     before first failed (it ended while the others still needed it).
+//     before first failed (it ended while the others still needed it); not to one whose own
+//     record blames this rank for more than a loss (the loss followed from that).
 //
 // The chain ends at a rank whose record blames nobody (its own exception or error), at one that
 // sent no record (killed: its exit status is all there is), or where it would go round. Without
@@ -38,12 +39,23 @@ func Blame(results []Result, first *Result, records map[int]report.Failure) *Res
 			return cur
 		}
 		next := byRank[rec.Blames]
-		if next == nil || seen[next.Slot.Rank] || !toBlame(rec.Kind, next, first) {
+		if next == nil || seen[next.Slot.Rank] || !toBlame(rec.Kind, next, first) || outweighed(rec, records) {
 			return cur
 		}
 		seen[next.Slot.Rank] = true
 		cur = next
 	}
+}
+
+// outweighed reports whether a record of a lost peer is answered by that peer's record blaming its
+// sender for something it did (ended early, stopped, failed): the loss followed from that. A rank
+// that ended early loses the others when they fail on its account.
+func outweighed(rec report.Failure, records map[int]report.Failure) bool {
+	if rec.Kind != report.KindLost {
+		return false
+	}
+	back, ok := records[rec.Blames]
+	return ok && !back.Own() && back.Blames == rec.Rank && back.Kind != report.KindLost
 }
 
 // toBlame reports whether next, the rank a record of kind blames, is where the failure goes on.
@@ -69,7 +81,7 @@ func stoppedByLauncher(r *Result) bool {
 }
 
 // Summary renders the report the launcher prints when a job fails: the rank the failure traces
-// back to (Blame), its host, how it ended, what its record (or the record that named it) says and
+// back to (Blame), its host, how it ended, what its own record or else the record that named it says and
 // its last stderr lines, then how every other rank ended and, if it sent one, its record's kind.
 func Summary(results []Result, first *Result, records map[int]report.Failure) string {
 	var b strings.Builder
@@ -86,10 +98,13 @@ func Summary(results []Result, first *Result, records map[int]report.Failure) st
 	default:
 		fmt.Fprintf(&b, "kolo run: rank %d on %s %s (the first rank to fail).\n", first.Slot.Rank, first.Slot.Host, first.Exit)
 	}
-	if rec, ok := records[first.Slot.Rank]; ok {
-		fmt.Fprintf(&b, "Rank %d reported: %s\n", first.Slot.Rank, rec)
-	} else if by, rec, ok := namedBy(results, first.Slot.Rank, records); ok {
+	// Its own failure in its words, else the record that names it (it may have sent none, or one
+	// of what followed: an early end's shutdown that lost the others).
+	own, ok := records[first.Slot.Rank]
+	if by, rec, named := namedBy(results, first.Slot.Rank, records); named && !(ok && own.Own()) {
 		fmt.Fprintf(&b, "Rank %d reported: %s\n", by, rec)
+	} else if ok {
+		fmt.Fprintf(&b, "Rank %d reported: %s\n", first.Slot.Rank, own)
 	}
 	if len(first.StderrTail) > 0 {
 		fmt.Fprintf(&b, "Last lines of rank %d's stderr:\n", first.Slot.Rank)

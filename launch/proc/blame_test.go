@@ -72,6 +72,8 @@ func TestBlame(t *testing.T) {
 			recs(rec(0, report.KindPeerFailed, 2), rec(2, report.KindLost, 1)), 0, 1},
 		{"a chain ends where the named rank is not to blame", []Result{failed(0, 0), exited0(1, time.Hour), failed(2, 0)},
 			recs(rec(0, report.KindLost, 2), rec(2, report.KindLost, 1)), 0, 2},
+		{"a rank that ended early and then lost the others is not left for them", []Result{failed(0, 0), exited0(1, time.Minute), failed(2, time.Second)},
+			recs(rec(0, report.KindEnded, 1), rec(1, report.KindLost, 0), rec(2, report.KindEnded, 1)), 2, 1},
 		{"a cycle stops", []Result{failed(0, 0), failed(1, 0)},
 			recs(rec(0, report.KindLost, 1), rec(1, report.KindLost, 0)), 0, 1},
 		{"an op error blames nobody", []Result{failed(0, 0), failed(1, 0)},
@@ -111,7 +113,10 @@ func TestSummary(t *testing.T) {
 	}
 	early := []Result{failed(0, 0), exited0(1, time.Minute)}
 	sum = Summary(early, &early[1], map[int]report.Failure{0: rec(0, report.KindEnded, 1)})
-	if want := "kolo run: rank 1 on h ended (exited with code 0) while other ranks still needed it (the first rank to fail).\n"; !strings.Contains(sum, want) {
-		t.Errorf("summary lacks %q:\n%s", want, sum)
+	for _, want := range []string{"kolo run: rank 1 on h ended (exited with code 0) while other ranks still needed it (the first rank to fail).\n",
+		"Rank 0 reported: ended (blames rank 1): m\n"} {
+		if !strings.Contains(sum, want) {
+			t.Errorf("summary lacks %q:\n%s", want, sum)
+		}
 	}
 }
