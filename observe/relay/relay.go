@@ -1,7 +1,8 @@
 // Package relay moves the observe records through the job's rendezvous store: a rank's Publisher
-// puts its encoded report (and, when asked, its whole flight recorder) under its keys, and the
-// launcher's Collect reads every rank's latest report into the view, asks for the flight
-// recorders (RequestFlights) and reads them (Flights).
+// puts its encoded report (and, when asked, its whole flight recorder) under its keys, and a rank
+// that fails its failure record (PublishFailure); the launcher's Collect reads every rank's latest
+// report into the view, asks for the flight recorders (RequestFlights) and reads them (Flights),
+// and reads the failure records (Failure, Failures).
 //
 // Each call is one round of store requests; the caller owns the clock and the goroutine (the rank
 // calls Publish every report.Interval, the launcher calls Collect a few times a second), so the

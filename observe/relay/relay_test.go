@@ -133,3 +133,24 @@ func TestClosedStore(t *testing.T) {
 		t.Fatalf("RequestFlights = %v", err)
 	}
 }
+
+// A failure record published by rank is read back by rank, and a malformed one is named.
+func TestFailures(t *testing.T) {
+	ctx := context.Background()
+	st := Local{rendezvous.NewStore()}
+	f := report.Failure{Rank: 2, Host: "h", Kind: report.KindLost, Blames: 0, Message: "rank 0 lost"}
+	if err := PublishFailure(ctx, st, "w1", report.RankName(2), f); err != nil {
+		t.Fatal(err)
+	}
+	st.Set(ctx, report.FailureKey("w1", "1"), []byte("{"))
+	got, err := Failures(ctx, st, "w1", 3)
+	if len(got) != 1 || got[2] != f {
+		t.Errorf("Failures = %+v, want rank 2's record only", got)
+	}
+	if !errors.Is(err, report.ErrMalformed) || !strings.Contains(err.Error(), "1's failure record") {
+		t.Errorf("Failures error %v, want rank 1's record named malformed", err)
+	}
+	if _, ok, err := Failure(ctx, st, "w1", "host[0]"); ok || err != nil {
+		t.Errorf("a place that sent nothing: ok %v, err %v", ok, err)
+	}
+}
