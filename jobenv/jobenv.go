@@ -175,6 +175,20 @@ func Interface(env map[string]string) (ifaces, name string) {
 // TCPFullMesh is the setting that connects every rank of another host at start-up (world.Options.FullMesh).
 const TCPFullMesh = "KOLO_TCP_FULL_MESH"
 
+// Reports is the setting that turns the ranks' reports to kolo run (its live view, metrics and end
+// table) off: 0 (or false, off, no). They are on when it is unset. A rank that fails still sends its
+// failure record.
+const Reports = "KOLO_REPORTS"
+
+// ReportsFrom reads Reports: whether the ranks report, on when unset.
+func ReportsFrom(env map[string]string) (bool, error) {
+	v, ok := env[Reports]
+	if !ok || strings.TrimSpace(v) == "" {
+		return true, nil
+	}
+	return ParseSwitch(Reports, v)
+}
+
 // ParseSwitch reads an on/off setting: 1, true, on, yes or 0, false, off, no (any case); empty is
 // off. Anything else is an error naming the setting.
 func ParseSwitch(name, v string) (bool, error) {

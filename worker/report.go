@@ -42,7 +42,8 @@ type reporter struct {
 
 // startReporter starts w's reporter, or returns nil where no launcher reads the reports: a world
 // of one, or a job mpirun or srun started (its rendezvous is rank 0's own).
-func startReporter(launcher jobenv.Launcher, w *world.World, eng *engine.Engine, key failureKey) *reporter {
+// With reports off (jobenv.Reports), only the failure record is sent.
+func startReporter(launcher jobenv.Launcher, w *world.World, eng *engine.Engine, key failureKey, reports bool) *reporter {
 	if launcher != jobenv.KoloRun || w.Job.Size <= 1 || w.Rendezvous == nil {
 		return nil
 	}
@@ -53,13 +54,22 @@ func startReporter(launcher jobenv.Launcher, w *world.World, eng *engine.Engine,
 	if w.Job.Rank == 0 {
 		pub.Straggle = eng.Straggle
 	}
-	return newReporter(pub, w.Rendezvous, key, report.Interval(w.Job.Size), eng.Err)
+	interval := report.Interval(w.Job.Size)
+	if !reports {
+		interval = 0
+	}
+	return newReporter(pub, w.Rendezvous, key, interval, eng.Err)
 }
 
-// newReporter starts publishing pub's reports on store every interval.
+// newReporter starts publishing pub's reports on store every interval; interval 0 publishes none
+// (the failure record still goes out).
 func newReporter(pub relay.Publisher, store relay.Store, key failureKey, interval time.Duration, engErr func() error) *reporter {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &reporter{pub: pub, store: store, key: key, engErr: engErr, interval: interval, cancel: cancel, done: make(chan struct{})}
+	if interval <= 0 {
+		close(r.done)
+		return r
+	}
 	go r.run(ctx)
 	return r
 }
@@ -115,9 +125,11 @@ func (r *reporter) stop(failed error) {
 	}
 	r.cancel()
 	<-r.done
-	ctx, cancel := context.WithTimeout(context.Background(), flightSendTimeout)
-	defer cancel()
-	r.publish(ctx, time.Now())
+	if r.interval > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), flightSendTimeout)
+		r.publish(ctx, time.Now())
+		cancel()
+	}
 	if err := r.engErr(); err != nil {
 		failed = err
 	}

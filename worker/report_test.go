@@ -138,3 +138,20 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 	}
 }
+
+// With reports off (KOLO_REPORTS=0) the reporter publishes nothing, but a failure still sends its
+// record.
+func TestReporterOff(t *testing.T) {
+	st := &countingStore{Local: relay.Local{S: rendezvous.NewStore()}}
+	pub := relay.Publisher{World: "w", Rank: 1, Host: "h", Recorder: flight.New(8), Meter: report.NewMeter(time.Now())}
+	key := failureKey{world: "job", who: "1", rank: 1, host: "h", launcherRank: func(r int) int { return r }}
+	r := newReporter(pub, st, key, 0, func() error { return nil })
+	time.Sleep(20 * time.Millisecond)
+	r.stop(errors.New("shutdown: timeout"))
+	if _, ok, _ := st.TryGet(context.Background(), report.Key("w", 1)); ok {
+		t.Error("a report was published with reports off")
+	}
+	if f, ok, err := relay.Failure(context.Background(), st, "job", "1"); !ok || err != nil || f.Kind != report.KindError {
+		t.Errorf("failure record %+v, %v, %v: want the shutdown's", f, ok, err)
+	}
+}

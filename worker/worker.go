@@ -101,6 +101,11 @@ func Join(mem *Memory, opt Options) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
+	reports, err := jobenv.ReportsFrom(env)
+	if err != nil {
+		boot.Close()
+		return nil, err
+	}
 	_, _, isElastic, err := jobenv.ElasticPlace(env)
 	if err != nil {
 		boot.Close()
@@ -188,7 +193,7 @@ func Join(mem *Memory, opt Options) (*Worker, error) {
 			return r
 		}
 	}
-	r := startReporter(boot.Launcher, w, e, key)
+	r := startReporter(boot.Launcher, w, e, key, reports)
 	rep.Store(r)
 	if err := e.Err(); err != nil && r != nil { // it stopped before rep was set
 		r.sendFailure(failureOf(err, false))
