@@ -43,8 +43,10 @@ type live struct {
 	store relay.Store
 	job   string // the launcher's job id: failure records are under it
 
-	mu     sync.Mutex // world and size change when an elastic job re-forms
-	world  string     // whose reports are collected: the job id, or an elastic round's
+	// mu holds world and size, which change when an elastic job re-forms, for the whole of a
+	// collect: a report of the old world must not be folded into the new one.
+	mu     sync.Mutex
+	world  string // whose reports are collected: the job id, or an elastic round's
 	size   int
 	shared *view.Shared
 	con    *console.Console // nil: no status lines
@@ -139,9 +141,9 @@ func (l *live) run(ctx context.Context) {
 // job's first world; each later one is a re-form, which the view counts.
 func (l *live) setWorld(world string, size int) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	first := l.world == l.job && l.size == 0
 	l.world, l.size = world, size
-	l.mu.Unlock()
 	l.shared.Do(func(s *view.State) {
 		if first {
 			s.Begin(size)
@@ -159,8 +161,10 @@ func (l *live) current() (world string, size int) {
 
 // collect folds the ranks' latest reports and redraws the status lines.
 func (l *live) collect(ctx context.Context, now time.Time) {
-	world, size := l.current()
-	if err := relay.Collect(ctx, l.store, world, size, now, l.shared); err != nil {
+	l.mu.Lock()
+	err := relay.Collect(ctx, l.store, l.world, l.size, now, l.shared)
+	l.mu.Unlock()
+	if err != nil {
 		slog.Debug("kolo run: rank reports", "err", err)
 	}
 	if l.con != nil {

@@ -37,12 +37,12 @@ type reporter struct {
 
 	mu          sync.Mutex      // serialises the Publisher, which is not safe for concurrent use
 	sentFail    bool            // the flight recorder went out after the engine's error
-	sentFailure *report.Failure // the last failure record sent
+	sentFailure *report.Failure // the failure record, once sent
 }
 
 // startReporter starts w's reporter, or returns nil where no launcher reads the reports: a world
-// of one, or a job mpirun or srun started (its rendezvous is rank 0's own).
-// With reports off (jobenv.Reports), only the failure record is sent.
+// of one, or a job mpirun or srun started (its rendezvous is rank 0's own). With reports off
+// (jobenv.Reports) it sends only the failure record, if the rank fails.
 func startReporter(launcher jobenv.Launcher, w *world.World, eng *engine.Engine, key failureKey, reports bool) *reporter {
 	if launcher != jobenv.KoloRun || w.Job.Size <= 1 || w.Rendezvous == nil {
 		return nil
