@@ -674,8 +674,8 @@ func (n *node) runRanks(ctx context.Context, slots []layout.Slot, rvAddr string)
 	done := doneRecord{Node: n.index, Host: myHost, Failed: first != nil}
 	for _, r := range results {
 		if !r.Exit.Failed() {
-			// Only a failed rank's tail is shown, or followed by Blame, which may trace the failure
-			// to a rank the launcher stopped while it wound down.
+			// Only a failed rank's tail is shown (the summary of a rank that ended early, which
+			// exits 0, quotes the records instead): a job of many ranks keeps its done records small.
 			r.StderrTail = nil
 		}
 		done.Ranks = append(done.Ranks, recordOf(r))
