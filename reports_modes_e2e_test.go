@@ -70,8 +70,9 @@ func TestReportsInAnElasticJob(t *testing.T) {
 	}
 }
 
-// A no-ssh job of 2 nodes on this machine: each node prints the end table of both ranks; when rank
-// 1 gives up (kolo.Abort), each names it from its record, whichever rank exited first.
+// A no-ssh job of 2 nodes on this machine: each node draws the status lines and prints the end
+// table of both ranks; when rank 1 gives up (kolo.Abort), each names it from its record, whichever
+// rank exited first.
 func TestReportsInANoSSHJob(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts kolo run")
@@ -88,18 +89,22 @@ func TestReportsInANoSSHJob(t *testing.T) {
 		ls := make([]*launcher, 2)
 		for i := range ls {
 			argv := append([]string{kolo, "run", "--rendezvous", fmt.Sprintf("127.0.0.1:%d", port), "--nnodes", "2",
-				"--node-rank", strconv.Itoa(i), "--nproc-per-node", "1", "--start-timeout", "20s", softmax, "-pace", "10ms"}, args...)
+				"--node-rank", strconv.Itoa(i), "--nproc-per-node", "1", "--start-timeout", "20s", "--status", "on",
+				softmax, "-pace", "10ms"}, args...)
 			ls[i] = startLauncher(t, env, argv...)
 		}
 		return ls
 	}
-	t.Run("end table", func(t *testing.T) {
-		for i, l := range nodes("-steps", "60") {
+	t.Run("status lines and end table", func(t *testing.T) {
+		for i, l := range nodes("-steps", "100") {
 			if code := l.wait(t, time.Minute); code != 0 {
 				t.Fatalf("node %d exited %d\n%s", i, code, l.output())
 			}
 			if rows := endRowRe.FindAllStringSubmatch(l.stderr.String(), -1); len(rows) != 2 {
 				t.Errorf("node %d: end table: want 2 rank rows, got %d:\n%s", i, len(rows), l.stderr.String())
+			}
+			if !strings.Contains(l.stdout.String(), "2 ranks on ") {
+				t.Errorf("node %d: no status line counts both ranks:\n%s", i, l.stdout.String())
 			}
 		}
 	})
