@@ -123,7 +123,7 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 		rv := net.JoinHostPort(advertise[s.Host], port)
 		workers[i] = proc.Worker{Slot: s, Argv: opts.Command, Env: WorkerEnv(s, rv, jobID, secret, extra, opts.Env)}
 	}
-	view, rankOut, rankErr, err := startLive(ctx, opts, relay.Local{S: srv.Store}, jobID, len(slots), stdout, stderr)
+	view, rankOut, rankErr, err := startLive(ctx, opts, relay.Local{S: srv.Store}, jobID, len(slots), true, stdout, stderr)
 	if err != nil {
 		return ExitUsage, err
 	}

@@ -62,9 +62,12 @@ type live struct {
 
 // startLive starts the view of job (its id) of size ranks whose reports arrive in store (size 0:
 // an elastic job, whose worlds setWorld gives), and returns the writers the ranks' stdout and
-// stderr must go through (stdout and stderr themselves when no status lines are drawn). It fails
-// only when --metrics-addr cannot be served.
-func startLive(ctx context.Context, opts *flags.Options, store relay.Store, job string, size int,
+// stderr must go through (stdout and stderr themselves when no status lines are drawn). With
+// watch false it reads the reports once, when the job ends (for the end table and the failure
+// text), and draws and serves nothing meanwhile: a no-ssh node that does not serve the rendezvous,
+// which the serving node watches (N nodes reading every rank's report over the network, a few
+// times a second, would load it N times). It fails only when --metrics-addr cannot be served.
+func startLive(ctx context.Context, opts *flags.Options, store relay.Store, job string, size int, watch bool,
 	stdout, stderr io.Writer) (l *live, outW, errW io.Writer, err error) {
 	l = &live{
 		store: store, job: job, world: job, size: size, flightFile: true,
@@ -72,13 +75,19 @@ func startLive(ctx context.Context, opts *flags.Options, store relay.Store, job 
 		silent: max(5*time.Second, 8*report.Interval(size)),
 		stderr: stderr,
 	}
+	ctx, l.cancel = context.WithCancel(ctx)
+	if !watch {
+		if opts.MetricsAddr != "" {
+			fmt.Fprintln(stderr, "kolo run: --metrics-addr: the node that serves the rendezvous serves the metrics")
+		}
+		return l, stdout, stderr, nil
+	}
 	if t := statusTerminal(opts.Status, stdout); t != nil {
 		l.con = console.New(t)
 		outW, errW = l.con.Writer(stdout), l.con.Writer(stderr)
 	} else {
 		outW, errW = stdout, stderr
 	}
-	ctx, l.cancel = context.WithCancel(ctx)
 	if opts.MetricsAddr != "" {
 		served := make(chan error, 1)
 		l.wg.Add(1)

@@ -650,13 +650,14 @@ func (n *node) runRanks(ctx context.Context, slots []layout.Slot, rvAddr string)
 	if n.srv != nil {
 		store = relay.Local{S: n.srv.Store}
 	}
-	view, rankOut, rankErr, err := startLive(ctx, o, store, n.jobID, len(slots), n.stdout, n.stderr)
+	view, rankOut, rankErr, err := startLive(ctx, o, store, n.jobID, len(slots), n.srv != nil, n.stdout, n.stderr)
 	if err != nil {
 		n.publishStop(stopRecord{Reason: stopError, Node: n.index, Host: myHost, Detail: err.Error()})
 		return ExitUsage, err
 	}
-	// Every node shows the job and prints its end; one writes the flight-recorder file, which
-	// nodes on a shared file system would otherwise all write.
+	// The node serving the rendezvous watches the job (status lines, metrics) and writes the
+	// flight-recorder file, which nodes on a shared file system would otherwise all write; every
+	// node prints the end.
 	view.flightFile = n.srv != nil
 	guard := startGuard(n.opts.AfterOrphans)
 	defer guard.Close()
@@ -669,7 +670,6 @@ func (n *node) runRanks(ctx context.Context, slots []layout.Slot, rvAddr string)
 		},
 	}
 	results, first := runner.Run(runCtx, workers)
-	view.stop()
 
 	done := doneRecord{Node: n.index, Host: myHost, Failed: first != nil}
 	for _, r := range results {
@@ -695,9 +695,12 @@ func (n *node) runRanks(ctx context.Context, slots []layout.Slot, rvAddr string)
 		}
 	}
 	if err := n.lostRendezvous(); err != nil {
+		view.stop()
 		return n.reportLost(results, first, err)
 	}
 	dones := n.collectDones()
+	// Every node's ranks have ended (or the wait for them has): their last reports are in.
+	view.stop()
 	if err := n.lostRendezvous(); err != nil {
 		return n.reportLost(results, first, err)
 	}
