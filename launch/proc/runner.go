@@ -35,10 +35,10 @@ type Runner struct {
 	Timestamps  bool          // prefix each line with the time
 	TailLines   int           // stderr lines kept per rank for the summary; default 20
 	Plain       bool          // no rank prefix on output lines (kolo bench prints rank 0's table)
-	// OnFailure, if set, is called once, in its own goroutine, with the first failing rank as soon as
-	// it has ended (its StderrTail holds what it wrote before ending): a multi-node launcher uses it
-	// to tell the other nodes to stop without waiting for this node's ranks to wind down. Run does
-	// not return before OnFailure has.
+	// OnFailure, if set, is called once, in its own goroutine, with the first failing rank when
+	// Run stops the others (its StderrTail holds what it wrote before ending): a multi-node
+	// launcher uses it to tell the other nodes to stop without waiting for this node's ranks to
+	// wind down. Run does not return before OnFailure has.
 	OnFailure func(Result)
 	// SettleWait is how long, after the first rank fails on its own, the others may still end on
 	// their own before Run stops them (and calls OnFailure): a rank that failed too (it lost the
@@ -52,7 +52,7 @@ type Runner struct {
 	StreamWait time.Duration
 }
 
-// Run starts every worker and waits for all of them. When one fails (once Settle returns) or ctx
+// Run starts every worker and waits for all of them. When one fails (SettleWait later) or ctx
 // ends, the others get SIGTERM and, after GracePeriod, SIGKILL. It returns the results in rank
 // order and the first rank to fail on its own (by time of exit: Blame traces it to the rank the
 // failure began with), or nil if every rank succeeded. Every goroutine it starts has ended when
