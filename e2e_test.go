@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/internal/e2e"
+	"github.com/kolo-dl/kolo/observe/report"
 )
 
 func TestMain(m *testing.M) {
@@ -123,6 +124,24 @@ func TestAbortedRankIsBlamed(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A rank whose program finishes while the others still submit ops: their next op fails at once,
+// naming it, and the launcher names it as the rank the failure began with, though it exits 0 and
+// the others exit first.
+func TestEarlyEndIsBlamed(t *testing.T) {
+	job := e2e.Launch(t, "ended-early", e2e.LocalHosts(3), 3, e2e.Options{})
+	if job.First == nil || job.First.Slot.Rank != 1 || job.First.Exit.Failed() {
+		t.Fatalf("kolo run blames %+v, want rank 1, which exited 0 (records %+v)\n%s", job.First, job.Records, job.Stderr)
+	}
+	for _, r := range []int{0, 2} {
+		if f, ok := job.Records[r]; !ok || f.Kind != report.KindEnded || f.Blames != 1 {
+			t.Errorf("rank %d's failure record %+v (sent: %v), want one of a peer that ended, blaming rank 1", r, f, ok)
+		}
+	}
+	if job.Elapsed > 15*time.Second {
+		t.Errorf("the job took %v to fail: the others waited for rank 1", job.Elapsed)
 	}
 }
 

@@ -291,16 +291,31 @@ func Failed() bool {
 
 // Abort tells every rank that this one has failed outside kolo, and why: this rank's pending and
 // later ops fail with "rank N failed: <err>", and so do the other ranks', instead of waiting for
-// this process to vanish and reporting "rank N lost" (kolo run follows that naming to this rank's
-// own error when it reports the job's failure). Call it before exiting on an error the
-// program cannot recover from (the Python binding calls it for an uncaught exception). The job
-// stays initialized; Shutdown still releases it. Without Init it does nothing.
+// this process to vanish and reporting "rank N lost". Under kolo run it first sends the launcher
+// this rank's failure record (see ReportFailure), so that kolo run names this rank as the one
+// that failed whichever rank exits first. Call it before exiting on an error the program cannot
+// recover from (the Python binding calls it for an uncaught exception). The job stays
+// initialized; Shutdown still releases it. Without Init it does nothing.
 func Abort(err error) {
 	s, gerr := get()
 	if gerr != nil || err == nil {
 		return
 	}
+	s.worker.ReportFailure(err, true)
 	s.engine.Abort(fmt.Errorf("rank %d failed: %w", s.job.Rank, err))
+}
+
+// ReportFailure tells kolo run that this process is leaving on err, one of kolo's own errors (a
+// failed op), before it exits: a failure record saying how this rank failed and which rank that
+// traces back to (the peer lost, stuck or failed first), which kolo run reads to name the rank
+// behind the job's failure. It returns once the record is sent (within 2 s). Leaving through
+// Shutdown sends it too; call ReportFailure when the program exits without it. The Python
+// binding calls it for an uncaught exception. Without Init, or not under kolo run, it does
+// nothing.
+func ReportFailure(err error) {
+	if s, gerr := get(); gerr == nil {
+		s.worker.ReportFailure(err, false)
+	}
 }
 
 // IsInitialized reports whether Init has run (and Shutdown has not).

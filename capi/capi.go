@@ -168,6 +168,30 @@ func kolo_abort(reason *C.char, length C.int) C.int {
 	return 0
 }
 
+// kolo_report_failure tells kolo run that this process is leaving on an uncaught exception, whose
+// text is reason (length bytes, not NUL-terminated): own 1 for the program's own exception (as
+// kolo_abort, which it also does: the other ranks' ops fail with it), 0 for kolo's error (a failed
+// op: the engine's record of it is sent, kolo.ReportFailure). It returns once the launcher has the
+// record (bounded), so the caller may exit at once: 0, or -1 with kolo_last_error for a bad
+// argument.
+//
+//export kolo_report_failure
+func kolo_report_failure(reason *C.char, length C.int, own C.int) C.int {
+	msg, err := cString("reason", "length", unsafe.Pointer(reason), int(length))
+	if err != nil {
+		return setLastErr(fmt.Errorf("kolo_report_failure: %w", err))
+	}
+	if msg == "" {
+		msg = "failed"
+	}
+	if own != 0 {
+		kolo.Abort(errors.New(msg))
+	} else {
+		kolo.ReportFailure(errors.New(msg))
+	}
+	return 0
+}
+
 // kolo_failed is 1 when the engine stopped on an error (kolo.Failed: every op fails; a new
 // kolo_init_async joins a new world), else 0.
 //

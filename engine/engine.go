@@ -41,6 +41,10 @@ type Group struct {
 	LocalRanks []int               // job ranks of Local
 	Cross      transport.Comm      // same local rank across hosts; nil if not homogeneous
 	Abort      func(error)         // make every local wait fail (shared memory); may be nil
+	// Stopped, if set, is called once when the engine stops on an error, with that error, before
+	// any op fails with it: a program that leaves on the op's error has had it reported (the
+	// worker sends the launcher its failure record). It must return within a few seconds.
+	Stopped func(error)
 }
 
 // ErrShutdown is returned for ops submitted after Shutdown or pending when it ran.
@@ -103,6 +107,9 @@ type Engine struct {
 	toldDone chan struct{}
 	// aborted is that Abort's error: the driver stops the engine with it at its next step.
 	aborted atomic.Pointer[error]
+	// lastOpErr is the last op error handed to a caller while the job goes on: what a program
+	// that leaves on it left on (LastOpError).
+	lastOpErr atomic.Pointer[OpError]
 	// tl is the running timeline, or nil: the only cost of a disabled timeline is loading it.
 	// tlMu orders StartTimeline and StopTimeline (the loop only loads tl).
 	tl   atomic.Pointer[timeline.Timeline]
@@ -717,7 +724,7 @@ func (e *Engine) handleMsg(m transport.Msg) bool {
 		}
 		// The aborting rank tells every rank itself: passing the notice on would only send each
 		// one n-1 more copies of it.
-		e.stop(errors.New(a.Reason))
+		e.stop(&PeerFailedError{Rank: a.Rank, Reason: a.Reason})
 		return false
 	case kind == negotiate.MsgSettings:
 		st, err := negotiate.DecodeSettings(m.Body)
@@ -899,10 +906,11 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 			e.resync[ps.id] = resyncPoint{r.Resync, e.joins.Load()}
 			e.namesMu.Unlock()
 		}
-		err := &OpError{Msg: r.Error}
+		err := &OpError{Msg: r.Error, Op: firstName(r.Names), Ended: r.Ended}
 		if ps.id != 0 {
 			err.Msg = fmt.Sprintf("process set %d: %s", ps.id, r.Error)
 		}
+		e.lastOpErr.Store(err)
 		for _, en := range entries {
 			if en != nil {
 				e.opDone(en, now, true)
@@ -1007,7 +1015,7 @@ func (e *Engine) failCollective(err error) {
 				e.resolveStall(a, false, e.cfg.ProgressTimeout)
 				return
 			}
-			e.stop(errors.New(a.Reason))
+			e.stop(&PeerFailedError{Rank: a.Rank, Reason: a.Reason})
 			return
 		}
 	}
@@ -1087,7 +1095,7 @@ func (e *Engine) resolveStall(first negotiate.Abort, own bool, timeout time.Dura
 			continue
 		}
 		if !a.Stalled {
-			e.stop(errors.New(a.Reason))
+			e.stop(&PeerFailedError{Rank: a.Rank, Reason: a.Reason})
 			return
 		}
 		if _, seen := notes[a.Rank]; !seen {
@@ -1163,8 +1171,30 @@ func (e *Engine) lostError(r int, err error) error {
 		}
 		return fmt.Errorf("rank %d: %w", e.g.Rank, &named)
 	}
-	return fmt.Errorf("rank %d: rank %d (%s) lost: %w", e.g.Rank, r, e.host(r), err)
+	return fmt.Errorf("rank %d: %w", e.g.Rank, &LostError{Rank: r, Host: e.host(r), Err: err})
 }
+
+// LostError names a peer whose loss the transport did not name itself (its messages stopped, a
+// keep-alive could not be sent).
+type LostError struct {
+	Rank int
+	Host string
+	Err  error
+}
+
+func (e *LostError) Error() string {
+	return fmt.Sprintf("rank %d (%s) lost: %v", e.Rank, e.Host, e.Err)
+}
+func (e *LostError) Unwrap() error { return e.Err }
+
+// PeerFailedError is how an engine stops when a peer told it why that peer stopped (its abort
+// notice): Rank is the peer, Reason its text, which is the error's.
+type PeerFailedError struct {
+	Rank   int
+	Reason string
+}
+
+func (e *PeerFailedError) Error() string { return e.Reason }
 
 // tellPeers sends every reachable peer why this rank stops, so that ranks blocked on it report the
 // root cause rather than "rank N lost", and aborts the local shared-memory waits. It sends to all
@@ -1238,6 +1268,7 @@ wait:
 // not take its notice in time is logged. Aborting an engine that has already stopped or shut down
 // does nothing.
 func (e *Engine) Abort(err error) {
+	err = &AbortError{Err: err}
 	e.mu.Lock()
 	done := e.fatal != nil || e.closed || e.told
 	e.mu.Unlock()
@@ -1277,6 +1308,13 @@ func (e *Engine) Abort(err error) {
 	e.release()
 }
 
+// AbortError is how an engine stops when its own program gave up (Abort): the failure is this
+// rank's own. Its text is the program's error's.
+type AbortError struct{ Err error }
+
+func (e *AbortError) Error() string { return e.Err.Error() }
+func (e *AbortError) Unwrap() error { return e.Err }
+
 // abortWait bounds how long Abort waits for the driver to give way.
 const abortWait = 500 * time.Millisecond
 
@@ -1314,6 +1352,9 @@ func (e *Engine) halt(err error, tell bool) {
 			<-e.toldDone // an Abort is telling the peers: they hear before any caller here does
 		}
 	}
+	if e.g.Stopped != nil {
+		e.g.Stopped(err)
+	}
 	for _, ps := range e.sets {
 		for _, en := range ps.pending {
 			en.h.finish(err)
@@ -1331,7 +1372,23 @@ func (e *Engine) halt(err error, tell bool) {
 }
 
 // OpError is an op that failed by negotiation (mismatch, stall) while the job goes on.
-type OpError struct{ Msg string }
+type OpError struct {
+	Msg string
+	Op  string // the op's name (the first of a fused group's)
+	// Ended are the ranks that ended (reached shutdown) without submitting the op: its cause.
+	Ended []int
+}
+
+// LastOpError is the last op error this engine handed to a caller, nil if none: a program that
+// leaves on a failed op, as kolo's Python binding reports it, left on this one.
+func (e *Engine) LastOpError() *OpError { return e.lastOpErr.Load() }
+
+func firstName(names []string) string {
+	if len(names) == 0 {
+		return ""
+	}
+	return names[0]
+}
 
 func (e *OpError) Error() string { return e.Msg }
 

@@ -179,6 +179,20 @@ const TCPFullMesh = "KOLO_TCP_FULL_MESH"
 // ranks than this machine has CPUs. Read by kolo run, not by ranks.
 const Oversubscribe = "KOLO_OVERSUBSCRIBE"
 
+// Reports is the setting that turns the ranks' reports to kolo run (its live view, metrics and end
+// table) off: 0 (or false, off, no). They are on when it is unset. A rank that fails still sends its
+// failure record.
+const Reports = "KOLO_REPORTS"
+
+// ReportsFrom reads Reports: whether the ranks report, on when unset.
+func ReportsFrom(env map[string]string) (bool, error) {
+	v, ok := env[Reports]
+	if !ok || strings.TrimSpace(v) == "" {
+		return true, nil
+	}
+	return ParseSwitch(Reports, v)
+}
+
 // ParseSwitch reads an on/off setting: 1, true, on, yes or 0, false, off, no (any case); empty is
 // off. Anything else is an error naming the setting.
 func ParseSwitch(name, v string) (bool, error) {

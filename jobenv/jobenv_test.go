@@ -69,3 +69,23 @@ func TestInterface(t *testing.T) {
 		}
 	}
 }
+
+func TestReportsFrom(t *testing.T) {
+	for _, tc := range []struct {
+		env     map[string]string
+		want    bool
+		wantErr bool
+	}{
+		{map[string]string{}, true, false},
+		{map[string]string{Reports: ""}, true, false},
+		{map[string]string{Reports: "0"}, false, false},
+		{map[string]string{Reports: "off"}, false, false},
+		{map[string]string{Reports: "1"}, true, false},
+		{map[string]string{Reports: "maybe"}, false, true},
+	} {
+		got, err := ReportsFrom(tc.env)
+		if got != tc.want || (err != nil) != tc.wantErr {
+			t.Errorf("ReportsFrom(%v) = %v, %v; want %v, error %v", tc.env, got, err, tc.want, tc.wantErr)
+		}
+	}
+}

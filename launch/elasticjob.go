@@ -24,6 +24,8 @@ import (
 	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/launch/layout"
 	"github.com/kolo-dl/kolo/launch/proc"
+	"github.com/kolo-dl/kolo/observe/relay"
+	"github.com/kolo-dl/kolo/observe/report"
 	"github.com/kolo-dl/kolo/rendezvous"
 	"github.com/kolo-dl/kolo/transport"
 )
@@ -176,8 +178,9 @@ func newElasticJob(opts *flags.Options, set elasticSettings, planner *elastic.Pl
 		timeout: planner.Config().Timeout,
 		out:     proc.NewLineWriter(stdout, opts.Timestamps),
 		errw:    proc.NewLineWriter(stderr, opts.Timestamps),
-		procs:   map[elastic.Worker]*elasticProc{},
-		exits:   make(chan elasticExit),
+		stdout:  stdout, stderr: stderr,
+		procs: map[elastic.Worker]*elasticProc{},
+		exits: make(chan elasticExit),
 	}
 }
 
@@ -243,8 +246,10 @@ type elasticJob struct {
 	// workerRendezvous is the HOST:PORT of the rendezvous the workers of host dial.
 	workerRendezvous func(host string) string
 
-	out, errw *proc.LineWriter
-	startCtx  context.Context // what a start waits under (ssh sessions queue per host)
+	out, errw      *proc.LineWriter
+	stdout, stderr io.Writer       // the launcher's own, under out and errw
+	view           *live           // the ranks' reports and failure records, from run on
+	startCtx       context.Context // what a start waits under (ssh sessions queue per host)
 
 	hosts  []elastic.Host                  // the last discovery
 	listed bool                            // a discovery came: the planner is ticked from then on
@@ -282,10 +287,11 @@ type elasticProc struct {
 
 	exited   bool
 	exit     proc.Exit
-	stopped  bool   // the launcher stopped it: its exit is expected
-	stuck    bool   // killed for not asking for a re-forming
-	reported bool   // handed to the planner as failed
-	failedAs string // "rank 1 of round 3", set when reported
+	record   *report.Failure // the failure record it sent, if any
+	stopped  bool            // the launcher stopped it: its exit is expected
+	stuck    bool            // killed for not asking for a re-forming
+	reported bool            // handed to the planner as failed
+	failedAs string          // "rank 1 of round 3", set when reported
 }
 
 type elasticExit struct {
@@ -307,6 +313,23 @@ type elasticEnd struct {
 
 func (j *elasticJob) run(ctx context.Context, source hostSource) (code int, err error) {
 	j.startCtx = ctx
+	view, outW, errW, err := startLive(ctx, j.opts, relay.Local{S: j.srv.Store}, j.jobID, 0, true, j.stdout, j.stderr)
+	if err != nil {
+		return ExitUsage, err
+	}
+	j.view = view
+	j.out, j.errw = proc.NewLineWriter(outW, j.opts.Timestamps), proc.NewLineWriter(errW, j.opts.Timestamps)
+	defer func() {
+		view.stop()
+		failure := ""
+		if code != 0 && code != ExitInterrupted {
+			failure = "the elastic job failed"
+			if err != nil {
+				failure = err.Error()
+			}
+		}
+		view.end(failure, j.opts.OutputDir)
+	}()
 	dctx, cancel := context.WithCancel(ctx)
 	var discoverer sync.WaitGroup
 	discoveries := make(chan discovery)
@@ -496,6 +519,9 @@ func (j *elasticJob) publish(r jobenv.Round) error {
 		return fmt.Errorf("publish round %d: %w", r.Number, err)
 	}
 	if r.End == "" {
+		if j.view != nil {
+			j.view.setWorld(r.JobID(j.jobID), len(r.Ranks))
+		}
 		j.round = r
 		if j.rounds == nil {
 			j.rounds = map[int]jobenv.Round{}
@@ -660,7 +686,12 @@ func (j *elasticJob) onExit(e elasticExit) {
 		// No-ssh mode: the listing without its node, which follows, makes the next round.
 		j.log("%s (started for round %d as rank %d): %s", p.place, p.round, p.rank, e.exit)
 	case e.exit.Failed():
-		j.log("%s (started for round %d as rank %d) %s", p.place, p.round, p.rank, e.exit)
+		p.record = j.failureRecord(p)
+		if p.record != nil {
+			j.log("%s (started for round %d as rank %d) %s: rank %d of round %d reported %s", p.place, p.round, p.rank, e.exit, p.record.Rank, p.record.Round, p.record)
+		} else {
+			j.log("%s (started for round %d as rank %d) %s", p.place, p.round, p.rank, e.exit)
+		}
 		j.pending = append(j.pending, p)
 		if j.batchC == nil {
 			j.batchC = time.After(j.set.batch)
@@ -674,6 +705,21 @@ func (j *elasticJob) onExit(e elasticExit) {
 			j.finishedIn(p)
 		}
 	}
+}
+
+// failureRecord is the failure record p sent before it exited, if any: one of a round it joined,
+// not one an earlier worker at its place left.
+func (j *elasticJob) failureRecord(p *elasticProc) *report.Failure {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	f, ok, err := relay.Failure(ctx, relay.Local{S: j.srv.Store}, j.jobID, jobenv.Place{Host: p.place.Host, Slot: p.place.Slot}.String())
+	if err != nil {
+		slog.Debug("kolo run: failure record", "place", p.place, "err", err)
+	}
+	if !ok || f.Round < p.round {
+		return nil
+	}
+	return &f
 }
 
 // finishedIn settles, at the first worker to exit 0, which round the job finished training in:
@@ -1046,6 +1092,9 @@ func (j *elasticJob) summary(reason string) string {
 			how = "was stopped as stuck (" + how + ")"
 		}
 		fmt.Fprintf(&b, "kolo run: %s (%s) %s.\n", p.place, p.failedAs, how)
+		if p.record != nil {
+			fmt.Fprintf(&b, "%s reported (rank %d of round %d): %s\n", p.place, p.record.Rank, p.record.Round, p.record)
+		}
 		if tail := p.tail.Lines(); len(tail) > 0 {
 			fmt.Fprintf(&b, "Last lines of %s's stderr:\n", p.place)
 			for _, l := range tail {

@@ -19,6 +19,7 @@ import (
 	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/launch/layout"
 	"github.com/kolo-dl/kolo/launch/proc"
+	"github.com/kolo-dl/kolo/observe/relay"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
 
@@ -127,7 +128,7 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 		rv := rvAddr[advertise[s.Host]]
 		workers[i] = proc.Worker{Slot: s, Argv: opts.Command, Env: WorkerEnv(s, rv, jobID, secret, extra, opts.Env)}
 	}
-	view, rankOut, rankErr, err := startLive(ctx, opts, srv.Store, jobID, len(slots), stdout, stderr)
+	view, rankOut, rankErr, err := startLive(ctx, opts, relay.Local{S: srv.Store}, jobID, len(slots), true, stdout, stderr)
 	if err != nil {
 		return ExitUsage, err
 	}
@@ -147,15 +148,32 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 		first = nil // a rank that was still waiting to start when Ctrl-C came did not fail
 	}
 	if first != nil {
-		fmt.Fprint(stderr, proc.Summary(results, first))
+		records := view.failures(len(slots))
+		code := failureCode(first)
+		first = proc.Blame(results, first, records)
+		fmt.Fprint(stderr, proc.Summary(results, first, records))
 		view.end(fmt.Sprintf("rank %d on %s: %s", first.Slot.Rank, first.Slot.Host, first.Exit), opts.OutputDir)
-		return first.Exit.ShellCode(), nil
+		return failureCode(first, code), nil
 	}
 	view.end("", "")
 	if ctx.Err() != nil {
 		return ExitInterrupted, errors.New("interrupted: stopped every rank")
 	}
 	return 0, nil
+}
+
+// failureCode is the exit code of a job whose failure traces back to cause: cause's own, or, when
+// cause exited 0 (it ended while the others needed it), the first of fallback that is not 0, else 1.
+func failureCode(cause *proc.Result, fallback ...int) int {
+	if c := cause.Exit.ShellCode(); c != 0 {
+		return c
+	}
+	for _, c := range fallback {
+		if c != 0 {
+			return c
+		}
+	}
+	return 1
 }
 
 // workerExtraEnv is the engine tuning of opts plus the network interface workers must use.

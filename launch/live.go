@@ -1,11 +1,15 @@
 package launch
 
-// The launcher's live view of a job whose rendezvous it serves (package observe): it collects the
-// ranks' reports from its own store a few times a second, keeps the status lines under the ranks'
-// output on a terminal, serves the figures to Prometheus (--metrics-addr), and when the job ends
-// prints the end table or, on a failure, what each rank was in, with every rank's flight recorder
-// written to a file. The ranks' output is unchanged on a pipe: status lines are drawn only on a
-// terminal (or with --status on), and the end table and failure text go to stderr.
+// The launcher's side of the ranks' report channel (package observe), one piece for every kind of
+// job (static from one machine, no-ssh, elastic): it collects the ranks' reports from the job's
+// rendezvous a few times a second (the store this launcher serves, or a connection to another
+// node's), keeps the status lines under the ranks' output on a terminal, serves the figures to
+// Prometheus (--metrics-addr), reads the ranks' failure records (which rank failed, how, and whom
+// it blames) and when the job ends prints the end table or, on a failure, what each rank was in,
+// with every rank's flight recorder written to a file. An elastic job moves the view to each new
+// round's world (setWorld), and the re-forms are counted. The ranks' output is unchanged on a
+// pipe: status lines are drawn only on a terminal (or with --status on), and the end table and
+// failure text go to stderr.
 
 import (
 	"context"
@@ -26,7 +30,6 @@ import (
 	"github.com/kolo-dl/kolo/observe/relay"
 	"github.com/kolo-dl/kolo/observe/report"
 	"github.com/kolo-dl/kolo/observe/view"
-	"github.com/kolo-dl/kolo/rendezvous"
 )
 
 // collectEvery is how often the launcher reads the ranks' reports and redraws the status lines.
@@ -37,28 +40,47 @@ const stallLines = 8
 
 // live is one job's view, from start to end.
 type live struct {
-	store  relay.Store
-	world  string
+	store relay.Store
+	job   string // the launcher's job id: failure records are under it
+
+	// mu holds world and size, which change when an elastic job re-forms, for the whole of a
+	// collect: a report of the old world must not be folded into the new one.
+	mu     sync.Mutex
+	world  string // whose reports are collected: the job id, or an elastic round's
 	size   int
 	shared *view.Shared
 	con    *console.Console // nil: no status lines
 	silent time.Duration    // a rank not heard from for this long is silent
-	stderr io.Writer        // the launcher's own (not the console's writer): for the end texts
+	// flightFile: end writes the flight-recorder file (every launcher but the no-ssh nodes that
+	// do not serve the rendezvous).
+	flightFile bool
+	stderr     io.Writer // the launcher's own (not the console's writer): for the end texts
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
 
-// startLive starts the view of the job world of size ranks whose reports arrive in store, and
-// returns the writers the ranks' stdout and stderr must go through (stdout and stderr themselves
-// when no status lines are drawn). It fails only when --metrics-addr cannot be served.
-func startLive(ctx context.Context, opts *flags.Options, store *rendezvous.Store, world string, size int,
+// startLive starts the view of job (its id) of size ranks whose reports arrive in store (size 0:
+// an elastic job, whose worlds setWorld gives), and returns the writers the ranks' stdout and
+// stderr must go through (stdout and stderr themselves when no status lines are drawn). With
+// watch false it reads the reports once, when the job ends (for the end table and the failure
+// text), and draws and serves nothing meanwhile: a no-ssh node that does not serve the rendezvous,
+// which the serving node watches (N nodes reading every rank's report over the network, a few
+// times a second, would load it N times). It fails only when --metrics-addr cannot be served.
+func startLive(ctx context.Context, opts *flags.Options, store relay.Store, job string, size int, watch bool,
 	stdout, stderr io.Writer) (l *live, outW, errW io.Writer, err error) {
 	l = &live{
-		store: relay.Local{S: store}, world: world, size: size,
+		store: store, job: job, world: job, size: size, flightFile: true,
 		shared: view.NewShared(view.New(size)),
 		silent: max(5*time.Second, 8*report.Interval(size)),
 		stderr: stderr,
+	}
+	ctx, l.cancel = context.WithCancel(ctx)
+	if !watch {
+		if opts.MetricsAddr != "" {
+			fmt.Fprintln(stderr, "kolo run: --metrics-addr: the node that serves the rendezvous serves the metrics")
+		}
+		return l, stdout, stderr, nil
 	}
 	if t := statusTerminal(opts.Status, stdout); t != nil {
 		l.con = console.New(t)
@@ -66,7 +88,6 @@ func startLive(ctx context.Context, opts *flags.Options, store *rendezvous.Store
 	} else {
 		outW, errW = stdout, stderr
 	}
-	ctx, l.cancel = context.WithCancel(ctx)
 	if opts.MetricsAddr != "" {
 		served := make(chan error, 1)
 		l.wg.Add(1)
@@ -125,9 +146,34 @@ func (l *live) run(ctx context.Context) {
 	}
 }
 
+// setWorld moves the view to world, of size ranks: an elastic job's new round. The first is the
+// job's first world; each later one is a re-form, which the view counts.
+func (l *live) setWorld(world string, size int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	first := l.world == l.job && l.size == 0
+	l.world, l.size = world, size
+	l.shared.Do(func(s *view.State) {
+		if first {
+			s.Begin(size)
+		} else {
+			s.Reset(size)
+		}
+	})
+}
+
+func (l *live) current() (world string, size int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.world, l.size
+}
+
 // collect folds the ranks' latest reports and redraws the status lines.
 func (l *live) collect(ctx context.Context, now time.Time) {
-	if err := relay.Collect(ctx, l.store, l.world, l.size, now, l.shared); err != nil {
+	l.mu.Lock()
+	err := relay.Collect(ctx, l.store, l.world, l.size, now, l.shared)
+	l.mu.Unlock()
+	if err != nil {
 		slog.Debug("kolo run: rank reports", "err", err)
 	}
 	if l.con != nil {
@@ -163,7 +209,8 @@ func (l *live) end(failure, dir string) {
 		var err error
 		// Ranks whose engine failed sent their whole recorder as they left; the others' report
 		// tails stand in for theirs.
-		if flights, err = relay.Flights(ctx, l.store, l.world, l.size); err != nil {
+		world, size := l.current()
+		if flights, err = relay.Flights(ctx, l.store, world, size); err != nil {
 			slog.Debug("kolo run: flight recorders", "err", err)
 		}
 	}
@@ -183,13 +230,28 @@ func (l *live) end(failure, dir string) {
 		if text := s.StallText(now, 0, stallLines); text != "" {
 			fmt.Fprint(l.stderr, text)
 		}
-		name := filepath.Join(dir, "kolo-flight-"+l.world+".json")
+		if !l.flightFile {
+			return
+		}
+		name := filepath.Join(dir, "kolo-flight-"+l.job+".json")
 		if err := writeFlightFile(name, s.FlightFile(now, failure, flights)); err != nil {
 			fmt.Fprintf(l.stderr, "kolo run: flight recorder not written: %v\n", err)
 			return
 		}
 		fmt.Fprintf(l.stderr, "kolo run: every rank's last ops (flight recorder) written to %s\n", name)
 	})
+}
+
+// failures reads the failure records of the size ranks of a static job, by rank (within a second:
+// the store may be going away with the job).
+func (l *live) failures(size int) map[int]report.Failure {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	recs, err := relay.Failures(ctx, l.store, l.job, size)
+	if err != nil {
+		slog.Debug("kolo run: failure records", "err", err)
+	}
+	return recs
 }
 
 // slowestLine names the rank rank 0 last named as the one the others wait for, if any.

@@ -22,6 +22,8 @@ import (
 	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/launch/layout"
 	"github.com/kolo-dl/kolo/launch/proc"
+	"github.com/kolo-dl/kolo/observe/relay"
+	"github.com/kolo-dl/kolo/observe/report"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
 
@@ -685,10 +687,23 @@ func (n *node) runRanks(ctx context.Context, slots []layout.Slot, rvAddr string)
 		go func() { defer bgDone.Done(); n.watchNodes(bg, n.srv) }()
 	}
 
+	var store relay.Store = n.rv
+	if n.srv != nil {
+		store = relay.Local{S: n.srv.Store}
+	}
+	view, rankOut, rankErr, err := startLive(ctx, o, store, n.jobID, len(slots), n.srv != nil, n.stdout, n.stderr)
+	if err != nil {
+		n.publishStop(stopRecord{Reason: stopError, Node: n.index, Host: myHost, Detail: err.Error()})
+		return ExitUsage, err
+	}
+	// The node serving the rendezvous watches the job (status lines, metrics) and writes the
+	// flight-recorder file, which nodes on a shared file system would otherwise all write; every
+	// node prints the end.
+	view.flightFile = n.srv != nil
 	guard := startGuard(n.opts.AfterOrphans)
 	defer guard.Close()
 	runner := &proc.Runner{
-		Starter: proc.LocalStarter{Guard: guard, Bind: n.bind}, Stdout: n.stdout, Stderr: n.stderr,
+		Starter: proc.LocalStarter{Guard: guard, Bind: n.bind}, Stdout: rankOut, Stderr: rankErr,
 		OutputDir: o.OutputDir, Timestamps: o.Timestamps, Plain: o.PlainOutput,
 		OnFailure: func(r proc.Result) {
 			rec := recordOf(r)
@@ -700,8 +715,8 @@ func (n *node) runRanks(ctx context.Context, slots []layout.Slot, rvAddr string)
 	done := doneRecord{Node: n.index, Host: myHost, Failed: first != nil}
 	for _, r := range results {
 		if !r.Exit.Failed() {
-			// Only a failed rank's tail is shown, or followed by Blame, which may trace the failure
-			// to a rank the launcher stopped while it wound down.
+			// Only a failed rank's tail is shown (the summary of a rank that ended early, which
+			// exits 0, quotes the records instead): a job of many ranks keeps its done records small.
 			r.StderrTail = nil
 		}
 		done.Ranks = append(done.Ranks, recordOf(r))
@@ -721,13 +736,17 @@ func (n *node) runRanks(ctx context.Context, slots []layout.Slot, rvAddr string)
 		}
 	}
 	if err := n.lostRendezvous(); err != nil {
+		view.stop()
 		return n.reportLost(results, first, err)
 	}
 	dones := n.collectDones()
+	// Every node's ranks have ended (or the wait for them has): their last reports are in.
+	view.stop()
 	if err := n.lostRendezvous(); err != nil {
 		return n.reportLost(results, first, err)
 	}
-	all, firstAll, code, note := outcome(dones, n.currentStop(), n.names)
+	records := view.failures(len(slots))
+	all, firstAll, code, note := outcome(dones, n.currentStop(), n.names, records)
 	reported := 0
 	for _, d := range dones {
 		if d != nil && d.Lost == "" {
@@ -736,7 +755,10 @@ func (n *node) runRanks(ctx context.Context, slots []layout.Slot, rvAddr string)
 	}
 	n.finish(reported)
 	if firstAll != nil {
-		fmt.Fprint(n.stderr, proc.Summary(all, firstAll))
+		fmt.Fprint(n.stderr, proc.Summary(all, firstAll, records))
+		view.end(fmt.Sprintf("rank %d on %s: %s", firstAll.Slot.Rank, firstAll.Slot.Host, firstAll.Exit), o.OutputDir)
+	} else {
+		view.end("", "")
 	}
 	if note != "" {
 		return code, errors.New(note)
@@ -882,7 +904,7 @@ func (n *node) currentStop() *stopRecord {
 func (n *node) reportLost(results []proc.Result, first *proc.Result, err error) (int, error) {
 	msg := fmt.Sprintf("lost the rendezvous at %s (%v): stopped this node's ranks; the other nodes' ranks are not known here", n.opts.Rendezvous, err)
 	if first != nil {
-		fmt.Fprint(n.stderr, proc.Summary(results, first))
+		fmt.Fprint(n.stderr, proc.Summary(results, first, nil))
 		return first.Exit.ShellCode(), errors.New(msg)
 	}
 	return 1, errors.New(msg)
@@ -946,9 +968,10 @@ func (n *node) finish(reported int) {
 }
 
 // outcome turns every node's report into the job's results, the first rank to fail (the earliest
-// end among ranks that failed on their own, on any node, traced by Blame), the exit code and a
-// note on what else went wrong (a node interrupted, lost or silent).
-func outcome(dones []*doneRecord, stop *stopRecord, names []string) (results []proc.Result, first *proc.Result, code int, note string) {
+// end among ranks that failed on their own, on any node, traced by Blame through the ranks'
+// failure records), the exit code and a note on what else went wrong (a node interrupted, lost or
+// silent).
+func outcome(dones []*doneRecord, stop *stopRecord, names []string, records map[int]report.Failure) (results []proc.Result, first *proc.Result, code int, note string) {
 	var missing, lost []string
 	for i, d := range dones {
 		switch {
@@ -983,11 +1006,12 @@ func outcome(dones []*doneRecord, stop *stopRecord, names []string) (results []p
 			first = r
 		}
 	}
-	first = proc.Blame(results, first)
 	var notes []string
 	switch {
 	case first != nil:
 		code = first.Exit.ShellCode()
+		first = proc.Blame(results, first, records)
+		code = failureCode(first, code)
 	case stop != nil && stop.Reason == stopInterrupted:
 		notes = append(notes, fmt.Sprintf("interrupted on node %d (%s): stopped every rank", stop.Node, stop.Host))
 		code = ExitInterrupted

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/launch/layout"
+	"github.com/kolo-dl/kolo/observe/report"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
 
@@ -191,33 +192,43 @@ func TestOutcome(t *testing.T) {
 		name      string
 		dones     []*doneRecord
 		stop      *stopRecord
+		records   map[int]report.Failure
 		wantCode  int
 		wantFirst int // -1: none
 		wantNote  string
 	}{
 		{"all succeed", []*doneRecord{
 			{Ranks: []rankRecord{{Slot: slot(0)}, {Slot: slot(1)}}}, {Ranks: []rankRecord{{Slot: slot(2)}, {Slot: slot(3)}}},
-		}, nil, 0, -1, ""},
+		}, nil, nil, 0, -1, ""},
 		{"earliest failure wins across nodes", []*doneRecord{
 			{Ranks: []rankRecord{{Slot: slot(0), Code: 1, Ended: at(30)}, {Slot: slot(1), Code: -1, Signal: 15, Stopped: true, Ended: at(40)}}},
 			{Ranks: []rankRecord{{Slot: slot(2), Code: 7, Ended: at(10)}, {Slot: slot(3)}}},
-		}, &stopRecord{Reason: stopFailed, Node: 0}, 7, 2, ""},
+		}, &stopRecord{Reason: stopFailed, Node: 0}, nil, 7, 2, ""},
+		{"a record on another node traces the failure to a stuck rank", []*doneRecord{
+			{Ranks: []rankRecord{{Slot: slot(0), Code: 1, Ended: at(10)}, {Slot: slot(1), Code: -1, Signal: 9, Stopped: true, Ended: at(40)}}},
+			{Ranks: []rankRecord{{Slot: slot(2), Code: 1, Ended: at(12)}, {Slot: slot(3), Code: 1, Ended: at(13)}}},
+		}, &stopRecord{Reason: stopFailed, Node: 0}, map[int]report.Failure{
+			0: {Rank: 0, Kind: report.KindStalled, Blames: 1}, 2: {Rank: 2, Kind: report.KindStalled, Blames: 1},
+		}, 137, 1, ""},
+		{"a rank that ended early: the code is the first failure's", []*doneRecord{
+			{Ranks: []rankRecord{{Slot: slot(0), Code: 3, Ended: at(10)}, {Slot: slot(1), Ended: at(40)}}}, {},
+		}, &stopRecord{Reason: stopFailed, Node: 0}, map[int]report.Failure{0: {Rank: 0, Kind: report.KindEnded, Blames: 1}}, 3, 1, ""},
 		{"signal", []*doneRecord{
 			{Ranks: []rankRecord{{Slot: slot(0), Code: -1, Signal: 9, Ended: at(1)}}}, {},
-		}, nil, 137, 0, ""},
+		}, nil, nil, 137, 0, ""},
 		{"interrupted", []*doneRecord{
 			{Ranks: []rankRecord{{Slot: slot(0), Code: -1, Signal: 15, Stopped: true}}}, {},
-		}, &stopRecord{Reason: stopInterrupted, Node: 1, Host: "h1"}, ExitInterrupted, -1, "interrupted on node 1 (h1)"},
+		}, &stopRecord{Reason: stopInterrupted, Node: 1, Host: "h1"}, nil, ExitInterrupted, -1, "interrupted on node 1 (h1)"},
 		{"lost node", []*doneRecord{
 			{Ranks: []rankRecord{{Slot: slot(0), Code: -1, Signal: 15, Stopped: true}}}, {Lost: "node 1 on h1 stopped answering"},
-		}, &stopRecord{Reason: stopLost, Node: 1}, 1, -1, "node 1 on h1 stopped answering"},
+		}, &stopRecord{Reason: stopLost, Node: 1}, nil, 1, -1, "node 1 on h1 stopped answering"},
 		{"silent node whose rank failed", []*doneRecord{
 			{Ranks: []rankRecord{{Slot: slot(0), Code: -1, Signal: 15, Stopped: true}}}, nil,
-		}, &stopRecord{Reason: stopFailed, Node: 1, Rank: &rankRecord{Slot: slot(2), Code: 3, Ended: at(5), Tail: []string{"boom"}}}, 3, 2, "no report from node 1 (h1)"},
+		}, &stopRecord{Reason: stopFailed, Node: 1, Rank: &rankRecord{Slot: slot(2), Code: 3, Ended: at(5), Tail: []string{"boom"}}}, nil, 3, 2, "no report from node 1 (h1)"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			results, first, code, note := outcome(tc.dones, tc.stop, names)
+			results, first, code, note := outcome(tc.dones, tc.stop, names, tc.records)
 			if code != tc.wantCode {
 				t.Errorf("code %d, want %d", code, tc.wantCode)
 			}

@@ -3,8 +3,9 @@ package worker
 // The rank's side of the launcher's live view (package observe): a reporter publishes this rank's
 // flight recorder, meter and (rank 0) straggler figures on the job's rendezvous every
 // report.Interval, from the world's own rendezvous connection, and sends its whole flight
-// recorder once when the engine stops on an error. It never waits on the launcher: a report that
-// cannot be sent is dropped, and the next one goes out an interval later.
+// recorder and its failure record (failure.go) once when the engine stops on an error. It never
+// waits on the launcher: a report that cannot be sent is dropped, and the next one goes out an
+// interval later; a failure record waits at most flightSendTimeout.
 
 import (
 	"context"
@@ -27,19 +28,22 @@ const flightSendTimeout = 2 * time.Second
 type reporter struct {
 	pub      relay.Publisher
 	store    relay.Store
+	key      failureKey
 	engErr   func() error // the engine's error, nil while it runs
 	interval time.Duration
 
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu       sync.Mutex // serialises the Publisher, which is not safe for concurrent use
-	sentFail bool       // the flight recorder went out after the engine's error
+	mu          sync.Mutex      // serialises the Publisher, which is not safe for concurrent use
+	sentFail    bool            // the flight recorder went out after the engine's error
+	sentFailure *report.Failure // the failure record, once sent
 }
 
 // startReporter starts w's reporter, or returns nil where no launcher reads the reports: a world
-// of one, or a job mpirun or srun started (its rendezvous is rank 0's own).
-func startReporter(launcher jobenv.Launcher, w *world.World, eng *engine.Engine) *reporter {
+// of one, or a job mpirun or srun started (its rendezvous is rank 0's own). With reports off
+// (jobenv.Reports) it sends only the failure record, if the rank fails.
+func startReporter(launcher jobenv.Launcher, w *world.World, eng *engine.Engine, key failureKey, reports bool) *reporter {
 	if launcher != jobenv.KoloRun || w.Job.Size <= 1 || w.Rendezvous == nil {
 		return nil
 	}
@@ -50,13 +54,22 @@ func startReporter(launcher jobenv.Launcher, w *world.World, eng *engine.Engine)
 	if w.Job.Rank == 0 {
 		pub.Straggle = eng.Straggle
 	}
-	return newReporter(pub, w.Rendezvous, report.Interval(w.Job.Size), eng.Err)
+	interval := report.Interval(w.Job.Size)
+	if !reports {
+		interval = 0
+	}
+	return newReporter(pub, w.Rendezvous, key, interval, eng.Err)
 }
 
-// newReporter starts publishing pub's reports on store every interval.
-func newReporter(pub relay.Publisher, store relay.Store, interval time.Duration, engErr func() error) *reporter {
+// newReporter starts publishing pub's reports on store every interval; interval 0 publishes none
+// (the failure record still goes out).
+func newReporter(pub relay.Publisher, store relay.Store, key failureKey, interval time.Duration, engErr func() error) *reporter {
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &reporter{pub: pub, store: store, engErr: engErr, interval: interval, cancel: cancel, done: make(chan struct{})}
+	r := &reporter{pub: pub, store: store, key: key, engErr: engErr, interval: interval, cancel: cancel, done: make(chan struct{})}
+	if interval <= 0 {
+		close(r.done)
+		return r
+	}
 	go r.run(ctx)
 	return r
 }
@@ -71,8 +84,8 @@ func (r *reporter) run(ctx context.Context) {
 			return
 		case now := <-t.C:
 			r.publish(ctx, now)
-			if r.engErr() != nil {
-				r.sendFlight()
+			if err := r.engErr(); err != nil {
+				r.sendFailure(failureOf(err, false))
 			}
 		}
 	}
@@ -90,34 +103,37 @@ func (r *reporter) publish(ctx context.Context, now time.Time) {
 	}
 }
 
-// sendFlight sends the whole flight recorder once, after the engine stopped on an error.
-func (r *reporter) sendFlight() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// sendFlightLocked sends the whole flight recorder once, after the engine stopped on an error, with
+// r.mu held.
+func (r *reporter) sendFlightLocked(ctx context.Context) {
 	if r.sentFail {
 		return
 	}
 	r.sentFail = true
-	ctx, cancel := context.WithTimeout(context.Background(), flightSendTimeout)
-	defer cancel()
 	if err := r.pub.PublishFlight(ctx, r.store, r.pub.Recorder.Snapshot()); err != nil {
 		slog.Debug("kolo: flight recorder not sent to the launcher", "rank", r.pub.Rank, "err", err)
 	}
 }
 
 // stop ends the reporter (before its world closes): it sends a last report, so that the launcher
-// sees the rank's final counts, and the whole flight recorder if the rank leaves on an error
-// (failed: its engine's, or a shutdown that did not complete) and it has not sent it yet.
-func (r *reporter) stop(failed bool) {
+// sees the rank's final counts, and the failure record with the whole flight recorder if the rank
+// leaves on an error (failed: its engine's, or a shutdown that did not complete) and it has not
+// sent them yet.
+func (r *reporter) stop(failed error) {
 	if r == nil {
 		return
 	}
 	r.cancel()
 	<-r.done
-	ctx, cancel := context.WithTimeout(context.Background(), flightSendTimeout)
-	defer cancel()
-	r.publish(ctx, time.Now())
-	if failed || r.engErr() != nil {
-		r.sendFlight()
+	if r.interval > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), flightSendTimeout)
+		r.publish(ctx, time.Now())
+		cancel()
+	}
+	if err := r.engErr(); err != nil {
+		failed = err
+	}
+	if failed != nil {
+		r.sendFailure(failureOf(failed, false))
 	}
 }

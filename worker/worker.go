@@ -15,11 +15,13 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kolo-dl/kolo/bootstrap"
 	"github.com/kolo-dl/kolo/engine"
 	"github.com/kolo-dl/kolo/internal/spin"
 	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/observe/report"
 	"github.com/kolo-dl/kolo/rendezvous"
 	"github.com/kolo-dl/kolo/world"
 )
@@ -99,6 +101,11 @@ func Join(mem *Memory, opt Options) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
+	reports, err := jobenv.ReportsFrom(env)
+	if err != nil {
+		boot.Close()
+		return nil, err
+	}
 	_, _, isElastic, err := jobenv.ElasticPlace(env)
 	if err != nil {
 		boot.Close()
@@ -153,9 +160,16 @@ func Join(mem *Memory, opt Options) (*Worker, error) {
 		cfg.Autotune.Round = er.round.Number // the autotuner tunes each round's world anew
 		slog.Debug("kolo: joined an elastic round", "round", er.round.Number, "rank", job.Rank, "size", job.Size)
 	}
+	// The reporter starts with the engine it reports on: the engine reaches it through rep.
+	var rep atomic.Pointer[reporter]
 	e, err := engine.New(cfg, engine.Group{
 		Rank: job.Rank, Size: job.Size, Hosts: w.Hosts, Comm: w.Comm, Messenger: w.Messenger,
 		Local: w.Local, LocalRanks: w.LocalRanks, Cross: w.Cross, Abort: w.Abort,
+		Stopped: func(err error) {
+			if r := rep.Load(); r != nil {
+				r.sendFailure(failureOf(err, false))
+			}
+		},
 	})
 	if err != nil {
 		w.Close()
@@ -165,7 +179,26 @@ func Join(mem *Memory, opt Options) (*Worker, error) {
 		boot.Close()
 		return nil, err
 	}
-	return &Worker{job: job, boot: boot, world: w, engine: e, report: startReporter(boot.Launcher, w, e), elastic: er}, nil
+	key := failureKey{world: boot.Job.JobID, who: report.RankName(boot.Job.Rank), rank: boot.Job.Rank, host: job.Hostname,
+		launcherRank: func(r int) int { return r }}
+	switch {
+	case er != nil:
+		// The launcher knows an elastic worker by its place; ranks are the round's.
+		key.who, key.rank, key.round = er.place.String(), job.Rank, er.round.Number
+	case opt.Ranks != nil:
+		key.launcherRank = func(r int) int {
+			if r >= 0 && r < len(opt.Ranks) {
+				return opt.Ranks[r]
+			}
+			return r
+		}
+	}
+	r := startReporter(boot.Launcher, w, e, key, reports)
+	rep.Store(r)
+	if err := e.Err(); err != nil && r != nil { // it stopped before rep was set
+		r.sendFailure(failureOf(err, false))
+	}
+	return &Worker{job: job, boot: boot, world: w, engine: e, report: r, elastic: er}, nil
 }
 
 // Job is this process's place in the world it joined.
@@ -206,7 +239,7 @@ func (w *Worker) ElasticUpdate() (newest int, removalOnly, ok bool) {
 // and only then closes its connections.
 func (w *Worker) Leave() error {
 	err := w.engine.Shutdown(context.Background())
-	w.report.stop(err != nil)
+	w.report.stop(err)
 	if r := w.engine.AutotuneReport(); r != "" {
 		fmt.Fprintln(os.Stderr, r)
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/kolo-dl/kolo/engine"
+	"github.com/kolo-dl/kolo/gpu"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/flags"
 )
@@ -38,6 +39,12 @@ func checkSettings(opts *flags.Options) error {
 		errs = append(errs, err)
 	}
 	if _, err := jobenv.ElasticTimeoutFrom(env); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := jobenv.ReportsFrom(env); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := gpu.ParseMode(get); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {

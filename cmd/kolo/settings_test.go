@@ -23,6 +23,9 @@ func TestCheckSettings(t *testing.T) {
 		{"Horovod's name", map[string]string{"HOROVOD_CYCLE_TIME": "soon"}, nil, nil, "HOROVOD_CYCLE_TIME"},
 		{"a bad log level", map[string]string{"KOLO_LOG_LEVEL": "loud"}, nil, nil, "KOLO_LOG_LEVEL"},
 		{"through -x", nil, []string{"KOLO_SPIN_TIME=x"}, nil, "KOLO_SPIN_TIME"},
+		{"reports neither on nor off", map[string]string{"KOLO_REPORTS": "sometimes"}, nil, nil, "KOLO_REPORTS"},
+		{"the device path", map[string]string{"KOLO_NCCL": "fast"}, nil, nil, "KOLO_NCCL"},
+		{"Horovod's GPU library", map[string]string{"HOROVOD_GPU_OPERATIONS": "CUDA"}, nil, nil, "HOROVOD_GPU_OPERATIONS"},
 		{"an elastic timeout", map[string]string{"KOLO_ELASTIC_TIMEOUT": "-3"}, nil, nil, "KOLO_ELASTIC_TIMEOUT"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

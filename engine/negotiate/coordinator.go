@@ -108,6 +108,7 @@ type op struct {
 	first   *cacheEntry
 	allSame bool // every submission so far named first
 	err     string
+	ended   []int // with err: the ranks that ended (reached shutdown) without submitting it
 }
 
 // How a rank submitted an op. The common case, every rank sending the same cache id, writes one
@@ -130,6 +131,7 @@ type item struct {
 	joined []int // joined ranks that did not submit
 
 	err      string
+	ended    []int // Response.Ended
 	names    []string
 	cacheIDs []uint32 // unknown-cache-id errors
 	resync   uint64   // Response.Resync
@@ -354,7 +356,7 @@ func (c *Coordinator) recycle(o *op) {
 		clear(o.reqs)
 	}
 	// Field by field: a whole-struct assignment costs a bulk write barrier per op while the GC runs.
-	o.name, o.err = "", ""
+	o.name, o.err, o.ended = "", "", nil
 	o.kind, o.group, o.groupSize, o.n = 0, 0, 0, 0
 	o.since, o.lastWarn, o.warned = time.Time{}, time.Time{}, false
 	o.prev, o.next, o.hint, o.first = nil, nil, nil, nil
@@ -497,6 +499,7 @@ func (c *Coordinator) maybeComplete(now time.Time, o *op) {
 			if o.err == "" {
 				o.err = fmt.Sprintf("%s %q: %s ended without submitting it (reached shutdown: its program finished or called shutdown)",
 					o.kind, o.name, rankWord(gone))
+				o.ended = gone
 			}
 			c.resolve(now, o)
 		}
@@ -575,7 +578,7 @@ func (c *Coordinator) resolve(now time.Time, o *op) {
 	it.kind, it.group, it.groupSize = o.kind, o.group, o.groupSize
 	switch {
 	case o.err != "":
-		it.err, it.names = o.err, []string{o.name}
+		it.err, it.names, it.ended = o.err, []string{o.name}, o.ended
 	case o.allSame && c.joinedCount == 0:
 		// Every rank sent the same cache id: the signature was negotiated before, unchanged.
 		it.sig, it.entry = o.first.sig, o.first
@@ -942,8 +945,8 @@ func (c *Coordinator) Ready() []Response {
 		switch {
 		case it.err != "":
 			c.seq++
-			out = append(out, Response{Seq: c.seq, Kind: it.kind, Names: it.names, Error: it.err, CacheIDs: it.cacheIDs,
-				Resync: it.resync})
+			out = append(out, Response{Seq: c.seq, Kind: it.kind, Names: it.names, Error: it.err, Ended: it.ended,
+				CacheIDs: it.cacheIDs, Resync: it.resync})
 			continue
 		case it.isJoin:
 			c.seq++

@@ -175,6 +175,9 @@ type Response struct {
 	// Error, when non-empty, is the message every rank fails Names with. An error about an unknown
 	// cache id has no Names but CacheIDs: Cache.Learn fills Names from the local cache.
 	Error string
+	// Ended, with Error, are the ranks (of the job) that ended without submitting Names: they
+	// reached shutdown while the others still needed them, the cause of the error.
+	Ended []int
 
 	// The fields below are common to every tensor of the group.
 

@@ -541,6 +541,9 @@ func formatResponse(r *Response) string {
 		if r.Resync != 0 {
 			fmt.Fprintf(&b, " resync=%d", r.Resync)
 		}
+		if len(r.Ended) > 0 {
+			fmt.Fprintf(&b, " ended=%v", r.Ended)
+		}
 		b.WriteString(": " + r.Error)
 		return b.String()
 	}

@@ -310,7 +310,8 @@ const (
 	respResync
 	respTune
 	respGPU
-	respAll = respFromCache | respAverage | respScales | respError | respGroup | respDim0 | respSplits | respRoot | respResync | respTune | respGPU
+	respEnded
+	respAll = respFromCache | respAverage | respScales | respError | respGroup | respDim0 | respSplits | respRoot | respResync | respTune | respGPU | respEnded
 )
 
 // EncodeResponses appends rs's message to dst. A FromCache Response travels as its cache ids (and
@@ -371,6 +372,9 @@ func appendResponse(dst []byte, r *Response) []byte {
 	if r.Resync != 0 {
 		flags |= respResync
 	}
+	if len(r.Ended) > 0 {
+		flags |= respEnded
+	}
 	if r.Kind == Retune {
 		flags |= respTune
 	}
@@ -380,6 +384,12 @@ func appendResponse(dst []byte, r *Response) []byte {
 	}
 	if r.Error != "" {
 		dst = appendString(dst, r.Error)
+	}
+	if flags&respEnded != 0 {
+		dst = binary.AppendUvarint(dst, uint64(len(r.Ended)))
+		for _, e := range r.Ended {
+			dst = binary.AppendUvarint(dst, uint64(e))
+		}
 	}
 	if flags&respResync != 0 {
 		dst = binary.AppendUvarint(dst, r.Resync)
@@ -519,6 +529,19 @@ func (d *decoder) response(r *Response) {
 		r.Error = d.str("error", MaxErrorLen)
 		if r.Error == "" && d.err == nil {
 			d.fail("error flag with an empty error")
+		}
+	}
+	if flags&respEnded != 0 {
+		if flags&respError == 0 {
+			d.fail("ended ranks without an error")
+			return
+		}
+		n := d.count("ended ranks", MaxRanks)
+		if n == 0 && d.err == nil {
+			d.fail("ended flag with no ranks")
+		}
+		for range n {
+			r.Ended = append(r.Ended, d.rank("ended rank"))
 		}
 	}
 	if flags&respResync != 0 {

@@ -48,6 +48,7 @@ func sampleResponses() []Response {
 		{Seq: 9, Kind: Barrier, Names: []string{"sync"}, Shapes: [][]int64{nil}},
 		{Seq: 10, Kind: Retune, Tune: Collectives{SmallAllreduceBytes: 32 << 10, SharedRoundBytes: 4 << 20, Hierarchical: true}},
 		{Seq: 11, Kind: Retune},
+		{Seq: 12, Kind: Allreduce, Names: []string{"e"}, Error: `allreduce "e": ranks 2, 5 ended without submitting it`, Ended: []int{2, 5}},
 	}
 }
 

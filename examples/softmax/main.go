@@ -37,14 +37,16 @@ func main() {
 	slowRank := flag.Int("slow-rank", -1, "this rank sleeps -slow in every step (shows a straggler in kolo run's live view and --metrics-addr)")
 	slow := flag.Duration("slow", 20*time.Millisecond, "with -slow-rank: the sleep")
 	exitRank := flag.Int("exit-rank", -1, "this rank exits with status 3 before step -exit-step (a failed rank, for kolo run's flight-recorder file)")
-	exitStep := flag.Int("exit-step", 20, "with -exit-rank: the step")
+	exitStep := flag.Int("exit-step", 20, "with -exit-rank: the step (in an elastic job, of its first round)")
+	abort := flag.Bool("abort", false, "with -exit-rank: give up through kolo.Abort before exiting, so that kolo run reports the rank's own error")
 	flag.Parse()
+	f := fault{*slowRank, *slow, *exitRank, *exitStep, *abort}
 	train := func(steps, batch, nf, nc, samples int, lr float32) error {
-		return run(steps, batch, nf, nc, samples, lr, *pace, fault{*slowRank, *slow, *exitRank, *exitStep})
+		return run(steps, batch, nf, nc, samples, lr, *pace, f)
 	}
 	if *elastic {
 		train = func(steps, batch, nf, nc, samples int, lr float32) error {
-			return runElastic(steps, batch, nf, nc, samples, lr, *commit, max(*logEvery, 1), *pace)
+			return runElastic(steps, batch, nf, nc, samples, lr, *commit, max(*logEvery, 1), *pace, f)
 		}
 	}
 	if err := train(*steps, *batch, *features, *classes, *samples, float32(*lr)); err != nil {
@@ -60,6 +62,19 @@ type fault struct {
 	slow     time.Duration
 	exitRank int
 	exitStep int
+	abort    bool
+}
+
+// exit ends this rank at step if it is the one to fail there (the process, not an error: a crash).
+func (f fault) exit(rank, step int) {
+	if rank != f.exitRank || step != f.exitStep {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "rank %d: exiting at step %d (-exit-rank)\n", rank, step)
+	if f.abort {
+		kolo.Abort(fmt.Errorf("gave up at step %d (-exit-rank -abort)", step))
+	}
+	os.Exit(3)
 }
 
 func run(steps, batch, nf, nc, samples int, lr float32, pace time.Duration, f fault) error {
@@ -86,10 +101,7 @@ func run(steps, batch, nf, nc, samples int, lr float32, pace time.Duration, f fa
 	t := newTrainer(x, y, nf, nc, batch, lr, rank, size)
 	for step := 0; step < steps; step++ {
 		began := time.Now()
-		if rank == f.exitRank && step == f.exitStep {
-			fmt.Fprintf(os.Stderr, "rank %d: exiting at step %d (-exit-rank)\n", rank, step)
-			os.Exit(3)
-		}
+		f.exit(rank, step)
 		if rank == f.slowRank {
 			time.Sleep(f.slow)
 		}
@@ -202,7 +214,7 @@ var started = time.Now()
 
 // runElastic trains as run does, across the rounds of an elastic job: a lost rank costs at most
 // the steps since the last commit.
-func runElastic(steps, batch, nf, nc, samples int, lr float32, commit, logEvery int, pace time.Duration) error {
+func runElastic(steps, batch, nf, nc, samples int, lr float32, commit, logEvery int, pace time.Duration, f fault) error {
 	// Each worker says which process it is: kolo run prefixes the line with the worker's place,
 	// and a process that survives a reset never prints it again.
 	fmt.Printf("worker pid %d\n", os.Getpid())
@@ -223,6 +235,9 @@ func runElastic(steps, batch, nf, nc, samples int, lr float32, commit, logEvery 
 		t := newTrainer(x, y, nf, nc, batch, lr, rank, size)
 		for st.step < int64(steps) {
 			began := time.Now()
+			if kolo.ElasticRound() == 1 {
+				f.exit(rank, int(st.step))
+			}
 			loss, err := t.step(ctx, st.w)
 			if err != nil {
 				return err

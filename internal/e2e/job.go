@@ -16,6 +16,8 @@ import (
 	"github.com/kolo-dl/kolo/launch"
 	"github.com/kolo-dl/kolo/launch/layout"
 	"github.com/kolo-dl/kolo/launch/proc"
+	"github.com/kolo-dl/kolo/observe/relay"
+	"github.com/kolo-dl/kolo/observe/report"
 	"github.com/kolo-dl/kolo/rendezvous"
 	"github.com/kolo-dl/kolo/world"
 )
@@ -63,7 +65,8 @@ func (o *Output) String() string {
 // Job is one launched test job.
 type Job struct {
 	Results        []proc.Result
-	First          *proc.Result
+	First          *proc.Result           // the rank the failure traces back to (proc.Blame), nil if none
+	Records        map[int]report.Failure // the failure records the ranks sent, by rank
 	Stdout, Stderr *Output
 	Elapsed        time.Duration
 	Intrusions     int
@@ -133,6 +136,7 @@ func Launch(t testing.TB, scenario string, hosts []Host, np int, o Options) *Job
 		workers[i] = proc.Worker{Slot: s, Argv: argv, Env: e}
 	}
 	job := &Job{Stdout: &Output{}, Stderr: &Output{}}
+	store := relay.Local{S: srv.Store}
 	r := &proc.Runner{Starter: proc.LocalStarter{}, Stdout: job.Stdout, Stderr: job.Stderr, GracePeriod: o.Grace}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -144,6 +148,11 @@ func Launch(t testing.TB, scenario string, hosts []Host, np int, o Options) *Job
 		intruded <- 0
 	}
 	job.Results, job.First = r.Run(ctx, workers)
+	if job.First != nil {
+		// As kolo run does: the ranks' failure records trace the failure to its rank.
+		job.Records, _ = relay.Failures(ctx, store, jobID, len(slots))
+		job.First = proc.Blame(job.Results, job.First, job.Records)
+	}
 	job.Elapsed = time.Since(start)
 	cancel()
 	job.Intrusions = <-intruded

@@ -30,6 +30,7 @@ var Scenarios = map[string]func(ctx context.Context) error{
 	"kill":            killScenario,
 	"kill-small":      killSmallScenario,
 	"abort":           abortScenario,
+	"ended-early":     endedEarlyScenario,
 	"steady":          steadyScenario,
 	"loop":            loopScenario,
 	"sigstop":         sigstopScenario,
@@ -455,6 +456,32 @@ func abortScenario(ctx context.Context) error {
 			os.Exit(3)
 		}
 	}
+}
+
+// endedEarlyScenario: rank 1's program finishes after 5 allreduces and shuts down, while the others
+// go on to 50. Their next op fails at once, naming rank 1 ("ENDED-RESULT err=..."), and they
+// leave on it as a program does (kolo.ReportFailure, exit 3); rank 1's shutdown then loses them,
+// and it exits 0.
+func endedEarlyScenario(ctx context.Context) error {
+	rank := kolo.Rank()
+	n := 50
+	if rank == 1 {
+		n = 5
+	}
+	buf := make([]float32, 64)
+	for i := range n {
+		if err := kolo.Allreduce(ctx, fmt.Sprintf("early.%d", i), kolo.Of(buf), kolo.Sum); err != nil {
+			fmt.Fprintf(os.Stderr, "ENDED-RESULT err=%v\n", err)
+			kolo.ReportFailure(err)
+			os.Exit(3)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if rank == 1 {
+		kolo.Shutdown() // fails once the others, failing, are gone: this rank's program still succeeded
+		os.Exit(0)
+	}
+	return nil
 }
 
 // StopForEnv is how long, in seconds, the sigstop scenario keeps rank 1 stopped.

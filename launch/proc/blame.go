@@ -2,31 +2,28 @@ package proc
 
 import (
 	"fmt"
-	"regexp"
-	"strconv"
 	"strings"
+
+	"github.com/kolo-dl/kolo/observe/report"
 )
 
-// culprit matches how kolo names the rank behind a failure in the errors every other rank reports:
-// a transport.PeerError ("rank 1 on node0 lost during recv: ..."), the engine's other lost-peer
-// error ("rank 1 (node0) lost: ..."), an abort notice from kolo.Abort and the Python exception
-// hook ("rank 1 failed: ValueError: ...") or a progress deadline (transport.StallError: "rank 1
-// (node0) made no progress for 1m0s ...").
-var culprit = regexp.MustCompile(`\brank (\d+)(?: on \S+| \([^)]*\))? (lost during|lost:|failed: |made no progress)`)
-
 // Blame returns the rank that the job's failure traces back to, starting from first (the earliest
-// rank to fail). A rank that fails because another one did (its op reports that rank lost, or that
-// rank's abort notice) can exit before that rank has been reaped, or before a remote node reports
-// it; its own stderr names the culprit, and Blame follows that naming, rank by rank:
-//   - to a rank that declared its own failure (an abort notice) and did not exit cleanly: it may
-//     still have been winding down when the launcher stopped it; so too a rank named stuck (a
-//     progress deadline), which the launcher finds alive, and stops;
+// rank to fail on its own), by the failure records the ranks sent (report.Failure, by rank). A rank
+// that fails because another one did (a peer lost, stuck, ended early, or one that failed and told
+// it) can exit before that rank; its record names the rank it blames, and Blame follows the
+// records, rank by rank:
+//   - to a rank found stuck (it made no progress: the launcher finds it alive, and stops it) or
+//     ended early (it reached shutdown while the others still needed it, and may exit 0);
+//   - to a rank that told the others it failed, unless it then exited cleanly;
 //   - to a rank reported lost if it failed too, of something other than the launcher's stop
-//     signal. One that exited cleanly (it left early, and the loss was its peers') is not to blame,
-//     and one the launcher stopped was alive when the failure began.
+//     signal (one the launcher stopped was alive when the failure began), or if it exited cleanly
+//     before first failed (it ended while the others still needed it); not to one whose own
+//     record blames this rank for more than a loss (the loss followed from that).
 //
-// Without such a trail, first is the answer.
-func Blame(results []Result, first *Result) *Result {
+// The chain ends at a rank whose record blames nobody (its own exception or error), at one that
+// sent no record (killed: its exit status is all there is), or where it would go round. Without
+// records, first is the answer.
+func Blame(results []Result, first *Result, records map[int]report.Failure) *Result {
 	if first == nil {
 		return nil
 	}
@@ -35,31 +32,46 @@ func Blame(results []Result, first *Result) *Result {
 		byRank[results[i].Slot.Rank] = &results[i]
 	}
 	seen := map[int]bool{first.Slot.Rank: true}
+	cur := first
 	for {
-		r, declared, ok := namedIn(first.StderrTail)
-		if !ok || seen[r] {
-			return first
+		rec, ok := records[cur.Slot.Rank]
+		if !ok || rec.Own() {
+			return cur
 		}
-		next := byRank[r]
-		if next == nil || !next.Exit.Failed() || (!declared && stoppedByLauncher(next)) {
-			return first
+		next := byRank[rec.Blames]
+		if next == nil || seen[next.Slot.Rank] || !toBlame(rec.Kind, next, first) || outweighed(rec, records) {
+			return cur
 		}
-		seen[r] = true
-		first = next
+		seen[next.Slot.Rank] = true
+		cur = next
 	}
 }
 
-// namedIn returns the rank named by the last kolo failure message in a stderr tail, and whether
-// that rank declared its failure itself: the last line is the error the process left on; within
-// it, the first match is the outermost cause.
-func namedIn(tail []string) (rank int, declared, ok bool) {
-	for i := len(tail) - 1; i >= 0; i-- {
-		if m := culprit.FindStringSubmatch(tail[i]); m != nil {
-			r, err := strconv.Atoi(m[1])
-			return r, m[2] == "failed: " || m[2] == "made no progress", err == nil
-		}
+// outweighed reports whether a record of a lost peer is answered by that peer's record blaming its
+// sender for something it did (ended early, stopped, failed): the loss followed from that. A rank
+// that ended early loses the others when they fail on its account.
+func outweighed(rec report.Failure, records map[int]report.Failure) bool {
+	if rec.Kind != report.KindLost {
+		return false
 	}
-	return 0, false, false
+	back, ok := records[rec.Blames]
+	return ok && !back.Own() && back.Blames == rec.Rank && back.Kind != report.KindLost
+}
+
+// toBlame reports whether next, the rank a record of kind blames, is where the failure goes on.
+func toBlame(kind report.Kind, next, first *Result) bool {
+	switch kind {
+	case report.KindStalled, report.KindEnded:
+		return true
+	case report.KindPeerFailed:
+		return next.Exit.Failed()
+	case report.KindLost:
+		if !next.Exit.Failed() {
+			return !next.Ended.IsZero() && next.Ended.Before(first.Ended)
+		}
+		return !stoppedByLauncher(next)
+	}
+	return false
 }
 
 // stoppedByLauncher reports whether r ended of the launcher's own stop signal, so that its loss is
@@ -68,18 +80,31 @@ func stoppedByLauncher(r *Result) bool {
 	return r.Stopped && r.Exit.Signal == StopSignal
 }
 
-// Summary renders the report the launcher prints when a job fails: the first failing rank, its
-// host, how it ended and its last stderr lines, then how every other rank ended.
-func Summary(results []Result, first *Result) string {
+// Summary renders the report the launcher prints when a job fails: the rank the failure traces
+// back to (Blame), its host, how it ended, what its own record or else the record that named it says and
+// its last stderr lines, then how every other rank ended and, if it sent one, its record's kind.
+func Summary(results []Result, first *Result, records map[int]report.Failure) string {
 	var b strings.Builder
 	if first == nil {
 		return ""
 	}
-	if first.Stopped {
-		// Blame traced the failure to a rank that was still winding down when the launcher stopped it.
+	switch {
+	case first.Stopped:
+		// Blame traced the failure to a rank that was still winding down (or stuck) when the
+		// launcher stopped it.
 		fmt.Fprintf(&b, "kolo run: rank %d on %s failed first (then stopped by the launcher: %s).\n", first.Slot.Rank, first.Slot.Host, first.Exit)
-	} else {
+	case !first.Exit.Failed():
+		fmt.Fprintf(&b, "kolo run: rank %d on %s ended (%s) while other ranks still needed it (the first rank to fail).\n", first.Slot.Rank, first.Slot.Host, first.Exit)
+	default:
 		fmt.Fprintf(&b, "kolo run: rank %d on %s %s (the first rank to fail).\n", first.Slot.Rank, first.Slot.Host, first.Exit)
+	}
+	// Its own failure in its words, else the record that names it (it may have sent none, or one
+	// of what followed: an early end's shutdown that lost the others).
+	own, ok := records[first.Slot.Rank]
+	if by, rec, named := namedBy(results, first.Slot.Rank, records); named && !(ok && own.Own()) {
+		fmt.Fprintf(&b, "Rank %d reported: %s\n", by, rec)
+	} else if ok {
+		fmt.Fprintf(&b, "Rank %d reported: %s\n", first.Slot.Rank, own)
 	}
 	if len(first.StderrTail) > 0 {
 		fmt.Fprintf(&b, "Last lines of rank %d's stderr:\n", first.Slot.Rank)
@@ -97,10 +122,27 @@ func Summary(results []Result, first *Result) string {
 		if r.Stopped {
 			how = "stopped by the launcher (" + how + ")"
 		}
+		if rec, ok := records[r.Slot.Rank]; ok {
+			how += " (" + string(rec.Kind)
+			if !rec.Own() {
+				how += fmt.Sprintf(", blames rank %d", rec.Blames)
+			}
+			how += ")"
+		}
 		others = append(others, fmt.Sprintf("rank %d on %s: %s", r.Slot.Rank, r.Slot.Host, how))
 	}
 	if len(others) > 0 {
 		fmt.Fprintf(&b, "Other ranks: %s\n", strings.Join(others, "; "))
 	}
 	return b.String()
+}
+
+// namedBy returns the lowest rank whose record blames rank, and that record.
+func namedBy(results []Result, rank int, records map[int]report.Failure) (int, report.Failure, bool) {
+	for _, r := range results {
+		if rec, ok := records[r.Slot.Rank]; ok && !rec.Own() && rec.Blames == rank {
+			return r.Slot.Rank, rec, true
+		}
+	}
+	return 0, report.Failure{}, false
 }

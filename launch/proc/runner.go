@@ -35,22 +35,28 @@ type Runner struct {
 	Timestamps  bool          // prefix each line with the time
 	TailLines   int           // stderr lines kept per rank for the summary; default 20
 	Plain       bool          // no rank prefix on output lines (kolo bench prints rank 0's table)
-	// OnFailure, if set, is called once, in its own goroutine, with the first failing rank as soon as
-	// it has ended (its StderrTail holds what it wrote before ending): a multi-node launcher uses it
-	// to tell the other nodes to stop without waiting for this node's ranks to wind down. Run does
-	// not return before OnFailure has.
+	// OnFailure, if set, is called once, in its own goroutine, with the first failing rank when
+	// Run stops the others (its StderrTail holds what it wrote before ending): a multi-node
+	// launcher uses it to tell the other nodes to stop without waiting for this node's ranks to
+	// wind down. Run does not return before OnFailure has.
 	OnFailure func(Result)
+	// SettleWait is how long, after the first rank fails on its own, the others may still end on
+	// their own before Run stops them (and calls OnFailure): a rank that failed too (it lost the
+	// first, or was told why it failed) sends the launcher its failure record before it exits, and
+	// its own exit status and last output say more than the launcher's stop. Ctrl-C stops every
+	// rank at once. Default 2 s; negative: stop at once.
+	SettleWait time.Duration
 	// StreamWait bounds how long Run waits, once every rank has ended, for the ranks' output to
 	// reach its end: a process a rank started in a session of its own (setsid, a daemon) escapes
 	// the rank's process group and may hold the pipes open for ever. Default 5 s.
 	StreamWait time.Duration
 }
 
-// Run starts every worker and waits for all of them. When one fails (or ctx ends) the others
-// get SIGTERM and, after GracePeriod, SIGKILL. It returns the results in rank order and the
-// first failure (by time of exit, then traced to the rank it blames: see Blame), or nil if every
-// rank succeeded. Every goroutine it starts has
-// ended when it returns.
+// Run starts every worker and waits for all of them. When one fails (SettleWait later) or ctx
+// ends, the others get SIGTERM and, after GracePeriod, SIGKILL. It returns the results in rank
+// order and the first rank to fail on its own (by time of exit: Blame traces it to the rank the
+// failure began with), or nil if every rank succeeded. Every goroutine it starts has ended when
+// it returns.
 func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) {
 	grace := r.GracePeriod
 	if grace <= 0 {
@@ -117,8 +123,10 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 	}
 
 	var first *Result
+	firstAt := -1 // first's index
 	stopping := false
 	var killTimer <-chan time.Time
+	var settle <-chan time.Time // fires when the others have had SettleWait to end on their own
 	stop := func() {
 		if stopping {
 			return
@@ -132,6 +140,16 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 		}
 		killTimer = time.After(grace)
 	}
+	failed := func() {
+		stop()
+		if r.OnFailure != nil {
+			others.Add(1)
+			go func(res Result, drained <-chan struct{}, tail *Tail) {
+				defer others.Done()
+				r.reportFailure(res, drained, tail)
+			}(*first, drained[firstAt], tails[firstAt])
+		}
+	}
 	ctxDone := ctx.Done()
 	for remaining := len(workers); remaining > 0; {
 		select {
@@ -141,15 +159,20 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 			results[e.i].Ended = time.Now()
 			if e.exit.Failed() && first == nil && !results[e.i].Stopped {
 				first = &results[e.i]
-				stop()
-				if r.OnFailure != nil {
-					others.Add(1)
-					go func(res Result, drained <-chan struct{}, tail *Tail) {
-						defer others.Done()
-						r.reportFailure(res, drained, tail)
-					}(*first, drained[e.i], tails[e.i])
+				firstAt = e.i
+				if r.SettleWait < 0 || stopping {
+					failed()
+					continue
 				}
+				wait := r.SettleWait
+				if wait == 0 {
+					wait = 2 * time.Second
+				}
+				settle = time.After(wait)
 			}
+		case <-settle:
+			settle = nil
+			failed()
 		case <-ctxDone:
 			ctxDone = nil
 			stop()
@@ -162,6 +185,9 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 			}
 		}
 	}
+	if settle != nil { // every rank ended on its own
+		failed()
+	}
 	r.awaitStreams(&streams, procs, results, drained, errw)
 	for i := range results {
 		results[i].StderrTail = tails[i].Lines()
@@ -169,10 +195,7 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 	if first == nil && ctx.Err() == nil {
 		return results, nil
 	}
-	if first == nil { // cancelled: report the cancellation rather than a rank
-		return results, nil
-	}
-	return results, Blame(results, first)
+	return results, first // nil when cancelled: the cancellation is reported rather than a rank
 }
 
 // StopSignal is what Run sends the ranks it stops; GracePeriod later, SIGKILL.

@@ -91,7 +91,7 @@ func TestRunFailureStopsOthers(t *testing.T) {
 	if results[2].Exit.Signal != syscall.SIGKILL {
 		t.Errorf("rank 2: %+v, want SIGKILL after grace", results[2])
 	}
-	sum := Summary(results, first)
+	sum := Summary(results, first, nil)
 	for _, want := range []string{"rank 1 on localhost exited with code 7", "ValueError: bad batch", "rank 0 on localhost: stopped by the launcher"} {
 		if !strings.Contains(sum, want) {
 			t.Errorf("summary lacks %q:\n%s", want, sum)
@@ -99,24 +99,28 @@ func TestRunFailureStopsOthers(t *testing.T) {
 	}
 }
 
-// A rank that fails because another told it so exits first; the one that told it is still winding
-// down and is stopped. The report names the one that failed, with its own stderr.
-func TestRunBlamesTheRankNamedByTheFirstToExit(t *testing.T) {
-	r := &Runner{Starter: LocalStarter{}, GracePeriod: time.Second}
-	results, first := r.Run(context.Background(), shWorkers(
-		// The pause lets rank 1 write its error before rank 0 fails and the launcher stops rank 1.
-		"sleep 0.3; echo 'KoloInternalError: allreduce grad.3: rank 1 failed: ValueError: loss is nan' >&2; exit 1",
-		"echo 'ValueError: loss is nan' >&2; sleep 60",
-	))
-	if first == nil || first.Slot.Rank != 1 || !first.Stopped {
-		t.Fatalf("first = %+v, want rank 1 (stopped by the launcher)", first)
+// After the first failure, Run lets the other ranks end on their own for SettleWait before it
+// stops them, and calls OnFailure after; a rank that ends in that time is not stopped.
+func TestRunSettlesBeforeStopping(t *testing.T) {
+	var onFailure time.Duration
+	start := time.Now()
+	r := &Runner{Starter: LocalStarter{}, GracePeriod: time.Second, SettleWait: time.Second,
+		OnFailure: func(Result) { onFailure = time.Since(start) }}
+	results, first := r.Run(context.Background(), shWorkers("exit 3", "sleep 0.3; exit 5", "sleep 60"))
+	if first == nil || first.Slot.Rank != 0 {
+		t.Fatalf("first %+v, want rank 0", first)
 	}
-	sum := Summary(results, first)
-	for _, want := range []string{"rank 1 on localhost failed first (then stopped by the launcher: killed by signal 15",
-		"Last lines of rank 1's stderr:\n    ValueError: loss is nan", "rank 0 on localhost: exited with code 1"} {
-		if !strings.Contains(sum, want) {
-			t.Errorf("summary lacks %q:\n%s", want, sum)
-		}
+	if results[1].Stopped || results[1].Exit.Code != 5 {
+		t.Errorf("rank 1 %+v: want its own exit, code 5", results[1])
+	}
+	if !results[2].Stopped {
+		t.Errorf("rank 2 %+v: want stopped", results[2])
+	}
+	if stopped := results[2].Ended.Sub(start); stopped < time.Second || stopped > 3*time.Second {
+		t.Errorf("rank 2 stopped %v after the start, want after the 1 s wait", stopped)
+	}
+	if onFailure < time.Second {
+		t.Errorf("OnFailure came %v after the start, before the wait ended", onFailure)
 	}
 }
 

@@ -1,7 +1,8 @@
 // Package relay moves the observe records through the job's rendezvous store: a rank's Publisher
-// puts its encoded report (and, when asked, its whole flight recorder) under its keys, and the
-// launcher's Collect reads every rank's latest report into the view, asks for the flight
-// recorders (RequestFlights) and reads them (Flights).
+// puts its encoded report (and, when asked, its whole flight recorder) under its keys, and a rank
+// that fails its failure record (PublishFailure); the launcher's Collect reads every rank's latest
+// report into the view, asks for the flight recorders (RequestFlights) and reads them (Flights),
+// and reads the failure records (Failure, Failures).
 //
 // Each call is one round of store requests; the caller owns the clock and the goroutine (the rank
 // calls Publish every report.Interval, the launcher calls Collect a few times a second), so the
@@ -13,6 +14,7 @@ package relay
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -178,6 +180,49 @@ func Flights(ctx context.Context, s Store, world string, size int) (map[int]*fli
 			continue
 		}
 		out[r] = &snap
+	}
+	return out, bad
+}
+
+// PublishFailure sends f, the failure record of the process the launcher knows as who in world
+// (report.FailureKey). A later record replaces an earlier one.
+func PublishFailure(ctx context.Context, s Store, world, who string, f report.Failure) error {
+	if err := s.Set(ctx, report.FailureKey(world, who), report.EncodeFailure(f)); err != nil {
+		return fmt.Errorf("rank %d: publish failure record: %w", f.Rank, err)
+	}
+	return nil
+}
+
+// Failure reads the failure record of who in world; ok is false when it sent none.
+func Failure(ctx context.Context, s Store, world, who string) (f report.Failure, ok bool, err error) {
+	b, ok, err := s.TryGet(ctx, report.FailureKey(world, who))
+	if err != nil || !ok {
+		return report.Failure{}, false, err
+	}
+	if f, err = report.DecodeFailure(b); err != nil {
+		return report.Failure{}, false, fmt.Errorf("%s's failure record: %w", who, err)
+	}
+	return f, true, nil
+}
+
+// Failures reads the failure records of the ranks of a static job (report.RankName), by rank; a
+// rank that sent none is absent, and so is one whose record does not decode (reported in err,
+// after the rest).
+func Failures(ctx context.Context, s Store, world string, size int) (map[int]report.Failure, error) {
+	out := map[int]report.Failure{}
+	var bad error
+	for r := range size {
+		f, ok, err := Failure(ctx, s, world, report.RankName(r))
+		switch {
+		case err != nil && !errors.Is(err, report.ErrMalformed):
+			return out, fmt.Errorf("read failure records: %w", err)
+		case err != nil:
+			if bad == nil {
+				bad = err
+			}
+		case ok:
+			out[r] = f
+		}
 	}
 	return out, bad
 }

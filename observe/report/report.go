@@ -1,6 +1,7 @@
 // Package report is what a rank tells the launcher about itself a few times a second: a compact
 // Report (its counters, the tail of its flight recorder, a heartbeat time, and on rank 0 the
-// straggler figures), the binary codec that carries it through the rendezvous store, the Meter a
+// straggler figures), the binary codec that carries it through the rendezvous store, the Failure
+// record a rank sends when it fails (which rank, how, whom it blames), the Meter a
 // rank keeps its counters in, and Summarize, which folds 1,000 ranks' reports into a view of
 // bounded size.
 //

@@ -70,6 +70,10 @@ func (s *State) Resets() int { return s.resets }
 // Stalls is how many distinct ops were reported stalled.
 func (s *State) Stalls() uint64 { return s.stalls }
 
+// Begin gives a view made before its job's first world (New(0): an elastic job before its first
+// round) that world, of size ranks. It is not a re-form: Reset is.
+func (s *State) Begin(size int) { s.init(size) }
+
 // Reset starts a new world of size ranks (an elastic re-form).
 func (s *State) Reset(size int) {
 	s.resets++

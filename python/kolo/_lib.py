@@ -18,9 +18,7 @@ into them. Three rules shape this module:
 import atexit
 import ctypes
 import os
-import re
 import sys
-import time
 import traceback
 
 LIBRARY_ENV = "KOLO_LIBRARY"  # path of libkolo.so, to use another build than the package's
@@ -87,6 +85,7 @@ _SIGNATURES = {
     "kolo_init_async": (_i64, [_p, _i]),  # ranks (int64s, or None for every rank), count
     "kolo_shutdown_async": (_i64, []),
     "kolo_abort": (_i, [_s, _i]),
+    "kolo_report_failure": (_i, [_s, _i, _i]),  # reason, length, own (1: the program's exception)
     "kolo_mark_step": (None, []),
     "kolo_is_initialized": (_i, []),
     "kolo_failed": (_i, []),
@@ -312,44 +311,22 @@ def _install_excepthook():
 def _excepthook(tp, value, tb):
     report_failure(value)
     _previous_excepthook(tp, value, tb)
-    stand_back(value)
 
 
 def report_failure(exc):
-    """Tells every rank that this one is leaving on exception exc, as "rank N failed: <exc's last
-    line>" (abort), so that their ops fail with it. Not for Ctrl-C and exits (the launcher reports
-    those), nor for kolo's own errors, which the engine has already told every rank about; a no-op
-    when not initialized. Used by the exception hook and by kolo.run's workers. Never raises: it
-    runs while exc is being reported, and must not mask it."""
+    """Tells kolo run that this rank is leaving on exception exc, in a failure record the engine
+    library builds (kolo_report_failure): for the program's own exception, every other rank's ops
+    also fail with "rank N failed: <exc's last line>"; for kolo's own error, the record says which
+    rank it traces back to. Not for Ctrl-C and exits (the launcher reports those); a no-op when not
+    initialized. Used by the exception hook and by kolo.run's workers. Never raises: it runs while
+    exc is being reported, and must not mask it."""
     try:
-        if isinstance(exc, (KeyboardInterrupt, SystemExit, KoloInternalError)) or _topology is None:
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)) or _topology is None or _forked():
             return
         what = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
-        abort(what[-1] if what else type(exc).__name__)  # the engine adds "rank N failed: "
+        b = (what[-1] if what else type(exc).__name__).encode("utf-8", "replace")
+        _lib.kolo_report_failure(b, len(b), 0 if isinstance(exc, KoloInternalError) else 1)
     except Exception:
-        pass
-
-
-_REMOTE_FAILURE = re.compile(r"\brank (\d+) failed: ")
-STAND_BACK_SECONDS = 3.0
-
-
-def stand_back(exc):
-    """Called as a rank leaves on exc. If exc only says that another rank failed (its abort
-    notice), wait up to STAND_BACK_SECONDS first: that rank is leaving too, and the launcher
-    names the first rank to exit as the one that failed, with its stderr. Leaving at once would
-    often beat the real culprit and put this rank's echo of its error first. The launcher stops
-    this rank as soon as the culprit has exited."""
-    if _topology is None or not isinstance(exc, KoloInternalError):
-        return
-    m = _REMOTE_FAILURE.search(str(exc))
-    if not m or int(m.group(1)) == _topology[0]:
-        return
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        time.sleep(STAND_BACK_SECONDS)
-    except BaseException:  # Ctrl-C or the launcher's signal: leave now
         pass
 
 
@@ -378,9 +355,9 @@ def _shutdown_at_exit():
     if _lib is None or (_topology is None and _pending is None) or _forked():
         return
     if getattr(sys, "last_value", None) is not None:
-        # Exiting on an uncaught exception: the shutdown barrier would wait for ranks that are
-        # themselves waiting on this one. Leave at once, so the launcher sees this rank fail
-        # first and names its error, and peers see it lost now rather than after the timeout.
+        # Exiting on an uncaught exception (the hook sent its failure record): the shutdown
+        # barrier would wait for ranks that are themselves waiting on this one. Leave at once,
+        # so that peers see it lost now rather than after the timeout.
         return
     try:
         shutdown()

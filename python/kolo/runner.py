@@ -355,7 +355,7 @@ def _worker_main():
         tb = traceback.format_exc()
         sys.stderr.write(tb)
         from kolo import _lib
-        _lib.report_failure(e)  # tell the other ranks why, as the exception hook does
+        _lib.report_failure(e)  # tell the launcher and the other ranks why, as the exception hook does
         try:
             exc = pickle.dumps(e)
         except Exception:
@@ -368,7 +368,6 @@ def _worker_main():
         _emit("err", {"summary": "%s: %s" % (type(e).__name__, e), "traceback": tb,
                       "exception": exc})
         sys.stderr.flush()
-        _lib.stand_back(e)  # let the rank whose failure this echoes be the first to exit
         os._exit(1)
     try:
         _emit("ok", result)

@@ -53,6 +53,21 @@ def test_a_rank_raising_fails_the_job_and_names_it():
     assert took < 30, "the job took %.0f s to fail:\n%s" % (took, out)
 
 
+def test_a_rank_that_ends_early_is_named():
+    """A rank whose script finishes while the other still trains: the other's step fails at once,
+    naming it, and kolo run names it as the rank the failure began with, from the failure
+    records, though it exits 0 and the other fails first."""
+    start = time.monotonic()
+    rc, out = run([KOLO, "run", "-np", "2", PY, os.path.join(HERE, "training_failure_worker.py"),
+                   "ended"], timeout=120)
+    took = time.monotonic() - start
+    assert rc != 0, out
+    assert ("rank 1 on localhost ended (exited with code 0) while other ranks still needed it "
+            "(the first rank to fail)") in out, out
+    assert re.search(r"Rank 0 reported: ended \(blames rank 1\): .*rank 1 ended without submitting it", out), out
+    assert took < 30, "the job took %.0f s to fail:\n%s" % (took, out)
+
+
 def _start_hung_job(token):
     """Starts 2 ranks where rank 0 blocks in optimizer.step(); returns (process, rank 0's pid)."""
     p = subprocess.Popen([KOLO, "run", "-np", "2", PY,

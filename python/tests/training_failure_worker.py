@@ -4,6 +4,8 @@
 
 MODE raise: rank 1 raises ValueError in its third step while rank 0 trains on (and blocks in
     optimizer.step() waiting for rank 1's gradients); rank 0 prints the error step() raises.
+MODE ended: rank 1's script finishes after two steps (it leaves, exiting 0) while rank 0 trains
+    on; rank 0's next step fails naming it.
 MODE retry: rank 0 is interrupted in step() and calls step() again, which completes.
 MODE hang: rank 1 stops submitting after two steps (sleeps); rank 0 blocks in
     optimizer.step() -> synchronize(). Rank 0 prints "blocked in synchronize" first, so the test
@@ -57,6 +59,9 @@ for step in range(1000):
     if hvd.rank() == 1 and step == 2:
         if mode == "raise":
             raise ValueError("rank 1 hit a bad batch at step %d" % step)
+        if mode == "ended":
+            print("rank 1 leaves early", flush=True)
+            sys.exit(0)  # shutdown at exit
         time.sleep(3600)
     opt.zero_grad()
     # The peer's failure surfaces at this rank's next kolo call: in step()'s wait, or, when the
