@@ -36,6 +36,7 @@ func benchCmd(args []string) int {
 	warmup := fs.Int("warmup", 3, "untimed iterations per size")
 	check := fs.Bool("check", false, "verify results")
 	jsonPath := fs.String("json", "", "also write results as JSON to FILE")
+	over := fs.Bool("oversubscribe", false, "with -np: start more ranks than this machine has CPUs (also KOLO_OVERSUBSCRIBE=1)")
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -70,8 +71,14 @@ func benchCmd(args []string) int {
 			fmt.Fprintf(os.Stderr, "kolo bench: %v\n", err)
 			return 1
 		}
+		if !*over {
+			if *over, err = jobenv.ParseSwitch(jobenv.Oversubscribe, os.Getenv(jobenv.Oversubscribe)); err != nil {
+				fmt.Fprintf(os.Stderr, "kolo bench: %v\n", err)
+				return 2
+			}
+		}
 		argv := append([]string{self, "bench"}, args...)
-		code, err := runJob(ctx, &flags.Options{NP: *np, Command: argv, EngineEnv: map[string]string{}, PlainOutput: true})
+		code, err := runJob(ctx, &flags.Options{NP: *np, Command: argv, EngineEnv: map[string]string{}, PlainOutput: true, Oversubscribe: *over})
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "kolo bench: %v\n", err)
 		}
