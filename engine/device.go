@@ -637,8 +637,8 @@ func (d *devicePath) close(ctx context.Context) {
 		return // the stream's memory may still be read: leave it to the process's end
 	}
 	d.wmu.Lock()
-	comms := d.comms
-	d.comms = nil
+	comms, frees := d.comms, d.frees
+	d.comms, d.frees = nil, nil
 	if !d.closed {
 		d.closed = true
 		close(d.stopWait)
@@ -647,11 +647,10 @@ func (d *devicePath) close(ctx context.Context) {
 	for _, c := range comms {
 		_ = c.Destroy()
 	}
-	for _, f := range d.frees {
+	for _, f := range frees {
 		_ = f.ev.Synchronize(ctx)
 		_ = d.dev.Free(f.p)
 	}
-	d.frees = nil
 	for _, p := range append(d.retired, d.fusion) {
 		if p != 0 {
 			_ = d.dev.Free(p)
@@ -659,4 +658,35 @@ func (d *devicePath) close(ctx context.Context) {
 	}
 	d.retired, d.fusion, d.fusionCap = nil, 0, 0
 	_ = d.stream.Destroy()
+}
+
+// WrapStream adopts a stream of this rank's device by its handle (torch's cuda_stream), for
+// EnqueueDevice, WaitOnStream and ReleaseDeviceOutput. The device path must be in use.
+func (e *Engine) WrapStream(handle uintptr) (gpu.Stream, error) {
+	if !e.dev.use.Load() {
+		return nil, fmt.Errorf("rank %d: wrap stream %#x: the device path is not in use", e.g.Rank, handle)
+	}
+	s, err := e.dev.dev.WrapStream(handle)
+	if err != nil {
+		return nil, fmt.Errorf("rank %d: wrap stream %#x: %w", e.g.Rank, handle, err)
+	}
+	return s, nil
+}
+
+// DeviceStream is WrapStream for a device op's submitter: it sets the device path up on ordinal
+// first if this rank has not (bounded by Config.SetupTimeout), and fails with the decision's
+// reason (gpu.ErrUnavailable) when the path is not in use.
+func (e *Engine) DeviceStream(ordinal int, handle uintptr) (gpu.Stream, error) {
+	if _, ok := e.Decided(); !ok {
+		ctx, cancel := context.WithTimeout(context.Background(), e.setupWait())
+		_, err := e.DevicePath(ctx, ordinal)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+	}
+	if !e.dev.use.Load() {
+		return nil, e.dev.decision.Why
+	}
+	return e.WrapStream(handle)
 }

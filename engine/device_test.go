@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -392,7 +393,17 @@ func TestDeviceOrderingAndConsumerWait(t *testing.T) {
 	defer open()
 	results := make([][]byte, n)
 	errs := make([]error, n)
+	var checked sync.WaitGroup
+	checked.Add(n)
 	onEachRank(n, func(r int) {
+		did := false
+		done := func() {
+			if !did {
+				did = true
+				checked.Done()
+			}
+		}
+		defer done() // a rank that fails early must not hold rank 0 back
 		dev, s := dc.devs[r], dc.streams[r]
 		in := upload(t, dev, f32(-1, -1, -1)) // stale: the producer's queued write replaces it
 		fresh := upload(t, dev, f32(float32(r+1), 2, 3))
@@ -426,9 +437,15 @@ func TestDeviceOrderingAndConsumerWait(t *testing.T) {
 		defer cancel()
 		if err := consumer.Synchronize(short); !errors.Is(err, context.DeadlineExceeded) {
 			errs[r] = fmt.Errorf("the consumer's copy ran while rank 0's producer still held its write back: %v", err)
+			done()
+			if r == 0 {
+				open()
+			}
 			return
 		}
+		done()
 		if r == 0 {
+			checked.Wait() // every rank saw its consumer held back
 			open()
 		}
 		if err := consumer.Synchronize(ctx); err != nil {
@@ -547,4 +564,217 @@ func TestDeviceRefusals(t *testing.T) {
 	runBoth(t, dc, devCase{name: "after", reqs: func(r, n int) []negotiate.Request {
 		return []negotiate.Request{allreduceReq("after", 5)}
 	}}, 9)
+}
+
+// A rank lost inside a device allreduce (its process dies: its device work never reaches the
+// collective and its connections close) fails the op on every other rank within the deadline,
+// naming it, instead of leaving them in the collective for good; a fresh engine then works.
+func TestDeviceLostRankFailsEveryRank(t *testing.T) {
+	const n = 3
+	cfg := DefaultConfig()
+	cfg.ProgressTimeout = 3 * time.Second
+	dc := newDeviceCluster(t, n, cfg, nil)
+	dc.mustUse(t)
+	ctx := waitCtx(t)
+	dc.engines[2].dev.comm.(*fake.Comm).Lose()
+	type result struct {
+		r    int
+		err  error
+		took time.Duration
+	}
+	results := make(chan result, n)
+	enqueue := func(r int) *Handle {
+		p := upload(t, dc.devs[r], f32(1, 2, 3))
+		return dc.engines[r].EnqueueDevice(allreduceReq("lost", 3), DeviceOp{Stream: dc.streams[r], In: p, Out: p, Bytes: 12})
+	}
+	for r := range 2 {
+		go func() {
+			h := enqueue(r)
+			if err := h.Wait(ctx); err != nil {
+				results <- result{r, fmt.Errorf("enqueue: %w", err), 0}
+				return
+			}
+			start := time.Now()
+			err := h.Synchronize(ctx)
+			results <- result{r, err, time.Since(start)}
+		}()
+	}
+	if err := enqueue(2).Wait(ctx); err != nil {
+		t.Fatalf("rank 2: %v", err)
+	}
+	// The survivors are inside the collective, which rank 2 never reaches.
+	time.Sleep(100 * time.Millisecond)
+	select {
+	case res := <-results:
+		t.Fatalf("rank %d finished before rank 2 was lost: %v", res.r, res.err)
+	default:
+	}
+	dc.eps[2].Kill(errors.New("rank 2 exited"))
+	for range 2 {
+		select {
+		case res := <-results:
+			if res.err == nil || !strings.Contains(res.err.Error(), "rank 2") {
+				t.Errorf("rank %d: %v, want a failure naming rank 2", res.r, res.err)
+			}
+			if res.took > cfg.ProgressTimeout+2*time.Second {
+				t.Errorf("rank %d failed after %v, beyond the %v deadline", res.r, res.took, cfg.ProgressTimeout)
+			}
+		case <-time.After(cfg.ProgressTimeout + 3*time.Second):
+			t.Fatal("a surviving rank still waits in the device collective")
+		}
+	}
+	// A new engine, on a new communicator, works.
+	fresh := newDeviceCluster(t, 2, DefaultConfig(), nil)
+	fresh.mustUse(t)
+	runBoth(t, fresh, devCase{name: "fresh", reqs: func(r, n int) []negotiate.Request {
+		return []negotiate.Request{allreduceReq("fresh", 4)}
+	}}, 3)
+}
+
+// A device collective that a connected peer never reaches (its device work is stuck) fails on
+// every rank once the progress deadline passes, rather than waiting for ever.
+func TestDeviceProgressDeadline(t *testing.T) {
+	const n = 2
+	cfg := DefaultConfig()
+	cfg.ProgressTimeout = time.Second
+	dc := newDeviceCluster(t, n, cfg, nil)
+	dc.mustUse(t)
+	ctx := waitCtx(t)
+	dc.engines[1].dev.comm.(*fake.Comm).Lose()
+	errs := make([]error, n)
+	took := make([]time.Duration, n)
+	onEachRank(n, func(r int) {
+		p := upload(t, dc.devs[r], f32(1))
+		start := time.Now()
+		errs[r] = dc.engines[r].EnqueueDevice(allreduceReq("stuck", 1), DeviceOp{Stream: dc.streams[r], In: p, Out: p, Bytes: 4}).Synchronize(ctx)
+		took[r] = time.Since(start)
+	})
+	for r := range n {
+		if errs[r] == nil || !strings.Contains(errs[r].Error(), "made no progress") {
+			t.Errorf("rank %d: %v, want the device allreduce's deadline", r, errs[r])
+		}
+		if took[r] > 3*cfg.ProgressTimeout {
+			t.Errorf("rank %d failed after %v (deadline %v)", r, took[r], cfg.ProgressTimeout)
+		}
+	}
+}
+
+// Ranks that share a GPU under one NCCL_HOSTID stage (NCCL would refuse them), every rank with the
+// same decision and the reason; distinct NCCL_HOSTIDs make them separate hosts to NCCL.
+func TestDeviceDecideFallback(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		hostIDs []string
+		use     bool
+	}{
+		{"same hostid", []string{"", ""}, false},
+		{"distinct hostids", []string{"a", "b"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dc := newDeviceCluster(t, 2, DefaultConfig(), func(r int) rankDevice {
+				return rankDevice{busID: "0000:01:00.0", hostID: tc.hostIDs[r]}
+			})
+			decs, errs := dc.setUp(t)
+			for r := range decs {
+				if errs[r] != nil || decs[r].Use != tc.use {
+					t.Fatalf("rank %d: %+v, %v; want use=%v", r, decs[r], errs[r], tc.use)
+				}
+				if !tc.use {
+					if !errors.Is(decs[r].Why, gpu.ErrUnavailable) || decs[r].Why.Error() != decs[0].Why.Error() ||
+						!strings.Contains(decs[r].Why.Error(), "share GPU 0000:01:00.0") {
+						t.Errorf("rank %d: why = %v (rank 0: %v)", r, decs[r].Why, decs[0].Why)
+					}
+					p := upload(t, dc.devs[r], f32(1))
+					err := dc.engines[r].EnqueueDevice(allreduceReq("x", 1), DeviceOp{Stream: dc.streams[r], In: p, Out: p, Bytes: 4}).Wait(waitCtx(t))
+					if !errors.Is(err, gpu.ErrUnavailable) {
+						t.Errorf("rank %d: a device op when staging: %v, want ErrUnavailable (the caller stages)", r, err)
+					}
+				}
+			}
+		})
+	}
+}
+
+// KOLO_NCCL=1 with a library that cannot load is an error on every rank, naming the rank and why;
+// KOLO_NCCL=0 stages without one.
+func TestDeviceForcedOnWithoutLibrary(t *testing.T) {
+	on, err := gpu.ParseMode(func(k string) string { return map[string]string{"KOLO_NCCL": "1"}[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	missing := fmt.Errorf("%w: libnccl.so.2: cannot open shared object file", gpu.ErrUnavailable)
+	dc := newDeviceCluster(t, 2, DefaultConfig(), func(r int) rankDevice {
+		rd := rankDevice{busID: fmt.Sprint(r), setting: on}
+		if r == 1 {
+			rd.openErr = missing
+		}
+		return rd
+	})
+	decs, errs := dc.setUp(t)
+	for r := range decs {
+		if decs[r].Use || !errors.Is(errs[r], gpu.ErrForcedOn) || !strings.Contains(errs[r].Error(), "KOLO_NCCL=1") ||
+			!strings.Contains(errs[r].Error(), "rank 1 on memhost") || !strings.Contains(errs[r].Error(), "libnccl.so.2") {
+			t.Errorf("rank %d: %+v, %v; want KOLO_NCCL=1's error naming rank 1 and its library", r, decs[r], errs[r])
+		}
+	}
+	off, _ := gpu.ParseMode(func(k string) string { return map[string]string{"KOLO_NCCL": "0"}[k] })
+	dc = newDeviceCluster(t, 2, DefaultConfig(), func(r int) rankDevice { return rankDevice{busID: fmt.Sprint(r), setting: off} })
+	decs, errs = dc.setUp(t)
+	for r := range decs {
+		if decs[r].Use || errs[r] != nil || !strings.Contains(decs[r].Why.Error(), "KOLO_NCCL=0") {
+			t.Errorf("rank %d: %+v, %v; want staged by KOLO_NCCL=0", r, decs[r], errs[r])
+		}
+	}
+}
+
+// Process sets run device ops on sub-communicators: one that existed when the device path was set
+// up and one added after. A grouped allreduce runs as one.
+func TestDeviceProcessSetsAndGroups(t *testing.T) {
+	const n = 3
+	dc := newDeviceCluster(t, n, DefaultConfig(), nil)
+	ctx := waitCtx(t)
+	ids := make([]int, n)
+	errs := make([]error, n)
+	onEachRank(n, func(r int) { ids[r], errs[r] = dc.engines[r].AddProcessSet(ctx, []int{0, 2}) })
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	dc.mustUse(t)
+	onEachRank(n, func(r int) { _, errs[r] = dc.engines[r].AddProcessSet(ctx, []int{1, 2}) })
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for _, set := range []struct {
+		id    int
+		ranks []int
+	}{{1, []int{0, 2}}, {2, []int{1, 2}}} {
+		onEachRank(n, func(r int) {
+			errs[r] = nil
+			if !slices.Contains(set.ranks, r) {
+				return
+			}
+			p := upload(t, dc.devs[r], f32(float32(r), 1))
+			q := upload(t, dc.devs[r], f32(1, float32(r)))
+			var hs []*Handle
+			for i, ptr := range []gpu.Ptr{p, q} {
+				req := allreduceReq(fmt.Sprintf("g%d", i), 2)
+				req.Set, req.Group, req.GroupSize = set.id, 7, 2
+				hs = append(hs, dc.engines[r].EnqueueDevice(req, DeviceOp{Stream: dc.streams[r], In: ptr, Out: ptr, Bytes: 8}))
+			}
+			for _, h := range hs {
+				if err := h.Synchronize(ctx); err != nil {
+					errs[r] = err
+					return
+				}
+			}
+			sum := float32(set.ranks[0] + set.ranks[1])
+			got := fmt.Sprint(getF32(download(t, dc.devs[r], p, 8)), getF32(download(t, dc.devs[r], q, 8)))
+			if want := fmt.Sprint([]float32{sum, 2}, []float32{2, sum}); got != want {
+				errs[r] = fmt.Errorf("process set %d: %s, want %s", set.id, got, want)
+			}
+		})
+		if err := errors.Join(errs...); err != nil {
+			t.Error(err)
+		}
+	}
 }
