@@ -206,3 +206,16 @@ func (h *Handle) wrap(stream uintptr) (gpu.Stream, error) {
 	}
 	return s.engine.WrapStream(stream)
 }
+
+// ErrDeviceUnavailable is matched by the error of a device op or DevicePath that the GPU data
+// path cannot serve: the caller stages the tensor through host memory instead.
+var ErrDeviceUnavailable = gpu.ErrUnavailable
+
+// DeviceDecision is the device path's decision, once DevicePath has made it.
+func DeviceDecision() (gpu.Decision, bool) {
+	s, err := get()
+	if err != nil {
+		return gpu.Decision{}, false
+	}
+	return s.engine.Decided()
+}

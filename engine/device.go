@@ -178,7 +178,8 @@ func (e *Engine) startSetup(ordinal int) {
 	} else {
 		p.Setting, p.Peer.HostID = b.Setting, b.HostID
 		if lib, v, err := b.Open(); err != nil {
-			p.Peer.Problem = err.Error()
+			// Decide says it is ErrUnavailable: once is enough.
+			p.Peer.Problem = strings.TrimPrefix(err.Error(), gpu.ErrUnavailable.Error()+": ")
 		} else if dev, bus, err := b.Device(lib, ordinal); err != nil {
 			p.Peer.Problem = fmt.Sprintf("device %d: %v", ordinal, err)
 		} else {

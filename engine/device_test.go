@@ -778,3 +778,33 @@ func TestDeviceProcessSetsAndGroups(t *testing.T) {
 		}
 	}
 }
+
+// Shutdown with device work that cannot finish (a peer's part never runs) returns within its
+// wait, aborting the communicator, and the op reports the failure.
+func TestDeviceShutdownWithWorkInFlight(t *testing.T) {
+	const n = 2
+	cfg := DefaultConfig()
+	cfg.ShutdownWait = time.Second
+	dc := newDeviceCluster(t, n, cfg, nil)
+	dc.mustUse(t)
+	ctx := waitCtx(t)
+	dc.engines[1].dev.comm.(*fake.Comm).Lose()
+	hs := make([]*Handle, n)
+	onEachRank(n, func(r int) {
+		p := upload(t, dc.devs[r], f32(1))
+		hs[r] = dc.engines[r].EnqueueDevice(allreduceReq("late", 1), DeviceOp{Stream: dc.streams[r], In: p, Out: p, Bytes: 4})
+		if err := hs[r].Wait(ctx); err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	})
+	start := time.Now()
+	onEachRank(n, func(r int) { _ = dc.engines[r].Shutdown(ctx) })
+	if took := time.Since(start); took > cfg.ShutdownWait+2*time.Second {
+		t.Errorf("shutdown took %v with a %v wait", took, cfg.ShutdownWait)
+	}
+	for r, h := range hs {
+		if err := h.Synchronize(ctx); err == nil || !strings.Contains(err.Error(), "in flight at shutdown") {
+			t.Errorf("rank %d: %v, want the op failed by the shutdown", r, err)
+		}
+	}
+}
