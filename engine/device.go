@@ -12,10 +12,11 @@ package engine
 // the progress deadline) and from then on routes responses of GPU tensors that the device path
 // serves (deviceServes) to the device executor; the rest runs on the host path as before.
 //
-// Process sets get a sub-communicator each (gpu.Splitter), split where every rank is at the same
-// place of the stream: when the device path starts (the sets existing then, by id) and when a set
-// is added. Without a Splitter a set has no device path and its device ops are refused, so that
-// the binding stages them.
+// Process sets get a communicator each, formed where every rank is at the same place of the
+// stream: when the device path starts (the sets existing then, by id) and when a set is added. It
+// is split from the global one (gpu.Splitter), or, with a library that cannot split, formed by the
+// set's members from an id sent over the set's host path. A set whose communicator did not form
+// has no device path: its device ops are refused, so that the binding stages them.
 //
 // The path never hangs: a watchdog (deviceWatch) follows the device work in flight; it has the
 // loop read control messages meanwhile (a lost peer is seen as on the host path), stops the
@@ -35,6 +36,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kolo-dl/kolo/collective"
 	"github.com/kolo-dl/kolo/dtype"
 	"github.com/kolo-dl/kolo/engine/negotiate"
 	"github.com/kolo-dl/kolo/gpu"
@@ -95,7 +97,8 @@ type devicePath struct {
 	wmu      sync.Mutex
 	inflight []*deviceWork
 	frees    []deferredFree
-	comms    []gpu.Comm // every communicator, for abort
+	events   []gpu.Event // completed, for reuse: an event per op from the library costs a call
+	comms    []gpu.Comm  // every communicator, for abort
 	closed   bool
 	stopWait chan struct{}
 }
@@ -312,22 +315,25 @@ func (e *Engine) deviceCtx() (context.Context, context.CancelFunc) {
 	return context.WithCancel(context.Background())
 }
 
-// splitSet forms process set ps's communicator from the global one. Every rank calls it at the
-// same place of the stream (members with one color, the others with none).
+// splitSet forms process set ps's communicator. Every rank calls it at the same place of the
+// stream. With ncclCommSplit, every rank of the job splits the global communicator (members with
+// one color, the others with none); without it, the set's members form a new one, its id
+// broadcast from the set's first rank over the set's host path.
 func (e *Engine) splitSet(ps *procSet) {
 	d := e.dev
+	ctx, cancel := e.deviceCtx()
+	defer cancel()
 	sp, ok := d.comm.(gpu.Splitter)
 	if !ok {
-		ps.dcommErr = fmt.Errorf("%w: process set %d: the library cannot split communicators (ncclCommSplit, NCCL %d.%d or later)",
-			gpu.ErrUnavailable, ps.id, gpu.SplitNCCL.Major, gpu.SplitNCCL.Minor)
+		if ps.rank >= 0 {
+			e.formSetComm(ctx, ps)
+		}
 		return
 	}
 	color := gpu.NoColor
 	if ps.rank >= 0 {
 		color = 0
 	}
-	ctx, cancel := e.deviceCtx()
-	defer cancel()
 	c, err := sp.Split(ctx, color, ps.rank)
 	if err != nil {
 		ps.dcommErr = fmt.Errorf("%w: process set %d: split: %w", gpu.ErrUnavailable, ps.id, err)
@@ -337,6 +343,43 @@ func (e *Engine) splitSet(ps *procSet) {
 		ps.dcomm = c
 		d.addComm(c)
 	}
+}
+
+// formSetComm forms member ps's communicator from a fresh id, which the set's first rank makes
+// and broadcasts (a leading byte says whether it could: the others must not join a comm of none).
+func (e *Engine) formSetComm(ctx context.Context, ps *procSet) {
+	d := e.dev
+	buf := make([]byte, 1+gpu.UniqueIDBytes)
+	var why error
+	if ps.rank == 0 {
+		id, err := d.lib.NewUniqueID()
+		if err != nil {
+			why = err
+		} else {
+			buf[0] = 1
+			copy(buf[1:], id[:])
+		}
+	}
+	if len(ps.ranks) > 1 {
+		if err := collective.Broadcast(ctx, ps.exec.comm(), buf, 0, ps.exec.tuning()); err != nil {
+			why = fmt.Errorf("sending the communicator id: %w", err)
+		}
+	}
+	if why == nil && buf[0] == 0 {
+		why = fmt.Errorf("the set's first rank (rank %d) made no communicator id", ps.ranks[0])
+	}
+	if why == nil {
+		var id gpu.UniqueID
+		copy(id[:], buf[1:])
+		c, err := d.lib.NewComm(ctx, d.dev, id, len(ps.ranks), ps.rank)
+		if err == nil {
+			ps.dcomm = c
+			d.addComm(c)
+			return
+		}
+		why = err
+	}
+	ps.dcommErr = fmt.Errorf("%w: process set %d: forming its communicator: %w", gpu.ErrUnavailable, ps.id, why)
 }
 
 func (d *devicePath) addComm(c gpu.Comm) {
@@ -405,7 +448,7 @@ func (e *Engine) EnqueueDevice(req negotiate.Request, op DeviceOp) *Handle {
 	if op.Stream == nil {
 		return refuse(errors.New("no producer stream"))
 	}
-	ready, err := d.dev.NewEvent()
+	ready, err := d.event()
 	if err == nil {
 		err = op.Stream.Record(ready)
 	}
@@ -465,6 +508,7 @@ type deviceResult struct {
 	n    int       // its bytes
 	err  atomic.Pointer[error]
 	rel  atomic.Bool
+	ran  atomic.Bool // its work ran, and done went back to the pool
 }
 
 // WaitOnStream makes work enqueued on s from now on wait until the op's device work has run,
@@ -479,6 +523,9 @@ func (h *Handle) WaitOnStream(s gpu.Stream) error {
 	if h.dev == nil {
 		return fmt.Errorf("%q: not a device op", h.name)
 	}
+	if h.dev.ran.Load() {
+		return nil
+	}
 	return s.WaitEvent(h.dev.done)
 }
 
@@ -492,8 +539,10 @@ func (h *Handle) Synchronize(ctx context.Context) error {
 	if h.dev == nil {
 		return nil
 	}
-	if err := h.dev.done.Synchronize(ctx); err != nil {
-		return fmt.Errorf("%q: waiting for its device work to run: %w", h.name, err)
+	if !h.dev.ran.Load() {
+		if err := h.dev.done.Synchronize(ctx); err != nil {
+			return fmt.Errorf("%q: waiting for its device work to run: %w", h.name, err)
+		}
 	}
 	if p := h.dev.err.Load(); p != nil {
 		return *p
@@ -522,7 +571,7 @@ func (h *Handle) ReleaseDeviceOutput(s gpu.Stream) error {
 		return fmt.Errorf("%q: device output released twice", h.name)
 	}
 	d := h.dev.d
-	ev, err := d.dev.NewEvent()
+	ev, err := d.event()
 	if err == nil {
 		err = s.Record(ev)
 	}
@@ -588,13 +637,20 @@ func (d *devicePath) reap() {
 		if ok, _ := d.inflight[i].done.Query(); !ok {
 			break
 		}
+		// A consumer that calls WaitOnStream after this waits on nothing (ran); one that
+		// looked before may wait on the event recorded again for later work on the same
+		// stream: for more than its op, never for less.
+		for _, res := range d.inflight[i].results {
+			res.ran.Store(true)
+		}
+		d.events = append(d.events, d.inflight[i].done)
 	}
 	d.inflight = d.inflight[i:]
 	kept := d.frees[:0]
 	for _, f := range d.frees {
 		if ok, _ := f.ev.Query(); ok {
 			_ = d.dev.Free(f.p)
-			_ = f.ev.Destroy()
+			d.events = append(d.events, f.ev)
 			continue
 		}
 		kept = append(kept, f)
@@ -658,6 +714,12 @@ func (d *devicePath) close(ctx context.Context) {
 		}
 	}
 	d.retired, d.fusion, d.fusionCap = nil, 0, 0
+	d.wmu.Lock()
+	for _, ev := range d.events {
+		_ = ev.Destroy()
+	}
+	d.events = nil
+	d.wmu.Unlock()
 	_ = d.stream.Destroy()
 }
 
@@ -690,4 +752,25 @@ func (e *Engine) DeviceStream(ordinal int, handle uintptr) (gpu.Stream, error) {
 		return nil, e.dev.decision.Why
 	}
 	return e.WrapStream(handle)
+}
+
+// event is a completed event to record anew: one from the pool, else a new one.
+func (d *devicePath) event() (gpu.Event, error) {
+	d.wmu.Lock()
+	if n := len(d.events); n > 0 {
+		ev := d.events[n-1]
+		d.events = d.events[:n-1]
+		d.wmu.Unlock()
+		return ev, nil
+	}
+	d.wmu.Unlock()
+	return d.dev.NewEvent()
+}
+
+// recycle returns an event whose latest record a stream wait has captured already (a wait is on
+// the record made before it was enqueued, so recording the event again does not move it).
+func (d *devicePath) recycle(ev gpu.Event) {
+	d.wmu.Lock()
+	d.events = append(d.events, ev)
+	d.wmu.Unlock()
 }

@@ -32,6 +32,7 @@ func (e *Engine) runDevice(ps *procSet, r *negotiate.Response, entries []*entry)
 		if err := d.stream.WaitEvent(en.dev.ready); err != nil {
 			return fail(fmt.Errorf("waiting for the producer of %q: %w", r.Names[i], err))
 		}
+		d.recycle(en.dev.ready)
 	}
 	t, err := gpu.FromDType(r.DType)
 	if err != nil {
@@ -69,7 +70,7 @@ func (e *Engine) runDevice(ps *procSet, r *negotiate.Response, entries []*entry)
 	}
 	var done gpu.Event
 	if err == nil {
-		if done, err = d.dev.NewEvent(); err == nil {
+		if done, err = d.event(); err == nil {
 			err = d.stream.Record(done)
 		}
 	}

@@ -38,7 +38,12 @@ type rankDevice struct {
 
 func newDeviceCluster(t *testing.T, n int, cfg Config, each func(r int) rankDevice) *deviceCluster {
 	t.Helper()
-	lib := fake.NewLibrary()
+	return newDeviceClusterOn(t, n, cfg, fake.NewLibrary(), each)
+}
+
+// newDeviceClusterOn is newDeviceCluster on lib.
+func newDeviceClusterOn(t *testing.T, n int, cfg Config, lib gpu.Library, each func(r int) rankDevice) *deviceCluster {
+	t.Helper()
 	dc := &deviceCluster{}
 	eps := inmem.New(n, inmem.WithProgressTimeout(testProgressTimeout))
 	groups := make([]Group, n)
@@ -730,8 +735,24 @@ func TestDeviceForcedOnWithoutLibrary(t *testing.T) {
 // Process sets run device ops on sub-communicators: one that existed when the device path was set
 // up and one added after. A grouped allreduce runs as one.
 func TestDeviceProcessSetsAndGroups(t *testing.T) {
+	t.Run("split", func(t *testing.T) { testDeviceProcessSets(t, fake.NewLibrary()) })
+	t.Run("new ids", func(t *testing.T) { testDeviceProcessSets(t, noSplitLibrary{fake.NewLibrary()}) })
+}
+
+// noSplitLibrary forms communicators that cannot split (NCCL before 2.18).
+type noSplitLibrary struct{ *fake.Library }
+
+func (l noSplitLibrary) NewComm(ctx context.Context, dev gpu.Device, id gpu.UniqueID, size, rank int) (gpu.Comm, error) {
+	c, err := l.Library.NewComm(ctx, dev, id, size, rank)
+	if err != nil {
+		return nil, err
+	}
+	return struct{ gpu.Comm }{c}, nil
+}
+
+func testDeviceProcessSets(t *testing.T, lib gpu.Library) {
 	const n = 3
-	dc := newDeviceCluster(t, n, DefaultConfig(), nil)
+	dc := newDeviceClusterOn(t, n, DefaultConfig(), lib, nil)
 	ctx := waitCtx(t)
 	ids := make([]int, n)
 	errs := make([]error, n)
