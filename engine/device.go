@@ -98,6 +98,7 @@ type devicePath struct {
 	inflight []*deviceWork
 	frees    []deferredFree
 	events   []gpu.Event // completed, for reuse: an event per op from the library costs a call
+	progress time.Time   // when work last completed
 	comms    []gpu.Comm  // every communicator, for abort
 	closed   bool
 	stopWait chan struct{}
@@ -605,8 +606,13 @@ func (e *Engine) deviceWatch() {
 		d.wmu.Lock()
 		busy := len(d.inflight) > 0
 		var oldest *deviceWork
+		var since time.Time // the deadline runs from the later of the oldest work's start and the last completion
 		if busy {
 			oldest = d.inflight[0]
+			since = oldest.since
+			if d.progress.After(since) {
+				since = d.progress
+			}
 		}
 		comms := slices.Clone(d.comms)
 		d.wmu.Unlock()
@@ -621,7 +627,7 @@ func (e *Engine) deviceWatch() {
 				return
 			}
 		}
-		if t := e.cfg.ProgressTimeout; t > 0 && time.Since(oldest.since) > t {
+		if t := e.cfg.ProgressTimeout; t > 0 && time.Since(since) > t {
 			e.Abort(fmt.Errorf("rank %d: device %s made no progress for %v (a peer never reached the collective)", e.g.Rank, oldest.what, t))
 			return
 		}
@@ -644,6 +650,9 @@ func (d *devicePath) reap() {
 			res.ran.Store(true)
 		}
 		d.events = append(d.events, d.inflight[i].done)
+	}
+	if i > 0 {
+		d.progress = time.Now()
 	}
 	d.inflight = d.inflight[i:]
 	kept := d.frees[:0]
@@ -773,4 +782,12 @@ func (d *devicePath) recycle(ev gpu.Event) {
 	d.wmu.Lock()
 	d.events = append(d.events, ev)
 	d.wmu.Unlock()
+}
+
+// inBytes is the size of en's input, in host or device memory.
+func (en *entry) inBytes() int64 {
+	if en.dev != nil {
+		return int64(en.dev.op.Bytes)
+	}
+	return int64(len(en.in))
 }

@@ -12,6 +12,10 @@
 // Process sets (processsets.go) are subsets of ranks that run ops among themselves; each has its
 // own negotiation (a Coordinator of the Hub on rank 0) and executes over a transport.Sub of the
 // job's Comm. The global set, id 0, is every rank.
+//
+// Ops on tensors in GPU memory (device.go) are negotiated as every other op; their responses run
+// on the device executor (device_execute.go), which enqueues a gpu.Comm's collectives on the
+// engine's own stream instead of moving host bytes.
 package engine
 
 import (
@@ -527,7 +531,7 @@ func (e *Engine) drainQueue(now time.Time) (took, ok bool) {
 				continue
 			}
 			// No duplicate can reach here: enqueue reserved the name until the op completes.
-			en.fid = e.obs.flight.Submit(now, en.req.Name, en.req.Kind.String(), en.req.DType.String(), int64(len(en.in)), ps.id)
+			en.fid = e.obs.flight.Submit(now, en.req.Name, en.req.Kind.String(), en.req.DType.String(), en.inBytes(), ps.id)
 			ps.pending[en.req.Name] = en
 			e.inflight++
 			if tl != nil {
@@ -961,7 +965,7 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 		if en != nil {
 			e.opDone(en, done, err != nil)
 			if r.Kind == negotiate.Allreduce || r.Kind == negotiate.ReduceScatter {
-				reduced += int64(len(en.in))
+				reduced += en.inBytes()
 			}
 		}
 	}
