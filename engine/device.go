@@ -176,10 +176,13 @@ func (e *Engine) Decided() (gpu.Decision, bool) {
 func (e *Engine) startSetup(ordinal int) {
 	d := e.dev
 	p := setupPayload{Peer: gpu.Peer{Host: e.host(e.g.Rank)}}
-	b := e.cfg.Device
-	if b == nil {
+	switch b := e.cfg.Device; {
+	case b == nil:
 		p.Peer.Problem = "this kolo has no device backend"
-	} else {
+	case b.Setting.Mode == gpu.Off:
+		// The library is never loaded: Decide stages for the setting alone.
+		p.Setting, p.Peer.HostID = b.Setting, b.HostID
+	default:
 		p.Setting, p.Peer.HostID = b.Setting, b.HostID
 		if lib, v, err := b.Open(); err != nil {
 			// Decide says it is ErrUnavailable: once is enough.
@@ -193,7 +196,7 @@ func (e *Engine) startSetup(ordinal int) {
 				p.Peer.GPU = fmt.Sprint(ordinal)
 			}
 		}
-		if e.g.Rank == 0 && d.lib != nil && p.Setting.Mode != gpu.Off {
+		if e.g.Rank == 0 && d.lib != nil {
 			if id, err := d.lib.NewUniqueID(); err != nil {
 				p.IDErr = err.Error()
 			} else {

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,6 +28,7 @@ type deviceCluster struct {
 	*cluster
 	devs    []*fake.Device
 	streams []gpu.Stream // each rank's "torch current stream"
+	opens   atomic.Int32 // library loads, over every rank
 }
 
 // rankDevice says what rank r's backend reports.
@@ -63,6 +65,7 @@ func newDeviceClusterOn(t *testing.T, n int, cfg Config, lib gpu.Library, each f
 		cfgs[r] = cfg
 		cfgs[r].Device = &DeviceBackend{Setting: rd.setting, HostID: rd.hostID,
 			Open: func() (gpu.Library, gpu.Version, error) {
+				dc.opens.Add(1)
 				if rd.openErr != nil {
 					return nil, gpu.Version{}, rd.openErr
 				}
@@ -729,6 +732,9 @@ func TestDeviceForcedOnWithoutLibrary(t *testing.T) {
 		if decs[r].Use || errs[r] != nil || !strings.Contains(decs[r].Why.Error(), "KOLO_NCCL=0") {
 			t.Errorf("rank %d: %+v, %v; want staged by KOLO_NCCL=0", r, decs[r], errs[r])
 		}
+	}
+	if n := dc.opens.Load(); n != 0 {
+		t.Errorf("KOLO_NCCL=0 loaded the library %d times", n)
 	}
 }
 
