@@ -568,11 +568,14 @@ func (h *Handle) DeviceOutput() (gpu.Ptr, int) {
 // caller's copy of it) has run: it is freed then, never while a queued copy may still read it.
 // A second release is an error.
 func (h *Handle) ReleaseDeviceOutput(s gpu.Stream) error {
-	if h.dev == nil || h.dev.out == 0 {
+	if h.dev == nil || (h.dev.out == 0 && h.dev.n > 0) {
 		return fmt.Errorf("%q: no device output to release", h.name)
 	}
 	if h.dev.rel.Swap(true) {
 		return fmt.Errorf("%q: device output released twice", h.name)
+	}
+	if h.dev.out == 0 {
+		return nil // an empty result the library allocated as nothing
 	}
 	d := h.dev.d
 	ev, err := d.event()

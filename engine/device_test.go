@@ -338,6 +338,7 @@ func TestDeviceOpsMatchHostPath(t *testing.T) {
 					return []negotiate.Request{
 						{Name: "ag.ragged." + dt.String(), Kind: negotiate.Allgather, DType: dt, Shape: []int64{int64(r + 1), 3}},
 						{Name: "ag.even." + dt.String(), Kind: negotiate.Allgather, DType: dt, Shape: []int64{2, 2}},
+						{Name: "ag.empty." + dt.String(), Kind: negotiate.Allgather, DType: dt, Shape: []int64{0, 3}},
 						{Name: "bc." + dt.String(), Kind: negotiate.Broadcast, DType: dt, Shape: []int64{5}, Root: n - 1},
 						{Name: "bc2." + dt.String(), Kind: negotiate.Broadcast, DType: dt, Shape: []int64{2, 3}, Root: n - 1},
 						{Name: "a2a." + dt.String(), Kind: negotiate.Alltoall, DType: dt, Shape: []int64{rows, 2}, Splits: splits},
