@@ -836,3 +836,68 @@ func TestDeviceShutdownWithWorkInFlight(t *testing.T) {
 		}
 	}
 }
+
+// An engine-allocated result is freed only once the caller's copy of it, queued on its stream
+// before the release, has run.
+func TestDeviceReleaseWaitsForTheCopy(t *testing.T) {
+	const n = 2
+	dc := newDeviceCluster(t, n, DefaultConfig(), nil)
+	dc.mustUse(t)
+	ctx := waitCtx(t)
+	ev, open := gate(t)
+	defer open()
+	errs := make([]error, n)
+	onEachRank(n, func(r int) {
+		dev, s := dc.devs[r], dc.streams[r]
+		in := upload(t, dev, f32(float32(r)))
+		req := negotiate.Request{Name: "gathered", Kind: negotiate.Allgather, DType: dtype.Float32, Shape: []int64{1}}
+		h := dc.engines[r].EnqueueDevice(req, DeviceOp{Stream: s, In: in, Bytes: 4})
+		if err := h.Synchronize(ctx); err != nil {
+			errs[r] = err
+			return
+		}
+		p, size := h.DeviceOutput()
+		consumer, _ := dev.NewStream()
+		dst := upload(t, dev, make([]byte, size))
+		for _, err := range []error{h.WaitOnStream(consumer), consumer.WaitEvent(ev), consumer.CopyAsync(dst, p, size), h.ReleaseDeviceOutput(consumer)} {
+			if err != nil {
+				errs[r] = err
+				return
+			}
+		}
+		if err := h.ReleaseDeviceOutput(consumer); err == nil {
+			errs[r] = errors.New("a second release succeeded")
+			return
+		}
+		time.Sleep(3 * checkEvery) // the reaper looks every checkEvery
+		if _, err := dev.Bytes(p, size); err != nil {
+			errs[r] = fmt.Errorf("freed while the caller's copy still waits: %w", err)
+			return
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	open()
+	for r := range n {
+		if err := dc.streams[r].Synchronize(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for r := range n {
+		d := dc.engines[r].dev
+		for {
+			d.wmu.Lock()
+			left := len(d.frees)
+			d.wmu.Unlock()
+			if left == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("rank %d: the result is not freed 5 s after the copy ran", r)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
