@@ -99,7 +99,7 @@ func kolo_device_why(buf *C.char, capacity C.int) C.int {
 // negative when it failed at once (release it either way). The block's waitUS is ignored.
 //
 //export kolo_enqueue_device
-func kolo_enqueue_device(rec unsafe.Pointer, size C.int, stream C.uint64_t) C.int64_t {
+func kolo_enqueue_device(rec unsafe.Pointer, size C.int, stream C.int64_t) C.int64_t {
 	a, err := opArgs(rec, int(size))
 	if err != nil {
 		return issued(&op{err: fmt.Errorf("kolo_enqueue_device: %w", err)})
@@ -159,7 +159,7 @@ func enqueueDevice(a enqueueArgs, stream uintptr) *op {
 // until device op h's work has run, without blocking the host; 0, or -1 (kolo_last_error).
 //
 //export kolo_device_wait_stream
-func kolo_device_wait_stream(h C.int64_t, stream C.uint64_t) C.int {
+func kolo_device_wait_stream(h C.int64_t, stream C.int64_t) C.int {
 	kh, err := completed(h)
 	if err == nil {
 		err = kh.WaitOnStream(uintptr(stream))
@@ -200,7 +200,7 @@ func kolo_device_sync(h C.int64_t, timeoutUS C.int64_t) C.int {
 // rank), and returns its size in bytes; -1 otherwise (kolo_last_error).
 //
 //export kolo_device_result
-func kolo_device_result(h C.int64_t, ptr *C.uint64_t, shape *C.int64_t, ndim C.int) C.int64_t {
+func kolo_device_result(h C.int64_t, ptr *C.int64_t, shape *C.int64_t, ndim C.int) C.int64_t {
 	kh, err := completed(h)
 	if err != nil {
 		return C.int64_t(setLastErr(fmt.Errorf("kolo_device_result: %w", err)))
@@ -220,7 +220,7 @@ func kolo_device_result(h C.int64_t, ptr *C.uint64_t, shape *C.int64_t, ndim C.i
 		return C.int64_t(setLastErr(fmt.Errorf("kolo_device_result: %w", err)))
 	}
 	copy(dst, dims)
-	*ptr = C.uint64_t(p)
+	*ptr = C.int64_t(p)
 	return C.int64_t(n)
 }
 
@@ -228,7 +228,7 @@ func kolo_device_result(h C.int64_t, ptr *C.uint64_t, shape *C.int64_t, ndim C.i
 // caller's copy of it) has run; 0, or -1 (kolo_last_error).
 //
 //export kolo_device_release
-func kolo_device_release(h C.int64_t, stream C.uint64_t) C.int {
+func kolo_device_release(h C.int64_t, stream C.int64_t) C.int {
 	kh, err := completed(h)
 	if err == nil {
 		err = kh.ReleaseDeviceOutput(uintptr(stream))
