@@ -797,3 +797,11 @@ func (en *entry) inBytes() int64 {
 	}
 	return int64(len(en.in))
 }
+
+// drop gives back the ready event of a device op that never reaches the executor (nil: a host
+// op). Nothing waits on it: the pool may record it again.
+func (d *devicePath) drop(dv *deviceEntry) {
+	if dv != nil {
+		d.recycle(dv.ready)
+	}
+}

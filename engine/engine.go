@@ -427,6 +427,7 @@ func (e *Engine) enqueue(req negotiate.Request, in, out []byte, kick bool, dv *d
 	if err := e.admit(&req, ps); err != nil {
 		// This rank has no say in that set: nobody to tell.
 		h.finish(&ArgumentError{err})
+		e.dev.drop(dv)
 		return h
 	}
 	var refused error
@@ -454,16 +455,19 @@ func (e *Engine) enqueue(req negotiate.Request, in, out []byte, kick bool, dv *d
 		err := e.fatal
 		e.mu.Unlock()
 		h.finish(err)
+		e.dev.drop(dv)
 		return h
 	case e.closed:
 		e.mu.Unlock()
 		h.finish(ErrShutdown)
+		e.dev.drop(dv)
 		return h
 	}
 	if !e.reserve(ps.id, req.Name) {
 		e.mu.Unlock()
 		h.finish(&ArgumentError{fmt.Errorf("rank %d: %s %q%s: %w: an op of that name submitted on this rank has not completed; names must be unique among in-flight ops",
 			e.g.Rank, req.Kind, req.Name, inSet(ps.id), ErrDuplicateName)})
+		e.dev.drop(dv)
 		return h
 	}
 	caller := h
@@ -471,6 +475,7 @@ func (e *Engine) enqueue(req negotiate.Request, in, out []byte, kick bool, dv *d
 		// The refusal holds the name until its error comes back from the coordinator.
 		caller.finish(&ArgumentError{refused})
 		h = newHandle(req.Name, e)
+		e.dev.drop(dv)
 		in, out, dv = nil, nil, nil
 	}
 	h.reserved, h.set = true, ps.id
