@@ -205,6 +205,13 @@ func Init(opts ...Option) error {
 			return fmt.Errorf("kolo.Init: %w", err)
 		}
 	}
+	if cfg.Device == nil {
+		dev, err := deviceBackend(o.env)
+		if err != nil {
+			return fmt.Errorf("kolo.Init: %w", err)
+		}
+		cfg.Device = dev
+	}
 	if o.world.Timeout == 0 {
 		o.world.Timeout = cfg.SetupTimeout
 	}

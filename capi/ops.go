@@ -715,6 +715,9 @@ func kolo_error_kind(h C.int64_t) C.int {
 		return errorNone
 	}
 	var ae *kolo.ArgumentError
+	if errors.Is(o.failure(), kolo.ErrDeviceUnavailable) {
+		return errorUnavailable // a device op to stage (capi/device.go)
+	}
 	if o.err != nil || errors.As(o.failure(), &ae) {
 		return errorArgument
 	}

@@ -59,6 +59,9 @@ type Config struct {
 	Timeline           string
 	TimelineMarkCycles bool
 
+	// Device is the device path's backend (device.go); nil: GPU tensors are always staged.
+	Device *DeviceBackend
+
 	// Autotune, when Enabled, has rank 0 tune FusionBytes and CycleTime while the job runs, from
 	// the time between the steps the program marks (MarkStep; the Python DistributedOptimizer
 	// marks each step itself), and every rank apply its settings from the same step.

@@ -12,6 +12,10 @@
 // Process sets (processsets.go) are subsets of ranks that run ops among themselves; each has its
 // own negotiation (a Coordinator of the Hub on rank 0) and executes over a transport.Sub of the
 // job's Comm. The global set, id 0, is every rank.
+//
+// Ops on tensors in GPU memory (device.go) are negotiated as every other op; their responses run
+// on the device executor (device_execute.go), which enqueues a gpu.Comm's collectives on the
+// engine's own stream instead of moving host bytes.
 package engine
 
 import (
@@ -172,6 +176,8 @@ type Engine struct {
 	coord     coordClock
 	// members is rank 0's deadline on the others, fed by their heartbeats (keepalive.go).
 	members memberClock
+
+	dev *devicePath // the device path (device.go)
 }
 
 // setName is an op's name within its process set.
@@ -221,8 +227,9 @@ type entry struct {
 	submitted time.Time // when the driver took it from the queue
 	fid       flight.ID // its record in the flight recorder
 	set       *procSet
-	in        []byte // input bytes
-	out       []byte // output bytes (nil when the engine allocates: allgather, alltoall, reducescatter)
+	in        []byte       // input bytes
+	out       []byte       // output bytes (nil when the engine allocates: allgather, alltoall, reducescatter)
+	dev       *deviceEntry // an op on device memory (EnqueueDevice); nil: in, out are host memory
 	h         *Handle
 }
 
@@ -285,6 +292,7 @@ func New(cfg Config, g Group) (*Engine, error) {
 		resync:   map[int]resyncPoint{},
 		global:   global,
 		table:    negotiate.NewSetTable(g.Size),
+		dev:      newDevicePath(),
 	}
 	e.kick.Stop()
 	e.timer.Stop()
@@ -401,19 +409,21 @@ func (e *Engine) EnqueueWaited(req negotiate.Request, in, out []byte) *Handle {
 }
 
 func (e *Engine) enqueueUser(req negotiate.Request, in, out []byte, kick bool) *Handle {
-	if strings.HasPrefix(req.Name, setChangePrefix) {
+	if reservedName(req.Name) {
 		h := newHandle(req.Name, e)
-		h.finish(fmt.Errorf("%s %q: names starting with %q are kolo's own", req.Kind, req.Name, setChangePrefix))
+		h.finish(fmt.Errorf("%s %q: names starting with %q or %q are kolo's own", req.Kind, req.Name, setChangePrefix, deviceSetupName))
 		return h
 	}
-	return e.enqueue(req, in, out, kick)
+	return e.enqueue(req, in, out, kick, nil)
 }
 
 // enqueue submits req. A request that is wrong on this rank (Request.Error set by the caller, or
 // refused by admit or validate) fails the caller's handle at once with an ArgumentError and, where
 // the coordinator can be told, still takes its turn as a refusal on a handle of the engine's own,
 // so that the other ranks' submissions of it fail rather than wait for this rank.
-func (e *Engine) enqueue(req negotiate.Request, in, out []byte, kick bool) *Handle {
+//
+// dv is the device side of an op on device memory (in and out are nil then).
+func (e *Engine) enqueue(req negotiate.Request, in, out []byte, kick bool, dv *deviceEntry) *Handle {
 	h := newHandle(req.Name, e)
 	ps := e.global
 	if req.Set != 0 {
@@ -424,14 +434,23 @@ func (e *Engine) enqueue(req negotiate.Request, in, out []byte, kick bool) *Hand
 	if err := e.admit(&req, ps); err != nil {
 		// This rank has no say in that set: nobody to tell.
 		h.finish(&ArgumentError{err})
+		e.dev.drop(dv)
 		return h
 	}
 	var refused error
 	switch {
 	case req.Error != "":
 		refused = fmt.Errorf("rank %d: %s %q: %s", e.g.Rank, req.Kind, req.Name, req.Error)
+	case dv == nil && req.GPU && e.dev.use.Load() && deviceServes(req.Kind, req.DType, req.ReduceOp, req.PreScale, req.PostScale) == nil:
+		// Every other rank runs it on the device path, which needs every rank's device pointers.
+		req.Error = "a GPU tensor staged through host memory where the device path serves it (submit it with EnqueueDevice)"
+		refused = fmt.Errorf("rank %d: %s %q: %s", e.g.Rank, req.Kind, req.Name, req.Error)
 	default:
-		if err := validate(req, in, out, len(ps.ranks)); err != nil {
+		inLen, outLen := len(in), len(out)
+		if dv != nil {
+			inLen, outLen = dv.op.Bytes, dv.op.Bytes
+		}
+		if err := validate(req, inLen, outLen, len(ps.ranks)); err != nil {
 			refused = fmt.Errorf("rank %d: %w", e.g.Rank, err)
 			// The coordinator's error names the op already.
 			req.Error = strings.TrimPrefix(err.Error(), fmt.Sprintf("%s %q: ", req.Kind, req.Name))
@@ -443,16 +462,19 @@ func (e *Engine) enqueue(req negotiate.Request, in, out []byte, kick bool) *Hand
 		err := e.fatal
 		e.mu.Unlock()
 		h.finish(err)
+		e.dev.drop(dv)
 		return h
 	case e.closed:
 		e.mu.Unlock()
 		h.finish(ErrShutdown)
+		e.dev.drop(dv)
 		return h
 	}
 	if !e.reserve(ps.id, req.Name) {
 		e.mu.Unlock()
 		h.finish(&ArgumentError{fmt.Errorf("rank %d: %s %q%s: %w: an op of that name submitted on this rank has not completed; names must be unique among in-flight ops",
 			e.g.Rank, req.Kind, req.Name, inSet(ps.id), ErrDuplicateName)})
+		e.dev.drop(dv)
 		return h
 	}
 	caller := h
@@ -460,10 +482,11 @@ func (e *Engine) enqueue(req negotiate.Request, in, out []byte, kick bool) *Hand
 		// The refusal holds the name until its error comes back from the coordinator.
 		caller.finish(&ArgumentError{refused})
 		h = newHandle(req.Name, e)
-		in, out = nil, nil
+		e.dev.drop(dv)
+		in, out, dv = nil, nil, nil
 	}
 	h.reserved, h.set = true, ps.id
-	e.queue = append(e.queue, &entry{req: req, set: ps, in: in, out: out, h: h})
+	e.queue = append(e.queue, &entry{req: req, set: ps, in: in, out: out, dev: dv, h: h})
 	e.queued.Store(int32(len(e.queue)))
 	driving := e.driving
 	if kick && !driving && !e.kicking {
@@ -520,7 +543,7 @@ func (e *Engine) drainQueue(now time.Time) (took, ok bool) {
 				continue
 			}
 			// No duplicate can reach here: enqueue reserved the name until the op completes.
-			en.fid = e.obs.flight.Submit(now, en.req.Name, en.req.Kind.String(), en.req.DType.String(), int64(len(en.in)), ps.id)
+			en.fid = e.obs.flight.Submit(now, en.req.Name, en.req.Kind.String(), en.req.DType.String(), en.inBytes(), ps.id)
 			ps.pending[en.req.Name] = en
 			e.inflight++
 			if tl != nil {
@@ -885,7 +908,7 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 			delete(ps.pending, n)
 			e.inflight--
 		}
-		if ps == e.global && strings.HasPrefix(n, setChangePrefix) {
+		if ps == e.global && reservedName(n) {
 			changes = true
 			if entries[i] == nil {
 				// This rank had joined and proposed nothing; it still applies the verdict.
@@ -931,7 +954,21 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 			e.obs.flight.Started(en.fid, now)
 		}
 	}
-	err := ps.exec.run(context.Background(), *r, entries)
+	var err error
+	switch {
+	case !e.onDevice(r):
+		err = ps.exec.run(context.Background(), *r, entries)
+	case len(r.Joined) > 0:
+		// Every rank sees the same Joined: the op fails alike everywhere, and the job goes on.
+		oe := &OpError{Msg: fmt.Sprintf("%s %s: %v %v", r.Kind, quoteNames(r.Names), errJoined, r.Joined)}
+		for _, en := range entries {
+			if en != nil {
+				en.h.finish(oe)
+			}
+		}
+	default:
+		err = e.runDevice(ps, r, entries)
+	}
 	if e.hub != nil {
 		e.executing.Store(false)
 	}
@@ -941,7 +978,7 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 		if en != nil {
 			e.opDone(en, done, err != nil)
 			if r.Kind == negotiate.Allreduce || r.Kind == negotiate.ReduceScatter {
-				reduced += int64(len(en.in))
+				reduced += en.inBytes()
 			}
 		}
 	}
@@ -1342,6 +1379,9 @@ func (e *Engine) halt(err error, tell bool) {
 	e.queue = nil
 	e.mu.Unlock()
 	slog.Error("kolo engine stopped", "rank", e.g.Rank, "err", err)
+	// Device collectives stuck on a lost peer end only when aborted; every rank's engine stops, so
+	// every rank aborts its own.
+	e.dev.abort(err)
 	if tell && !told {
 		e.tellPeers(err) // aborts the local shared-memory waits too
 	} else {
@@ -1426,6 +1466,7 @@ func (e *Engine) Shutdown(ctx context.Context) error {
 	for _, en := range q {
 		en.h.finish(ErrShutdown)
 	}
+	e.dev.close(ctx)
 	if terr := e.StopTimeline(); err == nil {
 		err = terr
 	}

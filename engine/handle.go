@@ -11,11 +11,12 @@ type Handle struct {
 	done       chan struct{}
 	once       sync.Once
 	err        error
-	output     []byte  // allgather/alltoall: the engine-allocated result
-	recvSplits []int64 // alltoall: rows received from each rank
-	rows       int64   // allgather, alltoall, reducescatter: dim 0 of output
-	joinLast   int     // join: the last rank to join
-	setID      int     // AddProcessSet: the new set's id
+	output     []byte        // allgather/alltoall: the engine-allocated result
+	recvSplits []int64       // alltoall: rows received from each rank
+	rows       int64         // allgather, alltoall, reducescatter: dim 0 of output
+	joinLast   int           // join: the last rank to join
+	setID      int           // AddProcessSet: the new set's id
+	dev        *deviceResult // a device op's completion and result (device.go)
 	name       string
 	e          *Engine // whose loop Wait drives
 	// reserved: the op holds its name in its process set (set) until it completes, so that the

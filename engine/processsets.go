@@ -29,6 +29,7 @@ import (
 
 	"github.com/kolo-dl/kolo/dtype"
 	"github.com/kolo-dl/kolo/engine/negotiate"
+	"github.com/kolo-dl/kolo/gpu"
 	"github.com/kolo-dl/kolo/transport"
 )
 
@@ -45,9 +46,11 @@ type procSet struct {
 	removed bool
 
 	// Members only.
-	cache   *negotiate.Cache
-	exec    *executor
-	pending map[string]*entry // submitted on this rank, not yet executed
+	dcomm    gpu.Comm // the device path's communicator of the set (device.go); nil without one
+	dcommErr error    // why it has none
+	cache    *negotiate.Cache
+	exec     *executor
+	pending  map[string]*entry // submitted on this rank, not yet executed
 }
 
 // admit checks that this rank may submit req to ps and rewrites a broadcast root from a job rank to
@@ -127,13 +130,20 @@ func (e *Engine) changeSets(c negotiate.SetChange) *Handle {
 	e.mu.Unlock()
 	req := negotiate.Request{Name: fmt.Sprintf("%s%d", setChangePrefix, k), Kind: negotiate.Allgather,
 		DType: dtype.Uint8, Shape: []int64{int64(len(payload))}}
-	return e.enqueue(req, payload, nil, true)
+	return e.enqueue(req, payload, nil, true, nil)
 }
 
 // applySetChanges applies the set changes among r's tensors, which every rank has just gathered,
 // and finishes their handles with the verdict. It returns false when the loop must end.
 func (e *Engine) applySetChanges(r *negotiate.Response, entries []*entry) bool {
 	for i, name := range r.Names {
+		if name == deviceSetupName {
+			if err := e.applyDeviceSetup(entries[i].h.output, r.Dim0[i]); err != nil {
+				e.fail(err)
+				return false
+			}
+			continue
+		}
 		if !strings.HasPrefix(name, setChangePrefix) {
 			continue
 		}
@@ -196,6 +206,9 @@ func (e *Engine) addSet(id int, ranks []int) error {
 		}
 		ps.cache, ps.pending = cache, map[string]*entry{}
 		ps.exec = e.global.exec.sub(Group{Rank: i, Size: len(ranks), Hosts: hosts, Comm: comm})
+	}
+	if e.dev.use.Load() {
+		e.splitSet(ps) // every rank adds the set here: the split's collective order
 	}
 	if e.hub != nil {
 		if err := e.hub.AddSet(id, ranks); err != nil {

@@ -8,7 +8,8 @@ import (
 )
 
 // validate rejects, before negotiation, what is wrong on this rank alone.
-func validate(req negotiate.Request, in, out []byte, size int) error {
+// inLen and outLen are the input's and output's sizes in bytes.
+func validate(req negotiate.Request, inLen, outLen int, size int) error {
 	what := func() string { return fmt.Sprintf("%s %q", req.Kind, req.Name) }
 	if req.Name == "" {
 		return fmt.Errorf("%s: ops need a name (the API layer names unnamed ops)", req.Kind)
@@ -27,11 +28,11 @@ func validate(req negotiate.Request, in, out []byte, size int) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", what(), err) // never a size wrapped around to match the input
 	}
-	if int64(len(in)) != n {
-		return fmt.Errorf("%s: shape %v of %v needs %d bytes, input has %d", what(), req.Shape, req.DType, n, len(in))
+	if int64(inLen) != n {
+		return fmt.Errorf("%s: shape %v of %v needs %d bytes, input has %d", what(), req.Shape, req.DType, n, inLen)
 	}
-	if (req.Kind == negotiate.Allreduce || req.Kind == negotiate.Broadcast) && len(out) != len(in) {
-		return fmt.Errorf("%s: output has %d bytes, input %d", what(), len(out), len(in))
+	if (req.Kind == negotiate.Allreduce || req.Kind == negotiate.Broadcast) && outLen != inLen {
+		return fmt.Errorf("%s: output has %d bytes, input %d", what(), outLen, inLen)
 	}
 	if req.Kind == negotiate.Broadcast && (req.Root < 0 || req.Root >= size) {
 		return fmt.Errorf("%s: root %d outside [0, %d)", what(), req.Root, size)

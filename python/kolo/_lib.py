@@ -121,6 +121,16 @@ _SIGNATURES = {
     # timeline (kolo.torch.timeline)
     "kolo_start_timeline": (_i, [_s, _i, _i]),
     "kolo_stop_timeline": (_i, []),
+    # the GPU data path (capi/device.go): ordinal, NCCL library path, its length
+    "kolo_device_setup": (_i64, [_i, _s, _i]),
+    "kolo_device_decision": (_i, []),
+    "kolo_device_why": (_i, [_s, _i]),
+    # a kolo_op block (device addresses, device = the ordinal), its size, producer cudaStream_t
+    "kolo_enqueue_device": (_i64, [_s, _i, _i64]),
+    "kolo_device_wait_stream": (_i, [_i64, _i64]),  # handle, consumer cudaStream_t
+    "kolo_device_sync": (_i, [_i64, _i64]),  # handle, timeout (us)
+    "kolo_device_result": (_i64, [_i64, _p, _p, _i]),  # handle, address (int64 out), shape, ndim
+    "kolo_device_release": (_i, [_i64, _i64]),  # handle, the stream that copied the result
     # elastic mode (kolo.elastic)
     "kolo_elastic_enabled": (_i, []),
     "kolo_elastic_round": (_i64, []),
