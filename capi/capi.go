@@ -26,8 +26,10 @@ package main
 import "C"
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -150,6 +152,55 @@ func kolo_shutdown_async() C.int64_t {
 //
 //export kolo_mark_step
 func kolo_mark_step() { kolo.MarkStep() }
+
+// kolo_rank_stats writes this rank's figures (kolo.RankStats) as JSON into buf, as kolo_error
+// writes, and returns its length; -1 with kolo_last_error before init. Durations are seconds;
+// "lateness" maps ranks to seconds on rank 0 only.
+//
+//export kolo_rank_stats
+func kolo_rank_stats(buf *C.char, capacity C.int) C.int {
+	st, err := kolo.RankStats()
+	if err != nil {
+		return setLastErr(fmt.Errorf("kolo_rank_stats: %w", err))
+	}
+	b, err := json.Marshal(statsJSON(st))
+	if err != nil {
+		return setLastErr(fmt.Errorf("kolo_rank_stats: %w", err))
+	}
+	n, err := putString(string(b), buf, capacity)
+	if err != nil {
+		return setLastErr(fmt.Errorf("kolo_rank_stats: %w", err))
+	}
+	return n
+}
+
+// rankStats is kolo.Stats as the binding reads it: seconds, not nanoseconds.
+type rankStats struct {
+	Rank          int                `json:"rank"`
+	Up            float64            `json:"up"`
+	Steps         uint64             `json:"steps"`
+	StepMedian    float64            `json:"step_median"`
+	StepP95       float64            `json:"step_p95"`
+	InCollectives float64            `json:"in_collectives"`
+	BytesReduced  uint64             `json:"bytes_reduced"`
+	OpsDone       uint64             `json:"ops_done"`
+	OpsFailed     uint64             `json:"ops_failed"`
+	Lateness      map[string]float64 `json:"lateness"`
+	Slowest       int                `json:"slowest"`
+}
+
+func statsJSON(st kolo.Stats) rankStats {
+	r := rankStats{Rank: st.Rank, Up: st.Up.Seconds(), Steps: st.Steps, StepMedian: st.StepMedian.Seconds(),
+		StepP95: st.StepP95.Seconds(), InCollectives: st.InCollectives.Seconds(), BytesReduced: st.BytesReduced,
+		OpsDone: st.OpsDone, OpsFailed: st.OpsFailed, Slowest: st.Slowest}
+	if st.Lateness != nil {
+		r.Lateness = make(map[string]float64, len(st.Lateness))
+		for rank, d := range st.Lateness {
+			r.Lateness[strconv.Itoa(rank)] = d.Seconds()
+		}
+	}
+	return r
+}
 
 // kolo_abort tells every rank that this one failed, with reason (length bytes, not
 // NUL-terminated), so that their ops fail with it rather than with "rank N lost" (kolo.Abort).

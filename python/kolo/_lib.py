@@ -17,6 +17,7 @@ into them. Three rules shape this module:
 
 import atexit
 import ctypes
+import json
 import os
 import sys
 import traceback
@@ -87,6 +88,7 @@ _SIGNATURES = {
     "kolo_abort": (_i, [_s, _i]),
     "kolo_report_failure": (_i, [_s, _i, _i]),  # reason, length, own (1: the program's exception)
     "kolo_mark_step": (None, []),
+    "kolo_rank_stats": (_i, [_s, _i]),
     "kolo_is_initialized": (_i, []),
     "kolo_failed": (_i, []),
     "kolo_rank": (_i, []),
@@ -302,6 +304,19 @@ def mark_step():
     if _topology is None or _lib is None or _forked():
         return
     _lib.kolo_mark_step()
+
+
+def rank_stats():
+    """This rank's figures since init, as its reports give kolo run's live view and end table (a
+    dict; times in seconds): steps, step_median, step_p95, in_collectives, up, bytes_reduced,
+    ops_done, ops_failed, and on rank 0 lateness ({rank: seconds after the median of the others})
+    and slowest (the rank the others wait for, -1 for none)."""
+    topology()  # ValueError before init
+    if _forked():
+        raise _fork_error()
+    d = json.loads(_string(C.kolo_rank_stats))
+    d["lateness"] = {int(k): v for k, v in (d.get("lateness") or {}).items()}
+    return d
 
 
 _previous_excepthook = None

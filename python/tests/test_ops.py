@@ -267,3 +267,33 @@ def test_calls_that_went_different_ways(np):
 def test_init_after_a_failure_joins_a_new_world():
     rc, out = run([KOLO, "run", "-np", "3", PY, os.path.join(HERE, "reinit_worker.py")], timeout=120)
     assert rc == 0 and out.count("ok reinit") == 3, out
+
+
+def test_rank_stats():
+    """hvd.rank_stats() gives a script the figures of kolo run's end table: rank 0, whose
+    coordinator sees every rank arrive, names the rank slowed by a sleep in its steps."""
+    code = textwrap.dedent("""
+        import time, torch, kolo.torch as hvd
+        hvd.init()
+        model = torch.nn.Linear(8, 2)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters())
+        for _ in range(30):
+            if hvd.rank() == 1:
+                time.sleep(0.04)
+            opt.zero_grad()
+            model(torch.ones(4, 8)).sum().backward()
+            opt.step()
+        s = hvd.rank_stats()
+        assert s["steps"] == 30 and s["ops_done"] >= 30 and s["ops_failed"] == 0, s
+        assert 0 < s["in_collectives"] < s["up"] and s["bytes_reduced"] > 0, s
+        if hvd.rank() == 0:
+            assert s["slowest"] == 1 and s["lateness"][1] > 0.02 > s["lateness"][0], s
+        else:
+            assert s["slowest"] == -1 and s["lateness"] == {}, s
+            assert s["step_median"] > 0.03, s
+        hvd.shutdown()
+        print("ok", hvd.__name__)
+    """)
+    rc, out = run([KOLO, "run", "-np", "2", PY, "-c", code])
+    assert rc == 0 and out.count("ok kolo.torch") == 2, out

@@ -14,7 +14,7 @@ from kolo.torch.mpi_ops import (  # noqa: F401
     grouped_allgather_async, grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
     grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async, init,
     is_homogeneous, is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
-    mpi_threads_supported, nccl_built, poll, rank, reducescatter, reducescatter_async, rocm_built,
+    mpi_threads_supported, nccl_built, poll, rank, rank_stats, reducescatter, reducescatter_async, rocm_built,
     sparse_allreduce_async,
     shutdown, size, synchronize,
 )

@@ -147,6 +147,15 @@ def rank():
     return _lib.topology()[0]
 
 
+def rank_stats():
+    """This rank's figures since init, the ones kolo run's live view and end table show (kolo
+    only): a dict with steps (the DistributedOptimizer's), step_median and step_p95 (seconds, over
+    the last 256 steps), in_collectives and up (seconds), bytes_reduced, ops_done, ops_failed, and
+    on rank 0 lateness ({rank: seconds it arrives after the median of the others}) and slowest (the
+    rank the others wait for, -1 for none)."""
+    return _lib.rank_stats()
+
+
 def local_size():
     """Number of ranks on this host."""
     return _lib.topology()[3]
