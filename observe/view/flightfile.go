@@ -29,6 +29,21 @@ type RankFlight struct {
 	Full     bool        `json:"full"` // Ops is the whole ring, not a report's tail
 	Total    uint64      `json:"total,omitempty"`
 	Ops      []flight.Op `json:"ops"`
+	// Figures are the end table's row, from the rank's last report (nil: it never reported).
+	Figures *Figures `json:"figures,omitempty"`
+}
+
+// Figures is a rank's row of the end table, in seconds and bytes.
+type Figures struct {
+	Steps         uint64   `json:"steps"`
+	StepMedian    float64  `json:"step_median_s"`
+	StepP95       float64  `json:"step_p95_s"`
+	Lateness      *float64 `json:"lateness_s,omitempty"` // nil: rank 0 never named it
+	InCollectives float64  `json:"in_collectives_s"`
+	Up            float64  `json:"up_s"`
+	BytesReduced  uint64   `json:"bytes_reduced"`
+	OpsDone       uint64   `json:"ops_done"`
+	OpsFailed     uint64   `json:"ops_failed"`
 }
 
 // FlightFile assembles the file's content: flights holds the whole rings the ranks sent (by rank;
@@ -39,6 +54,14 @@ func (s *State) FlightFile(now time.Time, reason string, flights map[int]*flight
 		rf := RankFlight{Rank: rank, Ops: []flight.Op{}}
 		if r != nil {
 			rf.Host, rf.Reported = r.Host, s.received[rank]
+			fig := &Figures{Steps: r.Steps, StepMedian: r.StepMedian.Seconds(), StepP95: r.StepP95.Seconds(),
+				InCollectives: r.InCollectives.Seconds(), Up: r.Up.Seconds(), BytesReduced: r.BytesReduced,
+				OpsDone: r.OpsDone, OpsFailed: r.OpsFailed}
+			if l, ok := s.Lateness(rank); ok {
+				sec := l.Seconds()
+				fig.Lateness = &sec
+			}
+			rf.Figures = fig
 		}
 		if snap := flights[rank]; snap != nil {
 			rf.Full, rf.Total, rf.Ops = true, snap.Total, snap.Ops

@@ -320,6 +320,11 @@ func TestFlightFile(t *testing.T) {
 	if !strings.Contains(buf.String(), `"state": "negotiated"`) {
 		t.Errorf("states are not written by name:\n%s", buf.String())
 	}
+	// The end table's figures travel with each rank's record.
+	if fig := back.Ranks[3].Figures; fig == nil || fig.Steps != 1001 || fig.StepMedian != 0.12 || fig.StepP95 != 0.18 ||
+		fig.InCollectives != 25 || fig.Up != 100 || fig.BytesReduced != 400_000_000_000 || fig.Lateness != nil {
+		t.Errorf("rank 3's figures: %+v", fig)
+	}
 }
 
 func TestFormat(t *testing.T) {
