@@ -81,6 +81,7 @@ _topology = None    # (rank, size, local_rank, local_size, cross_rank, cross_siz
 # place they are declared. _load sets every one on the library; other modules call _lib.C.kolo_...
 # and declare none of their own (tests check both against the header).
 _i, _i64, _d, _p, _s = ctypes.c_int, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p, ctypes.c_char_p
+_u64 = ctypes.c_uint64  # a cudaStream_t, as capi takes it
 _SIGNATURES = {
     "kolo_version": (_i, [_s, _i]),
     "kolo_last_error": (_i, [_s, _i]),
@@ -122,6 +123,15 @@ _SIGNATURES = {
     # timeline (kolo.torch.timeline)
     "kolo_start_timeline": (_i, [_s, _i, _i]),
     "kolo_stop_timeline": (_i, []),
+    # the GPU data path (capi/device.go; kolo.torch.mpi_ops._device_path, _DeviceOp)
+    "kolo_device_setup": (_i64, [_i, _s, _i]),  # ordinal, torch's libnccl path, its length
+    "kolo_device_decision": (_i, []),
+    "kolo_device_why": (_i, [_s, _i]),
+    "kolo_enqueue_device": (_i64, [_s, _i, _u64]),  # kolo_op block, its size, producer stream
+    "kolo_device_wait_stream": (_i, [_i64, _u64]),
+    "kolo_device_sync": (_i, [_i64, _i64]),
+    "kolo_device_result": (_i64, [_i64, _p, _p, _i]),  # handle, address (uint64 out), shape, ndim
+    "kolo_device_release": (_i, [_i64, _u64]),
     # elastic mode (kolo.elastic)
     "kolo_elastic_enabled": (_i, []),
     "kolo_elastic_round": (_i64, []),
@@ -446,8 +456,9 @@ def wait(h, release=0):
     return st
 
 
-# kolo_error_kind: how an op failed.
-ERROR_FAILED, ERROR_ARGUMENT = 1, 2
+# kolo_error_kind: how an op failed; ERROR_UNAVAILABLE: a device op the GPU data path cannot run,
+# which the binding stages through host memory instead.
+ERROR_FAILED, ERROR_ARGUMENT, ERROR_UNAVAILABLE = 1, 2, 3
 
 
 def take_error(h):
