@@ -72,6 +72,14 @@ def test_cpu_ops_never_call_the_device_path_and_cuda_ops_ask_once(nccl):
     hvd.grouped_allreduce([x, x.clone().as_subclass(LooksLikeCUDA)], op=hvd.Sum, name="cuda.grp")
     g = hvd.allgather(x.view(2, 2), name="cuda.g")
     assert g.shape == (2, 2), g.shape
+    # Another device of the rank gets the decision made for the first (the engine sets the
+    # device path up on one device per rank), without asking again.
+    class OnDevice1(torch.Tensor):
+        is_cuda = True
+        device = property(lambda self: torch.device("cuda", 1))
+    w = hvd.allreduce(torch.ones(3).as_subclass(OnDevice1), op=hvd.Sum, name="cuda1")
+    assert w.as_subclass(torch.Tensor).tolist() == [1.0] * 3, w
+    assert mpi_ops._device_paths == {0: False, 1: False}, mpi_ops._device_paths
     assert lib.device_calls() == [], lib.device_calls()
     assert "kolo_enqueue" in lib.calls and "kolo_enqueue_group" in lib.calls, lib.calls
     print("ok")

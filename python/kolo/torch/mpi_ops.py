@@ -501,7 +501,11 @@ def _device_path(ordinal):
     remembers the answer. The first time, every rank asks (kolo_device_setup waits for all of
     them, in slices, as synchronize() does) and every rank gets the same answer, which the engine
     logs with its reason. Raises what setting up failed with (KOLO_NCCL=1 where NCCL cannot
-    serve)."""
+    serve). The engine sets the path up on one device per rank: another device of the rank gets
+    the decision made for the first (staged; or used, and then the engine refuses its ops)."""
+    if _device_paths:
+        use = _device_paths[ordinal] = next(iter(_device_paths.values()))
+        return use
     nccl = _torch_nccl()
     C = _lib.C
     h = C.kolo_device_setup(ordinal, nccl, len(nccl) if nccl else 0)
