@@ -104,3 +104,39 @@ def test_required_device_path_that_cannot_serve_raises():
     print("ok")
     """, extra={"KOLO_NCCL": "1"})
     assert rc == 0 and "ok" in out, out
+
+
+def test_ops_the_engine_refuses_on_its_device_path_are_staged():
+    # The binding believes the device path is in use (as on a GPU) while the engine has decided
+    # to stage: every device submission is then refused as one to stage (kolo_error_kind 3), after
+    # the engine has parsed the op's block. Each op must come back staged, correct, with scale
+    # factors applied once (the binding's own scaling is for the device path only), in groups too.
+    rc, out = single(PRELUDE + """
+    import types
+    x = torch.arange(4.0).as_subclass(LooksLikeCUDA)
+    assert mpi_ops._device_path(0) is False
+    mpi_ops._device_paths[0] = True
+    torch.cuda.current_stream = lambda device=None: types.SimpleNamespace(cuda_stream=0)
+    lib.calls.clear()
+
+    plain = lambda t: t.as_subclass(torch.Tensor).tolist()
+    assert plain(hvd.allreduce(x, op=hvd.Sum, name="a")) == [0.0, 1.0, 2.0, 3.0]
+    assert plain(hvd.allreduce(x, name="avg", prescale_factor=2.0, postscale_factor=3.0)) == [0.0, 6.0, 12.0, 18.0]
+    z = x.clone().as_subclass(LooksLikeCUDA)
+    hvd.allreduce_(z, op=hvd.Sum, name="a_", prescale_factor=0.5)
+    assert plain(z) == [0.0, 0.5, 1.0, 1.5], z
+    assert plain(hvd.broadcast(x, root_rank=0, name="b")) == [0.0, 1.0, 2.0, 3.0]
+    assert hvd.allgather(x.view(2, 2), name="g").shape == (2, 2)
+    assert plain(hvd.reducescatter(x, op=hvd.Sum, name="rs")) == [0.0, 1.0, 2.0, 3.0]
+    got, splits = hvd.alltoall(x, splits=torch.tensor([4]), name="at")
+    assert plain(got) == [0.0, 1.0, 2.0, 3.0] and splits.tolist() == [4], (got, splits)
+    outs = hvd.grouped_allreduce([x, z], op=hvd.Sum, name="grp", postscale_factor=2.0)
+    assert [plain(o) for o in outs] == [[0.0, 2.0, 4.0, 6.0], [0.0, 1.0, 2.0, 3.0]], outs
+    n = lib.calls.count("kolo_enqueue_device")
+    assert n == 9, (n, lib.calls)  # every op (each group member on its own) tried the device path
+    assert lib.calls.count("kolo_error_kind") == n, lib.calls
+    assert "kolo_enqueue_group" not in lib.calls, lib.calls
+    assert not mpi_ops._handle_map and _lib.C.kolo_handles() == 0, (mpi_ops._handle_map, _lib.C.kolo_handles())
+    print("ok")
+    """)
+    assert rc == 0 and "ok" in out, out

@@ -582,7 +582,7 @@ def _submit_device(kind, tensor, inplace, name, op, root, prescale, postscale, s
                 if inp is not tensor:
                     dest = tensor
             elif inp is tensor:
-                out = torch.empty(inp.shape, dtype=inp.dtype, device=inp.device)
+                out = torch.empty_like(inp, memory_format=torch.contiguous_format)
             else:
                 out = inp  # already a private copy
     block = _op_block(kind, inp.data_ptr(), out.data_ptr() if out is not None else 0, dt, inp.shape, op, root,
