@@ -448,8 +448,9 @@ def wait(h, release=0):
     return st
 
 
-# kolo_error_kind: how an op failed.
-ERROR_FAILED, ERROR_ARGUMENT = 1, 2
+# kolo_error_kind: how an op failed; ERROR_UNAVAILABLE: a device op the GPU data path cannot run,
+# which the binding stages through host memory instead.
+ERROR_FAILED, ERROR_ARGUMENT, ERROR_UNAVAILABLE = 1, 2, 3
 
 
 def take_error(h):

@@ -22,6 +22,7 @@ _C_TYPES = {
     "void": (None,),
     "int": (ctypes.c_int,),
     "int64_t": (ctypes.c_int64,),
+    "uint64_t": (ctypes.c_uint64,),
     "double": (ctypes.c_double,),
 }
 

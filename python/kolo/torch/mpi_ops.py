@@ -7,8 +7,11 @@ integer handle, as Horovod's do; the handle map keeps the op's tensors alive unt
 0.28; where kolo differs it says so in the docstring.
 
 Tensors the engine cannot address directly are staged: a non-contiguous tensor goes through a
-contiguous copy, a CUDA tensor through host memory (correct, not fast), and in-place ops copy the
-result back into the caller's tensor at synchronize().
+contiguous copy, a CUDA tensor through host memory, and in-place ops copy the result back into the
+caller's tensor at synchronize(). Where the job uses the engine's GPU data path (NCCL; decided at a
+rank's first op on a CUDA tensor, _device_path), a CUDA tensor's op takes it instead (_DeviceOp):
+device addresses go to the engine, ordered after the producer's stream, and synchronize() makes
+the consumer's stream wait for the engine's work, never the host.
 """
 
 import ctypes
@@ -90,6 +93,7 @@ def init(comm=None, process_sets=None):
     ranks = _comm_ranks(comm)
     if _lib.init(ranks):
         _drop_handles()
+        _device_paths.clear()  # a new world decides anew
     if process_sets:
         _init_process_sets(process_sets)
 
@@ -181,8 +185,9 @@ def is_homogeneous():
     return _lib.topology()[6]
 
 
-# What this build has: no MPI, Gloo, NCCL, DDL, oneCCL, CUDA or ROCm code. CUDA tensors work,
-# staged through host memory.
+# What this build has: no MPI, Gloo, DDL, oneCCL or ROCm code. NCCL and the CUDA runtime are not
+# linked: the library loads them at run time, at a rank's first op on a CUDA tensor (docs/pytorch.md,
+# "CUDA tensors").
 def mpi_threads_supported():
     _lib.topology()  # raises before init, as Horovod's does
     return False
@@ -205,7 +210,22 @@ def gloo_built():
 
 
 def nccl_built():
-    return 0
+    """As Horovod's, the version code of the NCCL that GPU ops can use (2.21.5: 22105), 0 for none:
+    that of PyTorch's NCCL, which the library loads (first) at run time, on Linux; 0 where PyTorch
+    has no NCCL. Whether a job's ops use it is decided at its first op on a CUDA tensor, and the
+    engine logs that decision."""
+    if not sys.platform.startswith("linux"):
+        return 0  # the library's NCCL loader is Linux's
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:  # PyTorch without CUDA or NCCL
+        return 0
+    if isinstance(v, int):
+        return v
+    major, minor, patch = (tuple(v) + (0, 0, 0))[:3]
+    if (major, minor) >= (2, 9):  # nccl.h's NCCL_VERSION(), which changed form at 2.9
+        return major * 10000 + minor * 100 + patch
+    return major * 1000 + minor * 100 + patch
 
 
 def ddl_built():
@@ -217,7 +237,9 @@ def ccl_built():
 
 
 def cuda_built():
-    return False
+    """Whether ops on CUDA tensors can run in device memory (the library loads the CUDA runtime
+    and NCCL at run time): as nccl_built()."""
+    return nccl_built() != 0
 
 
 def rocm_built():
@@ -475,6 +497,177 @@ def _host_copy(tensor):
     return tensor.detach().to(_CPU).contiguous()
 
 
+# ----------------------------------------------------------------------------------------------
+# The GPU data path
+
+# CUDA device ordinal -> whether the job's ops on that device's tensors take the engine's device
+# path (True) or are staged through host memory (False); asked once per device and world.
+_device_paths = {}
+
+
+def _device_path(ordinal):
+    """Asks the engine whether ops on CUDA device ordinal's tensors take its device path, and
+    remembers the answer. The first time, every rank asks (kolo_device_setup waits for all of
+    them, in slices, as synchronize() does) and every rank gets the same answer, which the engine
+    logs with its reason. Raises what setting up failed with (KOLO_NCCL=1 where NCCL cannot
+    serve). The engine sets the path up on one device per rank: another device of the rank gets
+    the decision made for the first (staged; or used, and then the engine refuses its ops)."""
+    if _device_paths:
+        use = _device_paths[ordinal] = next(iter(_device_paths.values()))
+        return use
+    nccl = _torch_nccl()
+    C = _lib.C
+    h = C.kolo_device_setup(ordinal, nccl, len(nccl) if nccl else 0)
+    if h < 0:
+        raise _lib.take_error(-h)
+    if _lib.wait(h) == _lib.FAILED:
+        raise _lib.take_error(h)
+    C.kolo_release(h)
+    use = C.kolo_device_decision() == 1
+    _device_paths[ordinal] = use
+    return use
+
+
+def _torch_nccl():
+    """The path (bytes) of the libnccl PyTorch loaded, which the engine loads first, so that both
+    use one NCCL; None where none is loaded (the engine then looks for one itself)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                i = line.find("/")
+                if i >= 0 and "/libnccl.so" in line:
+                    return line[i:].rstrip("\n").encode()
+    except OSError:
+        pass
+    return None
+
+
+def _cuda_ordinal(tensor):
+    index = tensor.device.index
+    return torch.cuda.current_device() if index is None else index
+
+
+def _float16_factor(f):
+    """f rounded to float32, then to float16, as the engine rounds a float16 GPU tensor's scale
+    factor (Horovod's CUDA kernels do)."""
+    try:
+        return struct.unpack("=e", struct.pack("=e", struct.unpack("=f", struct.pack("=f", f))[0]))[0]
+    except OverflowError:  # beyond float16's range: infinity, as the conversion gives on the GPU
+        return f * float("inf")
+
+
+def _submit_device(kind, tensor, inplace, name, op, root, prescale, postscale, splits, process_set, dt):
+    """Submits an op on a CUDA tensor to the engine's device path and returns its _DeviceOp; None
+    when it is to be staged through host memory: the job does not use the device path, or the
+    engine refused the op as one it cannot run (kolo_error_kind 3: Adasum, a type NCCL lacks,
+    scale factors on an integer type, a process set without a device communicator)."""
+    ordinal = _cuda_ordinal(tensor)
+    use = _device_paths.get(ordinal)
+    if use is None:
+        use = _device_path(ordinal)
+    if not use:
+        return None
+    pre = post = 1.0
+    if (prescale != 1 or postscale != 1) and op != Adasum and tensor.is_floating_point():
+        # The device path runs no kernels of its own (engine.EnqueueDevice): the factors are
+        # applied here with torch ops on the tensor's stream, as Horovod's GPU ops apply them: an
+        # average's 1/n folded into the postscale, a float16 tensor's factors rounded to float16.
+        # Other types pass their factors on, and the engine refuses the op: it is staged.
+        if op == Average:
+            op, postscale = Sum, postscale / process_set.size()
+        pre, post = prescale, postscale
+        if tensor.dtype == torch.float16:
+            pre, post = _float16_factor(pre), _float16_factor(post)
+        prescale = postscale = 1.0
+    stream = torch.cuda.current_stream(ordinal).cuda_stream
+    with torch.no_grad():
+        inp = tensor if tensor.is_contiguous() else tensor.contiguous()
+        if pre != 1:
+            inp = inp * pre  # a private, contiguous copy
+        dest = out = None
+        if kind == _ALLREDUCE or kind == _BROADCAST:
+            if inplace:
+                out = inp
+                if inp is not tensor:
+                    dest = tensor
+            elif inp is tensor:
+                out = torch.empty_like(inp, memory_format=torch.contiguous_format)
+            else:
+                out = inp  # already a private copy
+    block = _op_block(kind, inp.data_ptr(), out.data_ptr() if out is not None else 0, dt, inp.shape, op, root,
+                      prescale, postscale, splits, process_set.process_set_id, ordinal, 0, _name_arg(name)[0])
+    C = _lib.C
+    h = C.kolo_enqueue_device(block, len(block), stream)
+    if h < 0:
+        if C.kolo_error_kind(-h) == _lib.ERROR_UNAVAILABLE:
+            C.kolo_release(-h)
+            return None
+        raise _lib.take_error(-h)
+    o = _DeviceOp()
+    o.h, o.kind, o.inp, o.out, o.dest, o.device = h, kind, inp, out, dest, None
+    o.ordinal, o.stream, o.post = ordinal, stream, post
+    _handle_map[h] = o
+    return o
+
+
+class _DeviceBytes(object):
+    """n bytes of device memory at address ptr, as torch.as_tensor takes them without a copy (the
+    CUDA array interface): how the binding reads a result the engine allocated."""
+
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, ptr, n):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, False), "version": 2,
+                                         "strides": None}
+
+
+class _DeviceOp(_Op):
+    """An op on the engine's device path. It holds the tensors the engine reads and writes until
+    synchronize() (the engine's stream uses them meanwhile); completion is on the consumer's
+    stream: result() makes it wait for the engine's work (kolo_device_wait_stream) and returns
+    without blocking the host."""
+
+    __slots__ = ("ordinal", "stream", "post")
+
+    def result(self):
+        C = _lib.C
+        consumer = torch.cuda.current_stream(self.ordinal).cuda_stream
+        # The producer's stream waits too where it is another: the caching allocator hands the
+        # memory of the tensors this op held out again on the stream they were made on.
+        for s in (consumer,) if consumer == self.stream else (consumer, self.stream):
+            if C.kolo_device_wait_stream(self.h, s) != 0:
+                raise KoloInternalError("kolo: %s" % _lib.last_error())
+        out = _Op.result(self)
+        if self.post != 1:
+            with torch.no_grad():
+                out.mul_(self.post)
+        return out
+
+    def _fetch(self):
+        """The engine-allocated result of allgather, alltoall or reducescatter, copied on the
+        consumer's stream (ordered after the engine's work by result()) into a new tensor, and
+        the engine's memory released once that copy ran."""
+        C = _lib.C
+        nd = self.inp.dim()
+        shape = (ctypes.c_int64 * nd)()
+        ptr = ctypes.c_uint64(0)
+        nbytes = C.kolo_device_result(self.h, ctypes.byref(ptr), shape, nd)
+        if nbytes < 0:
+            raise KoloInternalError("kolo: device result of handle %d: %s" % (self.h, _lib.last_error()))
+        out = torch.empty(tuple(shape), dtype=self.inp.dtype, device=self.inp.device)
+        if nbytes == 0:  # nothing to copy, and the engine allocated nothing to release
+            return out
+        if nbytes != out.numel() * out.element_size():
+            raise KoloInternalError("kolo: device result of handle %d: %d bytes for shape %s of %s"
+                                    % (self.h, nbytes, tuple(shape), out.dtype))
+        src = torch.as_tensor(_DeviceBytes(ptr.value, nbytes), device=out.device)
+        out.view(-1).view(torch.uint8).copy_(src)
+        if C.kolo_device_release(self.h, torch.cuda.current_stream(self.ordinal).cuda_stream) != 0:
+            raise KoloInternalError("kolo: releasing the device result of handle %d: %s"
+                                    % (self.h, _lib.last_error()))
+        return out
+
+
 def _submit(kind, tensor, inplace, name, op, root, prescale_factor, postscale_factor, splits, process_set,
             wait_us):
     """Submits one op (_issue) and returns its _Op."""
@@ -491,6 +684,12 @@ def _submit(kind, tensor, inplace, name, op, root, prescale_factor, postscale_fa
                 splits = _splits_arg(splits)
         except ValueError as e:
             _refuse(kind, name, process_set, e)
+    if tensor.is_cuda:
+        o = _submit_device(kind, tensor, inplace, name, op, root, prescale_factor, postscale_factor, splits,
+                           process_set, dt)
+        if o is not None:
+            o.splits_like = splits_like
+            return o
     o = _stage(kind, tensor, inplace)
     o.splits_like = splits_like
     inp, out = o.inp, o.out
@@ -533,6 +732,10 @@ def _enqueue_group(kind, tensors, inplace, name, op=Sum, prescale_factor=1.0, po
         # A RuntimeError, as Horovod raises (its test_horovod_grouped_allreduce_cpu_gpu_error).
         _refuse(kind, name, process_set,
                 RuntimeError("a group's tensors must all be in host memory or all on GPUs"), group_size=n)
+    if tensors[0].is_cuda:
+        h = _enqueue_device_group(kind, tensors, inplace, name, op, prescale_factor, postscale_factor, process_set)
+        if h is not None:
+            return h
     ops = [_stage(kind, t, inplace) for t in tensors]
     ins = (ctypes.c_void_p * n)(*[o.inp.data_ptr() for o in ops])
     outs = None
@@ -558,6 +761,27 @@ def _enqueue_group(kind, tensors, inplace, name, op=Sum, prescale_factor=1.0, po
         o.h = h
     _handle_map[handles[0]] = _Group(ops)
     return handles[0]
+
+
+def _enqueue_device_group(kind, tensors, inplace, name, op, prescale, postscale, process_set):
+    """A grouped op on CUDA tensors where the job uses the device path (None where it does not):
+    the engine refuses a staged GPU tensor that its device path could run, and the C ABI has no
+    grouped device submission, so each member is submitted on its own as _submit does (on the
+    device path, or staged where the engine refuses it there), named as the engine names a group's
+    members. Returns the group's handle."""
+    ordinal = _cuda_ordinal(tensors[0])
+    use = _device_paths.get(ordinal)
+    if use is None:
+        use = _device_path(ordinal)
+    if not use:
+        return None
+    ops = [_submit(kind, t, inplace, None if name is None or name == "" else "%s.%d" % (name, i), op, 0,
+                   prescale, postscale, None, process_set, 0)
+           for i, t in enumerate(tensors)]
+    for o in ops:
+        del _handle_map[o.h]
+    _handle_map[ops[0].h] = _Group(ops)
+    return ops[0].h
 
 
 # ----------------------------------------------------------------------------------------------
