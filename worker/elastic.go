@@ -87,10 +87,15 @@ func joinElastic(mem *Memory, env map[string]string, base jobenv.Job, secret []b
 			return nil, base, fmt.Errorf("elastic worker %s: ask for the round after %d: %w", place, last, err)
 		}
 	}
+	var lastErr error // why the last round this worker tried to join failed
 	for {
 		r, err := newestRound(ctx, client, want)
 		if err != nil {
-			return nil, base, fmt.Errorf("elastic worker %s: waiting (up to the elastic timeout, %s) for round %d: %w", place, timeout, want, err)
+			err = fmt.Errorf("elastic worker %s: waiting (up to the elastic timeout, %s) for round %d: %w", place, timeout, want, err)
+			if lastErr != nil {
+				err = fmt.Errorf("%w, after %w", err, lastErr)
+			}
+			return nil, base, err
 		}
 		if r.End != "" {
 			return nil, base, fmt.Errorf("elastic worker %s: %w: %s", place, ErrElasticEnded, r.End)
@@ -132,12 +137,27 @@ func joinElastic(mem *Memory, env map[string]string, base jobenv.Job, secret []b
 			ok = true
 			return w, job, nil
 		}
+		var lost *transport.PeerError
 		select {
 		case <-newer:
+			slog.Debug("kolo: elastic round superseded while joining it", "place", place, "round", r.Number, "err", err)
 		default:
-			return nil, base, fmt.Errorf("elastic worker %s: join round %d as rank %d of %d: %w", place, r.Number, job.Rank, job.Size, err)
+			if !errors.As(err, &lost) {
+				// This worker's own failure (no shared memory, no port): not a round's to fix.
+				return nil, base, fmt.Errorf("elastic worker %s: join round %d as rank %d of %d: %w", place, r.Number, job.Rank, job.Size, err)
+			}
+			// A peer lost while the round forms (its host killed, or its own connect failed
+			// because of another loss) fails the connect here, before any round is newer. This
+			// worker survives: it asks the launcher for the next round, as after a failed op,
+			// naming nobody (a peer whose connect failed too is no suspect; one that died is
+			// the launcher's to see), and waits for it within the elastic timeout.
+			joinErr := fmt.Errorf("elastic worker %s: join round %d as rank %d of %d: %w", place, r.Number, job.Rank, job.Size, err)
+			if serr := client.Set(ctx, jobenv.ReinitKey(r.Number, place), jobenv.EncodeReinit(nil)); serr != nil {
+				return nil, base, fmt.Errorf("%w (and asking for the next round failed: %v)", joinErr, serr)
+			}
+			slog.Info("kolo: elastic worker could not join its round; waiting for the next", "place", place, "round", r.Number, "err", err)
+			lastErr = joinErr
 		}
-		slog.Debug("kolo: elastic round superseded while joining it", "place", place, "round", r.Number, "err", err)
 		want = r.Number + 1
 	}
 }

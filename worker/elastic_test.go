@@ -328,3 +328,46 @@ func TestLeavingTellsTheLauncher(t *testing.T) {
 		})
 	}
 }
+
+// A peer lost while a round forms fails this worker's connect before any newer round exists: the
+// worker survives, asks for the next round naming nobody, and joins it once published.
+func TestJoinElasticSurvivesAPeerLostWhileConnecting(t *testing.T) {
+	b := newElasticBed(t)
+	a0, b0 := jobenv.Place{Host: "a", Slot: 0}, jobenv.Place{Host: "b", Slot: 0}
+	b.publish(roundOf(1, 1, a0, b0))
+	type result struct {
+		job jobenv.Job
+		err error
+	}
+	joined := make(chan result, 1)
+	go func() {
+		w, j, err := joinElastic(b.mem, b.env("a", 0, 1), b.base(), b.secret, func(_ context.Context, j jobenv.Job) error {
+			if j.Size > 1 {
+				return &transport.PeerError{Rank: 1, Host: "b", Op: "connect", Err: errors.New("connection refused")}
+			}
+			return nil
+		})
+		if err == nil {
+			w.close()
+		}
+		joined <- result{j, err}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	v, err := b.pub.Get(ctx, jobenv.ReinitKey(1, a0))
+	if err != nil {
+		t.Fatalf("the worker did not ask for a new round: %v", err)
+	}
+	if names, err := jobenv.DecodeReinit(v); err != nil || len(names) != 0 {
+		t.Fatalf("it named %v (%v); a peer lost while connecting is no suspect", names, err)
+	}
+	select {
+	case r := <-joined:
+		t.Fatalf("returned before round 2 was published: %+v", r)
+	case <-time.After(50 * time.Millisecond):
+	}
+	b.publish(roundOf(2, 1, a0))
+	if r := <-joined; r.err != nil || r.job.JobID != "job.r2" || r.job.Size != 1 {
+		t.Fatalf("joined %+v, %v", r.job, r.err)
+	}
+}
