@@ -226,7 +226,9 @@ hvd.init()
 dev = sys.argv[1] if torch.cuda.is_available() else "cpu"
 t = hvd.allreduce(torch.ones(4, device=dev), name="gpu-check.path")
 print("nccl_built() =", hvd.nccl_built(), "cuda_built() =", hvd.cuda_built(), "allreduce on", t.device, "->", t.tolist())
-print("DATA-PATH", "host memory (no GPU)" if dev == "cpu" else "nccl" if hvd.nccl_built() else "staged")
+from kolo import _lib
+decided = _lib.C.kolo_device_decision()  # the engine'"'"'s decision for this job: 1 NCCL, 0 staged, -1 none yet
+print("DATA-PATH", "host memory (no GPU)" if dev == "cpu" else "nccl" if decided == 1 else "staged")
 ' "$device"
 }
 
