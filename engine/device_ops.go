@@ -115,9 +115,10 @@ func deviceServes(kind negotiate.OpKind, t dtype.DType, op uint8, pre, post floa
 	return nil
 }
 
-// onDevice reports whether response r runs on the device path.
-func (e *Engine) onDevice(r *negotiate.Response) bool {
-	return r.GPU && e.dev.use.Load() && deviceServes(r.Kind, r.DType, r.ReduceOp, r.PreScale, r.PostScale) == nil
+// onDevice reports whether response r of set ps runs on the device path: a set whose device
+// communicator could not form stages its GPU ops on every rank (EnqueueDevice refuses them).
+func (e *Engine) onDevice(ps *procSet, r *negotiate.Response) bool {
+	return r.GPU && e.dev.use.Load() && ps.dcomm != nil && deviceServes(r.Kind, r.DType, r.ReduceOp, r.PreScale, r.PostScale) == nil
 }
 
 // deviceEntry is the device side of a submitted op.

@@ -901,3 +901,68 @@ func TestDeviceReleaseWaitsForTheCopy(t *testing.T) {
 		}
 	}
 }
+
+// idOnceLibrary cannot split and makes one communicator id: the job's. A process set's
+// communicator then cannot form.
+type idOnceLibrary struct {
+	noSplitLibrary
+	made *atomic.Int32
+}
+
+func (l idOnceLibrary) NewUniqueID() (gpu.UniqueID, error) {
+	if l.made.Add(1) > 1 {
+		return gpu.UniqueID{}, errors.New("out of ids")
+	}
+	return l.noSplitLibrary.NewUniqueID()
+}
+
+// A process set whose device communicator could not form stages its GPU ops on every rank:
+// EnqueueDevice refuses them (gpu.ErrUnavailable, with why) and the staged op then runs, where the
+// global set's GPU ops must come through the device path.
+func TestDeviceSetWithoutCommunicatorStages(t *testing.T) {
+	const n = 3
+	dc := newDeviceClusterOn(t, n, DefaultConfig(), idOnceLibrary{noSplitLibrary{fake.NewLibrary()}, new(atomic.Int32)}, nil)
+	dc.mustUse(t)
+	ctx := waitCtx(t)
+	ids := make([]int, n)
+	errs := make([]error, n)
+	onEachRank(n, func(r int) { ids[r], errs[r] = dc.engines[r].AddProcessSet(ctx, []int{0, 1}) })
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	onEachRank(n, func(r int) {
+		buf := f32(float32(r+1), 1)
+		defer func() {
+			if errs[r] != nil {
+				return
+			}
+			// The global set still has its communicator: a staged GPU op there is refused.
+			g := allreduceReq("g", 2)
+			g.GPU = true
+			if err := dc.engines[r].Enqueue(g, buf, buf).Wait(ctx); err == nil || !strings.Contains(err.Error(), "EnqueueDevice") {
+				errs[r] = fmt.Errorf("staged op on the global set: %v, want a refusal", err)
+			}
+		}()
+		if r == 2 {
+			return // not in the set
+		}
+		req := allreduceReq("s", 2)
+		req.Set, req.GPU = ids[r], true
+		p := upload(t, dc.devs[r], f32(1, 2))
+		err := dc.engines[r].EnqueueDevice(req, DeviceOp{Stream: dc.streams[r], In: p, Out: p, Bytes: 8}).Wait(ctx)
+		if !errors.Is(err, gpu.ErrUnavailable) || !strings.Contains(err.Error(), "process set 1: forming its communicator") {
+			errs[r] = fmt.Errorf("device op on the set: %v, want a refusal saying why", err)
+			return
+		}
+		if err := dc.engines[r].Enqueue(req, buf, buf).Wait(ctx); err != nil {
+			errs[r] = fmt.Errorf("staged op on the set: %w", err)
+			return
+		}
+		if got := getF32(buf); got[0] != 3 || got[1] != 2 {
+			errs[r] = fmt.Errorf("staged op on the set: %v, want [3 2]", got)
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Error(err)
+	}
+}

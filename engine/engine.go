@@ -441,8 +441,10 @@ func (e *Engine) enqueue(req negotiate.Request, in, out []byte, kick bool, dv *d
 	switch {
 	case req.Error != "":
 		refused = fmt.Errorf("rank %d: %s %q: %s", e.g.Rank, req.Kind, req.Name, req.Error)
-	case dv == nil && req.GPU && e.dev.use.Load() && deviceServes(req.Kind, req.DType, req.ReduceOp, req.PreScale, req.PostScale) == nil:
+	case dv == nil && req.GPU && e.dev.use.Load() && ps.dcomm != nil && deviceServes(req.Kind, req.DType, req.ReduceOp, req.PreScale, req.PostScale) == nil:
 		// Every other rank runs it on the device path, which needs every rank's device pointers.
+		// (A set without a device communicator stages its GPU ops on every rank: EnqueueDevice
+		// refuses them there.)
 		req.Error = "a GPU tensor staged through host memory where the device path serves it (submit it with EnqueueDevice)"
 		refused = fmt.Errorf("rank %d: %s %q: %s", e.g.Rank, req.Kind, req.Name, req.Error)
 	default:
@@ -956,7 +958,7 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 	}
 	var err error
 	switch {
-	case !e.onDevice(r):
+	case !e.onDevice(ps, r):
 		err = ps.exec.run(context.Background(), *r, entries)
 	case len(r.Joined) > 0:
 		// Every rank sees the same Joined: the op fails alike everywhere, and the job goes on.
