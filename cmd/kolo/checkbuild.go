@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo"
+	"github.com/kolo-dl/kolo/gpu"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/transport/shm"
@@ -49,8 +50,13 @@ type buildInfo struct {
 	Version       string
 	PyTorch       bool   // a python3 imports kolo.torch and the engine library is there
 	PyTorchDetail string // per interpreter probed: which one, and why not or which library
-	SharedMemory  bool   // Linux with a /dev/shm directory
-	ShmFree       int64  // free bytes in /dev/shm; -1 unknown
+	// NCCL is the version code of the NCCL a probed PyTorch has (hvd.nccl_built(): the library
+	// ranks load at run time for CUDA tensors), 0 for none; NCCLSetting what KOLO_NCCL or
+	// HOROVOD_GPU_* say.
+	NCCL         int
+	NCCLSetting  string
+	SharedMemory bool  // Linux with a /dev/shm directory
+	ShmFree      int64 // free bytes in /dev/shm; -1 unknown
 	// ShmSizes is the host's segment by local ranks: what Open reserves, and the most once every
 	// ring is used (the pair rings carry what process sets within a host exchange), with the
 	// default sizes.
@@ -90,10 +96,19 @@ func formatCheckBuild(b buildInfo) string {
 	fmt.Fprintf(&s, "Available Controllers:\n")
 	fmt.Fprintf(&s, "    [ ] MPI\n    [ ] Gloo\n    [X] kolo (TCP rendezvous; runs under kolo run, mpirun and srun)\n\n")
 	fmt.Fprintf(&s, "Available Tensor Operations:\n")
-	fmt.Fprintf(&s, "    [ ] NCCL\n    [ ] DDL\n    [ ] CCL\n    [ ] MPI\n    [ ] Gloo\n")
+	fmt.Fprintf(&s, "    %s NCCL (loaded at run time for CUDA tensors)\n    [ ] DDL\n    [ ] CCL\n    [ ] MPI\n    [ ] Gloo\n", box(b.NCCL > 0))
 	fmt.Fprintf(&s, "    %s shared memory (ranks of one host)\n    [X] TCP (ranks of different hosts)\n", box(b.SharedMemory))
 	if b.PyTorchDetail != "" {
 		fmt.Fprintf(&s, "\nPyTorch: %s\n", b.PyTorchDetail)
+	}
+	if b.NCCL > 0 || b.NCCLSetting != "" {
+		setting := b.NCCLSetting
+		if setting == "" {
+			setting = "auto"
+		}
+		fmt.Fprintf(&s, "\nNCCL: %s; device path %s. A job decides at its first op on a CUDA tensor, the same on every\n"+
+			"rank, and each rank logs it (\"GPU tensors use the device path\", or \"are staged through host memory\" and why).\n",
+			ncclVersion(b.NCCL), setting)
 	}
 	if b.SharedMemory && len(b.ShmSizes) > 0 {
 		free := "unknown"
@@ -131,9 +146,15 @@ func probeBuild(ctx context.Context, localRanks int) buildInfo {
 	}
 	var details []string
 	for _, py := range pythons() {
-		ok, detail := probePyTorch(ctx, py)
+		ok, detail, nccl := probePyTorch(ctx, py)
 		b.PyTorch = b.PyTorch || ok
+		b.NCCL = max(b.NCCL, nccl)
 		details = append(details, detail)
+	}
+	if set, err := gpu.ParseMode(os.Getenv); err != nil {
+		b.NCCLSetting = err.Error()
+	} else if set.From != "" {
+		b.NCCLSetting = fmt.Sprintf("%s (%s)", set.Mode, set.From)
 	}
 	b.PyTorchDetail = strings.Join(details, "\n         ")
 	return b
@@ -156,21 +177,38 @@ func pythons() []string {
 // library it would load exists.
 const probePython = `import os, kolo, kolo.torch, kolo._lib as l
 p = l.library_path()
-print(kolo.__version__, p, os.path.exists(p))`
+print(kolo.__version__, p, os.path.exists(p), kolo.torch.nccl_built())`
 
-func probePyTorch(ctx context.Context, python string) (ok bool, detail string) {
+// probePyTorch also returns the version code of the NCCL that python's PyTorch has (0: none).
+func probePyTorch(ctx context.Context, python string) (ok bool, detail string, nccl int) {
 	out, err := exec.CommandContext(ctx, python, "-c", probePython).CombinedOutput()
 	text := strings.TrimSpace(string(out))
 	if err != nil {
 		lines := strings.Split(text, "\n")
-		return false, fmt.Sprintf("%s cannot import kolo.torch: %s", python, lines[len(lines)-1])
+		return false, fmt.Sprintf("%s cannot import kolo.torch: %s", python, lines[len(lines)-1]), 0
 	}
 	var version, lib, exists string
-	fmt.Sscan(lastLine(text), &version, &lib, &exists)
+	fmt.Sscan(lastLine(text), &version, &lib, &exists, &nccl)
 	if exists != "True" {
-		return false, fmt.Sprintf("%s imports kolo.torch %s, but its engine library %s is missing", python, version, lib)
+		return false, fmt.Sprintf("%s imports kolo.torch %s, but its engine library %s is missing", python, version, lib), 0
 	}
-	return true, fmt.Sprintf("%s imports kolo.torch %s (engine library %s)", python, version, lib)
+	withNCCL := ""
+	if nccl > 0 {
+		withNCCL = ", PyTorch's NCCL " + ncclVersion(nccl)
+	}
+	return true, fmt.Sprintf("%s imports kolo.torch %s (engine library %s%s)", python, version, lib, withNCCL), nccl
+}
+
+// ncclVersion reads nccl.h's version code (2.21.5: 22105; before 2.9: 2805 for 2.8.5).
+func ncclVersion(code int) string {
+	switch {
+	case code <= 0:
+		return "none in PyTorch"
+	case code >= 20900:
+		return fmt.Sprintf("%d.%d.%d", code/10000, code/100%100, code%100)
+	default:
+		return fmt.Sprintf("%d.%d.%d", code/1000, code/100%10, code%100)
+	}
 }
 
 func lastLine(s string) string {

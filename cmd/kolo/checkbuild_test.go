@@ -32,6 +32,8 @@ func TestFormatCheckBuild(t *testing.T) {
 				"64           90.0 MiB             500.0 MiB  <- a job whose process sets within a host exchange much may fill it",
 				"128          260.0 MiB            1403.0 MiB  <- does not fit: the job cannot start"},
 			nil},
+		{"NCCL in PyTorch", buildInfo{Version: "0.1.0", PyTorch: true, NCCL: 22809, NCCLSetting: "off (KOLO_NCCL=0)"},
+			[]string{"    [X] NCCL (loaded at run time", "NCCL: 2.28.9; device path off (KOLO_NCCL=0)."}, nil},
 		{"no binding, no /dev/shm", buildInfo{Version: "0.1.0", PyTorchDetail: "python3 cannot import kolo.torch: ModuleNotFoundError"},
 			[]string{"    [ ] PyTorch", "    [ ] shared memory", "PyTorch: python3 cannot import kolo.torch"},
 			[]string{"[X] PyTorch", "[X] shared memory"}},
@@ -70,16 +72,18 @@ func TestProbePyTorch(t *testing.T) {
 		name, script string
 		ok           bool
 		detail       string
+		nccl         int
 	}{
-		{"missing", "echo \"ModuleNotFoundError: No module named 'kolo'\" >&2; exit 1", false, "cannot import kolo.torch: ModuleNotFoundError"},
-		{"no library", "echo 0.1.0 /nowhere/libkolo.so False", false, "engine library /nowhere/libkolo.so is missing"},
-		{"present", "echo 0.1.0 " + lib + " True", true, "imports kolo.torch 0.1.0"},
+		{"missing", "echo \"ModuleNotFoundError: No module named 'kolo'\" >&2; exit 1", false, "cannot import kolo.torch: ModuleNotFoundError", 0},
+		{"no library", "echo 0.1.0 /nowhere/libkolo.so False 0", false, "engine library /nowhere/libkolo.so is missing", 0},
+		{"present", "echo 0.1.0 " + lib + " True 0", true, "imports kolo.torch 0.1.0", 0},
+		{"with NCCL", "echo 0.1.0 " + lib + " True 22809", true, "PyTorch's NCCL 2.28.9", 22809},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ok, detail := probePyTorch(context.Background(), fake(tc.name, tc.script))
-			if ok != tc.ok || !strings.Contains(detail, tc.detail) {
-				t.Errorf("probe = %v %q, want %v %q", ok, detail, tc.ok, tc.detail)
+			ok, detail, nccl := probePyTorch(context.Background(), fake(tc.name, tc.script))
+			if ok != tc.ok || !strings.Contains(detail, tc.detail) || nccl != tc.nccl {
+				t.Errorf("probe = %v %q %d, want %v %q %d", ok, detail, nccl, tc.ok, tc.detail, tc.nccl)
 			}
 		})
 	}
@@ -93,7 +97,7 @@ func TestProbeRealPython(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ok, detail := probePyTorch(ctx, "/usr/bin/python3")
+	ok, detail, _ := probePyTorch(ctx, "/usr/bin/python3")
 	if ok && !strings.Contains(detail, kolo.Version) {
 		t.Errorf("probe says present but names no version: %q", detail)
 	}
