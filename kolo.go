@@ -125,13 +125,14 @@ type state struct {
 	worker *worker.Worker
 }
 
-var (
+// session is this process's one handle on kolo, the package's only mutable state.
+var session struct {
 	mu  sync.Mutex
 	cur *state // nil before Init and after Shutdown
 	// past is what the worlds this process joined leave to the next (worker.Memory): the
 	// worker's, kept here because a worker lasts one world.
 	past worker.Memory
-)
+}
 
 // Option adjusts Init.
 type Option func(*initOptions)
@@ -171,16 +172,16 @@ func WithCPUShare() Option { return func(o *initOptions) { o.cpuShare = true } }
 // engine stopped on an error since (Failed): Init then leaves that world and joins a new one, with
 // the ranks that call Init again.
 func Init(opts ...Option) error {
-	mu.Lock()
-	defer mu.Unlock()
-	if cur != nil {
-		if cur.engine.Err() == nil {
+	session.mu.Lock()
+	defer session.mu.Unlock()
+	if session.cur != nil {
+		if session.cur.engine.Err() == nil {
 			return errors.New("kolo.Init called twice")
 		}
 		// The engine stopped on an error (a lost or failed rank, an abort): leave that world
 		// and join a new one, as the other ranks do when they call Init again.
-		s := cur
-		cur = nil
+		s := session.cur
+		session.cur = nil
 		if err := s.close(); err != nil {
 			slog.Debug("kolo: leaving the failed world before joining a new one", "err", err)
 		}
@@ -231,7 +232,7 @@ func Init(opts ...Option) error {
 	} else if full {
 		wopt.World.FullMesh = true
 	}
-	w, err := worker.Join(&past, wopt)
+	w, err := worker.Join(&session.past, wopt)
 	if err != nil {
 		var ae *ArgumentError
 		if errors.As(err, &ae) {
@@ -240,7 +241,7 @@ func Init(opts ...Option) error {
 		return fmt.Errorf("kolo.Init: %w", err)
 	}
 	e := w.Engine()
-	cur = &state{job: w.Job(), world: w.World(), engine: e, names: newNamer(e.Joins, e.Resynced), worker: w}
+	session.cur = &state{job: w.Job(), world: w.World(), engine: e, names: newNamer(e.Joins, e.Resynced), worker: w}
 	return nil
 }
 
@@ -266,10 +267,10 @@ var builtinLogHandler = slog.Default().Handler()
 // Shutdown waits until every rank reaches Shutdown (so no rank leaves while others still need it),
 // then stops the engine and closes connections.
 func Shutdown() error {
-	mu.Lock()
-	s := cur
-	cur = nil
-	mu.Unlock()
+	session.mu.Lock()
+	s := session.cur
+	session.cur = nil
+	session.mu.Unlock()
 	if s == nil {
 		return nil
 	}
@@ -327,18 +328,18 @@ func ReportFailure(err error) {
 
 // IsInitialized reports whether Init has run (and Shutdown has not).
 func IsInitialized() bool {
-	mu.Lock()
-	defer mu.Unlock()
-	return cur != nil
+	session.mu.Lock()
+	defer session.mu.Unlock()
+	return session.cur != nil
 }
 
 func get() (*state, error) {
-	mu.Lock()
-	defer mu.Unlock()
-	if cur == nil {
+	session.mu.Lock()
+	defer session.mu.Unlock()
+	if session.cur == nil {
 		return nil, ErrNotInitialized
 	}
-	return cur, nil
+	return session.cur, nil
 }
 
 func jobOr(f func(jobenv.Job) int) int {
