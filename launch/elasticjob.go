@@ -179,8 +179,9 @@ func newElasticJob(opts *flags.Options, set elasticSettings, planner *elastic.Pl
 		out:     proc.NewLineWriter(stdout, opts.Timestamps),
 		errw:    proc.NewLineWriter(stderr, opts.Timestamps),
 		stdout:  stdout, stderr: stderr,
-		procs: map[elastic.Worker]*elasticProc{},
-		exits: make(chan elasticExit),
+		procs:   map[elastic.Worker]*elasticProc{},
+		exits:   make(chan elasticExit),
+		started: make(chan struct{}),
 	}
 }
 
@@ -247,9 +248,12 @@ type elasticJob struct {
 	workerRendezvous func(host string) string
 
 	out, errw      *proc.LineWriter
-	stdout, stderr io.Writer       // the launcher's own, under out and errw
-	view           *live           // the ranks' reports and failure records, from run on
-	startCtx       context.Context // what a start waits under (ssh sessions queue per host)
+	stdout, stderr io.Writer // the launcher's own, under out and errw
+	// started is closed once run has put out and errw under the live view: goroutines that log
+	// beside the loop (the no-ssh nodes' poll) start after it.
+	started  chan struct{}
+	view     *live           // the ranks' reports and failure records, from run on
+	startCtx context.Context // what a start waits under (ssh sessions queue per host)
 
 	hosts  []elastic.Host                  // the last discovery
 	listed bool                            // a discovery came: the planner is ticked from then on
@@ -319,6 +323,7 @@ func (j *elasticJob) run(ctx context.Context, source hostSource) (code int, err 
 	}
 	j.view = view
 	j.out, j.errw = proc.NewLineWriter(outW, j.opts.Timestamps), proc.NewLineWriter(errW, j.opts.Timestamps)
+	close(j.started)
 	defer func() {
 		view.stop()
 		failure := ""

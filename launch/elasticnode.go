@@ -113,6 +113,11 @@ func serveElastic(ctx context.Context, n *node, set elasticSettings) (int, error
 	polled := make(chan struct{})
 	go func() {
 		defer close(polled)
+		select {
+		case <-j.started:
+		case <-pctx.Done():
+			return
+		}
 		nodes.poll(pctx)
 	}()
 	code, err := j.run(ctx, nodes.listings)
