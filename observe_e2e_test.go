@@ -17,14 +17,15 @@ import (
 var (
 	metricsAddrLine = regexp.MustCompile(`kolo run: metrics at (http://\S+/metrics)`)
 	latenessSeries  = regexp.MustCompile(`(?m)^kolo_rank_lateness_seconds\{host="[^"]*",rank="(\d+)"\} (\S+)$`)
+	statusSlowestRe = regexp.MustCompile(`slowest: rank (\d+) on \S+ arrives last in \d+% of \w+, ([\d.]+) ms after`)
 	slowestLineRe   = regexp.MustCompile(`(?m)^slowest: rank (\d+) on \S+, (\S+) after`)
 	endRowRe        = regexp.MustCompile(`(?m)^\|\s+(\d+) \| [^|]+\|\s+(\d+) \|`)
 	flightFileLine  = regexp.MustCompile(`flight recorder\) written to (\S+\.json)`)
 )
 
 // TestLiveViewNamesTheSlowRank runs 4 ranks of the Go example, one of them slowed in every step or
-// none, with --metrics-addr: while the job runs, /metrics shows the slowed rank as the latest to
-// arrive, and the end of the job on stderr names it. With none slowed, no rank is late by half the
+// none, with --metrics-addr and --status on: while the job runs, /metrics shows the slowed rank as
+// the latest to arrive and the status lines name it, and the end of the job on stderr names it. With none slowed, no rank is late by half the
 // slowdown, in /metrics or at the end: 4 ranks on a loaded 2-CPU machine do make one late by
 // 10-15 ms now and then, which rank 0 rightly names, so "none" is "none like the slowed rank".
 func TestLiveViewNamesTheSlowRank(t *testing.T) {
@@ -43,7 +44,7 @@ func TestLiveViewNamesTheSlowRank(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			// -pace gives every rank the same step time, so that "none slowed" runs as long and
 			// is measured as well.
-			l := startLauncher(t, launchEnv(), kolo, "run", "-np", "4", "--metrics-addr", "127.0.0.1:0",
+			l := startLauncher(t, launchEnv(), kolo, "run", "-np", "4", "--metrics-addr", "127.0.0.1:0", "--status", "on",
 				softmax, "-steps", "120", "-pace", slow.String(), "-slow-rank", strconv.Itoa(tc.slowRank), "-slow", slow.String())
 			var url string
 			for deadline := time.Now().Add(30 * time.Second); url == "" && time.Now().Before(deadline); {
@@ -112,6 +113,20 @@ func TestLiveViewNamesTheSlowRank(t *testing.T) {
 			}
 			if strings.Contains(l.stdout.String(), "| rank |") {
 				t.Errorf("the end table went to stdout:\n%s", l.stdout.String())
+			}
+			// The status lines (--status on draws them on any stdout) name the same rank while
+			// the job runs, and none like it when no rank is slowed.
+			viewed := statusSlowestRe.FindAllStringSubmatch(l.stdout.String(), -1)
+			switch {
+			case tc.slowRank >= 0 && (len(viewed) == 0 || viewed[len(viewed)-1][1] != strconv.Itoa(tc.slowRank)):
+				t.Errorf("status lines: want rank %d named slowest, got %v", tc.slowRank, viewed)
+			case tc.slowRank < 0 && len(viewed) > 0:
+				// The last frame, as for /metrics: a load spike on this machine can make a rank
+				// last for a few steps, which the view rightly shows while it lasts.
+				v := viewed[len(viewed)-1]
+				if ms, err := strconv.ParseFloat(v[2], 64); err != nil || ms >= float64(slow/2/time.Millisecond) {
+					t.Errorf("status lines: no rank was slowed, yet the last frame says %q", v[0])
+				}
 			}
 		})
 	}
