@@ -22,6 +22,10 @@ check what the job did:
   `batch` of epoch `epoch`: --exit-mode exception raises RuntimeError (the exception hook tells
   the other ranks), kill sends SIGKILL to the process. Each scheduled exit happens once in the
   job (the log remembers it), so a worker started later in the same place does not repeat it.
+* --device (KOLO_TEST_DEVICE by default, else cpu): where the model, its gradients, the optimizer's
+  state and the batches live; with cuda, each rank takes GPU KOLO_LOCAL_RANK modulo the GPUs
+  there are (scripts/gpu_check.sh's elastic step). The log's checksums are of the same bytes
+  either way.
 
     PYTHONPATH=python kolo run --min-np 2 --max-np 3 ... python python/tests/elastic_worker.py --log /tmp/l.jsonl
 """
@@ -54,6 +58,8 @@ def parse_args(argv=None):
                    help="dataset size (default: batches-per-epoch x batch-size)")
     p.add_argument("--batch-wait", type=float, default=0.0, help="seconds to sleep per batch")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=os.environ.get("KOLO_TEST_DEVICE", "cpu"),
+                   help="cpu or cuda: where the model and the batches live")
     args = p.parse_args(argv)
     args.exit_schedule = {_key(k): set(v) for k, v in json.loads(args.exit_schedule or "{}").items()}
     if args.samples is None:
@@ -96,10 +102,16 @@ def checksum(model):
 def main(argv=None):
     args = parse_args(argv)
     start_rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("KOLO_RANK", "0")))
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("elastic_worker: --device %s, but torch sees no GPU" % args.device)
+    if device.type == "cuda" and device.index is None:  # rank r on GPU r, before kolo starts
+        device = torch.device("cuda", int(os.environ.get("KOLO_LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     hvd.init()
 
     torch.manual_seed(args.seed + 1000 + hvd.rank())  # replicas differ until the first sync
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to(device)
     lr = 0.01
     optimizer = torch.optim.SGD(model.parameters(), lr=lr * hvd.size(), momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
@@ -150,6 +162,7 @@ def main(argv=None):
             position = 0  # of this rank's samples in this pass of the sampler
             for batch_idx, (x, y, idx) in enumerate(loader):
                 check_exit(state)
+                x, y = x.to(device), y.to(device)
                 optimizer.zero_grad()
                 torch.nn.functional.cross_entropy(model(x), y).backward()
                 optimizer.step()
@@ -175,7 +188,7 @@ def main(argv=None):
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0, commits=0)
     state.register_reset_callbacks([on_reset])
     train(state)
-    log("done", state, checksum=checksum(model))
+    log("done", state, checksum=checksum(model), device=str(next(model.parameters()).device))
     hvd.shutdown()
 
 

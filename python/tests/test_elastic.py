@@ -103,6 +103,37 @@ def test_a_failed_worker_leaves_the_survivors_training(tmp_path, mode):
     assert all((r["epoch"], r["batch"]) >= (1, 1) for r in resync), resync
 
 
+def test_three_ranks_lose_one_to_sigkill_and_train_on_with_two(tmp_path):
+    # The GPU check's elastic step (scripts/gpu_check.sh; KOLO_TEST_DEVICE=cuda puts the model
+    # and batches on the GPU, where the ops take the device path): 127.0.0.1's only rank is
+    # killed with SIGKILL at the start of epoch 1's second batch, while localhost's two are in
+    # that batch's allreduce; they re-form as a world of 2 and train to the end, identical.
+    device = os.environ.get("KOLO_TEST_DEVICE", "cpu")
+    epochs, batches, bsz = 3, 12, 4  # 4 batches per epoch for each of 3 ranks, 6 for 2
+    rc, out, records, took = elastic_run(
+        tmp_path, ["-np", "3", "--min-np", "2", "--max-np", "3", "-H", "localhost:2,127.0.0.1:1"],
+        ["--epochs", str(epochs), "--batches-per-epoch", str(batches), "--batch-size", str(bsz),
+         "--exit-schedule", '{"(1, 1)": [2]}', "--exit-mode", "kill", "--device", device],
+        timeout=float(os.environ.get("KOLO_ELASTIC_JOB_TIMEOUT", "240")))
+    print(out)  # the job's log, NCCL's version lines included, for the GPU check's summary
+    assert rc == 0, out
+    assert "round 2: generation 2 (reset 1): lost 127.0.0.1[0] (failed); 2 ranks on 1 host" in out, out
+    after = [r for r in records if r["round"] == 2]
+    assert after and {r["size"] for r in after} == {2}, after
+    trained = [r for r in after if r["kind"] == "batch"]
+    assert {r["start_rank"] for r in trained} == {0, 1}, after
+    ends = check_identical_end(records, 2)
+    assert {r["start_rank"] for r in ends} == {0, 1}, ends
+    pids = pids_by_start_rank(records)
+    assert len(pids[0]) == 1 and len(pids[1]) == 1, "a survivor was restarted: %s" % dict(pids)
+    check_exactly_once(records, epochs, batches * bsz)
+    on = sorted({r["device"] for r in ends})
+    assert all(d.split(":")[0] == device.split(":")[0] for d in on), (device, ends)
+    print("ELASTIC-RESULT start rank 2 killed at epoch 1 batch 1; round 2 ran with 2 ranks: %d batches, %d commits;"
+          " the survivors' weights are equal (sha256 %s) on %s; %.0f s"
+          % (len(trained), sum(r["kind"] == "commit" for r in after), ends[0]["checksum"][:12], ",".join(on), took))
+
+
 def test_a_world_shrunk_to_one_rank_trains_on(tmp_path):
     # The survivor of a 2-rank job trains alone: the optimizer's hooks (installed in any elastic
     # world) still have their allreduces waited for.

@@ -1,6 +1,6 @@
-"""scripts/gpu_check.sh without a GPU: its arguments, its plan (--dry-run), and two of its steps run
-for real on CPU tensors (env and kill), which proves the step machinery (logs, notes, the
-summary). The whole check on CPU, every step (under 2 minutes on 2 cores):
+"""scripts/gpu_check.sh without a GPU: its arguments, its plan (--dry-run), and three of its steps
+run for real on CPU tensors (env, kill and elastic), which proves the step machinery (logs, notes,
+the summary). The whole check on CPU, every step (under 2 minutes on 2 cores):
 
     make build lib && scripts/gpu_check.sh --device cpu
 """
@@ -13,7 +13,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SCRIPT = os.path.join(ROOT, "scripts", "gpu_check.sh")
-STEPS = ["env", "conformance-2", "conformance-3", "kill", "horovod", "allreduce", "resnet50"]
+STEPS = ["env", "conformance-2", "conformance-3", "kill", "elastic", "horovod", "allreduce", "resnet50"]
+BENCHMARKS = ["allreduce", "resnet50"]
 
 
 def run(*args, timeout=60):
@@ -44,6 +45,15 @@ def test_dry_run_plans_every_step_within_the_device_time():
     assert "--model resnet50 --device cuda --backend nccl" in cmds["resnet50"], out
     assert "--batches 32" in cmds["resnet50"], out
     assert "horovod_suite.sh" in cmds["horovod"] and " 2" in cmds["horovod"], out
+    # The elastic step: CUDA tensors, every rank a host of its own to NCCL, the job's own deadline
+    # inside the step's.
+    assert "KOLO_TEST_DEVICE=cuda NCCL_BED_GPUS=0 KOLO_ELASTIC_JOB_TIMEOUT=50 " in cmds["elastic"], out
+    assert "test_elastic.py -k test_three_ranks_lose_one_to_sigkill_and_train_on_with_two" in cmds["elastic"], out
+    # The checks come before the benchmarks and fit the default budget on their own, so that a
+    # budget running out shortens or skips a benchmark, never a check.
+    limits = {s: int(l) for s, l, _ in planned}
+    assert [s for s, _, _ in planned][-len(BENCHMARKS):] == BENCHMARKS, out
+    assert sum(l for s, l in limits.items() if s not in BENCHMARKS) <= 570 - 60, limits
     # On CPU: the same steps, Gloo in place of NCCL, small sizes; --steps keeps the script's order.
     rc, out = run("--dry-run", "--device", "cpu", "--steps", "resnet50,env")
     planned = re.findall(r"^(\S+)\s+(\d+)\s+(.*)$", out, re.M)
@@ -62,6 +72,17 @@ def test_env_and_kill_steps_run_on_cpu(tmp_path):
     assert rc == 0, out
     env_log = (tmp_path / "env.log").read_text()
     assert "CHECK-ENV cuda=missing" in env_log and "== kolo" in env_log, env_log
+
+
+def test_elastic_step_runs_on_cpu(tmp_path):
+    rc, out = run("--device", "cpu", "--steps", "elastic", "--out", str(tmp_path), timeout=90)
+    summary = (tmp_path / "summary.txt").read_text()
+    assert re.search(r"^elastic\s+PASS\s+\d+\s+start rank 2 killed at epoch 1 batch 1; round 2 ran with 2 ranks: "
+                     r"\d+ batches, \d+ commits; the survivors' weights are equal \(sha256 [0-9a-f]{12}\) on cpu; "
+                     r".*NCCL version banners: 0$", summary, re.M), out
+    assert rc == 0, out
+    log = (tmp_path / "elastic.log").read_text()
+    assert "round 2: generation 2 (reset 1): lost 127.0.0.1[0] (failed); 2 ranks on 1 host" in log, log
 
 
 def test_each_rank_gets_its_own_nccl_host_where_ranks_share_gpus():
