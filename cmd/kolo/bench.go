@@ -71,11 +71,9 @@ func benchCmd(args []string) int {
 			fmt.Fprintf(os.Stderr, "kolo bench: %v\n", err)
 			return 1
 		}
-		if !*over {
-			if *over, err = jobenv.ParseSwitch(jobenv.Oversubscribe, os.Getenv(jobenv.Oversubscribe)); err != nil {
-				fmt.Fprintf(os.Stderr, "kolo bench: %v\n", err)
-				return 2
-			}
+		if *over, err = flags.Oversubscribing(*over); err != nil {
+			fmt.Fprintf(os.Stderr, "kolo bench: %v\n", err)
+			return 2
 		}
 		argv := append([]string{self, "bench"}, args...)
 		code, err := runJob(ctx, &flags.Options{NP: *np, Command: argv, EngineEnv: map[string]string{}, PlainOutput: true, Oversubscribe: *over})

@@ -223,13 +223,20 @@ func Parse(args []string, stderr io.Writer) (*Options, error) {
 	if err := o.checkElasticFlags(fs, &cooldown); err != nil {
 		return nil, err
 	}
-	if !o.Oversubscribe {
-		var err error
-		if o.Oversubscribe, err = jobenv.ParseSwitch(jobenv.Oversubscribe, os.Getenv(jobenv.Oversubscribe)); err != nil {
-			return nil, err
-		}
+	var err error
+	if o.Oversubscribe, err = Oversubscribing(o.Oversubscribe); err != nil {
+		return nil, err
 	}
 	return o, nil
+}
+
+// Oversubscribing is whether a job may start more local ranks than CPUs: the --oversubscribe flag,
+// else KOLO_OVERSUBSCRIBE in this process's environment (kolo run's and kolo bench's).
+func Oversubscribing(flag bool) (bool, error) {
+	if flag {
+		return true, nil
+	}
+	return jobenv.ParseSwitch(jobenv.Oversubscribe, os.Getenv(jobenv.Oversubscribe))
 }
 
 // ResolveHosts returns the hosts of the job: -H, --hostfile, or localhost with np slots.
