@@ -163,18 +163,24 @@ static int kolo_pci_bus_id(int dev, char* buf, int n) { return K.deviceGetPCIBus
 
 static int kolo_unique_id(char* out) { ncclUniqueId id; int r = K.getUniqueId(&id); memcpy(out, id.internal, 128); return r; }
 
+// kolo_config is NCCL_CONFIG_INITIALIZER with blocking off: every communicator kolo makes is
+// non-blocking, so that a lost peer can be aborted.
+static void kolo_config(koloNcclConfig* cfg) {
+	memset(cfg, 0, sizeof *cfg);
+	cfg->size = sizeof *cfg;
+	cfg->magic = 0xcafebeef;
+	cfg->version = 21700;
+	cfg->blocking = 0;
+	cfg->cgaClusterSize = cfg->minCTAs = cfg->maxCTAs = cfg->splitShare = INT32_MIN;
+	cfg->netName = NULL;
+}
+
 static int kolo_comm_init(int dev, uintptr_t* c, int n, const char* idBytes, int rank) {
 	ON(dev)
 	ncclUniqueId id;
 	memcpy(id.internal, idBytes, 128);
 	koloNcclConfig cfg;
-	memset(&cfg, 0, sizeof cfg);
-	cfg.size = sizeof cfg;
-	cfg.magic = 0xcafebeef;
-	cfg.version = 21700;
-	cfg.blocking = 0;
-	cfg.cgaClusterSize = cfg.minCTAs = cfg.maxCTAs = cfg.splitShare = INT32_MIN;
-	cfg.netName = NULL;
+	kolo_config(&cfg);
 	ncclComm_t comm = NULL;
 	int r = K.commInitRankConfig(&comm, n, id, rank, &cfg);
 	*c = (uintptr_t)comm;
@@ -184,12 +190,7 @@ static int kolo_comm_init(int dev, uintptr_t* c, int n, const char* idBytes, int
 static int kolo_comm_split(int dev, uintptr_t c, int color, int key, uintptr_t* out) {
 	ON(dev)
 	koloNcclConfig cfg;
-	memset(&cfg, 0, sizeof cfg);
-	cfg.size = sizeof cfg;
-	cfg.magic = 0xcafebeef;
-	cfg.version = 21700;
-	cfg.blocking = 0;
-	cfg.cgaClusterSize = cfg.minCTAs = cfg.maxCTAs = cfg.splitShare = INT32_MIN;
+	kolo_config(&cfg);
 	ncclComm_t sub = NULL;
 	int r = K.commSplit((ncclComm_t)c, color, key, &sub, &cfg);
 	*out = (uintptr_t)sub;
