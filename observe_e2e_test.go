@@ -46,16 +46,7 @@ func TestLiveViewNamesTheSlowRank(t *testing.T) {
 			// is measured as well.
 			l := startLauncher(t, launchEnv(), kolo, "run", "-np", "4", "--metrics-addr", "127.0.0.1:0", "--status", "on",
 				softmax, "-steps", "120", "-pace", slow.String(), "-slow-rank", strconv.Itoa(tc.slowRank), "-slow", slow.String())
-			var url string
-			for deadline := time.Now().Add(30 * time.Second); url == "" && time.Now().Before(deadline); {
-				if m := metricsAddrLine.FindStringSubmatch(l.stderr.String()); m != nil {
-					url = m[1]
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-			if url == "" {
-				t.Fatalf("no metrics address on stderr:\n%s", l.stderr.String())
-			}
+			url := l.metricsURL(t)
 			// Scrape until the job ends; keep the last scrape with every rank's lateness.
 			var late map[int]float64
 			scrapes := 0
@@ -130,6 +121,18 @@ func TestLiveViewNamesTheSlowRank(t *testing.T) {
 			}
 		})
 	}
+}
+
+// metricsURL waits (up to 30 s) for the /metrics address kolo run prints on stderr.
+func (l *launcher) metricsURL(t *testing.T) string {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if m := metricsAddrLine.FindStringSubmatch(l.stderr.String()); m != nil {
+			return m[1]
+		}
+	}
+	t.Fatalf("no metrics address on stderr within 30 s:\n%s", l.output())
+	return ""
 }
 
 func scrape(url string) (string, error) {

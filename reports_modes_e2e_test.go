@@ -29,16 +29,7 @@ func TestReportsInAnElasticJob(t *testing.T) {
 		"-H", "localhost:2,127.0.0.1:1", "--metrics-addr", "127.0.0.1:0", "--status", "on",
 		softmax, "-elastic", "-steps", "150", "-commit", "10", "-pace", "20ms",
 		"-exit-rank", "2", "-exit-step", "20", "-abort")
-	var url string
-	for deadline := time.Now().Add(30 * time.Second); url == "" && time.Now().Before(deadline); {
-		if m := metricsAddrLine.FindStringSubmatch(l.stderr.String()); m != nil {
-			url = m[1]
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if url == "" {
-		t.Fatalf("no metrics address on stderr:\n%s", l.output())
-	}
+	url := l.metricsURL(t)
 	resets := 0.0
 	for running := true; running; {
 		select {
