@@ -371,3 +371,21 @@ func TestJoinElasticSurvivesAPeerLostWhileConnecting(t *testing.T) {
 		t.Fatalf("joined %+v, %v", r.job, r.err)
 	}
 }
+
+// A worker whose round failed on a lost peer and whose next round never comes fails at the
+// elastic timeout, saying both what it waited for and why it left the round before.
+func TestJoinElasticGivesUpOnTheNextRoundSayingWhy(t *testing.T) {
+	b := newElasticBed(t)
+	a0, b0 := jobenv.Place{Host: "a", Slot: 0}, jobenv.Place{Host: "b", Slot: 0}
+	b.publish(roundOf(1, 1, a0, b0))
+	env := b.env("a", 0, 1)
+	env[jobenv.ElasticTimeout] = "0.3"
+	start := time.Now()
+	_, _, err := joinElastic(b.mem, env, b.base(), b.secret, func(context.Context, jobenv.Job) error {
+		return &transport.PeerError{Rank: 1, Host: "b", Op: "connect", Err: errors.New("connection refused")}
+	})
+	if err == nil || !strings.Contains(err.Error(), "for round 2") ||
+		!strings.Contains(err.Error(), "join round 1 as rank 0 of 2: rank 1 on b lost during connect") || time.Since(start) > 3*time.Second {
+		t.Fatalf("after %v: %v", time.Since(start), err)
+	}
+}
