@@ -118,7 +118,13 @@ func deviceServes(kind negotiate.OpKind, t dtype.DType, op uint8, pre, post floa
 // onDevice reports whether response r of set ps runs on the device path: a set whose device
 // communicator could not form stages its GPU ops on every rank (EnqueueDevice refuses them).
 func (e *Engine) onDevice(ps *procSet, r *negotiate.Response) bool {
-	return r.GPU && e.dev.use.Load() && ps.dcomm != nil && deviceServes(r.Kind, r.DType, r.ReduceOp, r.PreScale, r.PostScale) == nil
+	return e.deviceRuns(ps, r.GPU, r.Kind, r.DType, r.ReduceOp, r.PreScale, r.PostScale)
+}
+
+// deviceRuns is onDevice for the fields an op's request and its response share: the rule the
+// engine routes a response by and refuses a staged GPU op by, so that the two never disagree.
+func (e *Engine) deviceRuns(ps *procSet, gpu bool, kind negotiate.OpKind, t dtype.DType, op uint8, pre, post float64) bool {
+	return gpu && e.dev.use.Load() && ps.dcomm != nil && deviceServes(kind, t, op, pre, post) == nil
 }
 
 // deviceEntry is the device side of a submitted op.

@@ -441,7 +441,7 @@ func (e *Engine) enqueue(req negotiate.Request, in, out []byte, kick bool, dv *d
 	switch {
 	case req.Error != "":
 		refused = fmt.Errorf("rank %d: %s %q: %s", e.g.Rank, req.Kind, req.Name, req.Error)
-	case dv == nil && req.GPU && e.dev.use.Load() && ps.dcomm != nil && deviceServes(req.Kind, req.DType, req.ReduceOp, req.PreScale, req.PostScale) == nil:
+	case dv == nil && e.deviceRuns(ps, req.GPU, req.Kind, req.DType, req.ReduceOp, req.PreScale, req.PostScale):
 		// Every other rank runs it on the device path, which needs every rank's device pointers.
 		// (A set without a device communicator stages its GPU ops on every rank: EnqueueDevice
 		// refuses them there.)
