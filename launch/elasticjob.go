@@ -53,7 +53,7 @@ type elasticSettings struct {
 	stopGrace       time.Duration     // SIGTERM to SIGKILL when stopping a worker; 3 s
 	streamWait      time.Duration     // how long the end waits for the workers' output to end; 5 s
 
-	// No-ssh mode (elasticnode.go, elasticagent.go).
+	// No-ssh mode (node.go), static or elastic.
 	beat        time.Duration   // a joined node's heartbeat interval; beatInterval
 	nodeSilence time.Duration   // a node silent this long has left the job (and the serving node, for it); nodeSilence
 	vanish      <-chan struct{} // tests: a joined node closed it stops dead, as if killed, telling nobody
@@ -187,7 +187,7 @@ func newElasticJob(opts *flags.Options, set elasticSettings, planner *elastic.Pl
 
 // hostSource feeds the event loop the hosts available, each listing as it comes, until ctx
 // ends: the --host-discovery-script (discover), the fixed -H hosts, or in no-ssh mode the nodes
-// that have joined (nodeRegistry.watch). It must not block on anything the loop waits for.
+// that have joined (nodeRegistry.listings). It must not block on anything the loop waits for.
 type hostSource func(ctx context.Context, out chan<- discovery)
 
 // fixedHosts lists hosts once.

@@ -2,7 +2,9 @@ package launch
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"regexp"
@@ -75,11 +77,14 @@ func runNodes(t *testing.T, ctxs []context.Context, mod func(i int, o *flags.Opt
 	return runs
 }
 
-// waitServed waits until the rendezvous at addr accepts connections.
+// waitServed waits until the rendezvous at addr answers (runNodes' secret).
 func waitServed(t *testing.T, addr string) {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if c, err := net.Dial("tcp", addr); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		c, err := rendezvous.Dial(ctx, addr, []byte("642516251c1d4f9ecedbf40ccf0e4477"))
+		cancel()
+		if err == nil {
 			c.Close()
 			return
 		}
@@ -429,5 +434,146 @@ func TestRunNodeNNodesDisagree(t *testing.T) {
 		if r.elapsed > 10*time.Second {
 			t.Errorf("node %d gave up after %s", i, r.elapsed)
 		}
+	}
+}
+
+// A node that joins a static job says what the plan needs (slots, --nnodes, -np, --node-rank),
+// starts each rank it is ordered to with the static contract (no elastic place, no round), prints
+// and files its output by rank, reports its exit, and ends with the job's code, printing what
+// the serving node sent.
+func TestStaticNodeAgent(t *testing.T) {
+	const secret = "5f0c8e2d7a9b4c1e8f3a6d2b9c7e1f40"
+	t.Setenv("KOLO_SECRET", secret)
+	srv := rendezvous.NewServer([]byte(secret))
+	addr, err := srv.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	rec, _ := json.Marshal(jobRecord{ID: "job1"})
+	srv.Set(keyJob, rec)
+	dir := t.TempDir()
+	opts, err := flags.Parse([]string{"--rendezvous", addr.String(), "--nnodes", "2", "--node-rank", "1", "-np", "2",
+		"--output-filename", dir, "-x", "EXTRA=1", "prog"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := &fakeElasticStarter{}
+	set := testNodeSettings()
+	set.starter = fake
+	var stdout, stderr syncBuffer
+	done := make(chan struct{})
+	var code int
+	go func() {
+		defer close(done)
+		code, err = runNode(context.Background(), opts, set, &stdout, &stderr)
+	}()
+	get := func(key string) []byte {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		v, err := srv.Get(ctx, key)
+		if err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		return v
+	}
+	join, jerr := jobenv.DecodeNodeJoin(get(jobenv.NodeKey(1)))
+	want := jobenv.NodeJoin{Hostname: join.Hostname, Slots: 1, Addr: "127.0.0.1", Static: true, NNodes: 2, NP: 2, NodeRank: 1}
+	if jerr != nil || join != want {
+		t.Fatalf("registration %+v, %v; want %+v", join, jerr, want)
+	}
+	srv.Set(jobenv.NodeWelcomeKey(1), jobenv.NodeWelcome{Host: "h1", JobID: "job1", Static: true}.Encode())
+	srv.Set(jobenv.NodeOrderKey(1, 1), jobenv.NodeOrder{Kind: jobenv.OrderStart, Worker: 1, Slot: 0, Round: 0,
+		Rank: 1, Size: 2, LocalRank: 0, LocalSize: 1, CrossRank: 1, CrossSize: 2}.Encode())
+	h := &elasticHarness{t: t, fake: fake}
+	w := h.worker("rank.1", 0)
+	for name, v := range map[string]string{jobenv.Rank: "1", jobenv.Size: "2", jobenv.CrossRank: "1", jobenv.Hostname: "h1",
+		jobenv.Rendezvous: addr.String(), jobenv.JobID: "job1", jobenv.Secret: secret, "EXTRA": "1",
+		jobenv.Elastic: "", jobenv.ElasticRound: ""} {
+		if w.env[name] != v {
+			t.Errorf("worker: %s=%q, want %q", name, w.env[name], v)
+		}
+	}
+	io.WriteString(w.outW, "hello\n")
+	io.WriteString(w.errW, "ValueError: bad batch\n")
+	w.exit(3)
+	x, xerr := jobenv.DecodeNodeExit(get(jobenv.NodeExitKey(1, 1)))
+	if xerr != nil || x.Worker != 1 || x.Code != 3 || fmt.Sprint(x.Tail) != "[ValueError: bad batch]" {
+		t.Errorf("exit record %+v, %v", x, xerr)
+	}
+	summary := "kolo run: rank 1 on h1 exited with code 3 (the first rank to fail).\n"
+	srv.Set(jobenv.NodeOrderKey(1, 2), jobenv.NodeOrder{Kind: jobenv.OrderEnd, Code: 3, Reason: summary}.Encode())
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the node did not end at the end order")
+	}
+	if code != 3 || err != nil {
+		t.Errorf("exit %d, %v; want the job's 3", code, err)
+	}
+	if got := stdout.String(); got != "[1]<stdout>:hello\n" {
+		t.Errorf("stdout %q, want the rank's line prefixed with its rank", got)
+	}
+	if got := stderr.String(); !strings.Contains(got, "[1]<stderr>:ValueError: bad batch\n") || !strings.HasSuffix(got, summary) ||
+		strings.Contains(got, "kolo run: elastic") {
+		t.Errorf("stderr %q, want the rank's line and the serving node's summary, and no elastic log", got)
+	}
+	if b, err := os.ReadFile(dir + "/rank.1/stdout"); err != nil || string(b) != "hello\n" {
+		t.Errorf("rank.1/stdout: %q, %v", b, err)
+	}
+	if v, ok, _ := srv.TryGet(jobenv.NodeDoneKey(1)); !ok {
+		t.Errorf("the node did not say it read the end (%q)", v)
+	}
+}
+
+// The serving node of a static job admits the nodes the plan can have, and fails the job, saying
+// why, at the first it cannot: --nnodes or -np that differ, or a node rank claimed twice. A node
+// more than --nnodes is refused, but does not end the job.
+func TestStaticNodeAdmit(t *testing.T) {
+	join := func(host string, nnodes, np, rank int) jobenv.NodeJoin {
+		return jobenv.NodeJoin{Hostname: host, Slots: 1, Static: true, NNodes: nnodes, NP: np, NodeRank: rank}
+	}
+	for _, tc := range []struct {
+		name     string
+		joins    []jobenv.NodeJoin // the serving node's first
+		refused  string            // the last one's refusal
+		failure  string            // why the job fails; "" none
+		failCode int
+	}{
+		{"ranks given", []jobenv.NodeJoin{join("a", 2, 0, 0), join("b", 2, 0, 1)}, "", "", 0},
+		{"ranks by arrival", []jobenv.NodeJoin{join("a", 2, 4, -1), join("b", 2, 0, -1)}, "", "", 0},
+		{"nnodes differ", []jobenv.NodeJoin{join("a", 2, 0, -1), join("b", 3, 0, -1)},
+			"disagree on --nnodes: node on b was started with --nnodes 3, the serving node with 2", "disagree on --nnodes", ExitUsage},
+		{"np differ", []jobenv.NodeJoin{join("a", 3, 0, -1), join("b", 3, 4, -1), join("c", 3, 6, -1)},
+			"node on c was started with -np 6, another node with -np 4", "started with -np 6", ExitUsage},
+		{"rank claimed twice", []jobenv.NodeJoin{join("a", 2, 0, 0), join("b", 2, 0, 0)},
+			"node rank 0 is taken by another node: " + nodeRankAdvice, "node rank 0 was claimed by two nodes (the second on b)", ExitUsage},
+		{"one node too many", []jobenv.NodeJoin{join("a", 2, 0, -1), join("b", 2, 0, -1), join("c", 2, 0, -1)},
+			"2 nodes have joined the rendezvous at r:1 already (--nnodes 2): is another job using it?", "", 0},
+		{"an elastic node", []jobenv.NodeJoin{join("a", 2, 0, -1), {Hostname: "b", Slots: 1, Flags: "-np 0 --min-np 1", NodeRank: -1}},
+			"node on b was started with elastic flags (-np 0 --min-np 1), the serving node without", "", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			self := tc.joins[0]
+			s := &staticNode{n: &node{opts: &flags.Options{Rendezvous: "r:1", NNodes: self.NNodes, NP: self.NP, NodeRank: self.NodeRank}},
+				claimed: map[int]string{}, failed: make(chan struct{})}
+			var refused string
+			for i, j := range tc.joins {
+				refused = s.admit(j)
+				if refused != "" && i < len(tc.joins)-1 {
+					t.Fatalf("join %d refused: %s", i, refused)
+				}
+			}
+			if !strings.Contains(refused, tc.refused) || (tc.refused == "") != (refused == "") {
+				t.Errorf("refused %q, want %q", refused, tc.refused)
+			}
+			switch {
+			case tc.failure == "" && s.failure != nil:
+				t.Errorf("the job failed: %v", *s.failure)
+			case tc.failure != "" && (s.failure == nil || !strings.Contains(s.failure.why, tc.failure) || s.failure.code != tc.failCode):
+				t.Errorf("failure %+v, want code %d and %q", s.failure, tc.failCode, tc.failure)
+			}
+		})
 	}
 }
