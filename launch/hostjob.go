@@ -145,8 +145,10 @@ type staticRun struct {
 	// onFailure, when set, is told when the first rank to fail stops the others.
 	onFailure func()
 	// end, when set, gets a copy of what the job's end prints (the failure summary, the end
-	// table): the node serving a no-ssh job sends it to every node.
-	end io.Writer
+	// table): the node serving a no-ssh job sends it to every node, and names itself (host) as
+	// where the flight-recorder file is.
+	end  io.Writer
+	host string
 }
 
 // jobStop is why a static job was stopped before its ranks ended (the cause of its context): the
@@ -171,7 +173,7 @@ func runStatic(ctx context.Context, opts *flags.Options, r staticRun, stdout, st
 	report := stderr
 	if r.end != nil {
 		report = io.MultiWriter(stderr, r.end)
-		view.stderr = report
+		view.stderr, view.flightHost = report, r.host
 	}
 	runner := &proc.Runner{
 		Starter:    r.starter,

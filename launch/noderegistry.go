@@ -263,8 +263,12 @@ func (e *nodeRegistry) readNode(nd *jobNode, now time.Time) bool {
 		why := fmt.Sprintf("no heartbeat for %.1f s", silent.Seconds())
 		e.leave(nd, nodeSilent, why)
 		// Alive but cut off or stopped, it learns that it is out when it reads again.
+		prefix := "kolo run: elastic: "
+		if e.static {
+			prefix = "kolo run: "
+		}
 		e.orderLocked(nd, jobenv.NodeOrder{Kind: jobenv.OrderEnd, Code: 1,
-			Reason: fmt.Sprintf("kolo run: the serving node dropped this node (host %s) from the job: %s", nd.host, why)})
+			Reason: fmt.Sprintf("%sthe serving node dropped this node (host %s) from the job: %s", prefix, nd.host, why)})
 		return true
 	}
 	return false

@@ -163,7 +163,7 @@ func (s *staticNode) run(ctx context.Context, set elasticSettings, end *bytes.Bu
 	}()
 	return runStatic(runCtx, o, staticRun{
 		workers: workers, starter: nodeStarter{local: local, nodes: s.nodes},
-		store: relay.Local{S: n.srv.Store}, jobID: n.jobID, onFailure: s.nodes.hurry, end: end,
+		store: relay.Local{S: n.srv.Store}, jobID: n.jobID, onFailure: s.nodes.hurry, end: end, host: s.host,
 	}, n.stdout, n.stderr)
 }
 
