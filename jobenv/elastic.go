@@ -270,10 +270,11 @@ func ElasticTimeoutFrom(env map[string]string) (time.Duration, error) {
 	return DefaultElasticTimeout, nil
 }
 
-// No-ssh elastic mode (kolo run --rendezvous HOST:PORT with elastic flags): every node runs kolo
-// run itself. The node serving the rendezvous runs the planner; every other node is a host that
-// joins the job, starts and stops its own workers when the serving node orders it to, and reports
-// how they ended. Keys (J: the node's number, K: 1, 2, ... in order; every record is text):
+// No-ssh mode (kolo run --rendezvous HOST:PORT): every node runs kolo run itself. The node serving
+// the rendezvous runs the job (an elastic job's planner, or a static job's plan); every other node
+// joins it as a host, starts and stops its own workers when the serving node orders it to, and
+// reports how they ended. A static job is an elastic job whose hosts cannot change: a node leaving
+// or falling silent ends it. Keys (J: the node's number, K: 1, 2, ... in order; every record is text):
 //
 //	elastic/nodes              counter: a joining node takes its number J (1, 2, ...)
 //	elastic/node/J             the node's NodeJoin
@@ -320,15 +321,31 @@ type NodeJoin struct {
 	// Flags are the node's elastic flags in a canonical form: the serving node refuses a node
 	// whose flags differ from its own.
 	Flags string
+
+	// A node of a static job says what the job's plan needs: the serving node refuses a node
+	// that disagrees with it, or claims a node rank another node holds.
+	Static   bool
+	NNodes   int // --nnodes
+	NP       int // -np given on that node; 0 if none
+	NodeRank int // --node-rank; -1 if none
 }
 
-// Encode writes "join SLOTS HOSTNAME ADDR" and the flags on the next line (ADDR "-" when empty).
+// Encode writes "join SLOTS HOSTNAME ADDR" (ADDR "-" when empty), for a static job followed by
+// " static NNODES NP NODERANK" (NODERANK "-" when none), and the flags on the next line.
 func (n NodeJoin) Encode() []byte {
 	addr := n.Addr
 	if addr == "" {
 		addr = "-"
 	}
-	return fmt.Appendf(nil, "join %d %s %s\n%s", n.Slots, n.Hostname, addr, n.Flags)
+	static := ""
+	if n.Static {
+		rank := "-"
+		if n.NodeRank >= 0 {
+			rank = strconv.Itoa(n.NodeRank)
+		}
+		static = fmt.Sprintf(" static %d %d %s", n.NNodes, n.NP, rank)
+	}
+	return fmt.Appendf(nil, "join %d %s %s%s\n%s", n.Slots, n.Hostname, addr, static, n.Flags)
 }
 
 // DecodeNodeJoin reads what NodeJoin.Encode wrote.
@@ -339,7 +356,7 @@ func DecodeNodeJoin(data []byte) (NodeJoin, error) {
 		return n, err
 	}
 	f := strings.Fields(head)
-	if len(f) != 4 || f[0] != "join" || !isWord(f[2]) || !isWord(f[3]) {
+	if (len(f) != 4 && !(len(f) == 8 && f[4] == "static")) || f[0] != "join" || !isWord(f[2]) || !isWord(f[3]) {
 		return n, fmt.Errorf("node registration: bad header %q", head)
 	}
 	if n.Slots, err = strconv.Atoi(f[1]); err != nil || n.Slots < 1 {
@@ -349,24 +366,46 @@ func DecodeNodeJoin(data []byte) (NodeJoin, error) {
 	if f[3] != "-" {
 		n.Addr = f[3]
 	}
+	n.NodeRank = -1
+	if len(f) == 8 {
+		n.Static = true
+		n.NNodes, err = strconv.Atoi(f[5])
+		if err != nil || n.NNodes < 1 {
+			return n, fmt.Errorf("node registration: bad node count %q", f[5])
+		}
+		if n.NP, err = strconv.Atoi(f[6]); err != nil || n.NP < 0 {
+			return n, fmt.Errorf("node registration: bad -np %q", f[6])
+		}
+		if f[7] != "-" {
+			if n.NodeRank, err = strconv.Atoi(f[7]); err != nil || n.NodeRank < 0 {
+				return n, fmt.Errorf("node registration: bad node rank %q", f[7])
+			}
+		}
+	}
 	n.Flags = strings.TrimSpace(rest)
 	return n, nil
 }
 
 // NodeWelcome is the serving node's answer to a node's registration.
 type NodeWelcome struct {
-	Host    string        // the host the node's workers are in rounds: its host name, made unique in the job
+	Host    string        // the host the node's workers are in: its host name, made unique in the job
 	JobID   string        // the job id its workers get (KOLO_JOB_ID)
 	Timeout time.Duration // the elastic timeout its workers get (KOLO_ELASTIC_TIMEOUT)
+	Static  bool          // a static job: its workers get the static contract, and no timeout
 	Refused string        // non-empty: the node is not in the job, and why
 }
 
-// Encode writes "welcome HOST JOBID SECONDS", or "refused" and the reason on the lines after it.
+// Encode writes "welcome HOST JOBID SECONDS" ("static" for SECONDS in a static job), or
+// "refused" and the reason on the lines after it.
 func (w NodeWelcome) Encode() []byte {
 	if w.Refused != "" {
 		return fmt.Appendf(nil, "refused\n%s", w.Refused)
 	}
-	return fmt.Appendf(nil, "welcome %s %s %s\n", w.Host, w.JobID, strconv.FormatFloat(w.Timeout.Seconds(), 'f', -1, 64))
+	timeout := "static"
+	if !w.Static {
+		timeout = strconv.FormatFloat(w.Timeout.Seconds(), 'f', -1, 64)
+	}
+	return fmt.Appendf(nil, "welcome %s %s %s\n", w.Host, w.JobID, timeout)
 }
 
 // DecodeNodeWelcome reads what NodeWelcome.Encode wrote.
@@ -386,6 +425,10 @@ func DecodeNodeWelcome(data []byte) (NodeWelcome, error) {
 	}
 	if len(f) != 4 || f[0] != "welcome" || !isWord(f[1]) || !isWord(f[2]) {
 		return w, fmt.Errorf("node welcome: bad header %q", head)
+	}
+	if f[3] == "static" {
+		w.Host, w.JobID, w.Static = f[1], f[2], true
+		return w, nil
 	}
 	s, err := strconv.ParseFloat(f[3], 64)
 	if err != nil || !(s > 0 && s < 1e9) {
@@ -410,7 +453,8 @@ type NodeOrder struct {
 	Kind   OrderKind
 	Worker int // OrderStart, OrderStop: the worker
 
-	// OrderStart: its slot on the node, the round it is started for and its numbers in that round.
+	// OrderStart: its slot on the node, the round it is started for (0 in a static job, which has
+	// no rounds) and its numbers in that round.
 	Slot, Round                      int
 	Rank, Size, LocalRank, LocalSize int
 	CrossRank, CrossSize             int
@@ -464,7 +508,7 @@ func DecodeNodeOrder(data []byte) (NodeOrder, error) {
 		j := Job{Rank: o.Rank, Size: o.Size, LocalRank: o.LocalRank, LocalSize: o.LocalSize,
 			CrossRank: o.CrossRank, CrossSize: o.CrossSize, Hostname: "-"}
 		switch err := j.checkNumbers(); {
-		case o.Worker < 1 || o.Slot < 0 || o.Round < 1:
+		case o.Worker < 1 || o.Slot < 0 || o.Round < 0:
 			return o, fmt.Errorf("node order: bad worker, slot or round in %q", head)
 		case err != nil:
 			return o, fmt.Errorf("node order %q: %w", head, err)

@@ -111,16 +111,25 @@ func TestElasticTimeoutFrom(t *testing.T) {
 }
 
 func TestNodeRecordsRoundTrip(t *testing.T) {
-	join := NodeJoin{Hostname: "node-a", Slots: 4, Addr: "10.0.0.2", Flags: "-np 4 --min-np 2"}
+	join := NodeJoin{Hostname: "node-a", Slots: 4, Addr: "10.0.0.2", Flags: "-np 4 --min-np 2", NodeRank: -1}
 	if got, err := DecodeNodeJoin(join.Encode()); err != nil || got != join {
 		t.Errorf("join: got %+v, %v; want %+v", got, err, join)
 	}
-	noAddr := NodeJoin{Hostname: "b", Slots: 1}
+	noAddr := NodeJoin{Hostname: "b", Slots: 1, NodeRank: -1}
 	if got, err := DecodeNodeJoin(noAddr.Encode()); err != nil || got != noAddr {
 		t.Errorf("join without address: got %+v, %v", got, err)
 	}
+	for _, static := range []NodeJoin{
+		{Hostname: "c", Slots: 2, Addr: "10.0.0.3", Static: true, NNodes: 3, NP: 6, NodeRank: 2},
+		{Hostname: "d", Slots: 1, Static: true, NNodes: 2, NodeRank: -1},
+	} {
+		if got, err := DecodeNodeJoin(static.Encode()); err != nil || got != static {
+			t.Errorf("static join: got %+v, %v; want %+v", got, err, static)
+		}
+	}
 	for _, w := range []NodeWelcome{
 		{Host: "node-a-node2", JobID: "0123abcd", Timeout: 1500 * time.Millisecond},
+		{Host: "node-b", JobID: "0123abcd", Static: true},
 		{Refused: "node on b was started with --min-np 1, the serving node with --min-np 2\nsecond line"},
 	} {
 		if got, err := DecodeNodeWelcome(w.Encode()); err != nil || got != w {
@@ -129,6 +138,7 @@ func TestNodeRecordsRoundTrip(t *testing.T) {
 	}
 	for _, o := range []NodeOrder{
 		{Kind: OrderStart, Worker: 3, Slot: 1, Round: 2, Rank: 2, Size: 4, LocalRank: 1, LocalSize: 2, CrossRank: 1, CrossSize: 2},
+		{Kind: OrderStart, Worker: 1, Slot: 0, Round: 0, Rank: 1, Size: 2, LocalRank: 0, LocalSize: 1, CrossRank: 1, CrossSize: 2},
 		{Kind: OrderStop, Worker: 3, Signal: 15},
 		{Kind: OrderEnd, Code: 1, Reason: "kolo run: elastic: the job failed: below min-np\nOther workers: a[0]: exited 0"},
 		{Kind: OrderEnd},
@@ -164,6 +174,9 @@ func TestNodeRecordsReject(t *testing.T) {
 		{"join empty", joinErr, "", "empty record"},
 		{"join slots", joinErr, "join 0 a -\n", "bad slot count"},
 		{"join fields", joinErr, "join 1 a\n", "bad header"},
+		{"join static fields", joinErr, "join 1 a - static 2 0\n", "bad header"},
+		{"join node count", joinErr, "join 1 a - static 0 0 -\n", "bad node count"},
+		{"join node rank", joinErr, "join 1 a - static 2 0 x\n", "bad node rank"},
 		{"welcome timeout", welcomeErr, "welcome a j 0\n", "bad timeout"},
 		{"welcome nan", welcomeErr, "welcome a j NaN\n", "bad timeout"},
 		{"welcome header", welcomeErr, "hello a j 1\n", "bad header"},
@@ -171,6 +184,7 @@ func TestNodeRecordsReject(t *testing.T) {
 		{"order empty", orderErr, "\n", "empty header"},
 		{"order rank", orderErr, "start 1 0 1 4 4 0 1 0 1\n", "rank 4 outside"},
 		{"order worker", orderErr, "start 0 0 1 0 1 0 1 0 1\n", "bad worker"},
+		{"order round", orderErr, "start 1 0 -1 0 1 0 1 0 1\n", "bad worker, slot or round"},
 		{"order signal", orderErr, "stop 1 99\n", "bad worker or signal"},
 		{"order code", orderErr, "end 300\n", "bad exit code"},
 		{"exit header", exitErr, "exit 1 0\n", "bad header"},
@@ -195,6 +209,7 @@ func exitErr(b []byte) error    { _, err := DecodeNodeExit(b); return err }
 // record it decodes to the same value.
 func FuzzDecodeNodeJoin(f *testing.F) {
 	f.Add([]byte("join 2 node-a 10.0.0.2\n-np 4"))
+	f.Add([]byte("join 2 node-a - static 3 6 1\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if n, err := DecodeNodeJoin(b); err == nil {
 			if again, err := DecodeNodeJoin(n.Encode()); err != nil || again != n {
@@ -206,11 +221,12 @@ func FuzzDecodeNodeJoin(f *testing.F) {
 
 func FuzzDecodeNodeWelcome(f *testing.F) {
 	f.Add([]byte("welcome a j 1.5\n"))
+	f.Add([]byte("welcome a j static\n"))
 	f.Add([]byte("refused\nwhy"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if w, err := DecodeNodeWelcome(b); err == nil {
 			again, err := DecodeNodeWelcome(w.Encode())
-			if err != nil || again.Host != w.Host || again.JobID != w.JobID || again.Refused != w.Refused {
+			if err != nil || again.Host != w.Host || again.JobID != w.JobID || again.Static != w.Static || again.Refused != w.Refused {
 				t.Fatalf("%q: re-decoded %+v, %v; want %+v", b, again, err, w)
 			}
 		}

@@ -2,13 +2,16 @@
 // drives it to its end, hosting the rendezvous its workers meet at and giving each worker the
 // environment contract of DESIGN.md.
 //
-// The jobs: hostjob.go is a static job started from one machine (ranks local and over ssh);
-// node.go is a static job whose nodes each run kolo run and meet at a rendezvous (no ssh);
-// elasticjob.go is the elastic driver (ranks local, over ssh or as Slurm job steps), and
-// elasticnode.go and elasticagent.go its no-ssh form; nodebeat.go is
-// the one heartbeat both no-ssh forms watch their nodes with. Where ranks go is launch/layout's; what an
-// elastic job does next is launch/elastic's pure planner; starting, supervising and stopping
-// processes (locally, over ssh, with srun) and blaming the failed rank is launch/proc's.
+// The jobs: hostjob.go is a static job started from one machine (ranks local and over ssh), and
+// runStatic the static runner every static job uses; elasticjob.go is the elastic driver (ranks
+// local, over ssh or as Slurm job steps). No-ssh jobs, whose nodes each run kolo run and meet at a
+// rendezvous, have one node protocol (node.go): the serving node keeps a registry of the nodes
+// (noderegistry.go) and runs a static job (staticnode.go: an elastic job whose hosts cannot
+// change) or the elastic driver (elasticnode.go) over them; every other node runs the node agent
+// (nodeagent.go); nodebeat.go is the heartbeat the serving node watches them with. Where ranks go
+// is launch/layout's; what an elastic job does next is launch/elastic's pure planner; starting,
+// supervising and stopping processes (locally, over ssh, with srun) and blaming the failed rank is
+// launch/proc's.
 //
 // This package must not start or signal a rank's process itself (launch/proc does: the one
 // command run here is the host discovery script), and must not know about tensors or the engine.

@@ -53,7 +53,7 @@ type elasticSettings struct {
 	stopGrace       time.Duration     // SIGTERM to SIGKILL when stopping a worker; 3 s
 	streamWait      time.Duration     // how long the end waits for the workers' output to end; 5 s
 
-	// No-ssh mode (elasticnode.go, elasticagent.go).
+	// No-ssh mode (node.go), static or elastic.
 	beat        time.Duration   // a joined node's heartbeat interval; beatInterval
 	nodeSilence time.Duration   // a node silent this long has left the job (and the serving node, for it); nodeSilence
 	vanish      <-chan struct{} // tests: a joined node closed it stops dead, as if killed, telling nobody
@@ -187,7 +187,7 @@ func newElasticJob(opts *flags.Options, set elasticSettings, planner *elastic.Pl
 
 // hostSource feeds the event loop the hosts available, each listing as it comes, until ctx
 // ends: the --host-discovery-script (discover), the fixed -H hosts, or in no-ssh mode the nodes
-// that have joined (elasticNodes.watch). It must not block on anything the loop waits for.
+// that have joined (nodeRegistry.listings). It must not block on anything the loop waits for.
 type hostSource func(ctx context.Context, out chan<- discovery)
 
 // fixedHosts lists hosts once.
@@ -597,21 +597,16 @@ func elasticWorkerEnv(s layout.Slot, slot, round int, timeout time.Duration, rv,
 
 // watch starts the goroutines of a started worker: its two output pumps and its waiter.
 func (j *elasticJob) watch(p *elasticProc) {
-	watchPlace(p, j.out, j.errw, j.opts, &j.wg, func(e proc.Exit) {
+	watchPlace(p, p.place.String(), p.place.String(), j.out, j.errw, j.opts, &j.wg, func(e proc.Exit) {
 		j.exits <- elasticExit{p, e} // the loop drains exits until every worker has ended
 	})
 }
 
-// remoteOutput is a Process whose output is printed where it runs, not here (a worker another
-// node of a no-ssh elastic job started): the last lines of its stderr come with its exit.
-type remoteOutput interface {
-	StderrTail() []string
-}
-
-// watchPlace starts the goroutines of a started worker: its two output pumps, prefixed with its
-// place, and its waiter, which calls exited with its end once the process has ended.
-func watchPlace(p *elasticProc, out, errw *proc.LineWriter, opts *flags.Options, wg *sync.WaitGroup, exited func(proc.Exit)) {
-	if r, ok := p.proc.(remoteOutput); ok {
+// watchPlace starts the goroutines of a started worker: its two output pumps, prefixed with label
+// (its place; a static job's worker's rank) and written to dir in --output-filename, and its
+// waiter, which calls exited with its end once the process has ended.
+func watchPlace(p *elasticProc, label, dir string, out, errw *proc.LineWriter, opts *flags.Options, wg *sync.WaitGroup, exited func(proc.Exit)) {
+	if r, ok := p.proc.(proc.RemoteOutput); ok {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -624,12 +619,12 @@ func watchPlace(p *elasticProc, out, errw *proc.LineWriter, opts *flags.Options,
 		}()
 		return
 	}
-	files := placeFiles(opts.OutputDir, p.place)
+	files := placeFiles(opts.OutputDir, dir)
 	prefix := func(stream string) string {
 		if opts.PlainOutput {
 			return ""
 		}
-		return fmt.Sprintf("[%s]<%s>:", p.place, stream)
+		return fmt.Sprintf("[%s]<%s>:", label, stream)
 	}
 	p.open.Store(2)
 	streamDone := func() {
@@ -654,22 +649,22 @@ func watchPlace(p *elasticProc, out, errw *proc.LineWriter, opts *flags.Options,
 	}()
 }
 
-// placeFiles opens DIR/host[slot]/{stdout,stderr} of --output-filename for appending: a place may
-// run several workers in turn.
-func placeFiles(outputDir string, w elastic.Worker) [2]io.Writer {
+// placeFiles opens DIR/worker/{stdout,stderr} of --output-filename (worker: host[slot], or a
+// static job's rank.N) for appending: a place may run several workers in turn.
+func placeFiles(outputDir, worker string) [2]io.Writer {
 	var files [2]io.Writer
 	if outputDir == "" {
 		return files
 	}
-	dir := filepath.Join(outputDir, w.String())
+	dir := filepath.Join(outputDir, worker)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		slog.Warn("cannot write per-worker output", "worker", w.String(), "err", err)
+		slog.Warn("cannot write per-worker output", "worker", worker, "err", err)
 		return files
 	}
 	for i, name := range []string{"stdout", "stderr"} {
 		f, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
-			slog.Warn("cannot write per-worker output", "worker", w.String(), "err", err)
+			slog.Warn("cannot write per-worker output", "worker", worker, "err", err)
 			continue
 		}
 		files[i] = f // pump closes it at the end of the stream

@@ -97,7 +97,11 @@ type fakeElasticStarter struct {
 
 func (f *fakeElasticStarter) Start(_ context.Context, w proc.Worker) (proc.Process, error) {
 	env := jobenv.FromEnviron(w.Env)
-	p := &fakeWorker{place: env[jobenv.ElasticHost] + "[" + env[jobenv.ElasticSlot] + "]", env: env, exitc: make(chan proc.Exit, 1)}
+	place := env[jobenv.ElasticHost] + "[" + env[jobenv.ElasticSlot] + "]"
+	if env[jobenv.Elastic] != "1" {
+		place = "rank." + env[jobenv.Rank] // a static job's worker
+	}
+	p := &fakeWorker{place: place, env: env, exitc: make(chan proc.Exit, 1)}
 	p.outR, p.outW = io.Pipe()
 	p.errR, p.errW = io.Pipe()
 	f.mu.Lock()

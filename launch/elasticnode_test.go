@@ -16,7 +16,7 @@ import (
 	"github.com/kolo-dl/kolo/rendezvous"
 )
 
-// elasticNodeHarness runs several no-ssh elastic nodes (runElasticNode) in this process, every
+// elasticNodeHarness runs several no-ssh elastic nodes (runNode) in this process, every
 // worker a fakeWorker of one shared starter. Node 0 is started first and serves the rendezvous;
 // every node is this machine, so the hosts are HOSTNAME, HOSTNAME-node2, ...
 type elasticNodeHarness struct {
@@ -113,7 +113,7 @@ func (h *elasticNodeHarness) add(extra ...string) int {
 	h.nodes = append(h.nodes, n)
 	go func() {
 		defer close(n.done)
-		n.code, n.err = runElasticNode(ctx, opts, set, &n.stdout, &n.stderr)
+		n.code, n.err = runNode(ctx, opts, set, &n.stdout, &n.stderr)
 	}()
 	return len(h.nodes) - 1
 }
@@ -446,7 +446,7 @@ func TestElasticNodeAgentFollowsOrdersUntilTheServingNodeGoes(t *testing.T) {
 	var code int
 	go func() {
 		defer close(done)
-		code, err = runElasticNode(context.Background(), opts, set, io.Discard, &stderr)
+		code, err = runNode(context.Background(), opts, set, io.Discard, &stderr)
 	}()
 	get := func(key string) []byte {
 		t.Helper()

@@ -128,38 +128,103 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 		rv := rvAddr[advertise[s.Host]]
 		workers[i] = proc.Worker{Slot: s, Argv: opts.Command, Env: WorkerEnv(s, rv, jobID, secret, extra, opts.Env)}
 	}
-	view, rankOut, rankErr, err := startLive(ctx, opts, relay.Local{S: srv.Store}, jobID, len(slots), true, stdout, stderr)
+	guard := startGuard(opts.AfterOrphans)
+	defer guard.Close()
+	return runStatic(ctx, opts, staticRun{
+		workers: workers, store: relay.Local{S: srv.Store}, jobID: jobID,
+		starter: proc.HostStarter{Local: proc.LocalStarter{Guard: guard, Bind: bind}, Remote: ssh},
+	}, stdout, stderr)
+}
+
+// staticRun is a static job's ranks, every one started once, and what runStatic needs to run them.
+type staticRun struct {
+	workers []proc.Worker
+	starter proc.Starter
+	store   relay.Store // where the ranks' reports arrive: the rendezvous this launcher serves
+	jobID   string
+	// onFailure, when set, is told when the first rank to fail stops the others.
+	onFailure func()
+	// end, when set, gets a copy of what the job's end prints (the failure summary, the end
+	// table): the node serving a no-ssh job sends it to every node, and names itself (host) as
+	// where the flight-recorder file is.
+	end  io.Writer
+	host string
+}
+
+// jobStop is why a static job was stopped before its ranks ended (the cause of its context): the
+// exit code, and what to say.
+type jobStop struct {
+	code int
+	why  string
+}
+
+func (s jobStop) Error() string { return s.why }
+
+// runStatic runs the ranks of a static job (RunHosts, and the node serving a no-ssh job): the
+// first to fail stops the others, and so does ctx ending. It prints the summary of the rank the
+// failure traces back to and returns the job's exit code and an error to print, if any: ctx's
+// cause when it is a jobStop, else, when ctx ended, that the job was interrupted.
+func runStatic(ctx context.Context, opts *flags.Options, r staticRun, stdout, stderr io.Writer) (int, error) {
+	size := len(r.workers)
+	view, rankOut, rankErr, err := startLive(ctx, opts, r.store, r.jobID, size, true, stdout, stderr)
 	if err != nil {
 		return ExitUsage, err
 	}
-	guard := startGuard(opts.AfterOrphans)
-	defer guard.Close()
+	report := stderr
+	if r.end != nil {
+		report = io.MultiWriter(stderr, r.end)
+		view.stderr, view.flightHost = report, r.host
+	}
 	runner := &proc.Runner{
-		Starter:    proc.HostStarter{Local: proc.LocalStarter{Guard: guard, Bind: bind}, Remote: ssh},
+		Starter:    r.starter,
 		Stdout:     rankOut,
 		Stderr:     rankErr,
 		OutputDir:  opts.OutputDir,
 		Timestamps: opts.Timestamps,
 		Plain:      opts.PlainOutput,
 	}
-	results, first := runner.Run(ctx, workers)
-	view.stop()
-	if first != nil && ctx.Err() != nil && errors.Is(first.Exit.Err, ctx.Err()) {
-		first = nil // a rank that was still waiting to start when Ctrl-C came did not fail
+	if r.onFailure != nil {
+		runner.OnFailure = func(proc.Result) { r.onFailure() }
 	}
-	if first != nil {
-		records := view.failures(len(slots))
+	results, _ := runner.Run(ctx, r.workers)
+	view.stop()
+	var stop jobStop
+	if ctx.Err() != nil && !errors.As(context.Cause(ctx), &stop) {
+		stop = jobStop{code: ExitInterrupted, why: "interrupted: stopped every rank"}
+	}
+	if first := firstFailure(ctx, results); first != nil {
+		records := view.failures(size)
 		code := failureCode(first)
 		first = proc.Blame(results, first, records)
-		fmt.Fprint(stderr, proc.Summary(results, first, records))
+		fmt.Fprint(report, proc.Summary(results, first, records))
 		view.end(fmt.Sprintf("rank %d on %s: %s", first.Slot.Rank, first.Slot.Host, first.Exit), opts.OutputDir)
+		if stop.code != 0 && stop.code != ExitInterrupted {
+			return failureCode(first, code), stop // what else went wrong: a node lost
+		}
 		return failureCode(first, code), nil
 	}
 	view.end("", "")
-	if ctx.Err() != nil {
-		return ExitInterrupted, errors.New("interrupted: stopped every rank")
+	if stop.code != 0 {
+		return stop.code, stop
 	}
 	return 0, nil
+}
+
+// firstFailure is the first rank to fail on its own: the earliest end among the ranks that
+// failed and were not stopped. A rank that was still waiting to start when ctx ended, or whose
+// node left the job, did not fail.
+func firstFailure(ctx context.Context, results []proc.Result) *proc.Result {
+	var first *proc.Result
+	for i := range results {
+		r := &results[i]
+		switch {
+		case !r.Exit.Failed() || r.Stopped || errors.Is(r.Exit.Err, errNodeLeft):
+		case ctx.Err() != nil && errors.Is(r.Exit.Err, ctx.Err()):
+		case first == nil || r.Ended.Before(first.Ended):
+			first = r
+		}
+	}
+	return first
 }
 
 // failureCode is the exit code of a job whose failure traces back to cause: cause's own, or, when

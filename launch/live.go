@@ -54,6 +54,9 @@ type live struct {
 	// flightFile: end writes the flight-recorder file (every launcher but the no-ssh nodes that
 	// do not serve the rendezvous).
 	flightFile bool
+	// flightHost, when set, is named where the file is written: the end is printed on other
+	// machines too (a no-ssh job's nodes).
+	flightHost string
 	stderr     io.Writer // the launcher's own (not the console's writer): for the end texts
 
 	cancel context.CancelFunc
@@ -237,6 +240,9 @@ func (l *live) end(failure, dir string) {
 		if err := writeFlightFile(name, s.FlightFile(now, failure, flights)); err != nil {
 			fmt.Fprintf(l.stderr, "kolo run: flight recorder not written: %v\n", err)
 			return
+		}
+		if l.flightHost != "" {
+			name += " on " + l.flightHost
 		}
 		fmt.Fprintf(l.stderr, "kolo run: every rank's last ops (flight recorder) written to %s\n", name)
 	})

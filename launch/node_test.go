@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"regexp"
@@ -12,9 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/launch/layout"
-	"github.com/kolo-dl/kolo/observe/report"
+	"github.com/kolo-dl/kolo/launch/proc"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
 
@@ -36,17 +38,26 @@ type nodeRun struct {
 	elapsed        time.Duration
 }
 
+// output is what the node's kolo run shows: its stderr, then the error it ends with.
+func (r *nodeRun) output() string {
+	if r.err == nil {
+		return r.stderr.String()
+	}
+	return r.stderr.String() + "kolo run: " + r.err.Error() + "\n"
+}
+
 // runNodes runs `kolo run --rendezvous` for each of n nodes in this process (all on loopback, so
-// they share a host name and are told apart as NAME-nodeI) and returns how each ended.
+// they share a host name and are told apart as NAME, NAME-node2, ...) and returns how each ended.
+// Node 0 is started first and serves the rendezvous; the others join it.
 func runNodes(t *testing.T, ctxs []context.Context, mod func(i int, o *flags.Options), script string) []*nodeRun {
 	t.Helper()
 	t.Setenv("KOLO_SECRET", "642516251c1d4f9ecedbf40ccf0e4477")
-	port := freePort(t)
+	addr := "127.0.0.1:" + freePort(t)
 	runs := make([]*nodeRun, len(ctxs))
 	var wg sync.WaitGroup
 	for i := range ctxs {
 		runs[i] = &nodeRun{}
-		o := &flags.Options{Rendezvous: "127.0.0.1:" + port, NNodes: len(ctxs), NodeRank: -1, StartTimeout: 10 * time.Second,
+		o := &flags.Options{Rendezvous: addr, NNodes: len(ctxs), NodeRank: -1, StartTimeout: 10 * time.Second,
 			Command: []string{"/bin/sh", "-c", script}, EngineEnv: map[string]string{}}
 		if mod != nil {
 			mod(i, o)
@@ -58,9 +69,27 @@ func runNodes(t *testing.T, ctxs []context.Context, mod func(i int, o *flags.Opt
 			runs[i].code, runs[i].err = RunNode(ctxs[i], o, &runs[i].stdout, &runs[i].stderr)
 			runs[i].elapsed = time.Since(start)
 		}()
+		if i == 0 {
+			waitServed(t, addr)
+		}
 	}
 	wg.Wait()
 	return runs
+}
+
+// waitServed waits until the rendezvous at addr answers (runNodes' secret).
+func waitServed(t *testing.T, addr string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		c, err := rendezvous.Dial(ctx, addr, []byte("642516251c1d4f9ecedbf40ccf0e4477"))
+		cancel()
+		if err == nil {
+			c.Close()
+			return
+		}
+	}
+	t.Fatalf("nothing serves the rendezvous at %s", addr)
 }
 
 func background(n int) []context.Context {
@@ -111,6 +140,9 @@ func TestRunNodeFailureStopsEveryNode(t *testing.T) {
 			!strings.Contains(r.stderr.String(), "    rank 3 breaks") {
 			t.Errorf("node %d's summary does not show rank 3's failure:\n%s", i, r.stderr.String())
 		}
+		if strings.Count(r.stderr.String(), "(the first rank to fail)") != 1 {
+			t.Errorf("node %d prints the summary %d times:\n%s", i, strings.Count(r.stderr.String(), "(the first rank to fail)"), r.stderr.String())
+		}
 		if r.elapsed > 6*time.Second {
 			t.Errorf("node %d took %s", i, r.elapsed)
 		}
@@ -122,17 +154,36 @@ func TestRunNodeFailureStopsEveryNode(t *testing.T) {
 	pidsGone(t, pids)
 }
 
+// Ctrl-C on one node (the serving one, or one that joined) stops every node's ranks; every node
+// exits with 130, the others naming the node interrupted.
 func TestRunNodeInterruptStopsEveryNode(t *testing.T) {
-	ctxs := background(2)
-	ctx, cancel := context.WithCancel(context.Background())
-	ctxs[1] = ctx
-	time.AfterFunc(time.Second, cancel)
-	runs := runNodes(t, ctxs, func(i int, o *flags.Options) { o.NprocPerNode = 1 }, `sleep 30 & echo child=$!; wait`)
-	for i, r := range runs {
-		if r.code != ExitInterrupted || r.err == nil || !strings.Contains(r.err.Error(), "interrupted on node") {
-			t.Errorf("node %d: code %d, %v; want %d and who was interrupted", i, r.code, r.err, ExitInterrupted)
-		}
-		pidsGone(t, childPids(r.stdout.String()))
+	for _, tc := range []struct {
+		name        string
+		interrupted int
+	}{{"serving node", 0}, {"joined node", 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctxs := background(3)
+			ctx, cancel := context.WithCancel(context.Background())
+			ctxs[tc.interrupted] = ctx
+			time.AfterFunc(time.Second, cancel)
+			runs := runNodes(t, ctxs, func(i int, o *flags.Options) { o.NprocPerNode = 1; o.NodeRank = i }, `sleep 30 & echo child=$!; wait`)
+			for i, r := range runs {
+				want := fmt.Sprintf("interrupted on node %d (", tc.interrupted)
+				if i == tc.interrupted {
+					want = "interrupted"
+				}
+				if r.code != ExitInterrupted || !strings.Contains(r.output(), want) {
+					t.Errorf("node %d: code %d, output:\n%s\nwant %d and %q", i, r.code, r.output(), ExitInterrupted, want)
+				}
+				if r.elapsed > 8*time.Second {
+					t.Errorf("node %d took %s", i, r.elapsed)
+				}
+				if len(childPids(r.stdout.String())) != 1 {
+					t.Errorf("node %d: want its rank's child pid, got %q", i, r.stdout.String())
+				}
+				pidsGone(t, childPids(r.stdout.String()))
+			}
+		})
 	}
 }
 
@@ -143,8 +194,8 @@ func TestRunNodeMissingNode(t *testing.T) {
 		o.StartTimeout = 1500 * time.Millisecond
 	}, `true`)
 	for i, r := range runs {
-		if r.code == 0 || r.err == nil || !strings.Contains(r.err.Error(), "for 3 nodes: 2 arrived") || !strings.Contains(r.err.Error(), "no sign of node 2") {
-			t.Errorf("node %d: code %d, %v", i, r.code, r.err)
+		if r.code == 0 || !strings.Contains(r.output(), "for 3 nodes: 2 arrived") || !strings.Contains(r.output(), "no sign of node 2") {
+			t.Errorf("node %d: code %d, output:\n%s", i, r.code, r.output())
 		}
 		if r.elapsed > 5*time.Second {
 			t.Errorf("node %d gave up after %s", i, r.elapsed)
@@ -155,8 +206,8 @@ func TestRunNodeMissingNode(t *testing.T) {
 func TestRunNodeDisagreement(t *testing.T) {
 	runs := runNodes(t, background(2), func(i int, o *flags.Options) { o.NP = 2 + 2*i }, `true`)
 	for i, r := range runs {
-		if r.code == 0 || r.err == nil || !strings.Contains(r.err.Error(), "started with -np") {
-			t.Errorf("node %d: code %d, %v: want an error naming the -np that differ", i, r.code, r.err)
+		if r.code != ExitUsage || !strings.Contains(r.output(), "started with -np") {
+			t.Errorf("node %d: code %d, output:\n%s\nwant an error naming the -np that differ", i, r.code, r.output())
 		}
 	}
 }
@@ -184,69 +235,53 @@ func TestRunNodeWrongSecret(t *testing.T) {
 	}
 }
 
-func TestOutcome(t *testing.T) {
-	at := func(ms int) int64 { return time.Unix(100, int64(ms)*1e6).UnixNano() }
-	slot := func(r int) layout.Slot { return layout.Slot{Rank: r, Host: fmt.Sprintf("h%d", r/2)} }
-	names := []string{"h0", "h1"}
-	tests := []struct {
-		name      string
-		dones     []*doneRecord
-		stop      *stopRecord
-		records   map[int]report.Failure
-		wantCode  int
-		wantFirst int // -1: none
-		wantNote  string
-	}{
-		{"all succeed", []*doneRecord{
-			{Ranks: []rankRecord{{Slot: slot(0)}, {Slot: slot(1)}}}, {Ranks: []rankRecord{{Slot: slot(2)}, {Slot: slot(3)}}},
-		}, nil, nil, 0, -1, ""},
-		{"earliest failure wins across nodes", []*doneRecord{
-			{Ranks: []rankRecord{{Slot: slot(0), Code: 1, Ended: at(30)}, {Slot: slot(1), Code: -1, Signal: 15, Stopped: true, Ended: at(40)}}},
-			{Ranks: []rankRecord{{Slot: slot(2), Code: 7, Ended: at(10)}, {Slot: slot(3)}}},
-		}, &stopRecord{Reason: stopFailed, Node: 0}, nil, 7, 2, ""},
-		{"a record on another node traces the failure to a stuck rank", []*doneRecord{
-			{Ranks: []rankRecord{{Slot: slot(0), Code: 1, Ended: at(10)}, {Slot: slot(1), Code: -1, Signal: 9, Stopped: true, Ended: at(40)}}},
-			{Ranks: []rankRecord{{Slot: slot(2), Code: 1, Ended: at(12)}, {Slot: slot(3), Code: 1, Ended: at(13)}}},
-		}, &stopRecord{Reason: stopFailed, Node: 0}, map[int]report.Failure{
-			0: {Rank: 0, Kind: report.KindStalled, Blames: 1}, 2: {Rank: 2, Kind: report.KindStalled, Blames: 1},
-		}, 137, 1, ""},
-		{"a rank that ended early: the code is the first failure's", []*doneRecord{
-			{Ranks: []rankRecord{{Slot: slot(0), Code: 3, Ended: at(10)}, {Slot: slot(1), Ended: at(40)}}}, {},
-		}, &stopRecord{Reason: stopFailed, Node: 0}, map[int]report.Failure{0: {Rank: 0, Kind: report.KindEnded, Blames: 1}}, 3, 1, ""},
-		{"signal", []*doneRecord{
-			{Ranks: []rankRecord{{Slot: slot(0), Code: -1, Signal: 9, Ended: at(1)}}}, {},
-		}, nil, nil, 137, 0, ""},
-		{"interrupted", []*doneRecord{
-			{Ranks: []rankRecord{{Slot: slot(0), Code: -1, Signal: 15, Stopped: true}}}, {},
-		}, &stopRecord{Reason: stopInterrupted, Node: 1, Host: "h1"}, nil, ExitInterrupted, -1, "interrupted on node 1 (h1)"},
-		{"lost node", []*doneRecord{
-			{Ranks: []rankRecord{{Slot: slot(0), Code: -1, Signal: 15, Stopped: true}}}, {Lost: "node 1 on h1 stopped answering"},
-		}, &stopRecord{Reason: stopLost, Node: 1}, nil, 1, -1, "node 1 on h1 stopped answering"},
-		{"silent node whose rank failed", []*doneRecord{
-			{Ranks: []rankRecord{{Slot: slot(0), Code: -1, Signal: 15, Stopped: true}}}, nil,
-		}, &stopRecord{Reason: stopFailed, Node: 1, Rank: &rankRecord{Slot: slot(2), Code: 3, Ended: at(5), Tail: []string{"boom"}}}, nil, 3, 2, "no report from node 1 (h1)"},
+// The first rank to fail is the earliest to end among those that failed on their own: not one
+// the job stopped, nor one whose node left, nor one Ctrl-C came before it started.
+func TestFirstFailure(t *testing.T) {
+	at := func(ms int) time.Time { return time.Unix(100, int64(ms)*1e6) }
+	res := func(rank, code int, ms int, stopped bool, err error) proc.Result {
+		return proc.Result{Slot: layout.Slot{Rank: rank}, Exit: proc.Exit{Code: code, Err: err}, Ended: at(ms), Stopped: stopped}
 	}
-	for _, tc := range tests {
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	left := fmt.Errorf("%w (node 1, host h1: it left)", errNodeLeft)
+	for _, tc := range []struct {
+		name    string
+		ctx     context.Context
+		results []proc.Result
+		want    int // -1: none
+	}{
+		{"all succeed", context.Background(), []proc.Result{res(0, 0, 5, false, nil), res(1, 0, 6, false, nil)}, -1},
+		{"earliest failure wins", context.Background(), []proc.Result{res(0, 1, 30, false, nil), res(1, 7, 10, false, nil), res(2, 3, 20, false, nil)}, 1},
+		{"stopped ranks did not fail", context.Background(), []proc.Result{res(0, -1, 5, true, nil), res(1, 7, 10, false, nil)}, 1},
+		{"a rank whose node left did not fail", context.Background(), []proc.Result{res(0, -1, 5, false, left), res(1, 3, 10, false, nil)}, 1},
+		{"only a node left", context.Background(), []proc.Result{res(0, -1, 5, false, left), res(1, -1, 6, true, nil)}, -1},
+		{"not started before Ctrl-C", cancelled, []proc.Result{res(0, -1, 5, false, fmt.Errorf("start rank 0: %w", context.Canceled))}, -1},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
-			results, first, code, note := outcome(tc.dones, tc.stop, names, tc.records)
-			if code != tc.wantCode {
-				t.Errorf("code %d, want %d", code, tc.wantCode)
-			}
+			first := firstFailure(tc.ctx, tc.results)
 			switch {
-			case tc.wantFirst < 0 && first != nil:
+			case tc.want < 0 && first != nil:
 				t.Errorf("first = rank %d, want none", first.Slot.Rank)
-			case tc.wantFirst >= 0 && (first == nil || first.Slot.Rank != tc.wantFirst):
-				t.Errorf("first = %+v, want rank %d", first, tc.wantFirst)
-			}
-			if !strings.Contains(note, tc.wantNote) || (tc.wantNote == "" && note != "") {
-				t.Errorf("note %q, want %q", note, tc.wantNote)
-			}
-			for i := 1; i < len(results); i++ {
-				if results[i].Slot.Rank < results[i-1].Slot.Rank {
-					t.Errorf("results not in rank order")
-				}
+			case tc.want >= 0 && (first == nil || first.Slot.Rank != tc.want):
+				t.Errorf("first = %+v, want rank %d", first, tc.want)
 			}
 		})
+	}
+}
+
+func TestNodeRanks(t *testing.T) {
+	for _, tc := range []struct {
+		claims, want []int
+	}{
+		{[]int{-1, -1, -1}, []int{0, 1, 2}},
+		{[]int{2, 0, 1}, []int{2, 0, 1}},
+		{[]int{1, -1, -1}, []int{1, 0, 2}},
+		{[]int{-1, 0, -1}, []int{1, 0, 2}},
+	} {
+		if got := nodeRanks(tc.claims); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("nodeRanks(%v) = %v, want %v", tc.claims, got, tc.want)
+		}
 	}
 }
 
@@ -283,128 +318,7 @@ func shortNodeTimings(t *testing.T) {
 	t.Cleanup(func() { beatInterval, nodeSilence, stoppingSilence = oldBeat, oldSilence, oldStopping })
 }
 
-// servingNode is node 0 of nnodes, serving a rendezvous on loopback, as it is once the nodes have
-// met; the other nodes are only names.
-func servingNode(t *testing.T, nnodes int) *node {
-	t.Helper()
-	secret := []byte("watch-test-secret")
-	srv := rendezvous.NewServer(secret)
-	addr, err := srv.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	rv, err := rendezvous.Dial(ctx, addr.String(), secret)
-	if err != nil {
-		srv.Close()
-		t.Fatal(err)
-	}
-	n := &node{opts: &flags.Options{Rendezvous: addr.String(), NNodes: nnodes}, secret: secret, srv: srv, rv: rv,
-		infos: make([]nodeInfo, nnodes), stopped: make(chan struct{}), lost: make(chan struct{})}
-	for i := range nnodes {
-		n.infos[i] = nodeInfo{Index: i, Hostname: fmt.Sprintf("host%d", i), Slots: 1, NNodes: nnodes}
-		n.names = append(n.names, n.infos[i].Hostname)
-	}
-	t.Cleanup(n.close)
-	return n
-}
-
-// watch runs n.watchNodes on st until the returned stop is called.
-func watch(n *node, st servedStore) (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); n.watchNodes(ctx, st) }()
-	return func() { cancel(); <-done }
-}
-
-// The serving node declares a node that stops beating lost, in its place, and stops the job; a
-// node that keeps beating is left alone.
-func TestWatchNodesDeclaresSilentNodeLost(t *testing.T) {
-	shortNodeTimings(t)
-	n := servingNode(t, 3)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	beating, stopBeating := context.WithCancel(ctx)
-	beaten := make(chan struct{})
-	defer func() { stopBeating(); <-beaten }()
-	go func(interval time.Duration) { // node 2 beats; node 1 is silent
-		defer close(beaten)
-		for beating.Err() == nil {
-			n.srv.Add(keyBeat(2), 1)
-			time.Sleep(interval)
-		}
-	}(beatInterval)
-	start := time.Now()
-	stop := watch(n, n.srv)
-	defer stop()
-	v, err := n.rv.Get(ctx, keyStop)
-	if err != nil {
-		t.Fatalf("no stop record: %v", err)
-	}
-	if waited := time.Since(start); waited < nodeSilence {
-		t.Errorf("node 1 declared lost after %s, before %s of silence", waited, nodeSilence)
-	}
-	var rec stopRecord
-	if err := json.Unmarshal(v, &rec); err != nil || rec.Reason != stopLost || rec.Node != 1 || rec.Host != "host1" ||
-		!strings.Contains(rec.Detail, "node 1 on host1 stopped answering") {
-		t.Errorf("stop record %s (%v), want node 1 lost", v, err)
-	}
-	v, ok, _ := n.srv.TryGet(keyDone(1))
-	var done doneRecord
-	if !ok || json.Unmarshal(v, &done) != nil || done.Node != 1 || !strings.Contains(done.Lost, "stopped answering") {
-		t.Errorf("node 1's done record %q, want one saying it was lost", v)
-	}
-	time.Sleep(2 * nodeSilence) // node 2, beating, stays in the job
-	if v, ok, _ := n.srv.TryGet(keyDone(2)); ok {
-		t.Errorf("node 2 kept beating but was declared lost: %s", v)
-	}
-}
-
-// staleDoneStore is a served store on which node 1's report lands just after the serving node has
-// looked for it (its TryGet of launch/done/1 answers from before the report): the moment the
-// serving node is about to declare node 1 lost.
-type staleDoneStore struct {
-	*rendezvous.Store
-	report   []byte
-	once     sync.Once
-	reported chan bool // node 1's SetIfAbsent: did its report stand?
-}
-
-func (s *staleDoneStore) TryGet(key string) ([]byte, bool, error) {
-	if key != keyDone(1) {
-		return s.Store.TryGet(key)
-	}
-	s.once.Do(func() {
-		stored, _ := s.Store.SetIfAbsent(key, s.report)
-		s.reported <- stored
-	})
-	return nil, false, nil
-}
-
-// A node that reports just as the serving node declares it lost: one record stands, the one every
-// node reads, and the job is stopped only if it is the lost one. (Writing the lost record over the
-// report made nodes disagree on how the job ended.)
-func TestWatchNodesKeepsReportRacingLostNode(t *testing.T) {
-	shortNodeTimings(t)
-	n := servingNode(t, 2)
-	report, _ := json.Marshal(doneRecord{Node: 1, Host: "host1", Ranks: []rankRecord{{Slot: layout.Slot{Rank: 1, Host: "host1"}}}})
-	st := &staleDoneStore{Store: n.srv.Store, report: report, reported: make(chan bool, 1)}
-	stop := watch(n, st)
-	if !<-st.reported {
-		t.Fatal("node 1's report did not stand, though nothing was written before it")
-	}
-	time.Sleep(3 * nodeSilence) // node 1 is silent: the serving node tries to declare it lost
-	stop()
-	if v, _, _ := n.srv.TryGet(keyDone(1)); string(v) != string(report) {
-		t.Errorf("node 1's report was replaced by %s", v)
-	}
-	if v, ok, _ := n.srv.TryGet(keyStop); ok {
-		t.Errorf("the job was stopped for a node whose report stands: %s", v)
-	}
-}
-
-// A node that registers and then falls silent (its machine died) ends the job on the others: their
+// A node that joins and then falls silent (its machine died) ends the job on the others: their
 // ranks are stopped, and they exit saying which node was lost.
 func TestRunNodeLostNode(t *testing.T) {
 	shortNodeTimings(t)
@@ -420,7 +334,8 @@ func TestRunNodeLostNode(t *testing.T) {
 		run.code, run.err = RunNode(context.Background(), o, &run.stdout, &run.stderr)
 		run.elapsed = time.Since(start)
 	}()
-	// The ghost: registers as node 1 and never beats.
+	waitServed(t, addr)
+	// The ghost: joins as node rank 1 and never beats.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	ghost, err := rendezvous.Dial(ctx, addr, []byte("642516251c1d4f9ecedbf40ccf0e4477"))
@@ -428,11 +343,20 @@ func TestRunNodeLostNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ghost.Close()
-	info, _ := json.Marshal(nodeInfo{Index: 1, Hostname: "ghost", Slots: 1, NNodes: 2})
-	if _, err := ghost.Add(ctx, keyClaim(1), 1); err != nil {
+	num, err := ghost.Add(ctx, jobenv.NodesKey, 1)
+	if err != nil {
 		t.Fatal(err)
 	}
-	go ghost.Gather(ctx, keyNodes, 2, 1, info) // registers, as a node does; answered once node 0 has
+	join := jobenv.NodeJoin{Hostname: "ghost", Slots: 1, Static: true, NNodes: 2, NodeRank: 1}
+	if err := ghost.Set(ctx, jobenv.NodeKey(int(num)), join.Encode()); err != nil {
+		t.Fatal(err)
+	}
+	// It is ordered to start its rank, as a node is.
+	if v, err := ghost.Get(ctx, jobenv.NodeOrderKey(int(num), 1)); err != nil {
+		t.Fatal(err)
+	} else if o, err := jobenv.DecodeNodeOrder(v); err != nil || o.Kind != jobenv.OrderStart || o.Rank != 1 || o.Round != 0 {
+		t.Errorf("the ghost's first order: %+v, %v; want to start rank 1", o, err)
+	}
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
@@ -441,11 +365,25 @@ func TestRunNodeLostNode(t *testing.T) {
 	if run.code != 1 || run.err == nil || !strings.Contains(run.err.Error(), "node 1 on ghost stopped answering the rendezvous") {
 		t.Errorf("node 0: code %d, %v; want 1 and node 1 lost\n%s", run.code, run.err, run.stderr.String())
 	}
+	if strings.Contains(run.stderr.String(), "(the first rank to fail)") {
+		t.Errorf("the lost node's rank is blamed as a failure:\n%s", run.stderr.String())
+	}
 	pids := childPids(run.stdout.String())
 	if len(pids) != 1 {
 		t.Errorf("want node 0's rank to have started its child, got %v\n%s", pids, run.stdout.String())
 	}
 	pidsGone(t, pids)
+}
+
+// Nodes that keep beating stay in the job however long it runs: only silence loses a node.
+func TestRunNodeBeatingNodesStay(t *testing.T) {
+	shortNodeTimings(t)
+	runs := runNodes(t, background(2), func(i int, o *flags.Options) { o.NprocPerNode = 1 }, `sleep 1`)
+	for i, r := range runs {
+		if r.code != 0 || r.err != nil {
+			t.Errorf("node %d: code %d, %v (nodes are silent after %s)\n%s", i, r.code, r.err, nodeSilence, r.stderr.String())
+		}
+	}
 }
 
 // A node's secret comes from auth.JobSecret (its precedence is tested there); with none, the error
@@ -490,11 +428,152 @@ func TestRunNodeNNodesDisagree(t *testing.T) {
 		o.StartTimeout = 20 * time.Second
 	}, `true`)
 	for i, r := range runs {
-		if r.code == 0 || r.err == nil || !strings.Contains(r.err.Error(), "disagree on --nnodes") {
-			t.Errorf("node %d: code %d, %v: want an error saying the nodes disagree on --nnodes", i, r.code, r.err)
+		if r.code != ExitUsage || !strings.Contains(r.output(), "disagree on --nnodes") {
+			t.Errorf("node %d: code %d, output:\n%s\nwant an error saying the nodes disagree on --nnodes", i, r.code, r.output())
 		}
 		if r.elapsed > 10*time.Second {
 			t.Errorf("node %d gave up after %s", i, r.elapsed)
 		}
+	}
+}
+
+// A node that joins a static job says what the plan needs (slots, --nnodes, -np, --node-rank),
+// starts each rank it is ordered to with the static contract (no elastic place, no round), prints
+// and files its output by rank, reports its exit, and ends with the job's code, printing what
+// the serving node sent.
+func TestStaticNodeAgent(t *testing.T) {
+	const secret = "5f0c8e2d7a9b4c1e8f3a6d2b9c7e1f40"
+	t.Setenv("KOLO_SECRET", secret)
+	srv := rendezvous.NewServer([]byte(secret))
+	addr, err := srv.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	rec, _ := json.Marshal(jobRecord{ID: "job1"})
+	srv.Set(keyJob, rec)
+	dir := t.TempDir()
+	opts, err := flags.Parse([]string{"--rendezvous", addr.String(), "--nnodes", "2", "--node-rank", "1", "-np", "2",
+		"--output-filename", dir, "-x", "EXTRA=1", "prog"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := &fakeElasticStarter{}
+	set := testNodeSettings()
+	set.starter = fake
+	var stdout, stderr syncBuffer
+	done := make(chan struct{})
+	var code int
+	go func() {
+		defer close(done)
+		code, err = runNode(context.Background(), opts, set, &stdout, &stderr)
+	}()
+	get := func(key string) []byte {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		v, err := srv.Get(ctx, key)
+		if err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		return v
+	}
+	join, jerr := jobenv.DecodeNodeJoin(get(jobenv.NodeKey(1)))
+	want := jobenv.NodeJoin{Hostname: join.Hostname, Slots: 1, Addr: "127.0.0.1", Static: true, NNodes: 2, NP: 2, NodeRank: 1}
+	if jerr != nil || join != want {
+		t.Fatalf("registration %+v, %v; want %+v", join, jerr, want)
+	}
+	srv.Set(jobenv.NodeWelcomeKey(1), jobenv.NodeWelcome{Host: "h1", JobID: "job1", Static: true}.Encode())
+	srv.Set(jobenv.NodeOrderKey(1, 1), jobenv.NodeOrder{Kind: jobenv.OrderStart, Worker: 1, Slot: 0, Round: 0,
+		Rank: 1, Size: 2, LocalRank: 0, LocalSize: 1, CrossRank: 1, CrossSize: 2}.Encode())
+	h := &elasticHarness{t: t, fake: fake}
+	w := h.worker("rank.1", 0)
+	for name, v := range map[string]string{jobenv.Rank: "1", jobenv.Size: "2", jobenv.CrossRank: "1", jobenv.Hostname: "h1",
+		jobenv.Rendezvous: addr.String(), jobenv.JobID: "job1", jobenv.Secret: secret, "EXTRA": "1",
+		jobenv.Elastic: "", jobenv.ElasticRound: ""} {
+		if w.env[name] != v {
+			t.Errorf("worker: %s=%q, want %q", name, w.env[name], v)
+		}
+	}
+	io.WriteString(w.outW, "hello\n")
+	io.WriteString(w.errW, "ValueError: bad batch\n")
+	w.exit(3)
+	x, xerr := jobenv.DecodeNodeExit(get(jobenv.NodeExitKey(1, 1)))
+	if xerr != nil || x.Worker != 1 || x.Code != 3 || fmt.Sprint(x.Tail) != "[ValueError: bad batch]" {
+		t.Errorf("exit record %+v, %v", x, xerr)
+	}
+	summary := "kolo run: rank 1 on h1 exited with code 3 (the first rank to fail).\n"
+	srv.Set(jobenv.NodeOrderKey(1, 2), jobenv.NodeOrder{Kind: jobenv.OrderEnd, Code: 3, Reason: summary}.Encode())
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the node did not end at the end order")
+	}
+	if code != 3 || err != nil {
+		t.Errorf("exit %d, %v; want the job's 3", code, err)
+	}
+	if got := stdout.String(); got != "[1]<stdout>:hello\n" {
+		t.Errorf("stdout %q, want the rank's line prefixed with its rank", got)
+	}
+	if got := stderr.String(); !strings.Contains(got, "[1]<stderr>:ValueError: bad batch\n") || !strings.HasSuffix(got, summary) ||
+		strings.Contains(got, "kolo run: elastic") {
+		t.Errorf("stderr %q, want the rank's line and the serving node's summary, and no elastic log", got)
+	}
+	if b, err := os.ReadFile(dir + "/rank.1/stdout"); err != nil || string(b) != "hello\n" {
+		t.Errorf("rank.1/stdout: %q, %v", b, err)
+	}
+	if v, ok, _ := srv.TryGet(jobenv.NodeDoneKey(1)); !ok {
+		t.Errorf("the node did not say it read the end (%q)", v)
+	}
+}
+
+// The serving node of a static job admits the nodes the plan can have, and fails the job, saying
+// why, at the first it cannot: --nnodes or -np that differ, or a node rank claimed twice. A node
+// more than --nnodes is refused, but does not end the job.
+func TestStaticNodeAdmit(t *testing.T) {
+	join := func(host string, nnodes, np, rank int) jobenv.NodeJoin {
+		return jobenv.NodeJoin{Hostname: host, Slots: 1, Static: true, NNodes: nnodes, NP: np, NodeRank: rank}
+	}
+	for _, tc := range []struct {
+		name     string
+		joins    []jobenv.NodeJoin // the serving node's first
+		refused  string            // the last one's refusal
+		failure  string            // why the job fails; "" none
+		failCode int
+	}{
+		{"ranks given", []jobenv.NodeJoin{join("a", 2, 0, 0), join("b", 2, 0, 1)}, "", "", 0},
+		{"ranks by arrival", []jobenv.NodeJoin{join("a", 2, 4, -1), join("b", 2, 0, -1)}, "", "", 0},
+		{"nnodes differ", []jobenv.NodeJoin{join("a", 2, 0, -1), join("b", 3, 0, -1)},
+			"disagree on --nnodes: node on b was started with --nnodes 3, the serving node with 2", "disagree on --nnodes", ExitUsage},
+		{"np differ", []jobenv.NodeJoin{join("a", 3, 0, -1), join("b", 3, 4, -1), join("c", 3, 6, -1)},
+			"node on c was started with -np 6, another node with -np 4", "started with -np 6", ExitUsage},
+		{"rank claimed twice", []jobenv.NodeJoin{join("a", 2, 0, 0), join("b", 2, 0, 0)},
+			"node rank 0 is taken by another node: " + nodeRankAdvice, "node rank 0 was claimed by two nodes (the second on b)", ExitUsage},
+		{"one node too many", []jobenv.NodeJoin{join("a", 2, 0, -1), join("b", 2, 0, -1), join("c", 2, 0, -1)},
+			"2 nodes have joined the rendezvous at r:1 already (--nnodes 2): is another job using it?", "", 0},
+		{"an elastic node", []jobenv.NodeJoin{join("a", 2, 0, -1), {Hostname: "b", Slots: 1, Flags: "-np 0 --min-np 1", NodeRank: -1}},
+			"node on b was started with elastic flags (-np 0 --min-np 1), the serving node without", "", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			self := tc.joins[0]
+			s := &staticNode{n: &node{opts: &flags.Options{Rendezvous: "r:1", NNodes: self.NNodes, NP: self.NP, NodeRank: self.NodeRank}},
+				claimed: map[int]string{}, failed: make(chan struct{})}
+			var refused string
+			for i, j := range tc.joins {
+				refused = s.admit(j)
+				if refused != "" && i < len(tc.joins)-1 {
+					t.Fatalf("join %d refused: %s", i, refused)
+				}
+			}
+			if !strings.Contains(refused, tc.refused) || (tc.refused == "") != (refused == "") {
+				t.Errorf("refused %q, want %q", refused, tc.refused)
+			}
+			switch {
+			case tc.failure == "" && s.failure != nil:
+				t.Errorf("the job failed: %v", *s.failure)
+			case tc.failure != "" && (s.failure == nil || !strings.Contains(s.failure.why, tc.failure) || s.failure.code != tc.failCode):
+				t.Errorf("failure %+v, want code %d and %q", s.failure, tc.failCode, tc.failure)
+			}
+		})
 	}
 }

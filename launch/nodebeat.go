@@ -9,13 +9,12 @@ import (
 	"github.com/kolo-dl/kolo/rendezvous"
 )
 
-// No-ssh mode's nodes, static (node.go) and elastic (elasticnode.go, elasticagent.go), share one
-// liveness mechanism: every node other than the serving one adds 1 to a heartbeat counter of its
-// own at the rendezvous every beat interval (sendBeats), and the serving node, reading the
-// counters on its own ticks, takes a node whose counter has not moved for a silence as gone
-// (beatWatch). A counter rather than a session record (rendezvous.Client.SetSession): a node
-// whose kolo run is stopped, or whose rendezvous connection is wedged, still holds its
-// connection, but stops beating.
+// No-ssh mode's nodes have one liveness mechanism, whatever the job (node.go): every node other
+// than the serving one (nodeagent.go) adds 1 to a heartbeat counter of its own at the rendezvous
+// every beat interval (sendBeats), and the serving node, reading the counters on its own ticks,
+// takes a node whose counter has not moved for a silence as gone (beatWatch). A counter rather
+// than a session record (rendezvous.Client.SetSession): a node whose kolo run is stopped, or whose
+// rendezvous connection is wedged, still holds its connection, but stops beating.
 
 // sendBeats adds 1 at key every interval until ctx ends, and returns nil then. Otherwise it
 // returns why the rendezvous is lost: an error other than a request's time-out or, with a

@@ -34,6 +34,13 @@ type Process interface {
 	Signal(sig syscall.Signal) error
 }
 
+// RemoteOutput is a Process whose output is printed where it runs, not by the launcher that
+// supervises it (a worker another node of a no-ssh job started): it has no streams to pump, and
+// the last lines of its stderr come with its exit.
+type RemoteOutput interface {
+	StderrTail() []string
+}
+
 // Starter starts a Worker somewhere (locally, over ssh, ...).
 type Starter interface {
 	Start(ctx context.Context, w Worker) (Process, error)

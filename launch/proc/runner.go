@@ -93,6 +93,19 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 			continue
 		}
 		procs[i] = p
+		if ro, ok := p.(RemoteOutput); ok {
+			others.Add(1)
+			go func() {
+				defer others.Done()
+				e := p.Wait()
+				for _, l := range ro.StderrTail() {
+					tails[i].Add(l)
+				}
+				close(drained[i])
+				done <- ended{i, e}
+			}()
+			continue
+		}
 		files, err := r.rankFiles(w.Slot.Rank)
 		if err != nil {
 			slog.Warn("cannot write per-rank output", "rank", w.Slot.Rank, "err", err)

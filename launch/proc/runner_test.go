@@ -268,3 +268,43 @@ func TestTailCapsLongLines(t *testing.T) {
 		t.Errorf("tail = %d lines, first %d bytes; want it cut to %d bytes and marked", len(got), len(got[0]), maxTailLine)
 	}
 }
+
+// remoteProcess is a worker whose output is printed where it runs (RemoteOutput): the runner has
+// nothing of it to pump or file, and takes its stderr's last lines from its exit.
+type remoteProcess struct {
+	fakeProcess
+	tail []string
+}
+
+func (p *remoteProcess) Stdout() io.Reader    { panic("the runner read a remote worker's stdout") }
+func (p *remoteProcess) Stderr() io.Reader    { panic("the runner read a remote worker's stderr") }
+func (p *remoteProcess) StderrTail() []string { return p.tail }
+
+// starterFunc starts workers with a function.
+type starterFunc func(w Worker) (Process, error)
+
+func (f starterFunc) Start(_ context.Context, w Worker) (Process, error) { return f(w) }
+
+func TestRunRemoteOutput(t *testing.T) {
+	dir := t.TempDir()
+	local := LocalStarter{}
+	r := &Runner{OutputDir: dir, GracePeriod: time.Second, Starter: starterFunc(func(w Worker) (Process, error) {
+		if w.Slot.Rank == 1 {
+			return &remoteProcess{fakeProcess: fakeProcess{exit: Exit{Code: 3}}, tail: []string{"ValueError: bad batch"}}, nil
+		}
+		return local.Start(context.Background(), w)
+	})}
+	results, first := r.Run(context.Background(), shWorkers("echo out0", ""))
+	if first == nil || first.Slot.Rank != 1 || fmt.Sprint(first.StderrTail) != "[ValueError: bad batch]" {
+		t.Fatalf("first = %+v, want rank 1 with the tail its exit brought", first)
+	}
+	if s := Summary(results, first, nil); !strings.Contains(s, "    ValueError: bad batch") {
+		t.Errorf("summary lacks the remote rank's tail:\n%s", s)
+	}
+	if _, err := os.Stat(dir + "/rank.1"); !os.IsNotExist(err) {
+		t.Errorf("rank.1 was filed here (%v): its node files its output", err)
+	}
+	if b, _ := os.ReadFile(dir + "/rank.0/stdout"); string(b) != "out0\n" {
+		t.Errorf("rank 0 stdout file = %q", b)
+	}
+}

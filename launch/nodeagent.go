@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -16,20 +18,22 @@ import (
 	"github.com/kolo-dl/kolo/launch/proc"
 )
 
-// The joining side of a no-ssh elastic job (elasticnode.go has the serving side): a node that does
-// not serve the rendezvous joins the job as a host, starts and stops its own workers when the
-// serving node orders it to (jobenv.NodeOrder, read in order with blocking Gets, as workers read
-// rounds), prints their output prefixed with their place, reports each exit (jobenv.NodeExit) and
-// heartbeats. It ends when the serving node sends the end, exiting with the job's code; when its
-// own kolo run is interrupted, it leaves the job (its host leaves; the job goes on); when the
-// rendezvous is gone, the job has ended with the serving node.
+// The joining side of a no-ssh job, static or elastic (node.go has the protocol, staticnode.go and
+// elasticnode.go the serving side): a node that does not serve the rendezvous joins the job as a
+// host, starts and stops its own workers when the serving node orders it to (jobenv.NodeOrder,
+// read in order with blocking Gets, as workers read rounds), prints their output prefixed with
+// their rank (static) or place (elastic), reports each exit (jobenv.NodeExit) and heartbeats. It
+// ends when the serving node sends the end, printing what it says and exiting with the job's
+// code; when its own kolo run is interrupted, it leaves the job (its host leaves: an elastic job
+// goes on, a static one stops); when the rendezvous is gone, the job has ended with the serving
+// node.
 
 // reportTimeout bounds each write of a joined node to the rendezvous.
 const reportTimeout = 5 * time.Second
 
-// joinElasticJob registers this node, waits (--start-timeout) for the serving node's welcome and
-// runs the node's part of the job.
-func joinElasticJob(ctx context.Context, n *node, set elasticSettings) (int, error) {
+// joinJob registers this node, waits (--start-timeout) for the serving node's welcome and runs
+// the node's part of the job.
+func joinJob(ctx context.Context, n *node, set elasticSettings) (int, error) {
 	o, rv := n.opts, n.rv
 	hn, err := os.Hostname()
 	if err != nil {
@@ -41,12 +45,18 @@ func joinElasticJob(ctx context.Context, n *node, set elasticSettings) (int, err
 	}
 	jctx, cancel := context.WithTimeout(ctx, o.StartTimeout)
 	defer cancel()
+	join := jobenv.NodeJoin{Hostname: hn, Slots: n.slots, Addr: ip, NodeRank: -1}
+	if o.Elastic() {
+		join.Flags = o.ElasticNodeFlags()
+	} else {
+		join.Static, join.NNodes, join.NP, join.NodeRank = true, o.NNodes, o.NP, o.NodeRank
+	}
 	num, err := rv.Add(jctx, jobenv.NodesKey, 1)
 	if err == nil {
-		err = rv.Set(jctx, jobenv.NodeKey(int(num)), jobenv.NodeJoin{Hostname: hn, Slots: n.slots, Addr: ip, Flags: o.ElasticNodeFlags()}.Encode())
+		err = rv.Set(jctx, jobenv.NodeKey(int(num)), join.Encode())
 	}
 	if err != nil {
-		return 1, fmt.Errorf("join the elastic job at %s: %w", o.Rendezvous, err)
+		return 1, fmt.Errorf("join the job at %s: %w", o.Rendezvous, err)
 	}
 	v, err := rv.Get(jctx, jobenv.NodeWelcomeKey(int(num)))
 	if err != nil {
@@ -66,11 +76,14 @@ func joinElasticJob(ctx context.Context, n *node, set elasticSettings) (int, err
 	if w.Refused != "" {
 		return ExitUsage, fmt.Errorf("the serving node at %s refused this node: %s", o.Rendezvous, w.Refused)
 	}
+	if o.MetricsAddr != "" {
+		fmt.Fprintln(n.stderr, "kolo run: --metrics-addr: the node that serves the rendezvous serves the metrics")
+	}
 	starter := set.starter
 	if starter == nil {
 		guard := startGuard(o.AfterOrphans)
 		defer guard.Close()
-		starter = proc.LocalStarter{Guard: guard}
+		starter = proc.LocalStarter{Guard: guard, Bind: n.bind}
 	}
 	a := &elasticAgent{
 		n: n, set: set, num: int(num), welcome: w, starter: starter, extra: workerExtraEnv(o),
@@ -192,9 +205,16 @@ func (a *elasticAgent) start(o jobenv.NodeOrder) error {
 	opts, w := a.n.opts, a.welcome
 	s := layout.Slot{Rank: o.Rank, Size: o.Size, Host: w.Host, LocalRank: o.LocalRank, LocalSize: o.LocalSize,
 		CrossRank: o.CrossRank, CrossSize: o.CrossSize}
-	env := elasticWorkerEnv(s, o.Slot, o.Round, w.Timeout, opts.Rendezvous, w.JobID, string(a.n.secret), a.extra, opts.Env)
 	p := &elasticProc{place: elastic.Worker{Host: w.Host, Slot: o.Slot}, round: o.Round, rank: o.Rank,
 		tail: proc.NewTail(20), drained: make(chan struct{})}
+	// A static job's workers get the static contract, and their output is known by rank, as
+	// that of a job started from one machine.
+	env := WorkerEnv(s, opts.Rendezvous, w.JobID, string(a.n.secret), a.extra, opts.Env)
+	label, dir := strconv.Itoa(o.Rank), fmt.Sprintf("rank.%d", o.Rank)
+	if !w.Static {
+		env = elasticWorkerEnv(s, o.Slot, o.Round, w.Timeout, opts.Rendezvous, w.JobID, string(a.n.secret), a.extra, opts.Env)
+		label, dir = p.place.String(), p.place.String()
+	}
 	started, err := a.starter.Start(context.Background(), proc.Worker{Slot: s, Argv: opts.Command, Env: env})
 	if err != nil {
 		close(p.drained)
@@ -206,7 +226,7 @@ func (a *elasticAgent) start(o jobenv.NodeOrder) error {
 	if opts.Verbose {
 		a.log("started %s for round %d as rank %d", p.place, p.round, p.rank)
 	}
-	watchPlace(p, a.out, a.errw, opts, &a.wg, func(e proc.Exit) {
+	watchPlace(p, label, dir, a.out, a.errw, opts, &a.wg, func(e proc.Exit) {
 		a.exits <- agentExit{num: o.Worker, p: p, exit: e} // run drains exits until every worker has ended
 	})
 	return nil
@@ -245,7 +265,7 @@ func (a *elasticAgent) report(x agentExit, leaving bool) error {
 func (a *elasticAgent) end(o jobenv.NodeOrder) (int, error) {
 	a.stopAll(false, syscall.SIGTERM) // none runs unless the end came from a node dropped as lost
 	if o.Reason != "" {
-		a.errw.WriteLine("", o.Reason+"\n")
+		a.errw.WriteBlock(strings.TrimSuffix(o.Reason, "\n") + "\n")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
@@ -260,13 +280,16 @@ func (a *elasticAgent) leave() (int, error) {
 	err := a.n.rv.Set(ctx, jobenv.NodeLeftKey(a.num), []byte("its kolo run was interrupted"))
 	cancel()
 	a.stopAll(err == nil, syscall.SIGTERM)
+	if a.welcome.Static {
+		return ExitInterrupted, fmt.Errorf("interrupted: this node (host %s) left the job and stopped its ranks; the job stops on every node", a.welcome.Host)
+	}
 	return ExitInterrupted, fmt.Errorf("interrupted: this node (host %s) left the elastic job and stopped its workers; the job goes on without them", a.welcome.Host)
 }
 
 // lost ends the node when the rendezvous, which lives on the serving node, is gone.
 func (a *elasticAgent) lost(err error) (int, error) {
 	a.stopAll(false, syscall.SIGTERM)
-	return 1, fmt.Errorf("%w at %s (%v): the job ended with the serving node, which holds the rendezvous and the planner; stopped this node's workers",
+	return 1, fmt.Errorf("%w at %s (%v): the job ended with the serving node, which holds the rendezvous and runs the job; stopped this node's workers",
 		errRendezvousLost, a.n.opts.Rendezvous, err)
 }
 
@@ -315,7 +338,13 @@ func (a *elasticAgent) awaitOutput() {
 	}
 }
 
-// log writes a "kolo run: elastic:" line to stderr, between the workers' lines.
+// log writes a "kolo run: elastic:" line to stderr, between the workers' lines. A node of a
+// static job says what it does only with --verbose: its failures are in the job's summary.
 func (a *elasticAgent) log(format string, args ...any) {
-	a.errw.WriteLine("", "kolo run: elastic: "+fmt.Sprintf(format, args...)+"\n")
+	switch {
+	case !a.welcome.Static:
+		a.errw.WriteLine("", "kolo run: elastic: "+fmt.Sprintf(format, args...)+"\n")
+	case a.n.opts.Verbose:
+		a.errw.WriteLine("", "kolo run: "+fmt.Sprintf(format, args...)+"\n")
+	}
 }
