@@ -334,6 +334,7 @@ func (j *elasticJob) run(ctx context.Context, source hostSource) (code int, err 
 			}
 		}
 		view.end(failure, j.opts.OutputDir)
+		writeOutcome(j.opts.OutcomeFile, j.outcome(code, err, code == ExitInterrupted), j.stderr)
 	}()
 	dctx, cancel := context.WithCancel(ctx)
 	var discoverer sync.WaitGroup

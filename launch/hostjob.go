@@ -20,6 +20,7 @@ import (
 	"github.com/kolo-dl/kolo/launch/layout"
 	"github.com/kolo-dl/kolo/launch/proc"
 	"github.com/kolo-dl/kolo/observe/relay"
+	"github.com/kolo-dl/kolo/observe/report"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
 
@@ -33,8 +34,16 @@ const (
 // other hosts over ssh (after checking every host answers, within --start-timeout), all meeting at
 // a rendezvous served from this process. It returns the launcher's exit code (0, the first failing
 // rank's, ExitInterrupted, ExitUsage, or 1) and an error to print, if any; the failure summary is
-// already written to stderr.
-func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer) (int, error) {
+// already written to stderr, and the outcome to --outcome-file.
+func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer) (code int, err error) {
+	var (
+		results []proc.Result
+		first   *proc.Result
+		records map[int]report.Failure
+	)
+	defer func() {
+		writeOutcome(opts.OutcomeFile, staticOutcome(code, err, ctx.Err() != nil, results, first, records), stderr)
+	}()
 	hosts, err := opts.ResolveHosts()
 	if err != nil {
 		return ExitUsage, err
@@ -142,13 +151,13 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 		Timestamps: opts.Timestamps,
 		Plain:      opts.PlainOutput,
 	}
-	results, first := runner.Run(ctx, workers)
+	results, first = runner.Run(ctx, workers)
 	view.stop()
 	if first != nil && ctx.Err() != nil && errors.Is(first.Exit.Err, ctx.Err()) {
 		first = nil // a rank that was still waiting to start when Ctrl-C came did not fail
 	}
 	if first != nil {
-		records := view.failures(len(slots))
+		records = view.failures(len(slots))
 		code := failureCode(first)
 		first = proc.Blame(results, first, records)
 		fmt.Fprint(stderr, proc.Summary(results, first, records))

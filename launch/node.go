@@ -760,10 +760,12 @@ func (n *node) runRanks(ctx context.Context, slots []layout.Slot, rvAddr string)
 	} else {
 		view.end("", "")
 	}
+	err = nil
 	if note != "" {
-		return code, errors.New(note)
+		err = errors.New(note)
 	}
-	return code, nil
+	writeOutcome(o.OutcomeFile, staticOutcome(code, err, code == ExitInterrupted && firstAll == nil, all, firstAll, records), n.stderr)
+	return code, err
 }
 
 // publishStop tells every node to stop, once per node; the first node's record is the one all see.
