@@ -180,3 +180,47 @@ func TestRunNodeWritesOutcome(t *testing.T) {
 		}
 	}
 }
+
+// An elastic job's outcome: a failure it recovered from blames nobody once the job succeeds, and
+// the workers listed are its last round's; a job that fails names a worker of the failures that
+// ended it.
+func TestElasticWritesOutcome(t *testing.T) {
+	t.Run("recovered", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "outcome.json")
+		h := startElastic(t, testElasticSettings(), "-np", "4", "--min-np", "2", "-H", "localhost:2,127.0.0.1:2", "--outcome-file", path)
+		h.round("localhost[0]", 1)
+		h.worker("localhost[1]", 0).exit(3)
+		h.round("localhost[0]", 2)
+		h.worker("127.0.0.1[0]", 0).exit(0)
+		h.worker("127.0.0.1[1]", 0).exit(0)
+		if code := h.wait(); code != 0 {
+			t.Fatalf("exit %d, want 0", code)
+		}
+		o := readOutcome(t, path)
+		if !o.Succeeded || o.ExitCode != 0 || o.FirstFailed != nil || len(o.Ranks) != 2 {
+			t.Fatalf("outcome %+v: want a success of 2 ranks that blames nobody", o)
+		}
+		for i, r := range o.Ranks {
+			if r.Rank != i || r.Host != "127.0.0.1" || r.ExitCode != 0 || r.Report != nil {
+				t.Errorf("rank %d: %+v, want rank %d on 127.0.0.1, exit 0, no report", i, r, i)
+			}
+		}
+	})
+	t.Run("failed", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "outcome.json")
+		h := startElastic(t, testElasticSettings(), "-np", "2", "--min-np", "1", "-H", "localhost:1,127.0.0.1:1", "--outcome-file", path)
+		h.round("localhost[0]", 1)
+		h.worker("localhost[0]", 0).exit(5)
+		h.worker("127.0.0.1[0]", 0).exit(5)
+		if code := h.wait(); code != 5 {
+			t.Fatalf("exit %d, want 5", code)
+		}
+		o := readOutcome(t, path)
+		if o.Succeeded || o.ExitCode != 5 || len(o.Ranks) != 2 {
+			t.Errorf("outcome %+v: want a failure with exit code 5 and 2 ranks", o)
+		}
+		if f := o.FirstFailed; f == nil || f.ExitCode != 5 {
+			t.Errorf("first failed %+v, want a worker that exited 5", f)
+		}
+	})
+}
