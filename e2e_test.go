@@ -149,6 +149,10 @@ func TestEarlyEndIsBlamed(t *testing.T) {
 					t.Errorf("rank %d's failure record %+v (sent: %v), want one of a peer that ended, blaming rank 1", r, f, ok)
 				}
 			}
+			// Rank 1 hears of the failed op too, but it did not fail for a peer that ended.
+			if f, ok := job.Records[1]; ok && f.Kind == report.KindEnded {
+				t.Errorf("rank 1, which ended, sent a record of a peer that ended: %+v", f)
+			}
 			if job.Elapsed > 15*time.Second {
 				t.Errorf("the job took %v to fail: the others waited for rank 1", job.Elapsed)
 			}

@@ -941,7 +941,10 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 			err.Msg = fmt.Sprintf("process set %d: %s", ps.id, r.Error)
 		}
 		e.lastOpErr.Store(err)
-		if len(err.Ended) > 0 && e.g.PeersEnded != nil {
+		// Every rank hears of the failed op, those that ended too: only a rank whose own op
+		// failed on a peer that ended has something to report.
+		if len(err.Ended) > 0 && e.g.PeersEnded != nil && slices.ContainsFunc(entries, func(en *entry) bool { return en != nil }) &&
+			!slices.Contains(err.Ended, e.g.Rank) {
 			e.g.PeersEnded(err)
 		}
 		for _, en := range entries {
