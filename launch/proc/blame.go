@@ -133,8 +133,9 @@ func Summary(results []Result, first *Result, records map[int]report.Failure) st
 }
 
 // Explaining returns the failure record that says why first failed, and the rank that sent it: its
-// own in its words, else the record of the lowest rank that names it (first may have sent none, or one of what followed:
-// an early end's shutdown that lost the others).
+// own in its words, else the record of the lowest rank that names it (first may have sent none, or
+// one of what followed: an early end's shutdown that lost the others). Summary quotes it, and
+// kolo run's outcome file carries it.
 func Explaining(results []Result, first *Result, records map[int]report.Failure) (by int, rec report.Failure, ok bool) {
 	own, ok := records[first.Slot.Rank]
 	if by, rec, named := namedBy(results, first.Slot.Rank, records); named && !(ok && own.Own()) {
