@@ -98,6 +98,11 @@ func TestKilledRankFailsOthers(t *testing.T) {
 				if r != 1 && !seen[strconv.Itoa(r)] {
 					t.Errorf("rank %d did not report the loss of rank 1:\n%s", r, job.Stderr)
 				}
+				// The survivors exit on their op's error, without kolo.ReportFailure or Shutdown:
+				// the engine sent their records as it stopped.
+				if f, ok := job.Records[r]; r != 1 && (!ok || f.Own()) {
+					t.Errorf("rank %d's failure record %+v (sent: %v), want one blaming a peer", r, f, ok)
+				}
 			}
 		})
 	}
@@ -131,17 +136,27 @@ func TestAbortedRankIsBlamed(t *testing.T) {
 // naming it, and the launcher names it as the rank the failure began with, though it exits 0 and
 // the others exit first.
 func TestEarlyEndIsBlamed(t *testing.T) {
-	job := e2e.Launch(t, "ended-early", e2e.LocalHosts(3), 3, e2e.Options{})
-	if job.First == nil || job.First.Slot.Rank != 1 || job.First.Exit.Failed() {
-		t.Fatalf("kolo run blames %+v, want rank 1, which exited 0 (records %+v)\n%s", job.First, job.Records, job.Stderr)
-	}
-	for _, r := range []int{0, 2} {
-		if f, ok := job.Records[r]; !ok || f.Kind != report.KindEnded || f.Blames != 1 {
-			t.Errorf("rank %d's failure record %+v (sent: %v), want one of a peer that ended, blaming rank 1", r, f, ok)
-		}
-	}
-	if job.Elapsed > 15*time.Second {
-		t.Errorf("the job took %v to fail: the others waited for rank 1", job.Elapsed)
+	// "ended-early-unreported": the others exit on their op's error without kolo.ReportFailure or
+	// Shutdown; the engine has sent their records as the op failed.
+	for _, scenario := range []string{"ended-early", "ended-early-unreported"} {
+		t.Run(scenario, func(t *testing.T) {
+			job := e2e.Launch(t, scenario, e2e.LocalHosts(3), 3, e2e.Options{})
+			if job.First == nil || job.First.Slot.Rank != 1 || job.First.Exit.Failed() {
+				t.Fatalf("kolo run blames %+v, want rank 1, which exited 0 (records %+v)\n%s", job.First, job.Records, job.Stderr)
+			}
+			for _, r := range []int{0, 2} {
+				if f, ok := job.Records[r]; !ok || f.Kind != report.KindEnded || f.Blames != 1 {
+					t.Errorf("rank %d's failure record %+v (sent: %v), want one of a peer that ended, blaming rank 1", r, f, ok)
+				}
+			}
+			// Rank 1 hears of the failed op too, but it did not fail for a peer that ended.
+			if f, ok := job.Records[1]; ok && f.Kind == report.KindEnded {
+				t.Errorf("rank 1, which ended, sent a record of a peer that ended: %+v", f)
+			}
+			if job.Elapsed > 15*time.Second {
+				t.Errorf("the job took %v to fail: the others waited for rank 1", job.Elapsed)
+			}
+		})
 	}
 }
 

@@ -316,10 +316,12 @@ func Abort(err error) {
 // ReportFailure tells kolo run that this process is leaving on err, one of kolo's own errors (a
 // failed op), before it exits: a failure record saying how this rank failed and which rank that
 // traces back to (the peer lost, stuck or failed first), which kolo run reads to name the rank
-// behind the job's failure. It returns once the record is sent (within 2 s). Leaving through
-// Shutdown sends it too; call ReportFailure when the program exits without it. The Python
-// binding calls it for an uncaught exception. Without Init, or not under kolo run, it does
-// nothing.
+// behind the job's failure. It returns once the record is sent (within 2 s). kolo sends the
+// record itself before an op fails on a lost, stuck, failed or ended rank, and Shutdown sends it
+// too; call ReportFailure when the program exits on an op error that names no rank (ranks
+// disagreed on an op) without Shutdown. A rank's first record is the one kept. The Python binding
+// calls it for an uncaught exception.
+// Without Init, or not under kolo run, it does nothing.
 func ReportFailure(err error) {
 	if s, gerr := get(); gerr == nil {
 		s.worker.ReportFailure(err, false)

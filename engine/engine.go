@@ -49,6 +49,11 @@ type Group struct {
 	// any op fails with it: a program that leaves on the op's error has had it reported (the
 	// worker sends the launcher its failure record). It must return within a few seconds.
 	Stopped func(error)
+	// PeersEnded, if set, is called when an op fails because ranks ended (reached shutdown) without
+	// submitting it (an OpError with Ended), with that error, before the op's handles finish: the
+	// engine goes on, but those ranks are gone, and a program that leaves on the error has had it
+	// reported, as with Stopped. It must return within a few seconds.
+	PeersEnded func(*OpError)
 }
 
 // ErrShutdown is returned for ops submitted after Shutdown or pending when it ran.
@@ -936,6 +941,12 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 			err.Msg = fmt.Sprintf("process set %d: %s", ps.id, r.Error)
 		}
 		e.lastOpErr.Store(err)
+		// Every rank hears of the failed op, those that ended too: only a rank whose own op
+		// failed on a peer that ended has something to report.
+		if len(err.Ended) > 0 && e.g.PeersEnded != nil && slices.ContainsFunc(entries, func(en *entry) bool { return en != nil }) &&
+			!slices.Contains(err.Ended, e.g.Rank) {
+			e.g.PeersEnded(err)
+		}
 		for _, en := range entries {
 			if en != nil {
 				e.opDone(en, now, true)

@@ -309,6 +309,10 @@ func NodeLeftKey(j int) string { return NodeKey(j) + "/left" }
 // NodeDoneKey is set by node j once it has read the end order.
 func NodeDoneKey(j int) string { return NodeKey(j) + "/done" }
 
+// NodeOutcomeKey is where the serving node puts the job's outcome (kolo run --outcome-file's JSON
+// document) before it sends the end orders, so that every node can write the same file.
+const NodeOutcomeKey = "elastic/outcome"
+
 // maxNodeRecord bounds what a node record decoder reads: a record is a few lines, a failed
 // worker's stderr tail at most some kilobytes.
 const maxNodeRecord = 1 << 20

@@ -86,8 +86,14 @@ func RunElastic(ctx context.Context, opts *flags.Options, stdout, stderr io.Writ
 	return runElastic(ctx, opts, elasticSettings{}, stdout, stderr)
 }
 
-func runElastic(ctx context.Context, opts *flags.Options, set elasticSettings, stdout, stderr io.Writer) (int, error) {
+func runElastic(ctx context.Context, opts *flags.Options, set elasticSettings, stdout, stderr io.Writer) (code int, err error) {
 	set.fill()
+	var j *elasticJob
+	defer func() {
+		if j == nil { // else j.run wrote it
+			writeOutcome(opts.OutcomeFile, finalOutcome(code, err, ctx.Err() != nil, nil), stderr)
+		}
+	}()
 	planner, err := elastic.NewPlanner(opts.ElasticConfig())
 	if err != nil {
 		return ExitUsage, err
@@ -158,7 +164,7 @@ func runElastic(ctx context.Context, opts *flags.Options, set elasticSettings, s
 		}
 		starter = proc.HostStarter{Local: proc.LocalStarter{Guard: guard}, Remote: ssh}
 	}
-	j := newElasticJob(opts, set, planner, srv, starter, secret, NewJobID(), stdout, stderr)
+	j = newElasticJob(opts, set, planner, srv, starter, secret, NewJobID(), stdout, stderr)
 	if slurm != nil {
 		j.log("hosts from Slurm job %s's allocation; each worker starts as a job step of its own (srun)", slurm.JobID)
 	}
@@ -334,6 +340,7 @@ func (j *elasticJob) run(ctx context.Context, source hostSource) (code int, err 
 			}
 		}
 		view.end(failure, j.opts.OutputDir)
+		writeOutcome(j.opts.OutcomeFile, j.outcome(code, err, code == ExitInterrupted), j.stderr)
 	}()
 	dctx, cancel := context.WithCancel(ctx)
 	var discoverer sync.WaitGroup

@@ -20,6 +20,7 @@ import (
 	"github.com/kolo-dl/kolo/launch/layout"
 	"github.com/kolo-dl/kolo/launch/proc"
 	"github.com/kolo-dl/kolo/observe/relay"
+	"github.com/kolo-dl/kolo/observe/report"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
 
@@ -33,8 +34,10 @@ const (
 // other hosts over ssh (after checking every host answers, within --start-timeout), all meeting at
 // a rendezvous served from this process. It returns the launcher's exit code (0, the first failing
 // rank's, ExitInterrupted, ExitUsage, or 1) and an error to print, if any; the failure summary is
-// already written to stderr.
-func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer) (int, error) {
+// already written to stderr, and the outcome to --outcome-file.
+func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer) (code int, err error) {
+	var ran staticRan
+	defer func() { writeOutcome(opts.OutcomeFile, ran.outcome(code, err, ctx.Err() != nil), stderr) }()
 	hosts, err := opts.ResolveHosts()
 	if err != nil {
 		return ExitUsage, err
@@ -131,7 +134,7 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 	guard := startGuard(opts.AfterOrphans)
 	defer guard.Close()
 	return runStatic(ctx, opts, staticRun{
-		workers: workers, store: relay.Local{S: srv.Store}, jobID: jobID,
+		workers: workers, store: relay.Local{S: srv.Store}, jobID: jobID, ran: &ran,
 		starter: proc.HostStarter{Local: proc.LocalStarter{Guard: guard, Bind: bind}, Remote: ssh},
 	}, stdout, stderr)
 }
@@ -149,6 +152,21 @@ type staticRun struct {
 	// where the flight-recorder file is.
 	end  io.Writer
 	host string
+	// ran, when set, gets how the ranks ended, for the outcome file.
+	ran *staticRan
+}
+
+// staticRan is how a static job's ranks ended: every rank's result, the rank the failure traces
+// back to (nil: none failed) and the ranks' failure records.
+type staticRan struct {
+	results []proc.Result
+	first   *proc.Result
+	records map[int]report.Failure
+}
+
+// outcome is the job's outcome for the exit code and error kolo run ends with.
+func (r *staticRan) outcome(code int, err error, interrupted bool) Outcome {
+	return staticOutcome(code, err, interrupted, r.results, r.first, r.records)
 }
 
 // jobStop is why a static job was stopped before its ranks ended (the cause of its context): the
@@ -192,10 +210,16 @@ func runStatic(ctx context.Context, opts *flags.Options, r staticRun, stdout, st
 	if ctx.Err() != nil && !errors.As(context.Cause(ctx), &stop) {
 		stop = jobStop{code: ExitInterrupted, why: "interrupted: stopped every rank"}
 	}
+	if r.ran != nil {
+		r.ran.results = results
+	}
 	if first := firstFailure(ctx, results); first != nil {
 		records := view.failures(size)
 		code := failureCode(first)
 		first = proc.Blame(results, first, records)
+		if r.ran != nil {
+			r.ran.first, r.ran.records = first, records
+		}
 		fmt.Fprint(report, proc.Summary(results, first, records))
 		view.end(fmt.Sprintf("rank %d on %s: %s", first.Slot.Rank, first.Slot.Host, first.Exit), opts.OutputDir)
 		if stop.code != 0 && stop.code != ExitInterrupted {

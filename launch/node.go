@@ -105,13 +105,24 @@ func RunNode(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer)
 	return runNode(ctx, opts, elasticSettings{}, stdout, stderr)
 }
 
-func runNode(ctx context.Context, opts *flags.Options, set elasticSettings, stdout, stderr io.Writer) (int, error) {
+func runNode(ctx context.Context, opts *flags.Options, set elasticSettings, stdout, stderr io.Writer) (code int, err error) {
 	set.fill()
+	var n *node
+	defer func() {
+		if n != nil && n.wroteOutcome {
+			return
+		}
+		var whole *Outcome
+		if n != nil {
+			whole = n.outcome
+		}
+		writeOutcome(opts.OutcomeFile, finalOutcome(code, err, ctx.Err() != nil, whole), stderr)
+	}()
 	secret, err := NodeSecret(opts)
 	if err != nil {
 		return ExitUsage, err
 	}
-	n := &node{opts: opts, secret: secret, stdout: stdout, stderr: stderr}
+	n = &node{opts: opts, secret: secret, stdout: stdout, stderr: stderr}
 	if opts.Elastic() {
 		n.slots, err = elasticNodeSlots(opts)
 	} else {
@@ -127,7 +138,7 @@ func runNode(ctx context.Context, opts *flags.Options, set elasticSettings, stdo
 	}
 	defer n.close()
 	cctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
-	code, err := n.connect(cctx)
+	code, err = n.connect(cctx)
 	cancel()
 	if err != nil {
 		if ctx.Err() != nil {
@@ -158,6 +169,12 @@ type node struct {
 	rv    *rendezvous.Client
 	port  string
 	jobID string
+
+	// outcome is the job's whole outcome (--outcome-file) once this node has it: from its own
+	// ranks when it serves a static job, from the serving node's record when it joined one.
+	// wroteOutcome: the elastic driver this node served wrote it already.
+	outcome      *Outcome
+	wroteOutcome bool
 }
 
 func (n *node) close() {

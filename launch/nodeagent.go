@@ -2,6 +2,7 @@ package launch
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -269,6 +270,12 @@ func (a *elasticAgent) end(o jobenv.NodeOrder) (int, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
+	if b, ok, err := a.n.rv.TryGet(ctx, jobenv.NodeOutcomeKey); ok && err == nil { // set before the end order
+		var whole Outcome
+		if json.Unmarshal(b, &whole) == nil {
+			a.n.outcome = &whole
+		}
+	}
 	a.n.rv.Set(ctx, jobenv.NodeDoneKey(a.num), []byte("1"))
 	return o.Code, nil
 }

@@ -2,6 +2,7 @@ package launch
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -389,10 +390,14 @@ func (e *nodeRegistry) start(w proc.Worker) (proc.Process, error) {
 
 // end tells every node in the job that it ended, with the exit code and what to print, and waits
 // (finishWait at most) until they have read it: the rendezvous closes when this node exits.
-func (e *nodeRegistry) end(code int, note string) {
+func (e *nodeRegistry) end(code int, note string, outcome Outcome) {
 	const maxNote = 256 << 10 // an order is at most jobenv's 1 MiB record
 	if len(note) > maxNote {
 		note = note[:maxNote] + "\n[...]"
+	}
+	if b, err := json.Marshal(outcome); err == nil {
+		// Before the end orders: a node reads it once it has read its end.
+		e.st.Set(jobenv.NodeOutcomeKey, b)
 	}
 	e.mu.Lock()
 	var told []*jobNode

@@ -45,6 +45,7 @@ type staticNode struct {
 	failure *jobStop       // why the job cannot start, or was stopped (first cause)
 	failed  chan struct{}  // closed when failure is set
 	stopRun context.CancelCauseFunc
+	ran     staticRan // how the ranks ended
 }
 
 // serveStatic runs the static job on the serving node, with the nodes that join as its hosts.
@@ -82,7 +83,9 @@ func serveStatic(ctx context.Context, n *node, set elasticSettings) (int, error)
 	if err != nil {
 		fmt.Fprintf(&end, "kolo run: %v\n", err)
 	}
-	s.nodes.end(code, end.String())
+	whole := s.ran.outcome(code, err, code == ExitInterrupted && s.ran.first == nil)
+	n.outcome = &whole
+	s.nodes.end(code, end.String(), whole)
 	return code, err
 }
 
@@ -163,7 +166,7 @@ func (s *staticNode) run(ctx context.Context, set elasticSettings, end *bytes.Bu
 	}()
 	return runStatic(runCtx, o, staticRun{
 		workers: workers, starter: nodeStarter{local: local, nodes: s.nodes},
-		store: relay.Local{S: n.srv.Store}, jobID: n.jobID, onFailure: s.nodes.hurry, end: end, host: s.host,
+		store: relay.Local{S: n.srv.Store}, jobID: n.jobID, onFailure: s.nodes.hurry, end: end, host: s.host, ran: &s.ran,
 	}, n.stdout, n.stderr)
 }
 

@@ -1,8 +1,10 @@
 package worker
 
 // A rank's failure record (report.Failure): built here from the engine's typed errors, sent to the
-// launcher over the report channel when the engine stops on an error or the program leaves on one
-// (ReportFailure), so that the launcher names the rank behind a job's failure from data.
+// launcher over the report channel when the engine stops on an error, when an op fails for ranks
+// that ended (both before the program hears of it, so a program that just exits has still sent
+// it), or when the program leaves on one (ReportFailure), so that the launcher names the rank
+// behind a job's failure from data.
 
 import (
 	"context"

@@ -165,7 +165,15 @@ func Join(mem *Memory, opt Options) (*Worker, error) {
 	e, err := engine.New(cfg, engine.Group{
 		Rank: job.Rank, Size: job.Size, Hosts: w.Hosts, Comm: w.Comm, Messenger: w.Messenger,
 		Local: w.Local, LocalRanks: w.LocalRanks, Cross: w.Cross, Abort: w.Abort,
+		// The failure record goes out as the engine stops, or an op fails for ranks that ended,
+		// before the program hears of it: a program that exits on the error without
+		// ReportFailure or Shutdown has still told the launcher why.
 		Stopped: func(err error) {
+			if r := rep.Load(); r != nil {
+				r.sendFailure(failureOf(err, false))
+			}
+		},
+		PeersEnded: func(err *engine.OpError) {
 			if r := rep.Load(); r != nil {
 				r.sendFailure(failureOf(err, false))
 			}

@@ -21,21 +21,22 @@ import (
 
 // Scenarios maps a name to what every rank runs. Each returns nil when this rank saw what it should.
 var Scenarios = map[string]func(ctx context.Context) error{
-	"ops":             opsScenario,
-	"big":             bigScenario,
-	"order":           orderScenario,
-	"mismatch":        mismatchScenario,
-	"stall":           stallScenario,
-	"join":            joinScenario,
-	"kill":            killScenario,
-	"kill-small":      killSmallScenario,
-	"abort":           abortScenario,
-	"ended-early":     endedEarlyScenario,
-	"steady":          steadyScenario,
-	"loop":            loopScenario,
-	"sigstop":         sigstopScenario,
-	"sigstop-small":   sigstopSmallScenario,
-	"sigstop-between": sigstopBetweenScenario,
+	"ops":                    opsScenario,
+	"big":                    bigScenario,
+	"order":                  orderScenario,
+	"mismatch":               mismatchScenario,
+	"stall":                  stallScenario,
+	"join":                   joinScenario,
+	"kill":                   killScenario,
+	"kill-small":             killSmallScenario,
+	"abort":                  abortScenario,
+	"ended-early":            endedEarlyScenario,
+	"ended-early-unreported": endedEarlyUnreportedScenario,
+	"steady":                 steadyScenario,
+	"loop":                   loopScenario,
+	"sigstop":                sigstopScenario,
+	"sigstop-small":          sigstopSmallScenario,
+	"sigstop-between":        sigstopBetweenScenario,
 }
 
 // loopScenario allreduces until an op fails (a test kills part of the job) and returns that error.
@@ -462,7 +463,13 @@ func abortScenario(ctx context.Context) error {
 // go on to 50. Their next op fails at once, naming rank 1 ("ENDED-RESULT err=..."), and they
 // leave on it as a program does (kolo.ReportFailure, exit 3); rank 1's shutdown then loses them,
 // and it exits 0.
-func endedEarlyScenario(ctx context.Context) error {
+func endedEarlyScenario(ctx context.Context) error { return endedEarlyRun(ctx, true) }
+
+// endedEarlyUnreportedScenario is endedEarlyScenario with the others leaving on their op's error
+// at once, without kolo.ReportFailure or Shutdown: the failure record must not depend on them.
+func endedEarlyUnreportedScenario(ctx context.Context) error { return endedEarlyRun(ctx, false) }
+
+func endedEarlyRun(ctx context.Context, reportFailure bool) error {
 	rank := kolo.Rank()
 	n := 50
 	if rank == 1 {
@@ -472,7 +479,9 @@ func endedEarlyScenario(ctx context.Context) error {
 	for i := range n {
 		if err := kolo.Allreduce(ctx, fmt.Sprintf("early.%d", i), kolo.Of(buf), kolo.Sum); err != nil {
 			fmt.Fprintf(os.Stderr, "ENDED-RESULT err=%v\n", err)
-			kolo.ReportFailure(err)
+			if reportFailure {
+				kolo.ReportFailure(err)
+			}
 			os.Exit(3)
 		}
 		time.Sleep(20 * time.Millisecond)

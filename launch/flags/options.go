@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -49,6 +50,7 @@ type Options struct {
 	Hostfile     string
 	StartTimeout time.Duration
 	OutputDir    string
+	OutcomeFile  string // --outcome-file: where the job's outcome goes, as JSON; empty: nowhere
 	Verbose      bool
 	Timestamps   bool
 	Env          []string          // -x NAME or NAME=VALUE
@@ -128,6 +130,7 @@ func Parse(args []string, stderr io.Writer) (*Options, error) {
 	o.StartTimeout = 30 * time.Second
 	fs.Var((*seconds)(&o.StartTimeout), "start-timeout", "how long ranks may take to start and meet: seconds as horovodrun takes them (60), or a duration (90s, 2m)")
 	fs.StringVar(&o.OutputDir, "output-filename", "", "also write each rank's output to DIR/rank.N/{stdout,stderr}")
+	fs.StringVar(&o.OutcomeFile, "outcome-file", "", "when the job ends, write how it ended to FILE as one JSON document: exit code, the rank the failure traces back to and its failure record, how every rank ended (for programs: it replaces reading the summary on stderr)")
 	fs.BoolVar(&o.Verbose, "verbose", false, "log what the launcher does")
 	fs.StringVar(&o.Status, "status", StatusAuto, "live status lines under the ranks' output: auto (when stdout is a terminal), on, off")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve the job's metrics for Prometheus at http://HOST:PORT/metrics while it runs (a loopback HOST, 127.0.0.1, keeps them on this machine; port 0 picks one)")
@@ -217,6 +220,9 @@ func Parse(args []string, stderr io.Writer) (*Options, error) {
 			return nil, fmt.Errorf("--metrics-addr %q: want HOST:PORT with a host (127.0.0.1:9400 serves this machine only)", o.MetricsAddr)
 		}
 	}
+	if err := o.checkOutcomeFile(); err != nil {
+		return nil, err
+	}
 	if err := o.checkNodeFlags(); err != nil {
 		return nil, err
 	}
@@ -251,6 +257,22 @@ func (o *Options) ResolveHosts() ([]layout.Host, error) {
 		return nil, errors.New("-np is required (the number of ranks to start)")
 	}
 	return []layout.Host{{Name: "localhost", Slots: o.NP}}, nil
+}
+
+// checkOutcomeFile refuses an --outcome-file that cannot be written when the job ends: one whose
+// directory is missing, or a directory. A job that ran for hours must not lose its outcome to a
+// typo found at its end.
+func (o *Options) checkOutcomeFile() error {
+	if o.OutcomeFile == "" {
+		return nil
+	}
+	if fi, err := os.Stat(o.OutcomeFile); err == nil && fi.IsDir() {
+		return fmt.Errorf("--outcome-file %s is a directory: want a file name", o.OutcomeFile)
+	}
+	if fi, err := os.Stat(filepath.Dir(o.OutcomeFile)); err != nil || !fi.IsDir() {
+		return fmt.Errorf("--outcome-file %s: its directory %s does not exist", o.OutcomeFile, filepath.Dir(o.OutcomeFile))
+	}
+	return nil
 }
 
 // checkNodeFlags checks the no-ssh flags for consistency; the rest is checked once the nodes meet.

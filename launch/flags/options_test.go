@@ -2,6 +2,7 @@ package flags
 
 import (
 	"io"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -52,6 +53,12 @@ func TestParse(t *testing.T) {
 		{"status unknown", []string{"-np", "2", "--status", "yes", "prog"}, nil, `--status "yes": want auto, on or off`},
 		{"metrics-addr without a host", []string{"-np", "2", "--metrics-addr", ":9400", "prog"}, nil, `--metrics-addr ":9400": want HOST:PORT with a host`},
 		{"metrics-addr without a port", []string{"-np", "2", "--metrics-addr", "127.0.0.1", "prog"}, nil, `--metrics-addr "127.0.0.1": want HOST:PORT`},
+		{"outcome file in a directory that exists", []string{"-np", "2", "--outcome-file", os.TempDir() + "/kolo-outcome.json", "prog"},
+			func(o *Options) bool { return o.OutcomeFile == os.TempDir()+"/kolo-outcome.json" }, ""},
+		{"outcome file in the current directory", []string{"-np", "2", "--outcome-file", "outcome.json", "prog"},
+			func(o *Options) bool { return o.OutcomeFile == "outcome.json" }, ""},
+		{"outcome file in a missing directory", []string{"-np", "2", "--outcome-file", "/nonexistent-kolo-dir/o.json", "prog"}, nil, "its directory /nonexistent-kolo-dir does not exist"},
+		{"outcome file a directory", []string{"-np", "2", "--outcome-file", os.TempDir(), "prog"}, nil, "is a directory"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -98,13 +98,8 @@ func Summary(results []Result, first *Result, records map[int]report.Failure) st
 	default:
 		fmt.Fprintf(&b, "kolo run: rank %d on %s %s (the first rank to fail).\n", first.Slot.Rank, first.Slot.Host, first.Exit)
 	}
-	// Its own failure in its words, else the record that names it (it may have sent none, or one
-	// of what followed: an early end's shutdown that lost the others).
-	own, ok := records[first.Slot.Rank]
-	if by, rec, named := namedBy(results, first.Slot.Rank, records); named && !(ok && own.Own()) {
+	if by, rec, ok := Explaining(results, first, records); ok {
 		fmt.Fprintf(&b, "Rank %d reported: %s\n", by, rec)
-	} else if ok {
-		fmt.Fprintf(&b, "Rank %d reported: %s\n", first.Slot.Rank, own)
 	}
 	if len(first.StderrTail) > 0 {
 		fmt.Fprintf(&b, "Last lines of rank %d's stderr:\n", first.Slot.Rank)
@@ -135,6 +130,18 @@ func Summary(results []Result, first *Result, records map[int]report.Failure) st
 		fmt.Fprintf(&b, "Other ranks: %s\n", strings.Join(others, "; "))
 	}
 	return b.String()
+}
+
+// Explaining returns the failure record that says why first failed, and the rank that sent it: its
+// own in its words, else the record of the lowest rank that names it (first may have sent none, or
+// one of what followed: an early end's shutdown that lost the others). Summary quotes it, and
+// kolo run's outcome file carries it.
+func Explaining(results []Result, first *Result, records map[int]report.Failure) (by int, rec report.Failure, ok bool) {
+	own, ok := records[first.Slot.Rank]
+	if by, rec, named := namedBy(results, first.Slot.Rank, records); named && !(ok && own.Own()) {
+		return by, rec, true
+	}
+	return first.Slot.Rank, own, ok
 }
 
 // namedBy returns the lowest rank whose record blames rank, and that record.

@@ -3,7 +3,9 @@
 The driver pickles (function, args, kwargs), starts ``kolo run -np N python -c <worker>`` with the
 pickle in the environment (or, when it is too large for one and every rank runs on this host, in a
 private temporary file), and reads each rank's pickled return value (or exception) back from a
-marker line on that rank's stdout, so nothing needs a filesystem shared between hosts.
+marker line on that rank's stdout, so nothing needs a filesystem shared between hosts. Which rank
+a failed job's failure traces back to comes from the outcome kolo run writes to a private file
+(--outcome-file), not from its summary on stderr.
 
 Functions are pickled by reference (module and name) unless cloudpickle is installed. A function
 defined in the driver script itself works the way multiprocessing's spawn mode does: each worker
@@ -13,6 +15,7 @@ imports the script under the name ``__mp_main__``, so the script must start its 
 
 import base64
 import io
+import json
 import os
 import pickle
 import re
@@ -44,7 +47,6 @@ _OUTPUT_WAIT = 10.0
 # How long a stopped job gets to exit on SIGTERM before kolo.run kills the launcher.
 _KILL_WAIT = 10.0
 _PREFIX = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:")
-_FIRST_FAILED = re.compile(r"kolo run: rank (\d+) on \S+ .*\(the first rank to fail\)")
 
 
 def _kolo_binary():
@@ -115,12 +117,16 @@ def run(func, args=(), kwargs=None, np=1, hosts=None, hostfile=None, env=None, e
     """
     payload = _encode_payload(func, args, kwargs)
     (payload_name, payload_value), payload_file = _payload_env(payload, _local_only(hosts, hostfile))
+    # kolo run writes the job's outcome (--outcome-file) here: which rank failed first, as data.
+    outcome_dir = tempfile.mkdtemp(prefix="kolo-outcome-")  # mode 0700
     try:
         return _run(payload_name, payload_value, np, hosts, hostfile, env, executable, verbose,
-                    start_timeout, output_filename, extra_args)
+                    start_timeout, output_filename, extra_args,
+                    os.path.join(outcome_dir, "outcome.json"))
     finally:
         if payload_file:
             os.unlink(payload_file)
+        shutil.rmtree(outcome_dir, ignore_errors=True)
 
 
 def _local_only(hosts, hostfile):
@@ -148,8 +154,8 @@ def _is_local(name):
 
 
 def _run(payload_name, payload_value, np, hosts, hostfile, env, executable, verbose, start_timeout,
-         output_filename, extra_args):
-    cmd = [_kolo_binary(), "run", "-np", str(int(np))]
+         output_filename, extra_args, outcome_file):
+    cmd = [_kolo_binary(), "run", "-np", str(int(np)), "--outcome-file", outcome_file]
     if hosts:
         cmd += ["-H", hosts]
     if hostfile:
@@ -249,7 +255,8 @@ def _run(payload_name, payload_value, np, hosts, hostfile, env, executable, verb
         e.ranks = hung
         raise e
     if code != 0 or errors:
-        raise _failure(code, {r: _loads(d) for r, d in errors.items()}, "".join(stderr_tail))
+        raise _failure(code, {r: _loads(d) for r, d in errors.items()}, "".join(stderr_tail),
+                       _read_outcome(outcome_file))
     missing = [r for r in range(nranks) if r not in results]
     if missing and unread:
         e = RuntimeError(
@@ -283,9 +290,22 @@ def _loads(data):
     return _DriverUnpickler(io.BytesIO(base64.b64decode(data))).load()
 
 
-def _failure(code, errors, stderr):
-    m = _FIRST_FAILED.search(stderr)
-    first = int(m.group(1)) if m else (min(errors) if errors else None)
+def _read_outcome(path):
+    """The job's outcome kolo run wrote to path (docs/launcher.md, "The outcome file"), or None when
+    it wrote none (it failed before the job started, or was killed)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _failure(code, errors, stderr, outcome):
+    """The RuntimeError for a failed job: the rank kolo run traced the failure to (the outcome's
+    first_failed), else the lowest rank that raised, with its exception; else kolo run's own
+    last words."""
+    first_failed = (outcome or {}).get("first_failed")
+    first = first_failed["rank"] if first_failed else (min(errors) if errors else None)
     if first in errors:
         err = errors[first]
         exc = None
