@@ -15,12 +15,15 @@ at loopback as a job that spans hosts listens on its network. The table gives sa
 and range over repeats), the churn's attempts and completed connections per second, and how many
 bytes of output the job wrote (its own lines plus kolo's warnings about rejected connections),
 with and without churn. On a machine with few cores the churners' own CPU time is part of what the
-job loses; the table says how much CPU they took.
+job loses; the table says how much CPU they took, and how much the job's own processes took (kolo
+run and its ranks, start-up included), which moves with the work the churn gives the job more
+than with the cores the churners take.
 """
 import argparse
 import json
 import os
 import pwd
+import resource
 import socket
 import statistics
 import subprocess
@@ -159,6 +162,10 @@ def job(args, with_churn):
         cmd[2:2] = ["--network-interface", "lo"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(ROOT, "python"), KOLO_OVERSUBSCRIBE="1")
     with tempfile.TemporaryFile() as out:
+        # The job's own CPU time (kolo run and its ranks, reaped by the time it exits), apart from
+        # the churners', which are reaped later: what the churn costs the job whatever else shares
+        # the machine.
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         p = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
         stop = mp.Event()
         counts, tries, cpus, procs, targets = [], [], [], [], []
@@ -183,6 +190,8 @@ def job(args, with_churn):
                     procs.append(pr)
         rc = p.wait(timeout=1800)
         ended = time.time()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        job_cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
         stop.set()
         for pr in procs:
             pr.join()
@@ -201,7 +210,7 @@ def job(args, with_churn):
     return {"samples_per_sec": res["samples_per_sec"], "output_bytes": len(text.encode()),
             "conns_per_sec": conns / secs if secs else 0, "tries_per_sec": attempts / secs if secs else 0,
             "ports": len(targets), "unix": sum(isinstance(t, str) for t in targets),
-            "churn_cpu_share": churn_cpu / secs if secs else 0}
+            "churn_cpu_share": churn_cpu / secs if secs else 0, "job_cpu": job_cpu}
 
 
 def main():
@@ -226,9 +235,10 @@ def main():
         for with_churn in ((False, True) if r % 2 == 0 else (True, False)):
             res = job(args, with_churn)
             runs[with_churn].append(res)
-            print("repeat %d %-8s %7.1f samples/s, %5.0f tries/s, %5.0f conn/s at %d sockets (%d Unix) (churners' CPU %.2f cores), %d bytes of output"
+            print("repeat %d %-8s %7.1f samples/s, %5.0f tries/s, %5.0f conn/s at %d sockets (%d Unix) (churners' CPU %.2f cores), job CPU %.1f s, %d bytes of output"
                   % (r, "churn" if with_churn else "quiet", res["samples_per_sec"], res["tries_per_sec"], res["conns_per_sec"],
-                     res["ports"], res["unix"], res["churn_cpu_share"], res["output_bytes"]), file=sys.stderr, flush=True)
+                     res["ports"], res["unix"], res["churn_cpu_share"], res["job_cpu"], res["output_bytes"]),
+                  file=sys.stderr, flush=True)
             time.sleep(args.pause)
 
     def med(k, c):
@@ -236,12 +246,13 @@ def main():
 
     q, c = [x["samples_per_sec"] for x in runs[False]], [x["samples_per_sec"] for x in runs[True]]
     paired = [a / b for a, b in zip(c, q)]
-    print("| setup | samples/s | churn tries/s | churn conn/s | churners' CPU (cores) | output bytes per job |")
-    print("|---|---:|---:|---:|---:|---:|")
-    print("| no churn | %.1f (%.1f-%.1f) | - | - | - | %d |" % (med("samples_per_sec", False), min(q), max(q), med("output_bytes", False)))
-    print("| churn at every socket | %.1f (%.1f-%.1f) | %.0f | %.0f | %.2f | %d |" % (
+    print("| setup | samples/s | churn tries/s | churn conn/s | churners' CPU (cores) | job CPU (s) | output bytes per job |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| no churn | %.1f (%.1f-%.1f) | - | - | - | %.1f | %d |" % (
+        med("samples_per_sec", False), min(q), max(q), med("job_cpu", False), med("output_bytes", False)))
+    print("| churn at every socket | %.1f (%.1f-%.1f) | %.0f | %.0f | %.2f | %.1f | %d |" % (
         med("samples_per_sec", True), min(c), max(c), med("tries_per_sec", True), med("conns_per_sec", True),
-        med("churn_cpu_share", True), med("output_bytes", True)))
+        med("churn_cpu_share", True), med("job_cpu", True), med("output_bytes", True)))
     print()
     print("churn / no churn: %.2fx (pairs %.2f-%.2f); %d ranks, batch %d, MLP %s, %d timed steps, %s, job on %s, churn as %s"
           % (med("samples_per_sec", True) / med("samples_per_sec", False), min(paired), max(paired), args.np,
