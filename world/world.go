@@ -337,7 +337,7 @@ func eagerPeers(rank, size int, remote, cross []int) []int {
 // (the route its hosts use). Never every interface: a stranger on a network the job does not use
 // cannot reach the port. A rendezvous at a Unix socket means a job on one host whose launcher made
 // the socket's directory for the job alone: the rank's socket goes beside it, under a name no
-// other world of the job (a later one of an elastic job, a subset's) takes.
+// other world of the process takes (a subset's, a later Init's).
 func listenAddr(job jobenv.Job, toRendezvous net.Addr, iface net.IP) (string, error) {
 	if iface != nil {
 		return net.JoinHostPort(iface.String(), "0"), nil
