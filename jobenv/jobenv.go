@@ -55,7 +55,7 @@ type Job struct {
 	LocalRank, LocalSize int
 	CrossRank, CrossSize int
 	Hostname             string // groups ranks into hosts: ranks with the same Hostname share memory
-	Rendezvous           string // host:port of the rendezvous store
+	Rendezvous           string // host:port of the rendezvous store, or its Unix socket's path (a job on one host)
 	JobID                string // unique per job; names shared-memory segments and guards against stale peers
 }
 

@@ -84,9 +84,13 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 			return ExitUsage, err
 		}
 	}
-	advertise, err := rendezvousAddrs(slots, remote, opts.NetworkInterface)
-	if err != nil {
-		return ExitUsage, err
+	// A job all on this machine meets at Unix sockets (listenOneHost); any other over TCP.
+	oneHost := len(remote) == 0 && opts.NetworkInterface == ""
+	var advertise map[string]string
+	if !oneHost {
+		if advertise, err = rendezvousAddrs(slots, remote, opts.NetworkInterface); err != nil {
+			return ExitUsage, err
+		}
 	}
 
 	ssh := &proc.SSHStarter{
@@ -114,12 +118,30 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 	}
 	srv := rendezvous.NewServer([]byte(secret))
 	defer srv.Close()
-	rvAddr, err := newRendezvousListeners(srv, "").atAll(slices.Collect(maps.Values(advertise)))
-	if err != nil {
-		return 1, fmt.Errorf("start rendezvous: %w", err)
+	guard := startGuard(opts.AfterOrphans)
+	defer guard.Close()
+	workerRV := map[string]string{} // by host: the rendezvous address its workers dial
+	if oneHost {
+		sock, dir, err := listenOneHost(srv)
+		if err != nil {
+			return 1, fmt.Errorf("start rendezvous: %w", err)
+		}
+		defer os.RemoveAll(dir)
+		guard.RemoveAfterOrphans(dir)
+		for _, s := range slots {
+			workerRV[s.Host] = sock
+		}
+	} else {
+		rvAddr, err := newRendezvousListeners(srv, "").atAll(slices.Collect(maps.Values(advertise)))
+		if err != nil {
+			return 1, fmt.Errorf("start rendezvous: %w", err)
+		}
+		for h, ip := range advertise {
+			workerRV[h] = rvAddr[ip]
+		}
 	}
 	if opts.Verbose {
-		slog.Info("rendezvous listening", "addrs", slices.Sorted(maps.Values(rvAddr)), "ranks", np, "hosts", len(seen))
+		slog.Info("rendezvous listening", "addrs", slices.Compact(slices.Sorted(maps.Values(workerRV))), "ranks", np, "hosts", len(seen))
 		// What start-up (and the job's later rendezvous use) cost the server: bench/scaling.py
 		// reads it for its table.
 		defer func() { slog.Info("rendezvous served", "requests", srv.Requests(), "ranks", np) }()
@@ -128,11 +150,8 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 	jobID := NewJobID()
 	workers := make([]proc.Worker, len(slots))
 	for i, s := range slots {
-		rv := rvAddr[advertise[s.Host]]
-		workers[i] = proc.Worker{Slot: s, Argv: opts.Command, Env: WorkerEnv(s, rv, jobID, secret, extra, opts.Env)}
+		workers[i] = proc.Worker{Slot: s, Argv: opts.Command, Env: WorkerEnv(s, workerRV[s.Host], jobID, secret, extra, opts.Env)}
 	}
-	guard := startGuard(opts.AfterOrphans)
-	defer guard.Close()
 	return runStatic(ctx, opts, staticRun{
 		workers: workers, store: relay.Local{S: srv.Store}, jobID: jobID, ran: &ran,
 		starter: proc.HostStarter{Local: proc.LocalStarter{Guard: guard, Bind: bind}, Remote: ssh},
@@ -282,12 +301,12 @@ func connectTimeout(start time.Duration) time.Duration {
 	return max(time.Second, start-time.Second)
 }
 
-// rendezvousAddrs says, per host of the plan, the IP that host's workers dial, where the
-// launcher's rendezvous listens: the --network-interface address; loopback when every rank is local;
-// otherwise the address this machine reaches each remote host from (so a namespace or a second
-// network gets an address it can route to, not a name only this machine resolves). Local ranks
-// of a job that spans hosts advertise themselves from the address they dial, so they get the one
-// of the first remote host.
+// rendezvousAddrs says, per host of a plan that spans hosts or names --network-interface, the IP
+// that host's workers dial, where the launcher's rendezvous listens: the --network-interface
+// address; otherwise the address this machine reaches each remote host from (so a namespace or a
+// second network gets an address it can route to, not a name only this machine resolves). Local
+// ranks of a job that spans hosts advertise themselves from the address they dial, so they get the
+// one of the first remote host.
 func rendezvousAddrs(slots []layout.Slot, remote []string, iface string) (advertise map[string]string, err error) {
 	advertise = map[string]string{}
 	if iface != "" {
@@ -297,12 +316,6 @@ func rendezvousAddrs(slots []layout.Slot, remote []string, iface string) (advert
 		}
 		for _, s := range slots {
 			advertise[s.Host] = ip.String()
-		}
-		return advertise, nil
-	}
-	if len(remote) == 0 {
-		for _, s := range slots {
-			advertise[s.Host] = "127.0.0.1"
 		}
 		return advertise, nil
 	}

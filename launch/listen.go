@@ -4,12 +4,34 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 
+	"github.com/kolo-dl/kolo/internal/endpoint"
 	"github.com/kolo-dl/kolo/rendezvous"
 )
+
+// listenOneHost makes the rendezvous of a job whose every rank runs on this machine listen on a
+// Unix socket in a new directory only this user may enter (endpoint.Dir), where the ranks put
+// their own sockets too (world.Connect): another user's process cannot even connect, and costs
+// the job nothing, where on loopback every stranger's connection costs an accept and a handshake.
+// It returns the socket's path and the directory, which the caller removes when the job ends.
+func listenOneHost(srv *rendezvous.Server) (sock, dir string, err error) {
+	dir, err = endpoint.Dir()
+	if err != nil {
+		return "", "", err
+	}
+	sock = filepath.Join(dir, "rendezvous.sock")
+	if _, err := srv.Listen(sock); err != nil {
+		os.RemoveAll(dir)
+		return "", "", err
+	}
+	slog.Debug("rendezvous listening", "addr", sock)
+	return sock, dir, nil
+}
 
 // rendezvousListeners makes the launcher's rendezvous listen where its workers are told to dial
 // it, and nowhere else: loopback for a job on this machine, the --network-interface address, or

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/auth"
+	"github.com/kolo-dl/kolo/internal/endpoint"
 )
 
 // Client is one authenticated connection to a Server. It is safe for concurrent use: calls are
@@ -77,8 +78,7 @@ func Dial(ctx context.Context, addr string, secret []byte) (*Client, error) {
 }
 
 func dialOnce(ctx context.Context, addr string, secret []byte) (net.Conn, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", addr)
+	conn, err := endpoint.Dial(ctx, addr)
 	if err != nil {
 		return nil, err
 	}

@@ -13,14 +13,15 @@ import (
 
 	"github.com/kolo-dl/kolo/auth"
 	"github.com/kolo-dl/kolo/internal/accept"
+	"github.com/kolo-dl/kolo/internal/endpoint"
 	"github.com/kolo-dl/kolo/internal/sockopt"
 )
 
 // HandshakeTimeout bounds how long an accepted connection may take to prove it knows the secret.
 const HandshakeTimeout = 5 * time.Second
 
-// Server serves a Store to authenticated Clients over TCP. The embedded Store is the launcher's
-// in-process view of the same data (s.Set, s.Get, s.Add, s.TryGet).
+// Server serves a Store to authenticated Clients over TCP or Unix sockets. The embedded Store is
+// the launcher's in-process view of the same data (s.Set, s.Get, s.Add, s.TryGet).
 type Server struct {
 	*Store
 	secret           []byte
@@ -61,14 +62,15 @@ func newServer(secret []byte, log *slog.Logger, handshakeTimeout time.Duration) 
 // stopped or busy is not affected: its kernel still answers. Call it before Listen.
 func (s *Server) SetLiveness(d time.Duration) { s.liveness = d }
 
-// Listen starts serving on addr (":0" picks a port) in the background and returns the bound address.
+// Listen starts serving on addr (":0" picks a port; a path is a Unix socket, endpoint.IsUnix) in
+// the background and returns the bound address.
 // It may be called again for another address (a launcher listens on each address it gives its
 // workers, not on every interface); every listener serves the same Store.
 func (s *Server) Listen(addr string) (net.Addr, error) {
 	if len(s.secret) == 0 {
 		return nil, errors.New("rendezvous listen: empty job secret")
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := endpoint.Listen(addr)
 	if err != nil {
 		return nil, fmt.Errorf("rendezvous listen on %s: %w", addr, err)
 	}

@@ -3,6 +3,7 @@ package world
 import (
 	"context"
 	"net"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -12,11 +13,14 @@ import (
 )
 
 // A rank listens on the one address it reaches the rendezvous from, the one it publishes, not on
-// every interface: in a job on one host, loopback.
+// every interface; beside a rendezvous on a Unix socket (a job on one host), on a Unix socket in
+// the same directory.
 func TestListensOnRouteToRendezvous(t *testing.T) {
+	sockDir := t.TempDir()
 	for _, tc := range []struct{ name, rendezvous, want string }{
 		{"ipv4", "127.0.0.1:0", "127.0.0.1"},
 		{"ipv6", "[::1]:0", "::1"},
+		{"unix", filepath.Join(sockDir, "rendezvous.sock"), sockDir},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			secret := []byte("listen-test-secret")
@@ -47,12 +51,20 @@ func TestListensOnRouteToRendezvous(t *testing.T) {
 					t.Fatalf("rank %d: %v", r, errs[r])
 				}
 				defer w.Close()
-				got := w.ln.Addr().(*net.TCPAddr).IP
-				if !got.Equal(net.ParseIP(tc.want)) {
-					t.Errorf("rank %d listens on %s, want %s", r, w.ln.Addr(), tc.want)
+				switch a := w.ln.Addr().(type) {
+				case *net.TCPAddr:
+					if !a.IP.Equal(net.ParseIP(tc.want)) {
+						t.Errorf("rank %d listens on %s, want %s", r, a, tc.want)
+					}
+				case *net.UnixAddr:
+					if filepath.Dir(a.Name) != tc.want {
+						t.Errorf("rank %d listens on Unix socket %s, want one in %s", r, a.Name, tc.want)
+					}
+				default:
+					t.Errorf("rank %d listens on %s %s", r, a.Network(), a)
 				}
 			}
-			// The ranks did connect: a message crosses the TCP mesh.
+			// The ranks did connect: a message crosses the mesh.
 			errs[0] = worlds[0].Comm.Send(ctx, 1, []byte("hi"))
 			buf := make([]byte, 2)
 			errs[1] = worlds[1].Comm.Recv(ctx, 0, buf)

@@ -8,17 +8,20 @@ package world
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/kolo-dl/kolo/internal/endpoint"
 	"github.com/kolo-dl/kolo/internal/netif"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/rendezvous"
@@ -117,7 +120,7 @@ func Connect(ctx context.Context, job jobenv.Job, secret []byte, opt Options) (*
 	w.closers = append(w.closers, rv.Close)
 	w.Rendezvous = rv
 
-	at, err := listenAddr(rv.LocalAddr(), ifaceIP)
+	at, err := listenAddr(job, rv.LocalAddr(), ifaceIP)
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: %w", job.Rank, err)
 	}
@@ -331,11 +334,18 @@ func eagerPeers(rank, size int, remote, cross []int) []int {
 
 // listenAddr is the one address a rank listens on for its peers and publishes to them: the
 // --network-interface address, else the address of this end of its connection to the rendezvous
-// (the route its hosts use; loopback when the job is on one host). Never every interface: a
-// stranger on a network the job does not use cannot reach the port.
-func listenAddr(toRendezvous net.Addr, iface net.IP) (string, error) {
+// (the route its hosts use). Never every interface: a stranger on a network the job does not use
+// cannot reach the port. A rendezvous at a Unix socket means a job on one host whose launcher made
+// the socket's directory for the job alone: the rank's socket goes beside it, under a name no
+// other world of the process takes (a subset's, a later Init's).
+func listenAddr(job jobenv.Job, toRendezvous net.Addr, iface net.IP) (string, error) {
 	if iface != nil {
 		return net.JoinHostPort(iface.String(), "0"), nil
+	}
+	if endpoint.IsUnix(job.Rendezvous) {
+		var b [4]byte // endpoint.Dir leaves room for the name
+		rand.Read(b[:])
+		return filepath.Join(filepath.Dir(job.Rendezvous), fmt.Sprintf("r%d-%x.sock", job.Rank, b)), nil
 	}
 	ta, ok := toRendezvous.(*net.TCPAddr)
 	if !ok {

@@ -3,8 +3,11 @@ package accept
 import (
 	"log/slog"
 	"net"
+	"strconv"
 	"sync"
 	"time"
+
+	"github.com/kolo-dl/kolo/internal/endpoint"
 )
 
 // Gate stands at a listener's door against strangers: it reports connections its owner rejected
@@ -12,8 +15,9 @@ import (
 // job's logs, and refuses at accept, for a while, an address that keeps failing, so that its
 // connections cost the job no handshake. A Gate is safe for concurrent use.
 //
-// Loopback addresses are never refused: every process of the host shares them, the job's own
-// ranks included, so refusing one would let any local user cut the job off.
+// Loopback addresses and Unix sockets are never refused by address: every process of the host
+// shares them, the job's own ranks included, so refusing one would let any local user cut the job
+// off. A Unix socket's peer of another user is refused instead, by its user id, before any byte.
 type Gate struct {
 	what string
 	log  *slog.Logger
@@ -79,11 +83,30 @@ type gated struct {
 func (l gated) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
-		if err != nil || l.g.admit(c.RemoteAddr()) {
+		if err != nil || !l.g.otherUser(c) && l.g.admit(c.RemoteAddr()) {
 			return c, err
 		}
 		c.Close()
 	}
+}
+
+// otherUser reports whether c comes from another user's process (a Unix socket's peer), which
+// is refused before it is read: only the job's user can be running its ranks.
+func (g *Gate) otherUser(c net.Conn) bool {
+	uid, other := endpoint.OtherUser(c)
+	if !other {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.logged < g.p.LogBurst {
+		g.logged++
+		g.log.Warn(g.what+": refused a connection from another user", "uid", uid)
+		g.armFlush()
+		return true
+	}
+	g.countQuiet("uid " + strconv.Itoa(uid))
+	return true
 }
 
 // admit reports whether a connection from addr may go on to its handshake.
@@ -107,7 +130,7 @@ func (g *Gate) Rejected(addr net.Addr, why string, err error) {
 	now := time.Now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !isLoopback(ip) {
+	if !shared(addr) {
 		f := g.peers[ip]
 		if f == nil {
 			if len(g.peers) >= maxTracked {
@@ -185,6 +208,9 @@ func (g *Gate) Close() {
 }
 
 func hostOf(addr net.Addr) string {
+	if addr == nil { // a Unix socket's peer may have no address
+		return ""
+	}
 	if a, ok := addr.(*net.TCPAddr); ok {
 		return a.IP.String()
 	}
@@ -195,7 +221,12 @@ func hostOf(addr net.Addr) string {
 	return h
 }
 
-func isLoopback(ip string) bool {
-	p := net.ParseIP(ip)
+// shared reports whether addr may be every local process's: loopback, or a Unix socket's peer
+// (which has no address of its own).
+func shared(addr net.Addr) bool {
+	if _, ok := addr.(*net.UnixAddr); ok || addr == nil {
+		return true
+	}
+	p := net.ParseIP(hostOf(addr))
 	return p != nil && p.IsLoopback()
 }

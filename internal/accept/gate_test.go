@@ -30,7 +30,13 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func tcpAddr(ip string) net.Addr { return &net.TCPAddr{IP: net.ParseIP(ip), Port: 40000} }
+// tcpAddr is a TCP peer at ip, or, for "unix", a Unix socket's peer (which has no address).
+func tcpAddr(ip string) net.Addr {
+	if ip == "unix" {
+		return &net.UnixAddr{Name: "@", Net: "unix"}
+	}
+	return &net.TCPAddr{IP: net.ParseIP(ip), Port: 40000}
+}
 
 func TestGateRefusesAnAddressThatKeepsFailing(t *testing.T) {
 	var log syncBuffer
@@ -45,6 +51,7 @@ func TestGateRefusesAnAddressThatKeepsFailing(t *testing.T) {
 		{"at the limit", "10.9.0.2", 3, true},
 		{"loopback never", "127.0.0.1", 10, false},
 		{"ipv6 loopback never", "::1", 10, false},
+		{"a Unix socket's peer never", "unix", 10, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := NewGate("test", slog.New(slog.NewTextHandler(&log, nil)), p)

@@ -5,12 +5,14 @@
 package authtest
 
 import (
+	"context"
 	"crypto/rand"
 	"fmt"
 	"io"
-	"net"
 	"testing"
 	"time"
+
+	"github.com/kolo-dl/kolo/internal/endpoint"
 )
 
 // Magic is the greeting auth.Handshake sends first (auth's own tests check that the two agree).
@@ -18,11 +20,13 @@ const Magic = "KOLO2\x00"
 
 const nonceLen, proofLen = 32, 32
 
-// Stranger connects to addr as a kolo dialer that does not know the secret: it greets, then, if
+// Stranger connects to addr (HOST:PORT or a Unix socket's path) as a kolo dialer that does not know the secret: it greets, then, if
 // prove, sends a proof made with some other secret. It returns every byte the listener sent after
 // its greeting, until the listener closed the connection or timeout passed.
 func Stranger(addr string, prove bool, timeout time.Duration) ([]byte, error) {
-	c, err := net.DialTimeout("tcp", addr, timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c, err := endpoint.Dial(ctx, addr)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/auth"
+	"github.com/kolo-dl/kolo/internal/endpoint"
 	"github.com/kolo-dl/kolo/launch"
 	"github.com/kolo-dl/kolo/launch/layout"
 	"github.com/kolo-dl/kolo/launch/proc"
@@ -177,7 +178,9 @@ func intrude(ctx context.Context, srv *rendezvous.Server, rvAddr, jobID string, 
 	made := 0
 	for _, t := range targets {
 		for _, mode := range []string{"garbage", "wrong-secret"} {
-			conn, err := net.DialTimeout("tcp", t, time.Second)
+			dctx, cancel := context.WithTimeout(ctx, time.Second)
+			conn, err := endpoint.Dial(dctx, t)
+			cancel()
 			if err != nil {
 				continue
 			}

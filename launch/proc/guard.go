@@ -22,20 +22,24 @@ type OrphanGuard struct {
 	closed bool
 }
 
-// guardScript keeps the set of live groups in $g; "+ N" adds, "- N" removes, "exit" leaves
-// without killing, and end of input kills every group left, then runs its arguments, if any, once
-// the killed processes are gone (a dead launcher cannot clean up after its ranks: kolo run has it
-// remove the shared-memory segments they left).
-const guardScript = `g=
+// guardScript keeps the set of live groups in $g; "+ N" adds, "- N" removes, "rm PATH" names a
+// directory to remove, "exit" leaves without killing, and end of input kills every group left,
+// then, once the killed processes are gone, removes the directory and runs its arguments, if any
+// (a dead launcher cannot clean up after its ranks: kolo run has it remove the shared-memory
+// segments they left and the job's socket directory).
+const guardScript = `g= d=
 while IFS= read -r l; do
   case $l in
   "+ "*) g="$g ${l#+ }" ;;
   "- "*) n=; for p in $g; do [ "$p" = "${l#- }" ] || n="$n $p"; done; g=$n ;;
+  "rm "*) d=${l#rm } ;;
   exit) exit 0 ;;
   esac
 done
 for p in $g; do kill -KILL -"$p" 2>/dev/null; done
-[ $# -gt 0 ] && { sleep 0.2; exec "$@"; }
+{ [ -n "$d" ] || [ $# -gt 0 ]; } && sleep 0.2
+[ -n "$d" ] && rm -rf -- "$d"
+[ $# -gt 0 ] && exec "$@"
 exit 0`
 
 // StartOrphanGuard starts the guard process; then, if given, is the command it runs after killing
@@ -75,6 +79,10 @@ func (g *OrphanGuard) Add(pgid int) { g.send("+ " + strconv.Itoa(pgid)) }
 // Remove forgets pgid (its leader has been reaped and the group killed), so that a later group
 // reusing the number is never touched.
 func (g *OrphanGuard) Remove(pgid int) { g.send("- " + strconv.Itoa(pgid)) }
+
+// RemoveAfterOrphans has the guard remove dir (a directory the launcher made for its ranks: one
+// line, so no newline in it) once it has killed the ranks of a launcher that died.
+func (g *OrphanGuard) RemoveAfterOrphans(dir string) { g.send("rm " + dir) }
 
 // Close lets the guard exit without killing anything and waits for it.
 func (g *OrphanGuard) Close() error {

@@ -155,3 +155,29 @@ func TestOrphanGuardThen(t *testing.T) {
 		}
 	}
 }
+
+// The guard removes the directory it was given only after killing a dead launcher's groups,
+// never on a goodbye (the launcher removes it then).
+func TestOrphanGuardRemovesDir(t *testing.T) {
+	for _, dies := range []bool{true, false} {
+		dir := t.TempDir() + "/job sockets"
+		if err := os.MkdirAll(dir+"/sub", 0o700); err != nil {
+			t.Fatal(err)
+		}
+		g, err := StartOrphanGuard()
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.Add(groupLeader(t).Process.Pid)
+		g.RemoveAfterOrphans(dir)
+		if dies {
+			g.die()
+		} else if err := g.Close(); err != nil {
+			t.Fatal(err)
+		}
+		_, err = os.Stat(dir)
+		if removed := os.IsNotExist(err); removed != dies {
+			t.Errorf("launcher died %v: directory removed %v (stat: %v)", dies, removed, err)
+		}
+	}
+}

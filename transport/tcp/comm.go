@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -24,7 +23,7 @@ import (
 type dir struct {
 	p     *peer
 	send  bool
-	conns []*net.TCPConn
+	conns []conn
 	off   uint64 // stream offset of the next byte; advanced only by whole successful calls
 
 	jobs []chan job  // per connection: work for its worker
@@ -63,7 +62,7 @@ type result struct {
 	err error
 }
 
-func (d *dir) init(p *peer, send bool, conns []*net.TCPConn) {
+func (d *dir) init(p *peer, send bool, conns []conn) {
 	d.p = p
 	d.send = send
 	d.conns = conns
@@ -275,7 +274,7 @@ func (d *dir) run(s int, b []byte, off uint64) (int64, error) {
 // link move: a write returns only once all of its bytes are in the kernel's buffer.
 const writePiece = 1 << 20
 
-func (d *dir) io(c *net.TCPConn, s int, b []byte) (int64, error) {
+func (d *dir) io(c conn, s int, b []byte) (int64, error) {
 	var n int
 	var err error
 	switch {

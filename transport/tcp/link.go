@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"time"
 
 	"github.com/kolo-dl/kolo/transport"
@@ -112,7 +111,7 @@ func (m *Mesh) dialSet(ctx context.Context, p *peer) {
 	ids := setIDs(p.rank, m.cfg.Streams)
 	type dialed struct {
 		id   connID
-		conn *net.TCPConn
+		conn conn
 		err  error
 	}
 	results := make(chan dialed, len(ids))
@@ -122,7 +121,7 @@ func (m *Mesh) dialSet(ctx context.Context, p *peer) {
 			results <- dialed{id, c, err}
 		}()
 	}
-	conns := map[connID]*net.TCPConn{}
+	conns := map[connID]conn{}
 	var err error
 	for range ids {
 		d := <-results
@@ -264,7 +263,7 @@ func (m *Mesh) arrive(a arrival) {
 		return
 	}
 	if p.partial == nil {
-		p.partial = map[connID]*net.TCPConn{}
+		p.partial = map[connID]conn{}
 	}
 	p.partial[a.id] = a.conn
 	if len(p.partial) < 1+m.cfg.Streams {
@@ -290,7 +289,7 @@ const partialPoll = 10 * time.Millisecond
 // send before this end has it all, and the set will be complete here too. The socket is peeked
 // at, never read, and polled rather than waited on, so that the watch never holds the read lock a
 // call needs once the set is installed.
-func (m *Mesh) watchPartial(p *peer, id connID, c *net.TCPConn) {
+func (m *Mesh) watchPartial(p *peer, id connID, c conn) {
 	defer m.wg.Done()
 	stillPartial := func() bool {
 		return !m.closed.Load() && p.link == linkAccepting && p.partial[id] == c

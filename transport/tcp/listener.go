@@ -6,10 +6,12 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/kolo-dl/kolo/auth"
 	"github.com/kolo-dl/kolo/internal/accept"
+	"github.com/kolo-dl/kolo/internal/endpoint"
 	"github.com/kolo-dl/kolo/transport"
 )
 
@@ -43,11 +45,25 @@ const (
 // live peer that is merely not reading (zero window): a rank stalled for longer than the timeout
 // would lose its data connections. The control lane is always drained by its reader, and losing
 // it marks the whole peer lost, data connections included.
-func tune(c *net.TCPConn) {
-	c.SetNoDelay(true)
-	c.SetReadBuffer(sockBuf)
-	c.SetWriteBuffer(sockBuf)
-	c.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: keepAliveIdle, Interval: keepAliveIntvl, Count: keepAliveCount})
+//
+// A Unix socket (a job on one host) takes none of it: its peer is a process of this host, whose
+// end the kernel closes when it dies.
+func tune(c conn) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return
+	}
+	tc.SetNoDelay(true)
+	tc.SetReadBuffer(sockBuf)
+	tc.SetWriteBuffer(sockBuf)
+	tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: keepAliveIdle, Interval: keepAliveIntvl, Count: keepAliveCount})
+}
+
+// conn is a connection between two ranks: TCP, or a Unix socket between ranks of a job on one
+// host (endpoint.IsUnix).
+type conn interface {
+	net.Conn
+	syscall.Conn
 }
 
 // Listener accepts the connections peers dial to this rank. It authenticates each one and reads its
@@ -55,7 +71,7 @@ func tune(c *net.TCPConn) {
 // Connect starts: peers may dial before this rank gets there). A mesh takes connections for its
 // whole life, since a lazy one (Config.Lazy) connects to most peers on first use.
 type Listener struct {
-	ln               *net.TCPListener
+	ln               net.Listener
 	gate             *accept.Gate // strangers' failed handshakes: logged at a bounded rate, repeat offenders refused
 	secret           []byte
 	log              *slog.Logger
@@ -105,16 +121,17 @@ func (id connID) String() string {
 
 type arrival struct {
 	id   connID
-	conn *net.TCPConn
+	conn conn
 }
 
 type earlyConn struct {
-	conn *net.TCPConn
+	conn conn
 	h    hello
 	at   time.Time
 }
 
-// Listen opens a Listener on addr (e.g. "0.0.0.0:0") that admits only peers knowing secret.
+// Listen opens a Listener on addr (e.g. "0.0.0.0:0", or a Unix socket's path: endpoint.IsUnix)
+// that admits only peers knowing secret.
 func Listen(addr string, secret []byte) (*Listener, error) {
 	return listen(addr, secret, slog.Default(), HandshakeTimeout)
 }
@@ -123,12 +140,12 @@ func listen(addr string, secret []byte, log *slog.Logger, handshakeTimeout time.
 	if len(secret) == 0 {
 		return nil, errors.New("tcp transport: listen: empty job secret")
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := endpoint.Listen(addr)
 	if err != nil {
 		return nil, fmt.Errorf("tcp transport: listen on %s: %w", addr, err)
 	}
 	l := &Listener{
-		ln:               ln.(*net.TCPListener),
+		ln:               ln,
 		gate:             accept.NewGate("tcp transport", log, accept.GatePolicy{}),
 		secret:           append([]byte(nil), secret...),
 		log:              log,
@@ -181,12 +198,12 @@ func (l *Listener) accept() {
 		l.wg.Add(1)
 		l.mu.Unlock()
 		// Auth runs beside the accept loop so that a silent peer cannot stall it.
-		go l.admit(c.(*net.TCPConn))
+		go l.admit(c.(conn))
 		return true
 	})
 }
 
-func (l *Listener) reject(c *net.TCPConn, why string, err error) {
+func (l *Listener) reject(c conn, why string, err error) {
 	l.gate.Rejected(c.RemoteAddr(), why, err)
 	c.Close()
 }
@@ -198,7 +215,7 @@ func (l *Listener) reject(c *net.TCPConn, why string, err error) {
 // set failed). A dialer with the
 // wrong secret sends its proof before it reads ours, so its proof is checked and denied here
 // first; one that is silent runs into the handshake's timeout; both are still rejections.
-func (l *Listener) unfinished(c *net.TCPConn, why string, err error) {
+func (l *Listener) unfinished(c conn, why string, err error) {
 	l.mu.Lock()
 	delete(l.pending, c)
 	closing := l.closed
@@ -213,7 +230,7 @@ func (l *Listener) unfinished(c *net.TCPConn, why string, err error) {
 }
 
 // admit authenticates c, reads its hello and routes it.
-func (l *Listener) admit(c *net.TCPConn) {
+func (l *Listener) admit(c conn) {
 	defer l.wg.Done()
 	tune(c)
 	if err := auth.Handshake(c, l.secret, auth.Listener, l.handshakeTimeout); err != nil {
@@ -232,7 +249,7 @@ func (l *Listener) admit(c *net.TCPConn) {
 
 // route hands an authenticated connection to its registration, parks it until one appears, or
 // rejects it when a different job or rank is connecting here.
-func (l *Listener) route(c *net.TCPConn, h hello) {
+func (l *Listener) route(c conn, h hello) {
 	l.mu.Lock()
 	delete(l.pending, c)
 	if l.closed {
@@ -315,7 +332,7 @@ func (r *registration) claimLocked(h hello) string {
 }
 
 // refuse tells the dialer why (so its Connect fails with the reason instead of timing out) and logs.
-func (l *Listener) refuse(c *net.TCPConn, h hello, why string) {
+func (l *Listener) refuse(c conn, h hello, why string) {
 	c.SetWriteDeadline(time.Now().Add(ackTimeout))
 	c.Write(appendAckStatus(nil, ackRefused, why))
 	l.reject(c, fmt.Sprintf("rank %d of job %q: %s", h.from, h.job, why), errRejected)
@@ -323,7 +340,7 @@ func (l *Listener) refuse(c *net.TCPConn, h hello, why string) {
 
 // deliver acks a claimed connection and passes it to the registration's mesh, unless the mesh
 // declines it.
-func (l *Listener) deliver(reg *registration, c *net.TCPConn, h hello) {
+func (l *Listener) deliver(reg *registration, c conn, h hello) {
 	id := connID{peer: h.from, lane: h.lane, stream: h.stream}
 	if status, why := reg.decide(id); status != ackTaken {
 		l.mu.Lock()

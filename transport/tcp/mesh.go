@@ -1,7 +1,9 @@
 // Package tcp is the transport between ranks on different hosts: a full mesh of authenticated TCP
 // connections among a given set of peers, exposing a data lane (transport.Comm, each peer's byte
 // stream striped over several connections so one big message uses several TCP streams) and a
-// control lane (transport.Messenger, one more connection per peer carrying framed messages).
+// control lane (transport.Messenger, one more connection per peer carrying framed messages). The
+// ranks of a job on one host that do not share memory mesh the same way over Unix sockets
+// (endpoint.IsUnix addresses).
 //
 // Every connection runs auth.Handshake before any other byte, then a hello naming the job and the
 // ranks; a connection that fails either is logged and closed while the Listener keeps serving. A
@@ -25,6 +27,8 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/auth"
+	"github.com/kolo-dl/kolo/internal/endpoint"
+	"github.com/kolo-dl/kolo/internal/sockopt"
 	"github.com/kolo-dl/kolo/transport"
 )
 
@@ -185,11 +189,11 @@ type peer struct {
 	linkMu  sync.Mutex
 	link    linkState
 	ready   chan struct{} // closed when link settles (up, failed, idle or closed)
-	partial map[connID]*net.TCPConn
+	partial map[connID]conn
 	expiry  *time.Timer // fails a set the peer began and did not finish
 	up      atomic.Bool
 
-	ctrl *net.TCPConn
+	ctrl conn
 	out  dir // our stream to the peer
 	in   dir // the peer's stream to us
 	lost atomic.Pointer[transport.PeerError]
@@ -325,7 +329,7 @@ func (m *Mesh) missing(below []int, waited time.Duration, cause error) error {
 // dialPeer makes one connection to a higher rank, retrying refused and broken attempts until ctx
 // ends (refused ones only maxRefused times with Config.Listening). A wrong secret or a refused
 // hello fails at once: retrying cannot fix them.
-func dialPeer(ctx context.Context, cfg *Config, id connID) (*net.TCPConn, error) {
+func dialPeer(ctx context.Context, cfg *Config, id connID) (conn, error) {
 	addr := cfg.Addrs[id.peer]
 	h := hello{lane: id.lane, stream: id.stream, streams: cfg.Streams, from: cfg.Rank, to: id.peer, size: cfg.Size, job: cfg.JobID}
 	backoff := 10 * time.Millisecond
@@ -372,13 +376,12 @@ func dialPeer(ctx context.Context, cfg *Config, id connID) (*net.TCPConn, error)
 }
 
 // dialOnce makes one attempt at connection h.
-func dialOnce(ctx context.Context, addr string, secret []byte, h hello) (*net.TCPConn, error) {
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", addr)
+func dialOnce(ctx context.Context, addr string, secret []byte, h hello) (conn, error) {
+	nc, err := endpoint.Dial(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
-	c := nc.(*net.TCPConn)
+	c := nc.(conn)
 	tune(c)
 	// Handshake, hello and ack are bounded by ctx: its deadline, or its cancellation when another
 	// connection of this Connect failed.
@@ -474,7 +477,7 @@ func newMesh(cfg *Config, l *Listener) *Mesh {
 // install makes conns (a whole set: the control connection and every data stream) p's
 // connections and starts their goroutines. It runs under p.linkMu; on a closed mesh (it may have
 // closed after its caller looked) it closes them.
-func (m *Mesh) install(p *peer, conns map[connID]*net.TCPConn) {
+func (m *Mesh) install(p *peer, conns map[connID]conn) {
 	if m.closed.Load() {
 		for _, c := range conns {
 			c.Close()
@@ -482,10 +485,12 @@ func (m *Mesh) install(p *peer, conns map[connID]*net.TCPConn) {
 		return
 	}
 	p.ctrl = conns[connID{peer: p.rank, lane: laneControl}]
-	setUserTimeout(p.ctrl, m.cfg.userTimeout)
-	ka := ctrlKeepAlive(m.cfg.userTimeout)
-	p.ctrl.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: ka, Interval: ka, Count: keepAliveCount})
-	data := make([]*net.TCPConn, m.cfg.Streams)
+	if tc, ok := p.ctrl.(*net.TCPConn); ok {
+		sockopt.UserTimeout(tc, m.cfg.userTimeout)
+		ka := ctrlKeepAlive(m.cfg.userTimeout)
+		tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: ka, Interval: ka, Count: keepAliveCount})
+	}
+	data := make([]conn, m.cfg.Streams)
 	for s := range data {
 		data[s] = conns[connID{peer: p.rank, lane: laneData, stream: s}]
 	}

@@ -11,6 +11,6 @@ import (
 const peekable = false
 
 // peekNow is not available here: a set still arriving is not watched.
-func peekNow(*net.TCPConn, []byte) (int, error) {
+func peekNow(conn, []byte) (int, error) {
 	return 0, errors.New("peeking at a socket is not supported on this platform")
 }

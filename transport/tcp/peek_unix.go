@@ -4,7 +4,6 @@ package tcp
 
 import (
 	"io"
-	"net"
 	"syscall"
 )
 
@@ -14,7 +13,7 @@ const peekable = true
 // peekNow copies what has arrived on c into buf without consuming it, and without waiting: (0,
 // nil) when nothing has arrived yet, io.EOF once the peer closed. It holds the socket's read lock
 // only for the call, so a reader that takes the connection meanwhile is not held up.
-func peekNow(c *net.TCPConn, buf []byte) (int, error) {
+func peekNow(c conn, buf []byte) (int, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return 0, err

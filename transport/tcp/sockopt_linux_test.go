@@ -3,7 +3,6 @@ package tcp
 import (
 	"bytes"
 	"context"
-	"net"
 	"syscall"
 	"testing"
 	"time"
@@ -11,7 +10,7 @@ import (
 	"github.com/kolo-dl/kolo/transport"
 )
 
-func userTimeoutOf(t *testing.T, c *net.TCPConn) time.Duration {
+func userTimeoutOf(t *testing.T, c conn) time.Duration {
 	raw, err := c.SyscallConn()
 	if err != nil {
 		t.Fatal(err)

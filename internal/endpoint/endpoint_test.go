@@ -1,0 +1,105 @@
+package endpoint
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestIsUnix(t *testing.T) {
+	for _, tc := range []struct {
+		addr string
+		want bool
+	}{
+		{"/run/user/1000/kolo-1/rendezvous.sock", true},
+		{"127.0.0.1:4000", false},
+		{"[::1]:4000", false},
+		{"myhost:4000", false},
+		{"", false},
+	} {
+		if got := IsUnix(tc.addr); got != tc.want {
+			t.Errorf("IsUnix(%q) = %v, want %v", tc.addr, got, tc.want)
+		}
+	}
+}
+
+// Dial reaches what Listen opened, whichever kind of address, and a Unix socket's file goes with
+// its listener.
+func TestListenDial(t *testing.T) {
+	for _, addr := range []string{"127.0.0.1:0", filepath.Join(t.TempDir(), "s.sock")} {
+		t.Run(addr, func(t *testing.T) {
+			ln, err := Listen(addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() {
+				if c, err := ln.Accept(); err == nil {
+					c.Write([]byte("hi"))
+					c.Close()
+				}
+			}()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			c, err := Dial(ctx, ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := io.ReadAll(c)
+			c.Close()
+			if err != nil || string(b) != "hi" {
+				t.Errorf("read %q, %v; want \"hi\"", b, err)
+			}
+			ln.Close()
+			if IsUnix(addr) {
+				if _, err := os.Stat(addr); !os.IsNotExist(err) {
+					t.Errorf("socket file left after its listener closed (stat: %v)", err)
+				}
+			}
+		})
+	}
+}
+
+// Dir is a new directory only this user may enter, in the temp directory, or in /tmp when that
+// would leave a socket's path too long.
+func TestDir(t *testing.T) {
+	long := filepath.Join(t.TempDir(), strings.Repeat("d", maxPath))
+	if err := os.MkdirAll(long, 0o700); err != nil {
+		t.Skipf("cannot make a directory with a long name here: %v", err)
+	}
+	for _, tc := range []struct {
+		name, tmpdir, wantIn string
+	}{
+		{"temp dir", t.TempDir(), ""},
+		{"too long", long, "/tmp"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("TMPDIR", tc.tmpdir)
+			dir, err := Dir()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer os.RemoveAll(dir)
+			want := tc.wantIn
+			if want == "" {
+				want = tc.tmpdir
+			}
+			if filepath.Dir(dir) != want {
+				t.Errorf("Dir() = %s, want one in %s", dir, want)
+			}
+			if len(dir)+1+maxName > maxPath {
+				t.Errorf("Dir() = %s leaves no room for a socket's name", dir)
+			}
+			fi, err := os.Stat(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !fi.IsDir() || fi.Mode().Perm() != 0o700 {
+				t.Errorf("Dir() made %s with mode %v, want a directory of mode 0700", dir, fi.Mode())
+			}
+		})
+	}
+}

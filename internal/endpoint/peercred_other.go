@@ -1,0 +1,9 @@
+//go:build !linux
+
+package endpoint
+
+import "net"
+
+// OtherUser is Linux-only (SO_PEERCRED); elsewhere the socket directory's mode alone keeps other
+// users out.
+func OtherUser(net.Conn) (uid int, other bool) { return 0, false }
