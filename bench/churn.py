@@ -6,6 +6,7 @@ bytes that are not a kolo handshake, and closes, as fast as it can; side by side
     make build lib && python3 bench/churn.py --np 2 --repeats 3
     sudo python3 bench/churn.py --as-user nobody                  # a stranger of another user
     sudo python3 bench/churn.py --as-user nobody --listen tcp     # the same, at TCP ports
+    sudo python3 bench/churn.py --as-user nobody --hog            # and a busy loop beside it
 
 The churn starts once the job listens (its sockets are found from /proc) and runs until it ends,
 from --churners processes on this machine, as this user or (--as-user, run as root) another. A job
@@ -17,7 +18,9 @@ bytes of output the job wrote (its own lines plus kolo's warnings about rejected
 with and without churn. On a machine with few cores the churners' own CPU time is part of what the
 job loses; the table says how much CPU they took, and how much the job's own processes took (kolo
 run and its ranks, start-up included), which moves with the work the churn gives the job more
-than with the cores the churners take.
+than with the cores the churners take. --hog adds a third setup, alternated with the others: the
+same processes looping on nothing, no socket touched, which is what any process of any user costs
+a job on these cores.
 """
 import argparse
 import json
@@ -129,7 +132,10 @@ def churn(targets, stop, count, tries, cpu, rate, user):
     junk = os.urandom(70)
     n, i = 0, 0
     start = time.time()
-    while not stop.is_set():
+    if targets is None:  # --hog: the CPU alone
+        while not stop.is_set():
+            i += 1
+    while targets is not None and not stop.is_set():
         if rate and i >= rate * (time.time() - start):
             time.sleep(0.001)
             continue
@@ -153,7 +159,8 @@ def churn(targets, stop, count, tries, cpu, rate, user):
     cpu.value = time.process_time()
 
 
-def job(args, with_churn):
+def job(args, setup):
+    with_churn = setup != "quiet"
     cmd = [os.path.join(ROOT, "bin", "kolo"), "run", "-np", str(args.np), PY,
            os.path.join(HERE, "ddp_compare.py"), "--worker", "kolo", "--batch", str(args.batch),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--mlp-sizes", args.mlp_sizes,
@@ -178,7 +185,9 @@ def job(args, with_churn):
                 if len(targets) >= 1 + args.np:  # the launcher's rendezvous and every rank's
                     break
                 time.sleep(0.05)
-            if targets:
+            if setup == "hog":
+                targets = None
+            if targets or targets is None:
                 started = time.time()
                 for _ in range(args.churners):
                     c, t, u = mp.Value("q", 0), mp.Value("q", 0), mp.Value("d", 0)
@@ -209,7 +218,7 @@ def job(args, with_churn):
     churn_cpu = sum(u.value for u in cpus)
     return {"samples_per_sec": res["samples_per_sec"], "output_bytes": len(text.encode()),
             "conns_per_sec": conns / secs if secs else 0, "tries_per_sec": attempts / secs if secs else 0,
-            "ports": len(targets), "unix": sum(isinstance(t, str) for t in targets),
+            "ports": len(targets or []), "unix": sum(isinstance(t, str) for t in targets or []),
             "churn_cpu_share": churn_cpu / secs if secs else 0, "job_cpu": job_cpu}
 
 
@@ -227,16 +236,18 @@ def main():
                    help="unix: kolo run as is (a one-host job listens on Unix sockets); tcp: --network-interface lo")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--pause", type=float, default=3)
+    p.add_argument("--hog", action="store_true", help="also run the job beside --churners busy loops (no sockets)")
     args = p.parse_args()
     if args.as_user and os.geteuid() != 0:
         p.error("--as-user needs root")
-    runs = {False: [], True: []}
+    setups = ["quiet", "churn"] + (["hog"] if args.hog else [])
+    runs = {k: [] for k in setups}
     for r in range(args.repeats):
-        for with_churn in ((False, True) if r % 2 == 0 else (True, False)):
-            res = job(args, with_churn)
-            runs[with_churn].append(res)
+        for setup in (setups if r % 2 == 0 else setups[::-1]):
+            res = job(args, setup)
+            runs[setup].append(res)
             print("repeat %d %-8s %7.1f samples/s, %5.0f tries/s, %5.0f conn/s at %d sockets (%d Unix) (churners' CPU %.2f cores), job CPU %.1f s, %d bytes of output"
-                  % (r, "churn" if with_churn else "quiet", res["samples_per_sec"], res["tries_per_sec"], res["conns_per_sec"],
+                  % (r, setup, res["samples_per_sec"], res["tries_per_sec"], res["conns_per_sec"],
                      res["ports"], res["unix"], res["churn_cpu_share"], res["job_cpu"], res["output_bytes"]),
                   file=sys.stderr, flush=True)
             time.sleep(args.pause)
@@ -244,18 +255,27 @@ def main():
     def med(k, c):
         return statistics.median(x[k] for x in runs[c])
 
-    q, c = [x["samples_per_sec"] for x in runs[False]], [x["samples_per_sec"] for x in runs[True]]
+    q, c = [x["samples_per_sec"] for x in runs["quiet"]], [x["samples_per_sec"] for x in runs["churn"]]
     paired = [a / b for a, b in zip(c, q)]
     print("| setup | samples/s | churn tries/s | churn conn/s | churners' CPU (cores) | job CPU (s) | output bytes per job |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     print("| no churn | %.1f (%.1f-%.1f) | - | - | - | %.1f | %d |" % (
-        med("samples_per_sec", False), min(q), max(q), med("job_cpu", False), med("output_bytes", False)))
+        med("samples_per_sec", "quiet"), min(q), max(q), med("job_cpu", "quiet"), med("output_bytes", "quiet")))
     print("| churn at every socket | %.1f (%.1f-%.1f) | %.0f | %.0f | %.2f | %.1f | %d |" % (
-        med("samples_per_sec", True), min(c), max(c), med("tries_per_sec", True), med("conns_per_sec", True),
-        med("churn_cpu_share", True), med("job_cpu", True), med("output_bytes", True)))
+        med("samples_per_sec", "churn"), min(c), max(c), med("tries_per_sec", "churn"), med("conns_per_sec", "churn"),
+        med("churn_cpu_share", "churn"), med("job_cpu", "churn"), med("output_bytes", "churn")))
+    if args.hog:
+        h = [x["samples_per_sec"] for x in runs["hog"]]
+        print("| busy loops, no sockets | %.1f (%.1f-%.1f) | - | - | %.2f | %.1f | %d |" % (
+            med("samples_per_sec", "hog"), min(h), max(h), med("churn_cpu_share", "hog"), med("job_cpu", "hog"),
+            med("output_bytes", "hog")))
     print()
+    if args.hog:
+        print("busy loops / no churn: %.2fx; churn / busy loops: %.2fx" % (
+            med("samples_per_sec", "hog") / med("samples_per_sec", "quiet"),
+            med("samples_per_sec", "churn") / med("samples_per_sec", "hog")))
     print("churn / no churn: %.2fx (pairs %.2f-%.2f); %d ranks, batch %d, MLP %s, %d timed steps, %s, job on %s, churn as %s"
-          % (med("samples_per_sec", True) / med("samples_per_sec", False), min(paired), max(paired), args.np,
+          % (med("samples_per_sec", "churn") / med("samples_per_sec", "quiet"), min(paired), max(paired), args.np,
              args.batch, args.mlp_sizes, args.steps,
              "churn at most %g tries/s" % args.rate if args.rate else "churn as fast as it goes",
              "Unix sockets" if args.listen == "unix" else "TCP (--network-interface lo)",
