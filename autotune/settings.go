@@ -375,18 +375,6 @@ func (sp space) settings(x []float64) Settings {
 	return s
 }
 
-// unit is where v lies along dimension d of the box, from 0 to 1, in the coordinates the Gaussian
-// process measures distance in (bayes normalises the same way).
-func unit(d bayes.Dim, v float64) float64 {
-	warp := func(x float64) float64 {
-		if d.Log {
-			return math.Log(x + d.LogOffset)
-		}
-		return x
-	}
-	return (warp(v) - warp(d.Min)) / (warp(d.Max) - warp(d.Min))
-}
-
 // middle is the value in the middle of dimension i, in the coordinates distance measures.
 func (sp space) middle(i int) float64 {
 	d := sp.dims[i]
@@ -400,7 +388,7 @@ func (sp space) middle(i int) float64 {
 func (sp space) distance(a, b []float64) float64 {
 	var s float64
 	for i, d := range sp.dims {
-		diff := unit(d, a[i]) - unit(d, b[i])
+		diff := d.Unit(a[i]) - d.Unit(b[i])
 		s += diff * diff
 	}
 	return math.Sqrt(s)
@@ -441,7 +429,7 @@ func (sp space) farCorner(defaults Settings) Settings {
 	x := sp.point(defaults)
 	c := make([]float64, len(x))
 	for i, d := range sp.dims {
-		if unit(d, x[i]) < 0.5 {
+		if d.Unit(x[i]) < 0.5 {
 			c[i] = d.Max
 		} else {
 			c[i] = d.Min

@@ -249,7 +249,7 @@ func New(cfg Config) (*Tuner, error) {
 // defaults.
 func (t *Tuner) setBox(maxCycle time.Duration) error {
 	sp := newSpace(t.cfg.Defaults, maxCycle)
-	opt, err := bayes.New(sp.dims, bayes.Config{Noise: t.cfg.Noise}, t.rng)
+	opt, err := bayes.New(sp.dims, t.cfg.Noise, t.rng)
 	if err != nil {
 		return fmt.Errorf("autotune: %w", err)
 	}
