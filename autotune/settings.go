@@ -188,8 +188,8 @@ func optionalMicros(d time.Duration) string {
 // world it ran in (world.go).
 var logColumns = []string{ColumnFusionBytes, ColumnCycleMs, ColumnSmallAllreduce, ColumnSharedRound, ColumnHierarchical, ColumnSpinUs, ColumnResponseCache, ColumnPhase, ColumnSteps, ColumnRound, ColumnRanks, ColumnHosts}
 
-// ParseSettings reads settings from a log row's columns, such as csvlog.ReadChosen returns, so that
-// a later run can start with an earlier run's decision. Columns it does not know are ignored; the
+// ParseSettings reads settings from a log row's columns, so that a later run can start with an
+// earlier run's decision (DecisionFor). Columns it does not know are ignored; the
 // collective knobs' columns may be empty or absent (not tuned, or a log of an older kolo).
 func ParseSettings(cols map[string]string) (Settings, error) {
 	var s Settings

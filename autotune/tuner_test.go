@@ -279,11 +279,8 @@ func TestLog(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%d steps: %v\n%s", steps, err, buf.String())
 			}
-			if _, err := l.Decision(); !errors.Is(err, csvlog.ErrNoDecision) {
+			if _, _, err := DecisionFor(l, World{}); !errors.Is(err, csvlog.ErrNoDecision) {
 				t.Errorf("%d steps: decision error %v, want ErrNoDecision", steps, err)
-			}
-			if _, err := csvlog.ReadChosen(bytes.NewReader(buf.Bytes())); !errors.Is(err, csvlog.ErrNoDecision) {
-				t.Errorf("%d steps: ReadChosen error %v, want ErrNoDecision", steps, err)
 			}
 			if want := int(max(steps-1, 0) / 10); len(l.Rows) != want {
 				t.Errorf("%d steps: %d rows, want %d", steps, len(l.Rows), want)
@@ -313,11 +310,7 @@ func TestLog(t *testing.T) {
 			if res.KeptDefaults != tc.keep {
 				t.Fatalf("%s: %v", tc.name, res)
 			}
-			cols, err := csvlog.ReadChosen(bytes.NewReader(r.log.Bytes()))
-			if err != nil {
-				t.Fatalf("%s: %v", tc.name, err)
-			}
-			if s, err := ParseSettings(cols); err != nil || s != res.Chosen {
+			if s, _, err := DecisionFor(readLog(t, r), World{}); err != nil || s != res.Chosen {
 				t.Errorf("%s: the log chose %v (%v), the tuner %v", tc.name, s, err, res.Chosen)
 			}
 			l := readLog(t, r)
