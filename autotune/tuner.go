@@ -1,6 +1,7 @@
 package autotune
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -29,7 +30,7 @@ type Config struct {
 	// StepsPerSample, when set (--autotune-steps-per-sample), is the number of optimizer steps in
 	// every sample. 0, the default, sizes samples by time: a sample lasts at least SampleTime and
 	// MinSampleSteps steps, and at most the steps that still let the tuner decide within
-	// StepBudget (MaxSampleSteps), whichever ends it first. An early abandon (doc.go) ends a
+	// StepBudget (maxSampleSteps), whichever ends it first. An early abandon (doc.go) ends a
 	// candidate's sample sooner either way.
 	StepsPerSample int
 	// SampleTime is the least time a sample lasts when samples are sized by time (default 1 s).
@@ -37,7 +38,7 @@ type Config struct {
 	// MinSampleSteps is the fewest steps in a sample sized by time (default 5).
 	MinSampleSteps int
 	// StepBudget is the step by which a tuner whose samples are sized by time has decided (default
-	// 300): it caps the steps of a sample (MaxSampleSteps).
+	// 300): it caps the steps of a sample (maxSampleSteps).
 	StepBudget int64
 	// MaxSamples is the number of measured samples after warm-up, defaults' and candidates'
 	// together, before the tuner must decide (default 20, --autotune-bayes-opt-max-samples). At
@@ -75,8 +76,8 @@ const (
 	defaultCandidatePairs = 5
 	defaultLag            = 2
 
-	// minPairs is decide's default: the fewest pairs it gives a verdict from.
-	minPairs = 3
+	// minPairs is the fewest pairs decide gives a verdict from.
+	minPairs = decide.MinPairs
 )
 
 // ErrBadConfig is wrapped by New's errors.
@@ -114,30 +115,14 @@ func (c Config) withDefaults() (Config, error) {
 	case c.Defaults.SpinTime < 0:
 		return bad("default spin time %v < 0", c.Defaults.SpinTime)
 	}
-	if c.WarmupSamples == 0 {
-		c.WarmupSamples = defaultWarmup
-	}
-	if c.SampleTime == 0 {
-		c.SampleTime = defaultSampleTime
-	}
-	if c.MinSampleSteps == 0 {
-		c.MinSampleSteps = defaultMinSampleSteps
-	}
-	if c.StepBudget == 0 {
-		c.StepBudget = defaultStepBudget
-	}
-	if c.MaxSamples == 0 {
-		c.MaxSamples = defaultMaxSamples
-	}
-	if c.CandidatePairs == 0 {
-		c.CandidatePairs = defaultCandidatePairs
-	}
-	if c.Noise == 0 {
-		c.Noise = bayes.DefaultNoise
-	}
-	if c.Lag == 0 {
-		c.Lag = defaultLag
-	}
+	c.WarmupSamples = cmp.Or(c.WarmupSamples, defaultWarmup)
+	c.SampleTime = cmp.Or(c.SampleTime, defaultSampleTime)
+	c.MinSampleSteps = cmp.Or(c.MinSampleSteps, defaultMinSampleSteps)
+	c.StepBudget = cmp.Or(c.StepBudget, defaultStepBudget)
+	c.MaxSamples = cmp.Or(c.MaxSamples, defaultMaxSamples)
+	c.CandidatePairs = cmp.Or(c.CandidatePairs, defaultCandidatePairs)
+	c.Noise = cmp.Or(c.Noise, bayes.DefaultNoise)
+	c.Lag = cmp.Or(c.Lag, defaultLag)
 	if c.MaxSamples < 1+2*minPairs {
 		return bad("max samples %d: a candidate needs %d (%d pairs and the defaults either side of each) before it can be judged",
 			c.MaxSamples, 1+2*minPairs, minPairs)
@@ -148,18 +133,10 @@ func (c Config) withDefaults() (Config, error) {
 	return c, nil
 }
 
-// MaxSampleSteps is the most steps of a sample sized by time: the most that still decide within
+// maxSampleSteps is the most steps of a sample sized by time: the most that still decide within
 // StepBudget when every sample, warm-up included, runs that long and every measured sample but the
 // first follows a switch (Lag steps and the transitional one). At least MinSampleSteps. 10 at the
 // defaults (3 warm-up samples, 20 measured, Lag 2, 300 steps), the count Horovod uses.
-func (c Config) MaxSampleSteps() int {
-	c, err := c.withDefaults()
-	if err != nil {
-		return 0
-	}
-	return c.maxSampleSteps()
-}
-
 func (c Config) maxSampleSteps() int {
 	spare := c.StepBudget - int64(c.MaxSamples)*(c.Lag+1) - c.Lag
 	return max(c.MinSampleSteps, int(spare/int64(c.WarmupSamples+c.MaxSamples)))
@@ -549,7 +526,7 @@ func (t *Tuner) hopeless(e *evaluation) bool {
 	if df < 1 {
 		return false
 	}
-	target, se2 := math.Log(noGain), v/float64(pairs)
+	target, se2 := math.Log(decide.NoGain), v/float64(pairs)
 	if inc := t.incumbent; inc != nil {
 		target = math.Log(inc.result.Speedup)
 		se2 += v / float64(inc.result.Pairs)
@@ -558,12 +535,8 @@ func (t *Tuner) hopeless(e *evaluation) bool {
 	return math.Log(e.result.Speedup)+q*math.Sqrt(se2) < target
 }
 
-const (
-	// noGain is decide's default no-gain speed-up.
-	noGain = 1.01
-	// dropLevel is the one-sided confidence with which an early-dropped candidate falls short.
-	dropLevel = 0.99
-)
+// dropLevel is the one-sided confidence with which an early-dropped candidate falls short.
+const dropLevel = 0.99
 
 // pairVariance estimates the variance of one pair's log speed-up, and its degrees of freedom, from
 // every comparison so far (the current one included): the spread of each candidate's pairs about

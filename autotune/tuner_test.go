@@ -701,11 +701,11 @@ func TestFastStepOverhead(t *testing.T) {
 // TestSampleSize: samples sized by time last 1 s and at least 5 steps, at most 10 (what decides
 // within 300 steps); an explicit StepsPerSample is every sample's length, as in Horovod.
 func TestSampleSize(t *testing.T) {
-	if got := (Config{}).MaxSampleSteps(); got != 10 {
-		t.Errorf("MaxSampleSteps at the defaults %d, want 10", got)
+	if got := maxSampleSteps(t, Config{}); got != 10 {
+		t.Errorf("maxSampleSteps at the defaults %d, want 10", got)
 	}
-	if got := (Config{StepBudget: 600}).MaxSampleSteps(); got != 23 {
-		t.Errorf("MaxSampleSteps with a budget of 600 steps %d, want 23", got)
+	if got := maxSampleSteps(t, Config{StepBudget: 600}); got != 23 {
+		t.Errorf("maxSampleSteps with a budget of 600 steps %d, want 23", got)
 	}
 	for _, tc := range []struct {
 		name  string
@@ -901,4 +901,14 @@ func TestFindsItsWayBackFromBadSettings(t *testing.T) {
 			t.Logf("%v, %d candidates", res, res.Candidates)
 		}
 	}
+}
+
+// maxSampleSteps is cfg's, its defaults filled in.
+func maxSampleSteps(t *testing.T, cfg Config) int {
+	t.Helper()
+	c, err := cfg.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.maxSampleSteps()
 }
