@@ -74,7 +74,10 @@ const (
 	defaultStepBudget     = 300
 	defaultMaxSamples     = 20
 	defaultCandidatePairs = 5
-	defaultLag            = 2
+
+	// DefaultLag is Config.Lag's default, which a caller that switches every rank to settings of
+	// its own (a decision read back from the log) uses too.
+	DefaultLag = 2
 
 	// minPairs is the fewest pairs decide gives a verdict from.
 	minPairs = decide.MinPairs
@@ -122,7 +125,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.MaxSamples = cmp.Or(c.MaxSamples, defaultMaxSamples)
 	c.CandidatePairs = cmp.Or(c.CandidatePairs, defaultCandidatePairs)
 	c.Noise = cmp.Or(c.Noise, bayes.DefaultNoise)
-	c.Lag = cmp.Or(c.Lag, defaultLag)
+	c.Lag = cmp.Or(c.Lag, DefaultLag)
 	if c.MaxSamples < 1+2*minPairs {
 		return bad("max samples %d: a candidate needs %d (%d pairs and the defaults either side of each) before it can be judged",
 			c.MaxSamples, 1+2*minPairs, minPairs)
