@@ -357,20 +357,19 @@ const (
 // sample takes a finished sample of n steps of secs seconds each, ending at step, and says which
 // settings the next sample runs, and whether the tuner has decided (next is then the decision).
 func (t *Tuner) sample(step, n int64, secs float64) (next Settings, final bool) {
-	row := csvlog.Row{Sample: t.sampleIndex, Step: step, StepTime: secs, Role: csvlog.Default,
-		Speedup: math.NaN(), CILow: math.NaN(), CIHigh: math.NaN()}
-	end := SampleEnd{Index: t.sampleIndex, FirstStep: step - n + 1, LastStep: step, Settings: t.inForce,
-		Candidate: t.candidate, StepTime: secs, Phase: PhaseTuning}
+	phase := PhaseTuning
 	switch {
 	case t.phase == warmingUp:
-		end.Phase = PhaseWarmup
+		phase = PhaseWarmup
 	case t.candidate && t.eval.abandoned:
-		end.Phase = PhaseAbandoned
+		phase = PhaseAbandoned
 	}
-	t.ended = append(t.ended, end)
+	row := csvlog.Row{Sample: t.sampleIndex, Step: step, Settings: t.columns(t.inForce, phase, n), StepTime: secs,
+		Role: csvlog.Default, Speedup: math.NaN(), CILow: math.NaN(), CIHigh: math.NaN()}
+	t.ended = append(t.ended, SampleEnd{Index: t.sampleIndex, FirstStep: step - n + 1, LastStep: step, Settings: t.inForce,
+		Candidate: t.candidate, StepTime: secs, Phase: phase})
 	t.sampleIndex++
 	if t.phase == warmingUp {
-		row.Settings = t.columns(t.inForce, PhaseWarmup, n)
 		t.write(row)
 		if t.sampleIndex == t.cfg.WarmupSamples {
 			t.phase = tuning
@@ -383,12 +382,8 @@ func (t *Tuner) sample(step, n int64, secs float64) (next Settings, final bool) 
 		return t.inForce, false
 	}
 	t.measured++
-	row.Settings = t.columns(t.inForce, PhaseTuning, n)
 
 	if t.candidate {
-		if t.eval.abandoned {
-			row.Settings[ColumnPhase] = PhaseAbandoned
-		}
 		// A candidate sample: its row waits for the defaults sample after it, which completes
 		// its pair and gives the speed-up to write.
 		t.eval.candidate = append(t.eval.candidate, secs)
@@ -446,14 +441,14 @@ func (t *Tuner) next(secs float64) (Settings, bool) {
 	if t.pairsLeft() < minPairs {
 		return t.stop()
 	}
-	if s, ok := t.design(); ok {
-		return t.startCandidate([]float64{secs}, s)
+	s, ok := t.design()
+	if !ok {
+		var ei float64
+		if s, ei, ok = t.suggest(); !ok || ei < minGain {
+			return t.stop()
+		}
 	}
-	s, ei, ok := t.suggest()
-	if !ok || ei < minGain {
-		return t.stop()
-	}
-	return t.startCandidate([]float64{secs}, s)
+	return t.startCandidate(secs, s)
 }
 
 // stop ends the tuning: the incumbent is chosen, or, if no candidate was Better, the defaults kept.
@@ -604,10 +599,9 @@ func (t *Tuner) far(x []float64) bool {
 // expected improvement on a grid over the box that is not; with its expected improvement in log
 // time ratio.
 func (t *Tuner) suggest() (Settings, float64, bool) {
-	far := t.far
 	if x, err := t.opt.Suggest(); err == nil {
 		s := t.space.settings(x)
-		if p := t.space.point(s); far(p) {
+		if p := t.space.point(s); t.far(p) {
 			if ei, err := t.opt.ExpectedImprovement(p); err == nil {
 				return s, ei, true
 			}
@@ -616,7 +610,7 @@ func (t *Tuner) suggest() (Settings, float64, bool) {
 	var best Settings
 	bestEI := math.Inf(-1)
 	for _, x := range t.space.grid(gridPoints(len(t.space.dims))) {
-		if !far(x) {
+		if !t.far(x) {
 			continue
 		}
 		if ei, err := t.opt.ExpectedImprovement(x); err == nil && ei > bestEI {
@@ -638,14 +632,14 @@ func gridPoints(dims int) int {
 	return max(3, int(math.Pow(gridSize*gridSize, 1/float64(dims))))
 }
 
-// startCandidate begins measuring s against the defaults, whose last sample opens the comparison,
-// if the samples left allow a verdict; otherwise the tuner keeps the defaults.
-func (t *Tuner) startCandidate(defaults []float64, s Settings) (Settings, bool) {
+// startCandidate begins measuring s against the defaults, whose last sample (secs) opens the
+// comparison, if the samples left allow a verdict; otherwise the tuner keeps the defaults.
+func (t *Tuner) startCandidate(secs float64, s Settings) (Settings, bool) {
 	pairs := min(t.cfg.CandidatePairs, t.pairsLeft())
 	if pairs < minPairs {
 		return t.stop()
 	}
-	t.eval = &evaluation{settings: s, rule: decide.Rule{Confidence: t.confidence, MaxPairs: pairs}, defaults: defaults}
+	t.eval = &evaluation{settings: s, rule: decide.Rule{Confidence: t.confidence, MaxPairs: pairs}, defaults: []float64{secs}}
 	t.candidate = true
 	return s, false
 }

@@ -300,9 +300,8 @@ func (e *Engine) MarkStep() {
 		}
 		samples = t.tuner.TakeSamples()
 		if t.tuner.Done() {
-			r := t.tuner.Result()
-			done = &r
 			e.finishTunerLocked()
+			done = t.result
 		}
 	}
 	var msg []byte
