@@ -72,13 +72,13 @@ type Writer struct {
 // NewWriter writes the comment and the column header to w and returns a Writer for rows with the
 // named settings, in that column order.
 func NewWriter(w io.Writer, settings []string) (*Writer, error) {
-	if err := checkNames(settings); err != nil {
+	lw, err := AppendWriter(w, settings)
+	if err != nil {
 		return nil, err
 	}
 	if _, err := io.WriteString(w, Comment+"\n"); err != nil {
 		return nil, fmt.Errorf("csvlog: write header: %w", err)
 	}
-	lw := &Writer{w: csv.NewWriter(w), settings: append([]string(nil), settings...)}
 	header := append(append(append([]string(nil), fixedBefore...), settings...), fixedAfter...)
 	if err := lw.write(header); err != nil {
 		return nil, fmt.Errorf("csvlog: write header: %w", err)
