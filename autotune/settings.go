@@ -189,8 +189,8 @@ func optionalMicros(d time.Duration) string {
 var logColumns = []string{ColumnFusionBytes, ColumnCycleMs, ColumnSmallAllreduce, ColumnSharedRound, ColumnHierarchical, ColumnSpinUs, ColumnResponseCache, ColumnPhase, ColumnSteps, ColumnRound, ColumnRanks, ColumnHosts}
 
 // ParseSettings reads settings from a log row's columns, so that a later run can start with an
-// earlier run's decision (DecisionFor). Columns it does not know are ignored; the
-// collective knobs' columns may be empty or absent (not tuned, or a log of an older kolo).
+// earlier run's decision (DecisionFor). Columns it does not know are ignored; the collective knobs'
+// columns may be empty or absent (not tuned, or a log of an older kolo).
 func ParseSettings(cols map[string]string) (Settings, error) {
 	var s Settings
 	f, ok := cols[ColumnFusionBytes]

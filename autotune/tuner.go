@@ -78,9 +78,6 @@ const (
 	// DefaultLag is Config.Lag's default, which a caller that switches every rank to settings of
 	// its own (a decision read back from the log) uses too.
 	DefaultLag = 2
-
-	// minPairs is the fewest pairs decide gives a verdict from.
-	minPairs = decide.MinPairs
 )
 
 // ErrBadConfig is wrapped by New's errors.
@@ -126,12 +123,12 @@ func (c Config) withDefaults() (Config, error) {
 	c.CandidatePairs = cmp.Or(c.CandidatePairs, defaultCandidatePairs)
 	c.Noise = cmp.Or(c.Noise, bayes.DefaultNoise)
 	c.Lag = cmp.Or(c.Lag, DefaultLag)
-	if c.MaxSamples < 1+2*minPairs {
+	if c.MaxSamples < 1+2*decide.MinPairs {
 		return bad("max samples %d: a candidate needs %d (%d pairs and the defaults either side of each) before it can be judged",
-			c.MaxSamples, 1+2*minPairs, minPairs)
+			c.MaxSamples, 1+2*decide.MinPairs, decide.MinPairs)
 	}
-	if c.CandidatePairs < minPairs {
-		return bad("pairs per candidate %d: a verdict needs %d", c.CandidatePairs, minPairs)
+	if c.CandidatePairs < decide.MinPairs {
+		return bad("pairs per candidate %d: a verdict needs %d", c.CandidatePairs, decide.MinPairs)
 	}
 	return c, nil
 }
@@ -438,7 +435,7 @@ func (t *Tuner) finish(e *evaluation) {
 // left cannot give a candidate its minimum pairs, when the model has nothing left to suggest, or
 // when it expects less than minGain from the best it can suggest.
 func (t *Tuner) next(secs float64) (Settings, bool) {
-	if t.pairsLeft() < minPairs {
+	if t.pairsLeft() < decide.MinPairs {
 		return t.stop()
 	}
 	s, ok := t.design()
@@ -636,7 +633,7 @@ func gridPoints(dims int) int {
 // comparison, if the samples left allow a verdict; otherwise the tuner keeps the defaults.
 func (t *Tuner) startCandidate(secs float64, s Settings) (Settings, bool) {
 	pairs := min(t.cfg.CandidatePairs, t.pairsLeft())
-	if pairs < minPairs {
+	if pairs < decide.MinPairs {
 		return t.stop()
 	}
 	t.eval = &evaluation{settings: s, rule: decide.Rule{Confidence: t.confidence, MaxPairs: pairs}, defaults: []float64{secs}}
@@ -657,11 +654,11 @@ func (t *Tuner) measuring() []*evaluation {
 }
 
 // candidateConfidence is the confidence each candidate is judged at: 95% Bonferroni-shared over the
-// most candidates the budget can bring to a verdict (each needs minPairs pairs of 2 samples, after
-// the first defaults sample), so that the chance that any candidate of the run is crowned without
-// being faster stays within 5%.
+// most candidates the budget can bring to a verdict (each needs decide.MinPairs pairs of 2
+// samples, after the first defaults sample), so that the chance that any candidate of the run is
+// crowned without being faster stays within 5%.
 func candidateConfidence(cfg Config) float64 {
-	n := max(1, (cfg.MaxSamples-1)/(2*minPairs))
+	n := max(1, (cfg.MaxSamples-1)/(2*decide.MinPairs))
 	return 1 - (1-confidence)/float64(n)
 }
 
