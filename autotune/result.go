@@ -3,6 +3,8 @@ package autotune
 import (
 	"fmt"
 	"math"
+
+	"github.com/kolo-dl/kolo/autotune/decide"
 )
 
 // Result is the tuner's decision, or before it what is known.
@@ -62,7 +64,7 @@ func (r Result) speedup() string {
 // as it is meaningless, so it is not printed.
 func (r Result) interval(open, close string) string {
 	switch {
-	case r.Pairs < minPairs:
+	case r.Pairs < decide.MinPairs:
 		return fmt.Sprintf(" from %d pair%s, too few for an interval", r.Pairs, map[bool]string{true: "", false: "s"}[r.Pairs == 1])
 	case math.IsNaN(r.Low) || math.IsNaN(r.High) || r.Low <= 0 || math.IsInf(r.High, 0):
 		return open + "95% CI not yet known" + close

@@ -114,7 +114,7 @@ const (
 // String reads like "fusion 32 MiB, cycle 0 ms", followed by the other knobs that are set:
 // ", small allreduce 64 KiB, shm round 1 MiB, hierarchical off, spin 50 us, response cache on".
 func (s Settings) String() string {
-	out := "fusion " + formatBytes(s.FusionBytes) + ", cycle " + formatMs(s.CycleTime) + " ms"
+	out := "fusion " + formatBytes(s.FusionBytes) + ", cycle " + round2(float64(s.CycleTime)/float64(time.Millisecond)) + " ms"
 	if s.SmallAllreduceBytes != 0 {
 		out += ", small allreduce " + formatBytes(s.SmallAllreduceBytes)
 	}
@@ -145,31 +145,33 @@ func formatBytes(b int64) string {
 	return strconv.FormatInt(b, 10) + " B"
 }
 
-func formatMs(d time.Duration) string {
-	return round2(float64(d) / float64(time.Millisecond))
-}
-
 // round2 prints v with at most two decimals and no trailing zeros.
 func round2(v float64) string {
 	return strconv.FormatFloat(math.Round(v*100)/100, 'f', -1, 64)
 }
 
-// columns are the log's setting columns, in order.
-func (s Settings) columns(phase string) map[string]string {
+// columns are the log's columns (logColumns) of a row of settings s in phase, measuring n steps (0:
+// none, the decision's row), in the tuner's world.
+func (t *Tuner) columns(s Settings, phase string, n int64) map[string]string {
+	w := t.cfg.World
 	return map[string]string{
 		ColumnFusionBytes:    strconv.FormatInt(s.FusionBytes, 10),
 		ColumnCycleMs:        strconv.FormatFloat(float64(s.CycleTime)/float64(time.Millisecond), 'f', -1, 64),
-		ColumnSmallAllreduce: optionalBytes(s.SmallAllreduceBytes),
-		ColumnSharedRound:    optionalBytes(s.SharedRoundBytes),
+		ColumnSmallAllreduce: optionalInt(s.SmallAllreduceBytes),
+		ColumnSharedRound:    optionalInt(s.SharedRoundBytes),
 		ColumnHierarchical:   s.Hierarchical.String(),
 		ColumnSpinUs:         optionalMicros(s.SpinTime),
 		ColumnResponseCache:  s.ResponseCache.String(),
 		ColumnPhase:          phase,
+		ColumnSteps:          optionalInt(n),
+		ColumnRound:          strconv.Itoa(w.Round),
+		ColumnRanks:          strconv.Itoa(w.Ranks),
+		ColumnHosts:          strconv.Itoa(w.Hosts),
 	}
 }
 
-// optionalBytes is b as a column: empty when 0 (not tuned).
-func optionalBytes(b int64) string {
+// optionalInt is b as a column: empty when 0 (a knob not tuned, the decision's steps).
+func optionalInt(b int64) string {
 	if b == 0 {
 		return ""
 	}
@@ -188,9 +190,9 @@ func optionalMicros(d time.Duration) string {
 // world it ran in (world.go).
 var logColumns = []string{ColumnFusionBytes, ColumnCycleMs, ColumnSmallAllreduce, ColumnSharedRound, ColumnHierarchical, ColumnSpinUs, ColumnResponseCache, ColumnPhase, ColumnSteps, ColumnRound, ColumnRanks, ColumnHosts}
 
-// ParseSettings reads settings from a log row's columns, such as csvlog.ReadChosen returns, so that
-// a later run can start with an earlier run's decision. Columns it does not know are ignored; the
-// collective knobs' columns may be empty or absent (not tuned, or a log of an older kolo).
+// ParseSettings reads settings from a log row's columns, so that a later run can start with an
+// earlier run's decision (DecisionFor). Columns it does not know are ignored; the collective knobs'
+// columns may be empty or absent (not tuned, or a log of an older kolo).
 func ParseSettings(cols map[string]string) (Settings, error) {
 	var s Settings
 	f, ok := cols[ColumnFusionBytes]
@@ -375,18 +377,6 @@ func (sp space) settings(x []float64) Settings {
 	return s
 }
 
-// unit is where v lies along dimension d of the box, from 0 to 1, in the coordinates the Gaussian
-// process measures distance in (bayes normalises the same way).
-func unit(d bayes.Dim, v float64) float64 {
-	warp := func(x float64) float64 {
-		if d.Log {
-			return math.Log(x + d.LogOffset)
-		}
-		return x
-	}
-	return (warp(v) - warp(d.Min)) / (warp(d.Max) - warp(d.Min))
-}
-
 // middle is the value in the middle of dimension i, in the coordinates distance measures.
 func (sp space) middle(i int) float64 {
 	d := sp.dims[i]
@@ -400,7 +390,7 @@ func (sp space) middle(i int) float64 {
 func (sp space) distance(a, b []float64) float64 {
 	var s float64
 	for i, d := range sp.dims {
-		diff := unit(d, a[i]) - unit(d, b[i])
+		diff := d.Unit(a[i]) - d.Unit(b[i])
 		s += diff * diff
 	}
 	return math.Sqrt(s)
@@ -441,7 +431,7 @@ func (sp space) farCorner(defaults Settings) Settings {
 	x := sp.point(defaults)
 	c := make([]float64, len(x))
 	for i, d := range sp.dims {
-		if unit(d, x[i]) < 0.5 {
+		if d.Unit(x[i]) < 0.5 {
 			c[i] = d.Max
 		} else {
 			c[i] = d.Min

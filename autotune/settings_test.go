@@ -32,7 +32,7 @@ func TestParseSettings(t *testing.T) {
 		{FusionBytes: 64 << 20, SmallAllreduceBytes: 32 << 10, SharedRoundBytes: 1 << 20, Hierarchical: Off},
 		{SharedRoundBytes: 3 << 19, Hierarchical: On}, {FusionBytes: 1, SpinTime: 50 * time.Microsecond},
 		{SpinTime: 1500 * time.Nanosecond}, {SpinTime: 1}, {ResponseCache: Off}, {FusionBytes: 2, ResponseCache: On, Hierarchical: Off}} {
-		got, err := ParseSettings(s.columns(PhaseDecided))
+		got, err := ParseSettings((&Tuner{}).columns(s, PhaseDecided, 0))
 		if err != nil || got != s {
 			t.Errorf("%v: read back %v, %v", s, got, err)
 		}

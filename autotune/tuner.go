@@ -1,6 +1,7 @@
 package autotune
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -29,7 +30,7 @@ type Config struct {
 	// StepsPerSample, when set (--autotune-steps-per-sample), is the number of optimizer steps in
 	// every sample. 0, the default, sizes samples by time: a sample lasts at least SampleTime and
 	// MinSampleSteps steps, and at most the steps that still let the tuner decide within
-	// StepBudget (MaxSampleSteps), whichever ends it first. An early abandon (doc.go) ends a
+	// StepBudget (maxSampleSteps), whichever ends it first. An early abandon (doc.go) ends a
 	// candidate's sample sooner either way.
 	StepsPerSample int
 	// SampleTime is the least time a sample lasts when samples are sized by time (default 1 s).
@@ -37,7 +38,7 @@ type Config struct {
 	// MinSampleSteps is the fewest steps in a sample sized by time (default 5).
 	MinSampleSteps int
 	// StepBudget is the step by which a tuner whose samples are sized by time has decided (default
-	// 300): it caps the steps of a sample (MaxSampleSteps).
+	// 300): it caps the steps of a sample (maxSampleSteps).
 	StepBudget int64
 	// MaxSamples is the number of measured samples after warm-up, defaults' and candidates'
 	// together, before the tuner must decide (default 20, --autotune-bayes-opt-max-samples). At
@@ -73,10 +74,10 @@ const (
 	defaultStepBudget     = 300
 	defaultMaxSamples     = 20
 	defaultCandidatePairs = 5
-	defaultLag            = 2
 
-	// minPairs is decide's default: the fewest pairs it gives a verdict from.
-	minPairs = 3
+	// DefaultLag is Config.Lag's default, which a caller that switches every rank to settings of
+	// its own (a decision read back from the log) uses too.
+	DefaultLag = 2
 )
 
 // ErrBadConfig is wrapped by New's errors.
@@ -114,52 +115,28 @@ func (c Config) withDefaults() (Config, error) {
 	case c.Defaults.SpinTime < 0:
 		return bad("default spin time %v < 0", c.Defaults.SpinTime)
 	}
-	if c.WarmupSamples == 0 {
-		c.WarmupSamples = defaultWarmup
-	}
-	if c.SampleTime == 0 {
-		c.SampleTime = defaultSampleTime
-	}
-	if c.MinSampleSteps == 0 {
-		c.MinSampleSteps = defaultMinSampleSteps
-	}
-	if c.StepBudget == 0 {
-		c.StepBudget = defaultStepBudget
-	}
-	if c.MaxSamples == 0 {
-		c.MaxSamples = defaultMaxSamples
-	}
-	if c.CandidatePairs == 0 {
-		c.CandidatePairs = defaultCandidatePairs
-	}
-	if c.Noise == 0 {
-		c.Noise = bayes.DefaultNoise
-	}
-	if c.Lag == 0 {
-		c.Lag = defaultLag
-	}
-	if c.MaxSamples < 1+2*minPairs {
+	c.WarmupSamples = cmp.Or(c.WarmupSamples, defaultWarmup)
+	c.SampleTime = cmp.Or(c.SampleTime, defaultSampleTime)
+	c.MinSampleSteps = cmp.Or(c.MinSampleSteps, defaultMinSampleSteps)
+	c.StepBudget = cmp.Or(c.StepBudget, defaultStepBudget)
+	c.MaxSamples = cmp.Or(c.MaxSamples, defaultMaxSamples)
+	c.CandidatePairs = cmp.Or(c.CandidatePairs, defaultCandidatePairs)
+	c.Noise = cmp.Or(c.Noise, bayes.DefaultNoise)
+	c.Lag = cmp.Or(c.Lag, DefaultLag)
+	if c.MaxSamples < 1+2*decide.MinPairs {
 		return bad("max samples %d: a candidate needs %d (%d pairs and the defaults either side of each) before it can be judged",
-			c.MaxSamples, 1+2*minPairs, minPairs)
+			c.MaxSamples, 1+2*decide.MinPairs, decide.MinPairs)
 	}
-	if c.CandidatePairs < minPairs {
-		return bad("pairs per candidate %d: a verdict needs %d", c.CandidatePairs, minPairs)
+	if c.CandidatePairs < decide.MinPairs {
+		return bad("pairs per candidate %d: a verdict needs %d", c.CandidatePairs, decide.MinPairs)
 	}
 	return c, nil
 }
 
-// MaxSampleSteps is the most steps of a sample sized by time: the most that still decide within
+// maxSampleSteps is the most steps of a sample sized by time: the most that still decide within
 // StepBudget when every sample, warm-up included, runs that long and every measured sample but the
 // first follows a switch (Lag steps and the transitional one). At least MinSampleSteps. 10 at the
 // defaults (3 warm-up samples, 20 measured, Lag 2, 300 steps), the count Horovod uses.
-func (c Config) MaxSampleSteps() int {
-	c, err := c.withDefaults()
-	if err != nil {
-		return 0
-	}
-	return c.maxSampleSteps()
-}
-
 func (c Config) maxSampleSteps() int {
 	spare := c.StepBudget - int64(c.MaxSamples)*(c.Lag+1) - c.Lag
 	return max(c.MinSampleSteps, int(spare/int64(c.WarmupSamples+c.MaxSamples)))
@@ -249,7 +226,7 @@ func New(cfg Config) (*Tuner, error) {
 // defaults.
 func (t *Tuner) setBox(maxCycle time.Duration) error {
 	sp := newSpace(t.cfg.Defaults, maxCycle)
-	opt, err := bayes.New(sp.dims, bayes.Config{Noise: t.cfg.Noise}, t.rng)
+	opt, err := bayes.New(sp.dims, t.cfg.Noise, t.rng)
 	if err != nil {
 		return fmt.Errorf("autotune: %w", err)
 	}
@@ -377,20 +354,19 @@ const (
 // sample takes a finished sample of n steps of secs seconds each, ending at step, and says which
 // settings the next sample runs, and whether the tuner has decided (next is then the decision).
 func (t *Tuner) sample(step, n int64, secs float64) (next Settings, final bool) {
-	row := csvlog.Row{Sample: t.sampleIndex, Step: step, StepTime: secs, Role: csvlog.Default,
-		Speedup: math.NaN(), CILow: math.NaN(), CIHigh: math.NaN()}
-	end := SampleEnd{Index: t.sampleIndex, FirstStep: step - n + 1, LastStep: step, Settings: t.inForce,
-		Candidate: t.candidate, StepTime: secs, Phase: PhaseTuning}
+	phase := PhaseTuning
 	switch {
 	case t.phase == warmingUp:
-		end.Phase = PhaseWarmup
+		phase = PhaseWarmup
 	case t.candidate && t.eval.abandoned:
-		end.Phase = PhaseAbandoned
+		phase = PhaseAbandoned
 	}
-	t.ended = append(t.ended, end)
+	row := csvlog.Row{Sample: t.sampleIndex, Step: step, Settings: t.columns(t.inForce, phase, n), StepTime: secs,
+		Role: csvlog.Default, Speedup: math.NaN(), CILow: math.NaN(), CIHigh: math.NaN()}
+	t.ended = append(t.ended, SampleEnd{Index: t.sampleIndex, FirstStep: step - n + 1, LastStep: step, Settings: t.inForce,
+		Candidate: t.candidate, StepTime: secs, Phase: phase})
 	t.sampleIndex++
 	if t.phase == warmingUp {
-		row.Settings = t.columns(t.inForce, PhaseWarmup, n)
 		t.write(row)
 		if t.sampleIndex == t.cfg.WarmupSamples {
 			t.phase = tuning
@@ -403,12 +379,8 @@ func (t *Tuner) sample(step, n int64, secs float64) (next Settings, final bool) 
 		return t.inForce, false
 	}
 	t.measured++
-	row.Settings = t.columns(t.inForce, PhaseTuning, n)
 
 	if t.candidate {
-		if t.eval.abandoned {
-			row.Settings[ColumnPhase] = PhaseAbandoned
-		}
 		// A candidate sample: its row waits for the defaults sample after it, which completes
 		// its pair and gives the speed-up to write.
 		t.eval.candidate = append(t.eval.candidate, secs)
@@ -463,17 +435,17 @@ func (t *Tuner) finish(e *evaluation) {
 // left cannot give a candidate its minimum pairs, when the model has nothing left to suggest, or
 // when it expects less than minGain from the best it can suggest.
 func (t *Tuner) next(secs float64) (Settings, bool) {
-	if t.pairsLeft() < minPairs {
+	if t.pairsLeft() < decide.MinPairs {
 		return t.stop()
 	}
-	if s, ok := t.design(); ok {
-		return t.startCandidate([]float64{secs}, s)
+	s, ok := t.design()
+	if !ok {
+		var ei float64
+		if s, ei, ok = t.suggest(); !ok || ei < minGain {
+			return t.stop()
+		}
 	}
-	s, ei, ok := t.suggest()
-	if !ok || ei < minGain {
-		return t.stop()
-	}
-	return t.startCandidate([]float64{secs}, s)
+	return t.startCandidate(secs, s)
 }
 
 // stop ends the tuning: the incumbent is chosen, or, if no candidate was Better, the defaults kept.
@@ -549,7 +521,7 @@ func (t *Tuner) hopeless(e *evaluation) bool {
 	if df < 1 {
 		return false
 	}
-	target, se2 := math.Log(noGain), v/float64(pairs)
+	target, se2 := math.Log(decide.NoGain), v/float64(pairs)
 	if inc := t.incumbent; inc != nil {
 		target = math.Log(inc.result.Speedup)
 		se2 += v / float64(inc.result.Pairs)
@@ -558,12 +530,8 @@ func (t *Tuner) hopeless(e *evaluation) bool {
 	return math.Log(e.result.Speedup)+q*math.Sqrt(se2) < target
 }
 
-const (
-	// noGain is decide's default no-gain speed-up.
-	noGain = 1.01
-	// dropLevel is the one-sided confidence with which an early-dropped candidate falls short.
-	dropLevel = 0.99
-)
+// dropLevel is the one-sided confidence with which an early-dropped candidate falls short.
+const dropLevel = 0.99
 
 // pairVariance estimates the variance of one pair's log speed-up, and its degrees of freedom, from
 // every comparison so far (the current one included): the spread of each candidate's pairs about
@@ -628,10 +596,9 @@ func (t *Tuner) far(x []float64) bool {
 // expected improvement on a grid over the box that is not; with its expected improvement in log
 // time ratio.
 func (t *Tuner) suggest() (Settings, float64, bool) {
-	far := t.far
 	if x, err := t.opt.Suggest(); err == nil {
 		s := t.space.settings(x)
-		if p := t.space.point(s); far(p) {
+		if p := t.space.point(s); t.far(p) {
 			if ei, err := t.opt.ExpectedImprovement(p); err == nil {
 				return s, ei, true
 			}
@@ -640,7 +607,7 @@ func (t *Tuner) suggest() (Settings, float64, bool) {
 	var best Settings
 	bestEI := math.Inf(-1)
 	for _, x := range t.space.grid(gridPoints(len(t.space.dims))) {
-		if !far(x) {
+		if !t.far(x) {
 			continue
 		}
 		if ei, err := t.opt.ExpectedImprovement(x); err == nil && ei > bestEI {
@@ -662,14 +629,14 @@ func gridPoints(dims int) int {
 	return max(3, int(math.Pow(gridSize*gridSize, 1/float64(dims))))
 }
 
-// startCandidate begins measuring s against the defaults, whose last sample opens the comparison,
-// if the samples left allow a verdict; otherwise the tuner keeps the defaults.
-func (t *Tuner) startCandidate(defaults []float64, s Settings) (Settings, bool) {
+// startCandidate begins measuring s against the defaults, whose last sample (secs) opens the
+// comparison, if the samples left allow a verdict; otherwise the tuner keeps the defaults.
+func (t *Tuner) startCandidate(secs float64, s Settings) (Settings, bool) {
 	pairs := min(t.cfg.CandidatePairs, t.pairsLeft())
-	if pairs < minPairs {
+	if pairs < decide.MinPairs {
 		return t.stop()
 	}
-	t.eval = &evaluation{settings: s, rule: decide.Rule{Confidence: t.confidence, MaxPairs: pairs}, defaults: defaults}
+	t.eval = &evaluation{settings: s, rule: decide.Rule{Confidence: t.confidence, MaxPairs: pairs}, defaults: []float64{secs}}
 	t.candidate = true
 	return s, false
 }
@@ -687,11 +654,11 @@ func (t *Tuner) measuring() []*evaluation {
 }
 
 // candidateConfidence is the confidence each candidate is judged at: 95% Bonferroni-shared over the
-// most candidates the budget can bring to a verdict (each needs minPairs pairs of 2 samples, after
-// the first defaults sample), so that the chance that any candidate of the run is crowned without
-// being faster stays within 5%.
+// most candidates the budget can bring to a verdict (each needs decide.MinPairs pairs of 2
+// samples, after the first defaults sample), so that the chance that any candidate of the run is
+// crowned without being faster stays within 5%.
 func candidateConfidence(cfg Config) float64 {
-	n := max(1, (cfg.MaxSamples-1)/(2*minPairs))
+	n := max(1, (cfg.MaxSamples-1)/(2*decide.MinPairs))
 	return 1 - (1-confidence)/float64(n)
 }
 

@@ -279,11 +279,8 @@ func TestLog(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%d steps: %v\n%s", steps, err, buf.String())
 			}
-			if _, err := l.Decision(); !errors.Is(err, csvlog.ErrNoDecision) {
+			if _, _, err := DecisionFor(l, World{}); !errors.Is(err, csvlog.ErrNoDecision) {
 				t.Errorf("%d steps: decision error %v, want ErrNoDecision", steps, err)
-			}
-			if _, err := csvlog.ReadChosen(bytes.NewReader(buf.Bytes())); !errors.Is(err, csvlog.ErrNoDecision) {
-				t.Errorf("%d steps: ReadChosen error %v, want ErrNoDecision", steps, err)
 			}
 			if want := int(max(steps-1, 0) / 10); len(l.Rows) != want {
 				t.Errorf("%d steps: %d rows, want %d", steps, len(l.Rows), want)
@@ -313,11 +310,7 @@ func TestLog(t *testing.T) {
 			if res.KeptDefaults != tc.keep {
 				t.Fatalf("%s: %v", tc.name, res)
 			}
-			cols, err := csvlog.ReadChosen(bytes.NewReader(r.log.Bytes()))
-			if err != nil {
-				t.Fatalf("%s: %v", tc.name, err)
-			}
-			if s, err := ParseSettings(cols); err != nil || s != res.Chosen {
+			if s, _, err := DecisionFor(readLog(t, r), World{}); err != nil || s != res.Chosen {
 				t.Errorf("%s: the log chose %v (%v), the tuner %v", tc.name, s, err, res.Chosen)
 			}
 			l := readLog(t, r)
@@ -708,11 +701,11 @@ func TestFastStepOverhead(t *testing.T) {
 // TestSampleSize: samples sized by time last 1 s and at least 5 steps, at most 10 (what decides
 // within 300 steps); an explicit StepsPerSample is every sample's length, as in Horovod.
 func TestSampleSize(t *testing.T) {
-	if got := (Config{}).MaxSampleSteps(); got != 10 {
-		t.Errorf("MaxSampleSteps at the defaults %d, want 10", got)
+	if got := maxSampleSteps(t, Config{}); got != 10 {
+		t.Errorf("maxSampleSteps at the defaults %d, want 10", got)
 	}
-	if got := (Config{StepBudget: 600}).MaxSampleSteps(); got != 23 {
-		t.Errorf("MaxSampleSteps with a budget of 600 steps %d, want 23", got)
+	if got := maxSampleSteps(t, Config{StepBudget: 600}); got != 23 {
+		t.Errorf("maxSampleSteps with a budget of 600 steps %d, want 23", got)
 	}
 	for _, tc := range []struct {
 		name  string
@@ -908,4 +901,14 @@ func TestFindsItsWayBackFromBadSettings(t *testing.T) {
 			t.Logf("%v, %d candidates", res, res.Candidates)
 		}
 	}
+}
+
+// maxSampleSteps is cfg's, its defaults filled in.
+func maxSampleSteps(t *testing.T, cfg Config) int {
+	t.Helper()
+	c, err := cfg.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.maxSampleSteps()
 }

@@ -101,19 +101,6 @@ func DecisionFor(l *csvlog.Log, w World) (Settings, World, error) {
 	return Settings{}, World{}, csvlog.ErrNoDecision
 }
 
-// columns are the log's columns of a row of settings s in phase, measuring n steps (0: none, the
-// decision's row), in the tuner's world.
-func (t *Tuner) columns(s Settings, phase string, n int64) map[string]string {
-	c := s.columns(phase)
-	c[ColumnSteps] = ""
-	if n > 0 {
-		c[ColumnSteps] = strconv.FormatInt(n, 10)
-	}
-	w := t.cfg.World
-	c[ColumnRound], c[ColumnRanks], c[ColumnHosts] = strconv.Itoa(w.Round), strconv.Itoa(w.Ranks), strconv.Itoa(w.Hosts)
-	return c
-}
-
 // CanAppend says a tuner can append its rows to l (Config.AppendLog): its columns are the ones a
 // tuner writes.
 func CanAppend(l *csvlog.Log) bool { return slices.Equal(l.Settings, logColumns) }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -50,8 +49,8 @@ type tuning struct {
 
 	mu      sync.Mutex
 	pending []negotiate.Settings // received, not in force yet (From > steps)
-	applied []AppliedSettings    // what came into force, at which step
-	retuned []AppliedCollectives // Retune responses executed, in order
+	applied []appliedSettings    // what came into force, at which step
+	retuned []appliedCollectives // Retune responses executed, in order
 	tuner   stepTuner            // rank 0 with autotuning on; nil once it decided
 	logFile *os.File
 	result  *autotune.Result // the decision, once taken (rank 0)
@@ -73,8 +72,8 @@ type stepTuner interface {
 	Close() error
 }
 
-// AppliedSettings is a change of the tuned settings that came into force on this rank.
-type AppliedSettings struct {
+// appliedSettings is a change of the tuned settings that came into force on this rank.
+type appliedSettings struct {
 	Step        int64 // the first step run under them
 	Wanted      int64 // the step rank 0 named (Step > Wanted: the message came late)
 	FusionBytes int64
@@ -85,19 +84,12 @@ type AppliedSettings struct {
 	Cache negotiate.CacheSwitch
 }
 
-// AppliedCollectives is a Retune response that this rank executed: the collective settings every
+// appliedCollectives is a Retune response that this rank executed: the collective settings every
 // rank runs the responses after it under.
-type AppliedCollectives struct {
+type appliedCollectives struct {
 	Seq  uint64 // the Retune's place in the global set's response stream
 	Step int64  // this rank's step count when it executed it
 	negotiate.Collectives
-}
-
-// AppliedCollectives returns the Retune responses this rank executed, in order.
-func (e *Engine) AppliedCollectives() []AppliedCollectives {
-	e.tune.mu.Lock()
-	defer e.tune.mu.Unlock()
-	return slices.Clone(e.tune.retuned)
 }
 
 // collectiveDefaults are the collective knobs, at this job's values, that can matter in this world:
@@ -290,27 +282,26 @@ func (e *Engine) MarkStep() {
 	var send *negotiate.Settings
 	var done *autotune.Result
 	var samples []autotune.SampleEnd
-	if t.toSend {
-		// A decision read back from the log: every rank switches to it at the same step, as to
-		// a tuner's.
-		t.toSend = false
-		ns := negotiate.Settings{From: step + reuseLag, FusionBytes: t.reused.FusionBytes, CycleTime: t.reused.CycleTime,
-			Collectives: collectivesOf(*t.reused, e.cfg), SpinTime: t.reused.SpinTime, Cache: e.cacheSwitch(*t.reused)}
+	switchTo := func(s autotune.Settings, from int64) {
+		ns := negotiate.Settings{From: from, FusionBytes: s.FusionBytes, CycleTime: s.CycleTime, Collectives: collectivesOf(s, e.cfg),
+			SpinTime: s.SpinTime, Cache: e.cacheSwitch(s)}
 		t.pending = append(t.pending, ns)
 		send = &ns
 	}
+	if t.toSend {
+		// A decision read back from the log: every rank switches to it at the same step, as to
+		// a tuner's, the tuner's Lag steps on (time for the message to reach every rank).
+		t.toSend = false
+		switchTo(*t.reused, step+autotune.DefaultLag)
+	}
 	if t.tuner != nil {
 		if s, from, change := t.tuner.Step(step, time.Now()); change {
-			ns := negotiate.Settings{From: from, FusionBytes: s.FusionBytes, CycleTime: s.CycleTime, Collectives: collectivesOf(s, e.cfg),
-				SpinTime: s.SpinTime, Cache: e.cacheSwitch(s)}
-			t.pending = append(t.pending, ns)
-			send = &ns
+			switchTo(s, from)
 		}
 		samples = t.tuner.TakeSamples()
 		if t.tuner.Done() {
-			r := t.tuner.Result()
-			done = &r
 			e.finishTunerLocked()
+			done = t.result
 		}
 	}
 	var msg []byte
@@ -331,10 +322,6 @@ func (e *Engine) MarkStep() {
 		slog.Info("autotune decided", "rank", e.g.Rank, "result", done.String())
 	}
 }
-
-// reuseLag is how many steps after rank 0's first a decision read back from the log applies: the
-// tuner's Lag, time for the message to reach every rank.
-const reuseLag = 2
 
 // sendSettings sends a Settings message to every other rank, at once and for at most
 // tellWait: a rank it does not reach applies nothing, and its ops then run under other settings,
@@ -397,7 +384,7 @@ func (e *Engine) applyDueLocked(step int64) {
 			}
 			e.wakeDriver()
 		}
-		t.applied = append(t.applied, AppliedSettings{Step: step, Wanted: s.From, FusionBytes: s.FusionBytes, CycleTime: s.CycleTime,
+		t.applied = append(t.applied, appliedSettings{Step: step, Wanted: s.From, FusionBytes: s.FusionBytes, CycleTime: s.CycleTime,
 			SpinTime: e.spinTime(), Cache: s.Cache})
 		if tl := e.tl.Load(); tl != nil {
 			as := autotune.Settings{FusionBytes: s.FusionBytes, CycleTime: s.CycleTime, SpinTime: s.SpinTime}
@@ -420,7 +407,7 @@ func (e *Engine) retune(r *negotiate.Response) {
 	x.cfg.Hierarchical = r.Tune.Hierarchical
 	t := &e.tune
 	t.mu.Lock()
-	t.retuned = append(t.retuned, AppliedCollectives{Seq: r.Seq, Step: t.steps.Load(), Collectives: r.Tune})
+	t.retuned = append(t.retuned, appliedCollectives{Seq: r.Seq, Step: t.steps.Load(), Collectives: r.Tune})
 	t.mu.Unlock()
 	if tl := e.tl.Load(); tl != nil {
 		tl.Mark(fmt.Sprintf("AUTOTUNE response %d: small allreduce %d B, shm round %d B, hierarchical %v",
@@ -466,13 +453,6 @@ func (e *Engine) finishTunerLocked() {
 		t.logFile = nil
 	}
 	t.tuner = nil
-}
-
-// AppliedSettings returns the tuned settings that came into force on this rank, in order.
-func (e *Engine) AppliedSettings() []AppliedSettings {
-	e.tune.mu.Lock()
-	defer e.tune.mu.Unlock()
-	return append([]AppliedSettings(nil), e.tune.applied...)
 }
 
 // AutotuneReport is the line that says what the autotuner did, for rank 0 to print when the job

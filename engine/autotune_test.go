@@ -93,12 +93,12 @@ func TestTunedSettingsSwitchAtOneStepOnEveryRank(t *testing.T) {
 		}
 		return nil
 	})
-	want := []AppliedSettings{
+	want := []appliedSettings{
 		{Step: 5, Wanted: 5, FusionBytes: a.FusionBytes, CycleTime: a.CycleTime, SpinTime: a.SpinTime},
 		{Step: 10, Wanted: 10, FusionBytes: b.FusionBytes, CycleTime: b.CycleTime, SpinTime: a.SpinTime},
 	}
 	for r := range n {
-		got := c.engines[r].AppliedSettings()
+		got := c.engines[r].appliedSteps()
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("rank %d applied %+v, want %+v", r, got, want)
 		}
@@ -155,9 +155,9 @@ func TestTunedCollectivesSwitchAtOneResponseOnEveryRank(t *testing.T) {
 		{SmallAllreduceBytes: 8, SharedRoundBytes: 4 << 10},
 		{SmallAllreduceBytes: 1 << 20},
 	}
-	first := c.engines[0].AppliedCollectives()
+	first := c.engines[0].retunes()
 	for r := range n {
-		got := c.engines[r].AppliedCollectives()
+		got := c.engines[r].retunes()
 		if len(got) != len(want) {
 			t.Fatalf("rank %d executed retunes %+v, want %+v", r, got, want)
 		}
@@ -213,7 +213,7 @@ func TestCollectiveKnobsAreRankZeros(t *testing.T) {
 		return nil
 	})
 	for r, e := range c.engines {
-		got := e.AppliedCollectives()
+		got := e.retunes()
 		want := negotiate.Collectives{SmallAllreduceBytes: 8, SharedRoundBytes: 4 << 10, Hierarchical: true}
 		if len(got) != 1 || got[0].Seq != 1 || got[0].Collectives != want {
 			t.Errorf("rank %d executed retunes %+v, want one at response 1 with %+v", r, got, want)
@@ -324,9 +324,9 @@ func TestAutotuneAcrossElasticRounds(t *testing.T) {
 	if want := "autotune, round 4, 2 ranks on 1 host: used the settings decided for round 2, 2 ranks on 1 host"; !strings.HasPrefix(rep, want) {
 		t.Errorf("round 4 reports %q, want %q...", rep, want)
 	}
-	want := fmt.Sprint([]AppliedSettings{{Step: 3, Wanted: 3, FusionBytes: decided.FusionBytes, CycleTime: decided.CycleTime, Cache: negotiate.CacheOn}}) // the cache is on in these jobs: a searched knob
+	want := fmt.Sprint([]appliedSettings{{Step: 3, Wanted: 3, FusionBytes: decided.FusionBytes, CycleTime: decided.CycleTime, Cache: negotiate.CacheOn}}) // the cache is on in these jobs: a searched knob
 	for r, e := range c.engines {
-		if got := fmt.Sprint(e.AppliedSettings()); got != want {
+		if got := fmt.Sprint(e.appliedSteps()); got != want {
 			t.Errorf("round 4, rank %d applied %s, want %s", r, got, want)
 		}
 	}
@@ -516,10 +516,24 @@ func TestTunedResponseCacheSwitch(t *testing.T) {
 				}
 			}
 		}
-		applied := c.engines[r].AppliedSettings()
+		applied := c.engines[r].appliedSteps()
 		if len(applied) != 2 || applied[0].Cache != negotiate.CacheOff || applied[1].Cache != negotiate.CacheOn {
 			t.Errorf("rank %d applied %+v, want the cache off, then on", r, applied)
 		}
 	}
 	t.Logf("ops sent as ids per step: %v", ids)
+}
+
+// appliedSteps returns the tuned settings that came into force on this rank, in order.
+func (e *Engine) appliedSteps() []appliedSettings {
+	e.tune.mu.Lock()
+	defer e.tune.mu.Unlock()
+	return slices.Clone(e.tune.applied)
+}
+
+// retunes returns the Retune responses this rank executed, in order.
+func (e *Engine) retunes() []appliedCollectives {
+	e.tune.mu.Lock()
+	defer e.tune.mu.Unlock()
+	return slices.Clone(e.tune.retuned)
 }

@@ -10,39 +10,18 @@ import (
 	"gonum.org/v1/gonum/mat"
 )
 
-// Kernel is the Gaussian process's covariance between two points, as a function of their scaled
-// distance r (each dimension's difference divided by its length scale).
-type Kernel int
-
-const (
-	// Matern52 is (1 + √5r + 5r²/3)·exp(-√5r): twice differentiable, not infinitely, so it does not
-	// pretend a step-time surface is as smooth as a sine. The usual choice for tuning.
-	Matern52 Kernel = iota
-	// SquaredExponential is exp(-r²/2): infinitely smooth.
-	SquaredExponential
-)
-
-func (k Kernel) String() string {
-	switch k {
-	case Matern52:
-		return "matern52"
-	case SquaredExponential:
-		return "squared-exponential"
-	}
-	return fmt.Sprintf("Kernel(%d)", int(k))
-}
-
-func (k Kernel) at(r2 float64) float64 {
-	if k == SquaredExponential {
-		return math.Exp(-r2 / 2)
-	}
+// matern52 is the Gaussian process's covariance between two points at scaled distance² r2 (each
+// dimension's difference divided by its length scale): the Matérn 5/2 kernel,
+// (1 + √5r + 5r²/3)·exp(-√5r), twice differentiable, not infinitely, so it does not pretend a
+// step-time surface is as smooth as a sine. The usual choice for tuning.
+func matern52(r2 float64) float64 {
 	r := math.Sqrt(5 * r2)
 	return (1 + r + r*r/3) * math.Exp(-r)
 }
 
-// lengthGrid is where the fit looks for each length scale, in normalised units (the box is 1 wide; a
-// categorical dimension's "different" is 1 apart). Below 0.03 the model would explain every sample on
-// its own; above 10 a dimension is as good as ignored, which is what the largest value says.
+// lengthGrid is where the fit looks for each length scale, in normalised units (the box is 1 wide).
+// Below 0.03 the model would explain every sample on its own; above 10 a dimension is as good as
+// ignored, which is what the largest value says.
 var lengthGrid = []float64{0.03, 0.05, 0.08, 0.12, 0.18, 0.27, 0.4, 0.6, 0.9, 1.4, 2.2, 3.5, 10}
 
 // maxCond is the largest condition number accepted from a Cholesky factorisation before more jitter
@@ -54,7 +33,6 @@ var errFactor = errors.New("kernel matrix not positive definite even with jitter
 // model is a GP posterior on standardised outputs over unit coordinates.
 type model struct {
 	dims   []Dim
-	kernel Kernel
 	noise  float64
 	x      [][]float64 // unit coordinates
 	y      []float64   // standardised
@@ -67,18 +45,10 @@ type model struct {
 	jitter float64       // added to K's diagonal beyond noise
 }
 
-func (m *model) dist2(a, b []float64, ls []float64) float64 {
+func dist2(a, b []float64, ls []float64) float64 {
 	var s float64
-	for d, dim := range m.dims {
-		var diff float64
-		if dim.Kind == Categorical {
-			if a[d] != b[d] {
-				diff = 1
-			}
-		} else {
-			diff = a[d] - b[d]
-		}
-		diff /= ls[d]
+	for d := range a {
+		diff := (a[d] - b[d]) / ls[d]
 		s += diff * diff
 	}
 	return s
@@ -91,7 +61,7 @@ func (m *model) factor(ls []float64, chol *mat.Cholesky) (jitter float64, err er
 	k := mat.NewSymDense(n, nil)
 	for i := range n {
 		for j := i; j < n; j++ {
-			k.SetSym(i, j, m.kernel.at(m.dist2(m.x[i], m.x[j], ls)))
+			k.SetSym(i, j, matern52(dist2(m.x[i], m.x[j], ls)))
 		}
 	}
 	for jitter = 1e-10; jitter <= 1e-1; jitter *= 100 {
@@ -203,7 +173,7 @@ func (m *model) predict(u []float64) (mean, variance float64) {
 	n := len(m.x)
 	ks := mat.NewVecDense(n, nil)
 	for i, xi := range m.x {
-		ks.SetVec(i, m.kernel.at(m.dist2(u, xi, m.ls)))
+		ks.SetVec(i, matern52(dist2(u, xi, m.ls)))
 	}
 	mean = mat.Dot(ks, m.alpha)
 	// Var = k(u,u) - k*ᵀK⁻¹k* = 1 - |L⁻¹k*|²: the triangular solve keeps it from going negative

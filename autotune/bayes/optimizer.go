@@ -16,40 +16,24 @@ import (
 // same smoothing.
 const DefaultNoise = 0.8
 
-// Config sets the optimiser's model and search. The zero value is a noise-free Matérn 5/2 model with
-// the default search; a tuner measuring real step times wants Noise > 0.
-type Config struct {
-	Kernel Kernel
-	// Noise is the variance of a measurement's noise on the standardised scale, where the step times
-	// seen so far have variance 1: added to the kernel's diagonal, it says how much of the spread
-	// between samples is measurement, not setting. 0 interpolates every sample exactly; DefaultNoise
-	// (0.8) says most of the spread may be noise, so the model trusts trends over single samples.
-	Noise float64
-	// Xi is how much (standardised) improvement over the best posterior mean a point must promise
-	// before its expected improvement counts: larger explores more. 0 is plain expected improvement,
-	// which suits a noisy objective whose best point must be refined, not just found.
-	Xi float64
-	// Candidates is the number of random points at which each Suggest evaluates the expected
-	// improvement before refining the best of them. 0 means 512.
-	Candidates int
-	// Starts is the number of the best candidates refined by local search. 0 means 5.
-	Starts int
-	// InitialRandom is the number of observations below which Suggest returns random points instead
-	// of asking the model, which knows nothing useful about length scales from one or two points. 0
-	// means the model is asked from the first observation on.
-	InitialRandom int
-}
+const (
+	// candidates is the number of random points at which each Suggest evaluates the expected
+	// improvement before refining the best of them.
+	candidates = 512
+	// starts is the number of the best candidates refined by local search.
+	starts = 5
+)
 
-// ErrExhausted is returned by Suggest when every point of a discrete search box has been sampled.
+// ErrExhausted is returned by Suggest when it finds no point of the box that was not sampled.
 var ErrExhausted = errors.New("bayes: every point of the search space has been sampled")
 
-// ErrNoData is returned by Predict and Best before any observation.
+// ErrNoData is returned by ExpectedImprovement before any observation.
 var ErrNoData = errors.New("bayes: no observations")
 
 // Optimizer suggests points to measure in a box, minimising the measured value.
 type Optimizer struct {
 	dims    []Dim
-	cfg     Config
+	noise   float64
 	rng     *rand.Rand
 	x       [][]float64 // as given, in the dimensions' units
 	y       []float64
@@ -59,7 +43,12 @@ type Optimizer struct {
 
 // New returns an optimiser over the box dims. All randomness comes from rng, so a seeded rng makes
 // every suggestion reproducible.
-func New(dims []Dim, cfg Config, rng *rand.Rand) (*Optimizer, error) {
+//
+// noise is the variance of a measurement's noise on the standardised scale, where the values seen so
+// far have variance 1: added to the kernel's diagonal, it says how much of the spread between
+// samples is measurement, not setting. 0 interpolates every sample exactly; DefaultNoise (0.8) says
+// most of the spread may be noise, so the model trusts trends over single samples.
+func New(dims []Dim, noise float64, rng *rand.Rand) (*Optimizer, error) {
 	if len(dims) == 0 {
 		return nil, fmt.Errorf("%w: no dimensions", ErrBadSpace)
 	}
@@ -76,26 +65,11 @@ func New(dims []Dim, cfg Config, rng *rand.Rand) (*Optimizer, error) {
 	if rng == nil {
 		return nil, errors.New("bayes: nil rng")
 	}
-	if math.IsNaN(cfg.Noise) || cfg.Noise < 0 || math.IsInf(cfg.Noise, 0) {
-		return nil, fmt.Errorf("bayes: noise %g: want a finite variance >= 0", cfg.Noise)
+	if math.IsNaN(noise) || noise < 0 || math.IsInf(noise, 0) {
+		return nil, fmt.Errorf("bayes: noise %g: want a finite variance >= 0", noise)
 	}
-	if cfg.Kernel != Matern52 && cfg.Kernel != SquaredExponential {
-		return nil, fmt.Errorf("bayes: unknown kernel %v", cfg.Kernel)
-	}
-	if math.IsNaN(cfg.Xi) || cfg.Xi < 0 || math.IsInf(cfg.Xi, 0) {
-		return nil, fmt.Errorf("bayes: xi %g: want a finite value >= 0", cfg.Xi)
-	}
-	if cfg.Candidates <= 0 {
-		cfg.Candidates = 512
-	}
-	if cfg.Starts <= 0 {
-		cfg.Starts = 5
-	}
-	return &Optimizer{dims: append([]Dim(nil), dims...), cfg: cfg, rng: rng, sampled: map[string]bool{}}, nil
+	return &Optimizer{dims: append([]Dim(nil), dims...), noise: noise, rng: rng, sampled: map[string]bool{}}, nil
 }
-
-// Len is the number of observations added.
-func (o *Optimizer) Len() int { return len(o.y) }
 
 // Add records that the point x measured y. Any point of the box may be added, in any order: the
 // defaults first, repeats of a point (which the model averages), points that Suggest did not propose.
@@ -125,8 +99,8 @@ func (o *Optimizer) check(x []float64) error {
 	return nil
 }
 
-// key identifies a point exactly; suggestions are snapped to the grid of discrete dimensions, so
-// "already sampled" is exact equality.
+// key identifies a point exactly; suggestions are snapped to the whole numbers of integer
+// dimensions, so "already sampled" is exact equality.
 func key(x []float64) string {
 	var b strings.Builder
 	for i, v := range x {
@@ -141,7 +115,7 @@ func key(x []float64) string {
 func (o *Optimizer) unit(x []float64) []float64 {
 	u := make([]float64, len(x))
 	for i, d := range o.dims {
-		u[i] = d.toUnit(x[i])
+		u[i] = d.Unit(x[i])
 	}
 	return u
 }
@@ -161,7 +135,7 @@ func (o *Optimizer) model() (*model, error) {
 	if o.m != nil {
 		return o.m, nil
 	}
-	m := &model{dims: o.dims, kernel: o.cfg.Kernel, noise: o.cfg.Noise}
+	m := &model{dims: o.dims, noise: o.noise}
 	for _, x := range o.x {
 		m.x = append(m.x, o.unit(x))
 	}
@@ -170,31 +144,6 @@ func (o *Optimizer) model() (*model, error) {
 	}
 	o.m = m
 	return m, nil
-}
-
-// Predict is the posterior mean and variance of the (noise-free) objective at x, in the caller's
-// units: seconds and seconds².
-func (o *Optimizer) Predict(x []float64) (mean, variance float64, err error) {
-	if err := o.check(x); err != nil {
-		return 0, 0, err
-	}
-	m, err := o.model()
-	if err != nil {
-		return 0, 0, err
-	}
-	mu, v := m.predict(o.unit(x))
-	return m.mean + m.scale*mu, m.scale * m.scale * v, nil
-}
-
-// Best is the sampled point with the lowest posterior mean, and that mean: the model's pick among the
-// points actually measured, so one fast-by-luck sample does not win unless its neighbours agree.
-func (o *Optimizer) Best() (x []float64, mean float64, err error) {
-	m, err := o.model()
-	if err != nil {
-		return nil, 0, err
-	}
-	i, mu := m.bestSampled()
-	return append([]float64(nil), o.x[i]...), m.mean + m.scale*mu, nil
 }
 
 func (m *model) bestSampled() (int, float64) {
@@ -207,18 +156,8 @@ func (m *model) bestSampled() (int, float64) {
 	return best, bestMu
 }
 
-// LengthScales is the fitted length scale of each dimension, in units of the normalised box: small
-// means the objective changes quickly along that dimension, large (10) that it seems not to matter.
-func (o *Optimizer) LengthScales() ([]float64, error) {
-	m, err := o.model()
-	if err != nil {
-		return nil, err
-	}
-	return append([]float64(nil), m.ls...), nil
-}
-
 // ExpectedImprovement is the expected amount, in the caller's units, by which the objective at x
-// falls below the best posterior mean at a sampled point (less Xi).
+// falls below the best posterior mean at a sampled point.
 func (o *Optimizer) ExpectedImprovement(x []float64) (float64, error) {
 	if err := o.check(x); err != nil {
 		return 0, err
@@ -228,25 +167,20 @@ func (o *Optimizer) ExpectedImprovement(x []float64) (float64, error) {
 		return 0, err
 	}
 	_, fStar := m.bestSampled()
-	return m.scale * expectedImprovement(m, o.unit(x), fStar, o.cfg.Xi), nil
+	return m.scale * math.Exp(logExpectedImprovement(m, o.unit(x), fStar)), nil
 }
 
 var stdNormal = distuv.Normal{Mu: 0, Sigma: 1}
 
-// expectedImprovement is E[max(fStar - xi - f(u), 0)] on the standardised scale. The incumbent fStar
-// is the best posterior mean, not the best sample: with noisy samples the lowest one is usually the
-// luckiest, and improving on luck sends the search chasing noise.
-func expectedImprovement(m *model, u []float64, fStar, xi float64) float64 {
-	return math.Exp(logExpectedImprovement(m, u, fStar, xi))
-}
-
-// logExpectedImprovement is log(EI), which Suggest ranks by: far from the incumbent EI underflows to
-// 0 everywhere (a few outliers make the standardised gains tiny), and a search over zeros is random.
+// logExpectedImprovement is log(EI), EI = E[max(fStar - f(u), 0)] on the standardised scale. The
+// incumbent fStar is the best posterior mean, not the best sample: with noisy samples the lowest one
+// is usually the luckiest, and improving on luck sends the search chasing noise. Suggest ranks by the
+// log because far from the incumbent EI underflows to 0 everywhere (a few outliers make the standardised gains tiny), and a search over zeros is random.
 // EI = sd·h(z) with h(z) = zΦ(z) + φ(z); for z < -25 the two terms cancel to nothing, and the
 // asymptote h(z) ≈ φ(z)/z² is used instead (relative error under 3/z²).
-func logExpectedImprovement(m *model, u []float64, fStar, xi float64) float64 {
+func logExpectedImprovement(m *model, u []float64, fStar float64) float64 {
 	mu, v := m.predict(u)
-	gain := fStar - xi - mu
+	gain := fStar - mu
 	sd := math.Sqrt(v)
 	if sd < 1e-12 {
 		return math.Log(math.Max(gain, 0))
@@ -259,10 +193,10 @@ func logExpectedImprovement(m *model, u []float64, fStar, xi float64) float64 {
 }
 
 // Suggest returns the next point to measure: the unsampled point of highest expected improvement that
-// the search finds. Random candidates (all points, if a discrete box has few) are scored, the best few
-// are refined by a compass search, and the best unsampled result wins.
+// the search finds. Random candidates are scored, the best few are refined by a compass search, and
+// the best unsampled result wins.
 func (o *Optimizer) Suggest() ([]float64, error) {
-	if len(o.y) < max(o.cfg.InitialRandom, 1) {
+	if len(o.y) == 0 {
 		return o.randomUnsampled()
 	}
 	m, err := o.model()
@@ -274,7 +208,7 @@ func (o *Optimizer) Suggest() ([]float64, error) {
 		if o.sampled[key(x)] {
 			return math.Inf(-1)
 		}
-		return logExpectedImprovement(m, o.unit(x), fStar, o.cfg.Xi)
+		return logExpectedImprovement(m, o.unit(x), fStar)
 	}
 
 	type scored struct {
@@ -283,23 +217,17 @@ func (o *Optimizer) Suggest() ([]float64, error) {
 	}
 	var cands []scored
 	add := func(x []float64) { cands = append(cands, scored{x, score(x)}) }
-	if all, ok := o.enumerate(o.cfg.Candidates); ok {
-		for _, x := range all {
-			add(x)
-		}
-	} else {
-		for range o.cfg.Candidates {
-			add(o.randomPoint())
-		}
-		// Near the incumbent is where improvements usually are; random points alone rarely land
-		// close enough to resolve a narrow minimum.
-		best, _ := m.bestSampled()
-		for range o.cfg.Candidates / 8 {
-			add(o.perturb(o.x[best], 0.05))
-		}
+	for range candidates {
+		add(o.randomPoint())
+	}
+	// Near the incumbent is where improvements usually are; random points alone rarely land close
+	// enough to resolve a narrow minimum.
+	best, _ := m.bestSampled()
+	for range candidates / 8 {
+		add(o.perturb(o.x[best], 0.05))
 	}
 	sort.SliceStable(cands, func(i, j int) bool { return cands[i].ei > cands[j].ei })
-	for i := range min(o.cfg.Starts, len(cands)) {
+	for i := range min(starts, len(cands)) {
 		x, ei := o.refine(cands[i].x, cands[i].ei, score)
 		cands = append(cands, scored{x, ei})
 	}
@@ -312,10 +240,9 @@ func (o *Optimizer) Suggest() ([]float64, error) {
 	return o.randomUnsampled()
 }
 
-// refine climbs score from x by compass search: each ordered dimension moves ±step in unit
-// coordinates, halving the step when nothing improves; integer dimensions also move to the
-// neighbouring values; categorical ones try every other level. EI is smooth between samples, so this finds the
-// local peak a random candidate only lands near.
+// refine climbs score from x by compass search: each dimension moves ±step in unit coordinates,
+// halving the step when nothing improves; integer dimensions also move to the neighbouring values.
+// EI is smooth between samples, so this finds the local peak a random candidate only lands near.
 func (o *Optimizer) refine(x []float64, ei float64, score func([]float64) float64) ([]float64, float64) {
 	step := 0.1
 	for iter := 0; iter < 200; iter++ {
@@ -327,32 +254,21 @@ func (o *Optimizer) refine(x []float64, ei float64, score func([]float64) float6
 		}
 		u := o.unit(x)
 		for d, dim := range o.dims {
-			switch dim.Kind {
-			case Continuous, Integer:
-				// An integer range can be wide (bytes): it moves like a continuous one, snapped, and
-				// also to its neighbouring values, which the halving step may never reach alone.
-				for _, s := range []float64{-step, step} {
-					v := append([]float64(nil), u...)
-					v[d] += s
-					try(o.fromUnit(v))
-				}
-				if dim.Kind == Continuous {
-					continue
-				}
-				for _, s := range []float64{-1, 1} {
-					if y := x[d] + s; y >= dim.Min && y <= dim.Max {
-						v := append([]float64(nil), x...)
-						v[d] = y
-						try(v)
-					}
-				}
-			case Categorical:
-				for l := range dim.Levels {
-					if float64(l) != x[d] {
-						v := append([]float64(nil), x...)
-						v[d] = float64(l)
-						try(v)
-					}
+			// An integer range can be wide (bytes): it moves like a continuous one, snapped, and also
+			// to its neighbouring values, which the halving step may never reach alone.
+			for _, s := range []float64{-step, step} {
+				v := append([]float64(nil), u...)
+				v[d] += s
+				try(o.fromUnit(v))
+			}
+			if !dim.Integer {
+				continue
+			}
+			for _, s := range []float64{-1, 1} {
+				if y := x[d] + s; y >= dim.Min && y <= dim.Max {
+					v := append([]float64(nil), x...)
+					v[d] = y
+					try(v)
 				}
 			}
 		}
@@ -369,74 +285,22 @@ func (o *Optimizer) refine(x []float64, ei float64, score func([]float64) float6
 
 func (o *Optimizer) randomPoint() []float64 {
 	u := make([]float64, len(o.dims))
-	for i, d := range o.dims {
-		if d.Kind == Categorical {
-			u[i] = float64(o.rng.IntN(d.Levels))
-		} else {
-			u[i] = o.rng.Float64()
-		}
+	for i := range u {
+		u[i] = o.rng.Float64()
 	}
 	return o.fromUnit(u)
 }
 
-// perturb moves x by a normal step of sd in unit coordinates, and changes each categorical value with
-// probability 1/dimensions.
+// perturb moves x by a normal step of sd in unit coordinates.
 func (o *Optimizer) perturb(x []float64, sd float64) []float64 {
 	u := o.unit(x)
-	for i, d := range o.dims {
-		if d.Kind == Categorical {
-			if o.rng.IntN(len(o.dims)) == 0 {
-				u[i] = float64(o.rng.IntN(d.Levels))
-			}
-		} else {
-			u[i] += sd * o.rng.NormFloat64()
-		}
+	for i := range u {
+		u[i] += sd * o.rng.NormFloat64()
 	}
 	return o.fromUnit(u)
-}
-
-// enumerate lists every point of the box if all dimensions are discrete and there are at most limit
-// points.
-func (o *Optimizer) enumerate(limit int) ([][]float64, bool) {
-	total := 1
-	for _, d := range o.dims {
-		c := d.count()
-		if c == 0 || total > limit/c {
-			return nil, false
-		}
-		total *= c
-	}
-	all := make([][]float64, 0, total)
-	idx := make([]int, len(o.dims))
-	for range total {
-		x := make([]float64, len(o.dims))
-		for i, d := range o.dims {
-			x[i] = d.value(idx[i])
-		}
-		all = append(all, x)
-		for i := len(idx) - 1; i >= 0; i-- {
-			if idx[i]++; idx[i] < o.dims[i].count() {
-				break
-			}
-			idx[i] = 0
-		}
-	}
-	return all, true
 }
 
 func (o *Optimizer) randomUnsampled() ([]float64, error) {
-	if all, ok := o.enumerate(1 << 16); ok {
-		var free [][]float64
-		for _, x := range all {
-			if !o.sampled[key(x)] {
-				free = append(free, x)
-			}
-		}
-		if len(free) == 0 {
-			return nil, ErrExhausted
-		}
-		return free[o.rng.IntN(len(free))], nil
-	}
 	for range 1000 {
 		if x := o.randomPoint(); !o.sampled[key(x)] {
 			return x, nil

@@ -58,6 +58,7 @@ type Row struct {
 
 // Errors callers may branch on.
 var (
+	// ErrNoDecision says a log has no Chosen row: the job ended before tuning finished.
 	ErrNoDecision = errors.New("csvlog: the log has no decision (the job ended before tuning finished)")
 	ErrNotLog     = errors.New("csvlog: not a kolo autotune log")
 )
@@ -71,13 +72,13 @@ type Writer struct {
 // NewWriter writes the comment and the column header to w and returns a Writer for rows with the
 // named settings, in that column order.
 func NewWriter(w io.Writer, settings []string) (*Writer, error) {
-	if err := checkNames(settings); err != nil {
+	lw, err := AppendWriter(w, settings)
+	if err != nil {
 		return nil, err
 	}
 	if _, err := io.WriteString(w, Comment+"\n"); err != nil {
 		return nil, fmt.Errorf("csvlog: write header: %w", err)
 	}
-	lw := &Writer{w: csv.NewWriter(w), settings: append([]string(nil), settings...)}
 	header := append(append(append([]string(nil), fixedBefore...), settings...), fixedAfter...)
 	if err := lw.write(header); err != nil {
 		return nil, fmt.Errorf("csvlog: write header: %w", err)
@@ -182,17 +183,6 @@ type Log struct {
 	Rows     []Row    // every row, Chosen ones included, in file order
 }
 
-// Decision is the last Chosen row, or ErrNoDecision. Last, because a tuner that is run again on the
-// same log (or revisits its decision) appends a newer one.
-func (l *Log) Decision() (Row, error) {
-	for i := len(l.Rows) - 1; i >= 0; i-- {
-		if l.Rows[i].Role == Chosen {
-			return l.Rows[i], nil
-		}
-	}
-	return Row{}, ErrNoDecision
-}
-
 // Read parses a log written by Writer.
 func Read(r io.Reader) (*Log, error) {
 	br := bufio.NewReader(r)
@@ -279,18 +269,4 @@ func parseRow(record, settings []string) (Row, error) {
 		return Row{}, fmt.Errorf("step_time_s %q: want a positive number of seconds", tail[0])
 	}
 	return row, nil
-}
-
-// ReadChosen returns the settings of the log's decision, or ErrNoDecision if the job that wrote it
-// ended before deciding.
-func ReadChosen(r io.Reader) (map[string]string, error) {
-	l, err := Read(r)
-	if err != nil {
-		return nil, err
-	}
-	d, err := l.Decision()
-	if err != nil {
-		return nil, err
-	}
-	return d.Settings, nil
 }

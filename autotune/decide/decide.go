@@ -45,34 +45,24 @@ const (
 	Undecided Verdict = iota
 	// Better: the candidate is faster; the whole interval is above 1.
 	Better
-	// NotBetter: the candidate is slower, or no faster than Rule.NoGain; the interval says so.
+	// NotBetter: the candidate is slower, or no faster than NoGain; the interval says so.
 	NotBetter
 )
 
-func (v Verdict) String() string {
-	switch v {
-	case Undecided:
-		return "undecided"
-	case Better:
-		return "better"
-	case NotBetter:
-		return "not better"
-	}
-	return fmt.Sprintf("Verdict(%d)", int(v))
-}
+const (
+	// NoGain is the speed-up below which switching is not worth it: an interval entirely below it is
+	// NotBetter even if it is above 1, since a gain that small is within what a different day's
+	// conditions undo.
+	NoGain = 1.01
+	// MinPairs is the fewest pairs a verdict is given from: with fewer, the spread itself is a guess.
+	MinPairs = 3
+)
 
 // Rule sets the decision's confidence and its budget. Its zero value is the default rule: 95%
-// confidence, a 1% no-gain band, a verdict from 3 pairs on, at most 20 pairs.
+// confidence, at most 20 pairs.
 type Rule struct {
 	// Confidence is the simultaneous confidence of the intervals over all looks. 0 means 0.95.
 	Confidence float64
-	// NoGain is the speed-up below which switching is not worth it: an interval entirely below it is
-	// NotBetter even if it is above 1, since a gain that small is within what a different day's
-	// conditions undo. 0 means 1.01.
-	NoGain float64
-	// MinPairs is the fewest pairs a verdict is given from: with fewer, the spread itself is a guess.
-	// 0 means 3; at least 2.
-	MinPairs int
 	// MaxPairs is the most pairs the caller will measure; Undecided there is final and keeps the
 	// defaults. It also sets the number of looks the confidence is spread over. 0 means 20.
 	MaxPairs int
@@ -102,23 +92,9 @@ type Result struct {
 	Pairs int
 	// Speedup is the geometric mean of the pairs' speed-ups; NaN with no pairs.
 	Speedup float64
-	// Low and High bound the speed-up at Confidence, simultaneously over all looks; 0 and +Inf while
-	// there are too few pairs to estimate a spread.
+	// Low and High bound the speed-up at the rule's Confidence, simultaneously over all looks; 0 and
+	// +Inf while there are too few pairs to estimate a spread.
 	Low, High float64
-	// Confidence is the rule's confidence, for printing.
-	Confidence float64
-}
-
-// KeepDefaults says whether the caller should keep (or go back to) the defaults.
-func (r Result) KeepDefaults() bool { return r.Verdict != Better }
-
-// String reads like "1.07x the defaults' steps/s (95% CI 1.04-1.10, 12 pairs): better".
-func (r Result) String() string {
-	if r.Pairs == 0 {
-		return "no pairs yet: " + r.Verdict.String()
-	}
-	return fmt.Sprintf("%.2fx the defaults' steps/s (%g%% CI %.2f-%.2f, %d pairs): %v",
-		r.Speedup, 100*r.Confidence, r.Low, r.High, r.Pairs, r.Verdict)
 }
 
 // Errors callers may branch on.
@@ -133,24 +109,14 @@ func (r Rule) withDefaults() (Rule, error) {
 	if r.Confidence == 0 {
 		r.Confidence = 0.95
 	}
-	if r.NoGain == 0 {
-		r.NoGain = 1.01
-	}
-	if r.MinPairs == 0 {
-		r.MinPairs = 3
-	}
 	if r.MaxPairs == 0 {
 		r.MaxPairs = 20
 	}
 	switch {
 	case !(r.Confidence > 0 && r.Confidence < 1):
 		return r, fmt.Errorf("%w: confidence %g not in (0, 1)", ErrBadRule, r.Confidence)
-	case !(r.NoGain >= 1) || math.IsInf(r.NoGain, 0):
-		return r, fmt.Errorf("%w: no-gain speed-up %g below 1", ErrBadRule, r.NoGain)
-	case r.MinPairs < 2:
-		return r, fmt.Errorf("%w: min pairs %d, need 2 to estimate a spread", ErrBadRule, r.MinPairs)
-	case r.MaxPairs < r.MinPairs:
-		return r, fmt.Errorf("%w: max pairs %d below min pairs %d", ErrBadRule, r.MaxPairs, r.MinPairs)
+	case r.MaxPairs < MinPairs:
+		return r, fmt.Errorf("%w: max pairs %d below min pairs %d", ErrBadRule, r.MaxPairs, MinPairs)
 	}
 	return r, nil
 }
@@ -182,7 +148,7 @@ func (r Rule) Compare(defaults, candidate []float64) (Result, error) {
 	}
 
 	n := len(defaults) - 1
-	res := Result{Pairs: n, Speedup: math.NaN(), Low: 0, High: math.Inf(1), Confidence: r.Confidence}
+	res := Result{Pairs: n, Speedup: math.NaN(), Low: 0, High: math.Inf(1)}
 	if n == 0 {
 		return res, nil
 	}
@@ -216,14 +182,14 @@ func (r Rule) Compare(defaults, candidate []float64) (Result, error) {
 		se, df = math.Sqrt(p.Var*4/3/float64(n)), p.DF
 	}
 
-	looks := float64(r.MaxPairs - r.MinPairs + 1)
+	looks := float64(r.MaxPairs - MinPairs + 1)
 	alpha := (1 - r.Confidence) / looks
 	t := distuv.StudentsT{Mu: 0, Sigma: 1, Nu: float64(df)}.Quantile(1 - alpha/2)
 	res.Low, res.High = math.Exp(mean-t*se), math.Exp(mean+t*se)
 
 	switch {
-	case n < r.MinPairs:
-	case res.High < r.NoGain:
+	case n < MinPairs:
+	case res.High < NoGain:
 		// Checked before Better: a gain that is sure but smaller than NoGain is not worth a switch.
 		res.Verdict, res.Done = NotBetter, true
 	case res.Low > 1:
