@@ -616,12 +616,19 @@ func submitGroup(kind negotiate.OpKind, name string, ins, outs []Tensor, op Op, 
 		return hs
 	}
 	ps, err := s.prepareGroup(kind, name, ins, outs, op, opts)
-	for i := range hs {
-		if err != nil {
+	if err != nil {
+		for i := range hs {
 			hs[i] = s.refuse(ps[i], err)
-		} else {
-			hs[i] = s.enqueue(ps[i], false)
 		}
+		return hs
+	}
+	reqs := make([]negotiate.Request, len(ps))
+	in, out := make([][]byte, len(ps)), make([][]byte, len(ps))
+	for i, p := range ps {
+		reqs[i], in[i], out[i] = p.req, p.in, p.outBytes
+	}
+	for i, h := range s.engine.EnqueueGroup(reqs, in, out) {
+		hs[i] = &Handle{h: h, out: ps[i].out, kind: ps[i].req.Kind, size: s.job.Size}
 	}
 	return hs
 }

@@ -429,65 +429,126 @@ func (e *Engine) enqueueUser(req negotiate.Request, in, out []byte, kick bool) *
 //
 // dv is the device side of an op on device memory (in and out are nil then).
 func (e *Engine) enqueue(req negotiate.Request, in, out []byte, kick bool, dv *deviceEntry) *Handle {
+	s := e.check(req, in, out, dv)
+	if s.done {
+		return s.caller
+	}
+	e.mu.Lock()
+	e.appendLocked(&s)
+	driving := e.kickLocked(kick)
+	e.mu.Unlock()
+	if driving {
+		e.wakeDriver()
+	}
+	return s.caller
+}
+
+// EnqueueGroup submits the members of one grouped call as Enqueue would, all at once: no Batch
+// to the coordinator holds some of them and not the others. The coordinator tells a grouped call
+// of another length on another rank (a mismatch every member fails with) from members still to
+// come only when each rank's members arrive together.
+func (e *Engine) EnqueueGroup(reqs []negotiate.Request, ins, outs [][]byte) []*Handle {
+	subs := make([]submission, len(reqs))
+	for i, req := range reqs {
+		subs[i] = e.check(req, ins[i], outs[i], nil)
+	}
+	e.mu.Lock()
+	for i := range subs {
+		if !subs[i].done {
+			e.appendLocked(&subs[i])
+		}
+	}
+	driving := e.kickLocked(true)
+	e.mu.Unlock()
+	if driving {
+		e.wakeDriver()
+	}
+	hs := make([]*Handle, len(subs))
+	for i := range subs {
+		hs[i] = subs[i].caller
+	}
+	return hs
+}
+
+// submission is one op on its way into the queue: what check found, for appendLocked.
+type submission struct {
+	req     negotiate.Request
+	ps      *procSet
+	in, out []byte
+	dv      *deviceEntry
+	h       *Handle // the handle the queue entry completes
+	caller  *Handle // the handle the caller gets
+	refused error   // wrong on this rank: the caller's handle fails, the coordinator still hears of it
+	done    bool    // caller has finished already: nothing to queue
+}
+
+// check runs the checks of enqueue that need no lock.
+func (e *Engine) check(req negotiate.Request, in, out []byte, dv *deviceEntry) submission {
 	h := newHandle(req.Name, e)
-	ps := e.global
+	s := submission{req: req, in: in, out: out, dv: dv, h: h, caller: h}
+	s.ps = e.global
 	if req.Set != 0 {
 		e.mu.Lock()
-		ps = e.sets[req.Set]
+		s.ps = e.sets[req.Set]
 		e.mu.Unlock()
 	}
-	if err := e.admit(&req, ps); err != nil {
+	if err := e.admit(&s.req, s.ps); err != nil {
 		// This rank has no say in that set: nobody to tell.
 		h.finish(&ArgumentError{err})
 		e.dev.drop(dv)
-		return h
+		s.done = true
+		return s
 	}
-	var refused error
+	req = s.req
 	switch {
 	case req.Error != "":
-		refused = fmt.Errorf("rank %d: %s %q: %s", e.g.Rank, req.Kind, req.Name, req.Error)
-	case dv == nil && e.deviceRuns(ps, req.GPU, req.Kind, req.DType, req.ReduceOp, req.PreScale, req.PostScale):
+		s.refused = fmt.Errorf("rank %d: %s %q: %s", e.g.Rank, req.Kind, req.Name, req.Error)
+	case dv == nil && e.deviceRuns(s.ps, req.GPU, req.Kind, req.DType, req.ReduceOp, req.PreScale, req.PostScale):
 		// Every other rank runs it on the device path, which needs every rank's device pointers.
 		// (A set without a device communicator stages its GPU ops on every rank: EnqueueDevice
 		// refuses them there.)
-		req.Error = "a GPU tensor staged through host memory where the device path serves it (submit it with EnqueueDevice)"
-		refused = fmt.Errorf("rank %d: %s %q: %s", e.g.Rank, req.Kind, req.Name, req.Error)
+		s.req.Error = "a GPU tensor staged through host memory where the device path serves it (submit it with EnqueueDevice)"
+		s.refused = fmt.Errorf("rank %d: %s %q: %s", e.g.Rank, req.Kind, req.Name, s.req.Error)
 	default:
 		inLen, outLen := len(in), len(out)
 		if dv != nil {
 			inLen, outLen = dv.op.Bytes, dv.op.Bytes
 		}
-		if err := validate(req, inLen, outLen, len(ps.ranks)); err != nil {
-			refused = fmt.Errorf("rank %d: %w", e.g.Rank, err)
+		if err := validate(req, inLen, outLen, len(s.ps.ranks)); err != nil {
+			s.refused = fmt.Errorf("rank %d: %w", e.g.Rank, err)
 			// The coordinator's error names the op already.
-			req.Error = strings.TrimPrefix(err.Error(), fmt.Sprintf("%s %q: ", req.Kind, req.Name))
+			s.req.Error = strings.TrimPrefix(err.Error(), fmt.Sprintf("%s %q: ", req.Kind, req.Name))
 		}
 	}
-	e.mu.Lock()
+	return s
+}
+
+// appendLocked queues s, or finishes its caller's handle when the engine is down or the name is
+// in flight. e.mu is held.
+func (e *Engine) appendLocked(s *submission) {
+	req, ps, h := s.req, s.ps, s.h
+	fail := func(err error) {
+		h.finish(err)
+		e.dev.drop(s.dv)
+		s.done = true
+	}
 	switch {
 	case e.fatal != nil:
-		err := e.fatal
-		e.mu.Unlock()
-		h.finish(err)
-		e.dev.drop(dv)
-		return h
+		fail(e.fatal)
+		return
 	case e.closed:
-		e.mu.Unlock()
-		h.finish(ErrShutdown)
-		e.dev.drop(dv)
-		return h
+		fail(ErrShutdown)
+		return
 	}
 	if !e.reserve(ps.id, req.Name) {
-		e.mu.Unlock()
-		h.finish(&ArgumentError{fmt.Errorf("rank %d: %s %q%s: %w: an op of that name submitted on this rank has not completed; names must be unique among in-flight ops",
+		fail(&ArgumentError{fmt.Errorf("rank %d: %s %q%s: %w: an op of that name submitted on this rank has not completed; names must be unique among in-flight ops",
 			e.g.Rank, req.Kind, req.Name, inSet(ps.id), ErrDuplicateName)})
-		e.dev.drop(dv)
-		return h
+		return
 	}
-	caller := h
-	if refused != nil {
+	in, out, dv := s.in, s.out, s.dv
+	if s.refused != nil {
 		// The refusal holds the name until its error comes back from the coordinator.
-		caller.finish(&ArgumentError{refused})
+		s.caller.finish(&ArgumentError{s.refused})
 		h = newHandle(req.Name, e)
 		e.dev.drop(dv)
 		in, out, dv = nil, nil, nil
@@ -495,16 +556,17 @@ func (e *Engine) enqueue(req negotiate.Request, in, out []byte, kick bool, dv *d
 	h.reserved, h.set = true, ps.id
 	e.queue = append(e.queue, &entry{req: req, set: ps, in: in, out: out, dev: dv, h: h})
 	e.queued.Store(int32(len(e.queue)))
-	driving := e.driving
+}
+
+// kickLocked arms the kick for queued ops nobody drives (when kick is set), and reports whether a
+// driver is running, to be woken once e.mu is released. e.mu is held.
+func (e *Engine) kickLocked(kick bool) (driving bool) {
+	driving = e.driving
 	if kick && !driving && !e.kicking {
 		e.kicking = true
 		e.kick.Reset(kickDelay)
 	}
-	e.mu.Unlock()
-	if driving {
-		e.wakeDriver()
-	}
-	return caller
+	return driving
 }
 
 // Err returns the error that stopped the engine, if any.
