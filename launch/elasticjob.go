@@ -90,9 +90,12 @@ func runElastic(ctx context.Context, opts *flags.Options, set elasticSettings, s
 	set.fill()
 	var j *elasticJob
 	defer func() {
-		if j == nil { // else j.run wrote it
-			writeOutcome(opts.OutcomeFile, finalOutcome(code, err, ctx.Err() != nil, nil), stderr)
+		var whole *Outcome
+		if j != nil { // it ran
+			o := j.outcome(code, err, code == ExitInterrupted)
+			whole = &o
 		}
+		writeOutcome(opts.OutcomeFile, finalOutcome(code, err, ctx.Err() != nil, whole), stderr)
 	}()
 	planner, err := elastic.NewPlanner(opts.ElasticConfig())
 	if err != nil {
@@ -340,7 +343,6 @@ func (j *elasticJob) run(ctx context.Context, source hostSource) (code int, err 
 			}
 		}
 		view.end(failure, j.opts.OutputDir)
-		writeOutcome(j.opts.OutcomeFile, j.outcome(code, err, code == ExitInterrupted), j.stderr)
 	}()
 	dctx, cancel := context.WithCancel(ctx)
 	var discoverer sync.WaitGroup

@@ -77,7 +77,8 @@ func serveElastic(ctx context.Context, n *node, set elasticSettings) (int, error
 	case note == "" && code == 0:
 		note = fmt.Sprintf("kolo run: elastic: the job is done: every worker of round %d exited 0", j.round.Number)
 	}
-	n.wroteOutcome = true // by j.run
-	nodes.end(code, note, j.outcome(code, err, code == ExitInterrupted))
+	whole := j.outcome(code, err, code == ExitInterrupted)
+	n.outcome = &whole
+	nodes.end(code, note, whole)
 	return code, err
 }

@@ -109,9 +109,6 @@ func runNode(ctx context.Context, opts *flags.Options, set elasticSettings, stdo
 	set.fill()
 	var n *node
 	defer func() {
-		if n != nil && n.wroteOutcome {
-			return
-		}
 		var whole *Outcome
 		if n != nil {
 			whole = n.outcome
@@ -171,10 +168,8 @@ type node struct {
 	jobID string
 
 	// outcome is the job's whole outcome (--outcome-file) once this node has it: from its own
-	// ranks when it serves a static job, from the serving node's record when it joined one.
-	// wroteOutcome: the elastic driver this node served wrote it already.
-	outcome      *Outcome
-	wroteOutcome bool
+	// ranks or workers when it serves the job, from the serving node's record when it joined one.
+	outcome *Outcome
 }
 
 func (n *node) close() {
