@@ -17,8 +17,9 @@ import (
 //   - to a rank that told the others it failed, unless it then exited cleanly;
 //   - to a rank reported lost if it failed too, of something other than the launcher's stop
 //     signal (one the launcher stopped was alive when the failure began), or if it exited cleanly
-//     before first failed (it ended while the others still needed it); not to one whose own
-//     record blames this rank for more than a loss (the loss followed from that).
+//     before first failed (it ended while the others still needed it);
+//   - not to one whose own record blames this rank for more than what this record reports (a
+//     loss, or a peer's failure, that followed from that: outweighed).
 //
 // The chain ends at a rank whose record blames nobody (its own exception or error), at one that
 // sent no record (killed: its exit status is all there is), or where it would go round. Without
@@ -47,15 +48,22 @@ func Blame(results []Result, first *Result, records map[int]report.Failure) *Res
 	}
 }
 
-// outweighed reports whether a record of a lost peer is answered by that peer's record blaming its
-// sender for something it did (ended early, stopped, failed): the loss followed from that. A rank
-// that ended early loses the others when they fail on its account.
+// outweighed reports whether rec is answered by the record of the rank it blames, naming rec's
+// sender for what caused the failure: the failure followed from that. A rank that ended early
+// loses the others, or hears from one that failed on its account, when they fail because of it;
+// a rank found stuck loses those that gave up on it.
 func outweighed(rec report.Failure, records map[int]report.Failure) bool {
-	if rec.Kind != report.KindLost {
+	back, ok := records[rec.Blames]
+	if !ok || back.Own() || back.Blames != rec.Rank {
 		return false
 	}
-	back, ok := records[rec.Blames]
-	return ok && !back.Own() && back.Blames == rec.Rank && back.Kind != report.KindLost
+	switch rec.Kind {
+	case report.KindLost:
+		return back.Kind != report.KindLost
+	case report.KindPeerFailed:
+		return back.Kind == report.KindEnded || back.Kind == report.KindStalled
+	}
+	return false
 }
 
 // toBlame reports whether next, the rank a record of kind blames, is where the failure goes on.
