@@ -161,7 +161,7 @@ func (sc *serverConn) serve() {
 	defer sc.c.Close()
 	remote := sc.c.RemoteAddr().String()
 	if err := auth.Handshake(sc.c, sc.s.secret, auth.Listener, sc.s.handshakeTimeout); err != nil {
-		sc.s.gate.Rejected(sc.c.RemoteAddr(), "authentication", err)
+		sc.s.gate.Rejected(sc.c, "authentication", err)
 		return
 	}
 	// The client's side of the handshake ends when it has checked our proof, which may be before

@@ -101,7 +101,7 @@ func (g *Gate) otherUser(c net.Conn) bool {
 	defer g.mu.Unlock()
 	if g.logged < g.p.LogBurst {
 		g.logged++
-		g.log.Warn(g.what+": refused a connection from another user", "uid", uid)
+		g.log.Warn(g.what+": refused a connection from another user", "remote", endpoint.Peer(c), "uid", uid)
 		g.armFlush()
 		return true
 	}
@@ -123,9 +123,10 @@ func (g *Gate) admit(addr net.Addr) bool {
 	return false
 }
 
-// Rejected records that the owner rejected the connection from addr for err (why names the step
-// that failed), and logs it unless this interval's burst of lines is spent.
-func (g *Gate) Rejected(addr net.Addr, why string, err error) {
+// Rejected records that the owner rejected the connection c for err (why names the step that
+// failed), and logs it unless this interval's burst of lines is spent.
+func (g *Gate) Rejected(c net.Conn, why string, err error) {
+	addr := c.RemoteAddr()
 	ip := hostOf(addr)
 	now := time.Now()
 	g.mu.Lock()
@@ -153,7 +154,7 @@ func (g *Gate) Rejected(addr net.Addr, why string, err error) {
 	}
 	if g.logged < g.p.LogBurst {
 		g.logged++
-		g.log.Warn(g.what+": rejected connection", "remote", addr.String(), "why", why, "err", err)
+		g.log.Warn(g.what+": rejected connection", "remote", endpoint.Peer(c), "why", why, "err", err)
 		g.armFlush()
 		return
 	}

@@ -30,6 +30,9 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// peerAt is a connection from tcpAddr(ip).
+func peerAt(ip string) net.Conn { return connFrom{nil, tcpAddr(ip)} }
+
 // tcpAddr is a TCP peer at ip, or, for "unix", a Unix socket's peer (which has no address).
 func tcpAddr(ip string) net.Addr {
 	if ip == "unix" {
@@ -57,7 +60,7 @@ func TestGateRefusesAnAddressThatKeepsFailing(t *testing.T) {
 			g := NewGate("test", slog.New(slog.NewTextHandler(&log, nil)), p)
 			defer g.Close()
 			for range tc.fails {
-				g.Rejected(tcpAddr(tc.ip), "authentication", errors.New("denied"))
+				g.Rejected(peerAt(tc.ip), "authentication", errors.New("denied"))
 			}
 			if got := !g.admit(tcpAddr(tc.ip)); got != tc.wantRefuse {
 				t.Fatalf("refused = %v, want %v", got, tc.wantRefuse)
@@ -82,7 +85,7 @@ func TestGateBoundsItsLog(t *testing.T) {
 	g := NewGate("test", slog.New(slog.NewTextHandler(&log, nil)), p)
 	defer g.Close()
 	for i := range 1000 {
-		g.Rejected(tcpAddr(fmt.Sprintf("10.9.0.%d", 1+i%5)), "authentication", errors.New("denied"))
+		g.Rejected(peerAt(fmt.Sprintf("10.9.0.%d", 1+i%5)), "authentication", errors.New("denied"))
 	}
 	deadline := time.Now().Add(2 * time.Second)
 	for !strings.Contains(log.String(), "more connections rejected") && time.Now().Before(deadline) {
@@ -99,7 +102,7 @@ func TestGateBoundsItsLog(t *testing.T) {
 		t.Errorf("%d bytes of log for 1000 rejections", len(out))
 	}
 	// The next interval logs one by one again.
-	g.Rejected(tcpAddr("10.9.0.1"), "hello", errors.New("bad"))
+	g.Rejected(peerAt("10.9.0.1"), "hello", errors.New("bad"))
 	if n := strings.Count(log.String(), "rejected connection"); n != 4 {
 		t.Errorf("after the interval: %d lines one by one, want 4", n)
 	}
@@ -117,7 +120,7 @@ func TestGateWrapClosesRefusedConnections(t *testing.T) {
 	// whose Accept sees a non-loopback remote.
 	wl := g.Wrap(remoteAs{ln, tcpAddr("10.9.0.7")})
 	defer wl.Close()
-	g.Rejected(tcpAddr("10.9.0.7"), "authentication", errors.New("denied"))
+	g.Rejected(peerAt("10.9.0.7"), "authentication", errors.New("denied"))
 	got := make(chan error, 1)
 	go func() {
 		_, err := wl.Accept() // refuses the first, returns when the listener closes

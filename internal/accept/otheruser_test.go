@@ -84,8 +84,8 @@ func TestGateRefusesOtherUsers(t *testing.T) {
 		t.Fatal("the connection of another user was handed to the listener's owner")
 	case <-time.After(200 * time.Millisecond):
 	}
-	if l := log.String(); !strings.Contains(l, "another user") || !strings.Contains(l, fmt.Sprintf("uid=%d", nobody)) {
-		t.Errorf("log %q does not name the refused user", l)
+	if l := log.String(); !strings.Contains(l, "another user") || !strings.Contains(l, fmt.Sprintf("uid=%d", nobody)) || !strings.Contains(l, `remote="pid `) {
+		t.Errorf("log %q does not name the refused user and process", l)
 	}
 
 	// This user's connection goes through.

@@ -1,6 +1,7 @@
 package endpoint
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"syscall"
@@ -12,20 +13,40 @@ import (
 // system call and no byte of c. A TCP connection is never from another user: nothing says whose
 // it is.
 func OtherUser(c net.Conn) (uid int, other bool) {
-	u, ok := c.(*net.UnixConn)
-	if !ok {
+	if _, ok := c.(*net.UnixConn); !ok {
 		return 0, false
 	}
-	raw, err := u.SyscallConn()
-	if err != nil {
+	cred, ok := peerCred(c)
+	if !ok {
 		return -1, true
+	}
+	return int(cred.Uid), int(cred.Uid) != os.Geteuid()
+}
+
+// Peer names who is at the other end of c for a log line: a Unix socket's peer has no address,
+// so its process and user id (SO_PEERCRED); else the remote address.
+func Peer(c net.Conn) string {
+	if _, ok := c.(*net.UnixConn); !ok {
+		return c.RemoteAddr().String()
+	}
+	cred, ok := peerCred(c)
+	if !ok {
+		return "a local process (unknown)"
+	}
+	return fmt.Sprintf("pid %d (uid %d)", cred.Pid, cred.Uid)
+}
+
+func peerCred(c net.Conn) (*syscall.Ucred, bool) {
+	raw, err := c.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		return nil, false
 	}
 	var cred *syscall.Ucred
 	var serr error
 	if err := raw.Control(func(fd uintptr) {
 		cred, serr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
 	}); err != nil || serr != nil {
-		return -1, true
+		return nil, false
 	}
-	return int(cred.Uid), int(cred.Uid) != os.Geteuid()
+	return cred, true
 }

@@ -204,7 +204,7 @@ func (l *Listener) accept() {
 }
 
 func (l *Listener) reject(c conn, why string, err error) {
-	l.gate.Rejected(c.RemoteAddr(), why, err)
+	l.gate.Rejected(c, why, err)
 	c.Close()
 }
 
