@@ -164,6 +164,7 @@ func (sc *serverConn) serve() {
 		sc.s.gate.Rejected(sc.c, "authentication", err)
 		return
 	}
+	sc.s.gate.Authenticated(sc.c)
 	// The client's side of the handshake ends when it has checked our proof, which may be before
 	// we read its own: on a loaded host our deadline can pass in between, and a client that took
 	// the connection for accepted would lose its first request. It waits for this byte instead.

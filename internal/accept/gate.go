@@ -15,16 +15,21 @@ import (
 // job's logs, and refuses at accept, for a while, an address that keeps failing, so that its
 // connections cost the job no handshake. A Gate is safe for concurrent use.
 //
-// Loopback addresses and Unix sockets are never refused by address: every process of the host
-// shares them, the job's own ranks included, so refusing one would let any local user cut the job
-// off. A Unix socket's peer of another user is refused instead, by its user id, before any byte.
+// Loopback addresses, this host's own addresses and Unix sockets are never refused by address:
+// every process of the host shares them, the job's own ranks included, so refusing one would let
+// any local user cut the job off. Nor is an address a peer has authenticated from (Authenticated):
+// a stranger on one of the job's hosts must not close the door on that host's ranks. A Unix
+// socket's peer of another user is refused instead, by its user id, before any byte.
 type Gate struct {
 	what string
 	log  *slog.Logger
 	p    GatePolicy
 
+	own map[string]bool // this host's addresses, fixed at NewGate
+
 	mu      sync.Mutex
 	peers   map[string]*failures // by IP
+	trusted map[string]bool      // addresses a peer authenticated from: never refused
 	logged  int                  // rejections logged one by one in the current interval
 	quiet   int                  // rejections and refusals since, not logged one by one
 	from    map[string]bool      // the addresses of those
@@ -68,7 +73,41 @@ func NewGate(what string, log *slog.Logger, p GatePolicy) *Gate {
 	if p.LogEvery <= 0 {
 		p.LogEvery = d.LogEvery
 	}
-	return &Gate{what: what, log: log, p: p, peers: map[string]*failures{}, from: map[string]bool{}}
+	return &Gate{what: what, log: log, p: p, own: hostAddrs(), peers: map[string]*failures{},
+		trusted: map[string]bool{}, from: map[string]bool{}}
+}
+
+// hostAddrs is the set of this host's interface addresses (empty if they cannot be listed: then
+// only loopback counts as shared).
+func hostAddrs() map[string]bool {
+	own := map[string]bool{}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return own
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok {
+			own[n.IP.String()] = true
+		}
+	}
+	return own
+}
+
+// Authenticated records that a peer proved it knows the secret on c: its address is a job host's,
+// and is never refused, nor its earlier failures held against it. Only peers with the secret add
+// to the set, so it is as large as the job's hosts.
+func (g *Gate) Authenticated(c net.Conn) {
+	addr := c.RemoteAddr()
+	if g.shared(addr) {
+		return
+	}
+	ip := hostOf(addr)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.trusted[ip] {
+		g.trusted[ip] = true
+		delete(g.peers, ip)
+	}
 }
 
 // Wrap returns ln with g at its door: its Accept closes, uncounted by the caller, the connections
@@ -131,7 +170,7 @@ func (g *Gate) Rejected(c net.Conn, why string, err error) {
 	now := time.Now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !shared(addr) {
+	if !g.shared(addr) && !g.trusted[ip] {
 		f := g.peers[ip]
 		if f == nil {
 			if len(g.peers) >= maxTracked {
@@ -222,12 +261,13 @@ func hostOf(addr net.Addr) string {
 	return h
 }
 
-// shared reports whether addr may be every local process's: loopback, or a Unix socket's peer
-// (which has no address of its own).
-func shared(addr net.Addr) bool {
+// shared reports whether addr may be every local process's: loopback, one of this host's
+// addresses, or a Unix socket's peer (which has no address of its own).
+func (g *Gate) shared(addr net.Addr) bool {
 	if _, ok := addr.(*net.UnixAddr); ok || addr == nil {
 		return true
 	}
-	p := net.ParseIP(hostOf(addr))
-	return p != nil && p.IsLoopback()
+	h := hostOf(addr)
+	p := net.ParseIP(h)
+	return p != nil && p.IsLoopback() || g.own[h]
 }

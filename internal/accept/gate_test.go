@@ -78,6 +78,47 @@ func TestGateRefusesAnAddressThatKeepsFailing(t *testing.T) {
 	}
 }
 
+// A stranger on one of the job's hosts cannot close the door on that host's ranks: an address a
+// peer authenticated from, and this host's own addresses, are never refused, however many
+// handshakes fail from them.
+func TestGateNeverRefusesTheJobsHosts(t *testing.T) {
+	p := GatePolicy{FailLimit: 3, Window: time.Minute, RefuseFor: time.Minute, LogBurst: 100, LogEvery: time.Hour}
+	g := NewGate("test", slog.New(slog.DiscardHandler), p)
+	defer g.Close()
+	// Failures before the peer authenticates are forgiven too: a start-up raced by a stranger.
+	g.Rejected(peerAt("10.9.0.3"), "authentication", errors.New("denied"))
+	g.Authenticated(peerAt("10.9.0.3"))
+	for range 10 {
+		g.Rejected(peerAt("10.9.0.3"), "authentication", errors.New("denied"))
+		g.Rejected(peerAt("10.9.0.4"), "authentication", errors.New("denied"))
+	}
+	if !g.admit(tcpAddr("10.9.0.3")) {
+		t.Error("an address a peer authenticated from was refused")
+	}
+	if g.admit(tcpAddr("10.9.0.4")) {
+		t.Error("a stranger's address was not refused: the test's policy does not refuse")
+	}
+	var own string
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() {
+				own = n.IP.String()
+				break
+			}
+		}
+	}
+	if own == "" {
+		t.Log("no address but loopback here: this host's own addresses not checked")
+		return
+	}
+	for range 10 {
+		g.Rejected(peerAt(own), "authentication", errors.New("denied"))
+	}
+	if !g.admit(tcpAddr(own)) {
+		t.Errorf("this host's own address %s was refused", own)
+	}
+}
+
 // A flood of rejections logs the burst and then one line with the count per interval.
 func TestGateBoundsItsLog(t *testing.T) {
 	var log syncBuffer

@@ -237,6 +237,7 @@ func (l *Listener) admit(c conn) {
 		l.unfinished(c, "authentication", err)
 		return
 	}
+	l.gate.Authenticated(c)
 	c.SetReadDeadline(time.Now().Add(l.handshakeTimeout))
 	h, err := readHello(c)
 	c.SetReadDeadline(time.Time{})
