@@ -220,8 +220,17 @@ def vs_defaults(args):
             for tuned in ((True, False) if k % 2 == 0 else (False, True)):
                 time.sleep(args.pause)
                 if tuned:
-                    ends, _ = run_job(model, batch, steps, env,
-                                      flags=("--autotune", *shlex.split(args.tuned_flags)))
+                    with tempfile.TemporaryDirectory() as d:
+                        log = os.path.join(d, "at.csv")
+                        ends, _ = run_job(model, batch, steps, env,
+                                          flags=("--autotune", "--autotune-log-file", log, *shlex.split(args.tuned_flags)))
+                        step, chosen = decision(log)
+                        if args.keep_logs:
+                            os.makedirs(args.keep_logs, exist_ok=True)
+                            shutil.copy(log, os.path.join(args.keep_logs, f"{job}.{k + 1}.csv".replace(":", "_")))
+                    print(f"# {job} pair {k + 1} tuned: decided at step {step}, chose "
+                          f"{point_str(chosen) if chosen else '-'} (fusion MiB, cycle ms, small KiB, round KiB, spin us, cache)",
+                          file=sys.stderr, flush=True)
                 else:
                     ends, _ = run_job(model, batch, steps, {})
                 rates[tuned].append(rate(ends, steps // 2))
