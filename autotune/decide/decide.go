@@ -93,7 +93,7 @@ type Result struct {
 	// Speedup is the geometric mean of the pairs' speed-ups; NaN with no pairs.
 	Speedup float64
 	// Low and High bound the speed-up at the rule's Confidence, simultaneously over all looks; 0 and
-	// +Inf while there are too few pairs to estimate a spread.
+	// +Inf while there are fewer than MinPairs pairs.
 	Low, High float64
 }
 
@@ -162,7 +162,9 @@ func (r Rule) Compare(defaults, candidate []float64) (Result, error) {
 	}
 	mean /= float64(n)
 	res.Speedup = math.Exp(mean)
-	if n < 2 {
+	if n < MinPairs {
+		// No interval: from fewer pairs it would span orders of magnitude (0.01-111 from two),
+		// and no verdict is given from them anyway.
 		return res, nil
 	}
 	var ss float64
@@ -188,7 +190,6 @@ func (r Rule) Compare(defaults, candidate []float64) (Result, error) {
 	res.Low, res.High = math.Exp(mean-t*se), math.Exp(mean+t*se)
 
 	switch {
-	case n < MinPairs:
 	case res.High < NoGain:
 		// Checked before Better: a gain that is sure but smaller than NoGain is not worth a switch.
 		res.Verdict, res.Done = NotBetter, true
