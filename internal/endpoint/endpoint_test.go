@@ -3,6 +3,7 @@ package endpoint
 import (
 	"context"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,29 +28,48 @@ func TestIsUnix(t *testing.T) {
 	}
 }
 
+// connected listens at addr and dials it: the connection as accepted, and as dialed. Both close
+// with the test.
+func connected(t *testing.T, addr string) (accepted, dialed net.Conn, ln net.Listener) {
+	t.Helper()
+	ln, err := Listen(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	got := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			close(got)
+			return
+		}
+		got <- c
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	dialed, err = Dial(ctx, ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dialed.Close() })
+	accepted, ok := <-got
+	if !ok {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { accepted.Close() })
+	return accepted, dialed, ln
+}
+
 // Dial reaches what Listen opened, whichever kind of address, and a Unix socket's file goes with
 // its listener.
 func TestListenDial(t *testing.T) {
 	for _, addr := range []string{"127.0.0.1:0", filepath.Join(t.TempDir(), "s.sock")} {
 		t.Run(addr, func(t *testing.T) {
-			ln, err := Listen(addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			go func() {
-				if c, err := ln.Accept(); err == nil {
-					c.Write([]byte("hi"))
-					c.Close()
-				}
-			}()
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			c, err := Dial(ctx, ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, err := io.ReadAll(c)
-			c.Close()
+			a, d, ln := connected(t, addr)
+			a.Write([]byte("hi"))
+			a.Close()
+			b, err := io.ReadAll(d)
 			if err != nil || string(b) != "hi" {
 				t.Errorf("read %q, %v; want \"hi\"", b, err)
 			}
