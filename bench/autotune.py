@@ -234,8 +234,11 @@ def vs_defaults(args):
                 else:
                     ends, _ = run_job(model, batch, steps, {})
                 rates[tuned].append(rate(ends, steps // 2))
-                print(f"# {job} pair {k + 1} {'tuned' if tuned else 'defaults'}: {rates[tuned][-1]:.2f} steps/s",
-                      file=sys.stderr, flush=True)
+                # The rate by window tells a slow-down after the tuner's decision from a slow run.
+                cuts = sorted({min(c, steps) for c in (args.warmup + 1, steps // 10, steps // 3, steps // 2, steps)})
+                windows = ", ".join(f"{a}-{b}: {rate(ends, a, b):.1f}" for a, b in zip(cuts, cuts[1:]) if b > a)
+                print(f"# {job} pair {k + 1} {'tuned' if tuned else 'defaults'}: {rates[tuned][-1]:.2f} steps/s "
+                      f"(by steps {windows})", file=sys.stderr, flush=True)
         ratios = [t / d for t, d in zip(rates[True], rates[False])]
         target = args.bad_target if bad else args.default_target
         print(f"| {job} | {med(rates[False])} | {med(rates[True])} | {', '.join('%.3f' % r for r in ratios)} "
