@@ -3,6 +3,7 @@ package kolo_test
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -194,8 +195,12 @@ func testStoppedRankFor(t *testing.T, scenario string, hosts []e2e.Host, np int,
 			break
 		}
 	}
-	env := func(stopFor string) map[string]string {
-		m := map[string]string{"KOLO_PROGRESS_TIMEOUT_SECONDS": fmt.Sprint(stopTimeout.Seconds()), e2e.StopForEnv: stopFor}
+	env := func(t *testing.T, stopFor string) map[string]string {
+		m := map[string]string{
+			"KOLO_PROGRESS_TIMEOUT_SECONDS": fmt.Sprint(stopTimeout.Seconds()),
+			e2e.StopForEnv:                  stopFor,
+			e2e.StopMarkEnv:                 filepath.Join(t.TempDir(), "stopped"),
+		}
 		for k, v := range opt.Env {
 			m[k] = v
 		}
@@ -203,7 +208,7 @@ func testStoppedRankFor(t *testing.T, scenario string, hosts []e2e.Host, np int,
 	}
 	t.Run("stuck", func(t *testing.T) {
 		o := opt
-		o.Env, o.Grace = env("5"), 15*time.Second // the launcher's SIGKILL must not come before SIGCONT
+		o.Env, o.Grace = env(t, "5"), 15*time.Second // the launcher's SIGKILL must not come before SIGCONT
 		job := e2e.Launch(t, scenario, hosts, np, o)
 		if job.First == nil || job.First.Slot.Rank != 1 {
 			t.Errorf("kolo run blames %+v, want rank 1", job.First)
@@ -233,7 +238,7 @@ func testStoppedRankFor(t *testing.T, scenario string, hosts []e2e.Host, np int,
 	}
 	t.Run("resumed in time", func(t *testing.T) {
 		o := opt
-		o.Env = env(resumeFor)
+		o.Env = env(t, resumeFor)
 		job := e2e.Launch(t, scenario, hosts, np, o)
 		requireSuccess(t, job)
 		if n := strings.Count(job.Stderr.String(), "STOP-OK"); n != np {

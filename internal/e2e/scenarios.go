@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -496,10 +497,15 @@ func endedEarlyRun(ctx context.Context, reportFailure bool) error {
 // StopForEnv is how long, in seconds, the sigstop scenario keeps rank 1 stopped.
 const StopForEnv = "KOLO_E2E_STOP_SECONDS"
 
+// StopMarkEnv names a file, on a file system every rank sees, that the sigstop scenario's helper
+// creates once rank 1 is stopped: the ranks wait for it rather than for a time, since a loaded
+// machine can start the helper late.
+const StopMarkEnv = "KOLO_E2E_STOP_MARK"
+
 // sigstopScenario: every rank runs 40 allreduces of 1 MiB. Rank 1 enters the 21st and has a helper
 // process stop it (SIGSTOP) 200 ms later, once its request for the op is out, and continue it
-// (SIGCONT) StopForEnv seconds after that; the other ranks enter the op 500 ms late, so that it
-// starts while rank 1 is stopped and they wait on rank 1 inside the collective. A rank whose op
+// (SIGCONT) StopForEnv seconds after that; the other ranks enter the op 300 ms after rank 1
+// stopped, so that it starts while rank 1 is stopped and they wait on rank 1 inside the collective. A rank whose op
 // fails prints "STOP-RESULT rank=R silent=MS err=ERROR" (MS: how long it waited in the op) and
 // exits 3; a rank that finishes, every result checked, prints "STOP-OK rank=R".
 func sigstopScenario(ctx context.Context) error {
@@ -508,7 +514,7 @@ func sigstopScenario(ctx context.Context) error {
 
 // sigstopSmallScenario is sigstopScenario with one 4-byte allreduce under one name: from the
 // second op on it is cached. Rank 1 is stopped 500 ms into the op, long after it sent the op to
-// rank 0; the others enter 800 ms late.
+// rank 0.
 func sigstopSmallScenario(ctx context.Context) error {
 	return sigstopRun(ctx, 1, func(int) string { return "stop" }, 500*time.Millisecond)
 }
@@ -520,31 +526,40 @@ func sigstopBetweenScenario(ctx context.Context) error {
 	return sigstopRun(ctx, 1<<10, func(i int) string { return fmt.Sprintf("between.%d", i) }, -100*time.Millisecond)
 }
 
-// sigstopRun stops rank 1 stopAfter into op 21; the others enter it stopAfter+300 ms late. A
-// negative stopAfter stops rank 1 that long after it finished op 20, before it enters op 21 (it
-// waits 3 times as long first), and the others enter op 21 at once.
+// sigstopRun stops rank 1 stopAfter into op 21; the others enter it 300 ms after rank 1 stopped.
+// A negative stopAfter stops rank 1 that long after it finished op 20, before it enters op 21 (it
+// waits until it has been stopped), and the others enter op 21 at once.
 func sigstopRun(ctx context.Context, elems int, name func(i int) string, stopAfter time.Duration) error {
 	rank, size := kolo.Rank(), kolo.Size()
 	stopFor, err := strconv.ParseFloat(os.Getenv(StopForEnv), 64)
 	if err != nil {
 		return fmt.Errorf("%s: %w", StopForEnv, err)
 	}
+	mark := os.Getenv(StopMarkEnv)
+	if mark == "" {
+		return fmt.Errorf("%s is not set", StopMarkEnv)
+	}
 	signal.Ignore(syscall.SIGTERM) // the test measures the engine's detection, not the launcher's stop
 	buf := make([]float32, elems)
 	for i := range 40 {
 		if i == 20 && rank == 1 {
 			pid := os.Getpid()
-			helper := exec.Command("sh", "-c", fmt.Sprintf("sleep %g; kill -STOP %d; sleep %g; kill -CONT %d", stopAfter.Abs().Seconds(), pid, stopFor, pid))
+			helper := exec.Command("sh", "-c", fmt.Sprintf(`sleep %g; kill -STOP %d; : >"$1"; sleep %g; kill -CONT %d`, stopAfter.Abs().Seconds(), pid, stopFor, pid), "sh", mark)
 			helper.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // out of reach of the launcher's stop
 			if err := helper.Start(); err != nil {
 				return err
 			}
 			go helper.Wait()
 			if stopAfter < 0 {
-				time.Sleep(-3 * stopAfter) // stopped in here, between ops
+				if err := awaitFile(mark); err != nil { // stopped in here, between ops
+					return err
+				}
 			}
 		} else if i == 20 && stopAfter > 0 {
-			time.Sleep(stopAfter + 300*time.Millisecond)
+			if err := awaitFile(mark); err != nil {
+				return err
+			}
+			time.Sleep(300 * time.Millisecond)
 		}
 		for j := range buf {
 			buf[j] = float32(rank + 1 + i)
@@ -564,4 +579,20 @@ func sigstopRun(ctx context.Context, elems int, name func(i int) string, stopAft
 	}
 	fmt.Fprintf(os.Stderr, "STOP-OK rank=%d\n", rank)
 	return nil
+}
+
+// awaitFile waits until path exists.
+func awaitFile(path string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return nil
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("waited 30 s for %s, which the stopping helper creates", path)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
