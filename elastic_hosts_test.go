@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/internal/e2e"
+	"github.com/kolo-dl/kolo/internal/proctest"
 )
 
 // stampedOutput keeps a process's output with the time each line arrived, so that a test can
@@ -71,7 +72,7 @@ func (s *stampedOutput) first(re *regexp.Regexp, after time.Time) (stampedLine, 
 type elasticHostJob struct {
 	cmd    *exec.Cmd
 	out    stampedOutput
-	stderr lockedBuffer
+	stderr proctest.Buffer
 	done   chan struct{}
 	code   int
 }

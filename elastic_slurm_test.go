@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/internal/e2e"
+	"github.com/kolo-dl/kolo/internal/proctest"
 )
 
 // Elastic mode inside a Slurm allocation (a one-node cluster the test starts): kolo run takes
@@ -22,7 +23,7 @@ func TestElasticSlurm(t *testing.T) {
 	kolo, softmax := buildKolo(t), buildSoftmax(t)
 
 	// salloc runs kolo run here, in an allocation of 4 tasks on the node.
-	start := func(t *testing.T, steps string) (*lockedBuffer, chan error) {
+	start := func(t *testing.T, steps string) (*proctest.Buffer, chan error) {
 		return salloc(t, slurm, []string{"-n", "4"}, kolo, "run", "--min-np", "2", "--max-np", "4",
 			softmax, "-elastic", "-steps", steps, "-commit", "10", "-pace", "5ms")
 	}
@@ -37,7 +38,7 @@ func TestElasticSlurm(t *testing.T) {
 		}
 		return ws
 	}
-	awaitSteps := func(t *testing.T, n int, out *lockedBuffer) []string {
+	awaitSteps := func(t *testing.T, n int, out *proctest.Buffer) []string {
 		deadline := time.Now().Add(60 * time.Second)
 		for {
 			if ws := steps(); len(ws) >= n {
@@ -158,13 +159,13 @@ func TestElasticSlurmNodeLost(t *testing.T) {
 
 // salloc starts kolo (argv) under salloc with its allocation flags, in the test's cluster; the
 // command's output collects in out and its end arrives on done. t's cleanup stops it.
-func salloc(t *testing.T, slurm *e2e.Slurm, flags []string, argv ...string) (out *lockedBuffer, done chan error) {
+func salloc(t *testing.T, slurm *e2e.Slurm, flags []string, argv ...string) (out *proctest.Buffer, done chan error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	cmd := slurm.Command(ctx, nil, "salloc", append(append(flags, "--"), argv...)...)
 	cmd.Env = launchEnv(cmd.Env...)
-	out = &lockedBuffer{}
+	out = &proctest.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -175,7 +176,7 @@ func salloc(t *testing.T, slurm *e2e.Slurm, flags []string, argv ...string) (out
 }
 
 // awaitMatch waits, up to timeout, for out to match re.
-func awaitMatch(t *testing.T, out *lockedBuffer, re *regexp.Regexp, timeout time.Duration) {
+func awaitMatch(t *testing.T, out *proctest.Buffer, re *regexp.Regexp, timeout time.Duration) {
 	t.Helper()
 	for deadline := time.Now().Add(timeout); !re.MatchString(out.String()); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {

@@ -1,7 +1,6 @@
 package kolo_test
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,12 +10,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kolo-dl/kolo/internal/e2e"
+	"github.com/kolo-dl/kolo/internal/proctest"
 	"github.com/kolo-dl/kolo/jobenv"
 )
 
@@ -49,28 +48,10 @@ func launchEnv(extra ...string) []string {
 	return append(env, extra...)
 }
 
-// lockedBuffer collects a process's output while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // launcher is one kolo run process started by a test.
 type launcher struct {
 	cmd            *exec.Cmd
-	stdout, stderr lockedBuffer
+	stdout, stderr proctest.Buffer
 	start          time.Time
 	done           chan struct{}
 	code           int
@@ -156,17 +137,6 @@ func sleeper(failRank int, failure string) []string {
 	return []string{"/bin/sh", "-c", script + "wait"}
 }
 
-// alive reports whether pid exists and is not a zombie waiting for init.
-func alive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
-}
-
 // checkNoOrphans checks, by pid, that every rank and child a job reported is gone, and that
 // nothing but the sshd servers is left in the namespaces.
 func checkNoOrphans(t *testing.T, ns *e2e.Netns, skip map[int]bool, outputs ...string) {
@@ -176,10 +146,10 @@ func checkNoOrphans(t *testing.T, ns *e2e.Netns, skip map[int]bool, outputs ...s
 		for _, m := range startedLine.FindAllStringSubmatch(out, -1) {
 			for _, p := range m[1:] {
 				pid, _ := strconv.Atoi(p)
-				for alive(pid) && time.Now().Before(deadline) {
+				for proctest.Alive(pid) && time.Now().Before(deadline) {
 					time.Sleep(20 * time.Millisecond)
 				}
-				if alive(pid) {
+				if proctest.Alive(pid) {
 					t.Errorf("process %d of a rank is still running", pid)
 				}
 			}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/internal/e2e"
+	"github.com/kolo-dl/kolo/internal/proctest"
 )
 
 // TestPrometheusScrapesTheJob has a real Prometheus server scrape kolo run --metrics-addr while 4
@@ -44,7 +45,7 @@ scrape_configs:
 	}
 	p := exec.Command(prom, "--config.file="+cfg, "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+promAddr, "--log.level=warn")
-	var promLog lockedBuffer
+	var promLog proctest.Buffer
 	p.Stdout, p.Stderr = &promLog, &promLog
 	if err := p.Start(); err != nil {
 		t.Fatal(err)

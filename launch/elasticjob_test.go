@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kolo-dl/kolo/internal/proctest"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/launch/proc"
@@ -137,8 +138,8 @@ type elasticHarness struct {
 	t      *testing.T
 	fake   *fakeElasticStarter
 	cancel context.CancelFunc
-	stdout syncBuffer
-	stderr syncBuffer
+	stdout proctest.Buffer
+	stderr proctest.Buffer
 	done   chan struct{}
 	code   int
 	err    error

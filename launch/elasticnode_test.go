@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kolo-dl/kolo/internal/proctest"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/rendezvous"
@@ -33,8 +34,8 @@ type elasticNodeHarness struct {
 type elasticNodeRun struct {
 	cancel context.CancelFunc
 	vanish chan struct{}
-	stdout syncBuffer
-	stderr syncBuffer
+	stdout proctest.Buffer
+	stderr proctest.Buffer
 	done   chan struct{}
 	code   int
 	err    error
@@ -441,7 +442,7 @@ func TestElasticNodeAgentFollowsOrdersUntilTheServingNodeGoes(t *testing.T) {
 	set := testNodeSettings()
 	set.starter = fake
 	set.fill()
-	var stderr syncBuffer
+	var stderr proctest.Buffer
 	done := make(chan struct{})
 	var code int
 	go func() {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kolo-dl/kolo/internal/proctest"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/launch/layout"
@@ -34,7 +35,7 @@ func freePort(t *testing.T) string {
 type nodeRun struct {
 	code           int
 	err            error
-	stdout, stderr syncBuffer
+	stdout, stderr proctest.Buffer
 	elapsed        time.Duration
 }
 
@@ -146,12 +147,12 @@ func TestRunNodeFailureStopsEveryNode(t *testing.T) {
 		if r.elapsed > 6*time.Second {
 			t.Errorf("node %d took %s", i, r.elapsed)
 		}
-		pids = append(pids, childPids(r.stdout.String())...)
+		pids = append(pids, proctest.ChildPids(r.stdout.String())...)
 	}
 	if len(pids) != 5 {
 		t.Errorf("want 5 child pids, got %v", pids)
 	}
-	pidsGone(t, pids)
+	proctest.AwaitGone(t, pids)
 }
 
 // Ctrl-C on one node (the serving one, or one that joined) stops every node's ranks; every node
@@ -178,10 +179,10 @@ func TestRunNodeInterruptStopsEveryNode(t *testing.T) {
 				if r.elapsed > 8*time.Second {
 					t.Errorf("node %d took %s", i, r.elapsed)
 				}
-				if len(childPids(r.stdout.String())) != 1 {
+				if len(proctest.ChildPids(r.stdout.String())) != 1 {
 					t.Errorf("node %d: want its rank's child pid, got %q", i, r.stdout.String())
 				}
-				pidsGone(t, childPids(r.stdout.String()))
+				proctest.AwaitGone(t, proctest.ChildPids(r.stdout.String()))
 			}
 		})
 	}
@@ -221,12 +222,12 @@ func TestRunNodeWrongSecret(t *testing.T) {
 	}
 	done := make(chan int, 1)
 	go func() {
-		code, _ := RunNode(context.Background(), o(), &syncBuffer{}, &syncBuffer{})
+		code, _ := RunNode(context.Background(), o(), &proctest.Buffer{}, &proctest.Buffer{})
 		done <- code
 	}()
 	time.Sleep(300 * time.Millisecond)
 	t.Setenv("KOLO_SECRET", "29425f96d0686b7a732cbf8d5a05597f")
-	code, err := RunNode(context.Background(), o(), &syncBuffer{}, &syncBuffer{})
+	code, err := RunNode(context.Background(), o(), &proctest.Buffer{}, &proctest.Buffer{})
 	if code == 0 || err == nil || !strings.Contains(err.Error(), "authentication failed") {
 		t.Errorf("stranger: code %d, %v", code, err)
 	}
@@ -368,11 +369,11 @@ func TestRunNodeLostNode(t *testing.T) {
 	if strings.Contains(run.stderr.String(), "(the first rank to fail)") {
 		t.Errorf("the lost node's rank is blamed as a failure:\n%s", run.stderr.String())
 	}
-	pids := childPids(run.stdout.String())
+	pids := proctest.ChildPids(run.stdout.String())
 	if len(pids) != 1 {
 		t.Errorf("want node 0's rank to have started its child, got %v\n%s", pids, run.stdout.String())
 	}
-	pidsGone(t, pids)
+	proctest.AwaitGone(t, pids)
 }
 
 // Nodes that keep beating stay in the job however long it runs: only silence loses a node.
@@ -461,7 +462,7 @@ func TestStaticNodeAgent(t *testing.T) {
 	fake := &fakeElasticStarter{}
 	set := testNodeSettings()
 	set.starter = fake
-	var stdout, stderr syncBuffer
+	var stdout, stderr proctest.Buffer
 	done := make(chan struct{})
 	var code int
 	go func() {

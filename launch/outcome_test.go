@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kolo-dl/kolo/internal/proctest"
 	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/launch/layout"
 	"github.com/kolo-dl/kolo/launch/proc"
@@ -152,7 +153,7 @@ func sameReport(a, b *report.Failure) bool {
 
 // A file that cannot be written costs the outcome, said on stderr, not the job.
 func TestWriteOutcomeReportsError(t *testing.T) {
-	var stderr syncBuffer
+	var stderr proctest.Buffer
 	writeOutcome(filepath.Join(t.TempDir(), "missing", "outcome.json"), Outcome{}, &stderr)
 	if stderr.String() == "" {
 		t.Error("no error on stderr for an outcome file in a missing directory")

@@ -1,34 +1,16 @@
 package accept
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/kolo-dl/kolo/internal/proctest"
 )
-
-// syncBuffer is a log sink the Gate's timer may write to beside the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // peerAt is a connection from tcpAddr(ip).
 func peerAt(ip string) net.Conn { return connFrom{nil, tcpAddr(ip)} }
@@ -42,7 +24,7 @@ func tcpAddr(ip string) net.Addr {
 }
 
 func TestGateRefusesAnAddressThatKeepsFailing(t *testing.T) {
-	var log syncBuffer
+	var log proctest.Buffer
 	p := GatePolicy{FailLimit: 3, Window: time.Second, RefuseFor: 200 * time.Millisecond, LogBurst: 100, LogEvery: time.Hour}
 	for _, tc := range []struct {
 		name       string
@@ -121,7 +103,7 @@ func TestGateNeverRefusesTheJobsHosts(t *testing.T) {
 
 // A flood of rejections logs the burst and then one line with the count per interval.
 func TestGateBoundsItsLog(t *testing.T) {
-	var log syncBuffer
+	var log proctest.Buffer
 	p := GatePolicy{FailLimit: 1 << 30, LogBurst: 3, LogEvery: 100 * time.Millisecond}
 	g := NewGate("test", slog.New(slog.NewTextHandler(&log, nil)), p)
 	defer g.Close()

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/internal/endpoint"
+	"github.com/kolo-dl/kolo/internal/proctest"
 )
 
 const dialAsEnv = "KOLO_TEST_DIAL_AS_OTHER_USER"
@@ -53,7 +54,7 @@ func TestGateRefusesOtherUsers(t *testing.T) {
 	if err := os.Chmod(sock, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	var log syncBuffer
+	var log proctest.Buffer
 	wl := NewGate("test", slog.New(slog.NewTextHandler(&log, nil)), GatePolicy{}).Wrap(ln)
 	got := make(chan net.Conn, 4)
 	go func() {

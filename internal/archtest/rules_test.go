@@ -121,6 +121,11 @@ var rules = []rule{
 		Deps: []string{"./internal/authtest"},
 	},
 	{
+		Pkgs: "./...",
+		Why:  "Package proctest is test support: production code must not import it.",
+		Deps: []string{"./internal/proctest"},
+	},
+	{
 		Pkgs:    "./observe/flight",
 		Why:     "The recorder must not interpret what it records: no formatting for people, no I/O.",
 		Imports: []string{"os", "log", "log/slog"},

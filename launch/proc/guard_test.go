@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kolo-dl/kolo/internal/proctest"
 )
 
 // groupLeader starts `sleep 30` leading its own process group, as LocalStarter starts a rank.
@@ -69,10 +71,10 @@ func TestOrphanGuard(t *testing.T) {
 					wait = 5 * time.Second
 				}
 				deadline := time.Now().Add(wait)
-				for alive(c.Process.Pid) && time.Now().Before(deadline) {
+				for proctest.Alive(c.Process.Pid) && time.Now().Before(deadline) {
 					time.Sleep(10 * time.Millisecond)
 				}
-				if killed := !alive(c.Process.Pid); killed != tc.wantKilled[i] {
+				if killed := !proctest.Alive(c.Process.Pid); killed != tc.wantKilled[i] {
 					t.Errorf("group %d killed = %v, want %v", i, killed, tc.wantKilled[i])
 				}
 			}
@@ -109,14 +111,14 @@ func TestOrphanGuardOutlivesKilledLauncher(t *testing.T) {
 	var pids []int
 	sc := bufio.NewScanner(out)
 	for len(pids) == 0 && sc.Scan() {
-		pids = childPids(sc.Text())
+		pids = proctest.ChildPids(sc.Text())
 	}
 	if len(pids) != 1 {
 		t.Fatalf("the rank never said which child it started (%v)", sc.Err())
 	}
 	t.Cleanup(func() { syscall.Kill(pids[0], syscall.SIGKILL) }) // should the guard fail
 	launcher.Process.Signal(syscall.SIGKILL)
-	pidsGone(t, pids)
+	proctest.AwaitGone(t, pids)
 }
 
 func TestOrphanGuardHelperLauncher(t *testing.T) {

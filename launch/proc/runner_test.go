@@ -1,7 +1,6 @@
 package proc
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -10,32 +9,14 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kolo-dl/kolo/internal/proctest"
 	"github.com/kolo-dl/kolo/launch/layout"
 )
-
-// syncBuffer is a bytes.Buffer safe for the runner's concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func shWorkers(scripts ...string) []Worker {
 	ws := make([]Worker, len(scripts))
@@ -50,7 +31,7 @@ func shWorkers(scripts ...string) []Worker {
 }
 
 func TestRunAllSucceed(t *testing.T) {
-	var out, errOut syncBuffer
+	var out, errOut proctest.Buffer
 	r := &Runner{Starter: LocalStarter{}, Stdout: &out, Stderr: &errOut}
 	results, first := r.Run(context.Background(), shWorkers("echo hello; echo partial-line | tr -d '\\n'", "echo world >&2"))
 	if first != nil {
@@ -70,7 +51,7 @@ func TestRunAllSucceed(t *testing.T) {
 }
 
 func TestRunFailureStopsOthers(t *testing.T) {
-	var out, errOut syncBuffer
+	var out, errOut proctest.Buffer
 	r := &Runner{Starter: LocalStarter{}, Stdout: &out, Stderr: &errOut, GracePeriod: time.Second}
 	start := time.Now()
 	results, first := r.Run(context.Background(), shWorkers(
@@ -128,7 +109,7 @@ func TestRunSettlesBeforeStopping(t *testing.T) {
 // output: Run returns after StreamWait, with the rank's output so far, and says why it stopped
 // reading.
 func TestRunDoesNotWaitForLeftoverOutputForever(t *testing.T) {
-	var out, errOut syncBuffer
+	var out, errOut proctest.Buffer
 	r := &Runner{Starter: LocalStarter{}, Stdout: &out, Stderr: &errOut, StreamWait: 300 * time.Millisecond}
 	pidFile := filepath.Join(t.TempDir(), "pid")
 	defer func() {

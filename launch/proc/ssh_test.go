@@ -5,13 +5,13 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kolo-dl/kolo/internal/proctest"
 	"github.com/kolo-dl/kolo/launch/layout"
 )
 
@@ -64,50 +64,13 @@ func sshWorkers(dir string, env []string, scripts ...string) []Worker {
 	return ws
 }
 
-// alive reports whether pid exists and is not a zombie (a killed orphan waits for init to reap it).
-func alive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
-}
-
-// pidsGone waits until none of pids is alive.
-func pidsGone(t *testing.T, pids []int) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for _, pid := range pids {
-		for alive(pid) {
-			if time.Now().After(deadline) {
-				t.Errorf("process %d outlived its rank", pid)
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-}
-
-var childPid = regexp.MustCompile(`child=(\d+)`)
-
-func childPids(out string) []int {
-	var pids []int
-	for _, m := range childPid.FindAllStringSubmatch(out, -1) {
-		n, _ := strconv.Atoi(m[1])
-		pids = append(pids, n)
-	}
-	return pids
-}
-
 func TestSSHStarterEnvDirAndArgs(t *testing.T) {
 	prog, argsLog := fakeSSH(t)
 	dir := t.TempDir()
 	s := &SSHStarter{Program: prog, Port: 2222, IdentityFile: "/keys/id", Options: []string{"StrictHostKeyChecking=accept-new"},
 		ConnectTimeout: 3 * time.Second, Forward: []string{"FOO"}}
 	env := []string{"PATH=" + os.Getenv("PATH"), "KOLO_SECRET=s3cr3t-value", "FOO=it's \"quoted\"\nand two lines", "NOT_FORWARDED=1", "KOLO_RANK=0"}
-	var out, errOut syncBuffer
+	var out, errOut proctest.Buffer
 	r := &Runner{Starter: s, Stdout: &out, Stderr: &errOut}
 	_, first := r.Run(context.Background(), sshWorkers(dir, env,
 		`echo "pwd=$(pwd) rank=$KOLO_RANK secret=$KOLO_SECRET nf=${NOT_FORWARDED-unset}"; printf 'foo=%s|\n' "$FOO"; echo to-stderr >&2`))
@@ -135,7 +98,7 @@ func TestSSHStarterEnvDirAndArgs(t *testing.T) {
 
 func TestSSHStarterFailureStopsOthers(t *testing.T) {
 	prog, _ := fakeSSH(t)
-	var out, errOut syncBuffer
+	var out, errOut proctest.Buffer
 	r := &Runner{Starter: &SSHStarter{Program: prog}, Stdout: &out, Stderr: &errOut, GracePeriod: 500 * time.Millisecond}
 	start := time.Now()
 	results, first := r.Run(context.Background(), sshWorkers("/", os.Environ(),
@@ -158,11 +121,11 @@ func TestSSHStarterFailureStopsOthers(t *testing.T) {
 	if el := time.Since(start); el > 5*time.Second {
 		t.Errorf("took %s to stop", el)
 	}
-	pids := childPids(out.String())
+	pids := proctest.ChildPids(out.String())
 	if len(pids) != 2 {
 		t.Fatalf("want 2 child pids in %q", out.String())
 	}
-	pidsGone(t, pids)
+	proctest.AwaitGone(t, pids)
 }
 
 func TestSSHStarterSignalAndConnectionFailure(t *testing.T) {
@@ -171,7 +134,7 @@ func TestSSHStarterSignalAndConnectionFailure(t *testing.T) {
 	// could stop rank 1 before its ssh said why (under load it did).
 	ws := sshWorkers("/", os.Environ(), `sleep 1; kill -9 $$`, `sleep 30`)
 	ws[1].Slot.Host = "unreachable-host"
-	var errOut syncBuffer
+	var errOut proctest.Buffer
 	results, _ := (&Runner{Starter: &SSHStarter{Program: prog}, Stderr: &errOut}).Run(context.Background(), ws)
 	// Each must say how it ended (rank 0 killed, or stopped once rank 1 failed).
 	if e := results[0].Exit; e.Signal != syscall.SIGKILL && !results[0].Stopped {
@@ -193,7 +156,7 @@ func TestSSHStarterEndOfInputKillsGroup(t *testing.T) {
 	}
 	buf := make([]byte, 64)
 	n, _ := p.Stdout().Read(buf)
-	pids := childPids(string(buf[:n]))
+	pids := proctest.ChildPids(string(buf[:n]))
 	if len(pids) != 1 {
 		t.Fatalf("no child pid in %q", buf[:n])
 	}
@@ -208,7 +171,7 @@ func TestSSHStarterEndOfInputKillsGroup(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the worker outlived the end of its input")
 	}
-	pidsGone(t, pids)
+	proctest.AwaitGone(t, pids)
 }
 
 func TestSSHCheck(t *testing.T) {
