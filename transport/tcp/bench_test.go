@@ -2,11 +2,19 @@ package tcp
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kolo-dl/kolo/collective"
 	"github.com/kolo-dl/kolo/dtype"
+	"github.com/kolo-dl/kolo/internal/endpoint"
 	"github.com/kolo-dl/kolo/reduce"
 )
 
@@ -175,5 +183,80 @@ func BenchmarkAllreduce(b *testing.B) {
 				run()
 			}
 		})
+	}
+}
+
+// BenchmarkStranger measures what a stranger's connection costs the process it reaches: dial, 70
+// bytes of noise (what bench/churn.py sends), read until the listener hangs up. "bare" is a
+// listener that closes what it accepts, the least any server does (the kernel's accept and
+// close); "rank" is a rank's Listener, which fails the stranger's handshake and counts it at its
+// gate. cpu-us/op is this process's user and system CPU per connection, both ends together: the
+// difference between the rows is what a rank spends on a stranger beyond the kernel's floor.
+//
+//	go test -run '^$' -bench Stranger -benchtime 20000x -count 5 ./transport/tcp/
+func BenchmarkStranger(b *testing.B) {
+	noise := make([]byte, 70)
+	for i := range noise {
+		noise[i] = byte(i*37 + 11)
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, network := range []string{"tcp", "unix"} {
+		for _, kind := range []string{"bare", "rank"} {
+			b.Run(network+"/"+kind, func(b *testing.B) {
+				addr := "127.0.0.1:0"
+				if network == "unix" {
+					addr = filepath.Join(b.TempDir(), "r.sock")
+				}
+				var at string
+				if kind == "bare" {
+					ln, err := endpoint.Listen(addr)
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer ln.Close()
+					go func() {
+						for {
+							c, err := ln.Accept()
+							if err != nil {
+								return
+							}
+							c.Close()
+						}
+					}()
+					at = endpoint.String(ln.Addr())
+				} else {
+					l, err := listen(addr, testSecret, quiet, HandshakeTimeout)
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer l.Close()
+					at = endpoint.String(l.Addr())
+				}
+				ctx := context.Background()
+				var before syscall.Rusage
+				syscall.Getrusage(syscall.RUSAGE_SELF, &before)
+				b.ResetTimer()
+				for range b.N {
+					c, err := endpoint.Dial(ctx, at)
+					if err != nil {
+						b.Fatal(err)
+					}
+					c.Write(noise)
+					c.SetReadDeadline(time.Now().Add(5 * time.Second))
+					if _, err := io.Copy(io.Discard, c); err != nil && !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+						b.Fatalf("reading until the listener hung up: %v", err)
+					}
+					if t, ok := c.(*net.TCPConn); ok {
+						t.SetLinger(0) // no TIME_WAIT left behind to run out of ports
+					}
+					c.Close()
+				}
+				b.StopTimer()
+				var after syscall.Rusage
+				syscall.Getrusage(syscall.RUSAGE_SELF, &after)
+				cpu := time.Duration(after.Utime.Nano() - before.Utime.Nano() + after.Stime.Nano() - before.Stime.Nano())
+				b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-us/op")
+			})
+		}
 	}
 }
