@@ -24,10 +24,21 @@ type OrphanGuard struct {
 
 // guardScript keeps the set of live groups in $g; "+ N" adds, "- N" removes, "rm PATH" names a
 // directory to remove, "exit" leaves without killing, and end of input kills every group left,
-// then, once the killed processes are gone, removes the directory and runs its arguments, if any
-// (a dead launcher cannot clean up after its ranks: kolo run has it remove the shared-memory
-// segments they left and the job's socket directory).
+// then, once no process of those groups runs (zombies aside; at most 5 s), removes the directory and runs its arguments, if any (a dead launcher cannot clean up after its
+// ranks: kolo run has it remove the shared-memory segments they left and the job's socket
+// directory). A fixed pause was not enough: on a loaded machine a killed rank 0 could still be
+// exiting when the sweep looked, and its segment stayed.
 const guardScript = `g= d=
+live() {
+  for f in /proc/[0-9]*/stat; do
+    IFS= read -r l 2>/dev/null <"$f" || continue
+    l=${l##*) }
+    case $l in Z*|X*) continue ;; esac
+    l=${l#* }; l=${l#* }
+    [ "${l%% *}" = "$1" ] && return 0
+  done
+  return 1
+}
 while IFS= read -r l; do
   case $l in
   "+ "*) g="$g ${l#+ }" ;;
@@ -37,7 +48,12 @@ while IFS= read -r l; do
   esac
 done
 for p in $g; do kill -KILL -"$p" 2>/dev/null; done
-{ [ -n "$d" ] || [ $# -gt 0 ]; } && sleep 0.2
+i=0
+while [ $i -lt 50 ]; do
+  a=; for p in $g; do live "$p" && a=1 && break; done
+  [ -z "$a" ] && break
+  sleep 0.1; i=$((i+1))
+done
 [ -n "$d" ] && rm -rf -- "$d"
 [ $# -gt 0 ] && exec "$@"
 exit 0`

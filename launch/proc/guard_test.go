@@ -5,6 +5,8 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -136,24 +138,31 @@ func TestOrphanGuardHelperLauncher(t *testing.T) {
 	t.Error("the rank ended on its own")
 }
 
-// The guard runs its follow-up only after killing a dead launcher's groups, never on a goodbye.
+// The guard runs its follow-up only after killing a dead launcher's groups, once their
+// processes no longer run (the leader here is this test's unreaped child, a zombie: gone, not
+// waited for), never on a goodbye.
 func TestOrphanGuardThen(t *testing.T) {
 	for _, dies := range []bool{true, false} {
 		mark := t.TempDir() + "/ran"
-		g, err := StartOrphanGuard("sh", "-c", "echo ran > "+mark)
+		a := groupLeader(t)
+		// The follow-up writes the leader's state as /proc shows it: "Z" (or nothing) once it is gone.
+		g, err := StartOrphanGuard("sh", "-c", `l=$(cat /proc/$0/stat 2>/dev/null); l=${l##*) }; echo "ran ${l%% *}" > "$1"`,
+			strconv.Itoa(a.Process.Pid), mark)
 		if err != nil {
 			t.Fatal(err)
 		}
-		a := groupLeader(t)
 		g.Add(a.Process.Pid)
 		if dies {
 			g.die()
 		} else if err := g.Close(); err != nil {
 			t.Fatal(err)
 		}
-		_, err = os.Stat(mark)
+		b, err := os.ReadFile(mark)
 		if ran := err == nil; ran != dies {
 			t.Errorf("launcher died %v: follow-up ran %v", dies, ran)
+		}
+		if got := strings.TrimSpace(string(b)); dies && got != "ran Z" && got != "ran" {
+			t.Errorf("the follow-up ran while the killed group's leader still ran: %q", got)
 		}
 	}
 }
