@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,30 +13,14 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/engine/negotiate"
+	"github.com/kolo-dl/kolo/internal/proctest"
 	"github.com/kolo-dl/kolo/transport"
 	"github.com/kolo-dl/kolo/transport/inmem"
 )
 
-// logCapture collects what the engine logs through slog while a test runs.
-type logCapture struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logCapture) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logCapture) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-func captureLog(t *testing.T) *logCapture {
-	l := &logCapture{}
+// captureLog collects what the engine logs through slog while the test runs.
+func captureLog(t *testing.T) *proctest.Buffer {
+	l := &proctest.Buffer{}
 	old := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(l, nil)))
 	t.Cleanup(func() { slog.SetDefault(old) })

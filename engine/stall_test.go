@@ -5,10 +5,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kolo-dl/kolo/internal/proctest"
 )
 
 // waitLog waits until the captured log contains want.
-func waitLog(t *testing.T, logs *logCapture, want string) {
+func waitLog(t *testing.T, logs *proctest.Buffer, want string) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for !strings.Contains(logs.String(), want) {
