@@ -505,9 +505,10 @@ const StopMarkEnv = "KOLO_E2E_STOP_MARK"
 // sigstopScenario: every rank runs 40 allreduces of 1 MiB. Rank 1 enters the 21st and has a helper
 // process stop it (SIGSTOP) 200 ms later, once its request for the op is out, and continue it
 // (SIGCONT) StopForEnv seconds after that; the other ranks enter the op 300 ms after rank 1
-// stopped, so that it starts while rank 1 is stopped and they wait on rank 1 inside the collective. A rank whose op
-// fails prints "STOP-RESULT rank=R silent=MS err=ERROR" (MS: how long it waited in the op) and
-// exits 3; a rank that finishes, every result checked, prints "STOP-OK rank=R".
+// stopped, so that it starts while rank 1 is stopped and they wait on rank 1 inside the
+// collective. A rank whose op fails prints "STOP-RESULT rank=R silent=MS err=ERROR" (MS: how long
+// it waited in the op) and exits 3; a rank that finishes, every result checked, prints
+// "STOP-OK rank=R".
 func sigstopScenario(ctx context.Context) error {
 	return sigstopRun(ctx, 1<<18, func(i int) string { return fmt.Sprintf("stop.%d", i) }, 200*time.Millisecond)
 }
