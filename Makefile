@@ -15,7 +15,8 @@ help:
 	@echo "make test   - everything CI runs: lint, unit, race, multi-process tests"
 	@echo "make bench  - kolo bench allreduce side by side with the peers (see docs/benchmarks.md)"
 	@echo "make lib    - build the engine library for the Python package ($(PYLIB)/libkolo.so)"
-	@echo "make wheel  - dist/kolo-*.whl: kolo.torch, the engine and the kolo command (no Go needed to install)"
+	@echo "make wheel  - dist/kolo-*.whl: kolo.torch, the engine and the kolo command (no Go needed to install);"
+	@echo "              dist/kolo_horovod-*.whl: the opt-in horovod.* names and horovodrun (pip install kolo[horovod])"
 	@echo "make docker-e2e - build the image, train on 2 containers x 2 ranks, kill one, SSH variant (docs/containers.md)"
 	@echo "make gpu-check - kolo on CUDA tensors against NCCL, one GPU, under 10 minutes (docs/pytorch.md, \"CUDA tensors\")"
 
@@ -31,8 +32,9 @@ lib:
 	$(GO) build -buildmode=c-shared -o $(PYLIB)/libkolo.so ./capi
 	CGO_ENABLED=0 $(GO) build -o $(PYLIB)/kolo ./cmd/kolo
 
+# Two wheels: kolo, and kolo-horovod (python-horovod/), the opt-in `horovod` names over kolo.
 wheel:
-	$(PYTHON) -m pip wheel --no-build-isolation --no-deps -w dist .
+	$(PYTHON) -m pip wheel --no-build-isolation --no-deps -w dist . ./python-horovod
 
 # The PyTorch example (examples/pytorch_mnist.py): a CNN on Fashion-MNIST, 2 ranks, ~2 minutes here.
 demo: deps build lib

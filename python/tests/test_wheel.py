@@ -1,5 +1,6 @@
 """The wheel is all a user needs: build it, install it offline into a fresh venv (no Go, no
 compiler, no checkout on the path), and run a 2-rank allreduce with the wheel's own `kolo run`.
+The opt-in extra kolo[horovod] then adds Horovod's import paths and horovodrun over the same kolo.
 
     /usr/bin/python3 -m pytest python/tests/test_wheel.py
 """
@@ -48,10 +49,32 @@ def sh(cmd, cwd, env=None, timeout=900):
     return p.stdout
 
 
+HOROVOD_SCRIPT = textwrap.dedent("""
+    import torch
+    import horovod.torch as hvd
+    import kolo.torch
+    from horovod.common.exceptions import HorovodInternalError
+    from horovod.runner.util.threads import in_thread
+    hvd.init()
+    assert hvd is kolo.torch and HorovodInternalError is kolo.HorovodInternalError
+    import horovod.torch.elastic
+    assert horovod.torch.elastic is kolo.torch.elastic
+    y = hvd.allreduce(torch.full((2,), float(hvd.rank())), op=hvd.Sum, name="shim")
+    assert torch.equal(y, torch.full((2,), 1.0)), y
+    t = in_thread(lambda: None)
+    t.join()
+    print("rank", hvd.rank(), "horovod", __import__("horovod").__version__, flush=True)
+    hvd.shutdown()
+""")
+
+
 def test_wheel_installs_and_runs(tmp_path):
     wheels = tmp_path / "wheels"
-    sh([PY, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(wheels), ROOT], cwd=ROOT)
+    sh([PY, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(wheels), ROOT,
+        os.path.join(ROOT, "python-horovod")], cwd=ROOT)
     [whl] = glob.glob(str(wheels / "kolo-*.whl"))
+    [hvd_whl] = glob.glob(str(wheels / "kolo_horovod-*.whl"))
+    assert "-py3-none-any.whl" in hvd_whl, hvd_whl
     assert whl.endswith("-py3-none-linux_x86_64.whl") or "-py3-none-" in whl, whl
 
     venv = tmp_path / "venv"
@@ -74,3 +97,20 @@ def test_wheel_installs_and_runs(tmp_path):
     bare = dict(env, PATH="/usr/bin:/bin")
     out = sh([str(venv / "bin" / "python"), "driver.py"], cwd=str(tmp_path), env=bare, timeout=300)
     assert "ranks [0, 1]" in out, out
+
+    # kolo alone has no horovod package: it would shadow a real Horovod.
+    py = str(venv / "bin" / "python")
+    probe = subprocess.run([py, "-c", "import horovod"], cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    assert probe.returncode != 0 and "No module named 'horovod'" in probe.stdout, probe.stdout
+    assert not (venv / "bin" / "horovodrun").exists()
+
+    # The opt-in extra: Horovod's imports and command, with no line of the script changed.
+    sh([str(venv / "bin" / "pip"), "install", "--no-index", "--find-links", str(wheels), "kolo[horovod]"],
+       cwd=str(tmp_path), env=env)
+    (tmp_path / "hvd_job.py").write_text(HOROVOD_SCRIPT)
+    out = sh([str(venv / "bin" / "horovodrun"), "-np", "2", "-H", "localhost:2", py, "hvd_job.py"],
+             cwd=str(tmp_path), env=env, timeout=300)
+    assert out.count("horovod 0.28.1+kolo.") == 2, out
+    out = sh([str(venv / "bin" / "horovodrun"), "--check-build"], cwd=str(tmp_path), env=env)
+    assert out.startswith("kolo v"), out

@@ -1,0 +1,1 @@
+"""horovod.common: the exceptions scripts catch (horovod.common.exceptions)."""
