@@ -231,16 +231,18 @@ func TestSSHLaunch(t *testing.T) {
 		// not hold it.
 		script := `f=$(mktemp); printf %s "$KOLO_SECRET" > "$f"; ` +
 			`if grep -qaFf "$f" /proc/[0-9]*/cmdline 2>/dev/null; then leak=yes; else leak=no; fi; rm -f "$f"; ` +
-			`echo "rank=$KOLO_RANK host=$(hostname) kolohost=$KOLO_HOSTNAME pwd=$(pwd) x=$BY_X lo=${LAUNCHER_ONLY-unset} secret=${#KOLO_SECRET} leak=$leak rv=$KOLO_RENDEZVOUS_ADDR"`
+			`echo "rank=$KOLO_RANK host=$(hostname) kolohost=$KOLO_HOSTNAME pwd=$(pwd) x=$BY_X lo=${LAUNCHER_ONLY-unset} cvd=${CUDA_VISIBLE_DEVICES-unset} secret=${#KOLO_SECRET} leak=$leak rv=$KOLO_RENDEZVOUS_ADDR"`
 		// 12 ranks on host 1: more ssh sessions at once than sshd's default MaxStartups (10) admits.
-		l := run(t, []string{"BY_X=forwarded", "LAUNCHER_ONLY=1"}, "-H", fmt.Sprintf("%s:1,%s:12", a[0], a[1]), "-x", "BY_X", "/bin/sh", "-c", script)
+		// A variable set only in the launching shell reaches every rank, as with horovodrun; a
+		// per-host one (each host has its own GPUs) does not.
+		l := run(t, []string{"BY_X=forwarded", "LAUNCHER_ONLY=1", "CUDA_VISIBLE_DEVICES=7"}, "-H", fmt.Sprintf("%s:1,%s:12", a[0], a[1]), "-x", "BY_X", "/bin/sh", "-c", script)
 		if code := l.wait(t, time.Minute); code != 0 {
 			t.Fatalf("exit %d\n%s", code, l.output())
 		}
 		wd, _ := os.Getwd()
 		for r := 0; r < 13; r++ {
 			h := min(r, 1)
-			want := fmt.Sprintf("rank=%d host=%s kolohost=%s pwd=%s x=forwarded lo=unset secret=64 leak=no rv=%s:", r, hosts.Hostnames[h], a[h], wd, hosts.Gateway)
+			want := fmt.Sprintf("rank=%d host=%s kolohost=%s pwd=%s x=forwarded lo=1 cvd=unset secret=64 leak=no rv=%s:", r, hosts.Hostnames[h], a[h], wd, hosts.Gateway)
 			if !strings.Contains(l.stdout.String(), want) {
 				t.Errorf("rank %d: want %q in\n%s", r, want, l.output())
 			}

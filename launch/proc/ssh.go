@@ -31,7 +31,7 @@ type SSHStarter struct {
 	IdentityFile   string        // -i
 	Options        []string      // extra "-o" options, e.g. StrictHostKeyChecking=accept-new
 	ConnectTimeout time.Duration // ssh's ConnectTimeout; default 10 s
-	Forward        []string      // names of variables (-x) forwarded besides the ones ForwardedEnv always keeps
+	Forward        []string      // names of variables (-x) forwarded even where ForwardedEnv would keep them back
 	Program        string        // the ssh client; default "ssh" (tests substitute a fake)
 	Dir            string        // working directory on the hosts; default the launcher's
 
@@ -56,14 +56,28 @@ const (
 // double-quoted '$' so that any login shell (bash, zsh, fish, csh) passes it to sh untouched.
 const bootstrap = `sh -c 'nl=$(printf "\nx"); nl=${nl%x}; s=; while IFS= read -r l && [ "$l" != ` + payloadEnd + ` ]; do s=$s$l$nl; done; eval "$s"'`
 
-// alwaysForwarded are the variables a remote worker gets from the launcher besides KOLO_* and
-// HOROVOD_* ones and the -x names: what locates the program and its libraries.
-var alwaysForwarded = map[string]bool{"PATH": true, "PYTHONPATH": true, "LD_LIBRARY_PATH": true}
-
 var shellName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// ForwardedEnv keeps the entries of env ("K=V") that a remote worker gets: KOLO_*, HOROVOD_*, PATH,
-// PYTHONPATH, LD_LIBRARY_PATH and the names in extra. Later entries win, as in exec.
+// perHost reports whether the variable k describes the launcher's own host or shell session, and
+// so is not sent to a remote worker. horovodrun forwards the whole environment except BASH_FUNC_*,
+// OLDPWD, *CUDA_VISIBLE_DEVICES* (each host has its own GPUs) and its secret; kolo's secret travels
+// as KOLO_SECRET on ssh's stdin and must reach the worker, so it stays, and so does kolo's file
+// path for it. Beyond Horovod's list: the shell's and sshd's own per-host names, which a worker's
+// shell sets for itself on its host.
+func perHost(k string) bool {
+	switch k {
+	case "OLDPWD", "PWD", "HOSTNAME", "SHLVL", "_", "HOROVOD_SECRET_KEY",
+		"SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK":
+		return true
+	}
+	return strings.HasPrefix(k, "BASH_FUNC_") || strings.Contains(k, "CUDA_VISIBLE_DEVICES")
+}
+
+// ForwardedEnv keeps the entries of env ("K=V") that a remote worker gets, as horovodrun does:
+// every variable of the launcher but the per-host ones (perHost), so that NCCL_SOCKET_IFNAME,
+// OMP_NUM_THREADS or a script's own settings made in the launching shell hold on every host. The
+// names in extra (-x NAME[=VALUE]) are forwarded even where perHost would keep them back. Names
+// that are not shell names cannot be exported and are dropped. Later entries win, as in exec.
 func ForwardedEnv(env []string, extra []string) []string {
 	allowed := map[string]bool{}
 	for _, x := range extra {
@@ -77,7 +91,7 @@ func ForwardedEnv(env []string, extra []string) []string {
 		if !ok || !shellName.MatchString(k) {
 			continue
 		}
-		if !(strings.HasPrefix(k, "KOLO_") || strings.HasPrefix(k, "HOROVOD_") || alwaysForwarded[k] || allowed[k]) {
+		if perHost(k) && !allowed[k] {
 			continue
 		}
 		if i, seen := idx[k]; seen {

@@ -17,13 +17,33 @@ import (
 
 func TestForwardedEnv(t *testing.T) {
 	env := []string{
-		"PATH=/bin", "HOME=/root", "KOLO_RANK=1", "HOROVOD_RANK=1", "SECRET_TOKEN=x", "FOO=1",
-		"PYTHONPATH=/p", "LD_LIBRARY_PATH=/l", "BASH_FUNC_f%%=() { :; }", "KOLO_RANK=2", "BAR=2", "noequals",
+		"PATH=/bin", "HOME=/root", "KOLO_RANK=1", "HOROVOD_RANK=1", "NCCL_SOCKET_IFNAME=eth1", "FOO=1",
+		"PYTHONPATH=/p", "LD_LIBRARY_PATH=/l", "BASH_FUNC_f%%=() { :; }", "BASH_FUNC_g=x", "KOLO_RANK=2",
+		"BAR=2", "noequals", "OLDPWD=/tmp", "PWD=/work", "CUDA_VISIBLE_DEVICES=0,1",
+		"NVIDIA_CUDA_VISIBLE_DEVICES_X=1", "HOROVOD_SECRET_KEY=s", "KOLO_SECRET=k", "SSH_CONNECTION=a b",
+		"HOSTNAME=node0", "SHLVL=2", "not-a-name=1", "OMP_NUM_THREADS=4",
 	}
-	got := ForwardedEnv(env, []string{"FOO", "BAR=override-is-already-in-env"})
-	want := []string{"PATH=/bin", "KOLO_RANK=2", "HOROVOD_RANK=1", "FOO=1", "PYTHONPATH=/p", "LD_LIBRARY_PATH=/l", "BAR=2"}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("ForwardedEnv:\n got %q\nwant %q", got, want)
+	cases := []struct {
+		name  string
+		extra []string
+		want  []string
+	}{
+		{"everything but per-host names", nil, []string{
+			"PATH=/bin", "HOME=/root", "KOLO_RANK=2", "HOROVOD_RANK=1", "NCCL_SOCKET_IFNAME=eth1", "FOO=1",
+			"PYTHONPATH=/p", "LD_LIBRARY_PATH=/l", "BAR=2", "KOLO_SECRET=k", "OMP_NUM_THREADS=4",
+		}},
+		{"-x forwards a per-host name", []string{"CUDA_VISIBLE_DEVICES", "FOO=override-is-already-in-env"}, []string{
+			"PATH=/bin", "HOME=/root", "KOLO_RANK=2", "HOROVOD_RANK=1", "NCCL_SOCKET_IFNAME=eth1", "FOO=1",
+			"PYTHONPATH=/p", "LD_LIBRARY_PATH=/l", "BAR=2", "CUDA_VISIBLE_DEVICES=0,1", "KOLO_SECRET=k",
+			"OMP_NUM_THREADS=4",
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := ForwardedEnv(env, c.extra); !reflect.DeepEqual(got, c.want) {
+				t.Errorf("ForwardedEnv:\n got %q\nwant %q", got, c.want)
+			}
+		})
 	}
 }
 
@@ -69,15 +89,15 @@ func TestSSHStarterEnvDirAndArgs(t *testing.T) {
 	dir := t.TempDir()
 	s := &SSHStarter{Program: prog, Port: 2222, IdentityFile: "/keys/id", Options: []string{"StrictHostKeyChecking=accept-new"},
 		ConnectTimeout: 3 * time.Second, Forward: []string{"FOO"}}
-	env := []string{"PATH=" + os.Getenv("PATH"), "KOLO_SECRET=s3cr3t-value", "FOO=it's \"quoted\"\nand two lines", "NOT_FORWARDED=1", "KOLO_RANK=0"}
+	env := []string{"PATH=" + os.Getenv("PATH"), "KOLO_SECRET=s3cr3t-value", "FOO=it's \"quoted\"\nand two lines", "SET_IN_SHELL=1", "SSH_CONNECTION=per host", "KOLO_RANK=0"}
 	var out, errOut proctest.Buffer
 	r := &Runner{Starter: s, Stdout: &out, Stderr: &errOut}
 	_, first := r.Run(context.Background(), sshWorkers(dir, env,
-		`echo "pwd=$(pwd) rank=$KOLO_RANK secret=$KOLO_SECRET nf=${NOT_FORWARDED-unset}"; printf 'foo=%s|\n' "$FOO"; echo to-stderr >&2`))
+		`echo "pwd=$(pwd) rank=$KOLO_RANK secret=$KOLO_SECRET shell=${SET_IN_SHELL-unset} sshc=${SSH_CONNECTION-unset}"; printf 'foo=%s|\n' "$FOO"; echo to-stderr >&2`))
 	if first != nil {
 		t.Fatalf("failed: %v\n%s", first.Exit, errOut.String())
 	}
-	for _, want := range []string{"pwd=" + dir + " rank=0 secret=s3cr3t-value nf=unset", "foo=it's \"quoted\"", "[0]<stdout>:and two lines|"} {
+	for _, want := range []string{"pwd=" + dir + " rank=0 secret=s3cr3t-value shell=1 sshc=unset", "foo=it's \"quoted\"", "[0]<stdout>:and two lines|"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("stdout lacks %q:\n%s", want, out.String())
 		}
