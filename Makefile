@@ -51,8 +51,8 @@ lint:
 	$(GO) vet ./...
 
 test: deps lint
-	$(GO) test -count=1 ./...
-	$(GO) test -count=1 -race $(RACE_PKGS)
+	$(GO) test -count=1 -timeout 30m ./...
+	$(GO) test -count=1 -timeout 30m -race $(RACE_PKGS)
 	# The TCP transport's tests again with lazy meshes (what worlds use): every connection is
 	# then made by the call that first needs it, on both ends at once.
 	KOLO_TCP_TEST_LAZY=1 $(GO) test -count=1 -race ./transport/tcp/

@@ -13,6 +13,14 @@ set -euo pipefail
 image=${1:-kolo-base:bookworm}
 suite=${SUITE:-bookworm}
 
+# Run alone (not from docker-e2e.sh, which chose the engine already): Docker, or podman where no
+# Docker engine answers (deploy/engine.sh).
+if [ -z "${DOCKER_HOST:-}" ] && ! declare -F docker >/dev/null; then
+  . "$(dirname "$0")/engine.sh"
+  engine_up
+  trap engine_down EXIT
+fi
+
 if [ "${FORCE:-0}" != 1 ] && docker image inspect "$image" >/dev/null 2>&1; then
   echo "base-image: $image exists (FORCE=1 rebuilds it)"
   exit 0
@@ -31,7 +39,7 @@ mirror=${mirror%/}
 security=${SECURITY_MIRROR:-${mirror%/debian}/debian-security}
 
 root=$(mktemp -d /tmp/kolo-base.XXXXXX)
-trap 'rm -rf "$root"' EXIT
+trap 'rm -rf "$root"; declare -F engine_down >/dev/null && engine_down' EXIT
 echo "base-image: debootstrap $suite from $mirror into $root"
 start=$SECONDS
 nice -n 10 debootstrap --variant=minbase "$suite" "$root" "$mirror" >"$root.log" 2>&1 \

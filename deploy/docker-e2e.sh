@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# make docker-e2e: kolo's container path, end to end, on this machine's Docker engine.
+# make docker-e2e: kolo's container path, end to end, on this machine's Docker engine, or on podman
+# behind Docker's API where no Docker engine answers (deploy/engine.sh).
 #
 #  1. a local Debian base image (deploy/base-image.sh; reused when it exists)
 #  2. the Dockerfile's runtime and ssh images, built from source
@@ -33,9 +34,7 @@ log() { echo "docker-e2e: $*"; }
 fail() { echo "docker-e2e: FAIL: $*" >&2; exit 1; }
 lap() { log "$1 ($((SECONDS - t_last)) s)"; t_last=$SECONDS; }
 
-if docker compose version >/dev/null 2>&1; then compose=(docker compose); else compose=(docker-compose); fi
-command -v "${compose[0]}" >/dev/null || fail "needs docker compose or docker-compose"
-
+engine_down() { :; }  # until deploy/engine.sh is read
 cleanup() {
   local rc=$?
   set +e
@@ -47,10 +46,18 @@ cleanup() {
     [ -n "$nets" ] && docker network rm $nets >/dev/null
   done
   [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null
+  engine_down
   if [ $rc -ne 0 ]; then log "logs kept in $tmp"; else rm -rf "$tmp"; fi
   log "total $((SECONDS - t_start)) s, exit $rc"
 }
 trap cleanup EXIT
+
+# Docker where its engine answers, else podman behind Docker's API (deploy/engine.sh).
+. deploy/engine.sh
+engine_up || fail "no container engine (Docker or podman)"
+export -f docker 2>/dev/null || true
+if docker compose version >/dev/null 2>&1; then compose=(docker compose); else compose=(docker-compose); fi
+command -v "${compose[0]}" >/dev/null || fail "needs docker compose or docker-compose"
 
 # --- 1. base image
 case $base in
@@ -109,6 +116,8 @@ up() { # up PROJECT FILES...: start a project, detached
   local p=$1; shift
   projects+=("$p")
   "${compose[@]}" -p "$p" "$@" up -d >"$tmp/$p.up.log" 2>&1 || { cat "$tmp/$p.up.log" >&2; fail "compose up $p"; }
+  local net
+  for net in $(docker network ls -q --filter "label=com.docker.compose.project=$p"); do engine_allow "$net"; done
 }
 cid() { docker ps -aq --filter "label=com.docker.compose.project=$1" --filter "label=com.docker.compose.service=$2"; }
 # wait_exit SECONDS ID...: waits for the containers to exit; prints their exit codes
@@ -159,7 +168,11 @@ took=$(python3 -c "print('%.1f' % ($t1 - $t0))")
 seen=$(docker logs -t "$n0" 2>&1 | grep -m1 -E 'peer lost|lost during' | cut -d' ' -f1 || true)
 [ -z "$seen" ] || seen=$(python3 -c "
 from datetime import datetime, timezone
-t = datetime.strptime('$seen'[:26], '%Y-%m-%dT%H:%M:%S.%f').replace(tzinfo=timezone.utc).timestamp()
+# Docker's times carry nanoseconds (2026-12-01T21:55:06.123456789Z), podman's may carry none.
+import re
+m = re.match(r'(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?', '$seen')
+t = datetime.strptime(m.group(1), '%Y-%m-%dT%H:%M:%S').replace(tzinfo=timezone.utc).timestamp()
+t += float(m.group(2) or 0)
 print('%.1f' % (t - $t0))")
 log "node0 exited with $code ${took} s after node1 was killed (its ranks saw the loss after ${seen:-?} s); its last lines:"
 tail -8 "$tmp/kill-node0.log" | sed 's/^/    /'
