@@ -45,6 +45,7 @@ cleanup() {
     nets=$(docker network ls -q --filter "label=com.docker.compose.project=$p")
     [ -n "$nets" ] && docker network rm $nets >/dev/null
   done
+  [ -n "${shm_name:-}" ] && docker rm -f "$shm_name" >/dev/null 2>&1
   [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null
   engine_down
   if [ $rc -ne 0 ]; then log "logs kept in $tmp"; else rm -rf "$tmp"; fi
@@ -189,9 +190,12 @@ lap "node1 killed mid-job: node0 stopped in ${took} s naming node1"
 
 # --- 5. a /dev/shm too small for the shared-memory transport
 set +e
-docker run --rm --shm-size=1m --network none "$image" kolo run -np 2 \
+# Not `docker run --rm`: over podman's Docker API that reports exit code 0 whatever the container's.
+shm_name=kolo-e2e-$$-shm
+docker run --name "$shm_name" --shm-size=1m --network none "$image" kolo run -np 2 \
   python3 -c 'import kolo.torch as hvd; hvd.init()' >"$tmp/shm.log" 2>&1
 code=$?
+docker rm -f "$shm_name" >/dev/null 2>&1
 set -e
 [ $code != 0 ] || fail "a job on a 1 MiB /dev/shm succeeded"
 grep -q -- '--ipc=host' "$tmp/shm.log" && grep -q -- '--shm-size' "$tmp/shm.log" \

@@ -22,8 +22,8 @@
 #    (`pip install kolo[horovod]`), where horovod.torch and friends are kolo's.
 #
 # The suites need pytest and packaging; where mock or cloudpickle is not installed, test/utils/common.py,
-# which imports them for helpers these suites do not use, gets a stand-in (mock: unittest.mock;
-# cloudpickle: a module that raises if used). KOLO_PYTHON names the Python (default: /usr/bin/python3
+# which imports them for helpers these suites do not use, does without (mock: unittest.mock in its
+# place; cloudpickle: its import line becomes `cloudpickle = None`: test/utils is not the suite). KOLO_PYTHON names the Python (default: /usr/bin/python3
 # for PyTorch suites, the repository's .venv/tf for TensorFlow and Keras ones). Where torch sees fewer
 # GPUs than NP ranks, the ranks share them: the tests put rank r's tensors on cuda:r (its local rank),
 # and a sitecustomize on the ranks' path maps that index onto the GPUs there are.
@@ -65,9 +65,9 @@ if ! "$py" -c 'import mock' 2>/dev/null; then
 	echo 'from unittest.mock import *  # noqa: F401,F403  (the old mock package, which common.py imports)' >"$tmp/mock.py"
 fi
 if ! "$py" -c 'import cloudpickle' 2>/dev/null; then
-	# common.py pickles functions for its in_thread helpers only, which these suites do not call; a
-	# module that raises when used (not a copy of pickle: kolo.torch would take it for cloudpickle).
-	printf 'def __getattr__(name):\n    raise ImportError("cloudpickle is not installed (stand-in from scripts/horovod_suite.sh)")\n' >"$tmp/cloudpickle.py"
+	# common.py pickles functions for its in_thread helpers only, which these suites do not call.
+	# (No stand-in module: kolo.torch would take it for cloudpickle.)
+	sed -i 's/^import cloudpickle$/cloudpickle = None/' "$tmp/common.py"
 fi
 path="$root/python:$root/python-horovod:$tmp"
 if [[ $suite == *torch* ]] && "$py" -c "import sys, torch; sys.exit(not (torch.cuda.is_available() and torch.cuda.device_count() < $np))"; then
