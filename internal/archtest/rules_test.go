@@ -186,6 +186,12 @@ var rules = []rule{
 		Deps:    []string{"./transport/...", "./collective", "./engine/...", "./world"},
 	},
 	{
+		Pkgs:    "./settings",
+		Why:     "It imports no kolo package, so that every package can read its settings here, and it must not act on a setting.",
+		Imports: []string{"os", "log", "log/slog"},
+		Deps:    []string{"./..."},
+	},
+	{
 		Pkgs: "./timeline",
 		Why:  "It must not know about the engine's types: callers pass names and strings.",
 		Deps: []string{"./engine/..."},
