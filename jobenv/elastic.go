@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kolo-dl/kolo/settings"
 )
 
 // Elastic mode's contract (kolo run --min-np/--max-np/--host-discovery-script).
@@ -256,18 +258,14 @@ func ElasticPlace(env map[string]string) (p Place, round int, ok bool, err error
 // ElasticTimeoutFrom reads the elastic timeout: KOLO_ELASTIC_TIMEOUT, else HOROVOD_ELASTIC_TIMEOUT
 // (seconds), else DefaultElasticTimeout.
 func ElasticTimeoutFrom(env map[string]string) (time.Duration, error) {
-	for _, k := range []string{ElasticTimeout, HorovodElasticTimeout} {
-		v := strings.TrimSpace(env[k])
-		if v == "" {
-			continue
-		}
-		s, err := strconv.ParseFloat(v, 64)
-		if err != nil || s <= 0 {
-			return 0, fmt.Errorf("environment: %s=%q: want a positive number of seconds", k, v)
-		}
-		return time.Duration(s * float64(time.Second)), nil
+	d, err := settings.ElasticTimeout.Seconds(settings.Env(env))
+	switch {
+	case errors.Is(err, settings.ErrUnset):
+		return DefaultElasticTimeout, nil
+	case err != nil:
+		return 0, fmt.Errorf("environment: %w", err)
 	}
-	return DefaultElasticTimeout, nil
+	return d, nil
 }
 
 // No-ssh mode (kolo run --rendezvous HOST:PORT): every node runs kolo run itself. The node serving

@@ -8,9 +8,12 @@
 package jobenv
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/kolo-dl/kolo/settings"
 )
 
 // Variable names. The HOROVOD_* spellings of the same values are also written so that existing
@@ -164,12 +167,8 @@ func FromEnviron(environ []string) map[string]string {
 // "ib0,eth0"): KOLO_NETWORK_INTERFACE, else HOROVOD_GLOO_IFACE; "" when neither is set. name is the
 // variable it came from, for messages.
 func Interface(env map[string]string) (ifaces, name string) {
-	for _, k := range []string{NetworkInterface, HorovodNetworkInterface} {
-		if v := strings.TrimSpace(env[k]); v != "" {
-			return v, k
-		}
-	}
-	return "", ""
+	k, v := settings.NetworkInterface.Lookup(settings.Env(env))
+	return v, k
 }
 
 // TCPFullMesh is the setting that connects every rank of another host at start-up (world.Options.FullMesh).
@@ -186,21 +185,13 @@ const Reports = "KOLO_REPORTS"
 
 // ReportsFrom reads Reports: whether the ranks report, on when unset.
 func ReportsFrom(env map[string]string) (bool, error) {
-	v, ok := env[Reports]
-	if !ok || strings.TrimSpace(v) == "" {
+	on, err := settings.Reports.Switch(settings.Env(env))
+	if errors.Is(err, settings.ErrUnset) {
 		return true, nil
 	}
-	return ParseSwitch(Reports, v)
+	return on, err
 }
 
 // ParseSwitch reads an on/off setting: 1, true, on, yes or 0, false, off, no (any case); empty is
-// off. Anything else is an error naming the setting.
-func ParseSwitch(name, v string) (bool, error) {
-	switch strings.ToLower(strings.TrimSpace(v)) {
-	case "", "0", "false", "off", "no":
-		return false, nil
-	case "1", "true", "on", "yes":
-		return true, nil
-	}
-	return false, fmt.Errorf("%s=%q: want 1 or 0 (true/false, on/off, yes/no)", name, v)
-}
+// off. Anything else is an error naming the setting (settings.ParseSwitch).
+func ParseSwitch(name, v string) (bool, error) { return settings.ParseSwitch(name, v) }

@@ -27,6 +27,7 @@ import (
 	"github.com/kolo-dl/kolo/observe/relay"
 	"github.com/kolo-dl/kolo/observe/report"
 	"github.com/kolo-dl/kolo/rendezvous"
+	"github.com/kolo-dl/kolo/settings"
 	"github.com/kolo-dl/kolo/transport"
 )
 
@@ -209,17 +210,21 @@ func fixedHosts(hosts []elastic.Host) hostSource {
 	}
 }
 
-// progressTimeout is the workers' progress deadline (--progress-timeout-seconds, else the
-// launcher's own KOLO_PROGRESS_TIMEOUT_SECONDS, which workers inherit; 0: the default).
+// progressTimeout is the workers' progress deadline as they will read it: the tuning flags'
+// variables, else the launcher's own environment, which workers inherit (either spelling, and
+// "60s" as well as "60"); 0: the default (also for a malformed value, which the pre-start check
+// has refused already).
 func progressTimeout(o *flags.Options) time.Duration {
-	v, ok := o.EngineEnv["KOLO_PROGRESS_TIMEOUT_SECONDS"]
-	if !ok {
-		v = os.Getenv("KOLO_PROGRESS_TIMEOUT_SECONDS")
+	d, err := settings.ProgressTimeout.Duration(func(k string) string {
+		if v, ok := o.EngineEnv[k]; ok {
+			return v
+		}
+		return os.Getenv(k)
+	})
+	if err != nil {
+		return 0
 	}
-	if f, err := strconv.ParseFloat(v, 64); err == nil && f > 0 {
-		return time.Duration(f * float64(time.Second))
-	}
-	return 0
+	return d
 }
 
 // fixedElasticHosts are the hosts of an elastic job without a discovery script: -H, --hostfile,
