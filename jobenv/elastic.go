@@ -23,15 +23,15 @@ import (
 // workers after an error that killed nobody (every worker of the round asked for one at
 // ReinitKey). The last round may be an end record (Round.End): the job failed, and a worker
 // waiting for a round gets the reason instead of waiting out its timeout.
-const (
-	Elastic      = "KOLO_ELASTIC"       // "1" in every worker of an elastic job
-	ElasticHost  = "KOLO_ELASTIC_HOST"  // the worker's host, as the discovery names it
-	ElasticSlot  = "KOLO_ELASTIC_SLOT"  // the worker's slot on that host, 0-based
-	ElasticRound = "KOLO_ELASTIC_ROUND" // the round the worker was started for
+var (
+	Elastic      = settings.Elastic.Name      // "1" in every worker of an elastic job
+	ElasticHost  = settings.ElasticHost.Name  // the worker's host, as the discovery names it
+	ElasticSlot  = settings.ElasticSlot.Name  // the worker's slot on that host, 0-based
+	ElasticRound = settings.ElasticRound.Name // the round the worker was started for
 	// ElasticTimeout is how long (seconds) a worker waits at the rendezvous for a round that has
 	// its place (kolo run --elastic-timeout); HorovodElasticTimeout is read when it is unset.
-	ElasticTimeout        = "KOLO_ELASTIC_TIMEOUT"
-	HorovodElasticTimeout = "HOROVOD_ELASTIC_TIMEOUT"
+	ElasticTimeout        = settings.ElasticTimeout.Name
+	HorovodElasticTimeout = settings.ElasticTimeout.Horovod[0]
 )
 
 // DefaultElasticTimeout is Horovod's default elastic timeout.

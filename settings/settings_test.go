@@ -40,13 +40,12 @@ var mentions = map[string]string{
 
 var varName = regexp.MustCompile(`\b(KOLO|HOROVOD)_[A-Z0-9_]*[A-Z0-9]`)
 
-// Every KOLO_* or HOROVOD_* name in kolo's shipped Go and Python code (tests and this package's
-// declarations aside) is declared here: a variable read anywhere else would be parsed by hand,
-// and missing from the pre-start check and the README's table.
-func TestEveryVariableDeclared(t *testing.T) {
+// shipped calls f with each of the module's shipped Go and Python files (tests, test data and
+// this package aside) and its text.
+func shipped(t *testing.T, f func(rel, text string)) {
+	t.Helper()
 	skipDir := map[string]bool{".git": true, ".venv": true, "testdata": true, "bin": true, "build": true, "dist": true,
 		"node_modules": true, "__pycache__": true, "settings": true}
-	found := map[string][]string{} // name -> files
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -69,16 +68,26 @@ func TestEveryVariableDeclared(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		for _, m := range varName.FindAllString(string(b), -1) {
-			if !slices.Contains(found[m], rel) {
-				found[m] = append(found[m], rel)
-			}
-		}
+		f(rel, string(b))
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Every KOLO_* or HOROVOD_* name in kolo's shipped Go and Python code is declared here: a
+// variable read anywhere else would be parsed by hand, and missing from the pre-start check and
+// the README's table.
+func TestEveryVariableDeclared(t *testing.T) {
+	found := map[string][]string{} // name -> files
+	shipped(t, func(rel, text string) {
+		for _, m := range varName.FindAllString(text, -1) {
+			if !slices.Contains(found[m], rel) {
+				found[m] = append(found[m], rel)
+			}
+		}
+	})
 	if len(found) < 20 {
 		t.Fatalf("found only %d names under %s: is the walk looking at the module?", len(found), root)
 	}
@@ -96,6 +105,22 @@ func TestEveryVariableDeclared(t *testing.T) {
 			t.Errorf("mentions lists %s, which no shipped file names any more", name)
 		}
 	}
+}
+
+var quotedName = regexp.MustCompile(`"(KOLO|HOROVOD)_[A-Z0-9_]*[A-Z0-9]"`)
+
+// Go code names a variable through its declaration (settings.X.Name), never as a string of its
+// own: a second spelling is a second declaration, which the next rename misses. (Python cannot
+// import the declarations; TestEveryVariableDeclared covers it.)
+func TestGoNamesTheDeclarations(t *testing.T) {
+	shipped(t, func(rel, text string) {
+		if !strings.HasSuffix(rel, ".go") {
+			return
+		}
+		for _, m := range quotedName.FindAllString(text, -1) {
+			t.Errorf("%s spells %s: use its declaration's Name in package settings", rel, m)
+		}
+	})
 }
 
 // Each name, and each Horovod spelling, is declared once.
