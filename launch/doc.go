@@ -1,6 +1,6 @@
 // Package launch is kolo run's job logic: it turns the parsed flags (launch/flags) into a job and
 // drives it to its end, hosting the rendezvous its workers meet at and giving each worker the
-// environment contract of DESIGN.md.
+// environment contract of docs/design.md (jobenv; settings declares the names).
 //
 // The jobs: hostjob.go is a static job started from one machine (ranks local and over ssh), and
 // runStatic the static runner every static job uses; elasticjob.go is the elastic driver (ranks

@@ -18,7 +18,7 @@ import (
 	"testing"
 )
 
-// A rule binds every package that Pkgs matches to what its package comment (or STYLE.md, where
+// A rule binds every package that Pkgs matches to what its package comment (or docs/design.md, where
 // Why says so) forbids. Patterns are Go's: "./x" is the kolo package x ("." the root package),
 // "./x/..." is x and every package under it, "net" a standard package, "..." anything.
 type rule struct {
@@ -203,7 +203,7 @@ var rules = []rule{
 	},
 	{
 		Pkgs:    "./transport/...",
-		Why:     "STYLE.md: the transport knows nothing of elastic training (a re-formed world is a new world; its rounds are the launcher's, jobenv's and the rendezvous').",
+		Why:     "docs/design.md: the transport knows nothing of elastic training (a re-formed world is a new world; its rounds are the launcher's, jobenv's and the rendezvous').",
 		Imports: []string{"./jobenv"},
 		Deps:    []string{"./launch/...", "./rendezvous", "./bootstrap"},
 	},
