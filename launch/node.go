@@ -32,7 +32,7 @@ import (
 // or falling silent stops it. An elastic job (elasticnode.go) hands the nodes to the elastic
 // driver as its hosts. Either way the job ends on the serving node, which sends every node the
 // exit code and what to print, so that every node prints the same end and exits with the same
-// code. The keys and records are jobenv/elastic.go's.
+// code. The keys and records are nodeproto.go's.
 
 // keyJob holds the job's jobRecord, set by the serving node.
 const keyJob = "launch/job"
@@ -331,7 +331,7 @@ func (n *node) listenAt(addr string) string {
 
 // newRegistry is the registry of the nodes of the job this node serves, admit saying which
 // newcomers it refuses; the serving node is to be added first.
-func (n *node) newRegistry(set elasticSettings, admit func(jobenv.NodeJoin) string) *nodeRegistry {
+func (n *node) newRegistry(set elasticSettings, admit func(NodeJoin) string) *nodeRegistry {
 	return &nodeRegistry{
 		st: n.srv, set: set, jobID: n.jobID, admit: admit,
 		nnodes: max(n.opts.NNodes, 1), startTimeout: n.opts.StartTimeout, startBy: time.Now().Add(n.opts.StartTimeout),
