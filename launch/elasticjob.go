@@ -55,9 +55,14 @@ type elasticSettings struct {
 	streamWait      time.Duration     // how long the end waits for the workers' output to end; 5 s
 
 	// No-ssh mode (node.go), static or elastic.
-	beat        time.Duration   // a joined node's heartbeat interval; beatInterval
-	nodeSilence time.Duration   // a node silent this long has left the job (and the serving node, for it); nodeSilence
-	vanish      <-chan struct{} // tests: a joined node closed it stops dead, as if killed, telling nobody
+	beat        time.Duration // a joined node's heartbeat interval; 1 s
+	nodeSilence time.Duration // a node silent this long has left the job (and the serving node, for it); 10 s
+	// stoppingSilence replaces nodeSilence once a static job is being stopped: a live node keeps
+	// beating while its ranks stop, and waiting the full silence for a dead one would only delay
+	// the end; 3 s.
+	stoppingSilence time.Duration
+	finishWait      time.Duration   // how long the serving node keeps the rendezvous up for the others to read the end; 5 s
+	vanish          <-chan struct{} // tests: a joined node closed it stops dead, as if killed, telling nobody
 }
 
 func (s *elasticSettings) fill() {
@@ -73,8 +78,10 @@ func (s *elasticSettings) fill() {
 	def(&s.reinitGrace, 30*time.Second)
 	def(&s.stopGrace, 3*time.Second)
 	def(&s.streamWait, 5*time.Second)
-	def(&s.beat, beatInterval)
-	def(&s.nodeSilence, nodeSilence)
+	def(&s.beat, time.Second)
+	def(&s.nodeSilence, 10*time.Second)
+	def(&s.stoppingSilence, 3*time.Second)
+	def(&s.finishWait, 5*time.Second)
 }
 
 // RunElastic runs an elastic job: workers on the hosts the --host-discovery-script lists (or the

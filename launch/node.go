@@ -37,21 +37,6 @@ import (
 // keyJob holds the job's jobRecord, set by the serving node.
 const keyJob = "launch/job"
 
-// Timings of the nodes. Variables so that tests can shorten them.
-var (
-	beatInterval = time.Second
-	// nodeSilence is how long the serving node waits for a node's heartbeat before taking it as
-	// gone.
-	nodeSilence = 10 * time.Second
-	// stoppingSilence replaces nodeSilence once a static job is being stopped: a live node keeps
-	// beating while its ranks stop, and waiting the full silence for a dead one would only delay
-	// the end.
-	stoppingSilence = 3 * time.Second
-	// finishWait bounds how long the serving node keeps the rendezvous up for the others to read
-	// the end.
-	finishWait = 5 * time.Second
-)
-
 // NodeSecret is the secret every node of a no-ssh job shares, from where auth.JobSecret says:
 // --secret-file, else KOLO_SECRET, else KOLO_SECRET_FILE, else HOROVOD_SECRET_KEY.
 func NodeSecret(o *flags.Options) ([]byte, error) {

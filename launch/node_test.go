@@ -52,6 +52,12 @@ func (r *nodeRun) output() string {
 // Node 0 is started first and serves the rendezvous; the others join it.
 func runNodes(t *testing.T, ctxs []context.Context, mod func(i int, o *flags.Options), script string) []*nodeRun {
 	t.Helper()
+	return runNodesWith(t, elasticSettings{}, ctxs, mod, script)
+}
+
+// runNodesWith is runNodes with the nodes' timings set (zero fields: the defaults).
+func runNodesWith(t *testing.T, set elasticSettings, ctxs []context.Context, mod func(i int, o *flags.Options), script string) []*nodeRun {
+	t.Helper()
 	t.Setenv("KOLO_SECRET", "642516251c1d4f9ecedbf40ccf0e4477")
 	addr := "127.0.0.1:" + freePort(t)
 	runs := make([]*nodeRun, len(ctxs))
@@ -67,7 +73,7 @@ func runNodes(t *testing.T, ctxs []context.Context, mod func(i int, o *flags.Opt
 		go func() {
 			defer wg.Done()
 			start := time.Now()
-			runs[i].code, runs[i].err = RunNode(ctxs[i], o, &runs[i].stdout, &runs[i].stderr)
+			runs[i].code, runs[i].err = runNode(ctxs[i], o, set, &runs[i].stdout, &runs[i].stderr)
 			runs[i].elapsed = time.Since(start)
 		}()
 		if i == 0 {
@@ -312,17 +318,13 @@ func TestRunNodeRankConflict(t *testing.T) {
 }
 
 // shortNodeTimings makes nodes beat every 20 ms and be lost after 300 ms of silence.
-func shortNodeTimings(t *testing.T) {
-	t.Helper()
-	oldBeat, oldSilence, oldStopping := beatInterval, nodeSilence, stoppingSilence
-	beatInterval, nodeSilence, stoppingSilence = 20*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond
-	t.Cleanup(func() { beatInterval, nodeSilence, stoppingSilence = oldBeat, oldSilence, oldStopping })
+func shortNodeTimings() elasticSettings {
+	return elasticSettings{beat: 20 * time.Millisecond, nodeSilence: 300 * time.Millisecond, stoppingSilence: 300 * time.Millisecond}
 }
 
 // A node that joins and then falls silent (its machine died) ends the job on the others: their
 // ranks are stopped, and they exit saying which node was lost.
 func TestRunNodeLostNode(t *testing.T) {
-	shortNodeTimings(t)
 	t.Setenv("KOLO_SECRET", "642516251c1d4f9ecedbf40ccf0e4477")
 	addr := "127.0.0.1:" + freePort(t)
 	o := &flags.Options{Rendezvous: addr, NNodes: 2, NodeRank: 0, NprocPerNode: 1, StartTimeout: 10 * time.Second,
@@ -332,7 +334,7 @@ func TestRunNodeLostNode(t *testing.T) {
 	go func() {
 		defer close(done)
 		start := time.Now()
-		run.code, run.err = RunNode(context.Background(), o, &run.stdout, &run.stderr)
+		run.code, run.err = runNode(context.Background(), o, shortNodeTimings(), &run.stdout, &run.stderr)
 		run.elapsed = time.Since(start)
 	}()
 	waitServed(t, addr)
@@ -378,11 +380,11 @@ func TestRunNodeLostNode(t *testing.T) {
 
 // Nodes that keep beating stay in the job however long it runs: only silence loses a node.
 func TestRunNodeBeatingNodesStay(t *testing.T) {
-	shortNodeTimings(t)
-	runs := runNodes(t, background(2), func(i int, o *flags.Options) { o.NprocPerNode = 1 }, `sleep 1`)
+	set := shortNodeTimings()
+	runs := runNodesWith(t, set, background(2), func(i int, o *flags.Options) { o.NprocPerNode = 1 }, `sleep 1`)
 	for i, r := range runs {
 		if r.code != 0 || r.err != nil {
-			t.Errorf("node %d: code %d, %v (nodes are silent after %s)\n%s", i, r.code, r.err, nodeSilence, r.stderr.String())
+			t.Errorf("node %d: code %d, %v (nodes are silent after %s)\n%s", i, r.code, r.err, set.nodeSilence, r.stderr.String())
 		}
 	}
 }

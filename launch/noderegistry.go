@@ -49,7 +49,7 @@ type nodeRegistry struct {
 	listed  bool         // the first listing is out
 	pending *discovery   // the newest listing the loop has not taken
 	changed chan struct{}
-	hurried bool // a node silent for stoppingSilence is gone (hurry)
+	hurried bool // a node silent for set.stoppingSilence is gone (hurry)
 }
 
 // departure is how a node left the job.
@@ -258,7 +258,7 @@ func (e *nodeRegistry) readNode(nd *jobNode, now time.Time) bool {
 	v, _, _ := e.st.TryGet(NodeBeatKey(nd.num))
 	limit := e.set.nodeSilence
 	if e.hurried {
-		limit = min(limit, stoppingSilence)
+		limit = min(limit, e.set.stoppingSilence)
 	}
 	if silent := nd.beat.silent(v, now); silent >= limit {
 		why := fmt.Sprintf("no heartbeat for %.1f s", silent.Seconds())
@@ -275,7 +275,7 @@ func (e *nodeRegistry) readNode(nd *jobNode, now time.Time) bool {
 	return false
 }
 
-// hurry shortens the silence after which a node is gone to stoppingSilence: the job is stopping,
+// hurry shortens the silence after which a node is gone to set.stoppingSilence: the job is stopping,
 // and a live node keeps beating while its workers stop.
 func (e *nodeRegistry) hurry() {
 	e.mu.Lock()
@@ -389,9 +389,9 @@ func (e *nodeRegistry) start(w proc.Worker) (proc.Process, error) {
 }
 
 // end tells every node in the job that it ended, with the exit code and what to print, and waits
-// (finishWait at most) until they have read it: the rendezvous closes when this node exits.
+// (the settings' finishWait at most) until they have read it: the rendezvous closes when this node exits.
 func (e *nodeRegistry) end(code int, note string, outcome Outcome) {
-	const maxNote = 256 << 10 // an order is at most jobenv's 1 MiB record
+	const maxNote = 256 << 10 // an order is at most a 1 MiB record (nodeproto.go)
 	if len(note) > maxNote {
 		note = note[:maxNote] + "\n[...]"
 	}
@@ -410,7 +410,7 @@ func (e *nodeRegistry) end(code int, note string, outcome Outcome) {
 		}
 	}
 	e.mu.Unlock()
-	deadline := time.Now().Add(finishWait)
+	deadline := time.Now().Add(e.set.finishWait)
 	for _, nd := range told {
 		for time.Now().Before(deadline) {
 			if _, ok, _ := e.st.TryGet(NodeDoneKey(nd.num)); ok {
