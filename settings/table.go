@@ -1,5 +1,7 @@
 package settings
 
+//go:generate go run ./gen ../README.md
+
 import (
 	"fmt"
 	"strings"

@@ -1,5 +1,6 @@
-// Command gen writes the settings table of README.md from package settings' declarations. Run it
-// from the module's root: go run ./settings/gen. It must not change anything else in the file.
+// Command gen writes the settings table of README.md from package settings' declarations: go run
+// ./settings/gen from the module's root, or go generate ./settings (which names the file). It must
+// not change anything else in the file.
 package main
 
 import (
@@ -10,7 +11,10 @@ import (
 )
 
 func main() {
-	const path = "README.md"
+	path := "README.md"
+	if len(os.Args) > 1 {
+		path = os.Args[1]
+	}
 	doc, err := os.ReadFile(path)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "settings/gen:", err)
