@@ -67,7 +67,7 @@ var (
 	NCCL = &Setting{Name: "KOLO_NCCL", Horovod: []string{"HOROVOD_GPU_OPERATIONS", "HOROVOD_GPU_ALLREDUCE"}, Kind: Choice,
 		Choices:        []string{"0", "false", "off", "no", "1", "true", "on", "yes", "auto"},
 		HorovodChoices: []string{"NCCL", "MPI", "GLOO", "DDL", "CCL"}, Default: "auto",
-		Help: "`0`: CUDA tensors are always staged through host memory; `1`: fail rather than stage when the NCCL path cannot serve (Horovod's names: `NCCL` is auto, another library is `0`)"}
+		Help: "`0`: CUDA tensors are always staged through host memory; `1`: fail rather than stage when the NCCL path cannot serve (Horovod's names: `NCCL` is auto, another library is `0`; docs/pytorch.md, \"CUDA tensors\")"}
 	CUDAPinned = &Setting{Name: "KOLO_CUDA_PINNED", Kind: Text, Default: "1",
 		Help: "`0`: the PyTorch binding stages CUDA tensors through pageable host memory instead of pinned (for comparison)"}
 	ReduceKernel = &Setting{Name: "KOLO_REDUCE_KERNEL", Kind: Text, Default: "the best the CPU runs",
