@@ -25,6 +25,7 @@ import (
 	"github.com/kolo-dl/kolo/engine/negotiate"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/reduce"
+	"github.com/kolo-dl/kolo/settings"
 	"github.com/kolo-dl/kolo/version"
 	"github.com/kolo-dl/kolo/worker"
 	"github.com/kolo-dl/kolo/world"
@@ -227,7 +228,7 @@ func Init(opts ...Option) error {
 	}
 	wopt := worker.Options{Env: env, Engine: cfg, World: o.world, Ranks: o.ranks,
 		ShareCPUs: o.cpuShare && o.env("GOMAXPROCS") == ""}
-	if full, err := jobenv.ParseSwitch(jobenv.TCPFullMesh, o.env(jobenv.TCPFullMesh)); err != nil {
+	if full, err := settings.TCPFullMesh.Switch(o.env); err != nil && !errors.Is(err, settings.ErrUnset) {
 		return fmt.Errorf("kolo.Init: %w", err)
 	} else if full {
 		wopt.World.FullMesh = true

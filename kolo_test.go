@@ -33,3 +33,23 @@ func TestTensorCheckRefusesSizesPastInt64(t *testing.T) {
 		t.Errorf("3 float32 in 8 bytes: check() = %v", err)
 	}
 }
+
+// Init reads KOLO_TCP_FULL_MESH through its declaration: a value that is neither on nor off
+// fails it, naming the variable; an on/off word in any case is taken.
+func TestInitReadsTCPFullMesh(t *testing.T) {
+	t.Setenv("KOLO_TCP_FULL_MESH", "maybe")
+	err := Init()
+	if err == nil {
+		_ = Shutdown()
+	}
+	if err == nil || !strings.Contains(err.Error(), `KOLO_TCP_FULL_MESH="maybe"`) {
+		t.Errorf("Init with KOLO_TCP_FULL_MESH=maybe: %v", err)
+	}
+	t.Setenv("KOLO_TCP_FULL_MESH", " On ")
+	if err := Init(); err != nil {
+		t.Fatalf("Init with KOLO_TCP_FULL_MESH=On: %v", err)
+	}
+	if err := Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+}

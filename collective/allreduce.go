@@ -51,11 +51,11 @@ type Tuning struct {
 
 // Defaults for Tuning's zero fields; the engine's autotuner may override them per job.
 //
-// SmallAllreduceBytes: over inmem with 4 ranks on 2 cores (BenchmarkAllreduce, warm buffers,
-// 2026-11) recursive doubling and the ring cross near 16-32 KiB (4 KiB: 15 vs 29 us; 64 KiB: 74 vs
-// 63 us). A link with a higher per-message cost moves the crossover up: with TCP's ~15 us per
-// message at ~1 GB/s the cost model log2(n)(a+Sb) = 2(n-1)(a+Sb/n) puts it near 128 KiB for 4
-// ranks. 64 KiB sits between the two.
+// SmallAllreduceBytes: where recursive doubling (log2 n steps, each moving the whole buffer) stops
+// beating the ring (2(n-1) steps moving 1/n each). Over inmem the two cross at a few tens of KiB;
+// a link with a higher per-message cost moves the crossover up, by the cost model
+// log2(n)(a+Sb) = 2(n-1)(a+Sb/n), to about 128 KiB for 4 ranks over TCP. 64 KiB sits between the
+// two (docs/benchmarks.md, "The small-allreduce threshold", has the measurement).
 //
 // SmallBroadcastBytes: below it the chain's n-2 extra segment hops cost more than the tree's
 // log2(n) whole-buffer hops save.

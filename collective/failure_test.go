@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -62,6 +63,7 @@ type dyingShared struct{ *dyingComm }
 
 func (d dyingShared) Slot(r int) []byte    { return d.ep.Slot(r) }
 func (d dyingShared) Oversubscribed() bool { return d.ep.Oversubscribed() }
+func (d dyingShared) Memo() *atomic.Uint32 { return d.ep.Memo() }
 func (d dyingShared) Barrier(ctx context.Context) error {
 	if err := d.tick(); err != nil {
 		return err

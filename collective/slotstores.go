@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/kolo-dl/kolo/dtype"
@@ -48,12 +47,11 @@ type SlotStoresMeasurement struct {
 	Streaming, Plain []time.Duration // this rank's trial times of each mode, in the order run; none if it ran no trials
 }
 
-// slotStoresOf remembers the measured choice of each group, by its Shared capability.
-var slotStoresOf sync.Map // transport.Shared -> SlotStores
-
 // slotStores returns the store mode for s's slots: tun's, else the one measured for s (measuring
-// it now, collectively, on the group's first shared collective). A group whose ranks outnumber the
-// CPUs measures too (plain stores gained 20% at 64 MiB with 4 ranks on the 2-vCPU Xeon VM): its
+// it now, collectively, on the group's first shared collective). The measured mode is kept in the
+// group's Memo, so it lives and goes with the group: a re-formed world measures its own, and a
+// closed one leaves nothing behind in this package. A group whose ranks outnumber the CPUs
+// measures too (plain stores gained 20% at 64 MiB with 4 ranks on the 2-vCPU Xeon VM): its
 // barriers sleep, which adds to both modes' times alike, and a noisy measurement keeps the
 // streaming stores unless plain ones are clearly faster.
 func slotStores(ctx context.Context, c transport.Comm, s transport.Shared, tun *Tuning) (SlotStores, error) {
@@ -63,14 +61,15 @@ func slotStores(ctx context.Context, c transport.Comm, s transport.Shared, tun *
 	if c.Size() < 2 {
 		return SlotStoresStreaming, nil
 	}
-	if m, ok := slotStoresOf.Load(s); ok {
-		return m.(SlotStores), nil
+	memo := s.Memo()
+	if m := SlotStores(memo.Load()); m != SlotStoresAuto {
+		return m, nil
 	}
 	m, err := calibrateSlotStores(ctx, c, s, tun)
 	if err != nil {
 		return 0, err
 	}
-	slotStoresOf.Store(s, m.Chosen)
+	memo.Store(uint32(m.Chosen))
 	if c.Rank() == 0 && tun != nil && tun.SlotStoresMeasured != nil && len(m.Streaming) > 0 {
 		tun.SlotStoresMeasured(m)
 	}

@@ -1,14 +1,16 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/kolo-dl/kolo/collective"
+	"github.com/kolo-dl/kolo/engine/negotiate"
 	"github.com/kolo-dl/kolo/internal/spin"
+	"github.com/kolo-dl/kolo/settings"
 	"github.com/kolo-dl/kolo/transport"
 )
 
@@ -106,12 +108,13 @@ const (
 	DefaultStallCrossed  = 30 * time.Second
 )
 
-// DefaultConfig is what a job gets without any setting.
+// DefaultConfig is what a job gets without any setting: the negotiation's defaults where it has
+// them, declared there once; settings' declarations show the same values (TestDefaultsAsDeclared).
 func DefaultConfig() Config {
 	return Config{
-		FusionBytes:   128 << 20,
-		CacheCapacity: 1024,
-		StallWarning:  60 * time.Second,
+		FusionBytes:   negotiate.DefaultFusionBytes,
+		CacheCapacity: negotiate.DefaultCacheCapacity,
+		StallWarning:  negotiate.DefaultStallWarning,
 		StallShutdown: DefaultStallShutdown,
 		StallCrossed:  DefaultStallCrossed,
 		StallCheck:    true,
@@ -125,75 +128,48 @@ func DefaultConfig() Config {
 }
 
 // ConfigFromEnv applies KOLO_* settings (and the HOROVOD_* spellings, which lose to KOLO_*) to
-// DefaultConfig. Unparseable values are errors naming the variable, never silently ignored.
+// DefaultConfig, each read through its declaration in package settings. Unparseable values are
+// errors naming the variable, never silently ignored.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
 	c := DefaultConfig()
-	get := func(name string) (string, string) {
-		for _, k := range []string{"KOLO_" + name, "HOROVOD_" + name} {
-			if v := strings.TrimSpace(getenv(k)); v != "" {
-				return k, v
-			}
-		}
-		return "", ""
-	}
 	var errs []string
-	bytesVar := func(name string, dst *int64) {
-		if k, v := get(name); k != "" {
-			n, err := parseBytes(v)
-			if err != nil {
-				errs = append(errs, fmt.Sprintf("%s=%q: %v", k, v, err))
-				return
-			}
-			*dst = n
+	// keep stores a setting's value unless it is unset (the default stays) or malformed.
+	keep := func(err error, set func()) {
+		switch {
+		case err == nil:
+			set()
+		case !errors.Is(err, settings.ErrUnset):
+			errs = append(errs, err.Error())
 		}
 	}
-	intVar := func(name string, dst *int) {
-		if k, v := get(name); k != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 {
-				errs = append(errs, fmt.Sprintf("%s=%q: want a non-negative integer", k, v))
-				return
-			}
-			*dst = n
-		}
+	bytesVar := func(s *settings.Setting, dst *int64) {
+		n, err := s.Bytes(getenv)
+		keep(err, func() { *dst = n })
 	}
-	// durVar accepts Go durations ("5ms") or a bare number in unit (Horovod's convention).
-	durVar := func(name string, unit time.Duration, dst *time.Duration) {
-		if k, v := get(name); k != "" {
-			if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 {
-				*dst = time.Duration(f * float64(unit))
-				return
-			}
-			d, err := time.ParseDuration(v)
-			if err != nil || d < 0 {
-				errs = append(errs, fmt.Sprintf("%s=%q: want a duration", k, v))
-				return
-			}
-			*dst = d
-		}
+	intVar := func(s *settings.Setting, dst *int) {
+		n, err := s.Count(getenv)
+		keep(err, func() { *dst = n })
 	}
-	boolVar := func(name string, dst *bool) {
-		if k, v := get(name); k != "" {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				errs = append(errs, fmt.Sprintf("%s=%q: want true/false/1/0", k, v))
-				return
-			}
-			*dst = b
-		}
+	durVar := func(s *settings.Setting, dst *time.Duration) {
+		d, err := s.Duration(getenv)
+		keep(err, func() { *dst = d })
 	}
-	bytesVar("FUSION_THRESHOLD", &c.FusionBytes)
+	boolVar := func(s *settings.Setting, dst *bool) {
+		b, err := s.Bool(getenv)
+		keep(err, func() { *dst = b })
+	}
+	bytesVar(settings.FusionThreshold, &c.FusionBytes)
 	if c.FusionBytes == 0 {
 		c.FusionBytes = -1 // HOROVOD_FUSION_THRESHOLD=0 turns fusion off, as in Horovod
 	}
-	durVar("CYCLE_TIME", time.Millisecond, &c.CycleTime)
-	intVar("CACHE_CAPACITY", &c.CacheCapacity)
-	durVar("STALL_CHECK_TIME_SECONDS", time.Second, &c.StallWarning)
-	durVar("STALL_SHUTDOWN_TIME_SECONDS", time.Second, &c.StallShutdown)
-	durVar("STALL_CROSSED_TIME_SECONDS", time.Second, &c.StallCrossed)
+	durVar(settings.CycleTime, &c.CycleTime)
+	intVar(settings.CacheCapacity, &c.CacheCapacity)
+	durVar(settings.StallCheckTime, &c.StallWarning)
+	durVar(settings.StallShutdownTime, &c.StallShutdown)
+	durVar(settings.StallCrossedTime, &c.StallCrossed)
 	// 0 turns a deadline off, as HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=0 does in Horovod.
 	if c.StallShutdown == 0 {
 		c.StallShutdown = -1
@@ -201,82 +177,48 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	if c.StallCrossed == 0 {
 		c.StallCrossed = -1
 	}
-	durVar("PROGRESS_TIMEOUT_SECONDS", time.Second, &c.ProgressTimeout)
+	durVar(settings.ProgressTimeout, &c.ProgressTimeout)
 	if c.ProgressTimeout == 0 {
 		c.ProgressTimeout = -1
 	}
 	var disable bool
-	boolVar("STALL_CHECK_DISABLE", &disable)
+	boolVar(settings.StallCheckDisable, &disable)
 	c.StallCheck = !disable
-	boolVar("HIERARCHICAL_ALLREDUCE", &c.Hierarchical)
-	if k, v := get("SHM_STREAM_STORES"); k != "" {
-		switch strings.ToLower(strings.TrimSpace(v)) {
+	boolVar(settings.HierarchicalAllreduce, &c.Hierarchical)
+	if k, v, err := settings.ShmStreamStores.Choice(getenv); err == nil {
+		switch v {
 		case "1", "true", "on":
 			c.SlotStores = collective.SlotStoresStreaming
 		case "0", "false", "off":
 			c.SlotStores = collective.SlotStoresPlain
-		case "", "auto":
+		case "auto":
 			c.SlotStores = collective.SlotStoresAuto
-		default:
-			errs = append(errs, fmt.Sprintf("%s=%q: want 1 (streaming stores), 0 (plain) or auto", k, v))
 		}
+	} else if !errors.Is(err, settings.ErrUnset) {
+		errs = append(errs, fmt.Sprintf("%s=%q: want 1 (streaming stores), 0 (plain) or auto", k, v))
 	}
-	bytesVar("SMALL_ALLREDUCE_BYTES", &c.SmallAllreduceBytes)
-	bytesVar("SHM_ROUND_BYTES", &c.SharedRoundBytes)
-	durVar("START_TIMEOUT", time.Second, &c.SetupTimeout)
-	durVar("SPIN_TIME", time.Microsecond, &c.Spin)
-	if k, v := get("TIMELINE"); k != "" {
+	bytesVar(settings.SmallAllreduceBytes, &c.SmallAllreduceBytes)
+	bytesVar(settings.ShmRoundBytes, &c.SharedRoundBytes)
+	durVar(settings.StartTimeout, &c.SetupTimeout)
+	durVar(settings.SpinTime, &c.Spin)
+	if k, v := settings.Timeline.Lookup(getenv); k != "" {
 		c.Timeline = v
 	}
-	boolVar("TIMELINE_MARK_CYCLES", &c.TimelineMarkCycles)
-	boolVar("AUTOTUNE", &c.Autotune.Enabled)
-	if k, v := get("AUTOTUNE_LOG"); k != "" {
+	boolVar(settings.TimelineMarkCycles, &c.TimelineMarkCycles)
+	boolVar(settings.Autotune, &c.Autotune.Enabled)
+	if k, v := settings.AutotuneLog.Lookup(getenv); k != "" {
 		c.Autotune.LogFile = v
 	}
-	intVar("AUTOTUNE_WARMUP_SAMPLES", &c.Autotune.WarmupSamples)
-	intVar("AUTOTUNE_STEPS_PER_SAMPLE", &c.Autotune.StepsPerSample)
-	intVar("AUTOTUNE_BAYES_OPT_MAX_SAMPLES", &c.Autotune.MaxSamples)
-	if k, v := get("AUTOTUNE_GAUSSIAN_PROCESS_NOISE"); k != "" {
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil || f < 0 || f > 1 {
-			errs = append(errs, fmt.Sprintf("%s=%q: want a number in [0, 1]", k, v))
-		} else {
-			c.Autotune.Noise = f
-		}
-	}
+	intVar(settings.AutotuneWarmupSamples, &c.Autotune.WarmupSamples)
+	intVar(settings.AutotuneStepsPerSample, &c.Autotune.StepsPerSample)
+	intVar(settings.AutotuneMaxSamples, &c.Autotune.MaxSamples)
+	f, err := settings.AutotuneNoise.Fraction(getenv)
+	keep(err, func() { c.Autotune.Noise = f })
 	if len(errs) > 0 {
 		return c, fmt.Errorf("engine settings: %s", strings.Join(errs, "; "))
 	}
 	return c, nil
 }
 
-// parseBytes accepts plain byte counts and KiB/MiB/GiB (also K/M/G, KB/MB/GB as powers of 2).
-func parseBytes(s string) (int64, error) {
-	s = strings.TrimSpace(s)
-	mult := int64(1)
-	upper := strings.ToUpper(s)
-	for _, u := range []struct {
-		suffix string
-		m      int64
-	}{{"KIB", 1 << 10}, {"MIB", 1 << 20}, {"GIB", 1 << 30}, {"KB", 1 << 10}, {"MB", 1 << 20}, {"GB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1}} {
-		if strings.HasSuffix(upper, u.suffix) {
-			mult = u.m
-			s = strings.TrimSpace(s[:len(s)-len(u.suffix)])
-			break
-		}
-	}
-	f, err := strconv.ParseFloat(s, 64)
-	if err != nil || f < 0 {
-		return 0, fmt.Errorf("want a byte count like 67108864 or 64MiB")
-	}
-	if b := f * float64(mult); b > maxSettingBytes {
-		return 0, fmt.Errorf("%.4g bytes is more than kolo handles (%d, 1 TiB)", b, int64(maxSettingBytes))
-	}
-	return int64(f * float64(mult)), nil
-}
-
-// maxSettingBytes bounds a byte count a setting gives: no buffer kolo makes is larger.
-const maxSettingBytes = 1 << 40
-
-// ParseBytes is parseBytes for flags and benchmarks.
-func ParseBytes(s string) (int64, error) { return parseBytes(s) }
+// ParseBytes reads a byte count (settings.ParseBytes), for flags and benchmarks.
+func ParseBytes(s string) (int64, error) { return settings.ParseBytes(s) }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/collective"
+	"github.com/kolo-dl/kolo/settings"
 )
 
 func TestConfigFromEnv(t *testing.T) {
@@ -85,5 +86,49 @@ func TestDefaultYieldsFollowsOversubscription(t *testing.T) {
 	}
 	if DefaultSpin(cpus+1) != 0 {
 		t.Errorf("DefaultSpin(%d) on %d CPUs = %v, want 0 (yields replace spinning)", cpus+1, cpus, DefaultSpin(cpus+1))
+	}
+}
+
+// The defaults the settings' declarations show (the README's table) are the engine's.
+func TestDefaultsAsDeclared(t *testing.T) {
+	def := DefaultConfig()
+	for _, tc := range []struct {
+		s    *settings.Setting
+		want int64
+	}{
+		{settings.FusionThreshold, def.FusionBytes},
+		{settings.CycleTime, int64(def.CycleTime)},
+		{settings.CacheCapacity, int64(def.CacheCapacity)},
+		{settings.StallCheckTime, int64(def.StallWarning)},
+		{settings.StallShutdownTime, int64(def.StallShutdown)},
+		{settings.StallCrossedTime, int64(def.StallCrossed)},
+		{settings.ProgressTimeout, int64(def.ProgressTimeout)},
+		{settings.StartTimeout, int64(def.SetupTimeout)},
+		{settings.SmallAllreduceBytes, collective.DefaultSmallAllreduceBytes},
+		{settings.ShmRoundBytes, collective.DefaultSharedRoundBytes},
+	} {
+		declared := func(k string) string {
+			if k == tc.s.Name {
+				return tc.s.Default
+			}
+			return ""
+		}
+		var got int64
+		var err error
+		switch tc.s.Kind {
+		case settings.Bytes:
+			got, err = tc.s.Bytes(declared)
+		case settings.Count:
+			var n int
+			n, err = tc.s.Count(declared)
+			got = int64(n)
+		case settings.Duration:
+			var d time.Duration
+			d, err = tc.s.Duration(declared)
+			got = int64(d)
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%s: declared default %q reads as %d (%v); the engine's is %d", tc.s.Name, tc.s.Default, got, err, tc.want)
+		}
 	}
 }

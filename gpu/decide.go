@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/kolo-dl/kolo/settings"
 )
 
 // Mode is what the user asked for: the device path when it can serve (Auto), never (Off), or
@@ -24,15 +26,19 @@ type Setting struct {
 	From string // e.g. "KOLO_NCCL=0"; empty for the default
 }
 
-// ModeEnv is the variable that forces the device path off (0) or on (1).
-const ModeEnv = "KOLO_NCCL"
+// ModeEnv is the variable that forces the device path off (0) or on (1) (settings.NCCL).
+var ModeEnv = settings.NCCL.Name
 
 // ParseMode reads KOLO_NCCL, then Horovod's HOROVOD_GPU_OPERATIONS and HOROVOD_GPU_ALLREDUCE (so
 // existing job scripts keep their meaning): NCCL there means Auto, another library (MPI, GLOO,
 // DDL) means Off, since kolo has no other device path. KOLO_NCCL wins over the Horovod names.
 func ParseMode(getenv func(string) string) (Setting, error) {
-	if v := strings.TrimSpace(getenv(ModeEnv)); v != "" {
-		from := ModeEnv + "=" + v
+	k, v := settings.NCCL.Lookup(getenv)
+	if k == "" {
+		return Setting{Auto, ""}, nil
+	}
+	from := k + "=" + v
+	if k == settings.NCCL.Name {
 		switch strings.ToLower(v) {
 		case "0", "false", "off", "no":
 			return Setting{Off, from}, nil
@@ -43,21 +49,13 @@ func ParseMode(getenv func(string) string) (Setting, error) {
 		}
 		return Setting{}, fmt.Errorf("%s: want 0, 1 or auto", from)
 	}
-	for _, name := range []string{"HOROVOD_GPU_OPERATIONS", "HOROVOD_GPU_ALLREDUCE"} {
-		v := strings.TrimSpace(getenv(name))
-		if v == "" {
-			continue
-		}
-		from := name + "=" + v
-		switch strings.ToUpper(v) {
-		case "NCCL":
-			return Setting{Auto, from}, nil
-		case "MPI", "GLOO", "DDL", "CCL":
-			return Setting{Off, from}, nil
-		}
-		return Setting{}, fmt.Errorf("%s: want NCCL, MPI or GLOO", from)
+	switch strings.ToUpper(v) {
+	case "NCCL":
+		return Setting{Auto, from}, nil
+	case "MPI", "GLOO", "DDL", "CCL":
+		return Setting{Off, from}, nil
 	}
-	return Setting{Auto, ""}, nil
+	return Setting{}, fmt.Errorf("%s: want NCCL, MPI or GLOO", from)
 }
 
 // Peer is what one rank reports about its device path, exchanged so that every rank decides

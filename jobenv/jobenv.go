@@ -8,46 +8,49 @@
 package jobenv
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/kolo-dl/kolo/settings"
 )
 
-// Variable names. The HOROVOD_* spellings of the same values are also written so that existing
-// scripts that read them keep working.
-const (
-	Rank       = "KOLO_RANK"
-	Size       = "KOLO_SIZE"
-	LocalRank  = "KOLO_LOCAL_RANK"
-	LocalSize  = "KOLO_LOCAL_SIZE"
-	CrossRank  = "KOLO_CROSS_RANK"
-	CrossSize  = "KOLO_CROSS_SIZE"
-	Hostname   = "KOLO_HOSTNAME"
-	Rendezvous = "KOLO_RENDEZVOUS_ADDR"
-	JobID      = "KOLO_JOB_ID"
-	Secret     = "KOLO_SECRET" // never on a command line: environment of a local exec or ssh stdin
+// Variable names, as package settings declares them. The HOROVOD_* spellings of the same values
+// are also written so that existing scripts that read them keep working.
+var (
+	Rank       = settings.Rank.Name
+	Size       = settings.Size.Name
+	LocalRank  = settings.LocalRank.Name
+	LocalSize  = settings.LocalSize.Name
+	CrossRank  = settings.CrossRank.Name
+	CrossSize  = settings.CrossSize.Name
+	Hostname   = settings.Hostname.Name
+	Rendezvous = settings.RendezvousAddr.Name
+	JobID      = settings.JobID.Name
+	Secret     = settings.Secret.Name // never on a command line: environment of a local exec or ssh stdin
 	// NetworkInterface names the interface(s) whose address a worker listens on and advertises
 	// (kolo run --network-interface); HorovodNetworkInterface is read when it is not set (Interface).
-	NetworkInterface = "KOLO_NETWORK_INTERFACE"
+	NetworkInterface = settings.NetworkInterface.Name
 	// HorovodNetworkInterface is Horovod's name for NetworkInterface.
-	HorovodNetworkInterface = "HOROVOD_GLOO_IFACE"
+	HorovodNetworkInterface = settings.NetworkInterface.Horovod[0]
 	// HostCPUs is how many CPUs this machine gives its ranks, set by kolo run --bind-to core, whose
 	// ranks each see only their own share in their affinity mask (HostCPUCount reads it).
-	HostCPUs = "KOLO_HOST_CPUS"
+	HostCPUs = settings.HostCPUs.Name
 	// LauncherVersion is the version of the kolo run that started the worker; Init refuses to
 	// join a job whose launcher speaks another version.
-	LauncherVersion = "KOLO_LAUNCHER_VERSION"
+	LauncherVersion = settings.LauncherVersion.Name
 )
 
-var horovodNames = map[string]string{
-	Rank:      "HOROVOD_RANK",
-	Size:      "HOROVOD_SIZE",
-	LocalRank: "HOROVOD_LOCAL_RANK",
-	LocalSize: "HOROVOD_LOCAL_SIZE",
-	CrossRank: "HOROVOD_CROSS_RANK",
-	CrossSize: "HOROVOD_CROSS_SIZE",
-	Hostname:  "HOROVOD_HOSTNAME",
-}
+// horovodNames are the contract's variables that Horovod's scripts read, by kolo's name.
+var horovodNames = func() map[string]string {
+	m := map[string]string{}
+	for _, s := range []*settings.Setting{settings.Rank, settings.Size, settings.LocalRank, settings.LocalSize,
+		settings.CrossRank, settings.CrossSize, settings.Hostname} {
+		m[s.Name] = s.Horovod[0]
+	}
+	return m
+}()
 
 // Job is everything a worker needs to join its job, except the secret (read separately).
 type Job struct {
@@ -164,43 +167,31 @@ func FromEnviron(environ []string) map[string]string {
 // "ib0,eth0"): KOLO_NETWORK_INTERFACE, else HOROVOD_GLOO_IFACE; "" when neither is set. name is the
 // variable it came from, for messages.
 func Interface(env map[string]string) (ifaces, name string) {
-	for _, k := range []string{NetworkInterface, HorovodNetworkInterface} {
-		if v := strings.TrimSpace(env[k]); v != "" {
-			return v, k
-		}
-	}
-	return "", ""
+	k, v := settings.NetworkInterface.Lookup(settings.Env(env))
+	return v, k
 }
 
 // TCPFullMesh is the setting that connects every rank of another host at start-up (world.Options.FullMesh).
-const TCPFullMesh = "KOLO_TCP_FULL_MESH"
+var TCPFullMesh = settings.TCPFullMesh.Name
 
 // Oversubscribe is kolo run's --oversubscribe as a setting of its environment: start more local
 // ranks than this machine has CPUs. Read by kolo run, not by ranks.
-const Oversubscribe = "KOLO_OVERSUBSCRIBE"
+var Oversubscribe = settings.Oversubscribe.Name
 
 // Reports is the setting that turns the ranks' reports to kolo run (its live view, metrics and end
 // table) off: 0 (or false, off, no). They are on when it is unset. A rank that fails still sends its
 // failure record.
-const Reports = "KOLO_REPORTS"
+var Reports = settings.Reports.Name
 
 // ReportsFrom reads Reports: whether the ranks report, on when unset.
 func ReportsFrom(env map[string]string) (bool, error) {
-	v, ok := env[Reports]
-	if !ok || strings.TrimSpace(v) == "" {
+	on, err := settings.Reports.Switch(settings.Env(env))
+	if errors.Is(err, settings.ErrUnset) {
 		return true, nil
 	}
-	return ParseSwitch(Reports, v)
+	return on, err
 }
 
 // ParseSwitch reads an on/off setting: 1, true, on, yes or 0, false, off, no (any case); empty is
-// off. Anything else is an error naming the setting.
-func ParseSwitch(name, v string) (bool, error) {
-	switch strings.ToLower(strings.TrimSpace(v)) {
-	case "", "0", "false", "off", "no":
-		return false, nil
-	case "1", "true", "on", "yes":
-		return true, nil
-	}
-	return false, fmt.Errorf("%s=%q: want 1 or 0 (true/false, on/off, yes/no)", name, v)
-}
+// off. Anything else is an error naming the setting (settings.ParseSwitch).
+func ParseSwitch(name, v string) (bool, error) { return settings.ParseSwitch(name, v) }

@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/kolo-dl/kolo/settings"
 )
 
 // Launcher names what started a worker process.
@@ -19,10 +21,10 @@ const (
 
 // Variables a worker started by mpirun or srun may be given (mpirun -x, srun --export), beside
 // Rendezvous and Secret.
-const (
-	SecretFile    = "KOLO_SECRET_FILE"    // a file holding the job secret, instead of KOLO_SECRET
-	HorovodSecret = "HOROVOD_SECRET_KEY"  // Horovod's name for the secret, read after kolo's (auth.JobSecret)
-	RendezvousDir = "KOLO_RENDEZVOUS_DIR" // where rank 0 publishes the rendezvous address; default ~/.kolo/rendezvous
+var (
+	SecretFile    = settings.SecretFile.Name    // a file holding the job secret, instead of KOLO_SECRET
+	HorovodSecret = settings.Secret.Horovod[0]  // Horovod's name for the secret, read after kolo's (auth.JobSecret)
+	RendezvousDir = settings.RendezvousDir.Name // where rank 0 publishes the rendezvous address; default ~/.kolo/rendezvous
 )
 
 // Detected is the Job that the environment describes and who wrote it.

@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+
+	"github.com/kolo-dl/kolo/settings"
 )
 
 // LogLevel is the variable through which kolo run --log-level reaches workers; kolo.Init applies it
 // to the default slog logger when the program has not installed its own.
-const LogLevel = "KOLO_LOG_LEVEL"
+var LogLevel = settings.LogLevel.Name
 
 // ParseLogLevel reads Horovod's level names (TRACE, DEBUG, INFO, WARNING, ERROR, FATAL) and slog's
 // (WARN), in any case. TRACE maps below slog's Debug and FATAL above its Error.

@@ -27,6 +27,7 @@ import (
 	"github.com/kolo-dl/kolo/observe/relay"
 	"github.com/kolo-dl/kolo/observe/report"
 	"github.com/kolo-dl/kolo/rendezvous"
+	"github.com/kolo-dl/kolo/settings"
 	"github.com/kolo-dl/kolo/transport"
 )
 
@@ -54,9 +55,14 @@ type elasticSettings struct {
 	streamWait      time.Duration     // how long the end waits for the workers' output to end; 5 s
 
 	// No-ssh mode (node.go), static or elastic.
-	beat        time.Duration   // a joined node's heartbeat interval; beatInterval
-	nodeSilence time.Duration   // a node silent this long has left the job (and the serving node, for it); nodeSilence
-	vanish      <-chan struct{} // tests: a joined node closed it stops dead, as if killed, telling nobody
+	beat        time.Duration // a joined node's heartbeat interval; 1 s
+	nodeSilence time.Duration // a node silent this long has left the job (and the serving node, for it); 10 s
+	// stoppingSilence replaces nodeSilence once a static job is being stopped: a live node keeps
+	// beating while its ranks stop, and waiting the full silence for a dead one would only delay
+	// the end; 3 s.
+	stoppingSilence time.Duration
+	finishWait      time.Duration   // how long the serving node keeps the rendezvous up for the others to read the end; 5 s
+	vanish          <-chan struct{} // tests: a joined node closed it stops dead, as if killed, telling nobody
 }
 
 func (s *elasticSettings) fill() {
@@ -72,8 +78,10 @@ func (s *elasticSettings) fill() {
 	def(&s.reinitGrace, 30*time.Second)
 	def(&s.stopGrace, 3*time.Second)
 	def(&s.streamWait, 5*time.Second)
-	def(&s.beat, beatInterval)
-	def(&s.nodeSilence, nodeSilence)
+	def(&s.beat, time.Second)
+	def(&s.nodeSilence, 10*time.Second)
+	def(&s.stoppingSilence, 3*time.Second)
+	def(&s.finishWait, 5*time.Second)
 }
 
 // RunElastic runs an elastic job: workers on the hosts the --host-discovery-script lists (or the
@@ -209,17 +217,21 @@ func fixedHosts(hosts []elastic.Host) hostSource {
 	}
 }
 
-// progressTimeout is the workers' progress deadline (--progress-timeout-seconds, else the
-// launcher's own KOLO_PROGRESS_TIMEOUT_SECONDS, which workers inherit; 0: the default).
+// progressTimeout is the workers' progress deadline as they will read it: the tuning flags'
+// variables, else the launcher's own environment, which workers inherit (either spelling, and
+// "60s" as well as "60"); 0: the default (also for a malformed value, which the pre-start check
+// has refused already).
 func progressTimeout(o *flags.Options) time.Duration {
-	v, ok := o.EngineEnv["KOLO_PROGRESS_TIMEOUT_SECONDS"]
-	if !ok {
-		v = os.Getenv("KOLO_PROGRESS_TIMEOUT_SECONDS")
+	d, err := settings.ProgressTimeout.Duration(func(k string) string {
+		if v, ok := o.EngineEnv[k]; ok {
+			return v
+		}
+		return os.Getenv(k)
+	})
+	if err != nil {
+		return 0
 	}
-	if f, err := strconv.ParseFloat(v, 64); err == nil && f > 0 {
-		return time.Duration(f * float64(time.Second))
-	}
-	return 0
+	return d
 }
 
 // fixedElasticHosts are the hosts of an elastic job without a discovery script: -H, --hostfile,

@@ -869,3 +869,32 @@ func TestElasticInterrupt(t *testing.T) {
 		t.Errorf("%d goroutines before, %d after:\n%s", before, n, buf[:runtime.Stack(buf, true)])
 	}
 }
+
+// The launcher reads the workers' progress deadline as they do (settings.ProgressTimeout): the
+// tuning flag's variable first, then its own environment in either spelling and either form.
+func TestProgressTimeoutAsWorkersReadIt(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		flag   map[string]string // EngineEnv
+		env    map[string]string
+		expect time.Duration
+	}{
+		{"unset", nil, nil, 0},
+		{"the flag", map[string]string{"KOLO_PROGRESS_TIMEOUT_SECONDS": "30"}, map[string]string{"KOLO_PROGRESS_TIMEOUT_SECONDS": "90"}, 30 * time.Second},
+		{"the environment", nil, map[string]string{"KOLO_PROGRESS_TIMEOUT_SECONDS": "90"}, 90 * time.Second},
+		{"Horovod's spelling", nil, map[string]string{"HOROVOD_PROGRESS_TIMEOUT_SECONDS": "45"}, 45 * time.Second},
+		{"a Go duration", nil, map[string]string{"KOLO_PROGRESS_TIMEOUT_SECONDS": "2m"}, 2 * time.Minute},
+		{"malformed: the default", nil, map[string]string{"KOLO_PROGRESS_TIMEOUT_SECONDS": "soon"}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("KOLO_PROGRESS_TIMEOUT_SECONDS", "")
+			t.Setenv("HOROVOD_PROGRESS_TIMEOUT_SECONDS", "")
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			if got := progressTimeout(&flags.Options{EngineEnv: tc.flag}); got != tc.expect {
+				t.Errorf("got %v, want %v", got, tc.expect)
+			}
+		})
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/elastic"
 	"github.com/kolo-dl/kolo/launch/proc"
 )
@@ -19,7 +18,7 @@ import (
 // joined at the rendezvous and has not left. A node joining is a host becoming available, with
 // its slots (--nproc-per-node, -H localhost:N); a node whose kolo run stops (it says so) or that
 // stops heartbeating is a host leaving, and its workers are lost. The loop takes the exit of
-// another node's worker (jobenv.NodeExit) as it takes a local worker's. The rendezvous and the
+// another node's worker (NodeExit) as it takes a local worker's. The rendezvous and the
 // planner live on the serving node: when it dies, the job ends on every node.
 
 // serveElastic runs the job's event loop on the serving node, with the nodes as its hosts.
@@ -33,7 +32,7 @@ func serveElastic(ctx context.Context, n *node, set elasticSettings) (int, error
 	if err != nil {
 		return 1, fmt.Errorf("this node's host name: %w", err)
 	}
-	nodes := n.newRegistry(set, func(join jobenv.NodeJoin) string {
+	nodes := n.newRegistry(set, func(join NodeJoin) string {
 		if join.Static || join.Flags != o.ElasticNodeFlags() {
 			return fmt.Sprintf("node on %s was started with %s, the serving node with %s: give every node the same elastic flags", join.Hostname, orDash(join.Flags), o.ElasticNodeFlags())
 		}

@@ -459,12 +459,12 @@ func TestElasticNodeAgentFollowsOrdersUntilTheServingNodeGoes(t *testing.T) {
 		}
 		return v
 	}
-	join, jerr := jobenv.DecodeNodeJoin(get(jobenv.NodeKey(1)))
+	join, jerr := DecodeNodeJoin(get(NodeKey(1)))
 	if jerr != nil || join.Slots != 2 || join.Flags != opts.ElasticNodeFlags() || join.Addr != "127.0.0.1" {
 		t.Fatalf("registration %+v, %v", join, jerr)
 	}
-	srv.Set(jobenv.NodeWelcomeKey(1), jobenv.NodeWelcome{Host: "h1", JobID: "job1", Timeout: 7 * time.Second}.Encode())
-	srv.Set(jobenv.NodeOrderKey(1, 1), jobenv.NodeOrder{Kind: jobenv.OrderStart, Worker: 1, Slot: 1, Round: 2,
+	srv.Set(NodeWelcomeKey(1), NodeWelcome{Host: "h1", JobID: "job1", Timeout: 7 * time.Second}.Encode())
+	srv.Set(NodeOrderKey(1, 1), NodeOrder{Kind: OrderStart, Worker: 1, Slot: 1, Round: 2,
 		Rank: 1, Size: 2, LocalRank: 0, LocalSize: 1, CrossRank: 1, CrossSize: 2}.Encode())
 	h := &elasticHarness{t: t, fake: fake}
 	w := h.worker("h1[1]", 0)
@@ -477,14 +477,14 @@ func TestElasticNodeAgentFollowsOrdersUntilTheServingNodeGoes(t *testing.T) {
 	}
 	io.WriteString(w.errW, "ValueError: bad batch\n")
 	w.exit(3)
-	x, xerr := jobenv.DecodeNodeExit(get(jobenv.NodeExitKey(1, 1)))
+	x, xerr := DecodeNodeExit(get(NodeExitKey(1, 1)))
 	if xerr != nil || x.Worker != 1 || x.Code != 3 || fmt.Sprint(x.Tail) != "[ValueError: bad batch]" {
 		t.Errorf("exit record %+v, %v", x, xerr)
 	}
-	srv.Set(jobenv.NodeOrderKey(1, 2), jobenv.NodeOrder{Kind: jobenv.OrderStart, Worker: 2, Slot: 0, Round: 3,
+	srv.Set(NodeOrderKey(1, 2), NodeOrder{Kind: OrderStart, Worker: 2, Slot: 0, Round: 3,
 		Rank: 0, Size: 1, LocalRank: 0, LocalSize: 1, CrossRank: 0, CrossSize: 1}.Encode())
 	w2 := h.worker("h1[0]", 0)
-	if beats, _, _ := srv.TryGet(jobenv.NodeBeatKey(1)); len(beats) == 0 {
+	if beats, _, _ := srv.TryGet(NodeBeatKey(1)); len(beats) == 0 {
 		t.Error("no heartbeat")
 	}
 	srv.Close()

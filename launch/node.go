@@ -32,25 +32,10 @@ import (
 // or falling silent stops it. An elastic job (elasticnode.go) hands the nodes to the elastic
 // driver as its hosts. Either way the job ends on the serving node, which sends every node the
 // exit code and what to print, so that every node prints the same end and exits with the same
-// code. The keys and records are jobenv/elastic.go's.
+// code. The keys and records are nodeproto.go's.
 
 // keyJob holds the job's jobRecord, set by the serving node.
 const keyJob = "launch/job"
-
-// Timings of the nodes. Variables so that tests can shorten them.
-var (
-	beatInterval = time.Second
-	// nodeSilence is how long the serving node waits for a node's heartbeat before taking it as
-	// gone.
-	nodeSilence = 10 * time.Second
-	// stoppingSilence replaces nodeSilence once a static job is being stopped: a live node keeps
-	// beating while its ranks stop, and waiting the full silence for a dead one would only delay
-	// the end.
-	stoppingSilence = 3 * time.Second
-	// finishWait bounds how long the serving node keeps the rendezvous up for the others to read
-	// the end.
-	finishWait = 5 * time.Second
-)
 
 // NodeSecret is the secret every node of a no-ssh job shares, from where auth.JobSecret says:
 // --secret-file, else KOLO_SECRET, else KOLO_SECRET_FILE, else HOROVOD_SECRET_KEY.
@@ -331,7 +316,7 @@ func (n *node) listenAt(addr string) string {
 
 // newRegistry is the registry of the nodes of the job this node serves, admit saying which
 // newcomers it refuses; the serving node is to be added first.
-func (n *node) newRegistry(set elasticSettings, admit func(jobenv.NodeJoin) string) *nodeRegistry {
+func (n *node) newRegistry(set elasticSettings, admit func(NodeJoin) string) *nodeRegistry {
 	return &nodeRegistry{
 		st: n.srv, set: set, jobID: n.jobID, admit: admit,
 		nnodes: max(n.opts.NNodes, 1), startTimeout: n.opts.StartTimeout, startBy: time.Now().Add(n.opts.StartTimeout),

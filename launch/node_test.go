@@ -52,6 +52,12 @@ func (r *nodeRun) output() string {
 // Node 0 is started first and serves the rendezvous; the others join it.
 func runNodes(t *testing.T, ctxs []context.Context, mod func(i int, o *flags.Options), script string) []*nodeRun {
 	t.Helper()
+	return runNodesWith(t, elasticSettings{}, ctxs, mod, script)
+}
+
+// runNodesWith is runNodes with the nodes' timings set (zero fields: the defaults).
+func runNodesWith(t *testing.T, set elasticSettings, ctxs []context.Context, mod func(i int, o *flags.Options), script string) []*nodeRun {
+	t.Helper()
 	t.Setenv("KOLO_SECRET", "642516251c1d4f9ecedbf40ccf0e4477")
 	addr := "127.0.0.1:" + freePort(t)
 	runs := make([]*nodeRun, len(ctxs))
@@ -67,7 +73,7 @@ func runNodes(t *testing.T, ctxs []context.Context, mod func(i int, o *flags.Opt
 		go func() {
 			defer wg.Done()
 			start := time.Now()
-			runs[i].code, runs[i].err = RunNode(ctxs[i], o, &runs[i].stdout, &runs[i].stderr)
+			runs[i].code, runs[i].err = runNode(ctxs[i], o, set, &runs[i].stdout, &runs[i].stderr)
 			runs[i].elapsed = time.Since(start)
 		}()
 		if i == 0 {
@@ -312,17 +318,13 @@ func TestRunNodeRankConflict(t *testing.T) {
 }
 
 // shortNodeTimings makes nodes beat every 20 ms and be lost after 300 ms of silence.
-func shortNodeTimings(t *testing.T) {
-	t.Helper()
-	oldBeat, oldSilence, oldStopping := beatInterval, nodeSilence, stoppingSilence
-	beatInterval, nodeSilence, stoppingSilence = 20*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond
-	t.Cleanup(func() { beatInterval, nodeSilence, stoppingSilence = oldBeat, oldSilence, oldStopping })
+func shortNodeTimings() elasticSettings {
+	return elasticSettings{beat: 20 * time.Millisecond, nodeSilence: 300 * time.Millisecond, stoppingSilence: 300 * time.Millisecond}
 }
 
 // A node that joins and then falls silent (its machine died) ends the job on the others: their
 // ranks are stopped, and they exit saying which node was lost.
 func TestRunNodeLostNode(t *testing.T) {
-	shortNodeTimings(t)
 	t.Setenv("KOLO_SECRET", "642516251c1d4f9ecedbf40ccf0e4477")
 	addr := "127.0.0.1:" + freePort(t)
 	o := &flags.Options{Rendezvous: addr, NNodes: 2, NodeRank: 0, NprocPerNode: 1, StartTimeout: 10 * time.Second,
@@ -332,7 +334,7 @@ func TestRunNodeLostNode(t *testing.T) {
 	go func() {
 		defer close(done)
 		start := time.Now()
-		run.code, run.err = RunNode(context.Background(), o, &run.stdout, &run.stderr)
+		run.code, run.err = runNode(context.Background(), o, shortNodeTimings(), &run.stdout, &run.stderr)
 		run.elapsed = time.Since(start)
 	}()
 	waitServed(t, addr)
@@ -344,18 +346,18 @@ func TestRunNodeLostNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ghost.Close()
-	num, err := ghost.Add(ctx, jobenv.NodesKey, 1)
+	num, err := ghost.Add(ctx, NodesKey, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	join := jobenv.NodeJoin{Hostname: "ghost", Slots: 1, Static: true, NNodes: 2, NodeRank: 1}
-	if err := ghost.Set(ctx, jobenv.NodeKey(int(num)), join.Encode()); err != nil {
+	join := NodeJoin{Hostname: "ghost", Slots: 1, Static: true, NNodes: 2, NodeRank: 1}
+	if err := ghost.Set(ctx, NodeKey(int(num)), join.Encode()); err != nil {
 		t.Fatal(err)
 	}
 	// It is ordered to start its rank, as a node is.
-	if v, err := ghost.Get(ctx, jobenv.NodeOrderKey(int(num), 1)); err != nil {
+	if v, err := ghost.Get(ctx, NodeOrderKey(int(num), 1)); err != nil {
 		t.Fatal(err)
-	} else if o, err := jobenv.DecodeNodeOrder(v); err != nil || o.Kind != jobenv.OrderStart || o.Rank != 1 || o.Round != 0 {
+	} else if o, err := DecodeNodeOrder(v); err != nil || o.Kind != OrderStart || o.Rank != 1 || o.Round != 0 {
 		t.Errorf("the ghost's first order: %+v, %v; want to start rank 1", o, err)
 	}
 	select {
@@ -378,11 +380,11 @@ func TestRunNodeLostNode(t *testing.T) {
 
 // Nodes that keep beating stay in the job however long it runs: only silence loses a node.
 func TestRunNodeBeatingNodesStay(t *testing.T) {
-	shortNodeTimings(t)
-	runs := runNodes(t, background(2), func(i int, o *flags.Options) { o.NprocPerNode = 1 }, `sleep 1`)
+	set := shortNodeTimings()
+	runs := runNodesWith(t, set, background(2), func(i int, o *flags.Options) { o.NprocPerNode = 1 }, `sleep 1`)
 	for i, r := range runs {
 		if r.code != 0 || r.err != nil {
-			t.Errorf("node %d: code %d, %v (nodes are silent after %s)\n%s", i, r.code, r.err, nodeSilence, r.stderr.String())
+			t.Errorf("node %d: code %d, %v (nodes are silent after %s)\n%s", i, r.code, r.err, set.nodeSilence, r.stderr.String())
 		}
 	}
 }
@@ -479,13 +481,13 @@ func TestStaticNodeAgent(t *testing.T) {
 		}
 		return v
 	}
-	join, jerr := jobenv.DecodeNodeJoin(get(jobenv.NodeKey(1)))
-	want := jobenv.NodeJoin{Hostname: join.Hostname, Slots: 1, Addr: "127.0.0.1", Static: true, NNodes: 2, NP: 2, NodeRank: 1}
+	join, jerr := DecodeNodeJoin(get(NodeKey(1)))
+	want := NodeJoin{Hostname: join.Hostname, Slots: 1, Addr: "127.0.0.1", Static: true, NNodes: 2, NP: 2, NodeRank: 1}
 	if jerr != nil || join != want {
 		t.Fatalf("registration %+v, %v; want %+v", join, jerr, want)
 	}
-	srv.Set(jobenv.NodeWelcomeKey(1), jobenv.NodeWelcome{Host: "h1", JobID: "job1", Static: true}.Encode())
-	srv.Set(jobenv.NodeOrderKey(1, 1), jobenv.NodeOrder{Kind: jobenv.OrderStart, Worker: 1, Slot: 0, Round: 0,
+	srv.Set(NodeWelcomeKey(1), NodeWelcome{Host: "h1", JobID: "job1", Static: true}.Encode())
+	srv.Set(NodeOrderKey(1, 1), NodeOrder{Kind: OrderStart, Worker: 1, Slot: 0, Round: 0,
 		Rank: 1, Size: 2, LocalRank: 0, LocalSize: 1, CrossRank: 1, CrossSize: 2}.Encode())
 	h := &elasticHarness{t: t, fake: fake}
 	w := h.worker("rank.1", 0)
@@ -499,12 +501,12 @@ func TestStaticNodeAgent(t *testing.T) {
 	io.WriteString(w.outW, "hello\n")
 	io.WriteString(w.errW, "ValueError: bad batch\n")
 	w.exit(3)
-	x, xerr := jobenv.DecodeNodeExit(get(jobenv.NodeExitKey(1, 1)))
+	x, xerr := DecodeNodeExit(get(NodeExitKey(1, 1)))
 	if xerr != nil || x.Worker != 1 || x.Code != 3 || fmt.Sprint(x.Tail) != "[ValueError: bad batch]" {
 		t.Errorf("exit record %+v, %v", x, xerr)
 	}
 	summary := "kolo run: rank 1 on h1 exited with code 3 (the first rank to fail).\n"
-	srv.Set(jobenv.NodeOrderKey(1, 2), jobenv.NodeOrder{Kind: jobenv.OrderEnd, Code: 3, Reason: summary}.Encode())
+	srv.Set(NodeOrderKey(1, 2), NodeOrder{Kind: OrderEnd, Code: 3, Reason: summary}.Encode())
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
@@ -523,7 +525,7 @@ func TestStaticNodeAgent(t *testing.T) {
 	if b, err := os.ReadFile(dir + "/rank.1/stdout"); err != nil || string(b) != "hello\n" {
 		t.Errorf("rank.1/stdout: %q, %v", b, err)
 	}
-	if v, ok, _ := srv.TryGet(jobenv.NodeDoneKey(1)); !ok {
+	if v, ok, _ := srv.TryGet(NodeDoneKey(1)); !ok {
 		t.Errorf("the node did not say it read the end (%q)", v)
 	}
 }
@@ -532,27 +534,27 @@ func TestStaticNodeAgent(t *testing.T) {
 // why, at the first it cannot: --nnodes or -np that differ, or a node rank claimed twice. A node
 // more than --nnodes is refused, but does not end the job.
 func TestStaticNodeAdmit(t *testing.T) {
-	join := func(host string, nnodes, np, rank int) jobenv.NodeJoin {
-		return jobenv.NodeJoin{Hostname: host, Slots: 1, Static: true, NNodes: nnodes, NP: np, NodeRank: rank}
+	join := func(host string, nnodes, np, rank int) NodeJoin {
+		return NodeJoin{Hostname: host, Slots: 1, Static: true, NNodes: nnodes, NP: np, NodeRank: rank}
 	}
 	for _, tc := range []struct {
 		name     string
-		joins    []jobenv.NodeJoin // the serving node's first
-		refused  string            // the last one's refusal
-		failure  string            // why the job fails; "" none
+		joins    []NodeJoin // the serving node's first
+		refused  string     // the last one's refusal
+		failure  string     // why the job fails; "" none
 		failCode int
 	}{
-		{"ranks given", []jobenv.NodeJoin{join("a", 2, 0, 0), join("b", 2, 0, 1)}, "", "", 0},
-		{"ranks by arrival", []jobenv.NodeJoin{join("a", 2, 4, -1), join("b", 2, 0, -1)}, "", "", 0},
-		{"nnodes differ", []jobenv.NodeJoin{join("a", 2, 0, -1), join("b", 3, 0, -1)},
+		{"ranks given", []NodeJoin{join("a", 2, 0, 0), join("b", 2, 0, 1)}, "", "", 0},
+		{"ranks by arrival", []NodeJoin{join("a", 2, 4, -1), join("b", 2, 0, -1)}, "", "", 0},
+		{"nnodes differ", []NodeJoin{join("a", 2, 0, -1), join("b", 3, 0, -1)},
 			"disagree on --nnodes: node on b was started with --nnodes 3, the serving node with 2", "disagree on --nnodes", ExitUsage},
-		{"np differ", []jobenv.NodeJoin{join("a", 3, 0, -1), join("b", 3, 4, -1), join("c", 3, 6, -1)},
+		{"np differ", []NodeJoin{join("a", 3, 0, -1), join("b", 3, 4, -1), join("c", 3, 6, -1)},
 			"node on c was started with -np 6, another node with -np 4", "started with -np 6", ExitUsage},
-		{"rank claimed twice", []jobenv.NodeJoin{join("a", 2, 0, 0), join("b", 2, 0, 0)},
+		{"rank claimed twice", []NodeJoin{join("a", 2, 0, 0), join("b", 2, 0, 0)},
 			"node rank 0 is taken by another node: " + nodeRankAdvice, "node rank 0 was claimed by two nodes (the second on b)", ExitUsage},
-		{"one node too many", []jobenv.NodeJoin{join("a", 2, 0, -1), join("b", 2, 0, -1), join("c", 2, 0, -1)},
+		{"one node too many", []NodeJoin{join("a", 2, 0, -1), join("b", 2, 0, -1), join("c", 2, 0, -1)},
 			"2 nodes have joined the rendezvous at r:1 already (--nnodes 2): is another job using it?", "", 0},
-		{"an elastic node", []jobenv.NodeJoin{join("a", 2, 0, -1), {Hostname: "b", Slots: 1, Flags: "-np 0 --min-np 1", NodeRank: -1}},
+		{"an elastic node", []NodeJoin{join("a", 2, 0, -1), {Hostname: "b", Slots: 1, Flags: "-np 0 --min-np 1", NodeRank: -1}},
 			"node on b was started with elastic flags (-np 0 --min-np 1), the serving node without", "", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

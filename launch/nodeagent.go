@@ -13,7 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/elastic"
 	"github.com/kolo-dl/kolo/launch/layout"
 	"github.com/kolo-dl/kolo/launch/proc"
@@ -21,9 +20,9 @@ import (
 
 // The joining side of a no-ssh job, static or elastic (node.go has the protocol, staticnode.go and
 // elasticnode.go the serving side): a node that does not serve the rendezvous joins the job as a
-// host, starts and stops its own workers when the serving node orders it to (jobenv.NodeOrder,
+// host, starts and stops its own workers when the serving node orders it to (NodeOrder,
 // read in order with blocking Gets, as workers read rounds), prints their output prefixed with
-// their rank (static) or place (elastic), reports each exit (jobenv.NodeExit) and heartbeats. It
+// their rank (static) or place (elastic), reports each exit (NodeExit) and heartbeats. It
 // ends when the serving node sends the end, printing what it says and exiting with the job's
 // code; when its own kolo run is interrupted, it leaves the job (its host leaves: an elastic job
 // goes on, a static one stops); when the rendezvous is gone, the job has ended with the serving
@@ -46,31 +45,31 @@ func joinJob(ctx context.Context, n *node, set elasticSettings) (int, error) {
 	}
 	jctx, cancel := context.WithTimeout(ctx, o.StartTimeout)
 	defer cancel()
-	join := jobenv.NodeJoin{Hostname: hn, Slots: n.slots, Addr: ip, NodeRank: -1}
+	join := NodeJoin{Hostname: hn, Slots: n.slots, Addr: ip, NodeRank: -1}
 	if o.Elastic() {
 		join.Flags = o.ElasticNodeFlags()
 	} else {
 		join.Static, join.NNodes, join.NP, join.NodeRank = true, o.NNodes, o.NP, o.NodeRank
 	}
-	num, err := rv.Add(jctx, jobenv.NodesKey, 1)
+	num, err := rv.Add(jctx, NodesKey, 1)
 	if err == nil {
-		err = rv.Set(jctx, jobenv.NodeKey(int(num)), join.Encode())
+		err = rv.Set(jctx, NodeKey(int(num)), join.Encode())
 	}
 	if err != nil {
 		return 1, fmt.Errorf("join the job at %s: %w", o.Rendezvous, err)
 	}
-	v, err := rv.Get(jctx, jobenv.NodeWelcomeKey(int(num)))
+	v, err := rv.Get(jctx, NodeWelcomeKey(int(num)))
 	if err != nil {
 		if ctx.Err() != nil {
 			// The welcome may still come: then the node is in the job, and leaves at once.
 			lctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			rv.Set(lctx, jobenv.NodeLeftKey(int(num)), []byte("its kolo run was interrupted before it was welcomed"))
+			rv.Set(lctx, NodeLeftKey(int(num)), []byte("its kolo run was interrupted before it was welcomed"))
 			cancel()
 			return ExitInterrupted, errors.New("interrupted while waiting for the serving node's welcome")
 		}
 		return 1, fmt.Errorf("waited up to %s (--start-timeout) at %s for the serving node to welcome this node (node %d): %w", o.StartTimeout, o.Rendezvous, num, err)
 	}
-	w, err := jobenv.DecodeNodeWelcome(v)
+	w, err := DecodeNodeWelcome(v)
 	if err != nil {
 		return 1, fmt.Errorf("the serving node's welcome: %w", err)
 	}
@@ -102,7 +101,7 @@ type elasticAgent struct {
 	n       *node
 	set     elasticSettings
 	num     int
-	welcome jobenv.NodeWelcome
+	welcome NodeWelcome
 	starter proc.Starter
 	extra   map[string]string
 
@@ -128,7 +127,7 @@ func (a *elasticAgent) run(ctx context.Context) (int, error) {
 		stop()
 		a.awaitOutput()
 	}()
-	orders := make(chan jobenv.NodeOrder)
+	orders := make(chan NodeOrder)
 	lost := make(chan error, 2)
 	go a.readOrders(bg, orders, lost)
 	go a.heartbeat(bg, lost)
@@ -144,16 +143,16 @@ func (a *elasticAgent) run(ctx context.Context) (int, error) {
 			return a.lost(err)
 		case o := <-orders:
 			switch o.Kind {
-			case jobenv.OrderStart:
+			case OrderStart:
 				if err := a.start(o); err != nil {
 					return a.lost(err)
 				}
-			case jobenv.OrderStop:
+			case OrderStop:
 				if p := a.procs[o.Worker]; p != nil {
 					p.stopped = true
 					_ = p.proc.Signal(syscall.Signal(o.Signal))
 				}
-			case jobenv.OrderEnd:
+			case OrderEnd:
 				return a.end(o)
 			}
 		case x := <-a.exits:
@@ -167,15 +166,15 @@ func (a *elasticAgent) run(ctx context.Context) (int, error) {
 // readOrders reads this node's orders in order, each with a blocking Get: an order may come
 // hours after the last. The heartbeat bounds the wait: when the serving node stops answering,
 // it ends the node and with it this Get.
-func (a *elasticAgent) readOrders(ctx context.Context, out chan<- jobenv.NodeOrder, lost chan<- error) {
+func (a *elasticAgent) readOrders(ctx context.Context, out chan<- NodeOrder, lost chan<- error) {
 	for k := 1; ; k++ {
-		v, err := a.n.rv.Get(ctx, jobenv.NodeOrderKey(a.num, k))
+		v, err := a.n.rv.Get(ctx, NodeOrderKey(a.num, k))
 		if ctx.Err() != nil {
 			return
 		}
-		var o jobenv.NodeOrder
+		var o NodeOrder
 		if err == nil {
-			o, err = jobenv.DecodeNodeOrder(v)
+			o, err = DecodeNodeOrder(v)
 		}
 		if err != nil {
 			lost <- fmt.Errorf("reading order %d: %w", k, err)
@@ -186,7 +185,7 @@ func (a *elasticAgent) readOrders(ctx context.Context, out chan<- jobenv.NodeOrd
 		case <-ctx.Done():
 			return
 		}
-		if o.Kind == jobenv.OrderEnd {
+		if o.Kind == OrderEnd {
 			return
 		}
 	}
@@ -195,14 +194,14 @@ func (a *elasticAgent) readOrders(ctx context.Context, out chan<- jobenv.NodeOrd
 // heartbeat tells the serving node this node is alive, and notices when the serving node is not:
 // a closed connection, or no answer for nodeSilence (sendBeats).
 func (a *elasticAgent) heartbeat(ctx context.Context, lost chan<- error) {
-	if err := sendBeats(ctx, a.n.rv, jobenv.NodeBeatKey(a.num), a.set.beat, a.set.nodeSilence); err != nil {
+	if err := sendBeats(ctx, a.n.rv, NodeBeatKey(a.num), a.set.beat, a.set.nodeSilence); err != nil {
 		lost <- err
 	}
 }
 
 // start starts the worker an order asks for. A worker that cannot be started is reported as an
 // exit.
-func (a *elasticAgent) start(o jobenv.NodeOrder) error {
+func (a *elasticAgent) start(o NodeOrder) error {
 	opts, w := a.n.opts, a.welcome
 	s := layout.Slot{Rank: o.Rank, Size: o.Size, Host: w.Host, LocalRank: o.LocalRank, LocalSize: o.LocalSize,
 		CrossRank: o.CrossRank, CrossSize: o.CrossSize}
@@ -239,7 +238,7 @@ func (a *elasticAgent) report(x agentExit, leaving bool) error {
 	p := x.p
 	p.exited, p.exit = true, x.exit
 	delete(a.procs, x.num)
-	rec := jobenv.NodeExit{Worker: x.num, Code: x.exit.Code, Signal: int(x.exit.Signal), Leaving: leaving}
+	rec := NodeExit{Worker: x.num, Code: x.exit.Code, Signal: int(x.exit.Signal), Leaving: leaving}
 	if x.exit.Err != nil {
 		rec.Err = x.exit.Err.Error()
 	}
@@ -256,27 +255,27 @@ func (a *elasticAgent) report(x agentExit, leaving bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), reportTimeout)
 	defer cancel()
 	a.reported++
-	if err := a.n.rv.Set(ctx, jobenv.NodeExitKey(a.num, a.reported), rec.Encode()); err != nil {
+	if err := a.n.rv.Set(ctx, NodeExitKey(a.num, a.reported), rec.Encode()); err != nil {
 		return fmt.Errorf("report how %s ended: %w", p.place, err)
 	}
 	return nil
 }
 
 // end is the serving node's end of the job: every node exits with its code.
-func (a *elasticAgent) end(o jobenv.NodeOrder) (int, error) {
+func (a *elasticAgent) end(o NodeOrder) (int, error) {
 	a.stopAll(false, syscall.SIGTERM) // none runs unless the end came from a node dropped as lost
 	if o.Reason != "" {
 		a.errw.WriteBlock(strings.TrimSuffix(o.Reason, "\n") + "\n")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	if b, ok, err := a.n.rv.TryGet(ctx, jobenv.NodeOutcomeKey); ok && err == nil { // set before the end order
+	if b, ok, err := a.n.rv.TryGet(ctx, NodeOutcomeKey); ok && err == nil { // set before the end order
 		var whole Outcome
 		if json.Unmarshal(b, &whole) == nil {
 			a.n.outcome = &whole
 		}
 	}
-	a.n.rv.Set(ctx, jobenv.NodeDoneKey(a.num), []byte("1"))
+	a.n.rv.Set(ctx, NodeDoneKey(a.num), []byte("1"))
 	return o.Code, nil
 }
 
@@ -284,7 +283,7 @@ func (a *elasticAgent) end(o jobenv.NodeOrder) (int, error) {
 // learns that the node leaves, so that its workers' ends are no failures, then they are stopped.
 func (a *elasticAgent) leave() (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), reportTimeout)
-	err := a.n.rv.Set(ctx, jobenv.NodeLeftKey(a.num), []byte("its kolo run was interrupted"))
+	err := a.n.rv.Set(ctx, NodeLeftKey(a.num), []byte("its kolo run was interrupted"))
 	cancel()
 	a.stopAll(err == nil, syscall.SIGTERM)
 	if a.welcome.Static {

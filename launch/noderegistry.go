@@ -37,7 +37,7 @@ type nodeRegistry struct {
 	log          func(format string, args ...any)
 	// admit says why a node registering now is refused ("" when it is welcome): its flags differ
 	// from this node's, it claims a node rank another node holds, ... Called with mu held.
-	admit func(jobenv.NodeJoin) string
+	admit func(NodeJoin) string
 	// left, when set, is told that a node left the job, before its workers are lost (a static
 	// job stops). Called with mu held.
 	left func(nd *jobNode, how departure, why string)
@@ -49,7 +49,7 @@ type nodeRegistry struct {
 	listed  bool         // the first listing is out
 	pending *discovery   // the newest listing the loop has not taken
 	changed chan struct{}
-	hurried bool // a node silent for stoppingSilence is gone (hurry)
+	hurried bool // a node silent for set.stoppingSilence is gone (hurry)
 }
 
 // departure is how a node left the job.
@@ -62,12 +62,12 @@ const (
 
 // jobNode is a node of the job, as the serving node sees it.
 type jobNode struct {
-	num   int    // its number at the rendezvous (jobenv.NodeKey); 0: the serving node
+	num   int    // its number at the rendezvous (NodeKey); 0: the serving node
 	host  string // the host its workers are in
 	slots int
-	addr  string          // the address it reaches the rendezvous from
-	join  jobenv.NodeJoin // what it registered
-	gone  string          // why it left the job; "" while in it
+	addr  string   // the address it reaches the rendezvous from
+	join  NodeJoin // what it registered
+	gone  string   // why it left the job; "" while in it
 
 	orders, exits int // orders published, exit records read
 	beat          beatWatch
@@ -186,14 +186,14 @@ func (e *nodeRegistry) pollOnce(now time.Time) {
 
 // readJoins answers the registrations not answered yet; it reports whether a node joined.
 func (e *nodeRegistry) readJoins(now time.Time) bool {
-	v, _, _ := e.st.TryGet(jobenv.NodesKey)
+	v, _, _ := e.st.TryGet(NodesKey)
 	count, _ := strconv.Atoi(string(v))
 	joined := false
 	for num := 1; num <= count; num++ {
 		if e.handled[num] {
 			continue
 		}
-		b, ok, _ := e.st.TryGet(jobenv.NodeKey(num))
+		b, ok, _ := e.st.TryGet(NodeKey(num))
 		if !ok {
 			continue // it has its number, not yet its record
 		}
@@ -201,8 +201,8 @@ func (e *nodeRegistry) readJoins(now time.Time) bool {
 			e.handled = map[int]bool{}
 		}
 		e.handled[num] = true
-		join, err := jobenv.DecodeNodeJoin(b)
-		var w jobenv.NodeWelcome
+		join, err := DecodeNodeJoin(b)
+		var w NodeWelcome
 		switch {
 		case err != nil:
 			w.Refused = err.Error()
@@ -212,14 +212,14 @@ func (e *nodeRegistry) readJoins(now time.Time) bool {
 		if w.Refused == "" {
 			nd := &jobNode{num: num, host: e.uniqueHost(join.Hostname), slots: join.Slots, addr: join.Addr, join: join}
 			e.add(nd, now)
-			w = jobenv.NodeWelcome{Host: nd.host, JobID: e.jobID, Timeout: e.timeout, Static: e.static}
+			w = NodeWelcome{Host: nd.host, JobID: e.jobID, Timeout: e.timeout, Static: e.static}
 			e.log("node %d joined from %s: host %s with %s", num, orDash(join.Addr), nd.host, countOf(nd.slots, "slot"))
 			joined = true
 		}
 		if w.Refused != "" {
 			e.log("node %d refused: %s", num, w.Refused)
 		}
-		e.st.Set(jobenv.NodeWelcomeKey(num), w.Encode())
+		e.st.Set(NodeWelcomeKey(num), w.Encode())
 	}
 	return joined
 }
@@ -227,17 +227,17 @@ func (e *nodeRegistry) readJoins(now time.Time) bool {
 // readNode reads what node nd wrote since the last tick: a departure, its workers' exits, its
 // heartbeat. It reports whether the node left.
 func (e *nodeRegistry) readNode(nd *jobNode, now time.Time) bool {
-	if v, ok, _ := e.st.TryGet(jobenv.NodeLeftKey(nd.num)); ok {
+	if v, ok, _ := e.st.TryGet(NodeLeftKey(nd.num)); ok {
 		e.leave(nd, nodeLeft, "it left: "+string(v))
 		return true
 	}
 	for {
-		b, ok, _ := e.st.TryGet(jobenv.NodeExitKey(nd.num, nd.exits+1))
+		b, ok, _ := e.st.TryGet(NodeExitKey(nd.num, nd.exits+1))
 		if !ok {
 			break
 		}
 		nd.exits++
-		x, err := jobenv.DecodeNodeExit(b)
+		x, err := DecodeNodeExit(b)
 		if err != nil {
 			e.log("node %d (host %s): unreadable exit record %d: %v", nd.num, nd.host, nd.exits, err)
 			continue
@@ -255,10 +255,10 @@ func (e *nodeRegistry) readNode(nd *jobNode, now time.Time) bool {
 			w.finish(exit)
 		}
 	}
-	v, _, _ := e.st.TryGet(jobenv.NodeBeatKey(nd.num))
+	v, _, _ := e.st.TryGet(NodeBeatKey(nd.num))
 	limit := e.set.nodeSilence
 	if e.hurried {
-		limit = min(limit, stoppingSilence)
+		limit = min(limit, e.set.stoppingSilence)
 	}
 	if silent := nd.beat.silent(v, now); silent >= limit {
 		why := fmt.Sprintf("no heartbeat for %.1f s", silent.Seconds())
@@ -268,14 +268,14 @@ func (e *nodeRegistry) readNode(nd *jobNode, now time.Time) bool {
 		if e.static {
 			prefix = "kolo run: "
 		}
-		e.orderLocked(nd, jobenv.NodeOrder{Kind: jobenv.OrderEnd, Code: 1,
+		e.orderLocked(nd, NodeOrder{Kind: OrderEnd, Code: 1,
 			Reason: fmt.Sprintf("%sthe serving node dropped this node (host %s) from the job: %s", prefix, nd.host, why)})
 		return true
 	}
 	return false
 }
 
-// hurry shortens the silence after which a node is gone to stoppingSilence: the job is stopping,
+// hurry shortens the silence after which a node is gone to set.stoppingSilence: the job is stopping,
 // and a live node keeps beating while its workers stop.
 func (e *nodeRegistry) hurry() {
 	e.mu.Lock()
@@ -347,12 +347,12 @@ func (e *nodeRegistry) arrivalError() error {
 }
 
 // orderLocked publishes the next order for node nd and returns its number.
-func (e *nodeRegistry) orderLocked(nd *jobNode, o jobenv.NodeOrder) (int, error) {
+func (e *nodeRegistry) orderLocked(nd *jobNode, o NodeOrder) (int, error) {
 	nd.orders++
-	if o.Kind == jobenv.OrderStart {
+	if o.Kind == OrderStart {
 		o.Worker = nd.orders
 	}
-	if err := e.st.Set(jobenv.NodeOrderKey(nd.num, nd.orders), o.Encode()); err != nil {
+	if err := e.st.Set(NodeOrderKey(nd.num, nd.orders), o.Encode()); err != nil {
 		return 0, fmt.Errorf("order node %d (host %s): %w", nd.num, nd.host, err)
 	}
 	return nd.orders, nil
@@ -378,7 +378,7 @@ func (e *nodeRegistry) start(w proc.Worker) (proc.Process, error) {
 		return nil, fmt.Errorf("%w (node %d, host %s: %s)", errNodeLeft, nd.num, nd.host, nd.gone)
 	}
 	s := w.Slot
-	num, err := e.orderLocked(nd, jobenv.NodeOrder{Kind: jobenv.OrderStart, Slot: place.Slot, Round: round,
+	num, err := e.orderLocked(nd, NodeOrder{Kind: OrderStart, Slot: place.Slot, Round: round,
 		Rank: s.Rank, Size: s.Size, LocalRank: s.LocalRank, LocalSize: s.LocalSize, CrossRank: s.CrossRank, CrossSize: s.CrossSize})
 	if err != nil {
 		return nil, err
@@ -389,15 +389,15 @@ func (e *nodeRegistry) start(w proc.Worker) (proc.Process, error) {
 }
 
 // end tells every node in the job that it ended, with the exit code and what to print, and waits
-// (finishWait at most) until they have read it: the rendezvous closes when this node exits.
+// (the settings' finishWait at most) until they have read it: the rendezvous closes when this node exits.
 func (e *nodeRegistry) end(code int, note string, outcome Outcome) {
-	const maxNote = 256 << 10 // an order is at most jobenv's 1 MiB record
+	const maxNote = 256 << 10 // an order is at most a 1 MiB record (nodeproto.go)
 	if len(note) > maxNote {
 		note = note[:maxNote] + "\n[...]"
 	}
 	if b, err := json.Marshal(outcome); err == nil {
 		// Before the end orders: a node reads it once it has read its end.
-		e.st.Set(jobenv.NodeOutcomeKey, b)
+		e.st.Set(NodeOutcomeKey, b)
 	}
 	e.mu.Lock()
 	var told []*jobNode
@@ -405,18 +405,18 @@ func (e *nodeRegistry) end(code int, note string, outcome Outcome) {
 		if nd.gone != "" {
 			continue
 		}
-		if _, err := e.orderLocked(nd, jobenv.NodeOrder{Kind: jobenv.OrderEnd, Code: min(max(code, 0), 255), Reason: note}); err == nil {
+		if _, err := e.orderLocked(nd, NodeOrder{Kind: OrderEnd, Code: min(max(code, 0), 255), Reason: note}); err == nil {
 			told = append(told, nd)
 		}
 	}
 	e.mu.Unlock()
-	deadline := time.Now().Add(finishWait)
+	deadline := time.Now().Add(e.set.finishWait)
 	for _, nd := range told {
 		for time.Now().Before(deadline) {
-			if _, ok, _ := e.st.TryGet(jobenv.NodeDoneKey(nd.num)); ok {
+			if _, ok, _ := e.st.TryGet(NodeDoneKey(nd.num)); ok {
 				break
 			}
-			if _, ok, _ := e.st.TryGet(jobenv.NodeLeftKey(nd.num)); ok {
+			if _, ok, _ := e.st.TryGet(NodeLeftKey(nd.num)); ok {
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -467,7 +467,7 @@ func (w *remoteWorker) Signal(sig syscall.Signal) error {
 	if w.done {
 		return nil
 	}
-	_, err := w.nodes.orderLocked(w.node, jobenv.NodeOrder{Kind: jobenv.OrderStop, Worker: w.num, Signal: int(sig)})
+	_, err := w.nodes.orderLocked(w.node, NodeOrder{Kind: OrderStop, Worker: w.num, Signal: int(sig)})
 	return err
 }
 

@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/layout"
 	"github.com/kolo-dl/kolo/launch/proc"
 	"github.com/kolo-dl/kolo/observe/relay"
@@ -63,7 +62,7 @@ func serveStatic(ctx context.Context, n *node, set elasticSettings) (int, error)
 			slog.Info(fmt.Sprintf(format, args...))
 		}
 	}
-	self := jobenv.NodeJoin{Hostname: hn, Slots: n.slots, Static: true, NNodes: o.NNodes, NP: o.NP, NodeRank: o.NodeRank}
+	self := NodeJoin{Hostname: hn, Slots: n.slots, Static: true, NNodes: o.NNodes, NP: o.NP, NodeRank: o.NodeRank}
 	s.admit(self)
 	s.nodes.add(&jobNode{host: hn, slots: n.slots, join: self}, time.Now())
 	if o.Verbose {
@@ -173,7 +172,7 @@ func (s *staticNode) run(ctx context.Context, set elasticSettings, end *bytes.Bu
 // admit says why the job cannot have a node that registers (its own registration included), ""
 // when it can. A node that disagrees with the others, or claims a node rank another node holds,
 // fails the job: it cannot start as the nodes were told.
-func (s *staticNode) admit(j jobenv.NodeJoin) string {
+func (s *staticNode) admit(j NodeJoin) string {
 	o := s.n.opts
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -30,6 +30,7 @@ import (
 	"unsafe"
 
 	"github.com/kolo-dl/kolo/dtype"
+	"github.com/kolo-dl/kolo/settings"
 )
 
 // Op is a reduction operator.
@@ -183,8 +184,8 @@ func Kernel() string {
 }
 
 // KernelEnv names the environment variable that forces a kernel ("generic", "avx2", "avx512"); a
-// kernel the CPU cannot run is ignored and the best available one is used.
-const KernelEnv = "KOLO_REDUCE_KERNEL"
+// kernel the CPU cannot run is ignored and the best available one is used (settings.ReduceKernel).
+var KernelEnv = settings.ReduceKernel.Name
 
 // chunkBytes bounds one assembly call: kernels are not preemptible, so a 64 MiB reduction is split into
 // calls of ~10 µs to keep GC stop-the-world pauses short.
@@ -216,7 +217,13 @@ var usable = available()
 
 // active is the kernel set in use; nil means generic Go. Set once at init (tests switch it between
 // cases, never concurrently with calls).
-var active = pick(os.Getenv(KernelEnv))
+var active = pick(kernelFromEnv())
+
+// kernelFromEnv is the kernel the environment forces, if any.
+func kernelFromEnv() string {
+	_, v := settings.ReduceKernel.Lookup(os.Getenv)
+	return v
+}
 
 // pick returns the named usable kernel set, or the best usable one if name is empty or unusable.
 func pick(name string) *kernelSet {

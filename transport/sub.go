@@ -125,6 +125,8 @@ func (v *subShared) Slot(r int) []byte { return v.shared.Slot(v.members[r]) }
 
 func (v *subShared) Oversubscribed() bool { return v.shared.Oversubscribed() }
 
+func (v *subShared) Memo() *atomic.Uint32 { return v.shared.Memo() }
+
 func (v *subShared) Barrier(ctx context.Context) error {
 	if v.closed.Load() {
 		return fmt.Errorf("sub-group rank %d: barrier: %w", v.rank, ErrClosed)

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -223,6 +224,11 @@ type Shared interface {
 	// with the same answer on every rank: waits then sleep instead of spinning, so algorithms
 	// should prefer fewer, larger steps.
 	Oversubscribed() bool
+	// Memo is a word this rank keeps for the group's algorithms for as long as the group lives
+	// (the collectives keep there the slot-store mode their first shared collective measured):
+	// what they learn of a group goes with the group, and a new group starts at zero. A view of
+	// the whole group (Sub) shares the group's word.
+	Memo() *atomic.Uint32
 }
 
 // Spinner is an optional capability of a Comm whose waits poll before they sleep: SetSpin changes

@@ -18,7 +18,7 @@ import (
 	"testing"
 )
 
-// A rule binds every package that Pkgs matches to what its package comment (or STYLE.md, where
+// A rule binds every package that Pkgs matches to what its package comment (or docs/design.md, where
 // Why says so) forbids. Patterns are Go's: "./x" is the kolo package x ("." the root package),
 // "./x/..." is x and every package under it, "net" a standard package, "..." anything.
 type rule struct {
@@ -186,6 +186,12 @@ var rules = []rule{
 		Deps:    []string{"./transport/...", "./collective", "./engine/...", "./world"},
 	},
 	{
+		Pkgs:    "./settings",
+		Why:     "It imports no kolo package, so that every package can read its settings here, and it must not act on a setting.",
+		Imports: []string{"os", "log", "log/slog"},
+		Deps:    []string{"./..."},
+	},
+	{
 		Pkgs: "./timeline",
 		Why:  "It must not know about the engine's types: callers pass names and strings.",
 		Deps: []string{"./engine/..."},
@@ -197,7 +203,7 @@ var rules = []rule{
 	},
 	{
 		Pkgs:    "./transport/...",
-		Why:     "STYLE.md: the transport knows nothing of elastic training (a re-formed world is a new world; its rounds are the launcher's, jobenv's and the rendezvous').",
+		Why:     "docs/design.md: the transport knows nothing of elastic training (a re-formed world is a new world; its rounds are the launcher's, jobenv's and the rendezvous').",
 		Imports: []string{"./jobenv"},
 		Deps:    []string{"./launch/...", "./rendezvous", "./bootstrap"},
 	},

@@ -20,11 +20,12 @@ import (
 	"github.com/kolo-dl/kolo/observe/relay"
 	"github.com/kolo-dl/kolo/observe/report"
 	"github.com/kolo-dl/kolo/rendezvous"
+	"github.com/kolo-dl/kolo/settings"
 	"github.com/kolo-dl/kolo/world"
 )
 
 // WorkerEnv is set in a re-executed test binary to the scenario it must run as a rank.
-const WorkerEnv = "KOLO_E2E_SCENARIO"
+var WorkerEnv = settings.E2EScenario.Name
 
 // Main is called from a test package's TestMain: in a worker it runs the scenario and exits; in
 // one end of a TCPStream, that end.

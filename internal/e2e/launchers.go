@@ -8,10 +8,11 @@ import (
 
 	"github.com/kolo-dl/kolo"
 	"github.com/kolo-dl/kolo/dtype"
+	"github.com/kolo-dl/kolo/settings"
 )
 
 // ExpectEnv tells the "launcher" scenario the placement to expect: size,localSize,crossSize.
-const ExpectEnv = "KOLO_E2E_EXPECT"
+var ExpectEnv = settings.E2EExpect.Name
 
 func init() {
 	Scenarios["launcher"] = launcherScenario
@@ -22,8 +23,8 @@ func init() {
 // rank kolo took is the launcher's, that the placement is the expected one, then runs every op
 // against the reference (opsScenario) and says so on stdout.
 func launcherScenario(ctx context.Context) error {
-	if _, ok := os.LookupEnv("KOLO_RANK"); ok {
-		return fmt.Errorf("KOLO_RANK is set: this scenario must run under mpirun or srun, not kolo run")
+	if _, ok := os.LookupEnv(settings.Rank.Name); ok {
+		return fmt.Errorf("%s is set: this scenario must run under mpirun or srun, not kolo run", settings.Rank.Name)
 	}
 	want := -1
 	for _, k := range []string{"OMPI_COMM_WORLD_RANK", "SLURM_PROCID"} {

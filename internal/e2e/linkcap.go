@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kolo-dl/kolo/settings"
 )
 
 // CapEgress puts a token-bucket filter on every host's eth0, so that what a host sends leaves it
@@ -30,7 +32,7 @@ func (ns *Netns) CapEgress(rate, latency string) error {
 
 // StreamEnv is set in a re-executed test binary to make it one end of TCPStream's stream:
 // "recv ADDR SECONDS" or "send ADDR:PORT". Main runs it and exits.
-const StreamEnv = "KOLO_E2E_TCPSTREAM"
+var StreamEnv = settings.E2ETCPStream.Name
 
 // TCPStream sends one TCP stream from host from to host to for d and returns what arrived after
 // the first quarter of d (slow start and the bucket's burst left out), in bits per second. Each end

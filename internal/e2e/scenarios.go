@@ -18,6 +18,7 @@ import (
 	"github.com/kolo-dl/kolo"
 	"github.com/kolo-dl/kolo/dtype"
 	"github.com/kolo-dl/kolo/reduce"
+	"github.com/kolo-dl/kolo/settings"
 )
 
 // Scenarios maps a name to what every rank runs. Each returns nil when this rank saw what it should.
@@ -495,12 +496,12 @@ func endedEarlyRun(ctx context.Context, reportFailure bool) error {
 }
 
 // StopForEnv is how long, in seconds, the sigstop scenario keeps rank 1 stopped.
-const StopForEnv = "KOLO_E2E_STOP_SECONDS"
+var StopForEnv = settings.E2EStopSeconds.Name
 
 // StopMarkEnv names a file, on a file system every rank sees, that the sigstop scenario's helper
 // creates once rank 1 is stopped: the ranks wait for it rather than for a time, since a loaded
 // machine can start the helper late.
-const StopMarkEnv = "KOLO_E2E_STOP_MARK"
+var StopMarkEnv = settings.E2EStopMark.Name
 
 // sigstopScenario: every rank runs 40 allreduces of 1 MiB. Rank 1 enters the 21st and has a helper
 // process stop it (SIGSTOP) 200 ms later, once its request for the op is out, and continue it

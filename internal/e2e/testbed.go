@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"os"
 	"testing"
+
+	"github.com/kolo-dl/kolo/settings"
 )
 
 // RequireTestbedsEnv, set to 1 (CI sets it), turns "this machine has no mpirun/Slurm/..." from a
 // skip into a failure, so that a CI image that lost a package cannot pass by skipping.
-const RequireTestbedsEnv = "KOLO_REQUIRE_TESTBEDS"
+var RequireTestbedsEnv = settings.RequireTestbeds.Name
 
 // Unavailable skips the test because a test bed is missing, or fails it where test beds are
 // required.

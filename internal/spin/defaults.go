@@ -3,12 +3,11 @@ package spin
 import (
 	"os"
 	"runtime"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/kolo-dl/kolo/internal/cpuset"
-	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/settings"
 )
 
 const (
@@ -40,12 +39,12 @@ func Defaults(ranks int) (spin time.Duration, yields int) {
 }
 
 // HostCPUs is how many CPUs this host gives its ranks: what kolo run --bind-to core says
-// (jobenv.HostCPUs); else the CPUs this process may use, or those of the process that started it
+// (settings.HostCPUs); else the CPUs this process may use, or those of the process that started it
 // if more. A launcher that binds each rank to cores of its own (mpirun does by default for 2 ranks,
 // srun --cpu-bind) leaves the rank a mask of its own share, while its own mask spans what the job
 // may use on this host; a launcher started under a narrower mask passes it on to its ranks.
 func HostCPUs() int {
-	if n, err := strconv.Atoi(os.Getenv(jobenv.HostCPUs)); err == nil && n > 0 {
+	if n, err := settings.HostCPUs.Count(os.Getenv); err == nil && n > 0 {
 		return n
 	}
 	return max(runtime.NumCPU(), parentCPUs())

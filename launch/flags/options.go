@@ -20,6 +20,7 @@ import (
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/elastic"
 	"github.com/kolo-dl/kolo/launch/layout"
+	"github.com/kolo-dl/kolo/settings"
 )
 
 // --bind-to values.
@@ -242,7 +243,11 @@ func Oversubscribing(flag bool) (bool, error) {
 	if flag {
 		return true, nil
 	}
-	return jobenv.ParseSwitch(jobenv.Oversubscribe, os.Getenv(jobenv.Oversubscribe))
+	on, err := settings.Oversubscribe.Switch(os.Getenv)
+	if errors.Is(err, settings.ErrUnset) {
+		return false, nil
+	}
+	return on, err
 }
 
 // ResolveHosts returns the hosts of the job: -H, --hostfile, or localhost with np slots.

@@ -7,21 +7,22 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/settings"
 )
 
 // Variables the worker flags set, beside the engine's (KOLO_FUSION_THRESHOLD and the rest, read by
 // engine.ConfigFromEnv). The timeline and autotune names are the contract with the engine code that
 // reads them; Horovod's HOROVOD_* spellings of the same settings are read there too.
-const (
-	EnvTimeline               = "KOLO_TIMELINE"
-	EnvTimelineMarkCycles     = "KOLO_TIMELINE_MARK_CYCLES"
-	EnvAutotune               = "KOLO_AUTOTUNE"
-	EnvAutotuneLog            = "KOLO_AUTOTUNE_LOG"
-	EnvAutotuneWarmupSamples  = "KOLO_AUTOTUNE_WARMUP_SAMPLES"
-	EnvAutotuneStepsPerSample = "KOLO_AUTOTUNE_STEPS_PER_SAMPLE"
-	EnvAutotuneBayesOptMax    = "KOLO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"
-	EnvAutotuneGaussianNoise  = "KOLO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"
-	EnvHierarchicalAllgather  = "KOLO_HIERARCHICAL_ALLGATHER"
+var (
+	EnvTimeline               = settings.Timeline.Name
+	EnvTimelineMarkCycles     = settings.TimelineMarkCycles.Name
+	EnvAutotune               = settings.Autotune.Name
+	EnvAutotuneLog            = settings.AutotuneLog.Name
+	EnvAutotuneWarmupSamples  = settings.AutotuneWarmupSamples.Name
+	EnvAutotuneStepsPerSample = settings.AutotuneStepsPerSample.Name
+	EnvAutotuneBayesOptMax    = settings.AutotuneMaxSamples.Name
+	EnvAutotuneGaussianNoise  = settings.AutotuneNoise.Name
+	EnvHierarchicalAllgather  = settings.HierarchicalAllgather.Name
 )
 
 // envFlag is a flag whose value, once checked, becomes one environment variable of every worker.
@@ -100,29 +101,29 @@ func addWorkerFlags(fs *flag.FlagSet, env map[string]string) {
 	add := func(name, variable string, isBool bool, conv func(string) (string, error), usage string) {
 		fs.Var(&envFlag{dst: env, env: variable, isBool: isBool, conv: conv}, name, usage+" ["+variable+"]")
 	}
-	add("fusion-threshold-mb", "KOLO_FUSION_THRESHOLD", false, nonNegFloat(1<<20, "%.0f"),
+	add("fusion-threshold-mb", settings.FusionThreshold.Name, false, nonNegFloat(1<<20, "%.0f"),
 		"fuse ready tensors into buffers of up to this many MiB (default 128)")
-	add("cycle-time-ms", "KOLO_CYCLE_TIME", false, nonNegFloat(1, "%gms"),
+	add("cycle-time-ms", settings.CycleTime.Name, false, nonNegFloat(1, "%gms"),
 		"wait this long to gather more ready tensors before negotiating (default 0: at once)")
-	add("cache-capacity", "KOLO_CACHE_CAPACITY", false, nonNegInt,
+	add("cache-capacity", settings.CacheCapacity.Name, false, nonNegInt,
 		"response cache entries; 0 disables the cache (default 1024)")
-	add("hierarchical-allreduce", "KOLO_HIERARCHICAL_ALLREDUCE", true, boolTo("1", "0"),
+	add("hierarchical-allreduce", settings.HierarchicalAllreduce.Name, true, boolTo("1", "0"),
 		"two-level allreduce: shared memory within a host, TCP across hosts (default on where every host runs the same number of ranks)")
-	add("no-hierarchical-allreduce", "KOLO_HIERARCHICAL_ALLREDUCE", true, boolTo("0", "1"),
+	add("no-hierarchical-allreduce", settings.HierarchicalAllreduce.Name, true, boolTo("0", "1"),
 		"flat allreduce across all ranks")
 	add("hierarchical-allgather", EnvHierarchicalAllgather, true, boolTo("1", "0"),
 		"accepted for horovodrun compatibility: kolo's allgather has no hierarchical variant yet")
 	add("no-hierarchical-allgather", EnvHierarchicalAllgather, true, boolTo("0", "1"),
 		"accepted for horovodrun compatibility (see --hierarchical-allgather)")
-	add("no-stall-check", "KOLO_STALL_CHECK_DISABLE", true, boolTo("1", "0"),
+	add("no-stall-check", settings.StallCheckDisable.Name, true, boolTo("1", "0"),
 		"do not report ops that some ranks submitted and others did not")
-	add("stall-check-warning-time-seconds", "KOLO_STALL_CHECK_TIME_SECONDS", false, nonNegFloat(1, "%g"),
+	add("stall-check-warning-time-seconds", settings.StallCheckTime.Name, false, nonNegFloat(1, "%g"),
 		"report an op some ranks have not submitted after this many seconds (default 60)")
-	add("stall-check-shutdown-time-seconds", "KOLO_STALL_SHUTDOWN_TIME_SECONDS", false, nonNegFloat(1, "%g"),
+	add("stall-check-shutdown-time-seconds", settings.StallShutdownTime.Name, false, nonNegFloat(1, "%g"),
 		"fail such an op after this many seconds (default 1800; 0: never)")
-	add("stall-check-crossed-time-seconds", "KOLO_STALL_CROSSED_TIME_SECONDS", false, nonNegFloat(1, "%g"),
+	add("stall-check-crossed-time-seconds", settings.StallCrossedTime.Name, false, nonNegFloat(1, "%g"),
 		"fail sooner an op whose missing ranks wait on other ops of their own: calls that went different ways on different ranks (default 30; 0: never)")
-	add("progress-timeout-seconds", "KOLO_PROGRESS_TIMEOUT_SECONDS", false, nonNegFloat(1, "%g"),
+	add("progress-timeout-seconds", settings.ProgressTimeout.Name, false, nonNegFloat(1, "%g"),
 		"fail a collective on every rank, and stop the job, when a rank waits this many seconds inside it on a peer that moves no byte (stopped, hung, cut off), naming that peer (default 60; 0: never)")
 	add("timeline-filename", EnvTimeline, false, anyString,
 		"record a timeline of the job's ops (Chrome trace format) in this file")

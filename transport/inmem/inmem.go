@@ -137,6 +137,7 @@ func (g *group) markGone() { g.goneOnce.Do(func() { close(g.gone) }) }
 type Endpoint struct {
 	g    *group
 	rank int
+	memo atomic.Uint32 // transport.Shared's Memo
 
 	killOnce sync.Once
 	killErr  error         // set before dead is closed

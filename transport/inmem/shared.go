@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kolo-dl/kolo/transport"
@@ -25,6 +26,9 @@ func (e *Endpoint) Slot(r int) []byte {
 
 // Oversubscribed reports what WithOversubscribed set: ranks here are goroutines, so CPUs say nothing.
 func (e *Endpoint) Oversubscribed() bool { return e.g.oversubscribed }
+
+// Memo is this rank's word for the group's algorithms (transport.Shared).
+func (e *Endpoint) Memo() *atomic.Uint32 { return &e.memo }
 
 // barrier is a counting barrier whose last arrival wakes the waiters through their own one-slot
 // channels, so that a barrier allocates nothing. The mutex orders memory: every arrival's writes

@@ -19,6 +19,7 @@ type comm struct {
 	recv     []ringEnd // recv[p]: ring from p
 	self     []byte    // bytes sent to this rank itself and not yet received
 	barriers uint64    // Barriers entered so far
+	memo     atomic.Uint32
 }
 
 var (
@@ -275,6 +276,10 @@ func (c *comm) SetSpin(d time.Duration) {
 func (c *comm) Oversubscribed() bool {
 	return uint32(c.g.size) > atomic.LoadUint32(c.g.u32(offHostCPUs))
 }
+
+// Memo is this rank's word for the group's algorithms (transport.Shared), kept in process memory
+// with the Group, not in the segment: it is this rank's own.
+func (c *comm) Memo() *atomic.Uint32 { return &c.memo }
 
 // Barrier counts arrivals in one shared counter: the n-th Barrier of every rank completes once the
 // counter reaches n*Size, and the arrival that reaches it rings the barrier's doorbell. Because no
