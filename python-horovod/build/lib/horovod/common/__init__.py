@@ -1,1 +1,0 @@
-"""horovod.common: the exceptions scripts catch (horovod.common.exceptions)."""
