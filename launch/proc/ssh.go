@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/launch/layout"
+	"github.com/kolo-dl/kolo/settings"
 )
 
 // SSHStarter starts workers on other machines with the system ssh client, so that ~/.ssh/config,
@@ -60,14 +62,17 @@ var shellName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // perHost reports whether the variable k describes the launcher's own host or shell session, and
 // so is not sent to a remote worker. horovodrun forwards the whole environment except BASH_FUNC_*,
-// OLDPWD, *CUDA_VISIBLE_DEVICES* (each host has its own GPUs) and its secret; kolo's secret travels
+// OLDPWD, *CUDA_VISIBLE_DEVICES* (each host has its own GPUs) and its secret (HOROVOD_SECRET_KEY,
+// which kolo reads as a second spelling of its own); kolo's secret travels
 // as KOLO_SECRET on ssh's stdin and must reach the worker, so it stays, and so does kolo's file
 // path for it. Beyond Horovod's list: the shell's and sshd's own per-host names, which a worker's
 // shell sets for itself on its host.
 func perHost(k string) bool {
 	switch k {
-	case "OLDPWD", "PWD", "HOSTNAME", "SHLVL", "_", "HOROVOD_SECRET_KEY",
-		"SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK":
+	case "OLDPWD", "PWD", "HOSTNAME", "SHLVL", "_", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK":
+		return true
+	}
+	if slices.Contains(settings.Secret.Horovod, k) {
 		return true
 	}
 	return strings.HasPrefix(k, "BASH_FUNC_") || strings.Contains(k, "CUDA_VISIBLE_DEVICES")
