@@ -175,26 +175,29 @@ static void kolo_config(koloNcclConfig* cfg) {
 	cfg->netName = NULL;
 }
 
-static int kolo_comm_init(int dev, uintptr_t* c, int n, const char* idBytes, int rank) {
+// A communicator slot is where NCCL writes a new communicator: C heap memory, since NCCL keeps the
+// pointer after the call returned. 2.14 to 2.17's init thread reads and writes the communicator
+// through it until set-up ends; ncclCommSplit leaves NCCL_COMM_NULL there and stores the new
+// communicator from its own thread when the split completes. A C stack local would be written
+// after its frame is gone, and Go memory may not be kept by C.
+static ncclComm_t* kolo_slot_new(void) { ncclComm_t* p = malloc(sizeof *p); if (p) *p = NULL; return p; }
+static uintptr_t kolo_slot_read(ncclComm_t* p) { return (uintptr_t)__atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static void kolo_slot_free(ncclComm_t* p) { free(p); }
+
+static int kolo_comm_init(int dev, ncclComm_t* slot, int n, const char* idBytes, int rank) {
 	ON(dev)
 	ncclUniqueId id;
 	memcpy(id.internal, idBytes, 128);
 	koloNcclConfig cfg;
 	kolo_config(&cfg);
-	ncclComm_t comm = NULL;
-	int r = K.commInitRankConfig(&comm, n, id, rank, &cfg);
-	*c = (uintptr_t)comm;
-	return r;
+	return K.commInitRankConfig(slot, n, id, rank, &cfg);
 }
 
-static int kolo_comm_split(int dev, uintptr_t c, int color, int key, uintptr_t* out) {
+static int kolo_comm_split(int dev, uintptr_t c, int color, int key, ncclComm_t* slot) {
 	ON(dev)
 	koloNcclConfig cfg;
 	kolo_config(&cfg);
-	ncclComm_t sub = NULL;
-	int r = K.commSplit((ncclComm_t)c, color, key, &sub, &cfg);
-	*out = (uintptr_t)sub;
-	return r;
+	return K.commSplit((ncclComm_t)c, color, key, slot, &cfg);
 }
 
 static int kolo_async_error(uintptr_t c, int* state) { ncclResult_t s = 0; int r = K.commGetAsyncError((ncclComm_t)c, &s); *state = s; return r; }
@@ -215,6 +218,7 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -336,18 +340,29 @@ func (b *backend) NewComm(ctx context.Context, dev gpu.Device, id gpu.UniqueID, 
 	if !ok {
 		return nil, fmt.Errorf("nccl comm on a %T", dev)
 	}
-	var h C.uintptr_t
-	r := C.kolo_comm_init(d.ord, &h, C.int(size), (*C.char)(unsafe.Pointer(&id[0])), C.int(rank))
+	slot := C.kolo_slot_new()
+	if slot == nil {
+		return nil, fmt.Errorf("rank %d of %d: no memory for the communicator", rank, size)
+	}
+	r := C.kolo_comm_init(d.ord, slot, C.int(size), (*C.char)(unsafe.Pointer(&id[0])), C.int(rank))
+	// Every NCCL from 2.14 writes the communicator before returning, so that its state can be
+	// polled; 2.14 to 2.17 keep writing through slot until set-up ends.
+	h := C.kolo_slot_read(slot)
 	c := &comm{b: b, dev: d, h: h, rank: rank, size: size}
 	if r != resSuccess && r != resInProgress {
 		if h != 0 {
-			C.kolo_abort(h)
+			c.abort()
 		}
 		return nil, fmt.Errorf("rank %d of %d: %w", rank, size, b.result("ncclCommInitRankConfig", h, int(r)))
 	}
+	if h == 0 {
+		return nil, fmt.Errorf("rank %d of %d: ncclCommInitRankConfig returned %d without a communicator", rank, size, int(r))
+	}
 	if err := c.settle(ctx, "ncclCommInitRankConfig"); err != nil {
+		// Aborted during set-up: NCCL may still hold slot; leave it (a pointer's worth).
 		return nil, fmt.Errorf("rank %d of %d: %w", rank, size, err)
 	}
+	C.kolo_slot_free(slot)
 	return c.public(), nil
 }
 
@@ -653,13 +668,30 @@ func (c *comm) Destroy() error {
 type splitter struct{ *comm }
 
 func (c splitter) Split(ctx context.Context, color, key int) (gpu.Comm, error) {
-	var h C.uintptr_t
-	r := C.kolo_comm_split(c.dev.ord, c.h, C.int(color), C.int(key), &h)
-	if err := c.enqueued("ncclCommSplit", r); err != nil {
-		return nil, err
+	if c.isAborted() {
+		return nil, fmt.Errorf("ncclCommSplit: %w", gpu.ErrAborted)
 	}
+	slot := C.kolo_slot_new()
+	if slot == nil {
+		return nil, errors.New("ncclCommSplit: no memory for the communicator")
+	}
+	r := C.kolo_comm_split(c.dev.ord, c.h, C.int(color), C.int(key), slot)
+	if r != resSuccess && r != resInProgress {
+		return nil, c.b.result("ncclCommSplit", c.h, int(r))
+	}
+	// The split runs as the parent's job: the parent reports ncclInProgress until it completed,
+	// and only then does slot hold the new communicator (NCCL_COMM_NULL until then). The wait is
+	// the caller's: a split involves every rank of the parent, however long they take.
+	if err := c.settle(ctx, "ncclCommSplit"); err != nil {
+		return nil, err // aborted: NCCL may still hold slot; leave it
+	}
+	h := C.kolo_slot_read(slot)
+	C.kolo_slot_free(slot)
 	if h == 0 {
-		return nil, nil // NoColor
+		if color == gpu.NoColor {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("ncclCommSplit of color %d completed without a communicator", color)
 	}
 	sub := &comm{b: c.b, dev: c.dev, h: h}
 	if err := sub.settle(ctx, "ncclCommSplit"); err != nil {

@@ -1,0 +1,345 @@
+//go:build cgo && linux
+
+package nccl
+
+// Tests of the C layer (dl.go) through its real dlopen path, against the stand-in libnccl.so.2
+// and libcudart.so.12 (internal/ncclstandin): ranks are goroutines of this process, each on a
+// device of its own, meeting through files as separate processes would.
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/kolo-dl/kolo/gpu"
+	"github.com/kolo-dl/kolo/internal/ncclstandin"
+)
+
+var standin struct {
+	once sync.Once
+	libs ncclstandin.Libs
+	err  error
+}
+
+// standinBackend is the stand-in, loaded through open. It binds the C layer again on every call:
+// other tests bind it to other libraries.
+func standinBackend(t *testing.T) *backend {
+	t.Helper()
+	standin.once.Do(func() {
+		dir, err := os.MkdirTemp("", "kolo-standin-")
+		if err != nil {
+			standin.err = err
+			return
+		}
+		standin.libs, standin.err = ncclstandin.Build(dir, ncclstandin.Variant{})
+	})
+	if standin.err != nil {
+		t.Fatal(standin.err)
+	}
+	t.Setenv("STANDIN_NCCL_DIR", t.TempDir())
+	report := filepath.Join(t.TempDir(), "report")
+	t.Setenv("STANDIN_REPORT", report)
+	t.Setenv("STANDIN_DEADLINE_S", "30")
+	t.Cleanup(func() {
+		if r := ncclstandin.Reports(report); r != "" && !t.Failed() {
+			t.Errorf("the stand-in reported misuse:\n%s", r)
+		}
+	})
+	b, err := open(Options{NCCLPaths: []string{standin.libs.NCCL}, CUDAPaths: []string{standin.libs.CUDA}, CallTimeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if standin.libs.Dir != "" {
+		os.RemoveAll(standin.libs.Dir)
+	}
+	os.Exit(code)
+}
+
+// rankState is one rank of a test: its device, stream and communicator.
+type rankState struct {
+	dev gpu.Device
+	s   gpu.Stream
+	c   gpu.Comm
+}
+
+// form makes a communicator of n ranks, rank r on device r, and a stream for each.
+func form(t *testing.T, b *backend, n int) []*rankState {
+	t.Helper()
+	id, err := b.NewUniqueID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := make([]*rankState, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		rs[r] = &rankState{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			d, err := b.Device(r)
+			if err == nil {
+				rs[r].dev = d
+				rs[r].s, err = d.NewStream()
+			}
+			if err == nil {
+				rs[r].c, err = b.NewComm(ctx, d, id, n, r)
+			}
+			errs[r] = err
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	return rs
+}
+
+// mem is device memory of the stand-in, which is host memory: the test reads and writes it.
+func mem(p gpu.Ptr, n int) []byte {
+	return unsafe.Slice(*(**byte)(unsafe.Pointer(&p)), n)
+}
+
+func alloc(t *testing.T, d gpu.Device, n int) gpu.Ptr {
+	t.Helper()
+	p, err := d.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func putF32(b []byte, vs ...float32) {
+	for i, v := range vs {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+	}
+}
+
+func f32s(b []byte) []float32 {
+	out := make([]float32, len(b)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return out
+}
+
+func sync1(t *testing.T, s gpu.Stream) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := s.Synchronize(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// each runs f on every rank at once and fails the test with the ranks' errors.
+func each(t *testing.T, rs []*rankState, f func(r int, x *rankState) error) {
+	t.Helper()
+	errs := make([]error, len(rs))
+	var wg sync.WaitGroup
+	for r, x := range rs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = f(r, x)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func destroy(t *testing.T, rs []*rankState) {
+	t.Helper()
+	each(t, rs, func(r int, x *rankState) error {
+		if err := x.c.Destroy(); err != nil {
+			return fmt.Errorf("rank %d: destroy: %w", r, err)
+		}
+		return x.s.Destroy()
+	})
+}
+
+func TestStandinCollectives(t *testing.T) {
+	b := standinBackend(t)
+	const n, count = 3, 5
+	rs := form(t, b, n)
+	for r, x := range rs {
+		if x.c.Rank() != r || x.c.Size() != n {
+			t.Fatalf("rank %d: comm says rank %d of %d", r, x.c.Rank(), x.c.Size())
+		}
+	}
+	type bufs struct{ in, out, gather, scatter, a2a, a2aOut gpu.Ptr }
+	bs := make([]bufs, n)
+	for r, x := range rs {
+		bs[r] = bufs{alloc(t, x.dev, 4*count), alloc(t, x.dev, 4*count), alloc(t, x.dev, 4*count*n),
+			alloc(t, x.dev, 4*n), alloc(t, x.dev, 4*n*(n+1)/2), alloc(t, x.dev, 4*(r+1)*n)}
+		in := make([]float32, count)
+		for i := range in {
+			in[i] = float32(r*10 + i)
+		}
+		putF32(mem(bs[r].in, 4*count), in...)
+	}
+	each(t, rs, func(r int, x *rankState) error {
+		if err := x.c.AllReduce(bs[r].in, bs[r].out, count, gpu.Float32, gpu.Sum, x.s); err != nil {
+			return err
+		}
+		if err := x.c.AllGather(bs[r].in, bs[r].gather, count, gpu.Float32, x.s); err != nil {
+			return err
+		}
+		if err := x.c.ReduceScatter(bs[r].gather, bs[r].scatter, 1, gpu.Float32, gpu.Max, x.s); err != nil {
+			return err
+		}
+		// Uneven all-to-all: rank r sends p+1 elements to rank p, all equal to r.
+		send := make([]float32, 0, n*(n+1)/2)
+		sendCounts, sendDispls, recvCounts, recvDispls := make([]int, n), make([]int, n), make([]int, n), make([]int, n)
+		for p := range n {
+			sendCounts[p], sendDispls[p] = p+1, len(send)
+			for range p + 1 {
+				send = append(send, float32(r))
+			}
+			recvCounts[p], recvDispls[p] = r+1, p*(r+1)
+		}
+		putF32(mem(bs[r].a2a, 4*len(send)), send...)
+		return gpu.AllToAll(x.c, bs[r].a2a, sendCounts, sendDispls, bs[r].a2aOut, recvCounts, recvDispls, gpu.Float32, x.s)
+	})
+	for r, x := range rs {
+		sync1(t, x.s)
+		got := f32s(mem(bs[r].out, 4*count))
+		for i, v := range got {
+			if want := float32(10*(0+1+2) + 3*i); v != want {
+				t.Errorf("rank %d: allreduce[%d] = %v, want %v", r, i, v, want)
+			}
+		}
+		for i, v := range f32s(mem(bs[r].gather, 4*count*n)) {
+			if want := float32(10*(i/count) + i%count); v != want {
+				t.Errorf("rank %d: allgather[%d] = %v, want %v", r, i, v, want)
+			}
+		}
+		for i, v := range f32s(mem(bs[r].scatter, 4)) {
+			if want := float32(10*(r*1/count) + r*1%count); v != want && i == 0 {
+				t.Errorf("rank %d: reducescatter = %v, want %v", r, v, want)
+			}
+		}
+		for i, v := range f32s(mem(bs[r].a2aOut, 4*(r+1)*n)) {
+			if want := float32(i / (r + 1)); v != want {
+				t.Errorf("rank %d: alltoall[%d] = %v, want %v", r, i, v, want)
+			}
+		}
+	}
+	destroy(t, rs)
+}
+
+// A collective blocks until every rank reaches it; a rank that never does leaves the others
+// blocked until they abort.
+func TestStandinLostRankNeedsAbort(t *testing.T) {
+	b := standinBackend(t)
+	rs := form(t, b, 2)
+	x := rs[0]
+	p := alloc(t, x.dev, 64)
+	if err := x.c.AllReduce(p, p, 16, gpu.Float32, gpu.Sum, x.s); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := x.s.Synchronize(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("synchronize with rank 1 missing: %v, want the deadline", err)
+	}
+	if err := x.c.AsyncError(); err != nil {
+		t.Fatalf("async error while blocked: %v", err)
+	}
+	if err := x.c.Abort(); err != nil {
+		t.Fatal(err)
+	}
+	sync1(t, x.s)
+	if err := x.c.AsyncError(); !errors.Is(err, gpu.ErrAborted) {
+		t.Fatalf("async error after abort: %v", err)
+	}
+	if err := rs[1].c.Abort(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// NCCL keeps the newcomm pointer of a non-blocking init and writes through it from its own
+// thread when set-up ends (2.14 to 2.17); the stand-in does too, and reports when what it left
+// there changed meanwhile: storage the caller reused (a C stack local) is written after its
+// frame is gone.
+func TestNewCommKeepsNewcommAlive(t *testing.T) {
+	b := standinBackend(t)
+	for range 3 {
+		for _, n := range []int{1, 2, 3} {
+			destroy(t, form(t, b, n))
+		}
+	}
+}
+
+// A split completes on NCCL's thread: the new communicator is in *newcomm only then. Members get
+// a communicator numbered by key, non-members (NoColor) none.
+func TestSplitWaitsForTheNewCommunicator(t *testing.T) {
+	b := standinBackend(t)
+	const n = 4
+	rs := form(t, b, n)
+	colors := []int{0, 1, 0, gpu.NoColor}
+	keys := []int{5, 0, 1, 0}
+	subs := make([]gpu.Comm, n)
+	each(t, rs, func(r int, x *rankState) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		sub, err := x.c.(gpu.Splitter).Split(ctx, colors[r], keys[r])
+		subs[r] = sub
+		if err != nil {
+			return fmt.Errorf("rank %d: %w", r, err)
+		}
+		return nil
+	})
+	for r, want := range []struct{ rank, size int }{{1, 2}, {0, 1}, {0, 2}, {-1, 0}} {
+		switch {
+		case want.rank < 0 && subs[r] != nil:
+			t.Errorf("rank %d (no color) got a communicator", r)
+		case want.rank >= 0 && subs[r] == nil:
+			t.Errorf("rank %d of color %d got no communicator", r, colors[r])
+		case want.rank >= 0 && (subs[r].Rank() != want.rank || subs[r].Size() != want.size):
+			t.Errorf("rank %d: rank %d of %d in its split, want %d of %d", r, subs[r].Rank(), subs[r].Size(), want.rank, want.size)
+		}
+	}
+	// The sub-communicators work: an allreduce over ranks 0 and 2.
+	if subs[0] != nil && subs[2] != nil {
+		ps := []gpu.Ptr{alloc(t, rs[0].dev, 4), alloc(t, rs[2].dev, 4)}
+		putF32(mem(ps[0], 4), 1)
+		putF32(mem(ps[1], 4), 2)
+		pair := []*rankState{{rs[0].dev, rs[0].s, subs[0]}, {rs[2].dev, rs[2].s, subs[2]}}
+		each(t, pair, func(i int, x *rankState) error {
+			return x.c.AllReduce(ps[i], ps[i], 1, gpu.Float32, gpu.Sum, x.s)
+		})
+		for i, x := range pair {
+			sync1(t, x.s)
+			if got := f32s(mem(ps[i], 4))[0]; got != 3 {
+				t.Errorf("split allreduce on its rank %d: %v, want 3", i, got)
+			}
+		}
+		each(t, pair, func(_ int, x *rankState) error { return x.c.Destroy() })
+	}
+	if subs[1] != nil {
+		if err := subs[1].Destroy(); err != nil {
+			t.Error(err)
+		}
+	}
+	destroy(t, rs)
+}
