@@ -501,13 +501,17 @@ func (c *comm) Rank() int { return c.rank }
 func (c *comm) Size() int { return c.size }
 
 // settle polls ncclCommGetAsyncError until the communicator leaves ncclInProgress; at the deadline
-// it aborts, so that NCCL never holds the engine.
+// it aborts, so that NCCL never holds the engine. An abort meanwhile (halt, on another goroutine)
+// ends it with ErrAborted.
 func (c *comm) settle(ctx context.Context, call string) error {
 	for i := 0; ; i++ {
-		var state C.int
-		if r := C.kolo_async_error(c.h, &state); r != resSuccess {
+		state, err := c.asyncState()
+		if errors.Is(err, gpu.ErrAborted) {
+			return fmt.Errorf("%s: %w", call, err)
+		}
+		if err != nil {
 			c.abort()
-			return c.b.result("ncclCommGetAsyncError", c.h, int(r))
+			return err
 		}
 		switch {
 		case state == resSuccess:
@@ -526,12 +530,37 @@ func (c *comm) settle(ctx context.Context, call string) error {
 	}
 }
 
+// asyncState is ncclCommGetAsyncError's state, asked under the communicator's lock: abort and
+// destroy free the communicator, and they may run on another goroutine (halt, close).
+func (c *comm) asyncState() (C.int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.aborted {
+		return 0, gpu.ErrAborted
+	}
+	var state C.int
+	if r := C.kolo_async_error(c.h, &state); r != resSuccess {
+		return 0, c.b.result("ncclCommGetAsyncError", c.h, int(r))
+	}
+	return state, nil
+}
+
+// call makes NCCL call name on the communicator under its lock, unless it was aborted, and
+// checks the result (enqueued).
+func (c *comm) call(name string, f func() C.int) error {
+	c.mu.Lock()
+	if c.aborted {
+		c.mu.Unlock()
+		return fmt.Errorf("%s: %w", name, gpu.ErrAborted)
+	}
+	r := f()
+	c.mu.Unlock()
+	return c.enqueued(name, r)
+}
+
 // enqueued checks an enqueue's result: in non-blocking mode ncclInProgress means "accepted, still
 // being set up", which must settle before the next call on the communicator.
 func (c *comm) enqueued(call string, r C.int) error {
-	if c.isAborted() {
-		return fmt.Errorf("%s: %w", call, gpu.ErrAborted)
-	}
 	switch r {
 	case resSuccess:
 		return nil
@@ -554,7 +583,9 @@ func (c *comm) AllReduce(send, recv gpu.Ptr, count int, t gpu.DataType, op gpu.R
 	if err != nil {
 		return err
 	}
-	return c.enqueued("ncclAllReduce", C.kolo_all_reduce(c.dev.ord, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count), C.int(t), C.int(op), c.h, st))
+	return c.call("ncclAllReduce", func() C.int {
+		return C.kolo_all_reduce(c.dev.ord, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count), C.int(t), C.int(op), c.h, st)
+	})
 }
 
 func (c *comm) Broadcast(send, recv gpu.Ptr, count int, t gpu.DataType, root int, s gpu.Stream) error {
@@ -562,7 +593,9 @@ func (c *comm) Broadcast(send, recv gpu.Ptr, count int, t gpu.DataType, root int
 	if err != nil {
 		return err
 	}
-	return c.enqueued("ncclBroadcast", C.kolo_broadcast(c.dev.ord, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count), C.int(t), C.int(root), c.h, st))
+	return c.call("ncclBroadcast", func() C.int {
+		return C.kolo_broadcast(c.dev.ord, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count), C.int(t), C.int(root), c.h, st)
+	})
 }
 
 func (c *comm) AllGather(send, recv gpu.Ptr, sendCount int, t gpu.DataType, s gpu.Stream) error {
@@ -570,7 +603,9 @@ func (c *comm) AllGather(send, recv gpu.Ptr, sendCount int, t gpu.DataType, s gp
 	if err != nil {
 		return err
 	}
-	return c.enqueued("ncclAllGather", C.kolo_all_gather(c.dev.ord, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(sendCount), C.int(t), c.h, st))
+	return c.call("ncclAllGather", func() C.int {
+		return C.kolo_all_gather(c.dev.ord, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(sendCount), C.int(t), c.h, st)
+	})
 }
 
 func (c *comm) ReduceScatter(send, recv gpu.Ptr, recvCount int, t gpu.DataType, op gpu.RedOp, s gpu.Stream) error {
@@ -578,7 +613,9 @@ func (c *comm) ReduceScatter(send, recv gpu.Ptr, recvCount int, t gpu.DataType, 
 	if err != nil {
 		return err
 	}
-	return c.enqueued("ncclReduceScatter", C.kolo_reduce_scatter(c.dev.ord, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(recvCount), C.int(t), C.int(op), c.h, st))
+	return c.call("ncclReduceScatter", func() C.int {
+		return C.kolo_reduce_scatter(c.dev.ord, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(recvCount), C.int(t), C.int(op), c.h, st)
+	})
 }
 
 func (c *comm) Send(buf gpu.Ptr, count int, t gpu.DataType, peer int, s gpu.Stream) error {
@@ -586,7 +623,9 @@ func (c *comm) Send(buf gpu.Ptr, count int, t gpu.DataType, peer int, s gpu.Stre
 	if err != nil {
 		return err
 	}
-	return c.enqueued("ncclSend", C.kolo_send(c.dev.ord, C.uintptr_t(buf), C.size_t(count), C.int(t), C.int(peer), c.h, st))
+	return c.call("ncclSend", func() C.int {
+		return C.kolo_send(c.dev.ord, C.uintptr_t(buf), C.size_t(count), C.int(t), C.int(peer), c.h, st)
+	})
 }
 
 func (c *comm) Recv(buf gpu.Ptr, count int, t gpu.DataType, peer int, s gpu.Stream) error {
@@ -594,7 +633,9 @@ func (c *comm) Recv(buf gpu.Ptr, count int, t gpu.DataType, peer int, s gpu.Stre
 	if err != nil {
 		return err
 	}
-	return c.enqueued("ncclRecv", C.kolo_recv(c.dev.ord, C.uintptr_t(buf), C.size_t(count), C.int(t), C.int(peer), c.h, st))
+	return c.call("ncclRecv", func() C.int {
+		return C.kolo_recv(c.dev.ord, C.uintptr_t(buf), C.size_t(count), C.int(t), C.int(peer), c.h, st)
+	})
 }
 
 // GroupStart and GroupEnd are NCCL's, which are per thread: the caller keeps a group on one
@@ -617,12 +658,9 @@ func (c *comm) stream(s gpu.Stream) (C.uintptr_t, error) {
 }
 
 func (c *comm) AsyncError() error {
-	if c.isAborted() {
-		return gpu.ErrAborted
-	}
-	var state C.int
-	if r := C.kolo_async_error(c.h, &state); r != resSuccess {
-		return c.b.result("ncclCommGetAsyncError", c.h, int(r))
+	state, err := c.asyncState()
+	if err != nil {
+		return err
 	}
 	if state != resSuccess && state != resInProgress {
 		return c.b.result("ncclCommGetAsyncError", c.h, int(state))
@@ -647,15 +685,15 @@ func (c *comm) Abort() error {
 // Destroy finalizes (flushing work in flight, bounded by the call timeout) and frees the
 // communicator; a finalize that does not settle aborts it instead.
 func (c *comm) Destroy() error {
-	if c.isAborted() {
-		return gpu.ErrAborted
-	}
-	if err := c.enqueued("ncclCommFinalize", C.kolo_finalize(c.h)); err != nil {
+	if err := c.call("ncclCommFinalize", func() C.int { return C.kolo_finalize(c.h) }); err != nil {
 		c.abort()
 		return err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.aborted {
+		return gpu.ErrAborted
+	}
 	c.aborted = true
 	if r := C.kolo_destroy(c.h); r != resSuccess {
 		return c.b.result("ncclCommDestroy", 0, int(r))
@@ -675,7 +713,13 @@ func (c splitter) Split(ctx context.Context, color, key int) (gpu.Comm, error) {
 	if slot == nil {
 		return nil, errors.New("ncclCommSplit: no memory for the communicator")
 	}
+	c.mu.Lock()
+	if c.aborted {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("ncclCommSplit: %w", gpu.ErrAborted)
+	}
 	r := C.kolo_comm_split(c.dev.ord, c.h, C.int(color), C.int(key), slot)
+	c.mu.Unlock()
 	if r != resSuccess && r != resInProgress {
 		return nil, c.b.result("ncclCommSplit", c.h, int(r))
 	}

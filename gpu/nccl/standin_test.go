@@ -343,3 +343,63 @@ func TestSplitWaitsForTheNewCommunicator(t *testing.T) {
 	}
 	destroy(t, rs)
 }
+
+// The watchdog polls AsyncError while halt may abort the communicator on another goroutine: the
+// poll must never reach NCCL with a communicator that abort freed.
+func TestAsyncErrorRacesAbort(t *testing.T) {
+	b := standinBackend(t)
+	for i := range 60 {
+		c := form(t, b, 1)[0].c
+		done := make(chan error)
+		go func() {
+			deadline := time.Now().Add(10 * time.Second)
+			for time.Now().Before(deadline) {
+				if err := c.AsyncError(); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- errors.New("no error 10 s after the abort")
+		}()
+		time.Sleep(time.Duration(i%3) * time.Millisecond)
+		if err := c.Abort(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; !errors.Is(err, gpu.ErrAborted) {
+			t.Fatalf("round %d: AsyncError racing Abort: %v, want ErrAborted", i, err)
+		}
+	}
+}
+
+// Destroy waits for its finalize to settle; an abort meanwhile (halt, on a lost peer) ends the
+// wait, and nothing reaches NCCL with the freed communicator.
+func TestSettleSeesAbort(t *testing.T) {
+	b := standinBackend(t)
+	rs := form(t, b, 2)
+	x := rs[0]
+	p := alloc(t, x.dev, 64)
+	if err := x.c.AllReduce(p, p, 16, gpu.Float32, gpu.Sum, x.s); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error)
+	go func() { done <- x.c.Destroy() }()
+	time.Sleep(100 * time.Millisecond) // Destroy is settling its finalize, which waits for the allreduce
+	if err := x.c.Abort(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, gpu.ErrAborted) {
+			t.Errorf("Destroy ended by an abort: %v, want ErrAborted", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Destroy still settling 10 s after the abort")
+	}
+	if err := x.c.AllReduce(p, p, 16, gpu.Float32, gpu.Sum, x.s); !errors.Is(err, gpu.ErrAborted) {
+		t.Errorf("allreduce after abort: %v, want ErrAborted", err)
+	}
+	sync1(t, x.s)
+	if err := rs[1].c.Abort(); err != nil {
+		t.Fatal(err)
+	}
+}
