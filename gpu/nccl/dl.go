@@ -638,8 +638,8 @@ func (c *comm) Recv(buf gpu.Ptr, count int, t gpu.DataType, peer int, s gpu.Stre
 	})
 }
 
-// GroupStart and GroupEnd are NCCL's, which are per thread: the caller keeps a group on one
-// goroutine locked to its thread (runtime.LockOSThread) from start to end.
+// GroupStart and GroupEnd are NCCL's, which are per OS thread: callers use gpu.Group, which
+// keeps a group on one thread from start to end.
 func (c *comm) GroupStart() error {
 	if r := C.kolo_group_start(); r != resSuccess {
 		return c.b.result("ncclGroupStart", c.h, int(r))

@@ -14,7 +14,9 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -402,4 +404,113 @@ func TestSettleSeesAbort(t *testing.T) {
 	if err := rs[1].c.Abort(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// yielding is a Comm whose group calls let the scheduler move the goroutine between them, and
+// record the OS thread each ran on.
+type yielding struct {
+	gpu.Comm
+	mu      sync.Mutex
+	threads map[int]bool // OS threads the calls of the current group ran on
+	spread  int          // groups whose calls ran on more than one thread
+}
+
+func (y *yielding) on() {
+	y.mu.Lock()
+	y.threads[syscall.Gettid()] = true
+	y.mu.Unlock()
+	runtime.Gosched()
+}
+
+func (y *yielding) GroupStart() error {
+	y.mu.Lock()
+	y.threads = map[int]bool{}
+	y.mu.Unlock()
+	y.on()
+	return y.Comm.GroupStart()
+}
+
+func (y *yielding) Send(b gpu.Ptr, n int, t gpu.DataType, p int, s gpu.Stream) error {
+	y.on()
+	return y.Comm.Send(b, n, t, p, s)
+}
+
+func (y *yielding) Recv(b gpu.Ptr, n int, t gpu.DataType, p int, s gpu.Stream) error {
+	y.on()
+	return y.Comm.Recv(b, n, t, p, s)
+}
+
+func (y *yielding) GroupEnd() error {
+	y.on()
+	y.mu.Lock()
+	if len(y.threads) > 1 {
+		y.spread++
+	}
+	y.mu.Unlock()
+	return y.Comm.GroupEnd()
+}
+
+// NCCL's group state is per OS thread: a group's calls must all run on the thread that started
+// it, whatever the Go scheduler does meanwhile (here: goroutines busy on every P, and a yield
+// between calls).
+func TestAllToAllGroupOnOneThread(t *testing.T) {
+	b := standinBackend(t)
+	const n = 3
+	rs := form(t, b, n)
+	stop := make(chan struct{})
+	var busy sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) + 1 {
+		busy.Add(1)
+		go func() {
+			defer busy.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					runtime.Gosched()
+				}
+			}
+		}()
+	}
+	defer func() { close(stop); busy.Wait() }()
+	ys := make([]*yielding, n)
+	bufs := make([][2]gpu.Ptr, n)
+	for r, x := range rs {
+		ys[r] = &yielding{Comm: x.c}
+		bufs[r] = [2]gpu.Ptr{alloc(t, x.dev, 4*n), alloc(t, x.dev, 4*n)}
+	}
+	ones := make([]int, n)
+	displs := make([]int, n)
+	for p := range n {
+		ones[p], displs[p] = 1, p
+	}
+	for round := range 20 {
+		for r := range rs {
+			putF32(mem(bufs[r][0], 4*n), float32(100*round+r), float32(100*round+r), float32(100*round+r))
+		}
+		each(t, rs, func(r int, x *rankState) error {
+			err := gpu.AllToAll(ys[r], bufs[r][0], ones, displs, bufs[r][1], ones, displs, gpu.Float32, x.s)
+			if err != nil {
+				return fmt.Errorf("round %d, rank %d: %w", round, r, err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := x.s.Synchronize(ctx); err != nil {
+				return fmt.Errorf("round %d, rank %d: %w", round, r, err)
+			}
+			for p, v := range f32s(mem(bufs[r][1], 4*n)) {
+				if v != float32(100*round+p) {
+					return fmt.Errorf("round %d, rank %d: got %v from rank %d", round, r, v, p)
+				}
+			}
+			return nil
+		})
+	}
+	for r, y := range ys {
+		if y.spread > 0 {
+			t.Errorf("rank %d: %d of 20 groups ran on more than one OS thread", r, y.spread)
+		}
+	}
+	destroy(t, rs)
 }
