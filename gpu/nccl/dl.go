@@ -68,6 +68,7 @@ static struct {
 	const char* (*getLastError)(ncclComm_t); // NULL before 2.13
 
 	cudaError_t (*setDevice)(int);
+	cudaError_t (*getDevice)(int*);
 	cudaError_t (*malloc)(void**, size_t);
 	cudaError_t (*free)(void*);
 	cudaError_t (*streamCreateWithFlags)(cudaStream_t*, unsigned int);
@@ -123,6 +124,7 @@ static const char* kolo_bind_nccl(void* h) {
 
 static const char* kolo_bind_cuda(void* h) {
 	SYM(h, setDevice, "cudaSetDevice")
+	SYM(h, getDevice, "cudaGetDevice")
 	SYM(h, malloc, "cudaMalloc")
 	SYM(h, free, "cudaFree")
 	SYM(h, streamCreateWithFlags, "cudaStreamCreateWithFlags")
@@ -144,21 +146,30 @@ static int kolo_nccl_version(int* v) { return K.getVersion(v); }
 static const char* kolo_nccl_last_error(uintptr_t c) { return K.getLastError ? K.getLastError((ncclComm_t)c) : ""; }
 static const char* kolo_cuda_error_string(int e) { return K.getErrorString(e); }
 
-// Every CUDA call first makes dev current on the calling thread: the current device is
-// per thread, and a goroutine may run on any thread.
-#define ON(dev) { cudaError_t e_ = K.setDevice(dev); if (e_) return e_; }
+// ON(dev, call) is the body of a function that makes call with dev current on the calling thread
+// and gives the thread its device back after: the current device is per thread, a goroutine may
+// run on any thread, and the thread may be the Python thread, whose current device is torch's.
+#define ON(dev, call) { \
+	int prev_ = 0; \
+	cudaError_t e_ = K.getDevice(&prev_); \
+	if (e_) return e_; \
+	if (prev_ != (dev) && (e_ = K.setDevice(dev))) return e_; \
+	int r_ = (call); \
+	if (prev_ != (dev)) K.setDevice(prev_); \
+	return r_; \
+}
 
-static int kolo_malloc(int dev, uintptr_t* p, size_t n) { ON(dev) void* q = NULL; int e = K.malloc(&q, n); *p = (uintptr_t)q; return e; }
-static int kolo_free(int dev, uintptr_t p) { ON(dev) return K.free((void*)p); }
-static int kolo_stream_create(int dev, uintptr_t* s) { ON(dev) cudaStream_t q = NULL; int e = K.streamCreateWithFlags(&q, 1); *s = (uintptr_t)q; return e; } // cudaStreamNonBlocking
-static int kolo_stream_destroy(int dev, uintptr_t s) { ON(dev) return K.streamDestroy((cudaStream_t)s); }
-static int kolo_stream_query(int dev, uintptr_t s) { ON(dev) return K.streamQuery((cudaStream_t)s); }
-static int kolo_stream_wait_event(int dev, uintptr_t s, uintptr_t ev) { ON(dev) return K.streamWaitEvent((cudaStream_t)s, (cudaEvent_t)ev, 0); }
-static int kolo_event_create(int dev, uintptr_t* ev) { ON(dev) cudaEvent_t q = NULL; int e = K.eventCreateWithFlags(&q, 2); *ev = (uintptr_t)q; return e; } // cudaEventDisableTiming
-static int kolo_event_record(int dev, uintptr_t ev, uintptr_t s) { ON(dev) return K.eventRecord((cudaEvent_t)ev, (cudaStream_t)s); }
-static int kolo_event_query(int dev, uintptr_t ev) { ON(dev) return K.eventQuery((cudaEvent_t)ev); }
-static int kolo_event_destroy(int dev, uintptr_t ev) { ON(dev) return K.eventDestroy((cudaEvent_t)ev); }
-static int kolo_memcpy_d2d(int dev, uintptr_t dst, uintptr_t src, size_t n, uintptr_t s) { ON(dev) return K.memcpyAsync((void*)dst, (const void*)src, n, 3, (cudaStream_t)s); } // cudaMemcpyDeviceToDevice
+static int kolo_malloc(int dev, uintptr_t* p, size_t n) ON(dev, K.malloc((void**)p, n))
+static int kolo_free(int dev, uintptr_t p) ON(dev, K.free((void*)p))
+static int kolo_stream_create(int dev, uintptr_t* s) ON(dev, K.streamCreateWithFlags((cudaStream_t*)s, 1)) // cudaStreamNonBlocking
+static int kolo_stream_destroy(int dev, uintptr_t s) ON(dev, K.streamDestroy((cudaStream_t)s))
+static int kolo_stream_query(int dev, uintptr_t s) ON(dev, K.streamQuery((cudaStream_t)s))
+static int kolo_stream_wait_event(int dev, uintptr_t s, uintptr_t ev) ON(dev, K.streamWaitEvent((cudaStream_t)s, (cudaEvent_t)ev, 0))
+static int kolo_event_create(int dev, uintptr_t* ev) ON(dev, K.eventCreateWithFlags((cudaEvent_t*)ev, 2)) // cudaEventDisableTiming
+static int kolo_event_record(int dev, uintptr_t ev, uintptr_t s) ON(dev, K.eventRecord((cudaEvent_t)ev, (cudaStream_t)s))
+static int kolo_event_query(int dev, uintptr_t ev) ON(dev, K.eventQuery((cudaEvent_t)ev))
+static int kolo_event_destroy(int dev, uintptr_t ev) ON(dev, K.eventDestroy((cudaEvent_t)ev))
+static int kolo_memcpy_d2d(int dev, uintptr_t dst, uintptr_t src, size_t n, uintptr_t s) ON(dev, K.memcpyAsync((void*)dst, (const void*)src, n, 3, (cudaStream_t)s)) // cudaMemcpyDeviceToDevice
 static int kolo_pci_bus_id(int dev, char* buf, int n) { return K.deviceGetPCIBusId(buf, n, dev); }
 
 static int kolo_unique_id(char* out) { ncclUniqueId id; int r = K.getUniqueId(&id); memcpy(out, id.internal, 128); return r; }
@@ -184,8 +195,7 @@ static ncclComm_t* kolo_slot_new(void) { ncclComm_t* p = malloc(sizeof *p); if (
 static uintptr_t kolo_slot_read(ncclComm_t* p) { return (uintptr_t)__atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static void kolo_slot_free(ncclComm_t* p) { free(p); }
 
-static int kolo_comm_init(int dev, ncclComm_t* slot, int n, const char* idBytes, int rank) {
-	ON(dev)
+static int kolo_comm_init_on(ncclComm_t* slot, int n, const char* idBytes, int rank) {
 	ncclUniqueId id;
 	memcpy(id.internal, idBytes, 128);
 	koloNcclConfig cfg;
@@ -193,24 +203,28 @@ static int kolo_comm_init(int dev, ncclComm_t* slot, int n, const char* idBytes,
 	return K.commInitRankConfig(slot, n, id, rank, &cfg);
 }
 
-static int kolo_comm_split(int dev, uintptr_t c, int color, int key, ncclComm_t* slot) {
-	ON(dev)
+static int kolo_comm_init(int dev, ncclComm_t* slot, int n, const char* idBytes, int rank) ON(dev, kolo_comm_init_on(slot, n, idBytes, rank))
+
+static int kolo_comm_split_on(uintptr_t c, int color, int key, ncclComm_t* slot) {
 	koloNcclConfig cfg;
 	kolo_config(&cfg);
 	return K.commSplit((ncclComm_t)c, color, key, slot, &cfg);
 }
+static int kolo_comm_split(int dev, uintptr_t c, int color, int key, ncclComm_t* slot) ON(dev, kolo_comm_split_on(c, color, key, slot))
 
 static int kolo_async_error(uintptr_t c, int* state) { ncclResult_t s = 0; int r = K.commGetAsyncError((ncclComm_t)c, &s); *state = s; return r; }
-static int kolo_abort(uintptr_t c) { return K.commAbort((ncclComm_t)c); }
-static int kolo_destroy(uintptr_t c) { return K.commDestroy((ncclComm_t)c); }
-static int kolo_finalize(uintptr_t c) { return K.commFinalize((ncclComm_t)c); }
+// Abort, destroy and finalize run with the communicator's device current: NCCL's clean-up (its
+// group end) otherwise works on, and may create a context on, whatever device the thread has.
+static int kolo_abort(int dev, uintptr_t c) ON(dev, K.commAbort((ncclComm_t)c))
+static int kolo_destroy(int dev, uintptr_t c) ON(dev, K.commDestroy((ncclComm_t)c))
+static int kolo_finalize(int dev, uintptr_t c) ON(dev, K.commFinalize((ncclComm_t)c))
 static int kolo_rank_size(uintptr_t c, int* rank, int* size) { int r = K.commUserRank((ncclComm_t)c, rank); return r ? r : K.commCount((ncclComm_t)c, size); }
-static int kolo_all_reduce(int dev, uintptr_t s, uintptr_t r, size_t n, int t, int op, uintptr_t c, uintptr_t st) { ON(dev) return K.allReduce((void*)s, (void*)r, n, t, op, (ncclComm_t)c, (cudaStream_t)st); }
-static int kolo_broadcast(int dev, uintptr_t s, uintptr_t r, size_t n, int t, int root, uintptr_t c, uintptr_t st) { ON(dev) return K.broadcast((void*)s, (void*)r, n, t, root, (ncclComm_t)c, (cudaStream_t)st); }
-static int kolo_all_gather(int dev, uintptr_t s, uintptr_t r, size_t n, int t, uintptr_t c, uintptr_t st) { ON(dev) return K.allGather((void*)s, (void*)r, n, t, (ncclComm_t)c, (cudaStream_t)st); }
-static int kolo_reduce_scatter(int dev, uintptr_t s, uintptr_t r, size_t n, int t, int op, uintptr_t c, uintptr_t st) { ON(dev) return K.reduceScatter((void*)s, (void*)r, n, t, op, (ncclComm_t)c, (cudaStream_t)st); }
-static int kolo_send(int dev, uintptr_t b, size_t n, int t, int peer, uintptr_t c, uintptr_t st) { ON(dev) return K.send((void*)b, n, t, peer, (ncclComm_t)c, (cudaStream_t)st); }
-static int kolo_recv(int dev, uintptr_t b, size_t n, int t, int peer, uintptr_t c, uintptr_t st) { ON(dev) return K.recv((void*)b, n, t, peer, (ncclComm_t)c, (cudaStream_t)st); }
+static int kolo_all_reduce(int dev, uintptr_t s, uintptr_t r, size_t n, int t, int op, uintptr_t c, uintptr_t st) ON(dev, K.allReduce((void*)s, (void*)r, n, t, op, (ncclComm_t)c, (cudaStream_t)st))
+static int kolo_broadcast(int dev, uintptr_t s, uintptr_t r, size_t n, int t, int root, uintptr_t c, uintptr_t st) ON(dev, K.broadcast((void*)s, (void*)r, n, t, root, (ncclComm_t)c, (cudaStream_t)st))
+static int kolo_all_gather(int dev, uintptr_t s, uintptr_t r, size_t n, int t, uintptr_t c, uintptr_t st) ON(dev, K.allGather((void*)s, (void*)r, n, t, (ncclComm_t)c, (cudaStream_t)st))
+static int kolo_reduce_scatter(int dev, uintptr_t s, uintptr_t r, size_t n, int t, int op, uintptr_t c, uintptr_t st) ON(dev, K.reduceScatter((void*)s, (void*)r, n, t, op, (ncclComm_t)c, (cudaStream_t)st))
+static int kolo_send(int dev, uintptr_t b, size_t n, int t, int peer, uintptr_t c, uintptr_t st) ON(dev, K.send((void*)b, n, t, peer, (ncclComm_t)c, (cudaStream_t)st))
+static int kolo_recv(int dev, uintptr_t b, size_t n, int t, int peer, uintptr_t c, uintptr_t st) ON(dev, K.recv((void*)b, n, t, peer, (ncclComm_t)c, (cudaStream_t)st))
 static int kolo_group_start(void) { return K.groupStart(); }
 static int kolo_group_end(void) { return K.groupEnd(); }
 */
@@ -673,7 +687,7 @@ func (c *comm) abort() {
 	defer c.mu.Unlock()
 	if !c.aborted {
 		c.aborted = true
-		C.kolo_abort(c.h)
+		C.kolo_abort(c.dev.ord, c.h)
 	}
 }
 
@@ -685,7 +699,7 @@ func (c *comm) Abort() error {
 // Destroy finalizes (flushing work in flight, bounded by the call timeout) and frees the
 // communicator; a finalize that does not settle aborts it instead.
 func (c *comm) Destroy() error {
-	if err := c.call("ncclCommFinalize", func() C.int { return C.kolo_finalize(c.h) }); err != nil {
+	if err := c.call("ncclCommFinalize", func() C.int { return C.kolo_finalize(c.dev.ord, c.h) }); err != nil {
 		c.abort()
 		return err
 	}
@@ -695,7 +709,7 @@ func (c *comm) Destroy() error {
 		return gpu.ErrAborted
 	}
 	c.aborted = true
-	if r := C.kolo_destroy(c.h); r != resSuccess {
+	if r := C.kolo_destroy(c.dev.ord, c.h); r != resSuccess {
 		return c.b.result("ncclCommDestroy", 0, int(r))
 	}
 	return nil

@@ -514,3 +514,15 @@ func TestAllToAllGroupOnOneThread(t *testing.T) {
 	}
 	destroy(t, rs)
 }
+
+// Every call gives the calling thread its current device back (it may be the Python thread,
+// whose device is torch's), and clean-up runs with the communicator's device current: the
+// stand-in reports finalize, destroy or abort made on another device. Ranks 1 and 2 show it,
+// their goroutines' threads being on device 0.
+func TestCleanUpOnTheCommunicatorsDevice(t *testing.T) {
+	b := standinBackend(t)
+	destroy(t, form(t, b, 3))
+	each(t, form(t, b, 3), func(_ int, x *rankState) error {
+		return errors.Join(x.c.Abort(), x.s.Destroy())
+	})
+}

@@ -533,6 +533,16 @@ ncclResult_t ncclCommCuDevice(const ncclComm_t c, int* dev) {
 	return ncclSuccess;
 }
 
+// onDevice reports a clean-up call made with another device current than the communicator's:
+// real NCCL's clean-up then works on, and may create a context on, the thread's device.
+static void onDevice(struct ncclComm* c, const char* call) {
+	int cur = -1;
+	cudaGetDevice(&cur);
+	if (cur != c->dev) {
+		standinReport("%s on rank %d of %s with device %d current, not the communicator's %d", call, c->rank, c->name, cur, c->dev);
+	}
+}
+
 // kill ends the communicator: every wait on it returns, its set-up thread is joined, and it is
 // marked freed (its memory is kept, so that a later use is reported rather than undefined).
 static void kill(struct ncclComm* c, const char* call) {
@@ -549,6 +559,7 @@ static void kill(struct ncclComm* c, const char* call) {
 ncclResult_t ncclCommAbort(ncclComm_t c) {
 	if (!c) return ncclSuccess;
 	if (!live(c, "ncclCommAbort")) return ncclInvalidArgument;
+	onDevice(c, "ncclCommAbort");
 	kill(c, "ncclCommAbort");
 	return ncclSuccess;
 }
@@ -556,6 +567,7 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
 ncclResult_t ncclCommDestroy(ncclComm_t c) {
 	if (!c) return ncclSuccess;
 	if (!live(c, "ncclCommDestroy")) return ncclInvalidArgument;
+	onDevice(c, "ncclCommDestroy");
 	enter(c, "ncclCommDestroy");
 	if (atomic_load(&c->opsDone) < atomic_load(&c->opsEnqueued)) {
 		standinReport("ncclCommDestroy on rank %d of %s with work in flight (ncclCommFinalize first)", c->rank, c->name);
@@ -584,6 +596,7 @@ static void* finalizeMain(void* v) {
 
 ncclResult_t ncclCommFinalize(ncclComm_t c) {
 	if (!live(c, "ncclCommFinalize")) return ncclInvalidArgument;
+	onDevice(c, "ncclCommFinalize");
 	enter(c, "ncclCommFinalize");
 	ncclResult_t r = ready(c, "ncclCommFinalize");
 	if (r) {
