@@ -32,6 +32,14 @@ typedef int cudaError_t;
 typedef void* cudaStream_t;
 typedef void* cudaEvent_t;
 
+// Values of nccl.h's and cuda_runtime_api.h's names, checked against the headers in tests.
+#define koloConfigMagic 0xcafebeef    // NCCL_CONFIG_INITIALIZER's magic
+#define koloConfigVersion 21700       // NCCL_VERSION(2,17,0): the layout of koloNcclConfig
+#define koloConfigUndef INT32_MIN     // NCCL_CONFIG_UNDEF_INT
+#define koloStreamNonBlocking 1       // cudaStreamNonBlocking
+#define koloEventDisableTiming 2      // cudaEventDisableTiming
+#define koloMemcpyDeviceToDevice 3    // cudaMemcpyDeviceToDevice
+
 static size_t kolo_config_offset(int field) {
 	switch (field) {
 	case 0: return offsetof(koloNcclConfig, magic);
@@ -161,15 +169,15 @@ static const char* kolo_cuda_error_string(int e) { return K.getErrorString(e); }
 
 static int kolo_malloc(int dev, uintptr_t* p, size_t n) ON(dev, K.malloc((void**)p, n))
 static int kolo_free(int dev, uintptr_t p) ON(dev, K.free((void*)p))
-static int kolo_stream_create(int dev, uintptr_t* s) ON(dev, K.streamCreateWithFlags((cudaStream_t*)s, 1)) // cudaStreamNonBlocking
+static int kolo_stream_create(int dev, uintptr_t* s) ON(dev, K.streamCreateWithFlags((cudaStream_t*)s, koloStreamNonBlocking))
 static int kolo_stream_destroy(int dev, uintptr_t s) ON(dev, K.streamDestroy((cudaStream_t)s))
 static int kolo_stream_query(int dev, uintptr_t s) ON(dev, K.streamQuery((cudaStream_t)s))
 static int kolo_stream_wait_event(int dev, uintptr_t s, uintptr_t ev) ON(dev, K.streamWaitEvent((cudaStream_t)s, (cudaEvent_t)ev, 0))
-static int kolo_event_create(int dev, uintptr_t* ev) ON(dev, K.eventCreateWithFlags((cudaEvent_t*)ev, 2)) // cudaEventDisableTiming
+static int kolo_event_create(int dev, uintptr_t* ev) ON(dev, K.eventCreateWithFlags((cudaEvent_t*)ev, koloEventDisableTiming))
 static int kolo_event_record(int dev, uintptr_t ev, uintptr_t s) ON(dev, K.eventRecord((cudaEvent_t)ev, (cudaStream_t)s))
 static int kolo_event_query(int dev, uintptr_t ev) ON(dev, K.eventQuery((cudaEvent_t)ev))
 static int kolo_event_destroy(int dev, uintptr_t ev) ON(dev, K.eventDestroy((cudaEvent_t)ev))
-static int kolo_memcpy_d2d(int dev, uintptr_t dst, uintptr_t src, size_t n, uintptr_t s) ON(dev, K.memcpyAsync((void*)dst, (const void*)src, n, 3, (cudaStream_t)s)) // cudaMemcpyDeviceToDevice
+static int kolo_memcpy_d2d(int dev, uintptr_t dst, uintptr_t src, size_t n, uintptr_t s) ON(dev, K.memcpyAsync((void*)dst, (const void*)src, n, koloMemcpyDeviceToDevice, (cudaStream_t)s))
 static int kolo_pci_bus_id(int dev, char* buf, int n) { return K.deviceGetPCIBusId(buf, n, dev); }
 
 static int kolo_unique_id(char* out) { ncclUniqueId id; int r = K.getUniqueId(&id); memcpy(out, id.internal, 128); return r; }
@@ -179,10 +187,10 @@ static int kolo_unique_id(char* out) { ncclUniqueId id; int r = K.getUniqueId(&i
 static void kolo_config(koloNcclConfig* cfg) {
 	memset(cfg, 0, sizeof *cfg);
 	cfg->size = sizeof *cfg;
-	cfg->magic = 0xcafebeef;
-	cfg->version = 21700;
+	cfg->magic = koloConfigMagic;
+	cfg->version = koloConfigVersion;
 	cfg->blocking = 0;
-	cfg->cgaClusterSize = cfg->minCTAs = cfg->maxCTAs = cfg->splitShare = INT32_MIN;
+	cfg->cgaClusterSize = cfg->minCTAs = cfg->maxCTAs = cfg->splitShare = koloConfigUndef;
 	cfg->netName = NULL;
 }
 
