@@ -92,10 +92,8 @@ static struct {
 	const char* (*getErrorString)(cudaError_t);
 } K;
 
-static void* kolo_open(const char* path) {
-	// A library already in the process (torch's) is preferred to a second copy.
-	void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-	return h ? h : dlopen(path, RTLD_NOW | RTLD_LOCAL);
+static void* kolo_open(const char* path, int loaded) {
+	return dlopen(path, RTLD_NOW | RTLD_LOCAL | (loaded ? RTLD_NOLOAD : 0));
 }
 
 static const char* kolo_dlerror(void) {
@@ -294,19 +292,35 @@ func open(o Options) (*backend, error) {
 	return &backend{version: v, split: C.kolo_has_split() != 0, timeout: callTimeout(o)}, nil
 }
 
-// dlopenFirst returns the first of paths that loads, or every failure.
+// dlopenFirst returns the first of paths already loaded in the process, else the first that loads,
+// else every failure. A library already there (torch's NCCL and CUDA runtime) is preferred to
+// any other, the loader's first name included: two CUDA runtimes in one process share no
+// devices, streams or memory.
 func dlopenFirst(paths []string) (string, unsafe.Pointer, error) {
+	for _, p := range paths {
+		if h := dlopen(p, true); h != nil {
+			return p, h, nil
+		}
+	}
 	var why []string
 	for _, p := range paths {
-		cp := C.CString(p)
-		h := C.kolo_open(cp)
-		C.free(unsafe.Pointer(cp))
-		if h != nil {
+		if h := dlopen(p, false); h != nil {
 			return p, h, nil
 		}
 		why = append(why, C.GoString(C.kolo_dlerror()))
 	}
 	return "", nil, fmt.Errorf("tried %s", strings.Join(why, "; "))
+}
+
+// dlopen opens path, or with loaded finds it only if it is in the process already.
+func dlopen(path string, loaded bool) unsafe.Pointer {
+	cp := C.CString(path)
+	defer C.free(unsafe.Pointer(cp))
+	l := C.int(0)
+	if loaded {
+		l = 1
+	}
+	return C.kolo_open(cp, l)
 }
 
 func cudaErr(call string, code C.int) error {

@@ -13,8 +13,10 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -525,4 +527,32 @@ func TestCleanUpOnTheCommunicatorsDevice(t *testing.T) {
 	each(t, form(t, b, 3), func(_ int, x *rankState) error {
 		return errors.Join(x.c.Abort(), x.s.Destroy())
 	})
+}
+
+// loadedChild marks the process of TestLoadedRuntimeIsPreferred.
+const loadedChild = "KOLO_NCCL_TEST_LOADED_RUNTIME"
+
+// A CUDA runtime already in the process (torch's; here the stand-in's, which its libnccl
+// brought in) is the one kolo binds, even where a newer one is on the loader's path: two
+// runtimes in one process do not share devices, streams or memory. The newer one here is a decoy
+// without CUDA's functions.
+func TestLoadedRuntimeIsPreferred(t *testing.T) {
+	if os.Getenv(loadedChild) == "" {
+		standinBackend(t) // builds the stand-in
+		decoy := fakeLib(t, "libcudart.so.13", "int kolo_decoy(void) { return 0; }\n")
+		cmd := exec.Command(os.Args[0], "-test.run=^TestLoadedRuntimeIsPreferred$", "-test.v")
+		cmd.Env = append(os.Environ(), loadedChild+"="+standin.libs.NCCL, "LD_LIBRARY_PATH="+filepath.Dir(decoy))
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestLoadedRuntimeIsPreferred") {
+			t.Fatalf("%v:\n%s", err, out)
+		}
+		return
+	}
+	b, err := open(Options{NCCLPaths: []string{os.Getenv(loadedChild)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.PCIBusID(0); err != nil {
+		t.Fatal(err)
+	}
 }
