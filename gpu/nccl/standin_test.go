@@ -9,6 +9,7 @@ package nccl
 import (
 	"context"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -555,4 +556,137 @@ func TestLoadedRuntimeIsPreferred(t *testing.T) {
 	if _, err := b.PCIBusID(0); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// procChild marks a rank process of TestStandinRanksInProcesses: its value is
+// "rank/size/hex id/lose", lose naming a rank that is killed inside the second allreduce.
+const procChild = "KOLO_NCCL_TEST_RANK"
+
+// Ranks in separate processes meet through the stand-in's files; a rank killed with -9 inside a
+// collective leaves the others blocked in it until they abort.
+func TestStandinRanksInProcesses(t *testing.T) {
+	if v := os.Getenv(procChild); v != "" {
+		rankProcess(t, v)
+		return
+	}
+	b := standinBackend(t)
+	for _, tc := range []struct {
+		name    string
+		n, lose int
+	}{{"2 ranks", 2, -1}, {"3 ranks", 3, -1}, {"3 ranks, rank 1 killed", 3, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			id, err := b.NewUniqueID()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmds := make([]*exec.Cmd, tc.n)
+			outs := make([]strings.Builder, tc.n)
+			for r := range tc.n {
+				cmds[r] = exec.Command(os.Args[0], "-test.run=^TestStandinRanksInProcesses$", "-test.v")
+				cmds[r].Env = append(os.Environ(), fmt.Sprintf("%s=%d/%d/%x/%d", procChild, r, tc.n, id[:], tc.lose),
+					"LD_LIBRARY_PATH="+standin.libs.Dir)
+				cmds[r].Stdout, cmds[r].Stderr = &outs[r], &outs[r]
+				if err := cmds[r].Start(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			done := make(chan error, tc.n)
+			for r := range tc.n {
+				go func() {
+					err := cmds[r].Wait()
+					if err == nil && !strings.Contains(outs[r].String(), "--- PASS") {
+						err = errors.New("no test passed")
+					}
+					if r == tc.lose {
+						err = nil // it killed itself
+					}
+					done <- err
+				}()
+			}
+			timeout := time.After(60 * time.Second)
+			for range tc.n {
+				select {
+				case err := <-done:
+					if err != nil {
+						for r := range tc.n {
+							t.Logf("rank %d:\n%s", r, outs[r].String())
+						}
+						t.Fatal(err)
+					}
+				case <-timeout:
+					for _, c := range cmds {
+						c.Process.Kill()
+					}
+					t.Fatal("ranks still running after 60 s")
+				}
+			}
+		})
+	}
+}
+
+// rankProcess is one rank of TestStandinRanksInProcesses, loading the stand-in by the loader's
+// search path (LD_LIBRARY_PATH), as a user points kolo at an NCCL.
+func rankProcess(t *testing.T, spec string) {
+	var rank, size, lose int
+	var hexID string
+	if _, err := fmt.Sscanf(strings.ReplaceAll(spec, "/", " "), "%d %d %s %d", &rank, &size, &hexID, &lose); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := hex.DecodeString(hexID)
+	if err != nil || len(raw) != gpu.UniqueIDBytes {
+		t.Fatalf("id %q: %v", hexID, err)
+	}
+	var id gpu.UniqueID
+	copy(id[:], raw)
+	b, err := open(Options{CallTimeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each process's device 0: on one host, as ranks on separate GPUs (the stand-in has no
+	// notion of a shared device across processes).
+	dev, err := b.Device(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := dev.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := b.NewComm(ctx, dev, id, size, rank)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := alloc(t, dev, 4)
+	putF32(mem(p, 4), float32(rank+1))
+	if err := c.AllReduce(p, p, 1, gpu.Float32, gpu.Sum, s); err != nil {
+		t.Fatal(err)
+	}
+	sync1(t, s)
+	if got, want := f32s(mem(p, 4))[0], float32(size*(size+1)/2); got != want {
+		t.Fatalf("allreduce: %v, want %v", got, want)
+	}
+	if err := c.AllReduce(p, p, 1, gpu.Float32, gpu.Sum, s); err != nil {
+		t.Fatal(err)
+	}
+	if rank == lose {
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	}
+	if lose < 0 {
+		sync1(t, s)
+		if err := c.Destroy(); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	short, cancel2 := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel2()
+	if err := s.Synchronize(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the allreduce with rank %d killed: %v, want it blocked", lose, err)
+	}
+	if err := c.Abort(); err != nil {
+		t.Fatal(err)
+	}
+	sync1(t, s)
 }
