@@ -528,17 +528,25 @@ def _device_path(ordinal):
     return use
 
 
-def _torch_nccl():
+def _torch_nccl(maps="/proc/self/maps", search=None):
     """The path (bytes) of the libnccl PyTorch loaded, which the engine loads first, so that both
-    use one NCCL; None where none is loaded (the engine then looks for one itself)."""
+    use one NCCL; else the copy torch's wheel depends on (pip's nvidia-nccl-cu12, in
+    site-packages/nvidia/nccl/lib beside torch), which torch loads when it first needs it; None
+    where there is neither (the engine then looks for one on the loader's path)."""
     try:
-        with open("/proc/self/maps") as f:
+        with open(maps) as f:
             for line in f:
                 i = line.find("/")
                 if i >= 0 and "/libnccl.so" in line:
                     return line[i:].rstrip("\n").encode()
     except OSError:
         pass
+    if search is None:
+        search = [os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))] + sys.path
+    for base in search:
+        p = os.path.join(base or ".", "nvidia", "nccl", "lib", "libnccl.so.2")
+        if os.path.isfile(p):
+            return os.path.abspath(p).encode()
     return None
 
 
