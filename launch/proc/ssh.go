@@ -31,7 +31,7 @@ type SSHStarter struct {
 	IdentityFile   string        // -i
 	Options        []string      // extra "-o" options, e.g. StrictHostKeyChecking=accept-new
 	ConnectTimeout time.Duration // ssh's ConnectTimeout; default 10 s
-	Forward        []string      // names of variables (-x) forwarded besides the ones ForwardedEnv always keeps
+	Forward        []string      // names of variables (-x) forwarded even where ForwardedEnv leaves them out
 	Program        string        // the ssh client; default "ssh" (tests substitute a fake)
 	Dir            string        // working directory on the hosts; default the launcher's
 
@@ -56,14 +56,23 @@ const (
 // double-quoted '$' so that any login shell (bash, zsh, fish, csh) passes it to sh untouched.
 const bootstrap = `sh -c 'nl=$(printf "\nx"); nl=${nl%x}; s=; while IFS= read -r l && [ "$l" != ` + payloadEnd + ` ]; do s=$s$l$nl; done; eval "$s"'`
 
-// alwaysForwarded are the variables a remote worker gets from the launcher besides KOLO_* and
-// HOROVOD_* ones and the -x names: what locates the program and its libraries.
-var alwaysForwarded = map[string]bool{"PATH": true, "PYTHONPATH": true, "LD_LIBRARY_PATH": true}
+// perHost are the launcher's variables a remote worker does not get: what describes the launching
+// host, shell or ssh session rather than the job. horovodrun leaves out BASH_FUNC_* (no name sh
+// can set: shellName drops them), OLDPWD, CUDA_VISIBLE_DEVICES (the launching host's devices) and
+// its secret; kolo's secret goes as KOLO_SECRET, on ssh's stdin. The rest of the shell's
+// bookkeeping and the launcher's ssh session are per host too.
+var perHost = map[string]bool{
+	"OLDPWD": true, "CUDA_VISIBLE_DEVICES": true,
+	"PWD": true, "SHLVL": true, "_": true, "HOSTNAME": true,
+	"SSH_AUTH_SOCK": true, "SSH_CLIENT": true, "SSH_CONNECTION": true, "SSH_TTY": true,
+}
 
 var shellName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// ForwardedEnv keeps the entries of env ("K=V") that a remote worker gets: KOLO_*, HOROVOD_*, PATH,
-// PYTHONPATH, LD_LIBRARY_PATH and the names in extra. Later entries win, as in exec.
+// ForwardedEnv keeps the entries of env ("K=V") that a remote worker gets: all but the per-host
+// ones, as horovodrun passes the launching shell's environment on (a script that relies on
+// NCCL_SOCKET_IFNAME, OMP_NUM_THREADS or its own variables set there behaves alike on every
+// host), and the names in extra (-x) even among those. Later entries win, as in exec.
 func ForwardedEnv(env []string, extra []string) []string {
 	allowed := map[string]bool{}
 	for _, x := range extra {
@@ -77,7 +86,7 @@ func ForwardedEnv(env []string, extra []string) []string {
 		if !ok || !shellName.MatchString(k) {
 			continue
 		}
-		if !(strings.HasPrefix(k, "KOLO_") || strings.HasPrefix(k, "HOROVOD_") || alwaysForwarded[k] || allowed[k]) {
+		if perHost[k] && !allowed[k] {
 			continue
 		}
 		if i, seen := idx[k]; seen {

@@ -16,14 +16,30 @@ import (
 )
 
 func TestForwardedEnv(t *testing.T) {
-	env := []string{
-		"PATH=/bin", "HOME=/root", "KOLO_RANK=1", "HOROVOD_RANK=1", "SECRET_TOKEN=x", "FOO=1",
-		"PYTHONPATH=/p", "LD_LIBRARY_PATH=/l", "BASH_FUNC_f%%=() { :; }", "KOLO_RANK=2", "BAR=2", "noequals",
-	}
-	got := ForwardedEnv(env, []string{"FOO", "BAR=override-is-already-in-env"})
-	want := []string{"PATH=/bin", "KOLO_RANK=2", "HOROVOD_RANK=1", "FOO=1", "PYTHONPATH=/p", "LD_LIBRARY_PATH=/l", "BAR=2"}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("ForwardedEnv:\n got %q\nwant %q", got, want)
+	for _, tc := range []struct {
+		name       string
+		env, extra []string
+		want       []string
+	}{
+		{"the launching shell's environment, later entries winning",
+			[]string{"PATH=/bin", "HOME=/root", "KOLO_RANK=1", "HOROVOD_RANK=1", "NCCL_SOCKET_IFNAME=eth1", "OMP_NUM_THREADS=4",
+				"PYTHONPATH=/p", "LD_LIBRARY_PATH=/l", "MY_FLAG=1", "KOLO_RANK=2", "noequals"},
+			nil,
+			[]string{"PATH=/bin", "HOME=/root", "KOLO_RANK=2", "HOROVOD_RANK=1", "NCCL_SOCKET_IFNAME=eth1", "OMP_NUM_THREADS=4",
+				"PYTHONPATH=/p", "LD_LIBRARY_PATH=/l", "MY_FLAG=1"}},
+		{"less what is per host, as horovodrun",
+			[]string{"BASH_FUNC_f%%=() { :; }", "OLDPWD=/a", "CUDA_VISIBLE_DEVICES=0,1", "PWD=/b", "SHLVL=2", "_=/usr/bin/kolo",
+				"HOSTNAME=launcher", "SSH_AUTH_SOCK=/tmp/agent", "SSH_CLIENT=1 2 3", "SSH_CONNECTION=1 2 3 4", "SSH_TTY=/dev/pts/0", "FOO=1"},
+			nil,
+			[]string{"FOO=1"}},
+		{"-x names forwarded even then",
+			[]string{"CUDA_VISIBLE_DEVICES=3", "FOO=1", "BAR=2"},
+			[]string{"CUDA_VISIBLE_DEVICES", "BAR=override-is-already-in-env"},
+			[]string{"CUDA_VISIBLE_DEVICES=3", "FOO=1", "BAR=2"}},
+	} {
+		if got := ForwardedEnv(tc.env, tc.extra); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s:\n got %q\nwant %q", tc.name, got, tc.want)
+		}
 	}
 }
 
@@ -69,15 +85,16 @@ func TestSSHStarterEnvDirAndArgs(t *testing.T) {
 	dir := t.TempDir()
 	s := &SSHStarter{Program: prog, Port: 2222, IdentityFile: "/keys/id", Options: []string{"StrictHostKeyChecking=accept-new"},
 		ConnectTimeout: 3 * time.Second, Forward: []string{"FOO"}}
-	env := []string{"PATH=" + os.Getenv("PATH"), "KOLO_SECRET=s3cr3t-value", "FOO=it's \"quoted\"\nand two lines", "NOT_FORWARDED=1", "KOLO_RANK=0"}
+	env := []string{"PATH=" + os.Getenv("PATH"), "KOLO_SECRET=s3cr3t-value", "FOO=it's \"quoted\"\nand two lines", "SHELL_ONLY=1",
+		"CUDA_VISIBLE_DEVICES=0", "KOLO_RANK=0"}
 	var out, errOut proctest.Buffer
 	r := &Runner{Starter: s, Stdout: &out, Stderr: &errOut}
 	_, first := r.Run(context.Background(), sshWorkers(dir, env,
-		`echo "pwd=$(pwd) rank=$KOLO_RANK secret=$KOLO_SECRET nf=${NOT_FORWARDED-unset}"; printf 'foo=%s|\n' "$FOO"; echo to-stderr >&2`))
+		`echo "pwd=$(pwd) rank=$KOLO_RANK secret=$KOLO_SECRET shell=$SHELL_ONLY cvd=${CUDA_VISIBLE_DEVICES-unset}"; printf 'foo=%s|\n' "$FOO"; echo to-stderr >&2`))
 	if first != nil {
 		t.Fatalf("failed: %v\n%s", first.Exit, errOut.String())
 	}
-	for _, want := range []string{"pwd=" + dir + " rank=0 secret=s3cr3t-value nf=unset", "foo=it's \"quoted\"", "[0]<stdout>:and two lines|"} {
+	for _, want := range []string{"pwd=" + dir + " rank=0 secret=s3cr3t-value shell=1 cvd=unset", "foo=it's \"quoted\"", "[0]<stdout>:and two lines|"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("stdout lacks %q:\n%s", want, out.String())
 		}
