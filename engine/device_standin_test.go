@@ -9,11 +9,13 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/kolo-dl/kolo/gpu"
 	"github.com/kolo-dl/kolo/gpu/nccl"
@@ -174,5 +176,34 @@ func TestDeviceFreeDoesNotHoldTheAbort(t *testing.T) {
 	}
 	if err := errors.Join(stream.Destroy(), other.Destroy()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// standinDevice is a device of the stand-in, whose memory is host memory: the test reads and
+// writes it directly.
+type standinDevice struct{ gpu.Device }
+
+func (d standinDevice) Unwrap() gpu.Device { return d.Device }
+
+func (standinDevice) Bytes(p gpu.Ptr, n int) ([]byte, error) {
+	return unsafe.Slice(*(**byte)(unsafe.Pointer(&p)), n), nil
+}
+
+// The device conformance suite through gpu/nccl's C layer and the stand-in NCCL, at 2 and 3
+// ranks: every op on the device path gives what the host path gives.
+func TestDeviceOpsMatchHostPathThroughStandin(t *testing.T) {
+	for _, n := range []int{2, 3} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			b := standinBackend(t)
+			devs := make([]testDevice, n)
+			for r := range devs {
+				d, err := b.Device(r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				devs[r] = standinDevice{d}
+			}
+			deviceConformance(t, newDeviceClusterWith(t, DefaultConfig(), b, b.Version(), devs, nil))
+		})
 	}
 }
