@@ -189,21 +189,41 @@ func (standinDevice) Bytes(p gpu.Ptr, n int) ([]byte, error) {
 	return unsafe.Slice(*(**byte)(unsafe.Pointer(&p)), n), nil
 }
 
+// standinCluster is a cluster of n ranks on the stand-in's devices 0 to n-1, over lib (the
+// stand-in's backend, or a wrapper of it).
+func standinCluster(t *testing.T, b nccl.Backend, lib gpu.Library, n int) *deviceCluster {
+	t.Helper()
+	devs := make([]testDevice, n)
+	for r := range devs {
+		d, err := b.Device(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		devs[r] = standinDevice{d}
+	}
+	return newDeviceClusterWith(t, DefaultConfig(), lib, b.Version(), devs, nil)
+}
+
+// Process sets get communicators split from the global one, or (an NCCL without ncclCommSplit)
+// formed from ids of their own, through the stand-in.
+func TestDeviceProcessSetsThroughStandin(t *testing.T) {
+	t.Run("split", func(t *testing.T) {
+		b := standinBackend(t)
+		testDeviceProcessSets(t, standinCluster(t, b, b, 3))
+	})
+	t.Run("new ids", func(t *testing.T) {
+		b := standinBackend(t)
+		testDeviceProcessSets(t, standinCluster(t, b, noSplitLibrary{b}, 3))
+	})
+}
+
 // The device conformance suite through gpu/nccl's C layer and the stand-in NCCL, at 2 and 3
 // ranks: every op on the device path gives what the host path gives.
 func TestDeviceOpsMatchHostPathThroughStandin(t *testing.T) {
 	for _, n := range []int{2, 3} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			b := standinBackend(t)
-			devs := make([]testDevice, n)
-			for r := range devs {
-				d, err := b.Device(r)
-				if err != nil {
-					t.Fatal(err)
-				}
-				devs[r] = standinDevice{d}
-			}
-			deviceConformance(t, newDeviceClusterWith(t, DefaultConfig(), b, b.Version(), devs, nil))
+			deviceConformance(t, standinCluster(t, b, b, n))
 		})
 	}
 }

@@ -768,12 +768,16 @@ func TestDeviceForcedOnWithoutLibrary(t *testing.T) {
 // Process sets run device ops on sub-communicators: one that existed when the device path was set
 // up and one added after. A grouped allreduce runs as one.
 func TestDeviceProcessSetsAndGroups(t *testing.T) {
-	t.Run("split", func(t *testing.T) { testDeviceProcessSets(t, fake.NewLibrary()) })
-	t.Run("new ids", func(t *testing.T) { testDeviceProcessSets(t, noSplitLibrary{fake.NewLibrary()}) })
+	t.Run("split", func(t *testing.T) {
+		testDeviceProcessSets(t, newDeviceClusterOn(t, 3, DefaultConfig(), fake.NewLibrary(), nil))
+	})
+	t.Run("new ids", func(t *testing.T) {
+		testDeviceProcessSets(t, newDeviceClusterOn(t, 3, DefaultConfig(), noSplitLibrary{fake.NewLibrary()}, nil))
+	})
 }
 
 // noSplitLibrary forms communicators that cannot split (NCCL before 2.18).
-type noSplitLibrary struct{ *fake.Library }
+type noSplitLibrary struct{ gpu.Library }
 
 func (l noSplitLibrary) NewComm(ctx context.Context, dev gpu.Device, id gpu.UniqueID, size, rank int) (gpu.Comm, error) {
 	c, err := l.Library.NewComm(ctx, dev, id, size, rank)
@@ -783,9 +787,10 @@ func (l noSplitLibrary) NewComm(ctx context.Context, dev gpu.Device, id gpu.Uniq
 	return struct{ gpu.Comm }{c}, nil
 }
 
-func testDeviceProcessSets(t *testing.T, lib gpu.Library) {
+// testDeviceProcessSets runs grouped allreduces on two process sets of dc's 3 ranks, one added
+// before the device path started and one after.
+func testDeviceProcessSets(t *testing.T, dc *deviceCluster) {
 	const n = 3
-	dc := newDeviceClusterOn(t, n, DefaultConfig(), lib, nil)
 	ctx := waitCtx(t)
 	ids := make([]int, n)
 	errs := make([]error, n)
