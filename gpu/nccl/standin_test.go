@@ -559,7 +559,8 @@ func TestLoadedRuntimeIsPreferred(t *testing.T) {
 }
 
 // procChild marks a rank process of TestStandinRanksInProcesses: its value is
-// "rank/size/hex id/lose", lose naming a rank that is killed inside the second allreduce.
+// "rank/size/hex id/lose", lose naming a rank killed while the others are in the second
+// allreduce.
 const procChild = "KOLO_NCCL_TEST_RANK"
 
 // Ranks in separate processes meet through the stand-in's files; a rank killed with -9 inside a
@@ -667,11 +668,13 @@ func rankProcess(t *testing.T, spec string) {
 	if got, want := f32s(mem(p, 4))[0], float32(size*(size+1)/2); got != want {
 		t.Fatalf("allreduce: %v, want %v", got, want)
 	}
+	if rank == lose {
+		// Killed before its part of the second allreduce ran (once enqueued, its stream's
+		// thread may run it before the signal lands): the others are inside it.
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	}
 	if err := c.AllReduce(p, p, 1, gpu.Float32, gpu.Sum, s); err != nil {
 		t.Fatal(err)
-	}
-	if rank == lose {
-		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	}
 	if lose < 0 {
 		sync1(t, s)

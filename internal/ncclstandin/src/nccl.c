@@ -102,6 +102,7 @@ struct ncclComm {
 	uint64_t sends[MAXR], recvs[MAXR];
 	uint64_t splits;
 	_Atomic uint64_t opsEnqueued, opsDone;
+	_Atomic int connected; // its first launch has set up connections
 	pthread_t job;
 	_Atomic int hasJob;
 	char lastError[256];
@@ -883,11 +884,33 @@ static void runOps(void* v) {
 
 static __thread struct op *groupHead, *groupTail; // the calling thread's group
 
+static void* connectMain(void* v) {
+	struct ncclComm* c = v;
+	struct timespec ts = {0, 5 * 1000000};
+	nanosleep(&ts, NULL);
+	int busy = ncclInProgress;
+	atomic_compare_exchange_strong(&c->async, &busy, ncclSuccess);
+	return NULL;
+}
+
+// launch puts ops on their stream. A non-blocking communicator's first launch connects its
+// peers on a thread of its own and reports ncclInProgress, as NCCL does: the caller polls
+// ncclCommGetAsyncError until ncclSuccess before its next call on the communicator.
 static ncclResult_t launch(struct op* ops) {
+	struct ncclComm* c = ops->c;
 	int e = standinEnqueue(ops->stream, runOps, ops);
 	if (e) {
-		setError(ops->c, "%s: stream refused the work", "launch");
+		setError(c, "%s: stream refused the work", "launch");
 		return ncclUnhandledCudaError;
+	}
+	if (!c->blocking && !atomic_exchange(&c->connected, 1)) {
+		atomic_store(&c->async, ncclInProgress);
+		pthread_t th;
+		if (pthread_create(&th, NULL, connectMain, c) == 0) {
+			pthread_detach(th);
+			return ncclInProgress;
+		}
+		atomic_store(&c->async, ncclSuccess);
 	}
 	return ncclSuccess;
 }
@@ -975,7 +998,7 @@ ncclResult_t ncclGroupEnd(void) {
 		}
 		groupHead = rest;
 		ncclResult_t e = launch(mine);
-		if (e && !r) r = e;
+		if (e && (!r || r == ncclInProgress)) r = e;
 	}
 	groupTail = NULL;
 	return r;
