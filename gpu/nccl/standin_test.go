@@ -693,3 +693,40 @@ func rankProcess(t *testing.T, spec string) {
 	}
 	sync1(t, s)
 }
+
+// noSplitChild marks the process of TestStandinWithoutSplit; its value is the library's path.
+const noSplitChild = "KOLO_NCCL_TEST_NO_SPLIT"
+
+// An NCCL without ncclCommSplit (before 2.18) binds, and its communicators are no Splitters:
+// the engine forms process sets' communicators from ids of their own. In a process of its own,
+// as the library differs from the other tests'.
+func TestStandinWithoutSplit(t *testing.T) {
+	if lib := os.Getenv(noSplitChild); lib != "" {
+		b, err := open(Options{NCCLPaths: []string{lib}, CUDAPaths: []string{filepath.Join(filepath.Dir(lib), "libcudart.so.12")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.split || b.Version() != (gpu.Version{Major: 2, Minor: 17, Patch: 1}) {
+			t.Fatalf("NCCL %s, split %v: want 2.17.1 without split", b.Version(), b.split)
+		}
+		rs := form(t, b, 2)
+		for r, x := range rs {
+			if _, ok := x.c.(gpu.Splitter); ok {
+				t.Errorf("rank %d: a Splitter on an NCCL without ncclCommSplit", r)
+			}
+		}
+		destroy(t, rs)
+		return
+	}
+	standinBackend(t) // the environment, and a report check
+	l, err := ncclstandin.Build(t.TempDir(), ncclstandin.Variant{Version: 21701, NoSplit: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestStandinWithoutSplit$", "-test.v")
+	cmd.Env = append(os.Environ(), noSplitChild+"="+l.NCCL)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestStandinWithoutSplit") {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+}

@@ -4,18 +4,22 @@
 // streams are threads, and ranks, in one process or many, meet through files in a directory; see
 // src/nccl.c for the NCCL semantics it keeps and the misuse it reports.
 //
+// The libraries read their settings from the environment when they need them: STANDIN_NCCL_DIR,
+// the directory where a communicator's ranks meet (every rank of a test the same; default
+// /dev/shm/kolo-standin-nccl); STANDIN_REPORT, a file misuse is appended to (Reports reads it);
+// STANDIN_DEADLINE_S, how long any wait lasts before it gives up and reports (120 s); and
+// STANDIN_CUDA_DEVICES, the device count (8).
+//
 // It is test support: production code must not import it.
 package ncclstandin
 
 import (
 	"embed"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"testing"
 )
 
 //go:embed src/*.c src/*.h
@@ -34,23 +38,6 @@ type Libs struct {
 	Dir  string // holds libnccl.so.2 and libcudart.so.12: an LD_LIBRARY_PATH for child processes
 	NCCL string // Dir/libnccl.so.2
 	CUDA string // Dir/libcudart.so.12
-}
-
-// Env is the environment the stand-in reads: where ranks meet (a directory every rank of a test
-// shares), where misuse is reported (a file), and how long its waits last before it gives up.
-type Env struct {
-	RendezvousDir string // STANDIN_NCCL_DIR
-	Report        string // STANDIN_REPORT
-	DeadlineS     int    // STANDIN_DEADLINE_S; 0 leaves the default (120 s)
-}
-
-// Vars is e as environment variables.
-func (e Env) Vars() []string {
-	v := []string{"STANDIN_NCCL_DIR=" + e.RendezvousDir, "STANDIN_REPORT=" + e.Report}
-	if e.DeadlineS > 0 {
-		v = append(v, fmt.Sprintf("STANDIN_DEADLINE_S=%d", e.DeadlineS))
-	}
-	return v
 }
 
 // Build compiles the stand-in into dir (a t.TempDir or a directory a TestMain removes).
@@ -95,19 +82,6 @@ func Build(dir string, v Variant) (Libs, error) {
 		}
 	}
 	return l, nil
-}
-
-// BuildT is Build into a t.TempDir, skipping the test where no C compiler is.
-func BuildT(t testing.TB, v Variant) Libs {
-	t.Helper()
-	l, err := Build(t.TempDir(), v)
-	if errors.Is(err, exec.ErrNotFound) {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
 }
 
 // Reports is what the stand-in reported in file path ("" when it reported nothing).

@@ -90,7 +90,7 @@ struct ctl {
 
 struct ncclComm {
 	_Atomic uint32_t magic;
-	char name[96]; // files are <dir>/<name>.*
+	char name[160]; // files are <dir>/<name>.*: an id (128 bytes at most) and a split suffix
 	int rank, nranks, dev, blocking;
 	struct ctl* ctl;
 	_Atomic int async;    // ncclCommGetAsyncError's answer
@@ -396,6 +396,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* newcomm, int nranks, ncclUniqueId id, 
 	return ncclCommInitRankConfig(newcomm, nranks, id, rank, NULL);
 }
 
+#ifndef STANDIN_NO_SPLIT // NCCL before 2.18 has no ncclCommSplit
 struct splitJob {
 	struct ncclComm* parent;
 	int color, key, blocking;
@@ -463,7 +464,6 @@ static void* splitMain(void* v) {
 	return NULL;
 }
 
-#ifndef STANDIN_NO_SPLIT
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* cfg) {
 	if (!live(comm, "ncclCommSplit")) return ncclInvalidArgument;
 	ncclResult_t r = checkConfig(cfg, "ncclCommSplit");
