@@ -195,6 +195,16 @@ func TestSSHLaunch(t *testing.T) {
 		checkNoOrphans(t, hosts.Netns, sshd)
 	})
 
+	// A variable set only in the launching shell reaches the ranks on other hosts, as under
+	// horovodrun (not only -x names); the launcher's CUDA_VISIBLE_DEVICES does not.
+	t.Run("the launching shell's environment", func(t *testing.T) {
+		l := run(t, []string{e2e.ShellOnly + "=yes", "CUDA_VISIBLE_DEVICES=7"}, "-H", fmt.Sprintf("%s:1,%s:1", a[0], a[1]),
+			"-x", e2e.WorkerEnv+"=shell-env", self, "-test.run=^$")
+		if code := l.wait(t, 2*time.Minute); code != 0 {
+			t.Fatalf("exit %d\n%s", code, l.output())
+		}
+	})
+
 	// Without --network-interface: the launcher listens on the address the hosts reach it at, each
 	// rank on its host's address, and nothing on every interface.
 	t.Run("listens on the hosts' network", func(t *testing.T) {

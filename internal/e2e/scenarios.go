@@ -38,6 +38,21 @@ var Scenarios = map[string]func(ctx context.Context) error{
 	"sigstop":                sigstopScenario,
 	"sigstop-small":          sigstopSmallScenario,
 	"sigstop-between":        sigstopBetweenScenario,
+	"shell-env":              shellEnvScenario,
+}
+
+// ShellOnly is a variable a test sets only in the launcher's environment; the shell-env scenario
+// checks every rank has it, and not the launcher's CUDA_VISIBLE_DEVICES (per host, as horovodrun).
+const ShellOnly = "E2E_SET_IN_THE_LAUNCHING_SHELL"
+
+func shellEnvScenario(context.Context) error {
+	if v := os.Getenv(ShellOnly); v != "yes" {
+		return fmt.Errorf("%s=%q, want the launcher's \"yes\"", ShellOnly, v)
+	}
+	if v, ok := os.LookupEnv("CUDA_VISIBLE_DEVICES"); ok {
+		return fmt.Errorf("the launcher's CUDA_VISIBLE_DEVICES=%q reached it", v)
+	}
+	return nil
 }
 
 // loopScenario allreduces until an op fails (a test kills part of the job) and returns that error.
