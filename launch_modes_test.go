@@ -250,7 +250,8 @@ func TestSSHLaunch(t *testing.T) {
 		wd, _ := os.Getwd()
 		for r := 0; r < 13; r++ {
 			h := min(r, 1)
-			want := fmt.Sprintf("rank=%d host=%s kolohost=%s pwd=%s x=forwarded lo=unset secret=64 leak=no rv=%s:", r, hosts.Hostnames[h], a[h], wd, hosts.Gateway)
+			// lo: the launcher's whole environment reaches the ranks, as under horovodrun.
+			want := fmt.Sprintf("rank=%d host=%s kolohost=%s pwd=%s x=forwarded lo=1 secret=64 leak=no rv=%s:", r, hosts.Hostnames[h], a[h], wd, hosts.Gateway)
 			if !strings.Contains(l.stdout.String(), want) {
 				t.Errorf("rank %d: want %q in\n%s", r, want, l.output())
 			}
