@@ -4,6 +4,8 @@ package kolo_test
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -71,4 +73,37 @@ func TestKilledRankFailsOthersOnDevice(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The real libnccl.so.2 and libcudart.so.12 (PyPI's wheels, scripts/nvidia_deps.sh) on a machine
+// without a GPU: the ranks load them, decide to stage, and say why; nothing crashes.
+func TestRealLibrariesStageWithoutAGPU(t *testing.T) {
+	if _, err := exec.LookPath("nvidia-smi"); err == nil {
+		t.Skip("a GPU machine")
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(wd, ".venv", "nvidia", "nvidia")
+	nccl, cudart := filepath.Join(root, "nccl", "lib"), filepath.Join(root, "cuda_runtime", "lib")
+	for _, lib := range []string{filepath.Join(nccl, "libnccl.so.2"), filepath.Join(cudart, "libcudart.so.12")} {
+		if _, err := os.Stat(lib); err != nil {
+			why := lib + " missing: PyPI's nvidia wheels are not installed (scripts/deps.sh installs them)"
+			if os.Getenv("KOLO_REQUIRE_TESTBEDS") == "1" {
+				t.Fatal(why)
+			}
+			t.Skip(why)
+		}
+	}
+	job := e2e.Launch(t, "device-staged", e2e.LocalHosts(2), 2, e2e.Options{Env: map[string]string{
+		"LD_LIBRARY_PATH": nccl + ":" + cudart}})
+	requireSuccess(t, job)
+	if n := strings.Count(job.Stdout.String(), "STAGED why="); n != 2 {
+		t.Fatalf("%d ranks staged, want 2:\n%s", n, job.Stdout)
+	}
+	if !strings.Contains(job.Stdout.String(), "cudaError") {
+		t.Errorf("the reason to stage is not CUDA's error:\n%s", job.Stdout)
+	}
+	t.Logf("%s", job.Stdout)
 }

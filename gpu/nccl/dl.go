@@ -354,7 +354,7 @@ func (b *backend) Device(ordinal int) (gpu.Device, error) {
 func (b *backend) PCIBusID(ordinal int) (string, error) {
 	var buf [64]C.char
 	if err := cudaErr("cudaDeviceGetPCIBusId", C.kolo_pci_bus_id(C.int(ordinal), &buf[0], C.int(len(buf)))); err != nil {
-		return "", fmt.Errorf("device %d: %w", ordinal, err)
+		return "", err // the caller names the device
 	}
 	return C.GoString(&buf[0]), nil
 }

@@ -134,3 +134,19 @@ func deviceKillScenario(ctx context.Context) error {
 		}
 	}
 }
+
+func init() { Scenarios["device-staged"] = deviceStagedScenario }
+
+// deviceStagedScenario sets the device path up where it cannot serve (the real libraries on a
+// machine without a GPU): every rank must decide to stage, and print why.
+func deviceStagedScenario(ctx context.Context) error {
+	dec, err := kolo.DevicePath(ctx, kolo.LocalRank())
+	if err != nil {
+		return err
+	}
+	if dec.Use {
+		return fmt.Errorf("the device path is used")
+	}
+	fmt.Printf("STAGED why=%v\n", dec.Why)
+	return nil
+}
