@@ -531,6 +531,10 @@ type comm struct {
 
 	mu      sync.Mutex
 	aborted bool
+	// grouped: between GroupStart and GroupEnd, mu is held by the goroutine that runs the group
+	// (gpu.Group, on one thread), so that an abort waits for the group's end: NCCL would launch
+	// the group's operations on the communicator the abort freed. Only that goroutine reads it.
+	grouped bool
 }
 
 func (c *comm) Rank() int { return c.rank }
@@ -584,6 +588,14 @@ func (c *comm) asyncState() (C.int, error) {
 // call makes NCCL call name on the communicator under its lock, unless it was aborted, and
 // checks the result (enqueued).
 func (c *comm) call(name string, f func() C.int) error {
+	if c.grouped {
+		// Inside this communicator's group, whose goroutine holds mu: NCCL only queues the
+		// operation, and GroupEnd settles what the group started.
+		if r := f(); r != resSuccess && r != resInProgress {
+			return c.b.result(name, c.h, int(r))
+		}
+		return nil
+	}
 	c.mu.Lock()
 	if c.aborted {
 		c.mu.Unlock()
@@ -677,13 +689,28 @@ func (c *comm) Recv(buf gpu.Ptr, count int, t gpu.DataType, peer int, s gpu.Stre
 // GroupStart and GroupEnd are NCCL's, which are per OS thread: callers use gpu.Group, which
 // keeps a group on one thread from start to end.
 func (c *comm) GroupStart() error {
+	c.mu.Lock()
+	if c.aborted {
+		c.mu.Unlock()
+		return fmt.Errorf("ncclGroupStart: %w", gpu.ErrAborted)
+	}
 	if r := C.kolo_group_start(); r != resSuccess {
+		c.mu.Unlock()
 		return c.b.result("ncclGroupStart", c.h, int(r))
 	}
+	c.grouped = true
 	return nil
 }
 
-func (c *comm) GroupEnd() error { return c.enqueued("ncclGroupEnd", C.kolo_group_end()) }
+func (c *comm) GroupEnd() error {
+	if !c.grouped {
+		return errors.New("ncclGroupEnd: no group started on this communicator")
+	}
+	r := C.kolo_group_end()
+	c.grouped = false
+	c.mu.Unlock()
+	return c.enqueued("ncclGroupEnd", r)
+}
 
 func (c *comm) stream(s gpu.Stream) (C.uintptr_t, error) {
 	st, ok := s.(*stream)

@@ -730,3 +730,33 @@ func TestStandinWithoutSplit(t *testing.T) {
 		t.Fatalf("%v:\n%s", err, out)
 	}
 }
+
+// An abort (halt, on another goroutine) while a group is open waits for the group's end: NCCL
+// would otherwise launch the group's operations on the communicator the abort freed.
+func TestAbortWaitsForAnOpenGroup(t *testing.T) {
+	b := standinBackend(t)
+	rs := form(t, b, 2)
+	x := rs[0]
+	p := alloc(t, x.dev, 4)
+	aborted := make(chan error, 1)
+	_ = gpu.Group(x.c, func() error {
+		if err := x.c.Send(p, 1, gpu.Float32, 1, x.s); err != nil {
+			return err
+		}
+		go func() { aborted <- x.c.Abort() }()
+		time.Sleep(100 * time.Millisecond) // the abort waits for the group's end, or (were it not to) is done
+		return nil
+	}) // its error, if any, is the abort's
+	select {
+	case err := <-aborted:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the abort still waiting 10 s after the group ended")
+	}
+	sync1(t, x.s)
+	if err := rs[1].c.Abort(); err != nil {
+		t.Fatal(err)
+	}
+}

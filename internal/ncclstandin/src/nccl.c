@@ -983,6 +983,14 @@ ncclResult_t ncclGroupEnd(void) {
 	}
 	if (--groupDepth > 0) return ncclSuccess;
 	ncclResult_t r = ncclSuccess;
+	for (struct op* o = groupHead; o; o = o->next) {
+		if (atomic_load(&o->c->magic) != LIVE) {
+			standinReport("ncclGroupEnd: an operation of the group is on rank %d of %s, aborted or destroyed since it "
+			              "was enqueued (real NCCL has freed it)", o->c->rank, o->c->name);
+			setError(o->c, "%s: communicator freed within the group", "ncclGroupEnd");
+			r = ncclInvalidUsage;
+		}
+	}
 	while (groupHead) {
 		void* st = groupHead->stream;
 		struct op *mine = NULL, *mineTail = NULL, *rest = NULL, *restTail = NULL;
