@@ -2,7 +2,7 @@
 GO      ?= go
 BIN     := bin
 # Packages whose concurrency the race detector must check.
-RACE_PKGS := ./engine/... ./timeline/... ./transport/... ./collective/... ./rendezvous/... ./launch/... ./bootstrap/... ./world/...
+RACE_PKGS := ./engine/... ./gpu/... ./timeline/... ./transport/... ./collective/... ./rendezvous/... ./launch/... ./bootstrap/... ./world/...
 PYTHON  ?= /usr/bin/python3
 # The engine as the Python package loads it (capi/), and the kolo command a wheel ships beside it.
 PYLIB   := python/kolo/lib

@@ -95,14 +95,16 @@ type devicePath struct {
 	retired   []gpu.Ptr // outgrown fusion buffers: work queued on the stream may still read them
 
 	// work in flight and memory to free, shared with the watchdog and the handles.
-	wmu      sync.Mutex
-	inflight []*deviceWork
-	frees    []deferredFree
-	events   []gpu.Event // completed, for reuse: an event per op from the library costs a call
-	progress time.Time   // when work last completed
-	comms    []gpu.Comm  // every communicator, for abort
-	closed   bool
-	stopWait chan struct{}
+	wmu       sync.Mutex
+	inflight  []*deviceWork
+	frees     []deferredFree
+	toFree    []gpu.Ptr   // readers ran: for release's goroutine
+	releasing bool        // release's goroutine runs
+	events    []gpu.Event // completed, for reuse: an event per op from the library costs a call
+	progress  time.Time   // when work last completed
+	comms     []gpu.Comm  // every communicator, for abort
+	closed    bool
+	stopWait  chan struct{}
 }
 
 // deviceWork is one response's device work: its done event and the results waiting on it.

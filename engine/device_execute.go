@@ -260,23 +260,19 @@ func (x *deviceRun) allgather(r *negotiate.Response, i int, en *entry) (*deviceR
 	if equal {
 		return res, x.c.AllGather(en.dev.op.In, res.out, counts[0]/x.es, x.t, x.s)
 	}
-	if err := x.c.GroupStart(); err != nil {
-		return res, err
-	}
-	var first error
-	off := 0
-	for p := range n {
-		if counts[p] > 0 {
-			if err := x.c.Broadcast(en.dev.op.In, res.out.Add(off), counts[p]/x.es, x.t, p, x.s); err != nil && first == nil {
-				first = fmt.Errorf("broadcast of rank %d's rows: %w", p, err)
+	return res, gpu.Group(x.c, func() error {
+		var first error
+		off := 0
+		for p := range n {
+			if counts[p] > 0 {
+				if err := x.c.Broadcast(en.dev.op.In, res.out.Add(off), counts[p]/x.es, x.t, p, x.s); err != nil && first == nil {
+					first = fmt.Errorf("broadcast of rank %d's rows: %w", p, err)
+				}
 			}
+			off += counts[p]
 		}
-		off += counts[p]
-	}
-	if err := x.c.GroupEnd(); err != nil && first == nil {
-		first = err
-	}
-	return res, first
+		return first
+	})
 }
 
 func (x *deviceRun) alltoall(r *negotiate.Response, i int, en *entry) (*deviceResult, error) {

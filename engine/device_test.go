@@ -23,10 +23,11 @@ import (
 	"github.com/kolo-dl/kolo/transport/inmem"
 )
 
-// deviceCluster is a cluster whose ranks each have a fake device, on one fake library.
+// deviceCluster is a cluster whose ranks each have a device (a fake one unless said otherwise),
+// on one library.
 type deviceCluster struct {
 	*cluster
-	devs    []*fake.Device
+	devs    []testDevice
 	streams []gpu.Stream // each rank's "torch current stream"
 	opens   atomic.Int32 // library loads, over every rank
 }
@@ -43,16 +44,33 @@ func newDeviceCluster(t *testing.T, n int, cfg Config, each func(r int) rankDevi
 	return newDeviceClusterOn(t, n, cfg, fake.NewLibrary(), each)
 }
 
+// testDevice is a device whose memory a test reads and writes from the host.
+type testDevice interface {
+	gpu.Device
+	Bytes(p gpu.Ptr, n int) ([]byte, error)
+}
+
 // newDeviceClusterOn is newDeviceCluster on lib.
 func newDeviceClusterOn(t *testing.T, n int, cfg Config, lib gpu.Library, each func(r int) rankDevice) *deviceCluster {
 	t.Helper()
+	devs := make([]testDevice, n)
+	for r := range devs {
+		devs[r] = fake.NewDevice()
+	}
+	return newDeviceClusterWith(t, cfg, lib, gpu.Version{Major: 2, Minor: 28, Patch: 9}, devs, each)
+}
+
+// newDeviceClusterWith is a cluster of a rank per device of devs, on lib of version v.
+func newDeviceClusterWith(t *testing.T, cfg Config, lib gpu.Library, v gpu.Version, devs []testDevice, each func(r int) rankDevice) *deviceCluster {
+	t.Helper()
+	n := len(devs)
 	dc := &deviceCluster{}
 	eps := inmem.New(n, inmem.WithProgressTimeout(testProgressTimeout))
 	groups := make([]Group, n)
 	cfgs := make([]Config, n)
 	for r, ep := range eps {
 		groups[r] = Group{Comm: ep.Comm(), Messenger: ep, Local: ep.Comm()}
-		d := fake.NewDevice()
+		d := devs[r]
 		s, err := d.NewStream()
 		if err != nil {
 			t.Fatal(err)
@@ -69,9 +87,14 @@ func newDeviceClusterOn(t *testing.T, n int, cfg Config, lib gpu.Library, each f
 				if rd.openErr != nil {
 					return nil, gpu.Version{}, rd.openErr
 				}
-				return lib, gpu.Version{Major: 2, Minor: 28, Patch: 9}, nil
+				return lib, v, nil
 			},
-			Device: func(gpu.Library, int) (gpu.Device, string, error) { return d, rd.busID, nil },
+			Device: func(gpu.Library, int) (gpu.Device, string, error) {
+				if u, ok := d.(interface{ Unwrap() gpu.Device }); ok {
+					return u.Unwrap(), rd.busID, nil // the library's own type, which its communicators take
+				}
+				return d, rd.busID, nil
+			},
 		}
 	}
 	dc.cluster = startClusterEach(t, cfgs, "memhost", groups, func() {
@@ -103,7 +126,7 @@ func (dc *deviceCluster) mustUse(t *testing.T) {
 	}
 }
 
-func upload(t *testing.T, d *fake.Device, b []byte) gpu.Ptr {
+func upload(t *testing.T, d testDevice, b []byte) gpu.Ptr {
 	t.Helper()
 	p, err := d.Alloc(len(b))
 	if err != nil {
@@ -117,7 +140,7 @@ func upload(t *testing.T, d *fake.Device, b []byte) gpu.Ptr {
 	return p
 }
 
-func download(t *testing.T, d *fake.Device, p gpu.Ptr, n int) []byte {
+func download(t *testing.T, d testDevice, p gpu.Ptr, n int) []byte {
 	t.Helper()
 	m, err := d.Bytes(p, n)
 	if err != nil {
@@ -305,53 +328,56 @@ var deviceTypes = []dtype.DType{dtype.Int8, dtype.Uint8, dtype.Int32, dtype.Int6
 // at 2 and 3 ranks, with host and device ops in one job.
 func TestDeviceOpsMatchHostPath(t *testing.T) {
 	for _, n := range []int{2, 3} {
-		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			dc := newDeviceCluster(t, n, DefaultConfig(), nil)
-			dc.mustUse(t)
-			seed := uint64(1)
-			for _, dt := range deviceTypes {
-				for _, op := range []struct {
-					name string
-					op   uint8
-					avg  bool
-				}{{"sum", negotiate.ReduceSum, false}, {"min", negotiate.ReduceMin, false}, {"max", negotiate.ReduceMax, false},
-					{"prod", negotiate.ReduceProd, false}, {"average", negotiate.ReduceSum, true}} {
-					seed++
-					runBoth(t, dc, devCase{name: "allreduce", approx: op.avg, reqs: func(r, n int) []negotiate.Request {
-						// One alone (in place, no fusion) and three fused, one of them odd-sized.
-						var reqs []negotiate.Request
-						for i, shape := range [][]int64{{7}, {3, 5}, {1}, {0}} {
-							reqs = append(reqs, negotiate.Request{Name: fmt.Sprintf("ar.%s.%s.%d", dt, op.name, i), Kind: negotiate.Allreduce,
-								DType: dt, Shape: shape, ReduceOp: op.op, Average: op.avg})
-						}
-						return reqs
-					}}, seed)
+		t.Run(fmt.Sprint(n), func(t *testing.T) { deviceConformance(t, newDeviceCluster(t, n, DefaultConfig(), nil)) })
+	}
+}
+
+// deviceConformance runs every op on dc's device path and its host path and compares them.
+func deviceConformance(t *testing.T, dc *deviceCluster) {
+	t.Helper()
+	dc.mustUse(t)
+	seed := uint64(1)
+	for _, dt := range deviceTypes {
+		for _, op := range []struct {
+			name string
+			op   uint8
+			avg  bool
+		}{{"sum", negotiate.ReduceSum, false}, {"min", negotiate.ReduceMin, false}, {"max", negotiate.ReduceMax, false},
+			{"prod", negotiate.ReduceProd, false}, {"average", negotiate.ReduceSum, true}} {
+			seed++
+			runBoth(t, dc, devCase{name: "allreduce", approx: op.avg, reqs: func(r, n int) []negotiate.Request {
+				// One alone (in place, no fusion) and three fused, one of them odd-sized.
+				var reqs []negotiate.Request
+				for i, shape := range [][]int64{{7}, {3, 5}, {1}, {0}} {
+					reqs = append(reqs, negotiate.Request{Name: fmt.Sprintf("ar.%s.%s.%d", dt, op.name, i), Kind: negotiate.Allreduce,
+						DType: dt, Shape: shape, ReduceOp: op.op, Average: op.avg})
 				}
-				seed++
-				runBoth(t, dc, devCase{name: "gather, broadcast, alltoall, reducescatter", approx: true, reqs: func(r, n int) []negotiate.Request {
-					splits := make([]int64, n) // uneven: rank r sends p+r rows to p
-					var rows int64
-					for p := range splits {
-						splits[p] = int64((p + r) % 3)
-						rows += splits[p]
-					}
-					return []negotiate.Request{
-						{Name: "ag.ragged." + dt.String(), Kind: negotiate.Allgather, DType: dt, Shape: []int64{int64(r + 1), 3}},
-						{Name: "ag.even." + dt.String(), Kind: negotiate.Allgather, DType: dt, Shape: []int64{2, 2}},
-						{Name: "ag.empty." + dt.String(), Kind: negotiate.Allgather, DType: dt, Shape: []int64{0, 3}},
-						{Name: "bc." + dt.String(), Kind: negotiate.Broadcast, DType: dt, Shape: []int64{5}, Root: n - 1},
-						{Name: "bc2." + dt.String(), Kind: negotiate.Broadcast, DType: dt, Shape: []int64{2, 3}, Root: n - 1},
-						{Name: "a2a." + dt.String(), Kind: negotiate.Alltoall, DType: dt, Shape: []int64{rows, 2}, Splits: splits},
-						{Name: "rs.uneven." + dt.String(), Kind: negotiate.ReduceScatter, DType: dt, Shape: []int64{int64(2*n + 1), 2}, ReduceOp: negotiate.ReduceSum},
-						{Name: "rs.even." + dt.String(), Kind: negotiate.ReduceScatter, DType: dt, Shape: []int64{int64(n), 3}, ReduceOp: negotiate.ReduceMax},
-						{Name: "rs.avg." + dt.String(), Kind: negotiate.ReduceScatter, DType: dt, Shape: []int64{int64(n + 1)}, ReduceOp: negotiate.ReduceSum, Average: true},
-					}
-				}}, seed)
+				return reqs
+			}}, seed)
+		}
+		seed++
+		runBoth(t, dc, devCase{name: "gather, broadcast, alltoall, reducescatter", approx: true, reqs: func(r, n int) []negotiate.Request {
+			splits := make([]int64, n) // uneven: rank r sends p+r rows to p
+			var rows int64
+			for p := range splits {
+				splits[p] = int64((p + r) % 3)
+				rows += splits[p]
 			}
-			if dc.engines[0].dev.fusionCap == 0 {
-				t.Error("no fusion buffer was ever allocated: the allreduces did not fuse")
+			return []negotiate.Request{
+				{Name: "ag.ragged." + dt.String(), Kind: negotiate.Allgather, DType: dt, Shape: []int64{int64(r + 1), 3}},
+				{Name: "ag.even." + dt.String(), Kind: negotiate.Allgather, DType: dt, Shape: []int64{2, 2}},
+				{Name: "ag.empty." + dt.String(), Kind: negotiate.Allgather, DType: dt, Shape: []int64{0, 3}},
+				{Name: "bc." + dt.String(), Kind: negotiate.Broadcast, DType: dt, Shape: []int64{5}, Root: n - 1},
+				{Name: "bc2." + dt.String(), Kind: negotiate.Broadcast, DType: dt, Shape: []int64{2, 3}, Root: n - 1},
+				{Name: "a2a." + dt.String(), Kind: negotiate.Alltoall, DType: dt, Shape: []int64{rows, 2}, Splits: splits},
+				{Name: "rs.uneven." + dt.String(), Kind: negotiate.ReduceScatter, DType: dt, Shape: []int64{int64(2*n + 1), 2}, ReduceOp: negotiate.ReduceSum},
+				{Name: "rs.even." + dt.String(), Kind: negotiate.ReduceScatter, DType: dt, Shape: []int64{int64(n), 3}, ReduceOp: negotiate.ReduceMax},
+				{Name: "rs.avg." + dt.String(), Kind: negotiate.ReduceScatter, DType: dt, Shape: []int64{int64(n + 1)}, ReduceOp: negotiate.ReduceSum, Average: true},
 			}
-		})
+		}}, seed)
+	}
+	if dc.engines[0].dev.fusionCap == 0 {
+		t.Error("no fusion buffer was ever allocated: the allreduces did not fuse")
 	}
 }
 
@@ -742,12 +768,16 @@ func TestDeviceForcedOnWithoutLibrary(t *testing.T) {
 // Process sets run device ops on sub-communicators: one that existed when the device path was set
 // up and one added after. A grouped allreduce runs as one.
 func TestDeviceProcessSetsAndGroups(t *testing.T) {
-	t.Run("split", func(t *testing.T) { testDeviceProcessSets(t, fake.NewLibrary()) })
-	t.Run("new ids", func(t *testing.T) { testDeviceProcessSets(t, noSplitLibrary{fake.NewLibrary()}) })
+	t.Run("split", func(t *testing.T) {
+		testDeviceProcessSets(t, newDeviceClusterOn(t, 3, DefaultConfig(), fake.NewLibrary(), nil))
+	})
+	t.Run("new ids", func(t *testing.T) {
+		testDeviceProcessSets(t, newDeviceClusterOn(t, 3, DefaultConfig(), noSplitLibrary{fake.NewLibrary()}, nil))
+	})
 }
 
 // noSplitLibrary forms communicators that cannot split (NCCL before 2.18).
-type noSplitLibrary struct{ *fake.Library }
+type noSplitLibrary struct{ gpu.Library }
 
 func (l noSplitLibrary) NewComm(ctx context.Context, dev gpu.Device, id gpu.UniqueID, size, rank int) (gpu.Comm, error) {
 	c, err := l.Library.NewComm(ctx, dev, id, size, rank)
@@ -757,9 +787,10 @@ func (l noSplitLibrary) NewComm(ctx context.Context, dev gpu.Device, id gpu.Uniq
 	return struct{ gpu.Comm }{c}, nil
 }
 
-func testDeviceProcessSets(t *testing.T, lib gpu.Library) {
+// testDeviceProcessSets runs grouped allreduces on two process sets of dc's 3 ranks, one added
+// before the device path started and one after.
+func testDeviceProcessSets(t *testing.T, dc *deviceCluster) {
 	const n = 3
-	dc := newDeviceClusterOn(t, n, DefaultConfig(), lib, nil)
 	ctx := waitCtx(t)
 	ids := make([]int, n)
 	errs := make([]error, n)

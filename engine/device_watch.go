@@ -28,7 +28,7 @@ func (e *Engine) deviceWatch() {
 			return
 		case <-tk.C:
 		}
-		d.reap()
+		d.release(d.reap())
 		d.wmu.Lock()
 		busy := len(d.inflight) > 0
 		var oldest *deviceWork
@@ -60,8 +60,8 @@ func (e *Engine) deviceWatch() {
 	}
 }
 
-// reap drops the work that has run and frees the memory whose readers have run.
-func (d *devicePath) reap() {
+// reap drops the work that has run and returns the memory whose readers have run, for release.
+func (d *devicePath) reap() []gpu.Ptr {
 	d.wmu.Lock()
 	defer d.wmu.Unlock()
 	i := 0
@@ -82,15 +82,52 @@ func (d *devicePath) reap() {
 	}
 	d.inflight = d.inflight[i:]
 	kept := d.frees[:0]
+	var free []gpu.Ptr
 	for _, f := range d.frees {
 		if ok, _ := f.ev.Query(); ok {
-			_ = d.dev.Free(f.p)
+			free = append(free, f.p)
 			d.events = append(d.events, f.ev)
 			continue
 		}
 		kept = append(kept, f)
 	}
 	d.frees = kept
+	return free
+}
+
+// release frees ps on a goroutine of its own, one at a time. cudaFree synchronizes the device: it
+// waits for all its work, torch's and a collective stuck on a lost peer included. Under the
+// watch lock it would keep halt from aborting the communicator that ends that collective; on
+// the watchdog it would keep the watchdog from seeing that nothing progresses.
+func (d *devicePath) release(ps []gpu.Ptr) {
+	if len(ps) == 0 {
+		return
+	}
+	d.wmu.Lock()
+	d.toFree = append(d.toFree, ps...)
+	start := !d.releasing
+	d.releasing = true
+	d.wmu.Unlock()
+	if start {
+		go d.releaseAll()
+	}
+}
+
+func (d *devicePath) releaseAll() {
+	for {
+		d.wmu.Lock()
+		ps := d.toFree
+		d.toFree = nil
+		if len(ps) == 0 {
+			d.releasing = false
+			d.wmu.Unlock()
+			return
+		}
+		d.wmu.Unlock()
+		for _, p := range ps {
+			_ = d.dev.Free(p)
+		}
+	}
 }
 
 // abort fails the device work in flight with err and aborts every communicator, which ends the

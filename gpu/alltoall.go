@@ -1,6 +1,9 @@
 package gpu
 
-import "fmt"
+import (
+	"fmt"
+	"runtime"
+)
 
 // AllToAll sends sendCounts[p] elements from send+sendDispls[p] to every rank p and receives
 // recvCounts[p] elements from p into recv+recvDispls[p] (counts and displacements in elements),
@@ -13,25 +16,43 @@ func AllToAll(c Comm, send Ptr, sendCounts, sendDispls []int, recv Ptr, recvCoun
 			n, len(sendCounts), len(sendDispls), len(recvCounts), len(recvDispls))
 	}
 	size := t.Size()
-	if err := c.GroupStart(); err != nil {
+	err := Group(c, func() error {
+		var first error
+		for p := range n {
+			if sendCounts[p] > 0 {
+				if err := c.Send(send.Add(sendDispls[p]*size), sendCounts[p], t, p, s); err != nil && first == nil {
+					first = fmt.Errorf("send to rank %d: %w", p, err)
+				}
+			}
+			if recvCounts[p] > 0 {
+				if err := c.Recv(recv.Add(recvDispls[p]*size), recvCounts[p], t, p, s); err != nil && first == nil {
+					first = fmt.Errorf("recv from rank %d: %w", p, err)
+				}
+			}
+		}
+		return first
+	})
+	if err != nil {
 		return fmt.Errorf("alltoall: %w", err)
 	}
-	var first error
-	for p := range n {
-		if sendCounts[p] > 0 {
-			if err := c.Send(send.Add(sendDispls[p]*size), sendCounts[p], t, p, s); err != nil && first == nil {
-				first = fmt.Errorf("alltoall: send to rank %d: %w", p, err)
-			}
-		}
-		if recvCounts[p] > 0 {
-			if err := c.Recv(recv.Add(recvDispls[p]*size), recvCounts[p], t, p, s); err != nil && first == nil {
-				first = fmt.Errorf("alltoall: recv from rank %d: %w", p, err)
-			}
-		}
+	return nil
+}
+
+// Group runs body, which enqueues operations on c, between c.GroupStart and c.GroupEnd, all on
+// one OS thread: NCCL's group state is per thread (thread_local ncclGroupDepth), and a goroutine
+// may change thread between two cgo calls. A group started on one thread and ended on another
+// launches its operations one by one (sends and receives deadlock), fails at GroupEnd ("not in a
+// group call") and leaves the first thread inside a group, which swallows the next NCCL calls
+// made on it. The group is ended even when body fails, for the same reason.
+func Group(c Comm, body func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := c.GroupStart(); err != nil {
+		return err
 	}
-	// The group is always ended, so that a refused enqueue does not leave it open.
-	if err := c.GroupEnd(); err != nil && first == nil {
-		first = fmt.Errorf("alltoall: %w", err)
+	err := body()
+	if e := c.GroupEnd(); e != nil && err == nil {
+		err = e
 	}
-	return first
+	return err
 }

@@ -92,7 +92,8 @@ type Comm interface {
 	Send(buf Ptr, count int, t DataType, peer int, s Stream) error
 	Recv(buf Ptr, count int, t DataType, peer int, s Stream) error
 	// GroupStart and GroupEnd bracket operations that are launched together (AllToAll's
-	// sends and receives): nothing inside a group starts before GroupEnd.
+	// sends and receives): nothing inside a group starts before GroupEnd. The group is the
+	// calling OS thread's, as NCCL's: call them through Group.
 	GroupStart() error
 	GroupEnd() error
 	// AsyncError is nil while the communicator is healthy; an error once it failed or was aborted.

@@ -16,7 +16,9 @@ for p in "${pkgs[@]}"; do
   st=$(dpkg-query -W -f='${db:Status-Status} ' "$p" 2>/dev/null || true)
   [ "${st%% *}" = installed ] || need+=("$p")
 done
-[ ${#need[@]} -eq 0 ] && exit 0
+# Then PyPI's NCCL and CUDA runtime headers and libraries, for gpu/nccl's tests (scripts/nvidia_deps.sh).
+nvidia="$(dirname "$0")/nvidia_deps.sh"
+[ ${#need[@]} -eq 0 ] && exec "$nvidia"
 if [ "$(id -u)" -ne 0 ]; then
   echo "kolo needs these Debian packages: ${need[*]}" >&2
   echo "install them with: sudo apt-get install ${need[*]}" >&2
@@ -26,3 +28,4 @@ echo "installing ${need[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq "${need[@]}" >/dev/null
+exec "$nvidia"

@@ -32,6 +32,14 @@ typedef int cudaError_t;
 typedef void* cudaStream_t;
 typedef void* cudaEvent_t;
 
+// Values of nccl.h's and cuda_runtime_api.h's names, checked against the headers in tests.
+#define koloConfigMagic 0xcafebeef    // NCCL_CONFIG_INITIALIZER's magic
+#define koloConfigVersion 21700       // NCCL_VERSION(2,17,0): the layout of koloNcclConfig
+#define koloConfigUndef INT32_MIN     // NCCL_CONFIG_UNDEF_INT
+#define koloStreamNonBlocking 1       // cudaStreamNonBlocking
+#define koloEventDisableTiming 2      // cudaEventDisableTiming
+#define koloMemcpyDeviceToDevice 3    // cudaMemcpyDeviceToDevice
+
 static size_t kolo_config_offset(int field) {
 	switch (field) {
 	case 0: return offsetof(koloNcclConfig, magic);
@@ -68,6 +76,7 @@ static struct {
 	const char* (*getLastError)(ncclComm_t); // NULL before 2.13
 
 	cudaError_t (*setDevice)(int);
+	cudaError_t (*getDevice)(int*);
 	cudaError_t (*malloc)(void**, size_t);
 	cudaError_t (*free)(void*);
 	cudaError_t (*streamCreateWithFlags)(cudaStream_t*, unsigned int);
@@ -83,10 +92,8 @@ static struct {
 	const char* (*getErrorString)(cudaError_t);
 } K;
 
-static void* kolo_open(const char* path) {
-	// A library already in the process (torch's) is preferred to a second copy.
-	void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-	return h ? h : dlopen(path, RTLD_NOW | RTLD_LOCAL);
+static void* kolo_open(const char* path, int loaded) {
+	return dlopen(path, RTLD_NOW | RTLD_LOCAL | (loaded ? RTLD_NOLOAD : 0));
 }
 
 static const char* kolo_dlerror(void) {
@@ -123,6 +130,7 @@ static const char* kolo_bind_nccl(void* h) {
 
 static const char* kolo_bind_cuda(void* h) {
 	SYM(h, setDevice, "cudaSetDevice")
+	SYM(h, getDevice, "cudaGetDevice")
 	SYM(h, malloc, "cudaMalloc")
 	SYM(h, free, "cudaFree")
 	SYM(h, streamCreateWithFlags, "cudaStreamCreateWithFlags")
@@ -144,21 +152,30 @@ static int kolo_nccl_version(int* v) { return K.getVersion(v); }
 static const char* kolo_nccl_last_error(uintptr_t c) { return K.getLastError ? K.getLastError((ncclComm_t)c) : ""; }
 static const char* kolo_cuda_error_string(int e) { return K.getErrorString(e); }
 
-// Every CUDA call first makes dev current on the calling thread: the current device is
-// per thread, and a goroutine may run on any thread.
-#define ON(dev) { cudaError_t e_ = K.setDevice(dev); if (e_) return e_; }
+// ON(dev, call) is the body of a function that makes call with dev current on the calling thread
+// and gives the thread its device back after: the current device is per thread, a goroutine may
+// run on any thread, and the thread may be the Python thread, whose current device is torch's.
+#define ON(dev, call) { \
+	int prev_ = 0; \
+	cudaError_t e_ = K.getDevice(&prev_); \
+	if (e_) return e_; \
+	if (prev_ != (dev) && (e_ = K.setDevice(dev))) return e_; \
+	int r_ = (call); \
+	if (prev_ != (dev)) K.setDevice(prev_); \
+	return r_; \
+}
 
-static int kolo_malloc(int dev, uintptr_t* p, size_t n) { ON(dev) void* q = NULL; int e = K.malloc(&q, n); *p = (uintptr_t)q; return e; }
-static int kolo_free(int dev, uintptr_t p) { ON(dev) return K.free((void*)p); }
-static int kolo_stream_create(int dev, uintptr_t* s) { ON(dev) cudaStream_t q = NULL; int e = K.streamCreateWithFlags(&q, 1); *s = (uintptr_t)q; return e; } // cudaStreamNonBlocking
-static int kolo_stream_destroy(int dev, uintptr_t s) { ON(dev) return K.streamDestroy((cudaStream_t)s); }
-static int kolo_stream_query(int dev, uintptr_t s) { ON(dev) return K.streamQuery((cudaStream_t)s); }
-static int kolo_stream_wait_event(int dev, uintptr_t s, uintptr_t ev) { ON(dev) return K.streamWaitEvent((cudaStream_t)s, (cudaEvent_t)ev, 0); }
-static int kolo_event_create(int dev, uintptr_t* ev) { ON(dev) cudaEvent_t q = NULL; int e = K.eventCreateWithFlags(&q, 2); *ev = (uintptr_t)q; return e; } // cudaEventDisableTiming
-static int kolo_event_record(int dev, uintptr_t ev, uintptr_t s) { ON(dev) return K.eventRecord((cudaEvent_t)ev, (cudaStream_t)s); }
-static int kolo_event_query(int dev, uintptr_t ev) { ON(dev) return K.eventQuery((cudaEvent_t)ev); }
-static int kolo_event_destroy(int dev, uintptr_t ev) { ON(dev) return K.eventDestroy((cudaEvent_t)ev); }
-static int kolo_memcpy_d2d(int dev, uintptr_t dst, uintptr_t src, size_t n, uintptr_t s) { ON(dev) return K.memcpyAsync((void*)dst, (const void*)src, n, 3, (cudaStream_t)s); } // cudaMemcpyDeviceToDevice
+static int kolo_malloc(int dev, uintptr_t* p, size_t n) ON(dev, K.malloc((void**)p, n))
+static int kolo_free(int dev, uintptr_t p) ON(dev, K.free((void*)p))
+static int kolo_stream_create(int dev, uintptr_t* s) ON(dev, K.streamCreateWithFlags((cudaStream_t*)s, koloStreamNonBlocking))
+static int kolo_stream_destroy(int dev, uintptr_t s) ON(dev, K.streamDestroy((cudaStream_t)s))
+static int kolo_stream_query(int dev, uintptr_t s) ON(dev, K.streamQuery((cudaStream_t)s))
+static int kolo_stream_wait_event(int dev, uintptr_t s, uintptr_t ev) ON(dev, K.streamWaitEvent((cudaStream_t)s, (cudaEvent_t)ev, 0))
+static int kolo_event_create(int dev, uintptr_t* ev) ON(dev, K.eventCreateWithFlags((cudaEvent_t*)ev, koloEventDisableTiming))
+static int kolo_event_record(int dev, uintptr_t ev, uintptr_t s) ON(dev, K.eventRecord((cudaEvent_t)ev, (cudaStream_t)s))
+static int kolo_event_query(int dev, uintptr_t ev) ON(dev, K.eventQuery((cudaEvent_t)ev))
+static int kolo_event_destroy(int dev, uintptr_t ev) ON(dev, K.eventDestroy((cudaEvent_t)ev))
+static int kolo_memcpy_d2d(int dev, uintptr_t dst, uintptr_t src, size_t n, uintptr_t s) ON(dev, K.memcpyAsync((void*)dst, (const void*)src, n, koloMemcpyDeviceToDevice, (cudaStream_t)s))
 static int kolo_pci_bus_id(int dev, char* buf, int n) { return K.deviceGetPCIBusId(buf, n, dev); }
 
 static int kolo_unique_id(char* out) { ncclUniqueId id; int r = K.getUniqueId(&id); memcpy(out, id.internal, 128); return r; }
@@ -168,46 +185,52 @@ static int kolo_unique_id(char* out) { ncclUniqueId id; int r = K.getUniqueId(&i
 static void kolo_config(koloNcclConfig* cfg) {
 	memset(cfg, 0, sizeof *cfg);
 	cfg->size = sizeof *cfg;
-	cfg->magic = 0xcafebeef;
-	cfg->version = 21700;
+	cfg->magic = koloConfigMagic;
+	cfg->version = koloConfigVersion;
 	cfg->blocking = 0;
-	cfg->cgaClusterSize = cfg->minCTAs = cfg->maxCTAs = cfg->splitShare = INT32_MIN;
+	cfg->cgaClusterSize = cfg->minCTAs = cfg->maxCTAs = cfg->splitShare = koloConfigUndef;
 	cfg->netName = NULL;
 }
 
-static int kolo_comm_init(int dev, uintptr_t* c, int n, const char* idBytes, int rank) {
-	ON(dev)
+// A communicator slot is where NCCL writes a new communicator: C heap memory, since NCCL keeps the
+// pointer after the call returned. 2.14 to 2.17's init thread reads and writes the communicator
+// through it until set-up ends; ncclCommSplit leaves NCCL_COMM_NULL there and stores the new
+// communicator from its own thread when the split completes. A C stack local would be written
+// after its frame is gone, and Go memory may not be kept by C.
+static ncclComm_t* kolo_slot_new(void) { ncclComm_t* p = malloc(sizeof *p); if (p) *p = NULL; return p; }
+static uintptr_t kolo_slot_read(ncclComm_t* p) { return (uintptr_t)__atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static void kolo_slot_free(ncclComm_t* p) { free(p); }
+
+static int kolo_comm_init_on(ncclComm_t* slot, int n, const char* idBytes, int rank) {
 	ncclUniqueId id;
 	memcpy(id.internal, idBytes, 128);
 	koloNcclConfig cfg;
 	kolo_config(&cfg);
-	ncclComm_t comm = NULL;
-	int r = K.commInitRankConfig(&comm, n, id, rank, &cfg);
-	*c = (uintptr_t)comm;
-	return r;
+	return K.commInitRankConfig(slot, n, id, rank, &cfg);
 }
 
-static int kolo_comm_split(int dev, uintptr_t c, int color, int key, uintptr_t* out) {
-	ON(dev)
+static int kolo_comm_init(int dev, ncclComm_t* slot, int n, const char* idBytes, int rank) ON(dev, kolo_comm_init_on(slot, n, idBytes, rank))
+
+static int kolo_comm_split_on(uintptr_t c, int color, int key, ncclComm_t* slot) {
 	koloNcclConfig cfg;
 	kolo_config(&cfg);
-	ncclComm_t sub = NULL;
-	int r = K.commSplit((ncclComm_t)c, color, key, &sub, &cfg);
-	*out = (uintptr_t)sub;
-	return r;
+	return K.commSplit((ncclComm_t)c, color, key, slot, &cfg);
 }
+static int kolo_comm_split(int dev, uintptr_t c, int color, int key, ncclComm_t* slot) ON(dev, kolo_comm_split_on(c, color, key, slot))
 
 static int kolo_async_error(uintptr_t c, int* state) { ncclResult_t s = 0; int r = K.commGetAsyncError((ncclComm_t)c, &s); *state = s; return r; }
-static int kolo_abort(uintptr_t c) { return K.commAbort((ncclComm_t)c); }
-static int kolo_destroy(uintptr_t c) { return K.commDestroy((ncclComm_t)c); }
-static int kolo_finalize(uintptr_t c) { return K.commFinalize((ncclComm_t)c); }
+// Abort, destroy and finalize run with the communicator's device current: NCCL's clean-up (its
+// group end) otherwise works on, and may create a context on, whatever device the thread has.
+static int kolo_abort(int dev, uintptr_t c) ON(dev, K.commAbort((ncclComm_t)c))
+static int kolo_destroy(int dev, uintptr_t c) ON(dev, K.commDestroy((ncclComm_t)c))
+static int kolo_finalize(int dev, uintptr_t c) ON(dev, K.commFinalize((ncclComm_t)c))
 static int kolo_rank_size(uintptr_t c, int* rank, int* size) { int r = K.commUserRank((ncclComm_t)c, rank); return r ? r : K.commCount((ncclComm_t)c, size); }
-static int kolo_all_reduce(int dev, uintptr_t s, uintptr_t r, size_t n, int t, int op, uintptr_t c, uintptr_t st) { ON(dev) return K.allReduce((void*)s, (void*)r, n, t, op, (ncclComm_t)c, (cudaStream_t)st); }
-static int kolo_broadcast(int dev, uintptr_t s, uintptr_t r, size_t n, int t, int root, uintptr_t c, uintptr_t st) { ON(dev) return K.broadcast((void*)s, (void*)r, n, t, root, (ncclComm_t)c, (cudaStream_t)st); }
-static int kolo_all_gather(int dev, uintptr_t s, uintptr_t r, size_t n, int t, uintptr_t c, uintptr_t st) { ON(dev) return K.allGather((void*)s, (void*)r, n, t, (ncclComm_t)c, (cudaStream_t)st); }
-static int kolo_reduce_scatter(int dev, uintptr_t s, uintptr_t r, size_t n, int t, int op, uintptr_t c, uintptr_t st) { ON(dev) return K.reduceScatter((void*)s, (void*)r, n, t, op, (ncclComm_t)c, (cudaStream_t)st); }
-static int kolo_send(int dev, uintptr_t b, size_t n, int t, int peer, uintptr_t c, uintptr_t st) { ON(dev) return K.send((void*)b, n, t, peer, (ncclComm_t)c, (cudaStream_t)st); }
-static int kolo_recv(int dev, uintptr_t b, size_t n, int t, int peer, uintptr_t c, uintptr_t st) { ON(dev) return K.recv((void*)b, n, t, peer, (ncclComm_t)c, (cudaStream_t)st); }
+static int kolo_all_reduce(int dev, uintptr_t s, uintptr_t r, size_t n, int t, int op, uintptr_t c, uintptr_t st) ON(dev, K.allReduce((void*)s, (void*)r, n, t, op, (ncclComm_t)c, (cudaStream_t)st))
+static int kolo_broadcast(int dev, uintptr_t s, uintptr_t r, size_t n, int t, int root, uintptr_t c, uintptr_t st) ON(dev, K.broadcast((void*)s, (void*)r, n, t, root, (ncclComm_t)c, (cudaStream_t)st))
+static int kolo_all_gather(int dev, uintptr_t s, uintptr_t r, size_t n, int t, uintptr_t c, uintptr_t st) ON(dev, K.allGather((void*)s, (void*)r, n, t, (ncclComm_t)c, (cudaStream_t)st))
+static int kolo_reduce_scatter(int dev, uintptr_t s, uintptr_t r, size_t n, int t, int op, uintptr_t c, uintptr_t st) ON(dev, K.reduceScatter((void*)s, (void*)r, n, t, op, (ncclComm_t)c, (cudaStream_t)st))
+static int kolo_send(int dev, uintptr_t b, size_t n, int t, int peer, uintptr_t c, uintptr_t st) ON(dev, K.send((void*)b, n, t, peer, (ncclComm_t)c, (cudaStream_t)st))
+static int kolo_recv(int dev, uintptr_t b, size_t n, int t, int peer, uintptr_t c, uintptr_t st) ON(dev, K.recv((void*)b, n, t, peer, (ncclComm_t)c, (cudaStream_t)st))
 static int kolo_group_start(void) { return K.groupStart(); }
 static int kolo_group_end(void) { return K.groupEnd(); }
 */
@@ -215,6 +238,7 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -268,19 +292,35 @@ func open(o Options) (*backend, error) {
 	return &backend{version: v, split: C.kolo_has_split() != 0, timeout: callTimeout(o)}, nil
 }
 
-// dlopenFirst returns the first of paths that loads, or every failure.
+// dlopenFirst returns the first of paths already loaded in the process, else the first that loads,
+// else every failure. A library already there (torch's NCCL and CUDA runtime) is preferred to
+// any other, the loader's first name included: two CUDA runtimes in one process share no
+// devices, streams or memory.
 func dlopenFirst(paths []string) (string, unsafe.Pointer, error) {
+	for _, p := range paths {
+		if h := dlopen(p, true); h != nil {
+			return p, h, nil
+		}
+	}
 	var why []string
 	for _, p := range paths {
-		cp := C.CString(p)
-		h := C.kolo_open(cp)
-		C.free(unsafe.Pointer(cp))
-		if h != nil {
+		if h := dlopen(p, false); h != nil {
 			return p, h, nil
 		}
 		why = append(why, C.GoString(C.kolo_dlerror()))
 	}
 	return "", nil, fmt.Errorf("tried %s", strings.Join(why, "; "))
+}
+
+// dlopen opens path, or with loaded finds it only if it is in the process already.
+func dlopen(path string, loaded bool) unsafe.Pointer {
+	cp := C.CString(path)
+	defer C.free(unsafe.Pointer(cp))
+	l := C.int(0)
+	if loaded {
+		l = 1
+	}
+	return C.kolo_open(cp, l)
 }
 
 func cudaErr(call string, code C.int) error {
@@ -314,7 +354,7 @@ func (b *backend) Device(ordinal int) (gpu.Device, error) {
 func (b *backend) PCIBusID(ordinal int) (string, error) {
 	var buf [64]C.char
 	if err := cudaErr("cudaDeviceGetPCIBusId", C.kolo_pci_bus_id(C.int(ordinal), &buf[0], C.int(len(buf)))); err != nil {
-		return "", fmt.Errorf("device %d: %w", ordinal, err)
+		return "", err // the caller names the device
 	}
 	return C.GoString(&buf[0]), nil
 }
@@ -336,18 +376,29 @@ func (b *backend) NewComm(ctx context.Context, dev gpu.Device, id gpu.UniqueID, 
 	if !ok {
 		return nil, fmt.Errorf("nccl comm on a %T", dev)
 	}
-	var h C.uintptr_t
-	r := C.kolo_comm_init(d.ord, &h, C.int(size), (*C.char)(unsafe.Pointer(&id[0])), C.int(rank))
+	slot := C.kolo_slot_new()
+	if slot == nil {
+		return nil, fmt.Errorf("rank %d of %d: no memory for the communicator", rank, size)
+	}
+	r := C.kolo_comm_init(d.ord, slot, C.int(size), (*C.char)(unsafe.Pointer(&id[0])), C.int(rank))
+	// Every NCCL from 2.14 writes the communicator before returning, so that its state can be
+	// polled; 2.14 to 2.17 keep writing through slot until set-up ends.
+	h := C.kolo_slot_read(slot)
 	c := &comm{b: b, dev: d, h: h, rank: rank, size: size}
 	if r != resSuccess && r != resInProgress {
 		if h != 0 {
-			C.kolo_abort(h)
+			c.abort()
 		}
 		return nil, fmt.Errorf("rank %d of %d: %w", rank, size, b.result("ncclCommInitRankConfig", h, int(r)))
 	}
+	if h == 0 {
+		return nil, fmt.Errorf("rank %d of %d: ncclCommInitRankConfig returned %d without a communicator", rank, size, int(r))
+	}
 	if err := c.settle(ctx, "ncclCommInitRankConfig"); err != nil {
+		// Aborted during set-up: NCCL may still hold slot; leave it (a pointer's worth).
 		return nil, fmt.Errorf("rank %d of %d: %w", rank, size, err)
 	}
+	C.kolo_slot_free(slot)
 	return c.public(), nil
 }
 
@@ -480,19 +531,27 @@ type comm struct {
 
 	mu      sync.Mutex
 	aborted bool
+	// grouped: between GroupStart and GroupEnd, mu is held by the goroutine that runs the group
+	// (gpu.Group, on one thread), so that an abort waits for the group's end: NCCL would launch
+	// the group's operations on the communicator the abort freed. Only that goroutine reads it.
+	grouped bool
 }
 
 func (c *comm) Rank() int { return c.rank }
 func (c *comm) Size() int { return c.size }
 
 // settle polls ncclCommGetAsyncError until the communicator leaves ncclInProgress; at the deadline
-// it aborts, so that NCCL never holds the engine.
+// it aborts, so that NCCL never holds the engine. An abort meanwhile (halt, on another goroutine)
+// ends it with ErrAborted.
 func (c *comm) settle(ctx context.Context, call string) error {
 	for i := 0; ; i++ {
-		var state C.int
-		if r := C.kolo_async_error(c.h, &state); r != resSuccess {
+		state, err := c.asyncState()
+		if errors.Is(err, gpu.ErrAborted) {
+			return fmt.Errorf("%s: %w", call, err)
+		}
+		if err != nil {
 			c.abort()
-			return c.b.result("ncclCommGetAsyncError", c.h, int(r))
+			return err
 		}
 		switch {
 		case state == resSuccess:
@@ -511,12 +570,45 @@ func (c *comm) settle(ctx context.Context, call string) error {
 	}
 }
 
+// asyncState is ncclCommGetAsyncError's state, asked under the communicator's lock: abort and
+// destroy free the communicator, and they may run on another goroutine (halt, close).
+func (c *comm) asyncState() (C.int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.aborted {
+		return 0, gpu.ErrAborted
+	}
+	var state C.int
+	if r := C.kolo_async_error(c.h, &state); r != resSuccess {
+		return 0, c.b.result("ncclCommGetAsyncError", c.h, int(r))
+	}
+	return state, nil
+}
+
+// call makes NCCL call name on the communicator under its lock, unless it was aborted, and
+// checks the result (enqueued).
+func (c *comm) call(name string, f func() C.int) error {
+	if c.grouped {
+		// Inside this communicator's group, whose goroutine holds mu: NCCL only queues the
+		// operation, and GroupEnd settles what the group started.
+		if r := f(); r != resSuccess && r != resInProgress {
+			return c.b.result(name, c.h, int(r))
+		}
+		return nil
+	}
+	c.mu.Lock()
+	if c.aborted {
+		c.mu.Unlock()
+		return fmt.Errorf("%s: %w", name, gpu.ErrAborted)
+	}
+	r := f()
+	c.mu.Unlock()
+	return c.enqueued(name, r)
+}
+
 // enqueued checks an enqueue's result: in non-blocking mode ncclInProgress means "accepted, still
 // being set up", which must settle before the next call on the communicator.
 func (c *comm) enqueued(call string, r C.int) error {
-	if c.isAborted() {
-		return fmt.Errorf("%s: %w", call, gpu.ErrAborted)
-	}
 	switch r {
 	case resSuccess:
 		return nil
@@ -539,7 +631,9 @@ func (c *comm) AllReduce(send, recv gpu.Ptr, count int, t gpu.DataType, op gpu.R
 	if err != nil {
 		return err
 	}
-	return c.enqueued("ncclAllReduce", C.kolo_all_reduce(c.dev.ord, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count), C.int(t), C.int(op), c.h, st))
+	return c.call("ncclAllReduce", func() C.int {
+		return C.kolo_all_reduce(c.dev.ord, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count), C.int(t), C.int(op), c.h, st)
+	})
 }
 
 func (c *comm) Broadcast(send, recv gpu.Ptr, count int, t gpu.DataType, root int, s gpu.Stream) error {
@@ -547,7 +641,9 @@ func (c *comm) Broadcast(send, recv gpu.Ptr, count int, t gpu.DataType, root int
 	if err != nil {
 		return err
 	}
-	return c.enqueued("ncclBroadcast", C.kolo_broadcast(c.dev.ord, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count), C.int(t), C.int(root), c.h, st))
+	return c.call("ncclBroadcast", func() C.int {
+		return C.kolo_broadcast(c.dev.ord, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(count), C.int(t), C.int(root), c.h, st)
+	})
 }
 
 func (c *comm) AllGather(send, recv gpu.Ptr, sendCount int, t gpu.DataType, s gpu.Stream) error {
@@ -555,7 +651,9 @@ func (c *comm) AllGather(send, recv gpu.Ptr, sendCount int, t gpu.DataType, s gp
 	if err != nil {
 		return err
 	}
-	return c.enqueued("ncclAllGather", C.kolo_all_gather(c.dev.ord, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(sendCount), C.int(t), c.h, st))
+	return c.call("ncclAllGather", func() C.int {
+		return C.kolo_all_gather(c.dev.ord, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(sendCount), C.int(t), c.h, st)
+	})
 }
 
 func (c *comm) ReduceScatter(send, recv gpu.Ptr, recvCount int, t gpu.DataType, op gpu.RedOp, s gpu.Stream) error {
@@ -563,7 +661,9 @@ func (c *comm) ReduceScatter(send, recv gpu.Ptr, recvCount int, t gpu.DataType, 
 	if err != nil {
 		return err
 	}
-	return c.enqueued("ncclReduceScatter", C.kolo_reduce_scatter(c.dev.ord, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(recvCount), C.int(t), C.int(op), c.h, st))
+	return c.call("ncclReduceScatter", func() C.int {
+		return C.kolo_reduce_scatter(c.dev.ord, C.uintptr_t(send), C.uintptr_t(recv), C.size_t(recvCount), C.int(t), C.int(op), c.h, st)
+	})
 }
 
 func (c *comm) Send(buf gpu.Ptr, count int, t gpu.DataType, peer int, s gpu.Stream) error {
@@ -571,7 +671,9 @@ func (c *comm) Send(buf gpu.Ptr, count int, t gpu.DataType, peer int, s gpu.Stre
 	if err != nil {
 		return err
 	}
-	return c.enqueued("ncclSend", C.kolo_send(c.dev.ord, C.uintptr_t(buf), C.size_t(count), C.int(t), C.int(peer), c.h, st))
+	return c.call("ncclSend", func() C.int {
+		return C.kolo_send(c.dev.ord, C.uintptr_t(buf), C.size_t(count), C.int(t), C.int(peer), c.h, st)
+	})
 }
 
 func (c *comm) Recv(buf gpu.Ptr, count int, t gpu.DataType, peer int, s gpu.Stream) error {
@@ -579,19 +681,36 @@ func (c *comm) Recv(buf gpu.Ptr, count int, t gpu.DataType, peer int, s gpu.Stre
 	if err != nil {
 		return err
 	}
-	return c.enqueued("ncclRecv", C.kolo_recv(c.dev.ord, C.uintptr_t(buf), C.size_t(count), C.int(t), C.int(peer), c.h, st))
+	return c.call("ncclRecv", func() C.int {
+		return C.kolo_recv(c.dev.ord, C.uintptr_t(buf), C.size_t(count), C.int(t), C.int(peer), c.h, st)
+	})
 }
 
-// GroupStart and GroupEnd are NCCL's, which are per thread: the caller keeps a group on one
-// goroutine locked to its thread (runtime.LockOSThread) from start to end.
+// GroupStart and GroupEnd are NCCL's, which are per OS thread: callers use gpu.Group, which
+// keeps a group on one thread from start to end.
 func (c *comm) GroupStart() error {
+	c.mu.Lock()
+	if c.aborted {
+		c.mu.Unlock()
+		return fmt.Errorf("ncclGroupStart: %w", gpu.ErrAborted)
+	}
 	if r := C.kolo_group_start(); r != resSuccess {
+		c.mu.Unlock()
 		return c.b.result("ncclGroupStart", c.h, int(r))
 	}
+	c.grouped = true
 	return nil
 }
 
-func (c *comm) GroupEnd() error { return c.enqueued("ncclGroupEnd", C.kolo_group_end()) }
+func (c *comm) GroupEnd() error {
+	if !c.grouped {
+		return errors.New("ncclGroupEnd: no group started on this communicator")
+	}
+	r := C.kolo_group_end()
+	c.grouped = false
+	c.mu.Unlock()
+	return c.enqueued("ncclGroupEnd", r)
+}
 
 func (c *comm) stream(s gpu.Stream) (C.uintptr_t, error) {
 	st, ok := s.(*stream)
@@ -602,12 +721,9 @@ func (c *comm) stream(s gpu.Stream) (C.uintptr_t, error) {
 }
 
 func (c *comm) AsyncError() error {
-	if c.isAborted() {
-		return gpu.ErrAborted
-	}
-	var state C.int
-	if r := C.kolo_async_error(c.h, &state); r != resSuccess {
-		return c.b.result("ncclCommGetAsyncError", c.h, int(r))
+	state, err := c.asyncState()
+	if err != nil {
+		return err
 	}
 	if state != resSuccess && state != resInProgress {
 		return c.b.result("ncclCommGetAsyncError", c.h, int(state))
@@ -620,7 +736,7 @@ func (c *comm) abort() {
 	defer c.mu.Unlock()
 	if !c.aborted {
 		c.aborted = true
-		C.kolo_abort(c.h)
+		C.kolo_abort(c.dev.ord, c.h)
 	}
 }
 
@@ -632,17 +748,17 @@ func (c *comm) Abort() error {
 // Destroy finalizes (flushing work in flight, bounded by the call timeout) and frees the
 // communicator; a finalize that does not settle aborts it instead.
 func (c *comm) Destroy() error {
-	if c.isAborted() {
-		return gpu.ErrAborted
-	}
-	if err := c.enqueued("ncclCommFinalize", C.kolo_finalize(c.h)); err != nil {
+	if err := c.call("ncclCommFinalize", func() C.int { return C.kolo_finalize(c.dev.ord, c.h) }); err != nil {
 		c.abort()
 		return err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.aborted {
+		return gpu.ErrAborted
+	}
 	c.aborted = true
-	if r := C.kolo_destroy(c.h); r != resSuccess {
+	if r := C.kolo_destroy(c.dev.ord, c.h); r != resSuccess {
 		return c.b.result("ncclCommDestroy", 0, int(r))
 	}
 	return nil
@@ -653,13 +769,36 @@ func (c *comm) Destroy() error {
 type splitter struct{ *comm }
 
 func (c splitter) Split(ctx context.Context, color, key int) (gpu.Comm, error) {
-	var h C.uintptr_t
-	r := C.kolo_comm_split(c.dev.ord, c.h, C.int(color), C.int(key), &h)
-	if err := c.enqueued("ncclCommSplit", r); err != nil {
-		return nil, err
+	if c.isAborted() {
+		return nil, fmt.Errorf("ncclCommSplit: %w", gpu.ErrAborted)
 	}
+	slot := C.kolo_slot_new()
+	if slot == nil {
+		return nil, errors.New("ncclCommSplit: no memory for the communicator")
+	}
+	c.mu.Lock()
+	if c.aborted {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("ncclCommSplit: %w", gpu.ErrAborted)
+	}
+	r := C.kolo_comm_split(c.dev.ord, c.h, C.int(color), C.int(key), slot)
+	c.mu.Unlock()
+	if r != resSuccess && r != resInProgress {
+		return nil, c.b.result("ncclCommSplit", c.h, int(r))
+	}
+	// The split runs as the parent's job: the parent reports ncclInProgress until it completed,
+	// and only then does slot hold the new communicator (NCCL_COMM_NULL until then). The wait is
+	// the caller's: a split involves every rank of the parent, however long they take.
+	if err := c.settle(ctx, "ncclCommSplit"); err != nil {
+		return nil, err // aborted: NCCL may still hold slot; leave it
+	}
+	h := C.kolo_slot_read(slot)
+	C.kolo_slot_free(slot)
 	if h == 0 {
-		return nil, nil // NoColor
+		if color == gpu.NoColor {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("ncclCommSplit of color %d completed without a communicator", color)
 	}
 	sub := &comm{b: c.b, dev: c.dev, h: h}
 	if err := sub.settle(ctx, "ncclCommSplit"); err != nil {

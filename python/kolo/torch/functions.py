@@ -149,14 +149,14 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
         name = "broadcast_object"
     if mpi_ops.rank() == root_rank:
         payload = _dumps(obj)
-        sz = torch.tensor([len(payload)], dtype=torch.int64)
+        sz = torch.tensor([len(payload)], dtype=torch.int64, device="cpu")
     else:
-        sz = torch.zeros(1, dtype=torch.int64)
+        sz = torch.zeros(1, dtype=torch.int64, device="cpu")
     mpi_ops.broadcast_(sz, root_rank, name=name + ".sz", process_set=process_set)
     if mpi_ops.rank() == root_rank:
         t = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
     else:
-        t = torch.zeros(int(sz.item()), dtype=torch.uint8)
+        t = torch.zeros(int(sz.item()), dtype=torch.uint8, device="cpu")
     mpi_ops.broadcast_(t, root_rank, name=name + ".t", process_set=process_set)
     if mpi_ops.rank() == root_rank:
         return obj
@@ -169,7 +169,7 @@ def allgather_object(obj, name=None, process_set=global_process_set):
     if name is None:
         name = "allgather_object"
     payload = _dumps(obj)
-    sz = torch.tensor([len(payload)], dtype=torch.int64)
+    sz = torch.tensor([len(payload)], dtype=torch.int64, device="cpu")
     sizes = mpi_ops.allgather(sz, name=name + ".sz", process_set=process_set).tolist()
     t = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
     gathered = mpi_ops.allgather(t, name=name + ".t", process_set=process_set).numpy().tobytes()

@@ -414,7 +414,7 @@ class _Op(object):
             if n < 0:
                 raise KoloInternalError("kolo: received splits of handle %d: %s"
                                         % (self.h, _lib.last_error()))
-            splits = torch.empty(n, dtype=torch.int64)
+            splits = torch.empty(n, dtype=torch.int64, device=_CPU)  # the engine writes it
             _lib.C.kolo_recv_splits(self.h, splits.data_ptr(), n)
             # As Horovod: received splits are like the splits tensor given (its dtype and device),
             # else int32 in host memory.
@@ -434,7 +434,8 @@ class _Op(object):
             raise KoloInternalError("kolo: result of handle %d: %s" % (self.h, _lib.last_error()))
         # is_pinned only for a device tensor's staging: on a host tensor it could start CUDA.
         pinned = self.device is not None and self.inp.is_pinned()
-        out = torch.empty(tuple(shape), dtype=self.inp.dtype, pin_memory=pinned)
+        # device=: under torch.set_default_device("cuda") a tensor without one is on the GPU.
+        out = torch.empty(tuple(shape), dtype=self.inp.dtype, device=_CPU, pin_memory=pinned)
         if nbytes and _lib.C.kolo_result_copy(self.h, out.data_ptr(), nbytes) != nbytes:
             raise KoloInternalError("kolo: copying the result of handle %d: %s"
                                     % (self.h, _lib.last_error()))
@@ -491,7 +492,9 @@ def _host_copy(tensor):
     pinned memory is asynchronous and ordered on the tensor's stream; the caching host allocator
     does not reuse the block before that copy ran."""
     if _PINNED and tensor.is_cuda:
-        h = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        # device=: under torch.set_default_device("cuda") a tensor without one is on the GPU,
+        # where pin_memory fails.
+        h = torch.empty(tensor.shape, dtype=tensor.dtype, device=_CPU, pin_memory=True)
         h.copy_(tensor.detach())
         return h
     return tensor.detach().to(_CPU).contiguous()
@@ -528,17 +531,25 @@ def _device_path(ordinal):
     return use
 
 
-def _torch_nccl():
+def _torch_nccl(maps="/proc/self/maps", search=None):
     """The path (bytes) of the libnccl PyTorch loaded, which the engine loads first, so that both
-    use one NCCL; None where none is loaded (the engine then looks for one itself)."""
+    use one NCCL; else the copy torch's wheel depends on (pip's nvidia-nccl-cu12, in
+    site-packages/nvidia/nccl/lib beside torch), which torch loads when it first needs it; None
+    where there is neither (the engine then looks for one on the loader's path)."""
     try:
-        with open("/proc/self/maps") as f:
+        with open(maps) as f:
             for line in f:
                 i = line.find("/")
                 if i >= 0 and "/libnccl.so" in line:
                     return line[i:].rstrip("\n").encode()
     except OSError:
         pass
+    if search is None:
+        search = [os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))] + sys.path
+    for base in search:
+        p = os.path.join(base or ".", "nvidia", "nccl", "lib", "libnccl.so.2")
+        if os.path.isfile(p):
+            return os.path.abspath(p).encode()
     return None
 
 
