@@ -116,7 +116,9 @@ nosh=(-f deploy/compose.yaml -f deploy/compose.e2e.yaml)
 up() { # up PROJECT FILES...: start a project, detached
   local p=$1; shift
   projects+=("$p")
-  "${compose[@]}" -p "$p" "$@" up -d >"$tmp/$p.up.log" 2>&1 || { cat "$tmp/$p.up.log" >&2; fail "compose up $p"; }
+  # up waits for the services' dependencies (sshd's health check in the SSH variant): bounded.
+  timeout 300 "${compose[@]}" -p "$p" "$@" up -d >"$tmp/$p.up.log" 2>&1 \
+    || { cat "$tmp/$p.up.log" >&2; fail "compose up $p (failed, or not up within 300 s)"; }
   local net
   for net in $(docker network ls -q --filter "label=com.docker.compose.project=$p"); do engine_allow "$net"; done
 }

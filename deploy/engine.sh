@@ -9,9 +9,15 @@
 #                      chain (podman's netavark adds no rule for an `internal` network, and a host
 #                      whose FORWARD policy is DROP, as Docker leaves it, then drops it)
 #
+# podman runs a container's HEALTHCHECK from a systemd timer; where no systemd runs (containers,
+# sandboxes) nothing runs it, a container stays "starting" for ever and compose waits for ever on
+# `depends_on: condition: service_healthy`. engine_up then starts a loop that runs every running
+# container's health check once a second, as the timer would.
+#
 # Sets ENGINE (docker or podman). Environment: KOLO_ENGINE=docker|podman forces one.
 ENGINE=
 engine_pid=
+engine_health_pid=
 engine_sock=/run/podman-kolo.sock
 engine_rules=()
 
@@ -51,7 +57,22 @@ engine_up() {
     sleep 0.2
   done
   ENGINE=podman
+  if [ ! -d /run/systemd/system ]; then
+    engine_health_loop >/dev/null 2>&1 &
+    engine_health_pid=$!
+    engine_log "no systemd here: this script runs the containers' health checks"
+  fi
   engine_log "no Docker engine answers: using podman $(podman version --format '{{.Client.Version}}' 2>/dev/null) over $DOCKER_HOST"
+}
+
+engine_health_loop() {
+  local c
+  while :; do
+    for c in $(podman ps -q --filter health=starting; podman ps -q --filter health=unhealthy); do
+      podman healthcheck run "$c"
+    done
+    sleep 1
+  done
 }
 
 # What podman needs in a sandbox, as a drop-in beside the machine's own containers.conf:
@@ -106,6 +127,11 @@ engine_down() {
     iptables -D FORWARD -s "$subnet" -d "$subnet" -j ACCEPT 2>/dev/null
   done
   engine_rules=()
+  if [ -n "$engine_health_pid" ]; then
+    kill "$engine_health_pid" 2>/dev/null
+    wait "$engine_health_pid" 2>/dev/null
+    engine_health_pid=
+  fi
   if [ -n "$engine_pid" ]; then
     kill "$engine_pid" 2>/dev/null
     wait "$engine_pid" 2>/dev/null
