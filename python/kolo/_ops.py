@@ -100,12 +100,13 @@ def _wait(h):
         raise _lib.take_error(h)
 
 
-def run(np, kind, arr, name=None, op=Sum, root=0, prescale=1.0, postscale=1.0, splits=None, psid=0):
+def run(np, kind, arr, name=None, op=Sum, root=0, prescale=1.0, postscale=1.0, splits=None, psid=0, out=None):
     """Runs one op on numpy array arr (contiguous, in host memory; np is the numpy module) and
     returns its result as a new numpy array: for alltoall (output, received splits as an int32
     array), for barrier None, for join the last rank to join. The engine reads arr where it lies
-    (no copy); allreduce and broadcast write into a new array, the others' results are copied out
-    of the engine. Raises KoloInternalError (HorovodInternalError) if the op failed on any rank.
+    (no copy); allreduce and broadcast write into a new array, or into out (an array of arr's
+    shape and dtype, or a view of a framework's buffer: the binding's result without a copy); the
+    others' results are copied out of the engine. Raises KoloInternalError (HorovodInternalError) if the op failed on any rank.
 
     The call waits the first slice inside kolo_enqueue: an op that completes within it costs one
     call into the library."""
@@ -128,9 +129,11 @@ def run(np, kind, arr, name=None, op=Sum, root=0, prescale=1.0, postscale=1.0, s
                                             % (arr.dtype.name, ", ".join(sorted(NUMPY_DTYPES)))))
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
-    out = None
     if kind == ALLREDUCE or kind == BROADCAST:
-        out = np.empty_like(arr)
+        if out is None:
+            out = np.empty_like(arr)
+    else:
+        out = None
     block = op_block(kind, arr.ctypes.data, out.ctypes.data if out is not None else 0, dt, arr.shape, op, root,
                      prescale, postscale, splits, psid, -1, _lib.WAIT_SLICE_US, name_arg(name)[0])
     h = C.kolo_enqueue(block, len(block))
