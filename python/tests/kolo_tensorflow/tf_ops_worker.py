@@ -279,6 +279,21 @@ every = hvd.allgather_object([g.numpy() for g in local])
 for i, g in enumerate(reduced):
     close(g, np.mean([e[i] for e in every], axis=0), "DistributedGradientTape gradient %d" % i, tol=1e-5)
 
+# sparse gradients (an embedding's): gathered as IndexedSlices, or reduced dense with sparse_as_dense
+emb = tf.Variable(tf.ones([2 * N, 3]))
+for sparse_as_dense in (False, True):
+    @tf.function
+    def emb_grad(ids):
+        with tf.GradientTape() as tape:
+            y = tf.reduce_sum(tf.gather(emb, ids)) * (R + 1)
+        return hvd.DistributedGradientTape(tape, sparse_as_dense=sparse_as_dense, op=hvd.Sum).gradient(y, emb)
+    g = emb_grad(tf.constant([R, N + R]))
+    check(isinstance(g, tf.IndexedSlices) != sparse_as_dense, "embedding gradient type %s" % type(g))
+    want = np.zeros([2 * N, 3])
+    for r in range(N):
+        want[[r, N + r]] += r + 1
+    close(tf.convert_to_tensor(g), want, "embedding gradient, sparse_as_dense=%s" % sparse_as_dense)
+
 # ---- DistributedOptimizer with model.fit (Keras 3), and backward_passes_per_step
 for passes in (1, 2):
     tf.keras.utils.set_random_seed(7 + R)
@@ -304,5 +319,15 @@ try:
 except hvd.HorovodInternalError as e:
     check("shape" in str(e).lower() or "mismatch" in str(e).lower(), "mismatch error says why: %s" % e)
     print("rank %d: mismatch: %s" % (R, str(e).splitlines()[0]), flush=True)
+
+# ... and inside tf.function, where TensorFlow reports the numpy function's error as an OpError
+try:
+    tf.function(lambda t: hvd.allreduce(t, name="mismatch.fn"))(tf.ones([2 + R]))
+    check(False, "a mismatched allreduce in tf.function returned")
+except tf.errors.OpError as e:
+    check("mismatched shapes" in str(e) and "HorovodInternalError" not in type(e).__name__,
+          "tf.function mismatch error says why: %s" % e)
+# the job goes on after a refused op
+close(hvd.allreduce(tf.constant([1.0]), op=hvd.Sum), [float(N)], "an allreduce after the mismatches")
 
 print("TF-OPS-OK rank=%d checks=%d" % (R, checks), flush=True)
