@@ -126,3 +126,6 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
         average_aggregated_gradients=average_aggregated_gradients, process_set=process_set)
 
 
+
+
+from kolo.tensorflow import elastic  # noqa: E402,F401  (hvd.elastic.run, TensorFlowKerasState, ...)

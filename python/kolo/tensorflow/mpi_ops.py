@@ -209,6 +209,29 @@ def _tensor(t):
 _AS_BYTES = {np.dtype(np.bool_): np.dtype(np.uint8)}
 
 
+# The last KoloInternalError a numpy function raised inside tf.function: TensorFlow reports it as
+# a tf.errors.OpError, and elastic.run takes the typed error back from here (take_graph_error)
+# rather than reading the OpError's message.
+_graph_error = [None]
+
+
+def _recording(fn):
+    def call(*arrays):
+        try:
+            return fn(*arrays)
+        except KoloInternalError as e:
+            _graph_error[0] = e
+            raise
+    return call
+
+
+def take_graph_error():
+    """The KoloInternalError that the last failed kolo op inside tf.function raised (None if
+    none did since the last call), which TensorFlow reported as a tf.errors.OpError."""
+    e, _graph_error[0] = _graph_error[0], None
+    return e
+
+
 def _call(fn, inputs, touts, shapes):
     """Runs fn over the inputs' numpy arrays and returns its outputs as tensors of dtypes touts:
     at once when eager, else as a tf.numpy_function, its outputs given the static shapes."""
@@ -217,7 +240,7 @@ def _call(fn, inputs, touts, shapes):
         # tf.constant: the numpy array's dtype is the tensor's already, and convert_to_tensor with
         # a dtype takes a path several times slower for large arrays (4 ms against 0.7 for 4 MiB).
         return [tf.constant(o) for o in outs]
-    outs = tf.numpy_function(fn, list(inputs), list(touts), stateful=True)
+    outs = tf.numpy_function(_recording(fn), list(inputs), list(touts), stateful=True)
     if not isinstance(outs, (list, tuple)):
         outs = [outs]
     outs = list(outs)
@@ -542,7 +565,7 @@ def barrier(process_set=global_process_set):
     def fn():
         _ops.run(np, _ops.BARRIER, None, psid=psid)
         return np.int32(0)
-    return tf.numpy_function(fn, [], tf.int32, stateful=True)
+    return tf.numpy_function(_recording(fn), [], tf.int32, stateful=True)
 
 
 def join():
@@ -552,6 +575,6 @@ def join():
         return np.int32(_ops.run(np, _ops.JOIN, None))
     if tf.executing_eagerly():
         return tf.constant(fn())
-    out = tf.numpy_function(fn, [], tf.int32, stateful=True)
+    out = tf.numpy_function(_recording(fn), [], tf.int32, stateful=True)
     out.set_shape([])
     return out

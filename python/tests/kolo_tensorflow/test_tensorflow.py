@@ -3,11 +3,11 @@ pytest (make test-python runs it with $(TF_PYTHON), the virtual environment scri
 
     make build lib && .venv/tf/bin/python -m pytest -q python/tests/kolo_tensorflow
 
-Four jobs: tf_ops_worker.py (every op eagerly and in tf.function, gradients, process sets, the
-tape and the optimizer training to the same weights, a shape mismatch), tf_kill_worker.py (kill -9
-of a rank inside an allreduce), and tf_keras_worker.py on Keras 3 and on tf-keras (model.fit with the
-optimizer and the callbacks). Where TensorFlow does not import the tests skip, unless
-KOLO_REQUIRE_TESTBEDS=1 (CI), where they fail.
+Six jobs: tf_ops_worker.py (every op eagerly and in tf.function, gradients, process sets, the
+tape and the optimizer training to the same weights, shape mismatches), tf_kill_worker.py (kill -9
+of a rank inside an allreduce), tf_keras_worker.py on Keras 3 and on tf-keras (model.fit with the
+optimizer and the callbacks), and tf_elastic_worker.py (an elastic job losing a worker). Where
+TensorFlow does not import the tests skip, unless KOLO_REQUIRE_TESTBEDS=1 (CI), where they fail.
 """
 
 import importlib.util
@@ -103,3 +103,14 @@ def test_keras_fit_with_callbacks(mode):
                    timeout=300)
     ok = re.findall(r"TF-KERAS-OK rank=(\d+) mode=(\S+)", out)
     assert rc == 0 and sorted(ok) == [("0", mode), ("1", mode)], out[-6000:]
+
+
+def test_elastic_keras_state_survives_a_killed_worker():
+    """hvd.elastic.run with a TensorFlowKerasState: the worker started as rank 1 is SIGKILLed
+    inside the loop (its ops in tf.function), the survivor restores its last commit, resets and
+    trains alone to the end."""
+    assert os.path.exists(KOLO), "run `make build lib` first"
+    rc, out = _run([KOLO, "run", "-np", "2", "--min-np", "1", "-H", "localhost:1,127.0.0.1:1", sys.executable,
+                    os.path.join(HERE, "tf_elastic_worker.py")], _env(), timeout=240)
+    done = re.findall(r"TF-ELASTIC-DONE start_rank=(\d+) size=(\d+) step=(\d+) resets=(\d+)", out)
+    assert rc == 0 and done == [("0", "1", "12", "1")], out[-6000:]
