@@ -25,6 +25,15 @@ from kolo.tensorflow.mpi_ops import (  # noqa: F401
 )
 
 
+def __getattr__(name):
+    # SyncBatchNormalization subclasses a Keras layer: importing Keras costs seconds, so only a
+    # script that uses it pays.
+    if name == "SyncBatchNormalization":
+        from kolo.tensorflow.sync_batch_norm import SyncBatchNormalization
+        return SyncBatchNormalization
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
+
 def tensorflow_built():
     """Whether this kolo serves TensorFlow: True wherever this module imports."""
     return True

@@ -5,8 +5,9 @@ through kolo.tensorflow.keras:
     bin/kolo run -np 2 .venv/tf/bin/python python/tests/kolo_tensorflow/tf_keras_worker.py keras3
 
 Every rank starts from its own random weights and trains on its own data with model.fit, the
-DistributedOptimizer and the callbacks (broadcast, metric average, warmup, schedule); at the end
-the weights and the logged metrics are the same on every rank, and the learning rate is what the
+DistributedOptimizer, a SyncBatchNormalization layer and the callbacks (broadcast, metric average,
+warmup, schedule); at the end the weights (the batch norm's moving statistics too) and the logged
+metrics are the same on every rank, and the learning rate is what the
 callbacks set. Prints "TF-KERAS-OK rank=R mode=M".
 """
 
@@ -43,7 +44,9 @@ def check(ok, what):
 
 
 keras.utils.set_random_seed(10 + R)  # different weights on every rank: the callback must fix them
-model = keras.Sequential([keras.Input([4]), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+import kolo.tensorflow  # noqa: E402  (SyncBatchNormalization, on this process's tf.keras)
+model = keras.Sequential([keras.Input([4]), keras.layers.Dense(8, activation="relu"),
+                          kolo.tensorflow.SyncBatchNormalization(), keras.layers.Dense(1)])
 LR = 0.02
 opt = hvd.DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9))
 model.compile(optimizer=opt, loss="mse", metrics=["mae"])

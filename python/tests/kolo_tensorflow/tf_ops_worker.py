@@ -294,6 +294,14 @@ for sparse_as_dense in (False, True):
         want[[r, N + r]] += r + 1
     close(tf.convert_to_tensor(g), want, "embedding gradient, sparse_as_dense=%s" % sparse_as_dense)
 
+# ---- SyncBatchNormalization: the statistics of every rank's batch, eagerly and in tf.function
+bx = inp(R, (3 + R, 4), np.float32) * np.arange(1, 5, dtype=np.float32)
+every_x = np.concatenate([inp(r, (3 + r, 4), np.float64) * np.arange(1, 5) for r in range(N)])
+bn = hvd.SyncBatchNormalization(epsilon=1e-3)
+for mode, f in modes(lambda t: bn(t, training=True)):
+    want = (bx - every_x.mean(0)) / np.sqrt(every_x.var(0) + 1e-3)
+    close(f(tf.constant(bx)), want, "SyncBatchNormalization " + mode, tol=1e-4)
+
 # ---- DistributedOptimizer with model.fit (Keras 3), and backward_passes_per_step
 for passes in (1, 2):
     tf.keras.utils.set_random_seed(7 + R)
