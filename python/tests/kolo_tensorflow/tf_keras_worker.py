@@ -71,4 +71,16 @@ check(all(h["loss"] == every[0][1]["loss"] and h["mae"] == every[0][1]["mae"] fo
 lrs = hist.history["lr"]
 check(abs(lrs[1] - LR) < 1e-6 and abs(lrs[2] - 0.1 * LR) < 1e-7, "learning rates by epoch %s" % lrs)
 check(lrs[0] < LR, "warmup starts lower: %s" % lrs)
+# save, load_model (the optimizer distributed again, its state kept), train on
+import tempfile  # noqa: E402
+path = os.path.join(tempfile.mkdtemp(), "m.keras")
+model.save(path)
+loaded = hvd.load_model(path)
+check(type(loaded.optimizer).__mro__[1].__name__ in ("_Keras3Reduce", "_TFKerasReduce"),
+      "load_model's optimizer is distributed: %s" % (type(loaded.optimizer).__mro__,))
+check(int(loaded.optimizer.iterations) == int(model.optimizer.iterations), "optimizer state carried over")
+loaded.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+every = hvd.allgather_object([np.asarray(w) for w in loaded.weights])
+check(all(np.array_equal(a, b) for w in every[1:] for a, b in zip(every[0], w)),
+      "the same weights on every rank after training the loaded model")
 print("TF-KERAS-OK rank=%d mode=%s losses=%s lrs=%s" % (R, MODE, losses, lrs), flush=True)

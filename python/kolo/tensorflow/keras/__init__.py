@@ -69,6 +69,9 @@ def _create_distributed_optimizer(optimizer, name=None, compression=Compression.
                                       "kolo yet; Keras 3 optimizers support it")
     attrs = {"_hvd_args": (compression, sparse_as_dense, op, gradient_predivide_factor, process_set),
              "_hvd_scale": scale}
+    # The wrapped class's name and module: a saved model records the optimizer as the plain one,
+    # which any Keras loads (and load_model below wraps again), as with Horovod.
+    attrs["__module__"] = optimizer.__class__.__module__
     cls = type(optimizer.__class__.__name__, (mixin, optimizer.__class__), attrs)
     if name is not None:
         config["name"] = name
@@ -85,6 +88,45 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     return _create_distributed_optimizer(
         optimizer, name, compression, sparse_as_dense, backward_passes_per_step, op, gradient_predivide_factor,
         average_aggregated_gradients, process_set)
+
+
+def _load_model(keras, filepath, custom_optimizers, custom_objects, compression):
+    """keras.models.load_model, then the model's optimizer made distributed, with its state."""
+    from kolo.tensorflow.sync_batch_norm import SyncBatchNormalization
+    objects = dict(custom_objects or {})
+    objects.setdefault("SyncBatchNormalization", SyncBatchNormalization)  # kolo's own layer
+    for c in custom_optimizers or []:
+        objects.setdefault(c.__name__, c)
+    model = keras.models.load_model(filepath, custom_objects=objects)
+    opt = getattr(model, "optimizer", None)
+    if opt is None:
+        return model
+    dist = _create_distributed_optimizer(opt, compression=compression)
+    old_vars = _optimizer_variables(opt)
+    if old_vars:
+        if hasattr(dist, "build"):
+            dist.build(model.trainable_variables)
+        new_vars = _optimizer_variables(dist)
+        if len(new_vars) != len(old_vars):
+            raise ValueError("load_model: the distributed optimizer has %d variables, the loaded one %d"
+                             % (len(new_vars), len(old_vars)))
+        for a, b in zip(new_vars, old_vars):
+            a.assign(b)
+    model.optimizer = dist
+    return model
+
+
+def _optimizer_variables(optimizer):
+    v = optimizer.variables
+    return list(v() if callable(v) else v)
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none):
+    """Loads a model saved with model.save (tf.keras's load_model) and returns it with its
+    optimizer made a DistributedOptimizer, its state (iterations, slots) carried over.
+    custom_optimizers are optimizer classes of the script's own, as in Horovod."""
+    import tensorflow as tf
+    return _load_model(tf.keras, filepath, custom_optimizers, custom_objects, compression)
 
 
 def broadcast_global_variables(root_rank):
