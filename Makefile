@@ -4,6 +4,9 @@ BIN     := bin
 # Packages whose concurrency the race detector must check.
 RACE_PKGS := ./engine/... ./gpu/... ./timeline/... ./transport/... ./collective/... ./rendezvous/... ./launch/... ./bootstrap/... ./world/...
 PYTHON  ?= /usr/bin/python3
+# The interpreter of kolo.tensorflow's tests: TensorFlow needs numpy 2, Debian's PyTorch numpy 1,
+# so TensorFlow lives in a virtual environment of its own (scripts/tf_venv.sh, run by make deps).
+TF_PYTHON ?= .venv/tf/bin/python
 # The engine as the Python package loads it (capi/), and the kolo command a wheel ships beside it.
 PYLIB   := python/kolo/lib
 
@@ -20,7 +23,8 @@ help:
 	@echo "make docker-e2e - build the image, train on 2 containers x 2 ranks, kill one, SSH variant (docs/containers.md)"
 	@echo "make gpu-check - kolo on CUDA tensors against NCCL, one GPU, under 10 minutes (docs/pytorch.md, \"CUDA tensors\")"
 
-# Debian packages the demo and the tests use (PyTorch, OpenMPI, sshd, Slurm, the example's data).
+# Debian packages the demo and the tests use (PyTorch, OpenMPI, sshd, Slurm, the example's data),
+# and TensorFlow's virtual environment.
 deps:
 	scripts/deps.sh
 
@@ -60,8 +64,10 @@ test: deps lint
 	$(MAKE) test-deploy
 
 # Every Python test starts real ranks with bin/kolo run; test_wheel.py builds and installs a wheel.
+# kolo.tensorflow's (python/tests/kolo_tensorflow) run with TensorFlow's interpreter.
 test-python: build lib
-	$(PYTHON) -m pytest -q python/tests
+	$(PYTHON) -m pytest -q python/tests --ignore=python/tests/kolo_tensorflow
+	$(TF_PYTHON) -m pytest -q python/tests/kolo_tensorflow
 
 # Structure of the Kubernetes, compose and apptainer files that CI cannot run (docs/containers.md).
 test-deploy:

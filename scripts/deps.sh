@@ -4,7 +4,9 @@
 # Slurm; a Prometheus server that scrapes kolo run --metrics-addr; iptables lets the namespaces'
 # traffic through a FORWARD policy Docker set to DROP); the
 # example's data; the Python packaging tools; and the C compiler cgo needs to build the library Python
-# loads (go build -buildmode=c-shared). Does nothing when all are there.
+# loads (go build -buildmode=c-shared). Then, from PyPI, NCCL and the CUDA runtime (scripts/nvidia_deps.sh) and
+# TensorFlow's virtual environment (scripts/tf_venv.sh).
+# Does nothing when all are there.
 set -euo pipefail
 pkgs=(gcc libc6-dev iproute2 iptables make python3-torch python3-numpy python3-pytest python3-yaml python3-setuptools
       python3-wheel python3-pip python3-venv openmpi-bin python3-mpi4py openssh-server
@@ -16,16 +18,19 @@ for p in "${pkgs[@]}"; do
   st=$(dpkg-query -W -f='${db:Status-Status} ' "$p" 2>/dev/null || true)
   [ "${st%% *}" = installed ] || need+=("$p")
 done
-# Then PyPI's NCCL and CUDA runtime headers and libraries, for gpu/nccl's tests (scripts/nvidia_deps.sh).
-nvidia="$(dirname "$0")/nvidia_deps.sh"
-[ ${#need[@]} -eq 0 ] && exec "$nvidia"
-if [ "$(id -u)" -ne 0 ]; then
-  echo "kolo needs these Debian packages: ${need[*]}" >&2
-  echo "install them with: sudo apt-get install ${need[*]}" >&2
-  exit 1
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "kolo needs these Debian packages: ${need[*]}" >&2
+    echo "install them with: sudo apt-get install ${need[*]}" >&2
+    exit 1
+  fi
+  echo "installing ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-echo "installing ${need[*]}" >&2
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq "${need[@]}" >/dev/null
-exec "$nvidia"
+# Then from PyPI: NCCL's and the CUDA runtime's headers and libraries, for gpu/nccl's tests
+# (scripts/nvidia_deps.sh), and TensorFlow and Keras in a virtual environment of their own, for
+# kolo.tensorflow's (scripts/tf_venv.sh). Each does nothing when its versions are there.
+"$(dirname "$0")/nvidia_deps.sh"
+"$(dirname "$0")/tf_venv.sh"

@@ -50,6 +50,10 @@ type buildInfo struct {
 	Version       string
 	PyTorch       bool   // a python3 imports kolo.torch and the engine library is there
 	PyTorchDetail string // per interpreter probed: which one, and why not or which library
+	// TensorFlow: a python3 imports kolo.tensorflow (and so TensorFlow) and the engine library is
+	// there; TensorFlowDetail as PyTorchDetail.
+	TensorFlow       bool
+	TensorFlowDetail string
 	// NCCL is the version code of the NCCL a probed PyTorch has (hvd.nccl_built(): the library
 	// ranks load at run time for CUDA tensors), 0 for none; NCCLSetting what KOLO_NCCL or
 	// HOROVOD_GPU_* say.
@@ -92,12 +96,15 @@ func formatCheckBuild(b buildInfo) string {
 	var s strings.Builder
 	fmt.Fprintf(&s, "kolo v%s:\n\n", b.Version)
 	fmt.Fprintf(&s, "Available Frameworks:\n")
-	fmt.Fprintf(&s, "    [ ] TensorFlow\n    %s PyTorch\n    [ ] MXNet\n    [X] Go (github.com/kolo-dl/kolo)\n\n", box(b.PyTorch))
+	fmt.Fprintf(&s, "    %s TensorFlow\n    %s PyTorch\n    [ ] MXNet\n    [X] Go (github.com/kolo-dl/kolo)\n\n", box(b.TensorFlow), box(b.PyTorch))
 	fmt.Fprintf(&s, "Available Controllers:\n")
 	fmt.Fprintf(&s, "    [ ] MPI\n    [ ] Gloo\n    [X] kolo (TCP rendezvous; runs under kolo run, mpirun and srun)\n\n")
 	fmt.Fprintf(&s, "Available Tensor Operations:\n")
 	fmt.Fprintf(&s, "    %s NCCL (loaded at run time for CUDA tensors)\n    [ ] DDL\n    [ ] CCL\n    [ ] MPI\n    [ ] Gloo\n", box(b.NCCL > 0))
 	fmt.Fprintf(&s, "    %s shared memory (ranks of one host)\n    [X] TCP (ranks of different hosts)\n", box(b.SharedMemory))
+	if b.TensorFlowDetail != "" {
+		fmt.Fprintf(&s, "\nTensorFlow: %s\n", b.TensorFlowDetail)
+	}
 	if b.PyTorchDetail != "" {
 		fmt.Fprintf(&s, "\nPyTorch: %s\n", b.PyTorchDetail)
 	}
@@ -144,13 +151,17 @@ func probeBuild(ctx context.Context, localRanks int) buildInfo {
 			b.ShmSizes = append(b.ShmSizes, shmSize{ranks: n, reserved: shm.ReservedBytes(cfg), total: shm.SegmentBytes(cfg)})
 		}
 	}
-	var details []string
+	var details, tfDetails []string
 	for _, py := range pythons() {
 		ok, detail, nccl := probePyTorch(ctx, py)
 		b.PyTorch = b.PyTorch || ok
 		b.NCCL = max(b.NCCL, nccl)
 		details = append(details, detail)
+		ok, detail = probeTensorFlow(ctx, py)
+		b.TensorFlow = b.TensorFlow || ok
+		tfDetails = append(tfDetails, detail)
 	}
+	b.TensorFlowDetail = strings.Join(tfDetails, "\n            ")
 	if set, err := gpu.ParseMode(os.Getenv); err != nil {
 		b.NCCLSetting = err.Error()
 	} else if set.From != "" {
@@ -197,6 +208,27 @@ func probePyTorch(ctx context.Context, python string) (ok bool, detail string, n
 		withNCCL = ", PyTorch's NCCL " + ncclVersion(nccl)
 	}
 	return true, fmt.Sprintf("%s imports kolo.torch %s (engine library %s%s)", python, version, lib, withNCCL), nccl
+}
+
+// probeTensorFlowPython imports kolo.tensorflow (which imports TensorFlow) the way a training
+// script does and checks that the engine library it would load exists.
+const probeTensorFlowPython = `import os, kolo, kolo.tensorflow, kolo._lib as l, tensorflow as tf
+p = l.library_path()
+print(kolo.__version__, p, os.path.exists(p), tf.__version__)`
+
+// probeTensorFlow says whether python serves kolo.tensorflow, and which TensorFlow it has.
+func probeTensorFlow(ctx context.Context, python string) (ok bool, detail string) {
+	out, err := exec.CommandContext(ctx, python, "-c", probeTensorFlowPython).CombinedOutput()
+	text := strings.TrimSpace(string(out))
+	if err != nil {
+		return false, fmt.Sprintf("%s cannot import kolo.tensorflow: %s", python, lastLine(text))
+	}
+	var version, lib, exists, tfVersion string
+	fmt.Sscan(lastLine(text), &version, &lib, &exists, &tfVersion)
+	if exists != "True" {
+		return false, fmt.Sprintf("%s imports kolo.tensorflow %s, but its engine library %s is missing", python, version, lib)
+	}
+	return true, fmt.Sprintf("%s imports kolo.tensorflow %s with TensorFlow %s (engine library %s)", python, version, tfVersion, lib)
 }
 
 // ncclVersion reads nccl.h's version code (2.21.5: 22105; before 2.9: 2805 for 2.8.5).

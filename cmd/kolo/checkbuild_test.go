@@ -34,6 +34,9 @@ func TestFormatCheckBuild(t *testing.T) {
 			nil},
 		{"NCCL in PyTorch", buildInfo{Version: "0.1.0", PyTorch: true, NCCL: 22809, NCCLSetting: "off (KOLO_NCCL=0)"},
 			[]string{"    [X] NCCL (loaded at run time", "NCCL: 2.28.9; device path off (KOLO_NCCL=0)."}, nil},
+		{"TensorFlow too", buildInfo{Version: "0.1.0", PyTorch: true, TensorFlow: true,
+			TensorFlowDetail: "python3 imports kolo.tensorflow 0.1.0 with TensorFlow 2.21.0"},
+			[]string{"    [X] TensorFlow", "    [X] PyTorch", "TensorFlow: python3 imports kolo.tensorflow 0.1.0 with TensorFlow 2.21.0"}, nil},
 		{"no binding, no /dev/shm", buildInfo{Version: "0.1.0", PyTorchDetail: "python3 cannot import kolo.torch: ModuleNotFoundError"},
 			[]string{"    [ ] PyTorch", "    [ ] shared memory", "PyTorch: python3 cannot import kolo.torch"},
 			[]string{"[X] PyTorch", "[X] shared memory"}},
@@ -84,6 +87,34 @@ func TestProbePyTorch(t *testing.T) {
 			ok, detail, nccl := probePyTorch(context.Background(), fake(tc.name, tc.script))
 			if ok != tc.ok || !strings.Contains(detail, tc.detail) || nccl != tc.nccl {
 				t.Errorf("probe = %v %q %d, want %v %q %d", ok, detail, nccl, tc.ok, tc.detail, tc.nccl)
+			}
+		})
+	}
+}
+
+// The TensorFlow probe, as TestProbePyTorch's: missing, without its library, present.
+func TestProbeTensorFlow(t *testing.T) {
+	dir := t.TempDir()
+	lib := filepath.Join(dir, "libkolo.so")
+	os.WriteFile(lib, nil, 0o644)
+	for _, tc := range []struct {
+		name, script string
+		ok           bool
+		detail       string
+	}{
+		{"missing", "echo \"ModuleNotFoundError: No module named 'tensorflow'\" >&2; exit 1", false,
+			"cannot import kolo.tensorflow: ModuleNotFoundError: No module named 'tensorflow'"},
+		{"no library", "echo 0.1.0 /nowhere/libkolo.so False 2.21.0", false, "engine library /nowhere/libkolo.so is missing"},
+		{"present", "echo 0.1.0 " + lib + " True 2.21.0", true, "imports kolo.tensorflow 0.1.0 with TensorFlow 2.21.0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(dir, tc.name)
+			if err := os.WriteFile(p, []byte("#!/bin/sh\n"+tc.script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			ok, detail := probeTensorFlow(context.Background(), p)
+			if ok != tc.ok || !strings.Contains(detail, tc.detail) {
+				t.Errorf("probe = %v %q, want %v %q", ok, detail, tc.ok, tc.detail)
 			}
 		})
 	}

@@ -98,7 +98,7 @@ _SIGNATURES = {
     "kolo_cross_rank": (_i, []),
     "kolo_cross_size": (_i, []),
     "kolo_is_homogeneous": (_i, []),
-    # one op: a kolo_op and the arrays after it (kolo.torch.mpi_ops._op_block builds it), its size
+    # one op: a kolo_op and the arrays after it (kolo._ops.op_block builds it), its size
     "kolo_enqueue": (_i64, [_s, _i]),
     # kind, name, name length, n, ins, outs, dtypes, shapes, ndims, op, prescale, postscale,
     # process set id, device (as kolo_enqueue's), handles (out)
@@ -115,7 +115,7 @@ _SIGNATURES = {
     "kolo_join_last": (_i, [_i64]),
     "kolo_release": (None, [_i64]),
     "kolo_handles": (_i, []),
-    # process sets (kolo.torch.process_sets)
+    # process sets (kolo.process_sets)
     "kolo_add_process_set": (_i64, [_p, _i]),
     "kolo_remove_process_set": (_i64, [_i]),
     "kolo_process_set_id": (_i, [_i64]),
@@ -287,6 +287,41 @@ def init(ranks=None):
                      lib.kolo_cross_rank(), lib.kolo_cross_size(), lib.kolo_is_homogeneous() == 1)
     _install_excepthook()
     return joined
+
+
+def comm_ranks(comm):
+    """The job ranks of a binding's init(comm=...) (None: every rank): a list of ranks, or an
+    mpi4py communicator, read for its members' world ranks."""
+    if comm is None:
+        return None
+    if isinstance(comm, (list, tuple)):
+        try:
+            ranks = [int(r) for r in comm]
+        except (TypeError, ValueError):
+            raise ValueError("init(comm=...): a list of ranks must hold integers, got %r" % (comm,))
+        if not ranks:
+            raise ValueError("init(comm=[]): the list of ranks is empty")
+        return ranks
+    # An mpi4py communicator: map its members to MPI_COMM_WORLD ranks, which are the launcher's
+    # ranks under mpirun (kolo's ranks are the world ranks there).
+    # Not imported here: importing mpi4py.MPI initializes MPI, which aborts the process where no
+    # MPI runtime can start; a caller holding a communicator has imported it already.
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is None:
+        raise ValueError("init(comm=%r): comm is neither a list of ranks nor an mpi4py "
+                         "communicator (mpi4py.MPI is not imported)" % (comm,))
+    if not isinstance(comm, MPI.Comm):
+        raise ValueError("init(comm=...): want a list of ranks or an mpi4py communicator, got %s"
+                         % type(comm).__name__)
+    group = comm.Get_group()
+    try:
+        world = MPI.COMM_WORLD.Get_group()
+        try:
+            return list(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world))
+        finally:
+            world.Free()
+    finally:
+        group.Free()
 
 
 def abort(reason):

@@ -24,20 +24,17 @@ import torch
 
 from kolo import _lib
 from kolo._lib import HorovodInternalError, KoloInternalError  # noqa: F401 (re-exported)
+# Reduction ops (horovod's values), op kinds (the C ABI's), the kolo_enqueue block and names: as
+# every binding submits them (kolo._ops).
+from kolo._ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
+from kolo._ops import (
+    ALLGATHER as _ALLGATHER, ALLREDUCE as _ALLREDUCE, ALLTOALL as _ALLTOALL, BARRIER as _BARRIER,
+    BROADCAST as _BROADCAST, JOIN as _JOIN, REDUCE_OPS as _REDUCE_OPS, REDUCESCATTER as _REDUCESCATTER,
+    name_arg as _name_arg, op_block as _op_block,
+)
 from kolo.torch.compression import Compression
-from kolo.torch.process_sets import _init_process_sets
-from kolo.torch.process_sets import ProcessSet, global_process_set  # noqa: F401 (re-exported)
-
-# Reduction ops, with horovod's values.
-Average = 0
-Sum = 1
-Adasum = 2
-Min = 3
-Max = 4
-Product = 5
-
-# Op kinds, as the C ABI numbers them.
-_ALLREDUCE, _ALLGATHER, _BROADCAST, _ALLTOALL, _REDUCESCATTER, _BARRIER, _JOIN = 1, 2, 3, 4, 5, 6, 7
+from kolo.process_sets import _init_process_sets
+from kolo.process_sets import ProcessSet, global_process_set  # noqa: F401 (re-exported)
 
 # torch dtypes the engine has, with the C ABI's dtype numbers (dtype/dtype.go).
 _DTYPES = {
@@ -90,46 +87,12 @@ def init(comm=None, process_sets=None):
     init(comm=...) with it. kolo meets the subset's processes through the launcher's rendezvous,
     not through MPI: an mpi4py communicator is read for its members' world ranks only.
     process_sets are ProcessSet objects to register at start-up, as add_process_set does."""
-    ranks = _comm_ranks(comm)
+    ranks = _lib.comm_ranks(comm)
     if _lib.init(ranks):
         _drop_handles()
         _device_paths.clear()  # a new world decides anew
     if process_sets:
         _init_process_sets(process_sets)
-
-
-def _comm_ranks(comm):
-    """The job ranks of init's comm argument (None: every rank)."""
-    if comm is None:
-        return None
-    if isinstance(comm, (list, tuple)):
-        try:
-            ranks = [int(r) for r in comm]
-        except (TypeError, ValueError):
-            raise ValueError("init(comm=...): a list of ranks must hold integers, got %r" % (comm,))
-        if not ranks:
-            raise ValueError("init(comm=[]): the list of ranks is empty")
-        return ranks
-    # An mpi4py communicator: map its members to MPI_COMM_WORLD ranks, which are the launcher's
-    # ranks under mpirun (kolo's ranks are the world ranks there).
-    # Not imported here: importing mpi4py.MPI initializes MPI, which aborts the process where no
-    # MPI runtime can start; a caller holding a communicator has imported it already.
-    MPI = sys.modules.get("mpi4py.MPI")
-    if MPI is None:
-        raise ValueError("init(comm=%r): comm is neither a list of ranks nor an mpi4py "
-                         "communicator (mpi4py.MPI is not imported)" % (comm,))
-    if not isinstance(comm, MPI.Comm):
-        raise ValueError("init(comm=...): want a list of ranks or an mpi4py communicator, got %s"
-                         % type(comm).__name__)
-    group = comm.Get_group()
-    try:
-        world = MPI.COMM_WORLD.Get_group()
-        try:
-            return list(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world))
-        finally:
-            world.Free()
-    finally:
-        group.Free()
 
 
 def shutdown():
@@ -249,37 +212,6 @@ def rocm_built():
 # ----------------------------------------------------------------------------------------------
 # Submission
 
-_SHAPE_STRUCTS = [struct.Struct("=%dq" % n) for n in range(9)]
-
-
-def _pack_int64s(values):
-    n = len(values)
-    s = _SHAPE_STRUCTS[n] if n < len(_SHAPE_STRUCTS) else struct.Struct("=%dq" % n)
-    return s.pack(*values)
-
-
-# kolo_enqueue reads one block per op (capi/ops.go's kolo_op): the input's and output's addresses,
-# the scale factors, ten C ints (kind, dt, ndim, reduceOp, root, nsplits, processSet, device,
-# waitUS, nameLen), then the shape, the splits and the name. One argument rather than one per
-# field: ctypes converts each argument with a Python call, and seventeen cost more than the op.
-_OP_HEAD = "@PPdd10i"
-_OP_STRUCTS = [struct.Struct(_OP_HEAD + "%dq" % n) for n in range(9)]
-
-
-def _op_block(kind, inp, out, dt, shape, op, root, prescale, postscale, splits, psid, device, wait_us, name):
-    """The kolo_enqueue block of an op: inp and out are addresses (0 for none), splits a list
-    (None: none), name bytes (None: unnamed). wait_us > 0 makes it a synchronous call (_issue)."""
-    n = len(shape)
-    s = _OP_STRUCTS[n] if n < len(_OP_STRUCTS) else struct.Struct(_OP_HEAD + "%dq" % n)
-    b = s.pack(inp, out, prescale, postscale, kind, dt, n, op, root, -1 if splits is None else len(splits),
-               psid, device, wait_us, len(name) if name else 0, *shape)
-    if splits:
-        b += _pack_int64s(splits)
-    if name:
-        b += name
-    return b
-
-
 # Ops whose handle a KeyboardInterrupt took before it was recorded: the engine may still use their
 # tensors, which must outlive it.
 _interrupted = []
@@ -344,13 +276,6 @@ def _splits_arg(splits):
     return out
 
 
-def _name_arg(name):
-    if name is None or name == "":
-        return None, 0
-    b = name.encode("utf-8") if isinstance(name, str) else bytes(name)
-    return b, len(b)
-
-
 def _reduce_op(op, average, kind=None, name=None, process_set=None, group_size=None):
     """Horovod's handling of the deprecated average argument. With kind, a bad op or argument
     pair is refused (_refuse): the other ranks' calls fail instead of waiting for this rank.
@@ -366,7 +291,6 @@ def _reduce_op(op, average, kind=None, name=None, process_set=None, group_size=N
         _refuse(kind, name, process_set, e, group_size or 0)
 
 
-_REDUCE_OPS = (Average, Sum, Adasum, Min, Max, Product)
 
 
 def _check_reduce_op(op, average):

@@ -1,0 +1,580 @@
+"""horovod.tensorflow's collectives on kolo's Go engine, with no custom op to compile.
+
+Every op is a Python function over numpy arrays (kolo._ops.run), which reaches the engine through
+ctypes. Eagerly it runs at once, on the host buffer of the EagerTensor (``_numpy()``, a view: no
+copy of a tensor in host memory), and a large allreduce or broadcast writes its result into a
+tensor TensorFlow allocated (no copy either; _into_tensor). Inside tf.function it is a ``tf.numpy_function`` (stateful, so
+tf.function's automatic control dependencies run the ops of one function in program order, the
+same on every rank), with the static shape set on its outputs. Gradients are attached with
+tf.custom_gradient as Horovod registers them for its ops: allreduce's is an allreduce, allgather's
+an averaged allreduce sliced to this rank's rows, broadcast's an averaged allreduce kept on the
+root, alltoall's an alltoall back along the received splits, reducescatter's an allgather.
+
+Ops are matched across ranks by name, as the engine matches kolo.torch's: an unnamed eager op is
+numbered by the engine in submission order, and an unnamed op inside tf.function is named after
+its input tensor in the graph (``HorovodAllreduce_<tensor>``, as Horovod names them), which every
+rank's trace of the same function gives alike. A failed op raises HorovodInternalError
+(kolo.KoloInternalError) eagerly; inside tf.function TensorFlow reports the Python exception of
+the numpy function as a tf.errors.OpError whose message carries kolo's.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from kolo import _lib, _ops
+from kolo._lib import HorovodInternalError, KoloInternalError  # noqa: F401 (re-exported)
+from kolo._ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
+from kolo.process_sets import (  # noqa: F401 (re-exported)
+    ProcessSet, _init_process_sets, add_process_set, global_process_set, remove_process_set,
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# Basics
+
+def init(comm=None, process_sets=None):
+    """Joins the job that `kolo run` (or mpirun/srun) started this process in; idempotent.
+    comm: a list of job ranks to run on (kolo.torch's init explains it); process_sets: ProcessSet
+    objects to register at start-up."""
+    _lib.init(_lib.comm_ranks(comm))
+    if process_sets:
+        _init_process_sets(process_sets)
+
+
+def shutdown():
+    """Waits until every rank reaches shutdown, then leaves the job."""
+    _lib.shutdown()
+
+
+def is_initialized():
+    return _lib.is_initialized()
+
+
+def size():
+    return _lib.topology()[1]
+
+
+def rank():
+    return _lib.topology()[0]
+
+
+def local_size():
+    return _lib.topology()[3]
+
+
+def local_rank():
+    return _lib.topology()[2]
+
+
+def cross_size():
+    return _lib.topology()[5]
+
+
+def cross_rank():
+    return _lib.topology()[4]
+
+
+def is_homogeneous():
+    return _lib.topology()[6]
+
+
+def rank_op(name=None):
+    """This rank as an int32 tensor (Horovod's rank_op)."""
+    return tf.constant(rank(), dtype=tf.int32, name=name)
+
+
+def local_rank_op(name=None):
+    return tf.constant(local_rank(), dtype=tf.int32, name=name)
+
+
+def size_op(process_set_id=0, name=None):
+    from kolo.process_sets import process_set_by_id
+    return tf.constant(process_set_by_id(process_set_id).size(), dtype=tf.int32, name=name)
+
+
+def local_size_op(name=None):
+    return tf.constant(local_size(), dtype=tf.int32, name=name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    from kolo.process_sets import process_set_by_id
+    return tf.constant(1 if process_set_by_id(process_set_id).included() else 0, dtype=tf.int32, name=name)
+
+
+# What this build has: kolo's own engine, no MPI, Gloo, NCCL for TensorFlow tensors, DDL, oneCCL,
+# ROCm or CUDA: TensorFlow tensors on a GPU are staged through host memory.
+def mpi_threads_supported():
+    _lib.topology()  # raises before init, as Horovod's does
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def mpi_built():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def gloo_built():
+    return False
+
+
+def nccl_built():
+    return 0
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts writing the engine's timeline (Chrome trace format) to file_path."""
+    b = file_path.encode("utf-8")
+    if _lib.C.kolo_start_timeline(b, len(b), 1 if mark_cycles else 0) != 0:
+        raise ValueError("kolo: %s" % _lib.last_error())
+
+
+def stop_timeline():
+    _lib.C.kolo_stop_timeline()
+
+
+# ----------------------------------------------------------------------------------------------
+# How an op reaches the engine
+
+def _normalize_name(name):
+    """A tensor's graph name as part of an op name (Horovod's: ':' and '/' are not kept)."""
+    return name.replace(":", "_").replace("/", "_")
+
+
+def _op_name(name, prefix, tensor):
+    """The engine name of an op: name if given; inside tf.function, Horovod's name from the
+    input tensor's graph name (the same on every rank that traced the same function); eagerly
+    None, numbered by the engine in submission order."""
+    if name:
+        return name
+    if tf.executing_eagerly():
+        return None
+    return "%s_%s" % (prefix, _normalize_name(tensor.name))
+
+
+def _host(t):
+    """The numpy array of eager tensor t: a view of its host buffer where it has one (_numpy),
+    else a copy to the host."""
+    f = getattr(t, "_numpy", None)
+    return f() if f is not None else np.asarray(t)
+
+
+# From this size on, an eager allreduce or broadcast writes its result into a tensor TensorFlow
+# allocated (its buffer as a numpy view), saving the copy that making a tensor of a numpy array
+# costs (3 ms for 4 MiB on a 2-core machine); below it the copy costs less than the extra op.
+_INTO_TENSOR_BYTES = 1 << 16
+
+
+def _into_tensor(kind, x, nm, op, root, prescale, postscale, psid):
+    """An eager allreduce or broadcast of x whose result is written into a new tensor; None where
+    that does not apply (small, bool, or a type the engine lacks)."""
+    a = _host(x)
+    if not isinstance(a, np.ndarray) or a.nbytes < _INTO_TENSOR_BYTES or _ops.engine_dtype(a) is None:
+        return None
+    out_t = tf.raw_ops.Empty(shape=a.shape, dtype=x.dtype, init=False)
+    out = _host(out_t)
+    if not isinstance(out, np.ndarray) or out.shape != a.shape or out.dtype != a.dtype:
+        return None
+    _ops.run(np, kind, a, nm, op, root, prescale, postscale, None, psid, out=out)
+    return out_t
+
+
+def _tensor(t):
+    return t if isinstance(t, tf.Tensor) else tf.convert_to_tensor(t)
+
+
+# numpy types the engine moves as another of the same width (no arithmetic on them).
+_AS_BYTES = {np.dtype(np.bool_): np.dtype(np.uint8)}
+
+
+# The last KoloInternalError a numpy function raised inside tf.function: TensorFlow reports it as
+# a tf.errors.OpError, and elastic.run takes the typed error back from here (take_graph_error)
+# rather than reading the OpError's message.
+_graph_error = [None]
+
+
+def _recording(fn):
+    def call(*arrays):
+        try:
+            return fn(*arrays)
+        except KoloInternalError as e:
+            _graph_error[0] = e
+            raise
+    return call
+
+
+def take_graph_error():
+    """The KoloInternalError that the last failed kolo op inside tf.function raised (None if
+    none did since the last call), which TensorFlow reported as a tf.errors.OpError."""
+    e, _graph_error[0] = _graph_error[0], None
+    return e
+
+
+def _call(fn, inputs, touts, shapes):
+    """Runs fn over the inputs' numpy arrays and returns its outputs as tensors of dtypes touts:
+    at once when eager, else as a tf.numpy_function, its outputs given the static shapes."""
+    if tf.executing_eagerly():
+        outs = fn(*[_host(t) for t in inputs])
+        # tf.constant: the numpy array's dtype is the tensor's already, and convert_to_tensor with
+        # a dtype takes a path several times slower for large arrays (4 ms against 0.7 for 4 MiB).
+        return [tf.constant(o) for o in outs]
+    outs = tf.numpy_function(_recording(fn), list(inputs), list(touts), stateful=True)
+    if not isinstance(outs, (list, tuple)):
+        outs = [outs]
+    outs = list(outs)
+    for o, s in zip(outs, shapes):
+        o.set_shape(s)
+    return outs
+
+
+def _run1(kind, arr, name, op=Sum, root=0, prescale=1.0, postscale=1.0, splits=None, psid=0):
+    """kolo._ops.run on one array (a numpy scalar for a 0-d tensor: made an array, no copy of
+    anything larger), moving booleans as bytes."""
+    arr = np.asarray(arr)
+    as_bytes = _AS_BYTES.get(arr.dtype)
+    if as_bytes is not None:
+        if kind in (_ops.ALLREDUCE, _ops.REDUCESCATTER):
+            _ops.refuse(kind, name, psid, ValueError("Tensor type bool is not supported by reductions"))
+        res = _ops.run(np, kind, arr.view(as_bytes), name, op, root, prescale, postscale, splits, psid)
+        if kind == _ops.ALLTOALL:
+            return res[0].view(arr.dtype), res[1]
+        return res.view(arr.dtype)
+    return _ops.run(np, kind, arr, name, op, root, prescale, postscale, splits, psid)
+
+
+def _psid(process_set):
+    psid = process_set.process_set_id
+    if psid is None:
+        raise ValueError("process set %s is not registered (add_process_set)" % (process_set,))
+    return psid
+
+
+def _differentiable(tensor):
+    return tensor.dtype.is_floating or tensor.dtype.is_complex
+
+
+try:  # whether a GradientTape records eagerly now: tf.custom_gradient costs more than a small op
+    from tensorflow.python.eager import record as _record
+    _could_record = _record.could_possibly_record
+except (ImportError, AttributeError):  # another TensorFlow's layout: always attach the gradient
+    def _could_record():
+        return True
+
+
+def _with_grad(tensor, forward, backward):
+    """forward(tensor) with backward(dy) as its gradient, where tensor can have one and something
+    could record it (a tape, or a graph being built)."""
+    if not _differentiable(tensor) or (tf.executing_eagerly() and not _could_record()):
+        return forward(tensor)
+
+    @tf.custom_gradient
+    def f(x):
+        return forward(x), backward
+    return f(tensor)
+
+
+# ----------------------------------------------------------------------------------------------
+# Allreduce
+
+def _allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=global_process_set, ignore_name_scope=False):
+    """The engine's allreduce of a dense tensor, with Horovod's gradient: the same allreduce of
+    the output's gradient."""
+    tensor = _tensor(tensor)
+    psid = _psid(process_set)
+    nm = _op_name(name, "HorovodAllreduce", tensor)
+
+    def forward(x):
+        if tf.executing_eagerly() and x.device.endswith("CPU:0"):
+            t = _into_tensor(_ops.ALLREDUCE, x, nm, op, 0, prescale_factor, postscale_factor, psid)
+            if t is not None:
+                return t
+
+        def fn(a):
+            return (_run1(_ops.ALLREDUCE, a, nm, op, 0, prescale_factor, postscale_factor, psid=psid),)
+        return _call(fn, [x], [x.dtype], [x.shape])[0]
+
+    def backward(dy):
+        return _allreduce(dy, None, op, prescale_factor, postscale_factor, process_set)
+    return _with_grad(tensor, forward, backward)
+
+
+def _check_op(op, average):
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if average is not None:
+        op = Average if average else Sum
+    elif op is None:
+        op = Average
+    return _ops.check_reduce_op(op)
+
+
+def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=None, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set,
+              ignore_name_scope=False):
+    """Returns tensor reduced across ranks (Average by default). A tf.IndexedSlices is reduced
+    as Horovod does, by allgathering its values and indices (Sum or Average only). device_dense
+    and device_sparse are accepted for Horovod's signature: kolo stages every tensor through
+    host memory."""
+    from kolo.tensorflow.compression import Compression
+    compression = compression or Compression.none
+    op = _check_op(op, average)
+    if isinstance(tensor, tf.IndexedSlices):
+        if op == Adasum:
+            raise NotImplementedError("The Adasum reduction does not currently support sparse tensors. As a "
+                                      "workaround please pass sparse_as_dense=True to DistributedOptimizer")
+        if op not in (Sum, Average):
+            raise NotImplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
+        values = allgather(tensor.values, name=name and name + ".values", process_set=process_set)
+        indices = allgather(tensor.indices, name=name and name + ".indices", process_set=process_set)
+        if op == Average:
+            values = values / tf.cast(process_set.size(), values.dtype)
+        return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
+    tensor = _tensor(tensor)
+    compressed, ctx = compression.compress(tensor)
+    out = _allreduce(compressed, name, op, prescale_factor, postscale_factor, process_set)
+    return compression.decompress(out, ctx)
+
+
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=None, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set, name=None):
+    """Returns every tensor of the list reduced across ranks. Inside tf.function the tensors go
+    to the engine as one numpy function (their allreduces submitted together, so the engine fuses
+    them); gradients as allreduce's."""
+    from kolo.tensorflow.compression import Compression
+    compression = compression or Compression.none
+    op = _check_op(op, average)
+    tensors = list(tensors)
+    if not tensors:
+        return []
+    if any(isinstance(t, tf.IndexedSlices) for t in tensors):
+        return [allreduce(t, op=op, compression=compression, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor, process_set=process_set,
+                          name=name and "%s.%d" % (name, i)) for i, t in enumerate(tensors)]
+    pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
+    outs = _grouped_allreduce([p[0] for p in pairs], name, op, prescale_factor, postscale_factor, process_set)
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+def _grouped_allreduce(tensors, name, op, prescale, postscale, process_set):
+    psid = _psid(process_set)
+    names = [_op_name(None if not name else "%s.%d" % (name, i), "HorovodGroupedAllreduce", t)
+             for i, t in enumerate(tensors)]
+
+    def fn(*arrays):
+        # Submitted together, then waited for: the engine fuses what is ready at once.
+        return tuple(_ops.run_many(np, _ops.ALLREDUCE, arrays, names, op, 0, prescale, postscale, psid))
+
+    def forward(*xs):
+        return _call(fn, list(xs), [x.dtype for x in xs], [x.shape for x in xs])
+
+    if not all(_differentiable(t) for t in tensors):
+        return forward(*tensors)
+
+    @tf.custom_gradient
+    def f(*xs):
+        def backward(*dys):
+            return _grouped_allreduce(list(dys), None, op, prescale, postscale, process_set)
+        return forward(*xs), backward
+    return list(f(*tensors))
+
+
+# ----------------------------------------------------------------------------------------------
+# Allgather, broadcast, alltoall, reducescatter
+
+def _allgather_raw(tensor, nm, psid):
+    def fn(a):
+        return (_run1(_ops.ALLGATHER, a, nm, psid=psid),)
+    shape = tf.TensorShape([None]).concatenate(tensor.shape[1:]) if tensor.shape.rank else tensor.shape
+    return _call(fn, [tensor], [tensor.dtype], [shape])[0]
+
+
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Returns every rank's tensor concatenated along dimension 0, whose size may differ across
+    ranks. Gradient: the output's gradient averaged across ranks, this rank's rows of it."""
+    tensor = tf.convert_to_tensor(tensor)
+    psid = _psid(process_set)
+    nm = _op_name(name, "HorovodAllgather", tensor)
+
+    def backward(dy):
+        grad = _allreduce(dy, op=Average, process_set=process_set)
+        d = tf.reshape(tf.shape(tensor, out_type=tf.int64)[0], [1])
+        dims = tf.reshape(allgather(d, process_set=process_set), [process_set.size()])
+        return tf.split(grad, num_or_size_splits=dims, axis=0)[process_set.rank()]
+    return _with_grad(tensor, lambda x: _allgather_raw(x, nm, psid), backward)
+
+
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """allgather of every tensor of the list (member i named name.i)."""
+    return [allgather(t, name=name and "%s.%d" % (name, i), process_set=process_set)
+            for i, t in enumerate(tensors)]
+
+
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Returns root_rank's tensor on every rank (root_rank is a job rank, also within a process
+    set). Gradient: the output's gradient averaged across ranks on the root, zero elsewhere."""
+    tensor = tf.convert_to_tensor(tensor)
+    psid = _psid(process_set)
+    nm = _op_name(name, "HorovodBroadcast", tensor)
+
+    def forward(x):
+        if tf.executing_eagerly() and x.device.endswith("CPU:0"):
+            t = _into_tensor(_ops.BROADCAST, x, nm, Sum, root_rank, 1.0, 1.0, psid)
+            if t is not None:
+                return t
+
+        def fn(a):
+            return (_run1(_ops.BROADCAST, a, nm, root=root_rank, psid=psid),)
+        return _call(fn, [x], [x.dtype], [x.shape])[0]
+
+    def backward(dy):
+        g = _allreduce(dy, op=Average, process_set=process_set)
+        return g if rank() == root_rank else g * 0
+    return _with_grad(tensor, forward, backward)
+
+
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """Assigns root_rank's values to variables on every rank; returns their new values."""
+    out = []
+    for i, v in enumerate(variables):
+        nm = name and "%s.%d" % (name, i)
+        if nm is None and tf.executing_eagerly():
+            nm = "broadcast_.%s" % v.name
+        v.assign(broadcast(v, root_rank, name=nm, process_set=process_set))
+        out.append(v.read_value() if hasattr(v, "read_value") else tf.convert_to_tensor(v))
+    return out
+
+
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Sends splits[r] rows (dimension 0) of tensor to rank r of the set, dimension 0 split evenly
+    without splits; returns the rows received, and with splits (output, received_splits) as
+    Horovod does (received_splits int32). Gradient: an alltoall back along the received splits."""
+    tensor = tf.convert_to_tensor(tensor)
+    psid = _psid(process_set)
+    nm = _op_name(name, "HorovodAlltoall", tensor)
+    has_splits = splits is not None
+    splits_t = tf.cast(tf.convert_to_tensor(splits), tf.int64) if has_splits else tf.zeros([0], tf.int64)
+    if splits_t.shape.rank not in (None, 1):
+        raise ValueError("alltoall expects a 1D splits tensor, got %d dimensions" % splits_t.shape.rank)
+    shape = tf.TensorShape([None]).concatenate(tensor.shape[1:]) if tensor.shape.rank else tensor.shape
+
+    def fn(a, s):
+        sp = [int(x) for x in s] if has_splits else None
+        out, rs = _run1(_ops.ALLTOALL, a, nm, splits=sp, psid=psid)
+        return out, rs
+
+    def forward(x):
+        return _call(fn, [x, splits_t], [x.dtype, tf.int32], [shape, tf.TensorShape([None])])
+
+    if _differentiable(tensor):
+        @tf.custom_gradient
+        def f(x):
+            out, rs = forward(x)
+
+            def backward(dy, drs=None):
+                g, _ = alltoall(dy, splits=rs, process_set=process_set)
+                return g
+            return (out, rs), backward
+        out, rs = f(tensor)
+    else:
+        out, rs = forward(tensor)
+    return (out, rs) if has_splits else out
+
+
+def _scatter_shape(tensor, process_set):
+    if not tensor.shape.rank:
+        return tensor.shape
+    return tf.TensorShape([None]).concatenate(tensor.shape[1:])
+
+
+def _reducescatter(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
+                   process_set=global_process_set):
+    tensor = tf.convert_to_tensor(tensor)
+    psid = _psid(process_set)
+    nm = _op_name(name, "HorovodReducescatter", tensor)
+
+    def forward(x):
+        def fn(a):
+            return (_run1(_ops.REDUCESCATTER, a, nm, op, 0, prescale_factor, postscale_factor, psid=psid),)
+        return _call(fn, [x], [x.dtype], [_scatter_shape(x, process_set)])[0]
+
+    def backward(dy):
+        # Horovod's convention: Sum's gradient is the gathered gradient times the set's size
+        # (as allreduce's Sum gradient sums), Average's the gathered gradient; times the factors.
+        scale = prescale_factor * postscale_factor * (process_set.size() if op == Sum else 1)
+        if scale != 1:
+            dy = dy * scale
+        return allgather(dy, process_set=process_set)
+    return _with_grad(tensor, forward, backward)
+
+
+def reducescatter(tensor, device_dense="", compression=None, op=Average, name=None,
+                  process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    """Returns this rank's share (dimension 0; the first dim0 % size ranks get one row more) of
+    tensor reduced across ranks. kolo also accepts Min, Max and Product."""
+    from kolo.tensorflow.compression import Compression
+    compression = compression or Compression.none
+    _ops.check_reduce_op(op)
+    t, ctx = compression.compress(tf.convert_to_tensor(tensor))
+    out = _reducescatter(t, name, op, prescale_factor, postscale_factor, process_set)
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average, name=None,
+                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    return [reducescatter(t, compression=compression, op=op, name=name and "%s.%d" % (name, i),
+                          process_set=process_set, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor) for i, t in enumerate(tensors)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Barrier and join
+
+def barrier(process_set=global_process_set):
+    """Returns once every rank of the set has called barrier."""
+    psid = _psid(process_set)
+    if tf.executing_eagerly():
+        _ops.run(np, _ops.BARRIER, None, psid=psid)
+        return None
+
+    def fn():
+        _ops.run(np, _ops.BARRIER, None, psid=psid)
+        return np.int32(0)
+    return tf.numpy_function(_recording(fn), [], tf.int32, stateful=True)
+
+
+def join():
+    """Says this rank has no more data: other ranks' allreduces go on with it contributing
+    nothing until every rank joined. Returns the last rank to join (an int32 tensor)."""
+    def fn():
+        return np.int32(_ops.run(np, _ops.JOIN, None))
+    if tf.executing_eagerly():
+        return tf.constant(fn())
+    out = tf.numpy_function(_recording(fn), [], tf.int32, stateful=True)
+    out.set_shape([])
+    return out
