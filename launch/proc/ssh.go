@@ -460,11 +460,40 @@ func (s *SSHStarter) Check(ctx context.Context, hosts []string) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = s.checkHost(ctx, h, payload)
+			errs[i] = s.checkHostRetrying(ctx, h, payload)
 		}()
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// refusedRetryFor bounds how long the check keeps trying a host that refuses the connection: an
+// sshd that is still starting (a container started beside the launcher's, a node booting) refuses
+// for a moment, and the job should not fail for it; a host with no sshd at all is reported after
+// this long, or at --start-timeout if that comes first.
+const refusedRetryFor = 15 * time.Second
+
+var errRefused = errors.New("connection refused")
+
+// checkHostRetrying is checkHost, tried again while the host refuses the connection.
+func (s *SSHStarter) checkHostRetrying(ctx context.Context, host, payload string) error {
+	start := time.Now()
+	wait := 250 * time.Millisecond
+	for {
+		err := s.checkHost(ctx, host, payload)
+		if !errors.Is(err, errRefused) || time.Since(start)+wait > refusedRetryFor {
+			if errors.Is(err, errRefused) {
+				err = fmt.Errorf("%w (refused for %s)", err, time.Since(start).Round(100*time.Millisecond))
+			}
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
 }
 
 func (s *SSHStarter) checkHost(ctx context.Context, host, payload string) error {
@@ -495,6 +524,8 @@ func (s *SSHStarter) checkHost(ctx context.Context, host, payload string) error 
 	switch {
 	case err != nil && !errors.As(err, &ee):
 		return fmt.Errorf("host %s: run the ssh client: %w", host, err)
+	case ee != nil && ee.ExitCode() == 255 && strings.Contains(said, "Connection refused"):
+		return fmt.Errorf("host %s: ssh (%s) failed: %s: %w", host, port, said, errRefused)
 	case ee != nil && ee.ExitCode() == 255:
 		return fmt.Errorf("host %s: ssh (%s) failed: %s", host, port, said)
 	case err != nil:

@@ -48,7 +48,8 @@ func TestForwardedEnv(t *testing.T) {
 }
 
 // fakeSSH stands in for ssh: it records its arguments, skips the options, fails for hosts named
-// unreachable*, and runs the remote command with sh, as sshd would with the user's login shell.
+// unreachable*, refuses hosts named refusing* always and starting-N* the first N times it is
+// asked, and runs the remote command with sh, as sshd would with the user's login shell.
 func fakeSSH(t *testing.T) (program, argsLog string) {
 	t.Helper()
 	dir := t.TempDir()
@@ -62,6 +63,12 @@ done
 host=$1; shift
 case $host in
 unreachable*) echo "ssh: connect to host $host port 22: No route to host" >&2; exit 255 ;;
+refusing*) echo "ssh: connect to host $host port 22: Connection refused" >&2; exit 255 ;;
+starting-*)
+  n=${host#starting-}; n=${n%%[!0-9]*}
+  count=` + shellQuote(dir) + `/tries-$host
+  echo x >> "$count"
+  if [ "$(wc -l < "$count")" -le "$n" ]; then echo "ssh: connect to host $host port 22: Connection refused" >&2; exit 255; fi ;;
 esac
 exec sh -c "$1"
 `
@@ -212,6 +219,25 @@ func TestSSHCheck(t *testing.T) {
 	err = s.Check(context.Background(), []string{"a"})
 	if err == nil || !strings.Contains(err.Error(), "host a: cannot change to directory /nonexistent/kolo-test") {
 		t.Errorf("missing working directory: got %v", err)
+	}
+}
+
+// An sshd that is still starting refuses for a moment: the check tries again, within its deadline.
+func TestSSHCheckWaitsForARefusingHost(t *testing.T) {
+	prog, _ := fakeSSH(t)
+	s := &SSHStarter{Program: prog}
+	if err := s.Check(context.Background(), []string{"a", "starting-3"}); err != nil {
+		t.Fatalf("a host that refused three times, then answered: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	err := s.Check(ctx, []string{"refusing-1"})
+	if err == nil || !strings.Contains(err.Error(), "host refusing-1: ssh (ssh's default port) failed: ssh: connect to host refusing-1 port 22: Connection refused") {
+		t.Errorf("a host that always refuses: got %v", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the check of a refusing host took %s, past its 2 s deadline", took)
 	}
 }
 
