@@ -14,6 +14,7 @@ from kolo.tensorflow.compression import Compression
 from kolo.tensorflow.functions import (  # noqa: F401
     allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables,
 )
+from kolo.tensorflow.util import _executing_eagerly  # noqa: F401  (hvd._executing_eagerly, as Horovod has it)
 from kolo.tensorflow.mpi_ops import (  # noqa: F401
     Adasum, Average, Max, Min, Product, Sum,
     allgather, allreduce, alltoall, barrier, broadcast, broadcast_, ccl_built, cross_rank, cross_size,
