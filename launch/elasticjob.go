@@ -358,8 +358,8 @@ func (j *elasticJob) run(ctx context.Context, source hostSource) (code int, err 
 	defer func() {
 		cancel()
 		discoverer.Wait()
-		// Workers stopped without waiting (stopLater) may still run: their exits are the
-		// last the loop drains.
+		// Workers stopped without waiting (a reset's released ones) may still run: their
+		// exits are the last the loop drains.
 		j.stopAndAwait(j.all)
 		j.sup.Close()
 	}()
