@@ -92,7 +92,7 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 		}
 		stopping = true
 		for i, c := range children {
-			if results[i].Ended.IsZero() {
+			if c.proc != nil && results[i].Ended.IsZero() { // one never started did not get stopped
 				results[i].Stopped = true
 				c.Stop(StopSignal)
 			}
