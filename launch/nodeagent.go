@@ -85,7 +85,7 @@ func joinJob(ctx context.Context, n *node, set elasticSettings) (int, error) {
 		starter = proc.LocalStarter{Guard: guard, Bind: n.bind}
 	}
 	a := &elasticAgent{
-		n: n, set: set, num: int(num), welcome: w, starter: starter, extra: workerExtraEnv(o),
+		n: n, set: set, num: int(num), welcome: w, extra: workerExtraEnv(o),
 		out:   proc.NewLineWriter(n.stdout, o.Timestamps),
 		errw:  proc.NewLineWriter(n.stderr, o.Timestamps),
 		procs: map[int]*elasticProc{},
@@ -106,7 +106,6 @@ type elasticAgent struct {
 	set     elasticSettings
 	num     int
 	welcome NodeWelcome
-	starter proc.Starter
 	sup     *proc.Supervisor
 	extra   map[string]string
 
