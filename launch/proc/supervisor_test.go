@@ -3,6 +3,7 @@ package proc
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -148,5 +149,47 @@ func awaitStopped(t *testing.T, pid int) {
 			t.Fatalf("process %d not stopped: %q, %v", pid, b, err)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// remoteChild is a worker whose output another machine prints: it ends when told to.
+type remoteChild struct {
+	end     chan Exit
+	signals chan syscall.Signal
+}
+
+func (r *remoteChild) Stdout() io.Reader               { return strings.NewReader("") }
+func (r *remoteChild) Stderr() io.Reader               { return strings.NewReader("") }
+func (r *remoteChild) Wait() Exit                      { return <-r.end }
+func (r *remoteChild) StderrTail() []string            { return []string{"remote line"} }
+func (r *remoteChild) Signal(sig syscall.Signal) error { r.signals <- sig; return nil }
+
+// A child whose output is printed elsewhere: no pumps, its tail comes with its exit, and a child
+// that ends within the grace gets no SIGKILL.
+func TestSupervisorRemoteOutput(t *testing.T) {
+	r := &remoteChild{end: make(chan Exit, 1), signals: make(chan syscall.Signal, 4)}
+	s := &Supervisor{Starter: starterFunc(func(Worker) (Process, error) { return r, nil }), Grace: 200 * time.Millisecond}
+	exits := make(chan Exit, 1)
+	c, err := s.Start(context.Background(), Worker{}, "a", "a", func(e Exit) { exits <- e })
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Stop(StopSignal)
+	if sig := <-r.signals; sig != StopSignal {
+		t.Errorf("signal %v, want %v", sig, StopSignal)
+	}
+	r.end <- Exit{Code: -1, Signal: StopSignal}
+	if e := <-exits; e.Signal != StopSignal {
+		t.Errorf("exit %+v", e)
+	}
+	s.Close()
+	if tail := c.Tail(time.Second); len(tail) != 1 || tail[0] != "remote line" {
+		t.Errorf("tail %q", tail)
+	}
+	time.Sleep(400 * time.Millisecond) // past the grace: the kill must not come
+	select {
+	case sig := <-r.signals:
+		t.Errorf("signal %v after the exit", sig)
+	default:
 	}
 }
