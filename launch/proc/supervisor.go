@@ -1,12 +1,14 @@
 package proc
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -250,4 +252,103 @@ func (s *Supervisor) files(dir string) [2]io.Writer {
 		files[i] = f // Pump closes it at the end of the stream
 	}
 	return files
+}
+
+// Pump copies whole lines from r to w with a prefix, and to file and tail when set.
+func Pump(r io.Reader, w *LineWriter, prefix string, file io.Writer, tail *Tail) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	for {
+		line, err := br.ReadString('\n')
+		if line != "" {
+			if !strings.HasSuffix(line, "\n") {
+				line += "\n"
+			}
+			w.WriteLine(prefix, line)
+			if file != nil {
+				io.WriteString(file, line)
+			}
+			if tail != nil {
+				tail.Add(strings.TrimRight(line, "\n"))
+			}
+		}
+		if err != nil {
+			if c, ok := file.(io.Closer); ok {
+				c.Close()
+			}
+			if c, ok := r.(io.Closer); ok {
+				c.Close()
+			}
+			return
+		}
+	}
+}
+
+// LineWriter serialises whole lines from many ranks so output never interleaves mid-line.
+type LineWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+	ts bool
+}
+
+// NewLineWriter writes whole lines to w, each after the time when timestamps is set.
+func NewLineWriter(w io.Writer, timestamps bool) *LineWriter {
+	return &LineWriter{w: w, ts: timestamps}
+}
+
+// WriteLine writes prefix and line (which ends in a newline) in one piece.
+func (l *LineWriter) WriteLine(prefix, line string) {
+	if l.w == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ts {
+		io.WriteString(l.w, time.Now().Format("Mon Jan 2 15:04:05 2006")+":")
+	}
+	io.WriteString(l.w, prefix+line)
+}
+
+// WriteBlock writes s (several lines: a summary) as it is, without a time prefix, between other
+// writers' lines.
+func (l *LineWriter) WriteBlock(s string) {
+	if l.w == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	io.WriteString(l.w, s)
+}
+
+// Tail keeps the last lines of a stream (a rank's stderr) for a failure summary.
+type Tail struct {
+	mu  sync.Mutex
+	max int
+	buf []string
+}
+
+// maxTailLine caps a summary line: the tail travels in a node's done record (no-SSH mode), and a
+// rank may write megabytes without a newline.
+const maxTailLine = 4 << 10
+
+// NewTail keeps the last max lines.
+func NewTail(max int) *Tail { return &Tail{max: max} }
+
+// Add keeps s, capped at maxTailLine, dropping the oldest line beyond max.
+func (t *Tail) Add(s string) {
+	if len(s) > maxTailLine {
+		s = s[:maxTailLine] + " [...]"
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, s)
+	if len(t.buf) > t.max {
+		t.buf = t.buf[len(t.buf)-t.max:]
+	}
+}
+
+// Lines returns a copy of the lines kept, oldest first.
+func (t *Tail) Lines() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]string(nil), t.buf...)
 }
