@@ -11,7 +11,8 @@
 // (nodeagent.go); nodebeat.go is the heartbeat the serving node watches them with. Where ranks go
 // is launch/layout's; what an elastic job does next is launch/elastic's pure planner; starting,
 // supervising and stopping processes (locally, over ssh, with srun) and blaming the failed rank is
-// launch/proc's.
+// launch/proc's: the static runner, the elastic driver and the node agent are policies over its one
+// Supervisor (what to start, what an exit means) and never signal a process themselves.
 //
 // This package must not start or signal a rank's process itself (launch/proc does: the one
 // command run here is the host discovery script), and must not know about tensors or the engine.

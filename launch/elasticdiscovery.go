@@ -5,9 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/kolo-dl/kolo/launch/elastic"
@@ -46,23 +44,46 @@ const maxDiscoveryOutput = 1 << 20
 // slotsPerHost. The script fails when it exits non-zero, prints more than 1 MiB, or runs longer
 // than timeout; then it is killed with everything it started in its process group.
 func RunDiscoveryScript(ctx context.Context, script string, timeout time.Duration, slotsPerHost int) ([]elastic.Host, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", script)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = time.Second // a child that escaped the group may hold the pipes open
 	stdout := &cappedBuffer{max: maxDiscoveryOutput}
-	stderr := proc.NewTail(3)
-	cmd.Stdout = stdout
-	cmd.Stderr = lineSink{stderr}
-	err := cmd.Run()
+	// The supervisor of the ranks runs it too: its own process group, killed with it, and a
+	// bounded wait for a child that escaped the group and holds the pipes open.
+	sup := &proc.Supervisor{Starter: proc.LocalStarter{}, Stdout: proc.NewLineWriter(stdout, false),
+		Stderr: proc.NewLineWriter(nil, false), Plain: true, StreamWait: time.Second}
+	exited := make(chan proc.Exit, 1)
+	c, err := sup.Start(ctx, proc.Worker{Argv: []string{"/bin/sh", "-c", script}}, "discovery", "", func(e proc.Exit) { exited <- e })
+	if err != nil {
+		return nil, fmt.Errorf("--host-discovery-script %q: %w", script, err)
+	}
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	var e proc.Exit
+	timedOut := false
+	select {
+	case e = <-exited:
+	case <-timer.C:
+		timedOut = true
+		c.Kill()
+		e = <-exited
+	case <-ctx.Done():
+		c.Kill()
+		e = <-exited
+	}
+	sup.Close()
 	switch {
-	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+	case timedOut:
 		return nil, fmt.Errorf("--host-discovery-script %q did not finish within %s", script, timeout)
-	case err != nil:
-		msg := fmt.Sprintf("--host-discovery-script %q: %v", script, err)
-		if tail := stderr.Lines(); len(tail) > 0 {
+	case e.Failed():
+		msg := fmt.Sprintf("--host-discovery-script %q: %v", script, e)
+		var tail []string
+		for _, l := range c.Tail(0) {
+			if l = strings.TrimSpace(l); l != "" {
+				tail = append(tail, l)
+			}
+		}
+		if len(tail) > 3 {
+			tail = tail[len(tail)-3:]
+		}
+		if len(tail) > 0 {
 			msg += ": " + strings.Join(tail, " / ")
 		}
 		return nil, errors.New(msg)
@@ -90,16 +111,4 @@ func (c *cappedBuffer) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	return c.Buffer.Write(p)
-}
-
-// lineSink feeds a tailBuffer the lines written to it (a script's stderr, for its error message).
-type lineSink struct{ t *proc.Tail }
-
-func (l lineSink) Write(p []byte) (int, error) {
-	for _, line := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
-		if line = strings.TrimSpace(line); line != "" {
-			l.t.Add(line)
-		}
-	}
-	return len(p), nil
 }

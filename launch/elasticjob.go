@@ -8,13 +8,10 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/kolo-dl/kolo/auth"
@@ -253,8 +250,7 @@ func fixedElasticHosts(o *flags.Options) ([]elastic.Host, error) {
 	return out, nil
 }
 
-// elasticJob is the event loop's state. Only the loop's goroutine touches it, except the fields
-// the per-worker goroutines own (an elasticProc's tail and open count).
+// elasticJob is the event loop's state. Only the loop's goroutine touches it.
 type elasticJob struct {
 	opts    *flags.Options
 	set     elasticSettings
@@ -284,11 +280,10 @@ type elasticJob struct {
 	ended  bool                            // the end record is published (as round.Number+1)
 	procs  map[elastic.Worker]*elasticProc // the newest process of each place of the current world
 	all    []*elasticProc                  // every process started, for the end
-	exits  chan elasticExit                // from the per-worker waiters; the loop always drains it
-	wg     sync.WaitGroup                  // the per-worker goroutines: waiters and output pumps
+	exits  chan elasticExit                // from the supervisor's waiters; the loop always drains it
+	sup    *proc.Supervisor                // owns the worker processes, from run on
 
 	pending     []*elasticProc   // failed exits not yet reported to the planner
-	dying       []dyingProc      // stopped without waiting (stopLater), to be killed after a grace
 	batchC      <-chan time.Time // fires when pending is due
 	lastBatch   []*elasticProc   // the last failures reported, for the exit code
 	failures    []*elasticProc   // every failure reported, for the summary
@@ -304,11 +299,7 @@ type elasticProc struct {
 	place elastic.Worker
 	round int // the round it was started for
 	rank  int // its rank in that round
-	proc  proc.Process
-
-	tail    *proc.Tail
-	open    atomic.Int32  // output streams not yet at their end
-	drained chan struct{} // closed when open reaches 0
+	child *proc.Child
 
 	exited   bool
 	exit     proc.Exit
@@ -344,6 +335,11 @@ func (j *elasticJob) run(ctx context.Context, source hostSource) (code int, err 
 	}
 	j.view = view
 	j.out, j.errw = proc.NewLineWriter(outW, j.opts.Timestamps), proc.NewLineWriter(errW, j.opts.Timestamps)
+	j.sup = &proc.Supervisor{Starter: j.starter, Stdout: j.out, Stderr: j.errw, OutputDir: j.opts.OutputDir, AppendFiles: true,
+		Plain: j.opts.PlainOutput, Grace: j.set.stopGrace, StreamWait: j.set.streamWait,
+		HeldOpen: func(c *proc.Child) {
+			j.log("%s has ended, but a process it started still holds its output open; not waiting for it", c.Label)
+		}}
 	close(j.started)
 	defer func() {
 		view.stop()
@@ -362,17 +358,10 @@ func (j *elasticJob) run(ctx context.Context, source hostSource) (code int, err 
 	defer func() {
 		cancel()
 		discoverer.Wait()
-		// Workers stopped without waiting (stopLater) may still run: their exits are the
-		// last the loop drains.
-		var left []*elasticProc
-		for _, d := range j.dying {
-			if !d.p.exited {
-				left = append(left, d.p)
-			}
-		}
-		j.stopAndAwait(left)
-		j.awaitStreams()
-		j.wg.Wait()
+		// Workers stopped without waiting (a reset's released ones) may still run: their
+		// exits are the last the loop drains.
+		j.stopAndAwait(j.all)
+		j.sup.Close()
 	}()
 	discoverer.Add(1)
 	go func() {
@@ -399,7 +388,6 @@ func (j *elasticJob) run(ctx context.Context, source hostSource) (code int, err 
 				o = j.reportFailures(time.Now())
 			}
 		case now := <-ticker.C:
-			j.killDying(now)
 			if !j.finishing && j.listed {
 				if o = j.act(j.planner.Tick(now)); o == nil {
 					o = j.checkReinit(now)
@@ -500,7 +488,7 @@ func (j *elasticJob) reset(d elastic.Decision) *elasticEnd {
 		}
 	}
 	j.stopAndAwait(await)
-	j.stopLater(release, time.Now())
+	stopping(release)
 	keep := j.pending[:0]
 	for _, p := range j.pending {
 		if lost[p.place] {
@@ -573,13 +561,15 @@ func (j *elasticJob) start(world *elastic.Generation, newcomers []elastic.Worker
 		r := ranks[w]
 		s := layout.Slot{Rank: r.Rank, Size: r.Size, Host: w.Host, LocalRank: r.LocalRank, LocalSize: r.LocalSize,
 			CrossRank: r.CrossRank, CrossSize: r.CrossSize}
-		p := &elasticProc{place: w, round: j.round.Number, rank: r.Rank, tail: proc.NewTail(20), drained: make(chan struct{})}
+		p := &elasticProc{place: w, round: j.round.Number, rank: r.Rank}
 		procs[i] = p
 		worker := proc.Worker{Slot: s, Argv: j.opts.Command, Env: j.workerEnv(s, w)}
 		starting.Add(1)
 		go func() {
 			defer starting.Done()
-			p.proc, errs[i] = j.starter.Start(j.startCtx, worker)
+			p.child, errs[i] = j.sup.Start(j.startCtx, worker, w.String(), w.String(), func(e proc.Exit) {
+				j.exits <- elasticExit{p, e} // the loop drains exits until every worker has ended
+			})
 		}()
 	}
 	starting.Wait()
@@ -587,14 +577,12 @@ func (j *elasticJob) start(world *elastic.Generation, newcomers []elastic.Worker
 		j.procs[p.place] = p
 		j.all = append(j.all, p)
 		if errs[i] != nil {
-			close(p.drained)
 			j.onExit(elasticExit{p, proc.Exit{Code: -1, Err: fmt.Errorf("start %s: %w", p.place, errs[i])}})
 			continue
 		}
 		if j.opts.Verbose {
 			j.log("started %s for round %d as rank %d", p.place, p.round, p.rank)
 		}
-		j.watch(p)
 	}
 }
 
@@ -614,83 +602,6 @@ func elasticWorkerEnv(s layout.Slot, slot, round int, timeout time.Duration, rv,
 		jobenv.ElasticRound+"="+strconv.Itoa(round),
 		jobenv.ElasticTimeout+"="+strconv.FormatFloat(timeout.Seconds(), 'f', -1, 64),
 	)
-}
-
-// watch starts the goroutines of a started worker: its two output pumps and its waiter.
-func (j *elasticJob) watch(p *elasticProc) {
-	watchPlace(p, p.place.String(), p.place.String(), j.out, j.errw, j.opts, &j.wg, func(e proc.Exit) {
-		j.exits <- elasticExit{p, e} // the loop drains exits until every worker has ended
-	})
-}
-
-// watchPlace starts the goroutines of a started worker: its two output pumps, prefixed with label
-// (its place; a static job's worker's rank) and written to dir in --output-filename, and its
-// waiter, which calls exited with its end once the process has ended.
-func watchPlace(p *elasticProc, label, dir string, out, errw *proc.LineWriter, opts *flags.Options, wg *sync.WaitGroup, exited func(proc.Exit)) {
-	if r, ok := p.proc.(proc.RemoteOutput); ok {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			e := p.proc.Wait()
-			for _, l := range r.StderrTail() {
-				p.tail.Add(l)
-			}
-			close(p.drained)
-			exited(e)
-		}()
-		return
-	}
-	files := placeFiles(opts.OutputDir, dir)
-	prefix := func(stream string) string {
-		if opts.PlainOutput {
-			return ""
-		}
-		return fmt.Sprintf("[%s]<%s>:", label, stream)
-	}
-	p.open.Store(2)
-	streamDone := func() {
-		if p.open.Add(-1) == 0 {
-			close(p.drained)
-		}
-	}
-	wg.Add(3)
-	go func() {
-		defer wg.Done()
-		defer streamDone()
-		proc.Pump(p.proc.Stdout(), out, prefix("stdout"), files[0], nil)
-	}()
-	go func() {
-		defer wg.Done()
-		defer streamDone()
-		proc.Pump(p.proc.Stderr(), errw, prefix("stderr"), files[1], p.tail)
-	}()
-	go func() {
-		defer wg.Done()
-		exited(p.proc.Wait())
-	}()
-}
-
-// placeFiles opens DIR/worker/{stdout,stderr} of --output-filename (worker: host[slot], or a
-// static job's rank.N) for appending: a place may run several workers in turn.
-func placeFiles(outputDir, worker string) [2]io.Writer {
-	var files [2]io.Writer
-	if outputDir == "" {
-		return files
-	}
-	dir := filepath.Join(outputDir, worker)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		slog.Warn("cannot write per-worker output", "worker", worker, "err", err)
-		return files
-	}
-	for i, name := range []string{"stdout", "stderr"} {
-		f, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-		if err != nil {
-			slog.Warn("cannot write per-worker output", "worker", worker, "err", err)
-			continue
-		}
-		files[i] = f // pump closes it at the end of the stream
-	}
-	return files
 }
 
 // onExit records a worker's end. A failure the launcher did not cause waits in pending, so that
@@ -912,7 +823,7 @@ func (j *elasticJob) stopStuck(now time.Time, stuck []*elasticProc, why string) 
 	for i, p := range stuck {
 		ws[i] = p.place
 		p.stuck, p.reported, p.failedAs = true, true, j.placeIn(p.place)
-		_ = p.proc.Signal(syscall.SIGKILL)
+		p.child.Kill()
 		j.failures = append(j.failures, p)
 		j.lastBatch = append(j.lastBatch, p)
 	}
@@ -951,7 +862,7 @@ func (j *elasticJob) fail(reason string, code int) *elasticEnd {
 	defer time.AfterFunc(time.Second, func() { close(late) }).Stop()
 	for _, p := range j.failures {
 		select {
-		case <-p.drained:
+		case <-p.child.Drained():
 		case <-late:
 		}
 	}
@@ -976,111 +887,31 @@ func (j *elasticJob) interrupted() *elasticEnd {
 	return &elasticEnd{code: ExitInterrupted, err: errors.New("interrupted: stopped every worker")}
 }
 
-// stopLater stops the workers of ps that still run (SIGTERM, SIGKILL stopGrace after now, from
-// the loop's ticks: killDying) without waiting for them.
-func (j *elasticJob) stopLater(ps []*elasticProc, now time.Time) {
-	for _, p := range stopping(ps) {
-		j.dying = append(j.dying, dyingProc{p: p, killAt: now.Add(j.set.stopGrace)})
-	}
-}
-
-// stopping signals the workers of ps that still run and were not stopped yet (SIGTERM; one
-// killed as stuck has had its SIGKILL), and returns those that still run.
+// stopping stops the workers of ps that still run and were not stopped yet (StopSignal; the
+// supervisor kills them stopGrace later; one killed as stuck has had its SIGKILL), and returns
+// those that still run. Those the caller does not await are drained at the end of the job.
 func stopping(ps []*elasticProc) []*elasticProc {
 	var running []*elasticProc
 	for _, p := range ps {
-		if p.exited || p.proc == nil {
+		if p.exited || p.child == nil {
 			continue
 		}
 		if !p.stopped && !p.stuck {
 			p.stopped = true
-			_ = p.proc.Signal(proc.StopSignal)
+			p.child.Stop(proc.StopSignal)
 		}
 		running = append(running, p)
 	}
 	return running
 }
 
-// killDying SIGKILLs the workers stopLater stopped that still run past their grace.
-func (j *elasticJob) killDying(now time.Time) {
-	keep := j.dying[:0]
-	for _, d := range j.dying {
-		if d.p.exited {
-			continue
-		}
-		if !d.killed && !now.Before(d.killAt) {
-			_ = d.p.proc.Signal(syscall.SIGKILL)
-			d.killed = true
-		}
-		keep = append(keep, d) // until its exit: the end of the job waits for it
-	}
-	j.dying = keep
-}
-
-// dyingProc is a worker stopped without waiting, and when it is to be killed.
-type dyingProc struct {
-	p      *elasticProc
-	killAt time.Time
-	killed bool
-}
-
-// stopAndAwait stops the workers of ps that still run (SIGTERM, SIGKILL after stopGrace) and
-// waits for their exits, recording every other exit that arrives meanwhile.
+// stopAndAwait stops the workers of ps that still run and waits for their exits, recording every
+// other exit that arrives meanwhile.
 func (j *elasticJob) stopAndAwait(ps []*elasticProc) {
-	running := stopping(ps)
-	if len(running) == 0 {
-		return
-	}
-	kill := time.NewTimer(j.set.stopGrace)
-	defer kill.Stop()
-	for {
-		left := 0
-		for _, p := range running {
-			if !p.exited {
-				left++
-			}
+	for _, p := range stopping(ps) {
+		for !p.exited {
+			j.onExit(<-j.exits)
 		}
-		if left == 0 {
-			return
-		}
-		select {
-		case e := <-j.exits:
-			j.onExit(e)
-		case <-kill.C:
-			for _, p := range running {
-				if !p.exited {
-					_ = p.proc.Signal(syscall.SIGKILL)
-				}
-			}
-		}
-	}
-}
-
-// awaitStreams waits, at most streamWait, for the output of every worker to end; then it closes
-// what is still held open (a process a worker left in a session of its own) so the pumps end.
-func (j *elasticJob) awaitStreams() {
-	deadline := time.NewTimer(j.set.streamWait)
-	defer deadline.Stop()
-	for _, p := range j.all {
-		select {
-		case <-p.drained:
-			continue
-		case <-deadline.C:
-		}
-		for _, q := range j.all {
-			select {
-			case <-q.drained:
-				continue
-			default:
-			}
-			j.log("%s has ended, but a process it started still holds its output open; not waiting for it", q.place)
-			for _, s := range []io.Reader{q.proc.Stdout(), q.proc.Stderr()} {
-				if c, ok := s.(io.Closer); ok {
-					c.Close()
-				}
-			}
-		}
-		return
 	}
 }
 
@@ -1116,7 +947,7 @@ func (j *elasticJob) summary(reason string) string {
 		if p.record != nil {
 			fmt.Fprintf(&b, "%s reported (rank %d of round %d): %s\n", p.place, p.record.Rank, p.record.Round, p.record)
 		}
-		if tail := p.tail.Lines(); len(tail) > 0 {
+		if tail := p.child.Tail(0); len(tail) > 0 {
 			fmt.Fprintf(&b, "Last lines of %s's stderr:\n", p.place)
 			for _, l := range tail {
 				fmt.Fprintf(&b, "    %s\n", l)

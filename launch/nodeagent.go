@@ -9,7 +9,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -86,12 +85,17 @@ func joinJob(ctx context.Context, n *node, set elasticSettings) (int, error) {
 		starter = proc.LocalStarter{Guard: guard, Bind: n.bind}
 	}
 	a := &elasticAgent{
-		n: n, set: set, num: int(num), welcome: w, starter: starter, extra: workerExtraEnv(o),
+		n: n, set: set, num: int(num), welcome: w, extra: workerExtraEnv(o),
 		out:   proc.NewLineWriter(n.stdout, o.Timestamps),
 		errw:  proc.NewLineWriter(n.stderr, o.Timestamps),
 		procs: map[int]*elasticProc{},
 		exits: make(chan agentExit),
 	}
+	a.sup = &proc.Supervisor{Starter: starter, Stdout: a.out, Stderr: a.errw, OutputDir: o.OutputDir, AppendFiles: true,
+		Plain: o.PlainOutput, Grace: set.stopGrace, StreamWait: set.streamWait,
+		HeldOpen: func(c *proc.Child) {
+			a.log("%s has ended, but a process it started still holds its output open; not waiting for it", c.Label)
+		}}
 	a.log("joined the job at %s as host %s (node %d, %s)", o.Rendezvous, w.Host, num, countOf(n.slots, "slot"))
 	return a.run(ctx)
 }
@@ -102,14 +106,13 @@ type elasticAgent struct {
 	set     elasticSettings
 	num     int
 	welcome NodeWelcome
-	starter proc.Starter
+	sup     *proc.Supervisor
 	extra   map[string]string
 
 	out, errw *proc.LineWriter
 	procs     map[int]*elasticProc // by worker number (the order that started it), until it exits
 	exits     chan agentExit
-	wg        sync.WaitGroup // the workers' pumps and waiters
-	reported  int            // exit records written
+	reported  int // exit records written
 }
 
 type agentExit struct {
@@ -125,7 +128,7 @@ func (a *elasticAgent) run(ctx context.Context) (int, error) {
 	bg, stop := context.WithCancel(context.Background())
 	defer func() {
 		stop()
-		a.awaitOutput()
+		a.sup.Close()
 	}()
 	orders := make(chan NodeOrder)
 	lost := make(chan error, 2)
@@ -136,7 +139,10 @@ func (a *elasticAgent) run(ctx context.Context) (int, error) {
 		case <-ctx.Done():
 			return a.leave()
 		case <-a.set.vanish:
-			a.stopAll(false, syscall.SIGKILL)
+			for _, p := range a.procs {
+				p.child.Kill()
+			}
+			a.stopAll(false)
 			a.n.rv.Close()
 			return 1, errors.New("vanished (test)")
 		case err := <-lost:
@@ -150,7 +156,7 @@ func (a *elasticAgent) run(ctx context.Context) (int, error) {
 			case OrderStop:
 				if p := a.procs[o.Worker]; p != nil {
 					p.stopped = true
-					_ = p.proc.Signal(syscall.Signal(o.Signal))
+					p.child.Signal(syscall.Signal(o.Signal))
 				}
 			case OrderEnd:
 				return a.end(o)
@@ -205,8 +211,7 @@ func (a *elasticAgent) start(o NodeOrder) error {
 	opts, w := a.n.opts, a.welcome
 	s := layout.Slot{Rank: o.Rank, Size: o.Size, Host: w.Host, LocalRank: o.LocalRank, LocalSize: o.LocalSize,
 		CrossRank: o.CrossRank, CrossSize: o.CrossSize}
-	p := &elasticProc{place: elastic.Worker{Host: w.Host, Slot: o.Slot}, round: o.Round, rank: o.Rank,
-		tail: proc.NewTail(20), drained: make(chan struct{})}
+	p := &elasticProc{place: elastic.Worker{Host: w.Host, Slot: o.Slot}, round: o.Round, rank: o.Rank}
 	// A static job's workers get the static contract, and their output is known by rank, as
 	// that of a job started from one machine.
 	env := WorkerEnv(s, opts.Rendezvous, w.JobID, string(a.n.secret), a.extra, opts.Env)
@@ -215,20 +220,18 @@ func (a *elasticAgent) start(o NodeOrder) error {
 		env = elasticWorkerEnv(s, o.Slot, o.Round, w.Timeout, opts.Rendezvous, w.JobID, string(a.n.secret), a.extra, opts.Env)
 		label, dir = p.place.String(), p.place.String()
 	}
-	started, err := a.starter.Start(context.Background(), proc.Worker{Slot: s, Argv: opts.Command, Env: env})
+	child, err := a.sup.Start(context.Background(), proc.Worker{Slot: s, Argv: opts.Command, Env: env}, label, dir, func(e proc.Exit) {
+		a.exits <- agentExit{num: o.Worker, p: p, exit: e} // run drains exits until every worker has ended
+	})
+	p.child = child
 	if err != nil {
-		close(p.drained)
 		a.log("%s could not be started: %v", p.place, err)
 		return a.report(agentExit{num: o.Worker, p: p, exit: proc.Exit{Code: -1, Err: fmt.Errorf("start %s: %w", p.place, err)}}, false)
 	}
-	p.proc = started
 	a.procs[o.Worker] = p
 	if opts.Verbose {
 		a.log("started %s for round %d as rank %d", p.place, p.round, p.rank)
 	}
-	watchPlace(p, label, dir, a.out, a.errw, opts, &a.wg, func(e proc.Exit) {
-		a.exits <- agentExit{num: o.Worker, p: p, exit: e} // run drains exits until every worker has ended
-	})
 	return nil
 }
 
@@ -243,11 +246,7 @@ func (a *elasticAgent) report(x agentExit, leaving bool) error {
 		rec.Err = x.exit.Err.Error()
 	}
 	if x.exit.Failed() {
-		select {
-		case <-p.drained:
-		case <-time.After(time.Second):
-		}
-		rec.Tail = p.tail.Lines()
+		rec.Tail = p.child.Tail(time.Second)
 		if !leaving && !p.stopped {
 			a.log("%s (started for round %d as rank %d) %s", p.place, p.round, p.rank, x.exit)
 		}
@@ -263,7 +262,7 @@ func (a *elasticAgent) report(x agentExit, leaving bool) error {
 
 // end is the serving node's end of the job: every node exits with its code.
 func (a *elasticAgent) end(o NodeOrder) (int, error) {
-	a.stopAll(false, syscall.SIGTERM) // none runs unless the end came from a node dropped as lost
+	a.stopAll(false) // none runs unless the end came from a node dropped as lost
 	if o.Reason != "" {
 		a.errw.WriteBlock(strings.TrimSuffix(o.Reason, "\n") + "\n")
 	}
@@ -285,7 +284,7 @@ func (a *elasticAgent) leave() (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), reportTimeout)
 	err := a.n.rv.Set(ctx, NodeLeftKey(a.num), []byte("its kolo run was interrupted"))
 	cancel()
-	a.stopAll(err == nil, syscall.SIGTERM)
+	a.stopAll(err == nil)
 	if a.welcome.Static {
 		return ExitInterrupted, fmt.Errorf("interrupted: this node (host %s) left the job and stopped its ranks; the job stops on every node", a.welcome.Host)
 	}
@@ -294,53 +293,28 @@ func (a *elasticAgent) leave() (int, error) {
 
 // lost ends the node when the rendezvous, which lives on the serving node, is gone.
 func (a *elasticAgent) lost(err error) (int, error) {
-	a.stopAll(false, syscall.SIGTERM)
+	a.stopAll(false)
 	return 1, fmt.Errorf("%w at %s (%v): the job ended with the serving node, which holds the rendezvous and runs the job; stopped this node's workers",
 		errRendezvousLost, a.n.opts.Rendezvous, err)
 }
 
-// stopAll stops every running worker (sig, then SIGKILL after stopGrace) and waits for their
-// exits, reporting them (as the exits of a node that leaves) when report is set.
-func (a *elasticAgent) stopAll(report bool, sig syscall.Signal) {
-	if len(a.procs) == 0 {
-		return
-	}
+// stopAll stops every running worker (the supervisor kills it stopGrace later) and waits for
+// their exits, reporting them (as the exits of a node that leaves) when report is set.
+func (a *elasticAgent) stopAll(report bool) {
 	for _, p := range a.procs {
 		p.stopped = true
-		_ = p.proc.Signal(sig)
+		p.child.Stop(proc.StopSignal)
 	}
-	kill := time.NewTimer(a.set.stopGrace)
-	defer kill.Stop()
 	for len(a.procs) > 0 {
-		select {
-		case x := <-a.exits:
-			if report {
-				if err := a.report(x, true); err != nil {
-					report = false
-				}
-			} else {
-				x.p.exited = true
-				delete(a.procs, x.num)
+		x := <-a.exits
+		if report {
+			if err := a.report(x, true); err != nil {
+				report = false
 			}
-		case <-kill.C:
-			for _, p := range a.procs {
-				_ = p.proc.Signal(syscall.SIGKILL)
-			}
+		} else {
+			x.p.exited = true
+			delete(a.procs, x.num)
 		}
-	}
-}
-
-// awaitOutput waits, streamWait at most, for the workers' output to end.
-func (a *elasticAgent) awaitOutput() {
-	done := make(chan struct{})
-	go func() {
-		a.wg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(a.set.streamWait):
-		a.log("a process a worker started still holds its output open; not waiting for it")
 	}
 }
 

@@ -1,14 +1,10 @@
 package proc
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
-	"os"
-	"path/filepath"
-	"strings"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -25,7 +21,8 @@ type Result struct {
 	Stopped    bool // the runner stopped it because another rank failed or the job was cancelled
 }
 
-// Runner starts workers, streams their output and stops them all when one fails.
+// Runner is the static job's policy over a Supervisor: it starts every rank at once and stops them
+// all when one fails.
 type Runner struct {
 	Starter     Starter
 	Stdout      io.Writer     // prefixed stdout of every rank
@@ -58,109 +55,56 @@ type Runner struct {
 // failure began with), or nil if every rank succeeded. Every goroutine it starts has ended when
 // it returns.
 func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) {
-	grace := r.GracePeriod
-	if grace <= 0 {
-		grace = 3 * time.Second
+	sup := &Supervisor{
+		Starter: r.Starter, Stdout: NewLineWriter(r.Stdout, r.Timestamps), Stderr: NewLineWriter(r.Stderr, r.Timestamps),
+		OutputDir: r.OutputDir, Plain: r.Plain, TailLines: r.TailLines, Grace: r.GracePeriod, StreamWait: r.StreamWait,
 	}
-	tail := r.TailLines
-	if tail <= 0 {
-		tail = 20
+	sup.HeldOpen = func(c *Child) {
+		sup.Stderr.WriteLine("", fmt.Sprintf("kolo run: rank %d has ended, but a process it started still holds its output open; not waiting for it\n", c.Worker.Slot.Rank))
 	}
-	out := NewLineWriter(r.Stdout, r.Timestamps)
-	errw := NewLineWriter(r.Stderr, r.Timestamps)
-
 	results := make([]Result, len(workers))
-	procs := make([]Process, len(workers))
+	children := make([]*Child, len(workers))
 	type ended struct {
 		i    int
 		exit Exit
 	}
-	done := make(chan ended, len(workers))
-	var streams sync.WaitGroup // the output pumps: results are complete once they are done
-	var others sync.WaitGroup  // every other goroutine started here
+	done := make(chan ended, len(workers)) // room for every rank: an exit never waits
+	var others sync.WaitGroup              // OnFailure's goroutine
 	defer others.Wait()
-	tails := make([]*Tail, len(workers))
-	drained := make([]chan struct{}, len(workers)) // closed once both of a rank's streams hit EOF
-
 	for i, w := range workers {
 		results[i].Slot = w.Slot
-		tails[i] = NewTail(tail)
-		drained[i] = make(chan struct{})
-		p, err := r.Starter.Start(ctx, w)
+		c, err := sup.Start(ctx, w, strconv.Itoa(w.Slot.Rank), fmt.Sprintf("rank.%d", w.Slot.Rank), func(e Exit) { done <- ended{i, e} })
+		children[i] = c
 		if err != nil {
-			close(drained[i])
 			done <- ended{i, Exit{Code: -1, Err: fmt.Errorf("start rank %d on %s: %w", w.Slot.Rank, w.Slot.Host, err)}}
-			continue
 		}
-		procs[i] = p
-		if ro, ok := p.(RemoteOutput); ok {
-			others.Add(1)
-			go func() {
-				defer others.Done()
-				e := p.Wait()
-				for _, l := range ro.StderrTail() {
-					tails[i].Add(l)
-				}
-				close(drained[i])
-				done <- ended{i, e}
-			}()
-			continue
-		}
-		files, err := r.rankFiles(w.Slot.Rank)
-		if err != nil {
-			slog.Warn("cannot write per-rank output", "rank", w.Slot.Rank, "err", err)
-		}
-		streams.Add(2)
-		var rankStreams sync.WaitGroup
-		rankStreams.Add(2)
-		go func() {
-			defer streams.Done()
-			defer rankStreams.Done()
-			Pump(p.Stdout(), out, r.prefix(w.Slot.Rank, "stdout"), files[0], nil)
-		}()
-		go func() {
-			defer streams.Done()
-			defer rankStreams.Done()
-			Pump(p.Stderr(), errw, r.prefix(w.Slot.Rank, "stderr"), files[1], tails[i])
-		}()
-		others.Add(2)
-		go func() {
-			defer others.Done()
-			rankStreams.Wait()
-			close(drained[i])
-		}()
-		go func() {
-			defer others.Done()
-			done <- ended{i, p.Wait()} // never blocks: done has room for every rank
-		}()
 	}
 
 	var first *Result
 	firstAt := -1 // first's index
 	stopping := false
-	var killTimer <-chan time.Time
 	var settle <-chan time.Time // fires when the others have had SettleWait to end on their own
 	stop := func() {
 		if stopping {
 			return
 		}
 		stopping = true
-		for i, p := range procs {
-			if p != nil && results[i].Ended.IsZero() {
+		for i, c := range children {
+			if c.proc != nil && results[i].Ended.IsZero() { // one never started did not get stopped
 				results[i].Stopped = true
-				_ = p.Signal(StopSignal)
+				c.Stop(StopSignal)
 			}
 		}
-		killTimer = time.After(grace)
 	}
 	failed := func() {
 		stop()
 		if r.OnFailure != nil {
 			others.Add(1)
-			go func(res Result, drained <-chan struct{}, tail *Tail) {
+			go func(res Result, c *Child) {
 				defer others.Done()
-				r.reportFailure(res, drained, tail)
-			}(*first, drained[firstAt], tails[firstAt])
+				res.StderrTail = c.Tail(time.Second)
+				r.OnFailure(res)
+			}(*first, children[firstAt])
 		}
 	}
 	ctxDone := ctx.Done()
@@ -189,21 +133,14 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 		case <-ctxDone:
 			ctxDone = nil
 			stop()
-		case <-killTimer:
-			killTimer = nil
-			for i, p := range procs {
-				if p != nil && results[i].Ended.IsZero() {
-					_ = p.Signal(syscall.SIGKILL)
-				}
-			}
 		}
 	}
 	if settle != nil { // every rank ended on its own
 		failed()
 	}
-	r.awaitStreams(&streams, procs, results, drained, errw)
+	sup.Close()
 	for i := range results {
-		results[i].StderrTail = tails[i].Lines()
+		results[i].StderrTail = children[i].Tail(0)
 	}
 	if first == nil && ctx.Err() == nil {
 		return results, nil
@@ -211,175 +148,5 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 	return results, first // nil when cancelled: the cancellation is reported rather than a rank
 }
 
-// StopSignal is what Run sends the ranks it stops; GracePeriod later, SIGKILL.
+// StopSignal is what a policy stops a child with; Grace later, the Supervisor kills it.
 const StopSignal = syscall.SIGTERM
-
-// awaitStreams waits, for at most StreamWait, until every rank's output has reached its end; then
-// it says which ranks' output is still held open, closes it and waits for the pumps to end.
-func (r *Runner) awaitStreams(streams *sync.WaitGroup, procs []Process, results []Result, drained []chan struct{}, errw *LineWriter) {
-	wait := r.StreamWait
-	if wait <= 0 {
-		wait = 5 * time.Second
-	}
-	all := make(chan struct{})
-	go func() {
-		streams.Wait()
-		close(all)
-	}()
-	select {
-	case <-all:
-		return
-	case <-time.After(wait):
-	}
-	for i, p := range procs {
-		select {
-		case <-drained[i]:
-			continue
-		default:
-		}
-		errw.WriteLine("", fmt.Sprintf("kolo run: rank %d has ended, but a process it started still holds its output open; not waiting for it\n", results[i].Slot.Rank))
-		for _, s := range []io.Reader{p.Stdout(), p.Stderr()} {
-			if c, ok := s.(io.Closer); ok {
-				c.Close() // ends the pump's blocked read
-			}
-		}
-	}
-	<-all
-}
-
-// reportFailure hands OnFailure the failed rank once its last output lines are in (bounded: a
-// child it left behind may hold its pipes open).
-func (r *Runner) reportFailure(res Result, drained <-chan struct{}, tail *Tail) {
-	select {
-	case <-drained:
-	case <-time.After(time.Second):
-	}
-	res.StderrTail = tail.Lines()
-	r.OnFailure(res)
-}
-
-// prefix is horovodrun's "[1]<stdout>:" marker.
-func (r *Runner) prefix(rank int, stream string) string {
-	if r.Plain {
-		return ""
-	}
-	return fmt.Sprintf("[%d]<%s>:", rank, stream)
-}
-
-func (r *Runner) rankFiles(rank int) ([2]io.Writer, error) {
-	var files [2]io.Writer
-	if r.OutputDir == "" {
-		return files, nil
-	}
-	dir := filepath.Join(r.OutputDir, fmt.Sprintf("rank.%d", rank))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return files, err
-	}
-	for i, name := range []string{"stdout", "stderr"} {
-		f, err := os.Create(filepath.Join(dir, name))
-		if err != nil {
-			return files, err
-		}
-		files[i] = f // closed when the process exits (pump returns) via closer below
-	}
-	return files, nil
-}
-
-// Pump copies whole lines from r to w with a prefix, and to file and tail when set.
-func Pump(r io.Reader, w *LineWriter, prefix string, file io.Writer, tail *Tail) {
-	br := bufio.NewReaderSize(r, 64<<10)
-	for {
-		line, err := br.ReadString('\n')
-		if line != "" {
-			if !strings.HasSuffix(line, "\n") {
-				line += "\n"
-			}
-			w.WriteLine(prefix, line)
-			if file != nil {
-				io.WriteString(file, line)
-			}
-			if tail != nil {
-				tail.Add(strings.TrimRight(line, "\n"))
-			}
-		}
-		if err != nil {
-			if c, ok := file.(io.Closer); ok {
-				c.Close()
-			}
-			if c, ok := r.(io.Closer); ok {
-				c.Close()
-			}
-			return
-		}
-	}
-}
-
-// LineWriter serialises whole lines from many ranks so output never interleaves mid-line.
-type LineWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-	ts bool
-}
-
-// NewLineWriter writes whole lines to w, each after the time when timestamps is set.
-func NewLineWriter(w io.Writer, timestamps bool) *LineWriter {
-	return &LineWriter{w: w, ts: timestamps}
-}
-
-// WriteLine writes prefix and line (which ends in a newline) in one piece.
-func (l *LineWriter) WriteLine(prefix, line string) {
-	if l.w == nil {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.ts {
-		io.WriteString(l.w, time.Now().Format("Mon Jan 2 15:04:05 2006")+":")
-	}
-	io.WriteString(l.w, prefix+line)
-}
-
-// WriteBlock writes s (several lines: a summary) as it is, without a time prefix, between other
-// writers' lines.
-func (l *LineWriter) WriteBlock(s string) {
-	if l.w == nil {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	io.WriteString(l.w, s)
-}
-
-// Tail keeps the last lines of a stream (a rank's stderr) for a failure summary.
-type Tail struct {
-	mu  sync.Mutex
-	max int
-	buf []string
-}
-
-// maxTailLine caps a summary line: the tail travels in a node's done record (no-SSH mode), and a
-// rank may write megabytes without a newline.
-const maxTailLine = 4 << 10
-
-// NewTail keeps the last max lines.
-func NewTail(max int) *Tail { return &Tail{max: max} }
-
-// Add keeps s, capped at maxTailLine, dropping the oldest line beyond max.
-func (t *Tail) Add(s string) {
-	if len(s) > maxTailLine {
-		s = s[:maxTailLine] + " [...]"
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, s)
-	if len(t.buf) > t.max {
-		t.buf = t.buf[len(t.buf)-t.max:]
-	}
-}
-
-// Lines returns a copy of the lines kept, oldest first.
-func (t *Tail) Lines() []string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return append([]string(nil), t.buf...)
-}
