@@ -344,14 +344,20 @@ func New(cfg Config, g Group) (*Engine, error) {
 		e.sendCtx, e.sendCancel = context.WithCancelCause(context.Background())
 		go e.watchSends()
 	}
-	go e.background()
-	if e.keepAliveOn() {
+	// The driver reads the keep-alive state (watchMembers): it is set before any goroutine starts.
+	keepAlive, heartbeat := e.keepAliveOn(), g.Size > 1 && cfg.ProgressTimeout > 0
+	if keepAlive {
 		e.kaWaiting = make([]bool, g.Size)
-		e.kaMsg = negotiate.EncodeKeepAlive(nil)
 		e.members = memberClock{heard: make([]time.Time, g.Size), missing: make([]bool, g.Size)}
-		go e.keepAlive()
-	} else if g.Size > 1 && cfg.ProgressTimeout > 0 {
+	}
+	if keepAlive || heartbeat {
 		e.kaMsg = negotiate.EncodeKeepAlive(nil)
+	}
+	go e.background()
+	switch {
+	case keepAlive:
+		go e.keepAlive()
+	case heartbeat:
 		go e.heartbeat()
 	}
 	return e, nil
