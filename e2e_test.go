@@ -16,7 +16,15 @@ import (
 
 func TestMain(m *testing.M) {
 	e2e.Main() // in a re-executed rank: runs its scenario and exits
-	os.Exit(m.Run())
+	dir, err := os.MkdirTemp("", "kolo-test-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 func requireSuccess(t *testing.T, job *e2e.Job) {
