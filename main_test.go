@@ -1,6 +1,7 @@
 package kolo_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path"
@@ -8,7 +9,33 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+
+	"github.com/kolo-dl/kolo/internal/e2e"
 )
+
+// The end-to-end tests start real ranks: this test binary re-executed to run a scenario of
+// internal/e2e (scenarios_<family>.go, listed in e2e.Scenarios), or kolo run and the examples
+// built from this tree. A feature's end-to-end tests are in <feature>_e2e_test.go; the other
+// files test the package's API in this process.
+func TestMain(m *testing.M) {
+	e2e.Main() // in a re-executed rank: runs its scenario and exits
+	dir, err := os.MkdirTemp("", "kolo-test-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func requireSuccess(t *testing.T, job *e2e.Job) {
+	t.Helper()
+	if job.First != nil {
+		t.Fatalf("rank %d failed (%s)\nstderr:\n%s\nstdout:\n%s", job.First.Slot.Rank, job.First.Exit, job.Stderr, job.Stdout)
+	}
+}
 
 // binDir holds the commands the end-to-end tests build; TestMain makes and removes it.
 var binDir string

@@ -2,7 +2,6 @@ package kolo_test
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -13,55 +12,6 @@ import (
 	"github.com/kolo-dl/kolo/internal/e2e"
 	"github.com/kolo-dl/kolo/observe/report"
 )
-
-func TestMain(m *testing.M) {
-	e2e.Main() // in a re-executed rank: runs its scenario and exits
-	dir, err := os.MkdirTemp("", "kolo-test-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binDir = dir
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-func requireSuccess(t *testing.T, job *e2e.Job) {
-	t.Helper()
-	if job.First != nil {
-		t.Fatalf("rank %d failed (%s)\nstderr:\n%s\nstdout:\n%s", job.First.Slot.Rank, job.First.Exit, job.Stderr, job.Stdout)
-	}
-}
-
-// Every op x dtype x reduction against the naive reference, as separate processes.
-func TestOpsAcrossProcesses(t *testing.T) {
-	for _, np := range []int{1, 2, 3, 4, 5, 8} {
-		t.Run(fmt.Sprintf("np=%d", np), func(t *testing.T) {
-			requireSuccess(t, e2e.Launch(t, "ops", e2e.LocalHosts(np), np, e2e.Options{}))
-		})
-	}
-}
-
-func TestBigTensors(t *testing.T) {
-	for _, np := range []int{2, 3, 8} {
-		t.Run(fmt.Sprintf("np=%d", np), func(t *testing.T) {
-			requireSuccess(t, e2e.Launch(t, "big", e2e.LocalHosts(np), np, e2e.Options{}))
-		})
-	}
-}
-
-func TestSubmitOrderDiffers(t *testing.T) {
-	requireSuccess(t, e2e.Launch(t, "order", e2e.LocalHosts(4), 4, e2e.Options{}))
-}
-
-func TestMismatchNamesRanks(t *testing.T) {
-	requireSuccess(t, e2e.Launch(t, "mismatch", e2e.LocalHosts(3), 3, e2e.Options{}))
-}
-
-func TestJoin(t *testing.T) {
-	requireSuccess(t, e2e.Launch(t, "join", e2e.LocalHosts(3), 3, e2e.Options{}))
-}
 
 func TestStallReported(t *testing.T) {
 	job := e2e.Launch(t, "stall", e2e.LocalHosts(3), 3, e2e.Options{Env: map[string]string{
@@ -166,16 +116,6 @@ func TestEarlyEndIsBlamed(t *testing.T) {
 				t.Errorf("the job took %v to fail: the others waited for rank 1", job.Elapsed)
 			}
 		})
-	}
-}
-
-// Strangers connecting to the running job (random bytes, a wrong secret) are turned away while the
-// job goes on and finishes correctly.
-func TestStrangersRejectedWhileJobRuns(t *testing.T) {
-	job := e2e.Launch(t, "steady", e2e.LocalHosts(3), 3, e2e.Options{Intrude: true})
-	requireSuccess(t, job)
-	if job.Intrusions < 8 { // rendezvous + 3 listeners, 2 kinds each
-		t.Errorf("only %d intruding connections were made; the test did not exercise the listeners", job.Intrusions)
 	}
 }
 
