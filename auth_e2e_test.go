@@ -9,6 +9,7 @@ import (
 // Strangers connecting to the running job (random bytes, a wrong secret) are turned away while the
 // job goes on and finishes correctly.
 func TestStrangersRejectedWhileJobRuns(t *testing.T) {
+	t.Parallel()
 	job := e2e.Launch(t, "steady", e2e.LocalHosts(3), 3, e2e.Options{Intrude: true})
 	requireSuccess(t, job)
 	if job.Intrusions < 8 { // rendezvous + 3 listeners, 2 kinds each

@@ -72,8 +72,10 @@ var abortResult = regexp.MustCompile(`\[(\d+)\]<stderr>:ABORT-RESULT err=(.*)`)
 // A rank that calls kolo.Abort and leaves late: every other rank fails at once with its reason, and
 // the launcher names it (not the first process to exit) as the rank that failed, with its exit code.
 func TestAbortedRankIsBlamed(t *testing.T) {
+	t.Parallel()
 	for _, np := range []int{2, 3} {
 		t.Run(fmt.Sprintf("np=%d", np), func(t *testing.T) {
+			t.Parallel()
 			job := e2e.Launch(t, "abort", e2e.LocalHosts(np), np, e2e.Options{Grace: 5 * time.Second})
 			if job.First == nil || job.First.Slot.Rank != 1 || job.First.Exit.Code != 4 {
 				t.Fatalf("first failure %+v, want rank 1 with exit code 4\n%s", job.First, job.Stderr)
@@ -95,10 +97,12 @@ func TestAbortedRankIsBlamed(t *testing.T) {
 // naming it, and the launcher names it as the rank the failure began with, though it exits 0 and
 // the others exit first.
 func TestEarlyEndIsBlamed(t *testing.T) {
+	t.Parallel()
 	// "ended-early-unreported": the others exit on their op's error without kolo.ReportFailure or
 	// Shutdown; the engine has sent their records as the op failed.
 	for _, scenario := range []string{"ended-early", "ended-early-unreported"} {
 		t.Run(scenario, func(t *testing.T) {
+			t.Parallel()
 			job := e2e.Launch(t, scenario, e2e.LocalHosts(3), 3, e2e.Options{})
 			if job.First == nil || job.First.Slot.Rank != 1 || job.First.Exit.Failed() {
 				t.Fatalf("kolo run blames %+v, want rank 1, which exited 0 (records %+v)\n%s", job.First, job.Records, job.Stderr)

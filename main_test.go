@@ -17,6 +17,13 @@ import (
 // internal/e2e (scenarios_<family>.go, listed in e2e.Scenarios), or kolo run and the examples
 // built from this tree. A feature's end-to-end tests are in <feature>_e2e_test.go; the other
 // files test the package's API in this process.
+//
+// A test calls t.Parallel only if its jobs share nothing with another's: the rendezvous listens on
+// port 0, a fresh job id names the shared-memory segments, files lie under t.TempDir, network
+// namespaces are named per call, and no environment variable of this process is set. Tests with a
+// bound on time (a kill noticed within seconds, a progress deadline, an elastic resume), with a
+// port picked and then freed, with a Slurm cluster, or that look at /dev/shm as a whole run one
+// after another: on two cores a neighbour's ranks would eat into their bounds.
 func TestMain(m *testing.M) {
 	e2e.Main() // in a re-executed rank: runs its scenario and exits
 	dir, err := os.MkdirTemp("", "kolo-test-bin-")
