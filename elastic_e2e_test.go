@@ -1,8 +1,6 @@
 package kolo_test
 
 import (
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -11,16 +9,8 @@ import (
 	"time"
 )
 
-// buildSoftmax builds the Go example into a temporary directory of t.
-func buildSoftmax(t testing.TB) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "softmax")
-	out, err := exec.Command("go", "build", "-o", bin, "./examples/softmax").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build ./examples/softmax: %v\n%s", err, out)
-	}
-	return bin
-}
+// buildSoftmax is the Go example built from this tree, once for the test binary.
+func buildSoftmax(t testing.TB) string { return buildOnce(t, "./examples/softmax") }
 
 var (
 	workerPidLine = regexp.MustCompile(`(?m)^\[([^\]]+\[\d+\])\]<stdout>:worker pid (\d+)$`)

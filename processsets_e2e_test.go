@@ -11,13 +11,15 @@ import (
 )
 
 // Process sets {0,1} and {1,2} across 3 processes: each runs without the rank outside it, both at
-// once, every collective within a set, errors, collective removal (internal/e2e/processsets.go).
+// once, every collective within a set, errors, collective removal (internal/e2e/scenarios_processsets.go).
 func TestProcessSetsAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	requireSuccess(t, e2e.Launch(t, "processsets", e2e.LocalHosts(3), 3, e2e.Options{}))
 }
 
 // HOROVOD_TIMELINE set for every rank: rank 0 alone writes a loadable trace of the job's ops.
 func TestTimelineFromEnvironment(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "timeline.json")
 	requireSuccess(t, e2e.Launch(t, "timeline", e2e.LocalHosts(2), 2, e2e.Options{Env: map[string]string{

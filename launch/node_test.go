@@ -87,9 +87,15 @@ func runNodesWith(t *testing.T, set elasticSettings, ctxs []context.Context, mod
 // waitServed waits until the rendezvous at addr answers (runNodes' secret).
 func waitServed(t *testing.T, addr string) {
 	t.Helper()
+	waitServedWith(t, addr, "642516251c1d4f9ecedbf40ccf0e4477")
+}
+
+// waitServedWith waits until the rendezvous at addr answers to secret.
+func waitServedWith(t *testing.T, addr, secret string) {
+	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		c, err := rendezvous.Dial(ctx, addr, []byte("642516251c1d4f9ecedbf40ccf0e4477"))
+		c, err := rendezvous.Dial(ctx, addr, []byte(secret))
 		cancel()
 		if err == nil {
 			c.Close()
@@ -231,7 +237,9 @@ func TestRunNodeWrongSecret(t *testing.T) {
 		code, _ := RunNode(context.Background(), o(), &proctest.Buffer{}, &proctest.Buffer{})
 		done <- code
 	}()
-	time.Sleep(300 * time.Millisecond)
+	// The stranger must meet the real node's rendezvous, not host one itself: wait until it
+	// serves (the real node read its secret before that, so the variable may change now).
+	waitServedWith(t, "127.0.0.1:"+port, "34b8257c0a2e2821ff307abc3141a1d0")
 	t.Setenv("KOLO_SECRET", "29425f96d0686b7a732cbf8d5a05597f")
 	code, err := RunNode(context.Background(), o(), &proctest.Buffer{}, &proctest.Buffer{})
 	if code == 0 || err == nil || !strings.Contains(err.Error(), "authentication failed") {

@@ -8,8 +8,8 @@ package e2e
 import (
 	"encoding/binary"
 	"fmt"
-	"hash/fnv"
 	"math"
+	"strconv"
 
 	"github.com/kolo-dl/kolo/dtype"
 	"github.com/kolo-dl/kolo/reduce"
@@ -18,9 +18,7 @@ import (
 // Value is element i of tensor name on rank: a small integer, so that sums and products over up to
 // 8 ranks are exact in every dtype (products stay in {-1, 1, 2}; uint8 stays non-negative).
 func Value(name string, rank, i int, t dtype.DType, op reduce.Op) int64 {
-	h := fnv.New64a()
-	fmt.Fprintf(h, "%s/%d/%d", name, rank, i)
-	v := h.Sum64()
+	v := valueHash(name, rank, i)
 	if op == reduce.Prod {
 		choices := []int64{-1, 1, 2}
 		if t == dtype.Uint8 {
@@ -32,6 +30,25 @@ func Value(name string, rank, i int, t dtype.DType, op reduce.Op) int64 {
 		return int64(v % 4)
 	}
 	return int64(v%7) - 3
+}
+
+// valueHash is FNV-1a of "name/rank/i", computed without fmt or an allocation: the big-tensor
+// tests' references hash tens of millions of elements per rank, and fmt made them CPU-bound.
+func valueHash(name string, rank, i int) uint64 {
+	const offset64, prime64 = 14695981039346656037, 1099511628211
+	h := uint64(offset64)
+	for j := 0; j < len(name); j++ {
+		h = (h ^ uint64(name[j])) * prime64
+	}
+	var buf [2*20 + 2]byte
+	b := append(buf[:0], '/')
+	b = strconv.AppendInt(b, int64(rank), 10)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, int64(i), 10)
+	for _, c := range b {
+		h = (h ^ uint64(c)) * prime64
+	}
+	return h
 }
 
 // Encode writes integer-valued vals as elements of t.

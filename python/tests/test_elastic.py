@@ -35,6 +35,21 @@ def elastic_run(tmp_path, flags, worker_args, timeout=240):
     return rc, out, records, took
 
 
+def wait_serving(port, node, timeout=30):
+    """Waits until node's rendezvous accepts connections on port: a second node started earlier
+    would find nothing there and host the rendezvous itself."""
+    import socket
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert node.poll() is None, "the first node exited before it served the rendezvous"
+            assert time.monotonic() < deadline, "nothing serves the rendezvous on port %d after %d s" % (port, timeout)
+            time.sleep(0.02)
+
+
 def committed_indices(records):
     """The samples each epoch processed for good. Every rank of a round takes each step
     together, and the state the next round starts from is a commit of this round: the commit
@@ -254,7 +269,7 @@ def test_no_ssh_nodes_a_failed_worker_leaves_the_other_node_training(tmp_path):
             nodes.append(subprocess.Popen([KOLO, "run"] + flags + worker, env=e, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
             if i == 0:
-                time.sleep(0.5)  # the first node serves the rendezvous
+                wait_serving(port, nodes[0])
         outs = [p.communicate(timeout=240)[0] for p in nodes]
     finally:
         for p in nodes:

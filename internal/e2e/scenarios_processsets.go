@@ -11,11 +11,6 @@ import (
 	"github.com/kolo-dl/kolo"
 )
 
-func init() {
-	Scenarios["processsets"] = processSetsScenario
-	Scenarios["timeline"] = timelineScenario
-}
-
 // coordinatorIdle is how long rank 0 does nothing at all (no kolo call) while set {1,2} runs.
 const coordinatorIdle = 3 * time.Second
 

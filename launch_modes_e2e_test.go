@@ -4,9 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,20 +17,8 @@ import (
 	"github.com/kolo-dl/kolo/jobenv"
 )
 
-// buildKolo builds the kolo command into a temporary directory of t.
-func buildKolo(t testing.TB) string {
-	t.Helper()
-	gobin, err := exec.LookPath("go")
-	if err != nil {
-		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	bin := filepath.Join(t.TempDir(), "kolo")
-	out, err := exec.Command(gobin, "build", "-o", bin, "./cmd/kolo").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build ./cmd/kolo: %v\n%s", err, out)
-	}
-	return bin
-}
+// buildKolo is the kolo command built from this tree, once for the test binary.
+func buildKolo(t testing.TB) string { return buildOnce(t, "./cmd/kolo") }
 
 // launchEnv is this process's environment without any kolo job of its own. Its jobs may start
 // more ranks than this machine has CPUs (KOLO_OVERSUBSCRIBE): tests start 3 to 8 on small

@@ -2,7 +2,6 @@ package kolo_test
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -13,47 +12,6 @@ import (
 	"github.com/kolo-dl/kolo/internal/e2e"
 	"github.com/kolo-dl/kolo/observe/report"
 )
-
-func TestMain(m *testing.M) {
-	e2e.Main() // in a re-executed rank: runs its scenario and exits
-	os.Exit(m.Run())
-}
-
-func requireSuccess(t *testing.T, job *e2e.Job) {
-	t.Helper()
-	if job.First != nil {
-		t.Fatalf("rank %d failed (%s)\nstderr:\n%s\nstdout:\n%s", job.First.Slot.Rank, job.First.Exit, job.Stderr, job.Stdout)
-	}
-}
-
-// Every op x dtype x reduction against the naive reference, as separate processes.
-func TestOpsAcrossProcesses(t *testing.T) {
-	for _, np := range []int{1, 2, 3, 4, 5, 8} {
-		t.Run(fmt.Sprintf("np=%d", np), func(t *testing.T) {
-			requireSuccess(t, e2e.Launch(t, "ops", e2e.LocalHosts(np), np, e2e.Options{}))
-		})
-	}
-}
-
-func TestBigTensors(t *testing.T) {
-	for _, np := range []int{2, 3, 8} {
-		t.Run(fmt.Sprintf("np=%d", np), func(t *testing.T) {
-			requireSuccess(t, e2e.Launch(t, "big", e2e.LocalHosts(np), np, e2e.Options{}))
-		})
-	}
-}
-
-func TestSubmitOrderDiffers(t *testing.T) {
-	requireSuccess(t, e2e.Launch(t, "order", e2e.LocalHosts(4), 4, e2e.Options{}))
-}
-
-func TestMismatchNamesRanks(t *testing.T) {
-	requireSuccess(t, e2e.Launch(t, "mismatch", e2e.LocalHosts(3), 3, e2e.Options{}))
-}
-
-func TestJoin(t *testing.T) {
-	requireSuccess(t, e2e.Launch(t, "join", e2e.LocalHosts(3), 3, e2e.Options{}))
-}
 
 func TestStallReported(t *testing.T) {
 	job := e2e.Launch(t, "stall", e2e.LocalHosts(3), 3, e2e.Options{Env: map[string]string{
@@ -114,8 +72,10 @@ var abortResult = regexp.MustCompile(`\[(\d+)\]<stderr>:ABORT-RESULT err=(.*)`)
 // A rank that calls kolo.Abort and leaves late: every other rank fails at once with its reason, and
 // the launcher names it (not the first process to exit) as the rank that failed, with its exit code.
 func TestAbortedRankIsBlamed(t *testing.T) {
+	t.Parallel()
 	for _, np := range []int{2, 3} {
 		t.Run(fmt.Sprintf("np=%d", np), func(t *testing.T) {
+			t.Parallel()
 			job := e2e.Launch(t, "abort", e2e.LocalHosts(np), np, e2e.Options{Grace: 5 * time.Second})
 			if job.First == nil || job.First.Slot.Rank != 1 || job.First.Exit.Code != 4 {
 				t.Fatalf("first failure %+v, want rank 1 with exit code 4\n%s", job.First, job.Stderr)
@@ -137,10 +97,12 @@ func TestAbortedRankIsBlamed(t *testing.T) {
 // naming it, and the launcher names it as the rank the failure began with, though it exits 0 and
 // the others exit first.
 func TestEarlyEndIsBlamed(t *testing.T) {
+	t.Parallel()
 	// "ended-early-unreported": the others exit on their op's error without kolo.ReportFailure or
 	// Shutdown; the engine has sent their records as the op failed.
 	for _, scenario := range []string{"ended-early", "ended-early-unreported"} {
 		t.Run(scenario, func(t *testing.T) {
+			t.Parallel()
 			job := e2e.Launch(t, scenario, e2e.LocalHosts(3), 3, e2e.Options{})
 			if job.First == nil || job.First.Slot.Rank != 1 || job.First.Exit.Failed() {
 				t.Fatalf("kolo run blames %+v, want rank 1, which exited 0 (records %+v)\n%s", job.First, job.Records, job.Stderr)
@@ -158,16 +120,6 @@ func TestEarlyEndIsBlamed(t *testing.T) {
 				t.Errorf("the job took %v to fail: the others waited for rank 1", job.Elapsed)
 			}
 		})
-	}
-}
-
-// Strangers connecting to the running job (random bytes, a wrong secret) are turned away while the
-// job goes on and finishes correctly.
-func TestStrangersRejectedWhileJobRuns(t *testing.T) {
-	job := e2e.Launch(t, "steady", e2e.LocalHosts(3), 3, e2e.Options{Intrude: true})
-	requireSuccess(t, job)
-	if job.Intrusions < 8 { // rendezvous + 3 listeners, 2 kinds each
-		t.Errorf("only %d intruding connections were made; the test did not exercise the listeners", job.Intrusions)
 	}
 }
 

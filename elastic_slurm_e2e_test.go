@@ -66,9 +66,7 @@ func TestElasticSlurm(t *testing.T) {
 				t.Errorf("output lacks %q\n%s", want, out.String())
 			}
 		}
-		if left := steps(); len(left) != 0 {
-			t.Errorf("worker steps left after the job: %v", left)
-		}
+		requireNoStepsLeft(t, out)
 		t.Logf("worker steps: %v", ws)
 	})
 
@@ -100,9 +98,7 @@ func TestElasticSlurm(t *testing.T) {
 		if !regexp.MustCompile(`every host blacklisted|below --min-np|blacklisted`).MatchString(out.String()) {
 			t.Errorf("the job did not say why it ended\n%s", out.String())
 		}
-		if left := steps(); len(left) != 0 {
-			t.Errorf("worker steps left after the job: %v", left)
-		}
+		requireNoStepsLeft(t, out)
 		t.Logf("step %s killed; the job ended %.1f s later", victim, time.Since(killed).Seconds())
 	})
 }
@@ -151,19 +147,48 @@ func TestElasticSlurmNodeLost(t *testing.T) {
 			t.Errorf("output lacks %q\n%s", want, out.String())
 		}
 	}
+	requireNoStepsLeft(t, out)
 	if resumed > 10*time.Second {
 		t.Errorf("the survivors trained again %.1f s after the kill, want within 10 s", resumed.Seconds())
 	}
 	t.Logf("worker %s killed; the 4 survivors trained again within %.2f s", slurm.Nodes[2]+"[1]", resumed.Seconds())
 }
 
-// salloc starts kolo (argv) under salloc with its allocation flags, in the test's cluster; the
-// command's output collects in out and its end arrives on done. t's cleanup stops it.
+// stepsAfterRun runs as the allocation's command: kolo run (its arguments), then, with the
+// allocation still held, a wait for kolo's worker steps to leave squeue, and a line naming those
+// still there (or none), and kolo run's exit status. srun returns when its tasks have exited, but
+// slurmctld drops the step only when slurmstepd reports it complete, a moment later; once salloc
+// releases the allocation, Slurm ends every step itself, so a look from outside after the job
+// either races that report or proves nothing. Inside the allocation a step that kolo run left
+// running stays listed until the bound (20 s), and one merely being reported goes within it.
+const stepsAfterRun = `"$@"; rc=$?
+i=0
+while :; do
+	s=$(squeue -h -s -j "$SLURM_JOB_ID" -o '%i %j') || s="squeue failed"
+	left=$(printf '%s\n' "$s" | grep -e ' kolo:' -e 'squeue failed' | tr '\n' ' ')
+	[ -z "$left" ] || [ $i -ge 200 ] && break
+	i=$((i+1)); sleep 0.1
+done
+echo "kolo steps after kolo run: ${left:-none}"
+exit $rc`
+
+// requireNoStepsLeft fails t unless out (from salloc) says no kolo step outlived kolo run.
+func requireNoStepsLeft(t *testing.T, out *proctest.Buffer) {
+	t.Helper()
+	if !strings.Contains(out.String(), "kolo steps after kolo run: none\n") {
+		t.Errorf("worker steps left 20 s after kolo run ended, in the allocation:\n%s", out.String())
+	}
+}
+
+// salloc starts kolo (argv) under salloc with its allocation flags, in the test's cluster, then
+// waits in the allocation for kolo's steps to end (stepsAfterRun); the output collects in out
+// and salloc's end arrives on done. t's cleanup stops it.
 func salloc(t *testing.T, slurm *e2e.Slurm, flags []string, argv ...string) (out *proctest.Buffer, done chan error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
-	cmd := slurm.Command(ctx, nil, "salloc", append(append(flags, "--"), argv...)...)
+	argv = append([]string{"--", "sh", "-c", stepsAfterRun, "sh"}, argv...)
+	cmd := slurm.Command(ctx, nil, "salloc", append(flags, argv...)...)
 	cmd.Env = launchEnv(cmd.Env...)
 	out = &proctest.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out

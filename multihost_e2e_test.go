@@ -10,6 +10,7 @@ import (
 // Ranks on 2-3 network-namespace "hosts": TCP between hosts, shared memory within, and the
 // hierarchical allreduce, for real.
 func TestMultiHost(t *testing.T) {
+	t.Parallel()
 	ns := e2e.NewNetns(t, 3)
 	tests := []struct {
 		name     string
@@ -25,6 +26,7 @@ func TestMultiHost(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			np := 0
 			for _, s := range tc.slots {
 				np += s

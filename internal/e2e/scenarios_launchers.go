@@ -14,11 +14,6 @@ import (
 // ExpectEnv tells the "launcher" scenario the placement to expect: size,localSize,crossSize.
 var ExpectEnv = settings.E2EExpect.Name
 
-func init() {
-	Scenarios["launcher"] = launcherScenario
-	Scenarios["autotune"] = autotuneScenario
-}
-
 // launcherScenario runs in ranks that mpirun or srun started with no kolo run: it checks that the
 // rank kolo took is the launcher's, that the placement is the expected one, then runs every op
 // against the reference (opsScenario) and says so on stdout.
