@@ -21,11 +21,6 @@ import (
 // and CUDA runtime the loader finds: tests put the stand-in ones (internal/ncclstandin), whose
 // device memory is host memory, on LD_LIBRARY_PATH. Each rank uses device LocalRank.
 
-func init() {
-	Scenarios["device"] = deviceScenario
-	Scenarios["device-kill"] = deviceKillScenario
-}
-
 // deviceMemory is n float32 in device memory of the stand-in, read and written by the host.
 func deviceMemory(ordinal, n int) (gpu.Ptr, []byte, error) {
 	b, err := nccl.Open(nccl.Options{}) // the library the device path binds (one per process)
@@ -134,8 +129,6 @@ func deviceKillScenario(ctx context.Context) error {
 		}
 	}
 }
-
-func init() { Scenarios["device-staged"] = deviceStagedScenario }
 
 // deviceStagedScenario sets the device path up where it cannot serve (the real libraries on a
 // machine without a GPU): every rank must decide to stage, and print why.
