@@ -18,7 +18,7 @@
 ENGINE=
 engine_pid=
 engine_health_pid=
-engine_sock=/run/podman-kolo.sock
+engine_sock=/run/podman-kolo-$$.sock  # one per run: concurrent runs never share (or remove) a socket
 engine_rules=()
 
 engine_log() { echo "engine: $*" >&2; }
