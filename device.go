@@ -102,13 +102,72 @@ func SubmitDevice(kind OpKind, name string, in DeviceTensor, out gpu.Ptr, op Op,
 	req, _ := newRequest(kind, Tensor{DType: in.DType, Shape: in.Shape}, root, splits, opts)
 	req.Name = s.names.name(req.Set, kind, name)
 	h := &Handle{kind: kind, size: s.job.Size}
+	dop, err := s.prepareDevice(&req, in, out, op, ordinal, stream)
+	if err != nil {
+		h.early = &ArgumentError{Err: fmt.Errorf("%s %q: %w", kind, req.Name, err)}
+		return h
+	}
+	h.out = Tensor{DType: in.DType, Shape: slices.Clone(req.Shape)}
+	h.h = s.engine.EnqueueDevice(req, dop)
+	return h
+}
+
+// SubmitDeviceGroup submits the members of one grouped call on tensors in GPU memory (horovod's
+// grouped_allreduce, grouped_allgather and grouped_reducescatter on CUDA tensors), all at once,
+// as AllreduceGroupAsync and the like do for host memory: every rank releases them together and
+// they fuse only with each other. outs[i] receives an allreduce's result for ins[i] (nil: in
+// place); the rest is as SubmitDevice. When the device path refuses one member, every member
+// fails with that error (matching gpu.ErrUnavailable where the caller is to stage the group).
+func SubmitDeviceGroup(kind OpKind, name string, ins []DeviceTensor, outs []gpu.Ptr, op Op, ordinal int, stream uintptr, opts ...OpOption) []*Handle {
+	hs := make([]*Handle, len(ins))
+	s, err := get()
+	if err != nil {
+		for i := range hs {
+			hs[i] = failed(err)
+		}
+		return hs
+	}
+	fail := func(err error) []*Handle {
+		for i := range hs {
+			hs[i] = &Handle{kind: kind, size: s.job.Size, early: &ArgumentError{Err: err}}
+		}
+		return hs
+	}
+	if outs != nil && len(outs) != len(ins) {
+		return fail(fmt.Errorf("grouped %s: %d outputs for %d inputs", kind, len(outs), len(ins)))
+	}
+	ts := make([]Tensor, len(ins))
+	for i, in := range ins {
+		ts[i] = Tensor{DType: in.DType, Shape: in.Shape}
+	}
+	reqs := s.groupRequests(kind, name, ts, opts)
+	dops := make([]engine.DeviceOp, len(ins))
+	for i, in := range ins {
+		out := in.Ptr
+		if outs != nil {
+			out = outs[i]
+		}
+		if dops[i], err = s.prepareDevice(&reqs[i], in, out, op, ordinal, stream); err != nil {
+			return fail(fmt.Errorf("grouped %s %q, tensor %d: %w", kind, reqs[i].Name, i, err))
+		}
+	}
+	for i, h := range s.engine.EnqueueDeviceGroup(reqs, dops) {
+		hs[i] = &Handle{kind: kind, size: s.job.Size, h: h, out: Tensor{DType: ins[i].DType, Shape: slices.Clone(reqs[i].Shape)}}
+	}
+	return hs
+}
+
+// prepareDevice completes the named request req of a device op on in (out: an allreduce's or
+// broadcast's result) and returns the op's device side.
+func (s *state) prepareDevice(req *negotiate.Request, in DeviceTensor, out gpu.Ptr, op Op, ordinal int, stream uintptr) (engine.DeviceOp, error) {
+	kind := req.Kind
 	n, err := dtype.Bytes(in.DType, in.Shape)
 	if err == nil && (len(in.Shape) == 0) && (kind == negotiate.Allgather || kind == negotiate.Alltoall || kind == negotiate.ReduceScatter) {
 		err = fmt.Errorf("needs a tensor with at least one dimension")
 	}
 	if err == nil && kind == negotiate.Alltoall {
 		// As Horovod: rows past the sum of the splits stay behind.
-		req.Shape = sentRows(Tensor{DType: in.DType, Shape: in.Shape, Data: make([]byte, 0)}, splits).Shape
+		req.Shape = sentRows(Tensor{DType: in.DType, Shape: in.Shape, Data: make([]byte, 0)}, req.Splits).Shape
 		n, err = dtype.Bytes(in.DType, req.Shape)
 	}
 	if err == nil && (kind == negotiate.Allreduce || kind == negotiate.ReduceScatter) {
@@ -122,8 +181,7 @@ func SubmitDevice(kind OpKind, name string, in DeviceTensor, out gpu.Ptr, op Op,
 		st, err = s.engine.DeviceStream(ordinal, stream)
 	}
 	if err != nil {
-		h.early = &ArgumentError{Err: fmt.Errorf("%s %q: %w", kind, req.Name, err)}
-		return h
+		return engine.DeviceOp{}, err
 	}
 	if req.PreScale == 1 {
 		req.PreScale = 0 // 1 and 0 both mean none; the device path takes no factor
@@ -131,9 +189,7 @@ func SubmitDevice(kind OpKind, name string, in DeviceTensor, out gpu.Ptr, op Op,
 	if req.PostScale == 1 {
 		req.PostScale = 0
 	}
-	h.out = Tensor{DType: in.DType, Shape: slices.Clone(req.Shape)}
-	h.h = s.engine.EnqueueDevice(req, engine.DeviceOp{Ordinal: ordinal, Stream: st, In: in.Ptr, Out: out, Bytes: int(n)})
-	return h
+	return engine.DeviceOp{Ordinal: ordinal, Stream: st, In: in.Ptr, Out: out, Bytes: int(n)}, nil
 }
 
 // reduction is op as the engine's request says it.

@@ -45,6 +45,17 @@ func TestDeviceOpsThroughStandin(t *testing.T) {
 	}
 }
 
+// Grouped calls on device memory (kolo.SubmitDeviceGroup) in separate processes, through the
+// stand-in NCCL: each goes to the engine as one group and gives the right results.
+func TestDeviceGroupThroughStandin(t *testing.T) {
+	env, report := standinEnv(t)
+	job := e2e.Launch(t, "device-group", e2e.LocalHosts(2), 2, e2e.Options{Env: env})
+	requireSuccess(t, job)
+	if r := ncclstandin.Reports(report); r != "" {
+		t.Errorf("the stand-in reported misuse:\n%s", r)
+	}
+}
+
 // kill -9 one rank while the others are in a device allreduce: every other rank fails within 5 s
 // naming it, its communicator aborted (the stand-in's collective would wait for the dead rank for
 // ever otherwise).

@@ -65,10 +65,10 @@ func TestExportedFunctionsRefuseBadArguments(t *testing.T) {
 		}, "argument dt = 263"},
 		{"kolo_enqueue null block", true, func() int64 { return int64(kolo_enqueue(nil, 72)) }, "kolo_enqueue: argument rec = NULL"},
 		{"kolo_enqueue_group null handles", false, func() int64 {
-			return int64(kolo_enqueue_group(1, nil, 0, 2, nil, nil, nil, nil, nil, 1, 1, 1, 0, -1, nil))
+			return int64(kolo_enqueue_group(1, nil, 0, 2, nil, nil, nil, nil, nil, 1, 1, 1, 0, -1, -1, nil))
 		}, "kolo_enqueue_group: argument handles = NULL"},
 		{"kolo_enqueue_group negative count", false, func() int64 {
-			return int64(kolo_enqueue_group(1, nil, 0, -1, nil, nil, nil, nil, nil, 1, 1, 1, 0, -1, nil))
+			return int64(kolo_enqueue_group(1, nil, 0, -1, nil, nil, nil, nil, nil, 1, 1, 1, 0, -1, -1, nil))
 		}, "argument n = -1"},
 		{"kolo_poll unknown handle", false, func() int64 { return int64(kolo_poll(1 << 40)) }, "handle 1099511627776: unknown"},
 		{"kolo_wait negative timeout", false, func() int64 { return int64(kolo_wait(1, -5, 0)) }, "argument timeoutUS = -5"},
@@ -220,6 +220,7 @@ func TestEnqueueGroupRefusesBadArguments(t *testing.T) {
 			kind: kindAllreduce, n: 2, ins: unsafe.Pointer(&ins[0]), outs: unsafe.Pointer(&outs[0]),
 			dtypes: unsafe.Pointer(&dtypes[0]), shapes: unsafe.Pointer(&shapes[0]),
 			ndims: unsafe.Pointer(&ndims[0]), op: int(kolo.Sum), prescale: 1, postscale: 1,
+			device: -1, stream: hostMemory,
 		}
 	}
 	for _, tc := range []struct {
@@ -263,6 +264,47 @@ func TestEnqueueGroupRefusesBadArguments(t *testing.T) {
 	for _, o := range enqueueGroup(valid()) {
 		if o.err != nil {
 			t.Errorf("valid arguments refused: %v", o.err)
+		}
+	}
+	// On the device path (a stream given): the device is a GPU's, the stream -1 or a handle, and
+	// the addresses are never read (an empty CUDA tensor's is 0), but the shapes are checked.
+	onDevice := func() groupArgs {
+		a := valid()
+		a.device, a.stream = 0, 0
+		return a
+	}
+	for _, tc := range []struct {
+		name  string
+		spoil func(*groupArgs)
+		want  string
+	}{
+		{"no device", func(a *groupArgs) { a.device = -1 }, "argument device = -1: negative"},
+		{"stream below -1", func(a *groupArgs) { a.stream = -2 }, "argument stream = -2"},
+		{"kind that cannot be grouped", func(a *groupArgs) { a.kind = kindAlltoall }, "argument kind = 4: cannot be grouped"},
+		{"unknown op", func(a *groupArgs) { a.op = 9 }, "argument reduceOp = 9"},
+		{"null ins", func(a *groupArgs) { a.ins = nil }, "argument ins = NULL"},
+		{"null outs for allreduce", func(a *groupArgs) { a.outs = nil }, "argument outs = NULL"},
+		{"unknown dtype", func(a *groupArgs) { a.dtypes = unsafe.Pointer(&badDtypes[0]) }, "argument dtypes[1] = 99"},
+		{"negative ndim", func(a *groupArgs) { a.ndims = unsafe.Pointer(&badNdims[0]) }, "argument ndims[1] = -1"},
+		{"negative dimension", func(a *groupArgs) { a.shapes = unsafe.Pointer(&badShapes[0]) }, "tensor 1: argument shapes[2] = -6"},
+	} {
+		t.Run("device "+tc.name, func(t *testing.T) {
+			a := onDevice()
+			tc.spoil(&a)
+			for i, o := range enqueueGroup(a) {
+				var ae *argError
+				if o.err == nil || !errors.As(o.err, &ae) || !strings.Contains(o.err.Error(), tc.want) {
+					t.Errorf("member %d: error %v, want an argument error containing %q", i, o.failure(), tc.want)
+				}
+			}
+		})
+	}
+	a := onDevice()
+	a.ins = unsafe.Pointer(&withNil[0]) // device addresses: 0 is an empty tensor's
+	a.outs = unsafe.Pointer(&withNil[0])
+	for i, o := range enqueueGroup(a) {
+		if o.err != nil {
+			t.Errorf("device group: member %d refused: %v", i, o.err)
 		}
 	}
 }

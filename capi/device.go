@@ -27,7 +27,8 @@ import (
 //     in and out are device addresses (data_ptr()) and device the ordinal; stream is the
 //     producer's cudaStream_t (torch.cuda.current_stream().cuda_stream). An op the device path
 //     cannot run (Adasum, prescale/postscale, a type NCCL lacks) fails at once with
-//     kolo_error_kind = errorUnavailable: the binding stages that op as before.
+//     kolo_error_kind = errorUnavailable: the binding stages that op as before. A grouped call
+//     goes in as one: kolo_enqueue_group with the stream (capi/ops.go), refused whole or not at all.
 //  3. kolo_wait on the handle: it completes once the work is enqueued on kolo's stream; then
 //     kolo_device_wait_stream(h, consumer stream) before the consumer uses the result, and for an
 //     allgather, alltoall or reducescatter kolo_device_result (address, bytes, shape), a copy on

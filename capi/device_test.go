@@ -40,6 +40,30 @@ func TestDevicePathWithoutNCCLStages(t *testing.T) {
 		t.Errorf("error kind %d (%v), want errorUnavailable", k, lookup(-d).failure())
 	}
 	kolo_release(_Ctype_int64_t(-d))
+
+	// A grouped call on device memory (kolo_enqueue_group with a stream) fails whole, every
+	// handle errorUnavailable, for the binding to stage the group.
+	ins := []unsafe.Pointer{unsafe.Pointer(&x[0]), unsafe.Pointer(&x[0])}
+	dts := []_Ctype_int{7, 7}
+	shapes := []_Ctype_int64_t{2, 2}
+	ndims := []_Ctype_int{1, 1}
+	hs := make([]_Ctype_int64_t, 2)
+	name := []byte("devgroup")
+	rc := kolo_enqueue_group(kindAllreduce, (*_Ctype_char)(unsafe.Pointer(&name[0])), _Ctype_int(len(name)), 2, &ins[0], &ins[0],
+		&dts[0], &shapes[0], &ndims[0], 1, 1, 1, 0, 0, 0, &hs[0])
+	if rc != -1 {
+		t.Errorf("device group: %d, want -1 (failed at once)", rc)
+	}
+	for i, h := range hs {
+		if h >= 0 {
+			t.Errorf("device group member %d: handle %d, want a failed one", i, h)
+			continue
+		}
+		if k := kolo_error_kind(-h); k != errorUnavailable {
+			t.Errorf("device group member %d: error kind %d (%v), want errorUnavailable", i, k, lookup(int64(-h)).failure())
+		}
+		kolo_release(-h)
+	}
 	if kolo_handles() != before {
 		t.Errorf("%d handles, want %d", kolo_handles(), before)
 	}

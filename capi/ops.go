@@ -26,6 +26,7 @@ import (
 	"unsafe"
 
 	"github.com/kolo-dl/kolo"
+	"github.com/kolo-dl/kolo/gpu"
 )
 
 // Op kinds as the C ABI numbers them: negotiate.OpKind's values.
@@ -494,10 +495,17 @@ func refuse(kind int, namePtr unsafe.Pointer, nameLen, groupSize int, reasonPtr 
 // handle carries the error. With no handles to carry it (n negative, or handles null) it returns
 // -1 with the error in kolo_last_error.
 //
+// stream -1: ins and outs are host memory, as kolo_enqueue's (device says whose GPU tensors they
+// were staged from, -1 for none). Else they are device addresses on GPU device and the group goes
+// to the device path as one, ordered after stream (the producer's cudaStream_t), each member as
+// kolo_enqueue_device's op (a device allgather's or reducescatter's result is
+// kolo_device_result's); when the device path cannot run a member, every handle fails with
+// kolo_error_kind errorUnavailable and nothing is submitted: the binding stages the group.
+//
 //export kolo_enqueue_group
 func kolo_enqueue_group(kind C.int, name *C.char, nameLen C.int, n C.int, ins, outs *unsafe.Pointer,
 	dtypes *C.int, shapes *C.int64_t, ndims *C.int, reduceOp C.int, prescale, postscale C.double,
-	processSet C.int, device C.int, handles *C.int64_t) C.int {
+	processSet C.int, device C.int, stream C.int64_t, handles *C.int64_t) C.int {
 	dst, err := cArray[C.int64_t]("handles", "n", unsafe.Pointer(handles), int(n))
 	if err != nil {
 		return setLastErr(fmt.Errorf("kolo_enqueue_group: %w", err))
@@ -507,7 +515,7 @@ func kolo_enqueue_group(kind C.int, name *C.char, nameLen C.int, n C.int, ins, o
 		ins: unsafe.Pointer(ins), outs: unsafe.Pointer(outs), dtypes: unsafe.Pointer(dtypes),
 		shapes: unsafe.Pointer(shapes), ndims: unsafe.Pointer(ndims), op: int(reduceOp),
 		prescale: float64(prescale), postscale: float64(postscale), processSet: int(processSet),
-		device: int(device),
+		device: int(device), stream: int64(stream),
 	})
 	status := C.int(0)
 	for i, o := range ops {
@@ -529,8 +537,12 @@ type groupArgs struct {
 	op                    int
 	prescale, postscale   float64
 	processSet            int
-	device                int // as kolo_enqueue's, for every member
+	device                int   // as kolo_enqueue's, for every member
+	stream                int64 // hostMemory, or the producer's stream of a group on the device path
 }
+
+// hostMemory is kolo_enqueue_group's stream for a group in host memory.
+const hostMemory = -1
 
 // enqueueGroup returns the group's n ops (n >= 0): all of them failed with one error when an
 // argument was refused, since the other members would wait for a malformed one forever.
@@ -558,7 +570,18 @@ func enqueueGroup(a groupArgs) []*op {
 	if err != nil {
 		return fail(err)
 	}
-	opts, err := options(a.prescale, a.postscale, a.processSet, a.device)
+	onDevice := a.stream != hostMemory
+	if a.stream < hostMemory {
+		return fail(&argError{"stream", whole, a.stream, "negative (-1: host memory)"})
+	}
+	staged := a.device
+	if onDevice {
+		if err := notNegative("device", a.device); err != nil {
+			return fail(err)
+		}
+		staged = -1 // not staged: the device path's own
+	}
+	opts, err := options(a.prescale, a.postscale, a.processSet, staged)
 	if err != nil {
 		return fail(err)
 	}
@@ -593,6 +616,11 @@ func enqueueGroup(a groupArgs) []*op {
 	}
 	tin := make([]kolo.Tensor, a.n)
 	tout := make([]kolo.Tensor, a.n)
+	var din []kolo.DeviceTensor
+	var dout []gpu.Ptr
+	if onDevice {
+		din, dout = make([]kolo.DeviceTensor, a.n), make([]gpu.Ptr, a.n)
+	}
 	off := 0
 	for i := range a.n {
 		first := off
@@ -601,6 +629,21 @@ func enqueueGroup(a groupArgs) []*op {
 		dt, err := cDType("dtypes", i, int(dts[i]))
 		if err != nil {
 			return fail(err)
+		}
+		if onDevice {
+			// Device addresses: never read here (an empty CUDA tensor's may be 0).
+			if _, err := tensorBytes("shapes", dt, shape); err != nil {
+				var ae *argError
+				if errors.As(err, &ae) && ae.index != whole {
+					ae.index += first // a dimension, as the caller's array numbers it
+				}
+				return fail(fmt.Errorf("tensor %d: %w", i, err))
+			}
+			din[i] = kolo.DeviceTensor{Ptr: gpu.Ptr(uintptr(inPtrs[i])), DType: dt, Shape: shape}
+			if outPtrs != nil {
+				dout[i] = gpu.Ptr(uintptr(outPtrs[i]))
+			}
+			continue
 		}
 		if tin[i], err = cTensor("ins", i, inPtrs[i], dt, "shapes", first, shape); err != nil {
 			return fail(fmt.Errorf("tensor %d: %w", i, err))
@@ -613,12 +656,17 @@ func enqueueGroup(a groupArgs) []*op {
 		}
 	}
 	var hs []*kolo.Handle
-	switch a.kind {
-	case kindAllreduce:
+	switch {
+	case onDevice:
+		if dout == nil {
+			dout = make([]gpu.Ptr, a.n) // allgather, reducescatter: the engine allocates the results
+		}
+		hs = kolo.SubmitDeviceGroup(kolo.OpKind(a.kind), name, din, dout, reduceOp, a.device, uintptr(a.stream), opts...)
+	case a.kind == kindAllreduce:
 		hs = kolo.AllreduceGroupAsync(name, tin, tout, reduceOp, opts...)
-	case kindAllgather:
+	case a.kind == kindAllgather:
 		hs = kolo.AllgatherGroupAsync(name, tin, opts...)
-	case kindReduceScatter:
+	case a.kind == kindReduceScatter:
 		hs = kolo.ReduceScatterGroupAsync(name, tin, reduceOp, opts...)
 	}
 	for i, h := range hs {

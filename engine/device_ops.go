@@ -38,10 +38,46 @@ type DeviceOp struct {
 // input is multiplied by 1/n, then summed; for integers the sum is divided by n and truncated
 // toward zero, which is what the host path's postscale of 1/n gives integers.
 func (e *Engine) EnqueueDevice(req negotiate.Request, op DeviceOp) *Handle {
-	h := newHandle(req.Name, e)
-	refuse := func(err error) *Handle {
-		h.finish(&ArgumentError{fmt.Errorf("rank %d: %s %q: %w", e.g.Rank, req.Kind, req.Name, err)})
+	dv, err := e.prepareDevice(&req, op)
+	if err != nil {
+		h := newHandle(req.Name, e)
+		h.finish(err)
 		return h
+	}
+	return e.enqueue(req, nil, nil, true, dv)
+}
+
+// EnqueueDeviceGroup submits the members of one grouped call on device memory (reqs[i] on
+// ops[i]) as EnqueueDevice would, all at once, as EnqueueGroup does for host memory: the
+// coordinator negotiates them together and they fuse only with each other. If the device path
+// refuses one member, it refuses every member with that error before any is queued (the binding
+// then stages the group): a group is run by one path or not at all.
+func (e *Engine) EnqueueDeviceGroup(reqs []negotiate.Request, ops []DeviceOp) []*Handle {
+	dvs := make([]*deviceEntry, len(reqs))
+	for i := range reqs {
+		dv, err := e.prepareDevice(&reqs[i], ops[i])
+		if err != nil {
+			hs := make([]*Handle, len(reqs))
+			for j := range hs {
+				if j < i {
+					e.dev.drop(dvs[j])
+				}
+				hs[j] = newHandle(reqs[j].Name, e)
+				hs[j].finish(err)
+			}
+			return hs
+		}
+		dvs[i] = dv
+	}
+	return e.enqueueGroup(reqs, nil, nil, dvs)
+}
+
+// prepareDevice runs EnqueueDevice's checks of req on op and records op's ready event on its
+// stream; it marks req as a GPU op. The error is the device path's setup error, or an
+// ArgumentError (matching gpu.ErrUnavailable where the binding is to stage the op).
+func (e *Engine) prepareDevice(req *negotiate.Request, op DeviceOp) (*deviceEntry, error) {
+	refuse := func(err error) (*deviceEntry, error) {
+		return nil, &ArgumentError{fmt.Errorf("rank %d: %s %q: %w", e.g.Rank, req.Kind, req.Name, err)}
 	}
 	if reservedName(req.Name) {
 		return refuse(errors.New("names starting with kolo's reserved prefixes are kolo's own"))
@@ -52,8 +88,7 @@ func (e *Engine) EnqueueDevice(req negotiate.Request, op DeviceOp) *Handle {
 		_, err := e.DevicePath(ctx, op.Ordinal)
 		cancel()
 		if err != nil {
-			h.finish(err)
-			return h
+			return nil, err
 		}
 	}
 	if !d.use.Load() {
@@ -82,8 +117,7 @@ func (e *Engine) EnqueueDevice(req negotiate.Request, op DeviceOp) *Handle {
 		return refuse(fmt.Errorf("recording the ready event on the producer's stream: %w", err))
 	}
 	req.GPU = true
-	dv := &deviceEntry{op: op, ready: ready}
-	return e.enqueue(req, nil, nil, true, dv)
+	return &deviceEntry{op: op, ready: ready}, nil
 }
 
 // setupWait bounds how long an op waits for the device path's setup: the other ranks must reach

@@ -227,3 +227,9 @@ func TestDeviceOpsMatchHostPathThroughStandin(t *testing.T) {
 		})
 	}
 }
+
+// Grouped calls on device memory go in as one group, through the stand-in.
+func TestDeviceGroupThroughStandin(t *testing.T) {
+	b := standinBackend(t)
+	testDeviceGroup(t, standinCluster(t, b, b, 2))
+}

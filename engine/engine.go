@@ -454,9 +454,19 @@ func (e *Engine) enqueue(req negotiate.Request, in, out []byte, kick bool, dv *d
 // of another length on another rank (a mismatch every member fails with) from members still to
 // come only when each rank's members arrive together.
 func (e *Engine) EnqueueGroup(reqs []negotiate.Request, ins, outs [][]byte) []*Handle {
+	return e.enqueueGroup(reqs, ins, outs, nil)
+}
+
+// enqueueGroup queues a grouped call's members at once: host memory (ins, outs), or device
+// memory (dvs; ins and outs nil).
+func (e *Engine) enqueueGroup(reqs []negotiate.Request, ins, outs [][]byte, dvs []*deviceEntry) []*Handle {
 	subs := make([]submission, len(reqs))
 	for i, req := range reqs {
-		subs[i] = e.check(req, ins[i], outs[i], nil)
+		if dvs != nil {
+			subs[i] = e.check(req, nil, nil, dvs[i])
+		} else {
+			subs[i] = e.check(req, ins[i], outs[i], nil)
+		}
 	}
 	e.mu.Lock()
 	for i := range subs {

@@ -143,3 +143,77 @@ func deviceStagedScenario(ctx context.Context) error {
 	fmt.Printf("STAGED why=%v\n", dec.Why)
 	return nil
 }
+
+func init() { Scenarios["device-group"] = deviceGroupScenario }
+
+// deviceGroupScenario runs grouped allreduces and allgathers of float32 tensors in device memory
+// (kolo.SubmitDeviceGroup), named and unnamed.
+func deviceGroupScenario(ctx context.Context) error {
+	ordinal, err := deviceSetUp(ctx)
+	if err != nil {
+		return err
+	}
+	rank, size := kolo.Rank(), kolo.Size()
+	lens := []int{1, 7, 300}
+	ptrs := make([]gpu.Ptr, len(lens))
+	mems := make([][]byte, len(lens))
+	for i, l := range lens {
+		if ptrs[i], mems[i], err = deviceMemory(ordinal, l); err != nil {
+			return err
+		}
+	}
+	f := func(m []byte, j int) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(m[4*j:])) }
+	for step := range 4 {
+		name := fmt.Sprintf("dev.group.%d", step)
+		if step%2 == 1 {
+			name = "" // numbered alike on every rank
+		}
+		ts := make([]kolo.DeviceTensor, len(lens))
+		for i, l := range lens {
+			for j := range l {
+				binary.LittleEndian.PutUint32(mems[i][4*j:], math.Float32bits(float32(rank+i+j+step)))
+			}
+			ts[i] = kolo.DeviceTensor{Ptr: ptrs[i], DType: dtype.Float32, Shape: []int64{int64(l)}}
+		}
+		for i, h := range kolo.SubmitDeviceGroup(kolo.KindAllreduce, name, ts, nil, kolo.Sum, ordinal, 0) {
+			if err := h.Synchronize(ctx); err != nil {
+				return fmt.Errorf("step %d: grouped allreduce, tensor %d: %w", step, i, err)
+			}
+		}
+		for i, l := range lens {
+			for j := range l {
+				if got, want := f(mems[i], j), float32(size*(size-1)/2+size*(i+j+step)); got != want {
+					return fmt.Errorf("step %d: grouped allreduce, tensor %d [%d] = %v, want %v", step, i, j, got, want)
+				}
+			}
+		}
+		// Allgather each tensor's first rank+1 elements (the sums above).
+		for i := range ts {
+			ts[i].Shape = []int64{int64(min(rank+1, lens[i]))}
+		}
+		hs := kolo.SubmitDeviceGroup(kolo.KindAllgather, name, ts, nil, kolo.Sum, ordinal, 0)
+		for i, h := range hs {
+			if err := h.Synchronize(ctx); err != nil {
+				return fmt.Errorf("step %d: grouped allgather, tensor %d: %w", step, i, err)
+			}
+			out, n, _ := h.DeviceOutput()
+			gathered := unsafe.Slice(*(**byte)(unsafe.Pointer(&out)), n)
+			k := 0
+			for q := range size {
+				for j := range min(q+1, lens[i]) {
+					if got, want := f(gathered, k), float32(size*(size-1)/2+size*(i+j+step)); got != want {
+						return fmt.Errorf("step %d: grouped allgather, tensor %d: rank %d's element %d = %v, want %v", step, i, q, j, got, want)
+					}
+					k++
+				}
+			}
+			if 4*k != n {
+				return fmt.Errorf("step %d: grouped allgather, tensor %d: %d bytes, want %d", step, i, n, 4*k)
+			}
+			if err := h.ReleaseDeviceOutput(0); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -101,8 +101,9 @@ _SIGNATURES = {
     # one op: a kolo_op and the arrays after it (kolo._ops.op_block builds it), its size
     "kolo_enqueue": (_i64, [_s, _i]),
     # kind, name, name length, n, ins, outs, dtypes, shapes, ndims, op, prescale, postscale,
-    # process set id, device (as kolo_enqueue's), handles (out)
-    "kolo_enqueue_group": (_i, [_i, _s, _i, _i, _p, _p, _p, _p, _p, _i, _d, _d, _i, _i, _p]),
+    # process set id, device (as kolo_enqueue's), stream (-1: host memory; else the producer's
+    # cudaStream_t of a group on the device path), handles (out)
+    "kolo_enqueue_group": (_i, [_i, _s, _i, _i, _p, _p, _p, _p, _p, _i, _d, _d, _i, _i, _i64, _p]),
     "kolo_poll": (_i, [_i64]),
     "kolo_wait": (_i, [_i64, _i64, _i]),
     "kolo_error": (_i, [_i64, _s, _i]),

@@ -112,7 +112,7 @@ def test_bad_arguments_raise_instead_of_killing_python():
         block = mpi_ops._op_block(1, 0, 0, 99, (), 1, 0, 1.0, 1.0, None, 0, -1, 0, None)
         refused(C.kolo_enqueue(block, len(block)), "argument dt = 99")
         refused(C.kolo_enqueue(block, 71), "argument size = 71")
-        failed(C.kolo_enqueue_group(1, None, 0, 2, None, None, None, None, None, 1, 1.0, 1.0, 0, -1, None),
+        failed(C.kolo_enqueue_group(1, None, 0, 2, None, None, None, None, None, 1, 1.0, 1.0, 0, -1, -1, None),
                "argument handles = NULL")
 
         h = hvd.allgather_async(torch.ones(2, 3))

@@ -515,20 +515,7 @@ def _submit_device(kind, tensor, inplace, name, op, root, prescale, postscale, s
             pre, post = _float16_factor(pre), _float16_factor(post)
         prescale = postscale = 1.0
     stream = torch.cuda.current_stream(ordinal).cuda_stream
-    with torch.no_grad():
-        inp = tensor if tensor.is_contiguous() else tensor.contiguous()
-        if pre != 1:
-            inp = inp * pre  # a private, contiguous copy
-        dest = out = None
-        if kind == _ALLREDUCE or kind == _BROADCAST:
-            if inplace:
-                out = inp
-                if inp is not tensor:
-                    dest = tensor
-            elif inp is tensor:
-                out = torch.empty_like(inp, memory_format=torch.contiguous_format)
-            else:
-                out = inp  # already a private copy
+    inp, out, dest = _device_buffers(kind, tensor, inplace, pre)
     block = _op_block(kind, inp.data_ptr(), out.data_ptr() if out is not None else 0, dt, inp.shape, op, root,
                       prescale, postscale, splits, process_set.process_set_id, ordinal, 0, _name_arg(name)[0])
     C = _lib.C
@@ -543,6 +530,27 @@ def _submit_device(kind, tensor, inplace, name, op, root, prescale, postscale, s
     o.ordinal, o.stream, o.post = ordinal, stream, post
     _handle_map[h] = o
     return o
+
+
+def _device_buffers(kind, tensor, inplace, pre):
+    """The device memory an op on CUDA tensor reads (inp, scaled by pre) and writes (out), and
+    the caller's tensor to copy the result into at synchronize (dest, in place on a tensor the
+    engine could not address)."""
+    with torch.no_grad():
+        inp = tensor if tensor.is_contiguous() else tensor.contiguous()
+        if pre != 1:
+            inp = inp * pre  # a private, contiguous copy
+        dest = out = None
+        if kind == _ALLREDUCE or kind == _BROADCAST:
+            if inplace:
+                out = inp
+                if inp is not tensor:
+                    dest = tensor
+            elif inp is tensor:
+                out = torch.empty_like(inp, memory_format=torch.contiguous_format)
+            else:
+                out = inp  # already a private copy
+    return inp, out, dest
 
 
 class _DeviceBytes(object):
@@ -668,48 +676,70 @@ def _enqueue_group(kind, tensors, inplace, name, op=Sum, prescale_factor=1.0, po
         _refuse(kind, name, process_set,
                 RuntimeError("a group's tensors must all be in host memory or all on GPUs"), group_size=n)
     if tensors[0].is_cuda:
-        h = _enqueue_device_group(kind, tensors, inplace, name, op, prescale_factor, postscale_factor, process_set)
+        h = _enqueue_device_group(kind, tensors, inplace, name, op, prescale_factor, postscale_factor, process_set,
+                                  dts)
         if h is not None:
             return h
     ops = [_stage(kind, t, inplace) for t in tensors]
-    ins = (ctypes.c_void_p * n)(*[o.inp.data_ptr() for o in ops])
-    outs = None
-    if kind == _ALLREDUCE:
-        outs = (ctypes.c_void_p * n)(*[o.out.data_ptr() for o in ops])
-    shapes = [d for o in ops for d in o.inp.shape]
-    shape_arr = (ctypes.c_int64 * max(len(shapes), 1))(*shapes)
-    ndims = (ctypes.c_int * n)(*[o.inp.dim() for o in ops])
+    ins, outs, shape_arr, ndims = _group_arrays(ops)
     handles = (ctypes.c_int64 * n)()
     nm, nlen = _name_arg(name)
+    # stream -1: the tensors are in host memory (staged from device _device_id's where it is a GPU).
     rc = _lib.C.kolo_enqueue_group(kind, nm, nlen, n, ins, outs, (ctypes.c_int * n)(*dts), shape_arr,
                                    ndims, op, prescale_factor, postscale_factor,
-                                   _process_set_id(process_set), _device_id(tensors[0]), handles)
+                                   _process_set_id(process_set), _device_id(tensors[0]), -1, handles)
     if rc != 0:
-        err = None
-        for h in handles:
-            if h < 0 and err is None:
-                err = _lib.take_error(-h)
-            elif h != 0:
-                _lib.C.kolo_release(abs(h))
-        raise err or KoloInternalError("kolo: grouped op: %s" % _lib.last_error())
+        _raise_group(handles)
+    return _issued_group(ops, handles)
+
+
+def _group_arrays(ops):
+    """kolo_enqueue_group's array arguments for the _Ops of a group: ins, outs (allreduce's; else
+    None), shapes (concatenated) and ndims."""
+    n = len(ops)
+    ins = (ctypes.c_void_p * n)(*[o.inp.data_ptr() for o in ops])
+    outs = None
+    if ops[0].kind == _ALLREDUCE:
+        outs = (ctypes.c_void_p * n)(*[o.out.data_ptr() for o in ops])
+    shapes = [d for o in ops for d in o.inp.shape]
+    return ins, outs, (ctypes.c_int64 * max(len(shapes), 1))(*shapes), (ctypes.c_int * n)(*[o.inp.dim() for o in ops])
+
+
+def _raise_group(handles):
+    """Raises the error of a group that failed at once, releasing its handles."""
+    err = None
+    for h in handles:
+        if h < 0 and err is None:
+            err = _lib.take_error(-h)
+        elif h != 0:
+            _lib.C.kolo_release(abs(h))
+    raise err or KoloInternalError("kolo: grouped op: %s" % _lib.last_error())
+
+
+def _issued_group(ops, handles):
     for o, h in zip(ops, handles):
         o.h = h
     _handle_map[handles[0]] = _Group(ops)
     return handles[0]
 
 
-def _enqueue_device_group(kind, tensors, inplace, name, op, prescale, postscale, process_set):
+def _enqueue_device_group(kind, tensors, inplace, name, op, prescale, postscale, process_set, dts):
     """A grouped op on CUDA tensors where the job uses the device path (None where it does not):
-    the engine refuses a staged GPU tensor that its device path could run, and the C ABI has no
-    grouped device submission, so each member is submitted on its own as _submit does (on the
-    device path, or staged where the engine refuses it there), named as the engine names a group's
-    members. Returns the group's handle."""
+    every member goes to the engine at once as one group on its device path (kolo_enqueue_group
+    with the producer's stream), as a group in host memory does. Where the engine cannot run the
+    group there (kolo_error_kind 3: Adasum, a type NCCL lacks, factors on integers) or its tensors
+    are on several devices, each member is submitted on its own as _submit does (on the device
+    path, or staged), named as the engine names a group's members. Returns the group's handle."""
     ordinal = _cuda_ordinal(tensors[0])
     use = _device_paths.get(ordinal)
     if use is None:
         use = _device_path(ordinal)
     if not use:
         return None
+    if all(_cuda_ordinal(t) == ordinal for t in tensors):
+        h = _submit_device_group(kind, tensors, inplace, name, op, prescale, postscale, process_set, dts, ordinal)
+        if h is not None:
+            return h
     ops = [_submit(kind, t, inplace, None if name is None or name == "" else "%s.%d" % (name, i), op, 0,
                    prescale, postscale, None, process_set, 0)
            for i, t in enumerate(tensors)]
@@ -717,6 +747,42 @@ def _enqueue_device_group(kind, tensors, inplace, name, op, prescale, postscale,
         del _handle_map[o.h]
     _handle_map[ops[0].h] = _Group(ops)
     return ops[0].h
+
+
+def _submit_device_group(kind, tensors, inplace, name, op, prescale, postscale, process_set, dts, ordinal):
+    """Submits a grouped op on CUDA tensors of device ordinal to the engine's device path as one
+    group and returns its handle; None when the engine refused it there as one to stage. Scale
+    factors are applied as _submit_device applies them, where every member is a float tensor."""
+    n = len(tensors)
+    pres, posts = [1.0] * n, [1.0] * n
+    if (prescale != 1 or postscale != 1) and op != Adasum and all(t.is_floating_point() for t in tensors):
+        if op == Average:
+            op, postscale = Sum, postscale / process_set.size()
+        f16 = [t.dtype == torch.float16 for t in tensors]
+        pres = [_float16_factor(prescale) if h else prescale for h in f16]
+        posts = [_float16_factor(postscale) if h else postscale for h in f16]
+        prescale = postscale = 1.0
+    stream = torch.cuda.current_stream(ordinal).cuda_stream
+    ops = []
+    for t, pre, post in zip(tensors, pres, posts):
+        o = _DeviceOp()
+        o.kind, o.device, o.splits_like = kind, None, None
+        o.inp, o.out, o.dest = _device_buffers(kind, t, inplace, pre)
+        o.ordinal, o.stream, o.post = ordinal, stream, post
+        ops.append(o)
+    ins, outs, shape_arr, ndims = _group_arrays(ops)
+    handles = (ctypes.c_int64 * n)()
+    nm, nlen = _name_arg(name)
+    C = _lib.C
+    rc = C.kolo_enqueue_group(kind, nm, nlen, n, ins, outs, (ctypes.c_int * n)(*dts), shape_arr, ndims, op,
+                              prescale, postscale, _process_set_id(process_set), ordinal, stream, handles)
+    if rc != 0:
+        if handles[0] < 0 and C.kolo_error_kind(-handles[0]) == _lib.ERROR_UNAVAILABLE:
+            for h in handles:
+                C.kolo_release(abs(h))
+            return None
+        _raise_group(handles)
+    return _issued_group(ops, handles)
 
 
 # ----------------------------------------------------------------------------------------------
