@@ -51,6 +51,7 @@ var Scenarios = map[string]func(ctx context.Context) error{
 	"device":        deviceScenario,
 	"device-kill":   deviceKillScenario,
 	"device-staged": deviceStagedScenario,
+	"device-group":  deviceGroupScenario,
 	// this file
 	"steady": steadyScenario,
 	"loop":   loopScenario,

@@ -144,8 +144,6 @@ func deviceStagedScenario(ctx context.Context) error {
 	return nil
 }
 
-func init() { Scenarios["device-group"] = deviceGroupScenario }
-
 // deviceGroupScenario runs grouped allreduces and allgathers of float32 tensors in device memory
 // (kolo.SubmitDeviceGroup), named and unnamed.
 func deviceGroupScenario(ctx context.Context) error {
