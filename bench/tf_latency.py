@@ -5,7 +5,7 @@ alternated in one run, one table.
     make build lib && .venv/tf/bin/python bench/tf_latency.py --np 2 --sizes 4,4MiB --rounds 3
 
 Forms: kolo.tensorflow's hvd.allreduce called eagerly, and inside a tf.function; kolo.torch's
-hvd.allreduce (Debian's /usr/bin/python3 with torch, or KOLO_TORCH_PYTHON). Each round runs every
+hvd.allreduce (Debian's /usr/bin/python3 with torch, or KOLO_PYTHON). Each round runs every
 form once as a fresh `kolo run -np N` job, in turn, so machine noise hits them alike; a job times
 --iters named Sum allreduces of float32 after --warmup, and reports the median per-op wall time on
 rank 0. The table gives each form's median over rounds, its range, and its ratio to kolo.torch's
@@ -24,7 +24,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 KOLO = os.path.join(ROOT, "bin", "kolo")
-TORCH_PY = os.environ.get("KOLO_TORCH_PYTHON", "/usr/bin/python3")
+TORCH_PY = os.environ.get("KOLO_PYTHON", "/usr/bin/python3")
 
 
 def parse_size(s):
