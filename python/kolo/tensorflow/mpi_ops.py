@@ -18,6 +18,8 @@ rank's trace of the same function gives alike. A failed op raises HorovodInterna
 the numpy function as a tf.errors.OpError whose message carries kolo's.
 """
 
+import weakref
+
 import numpy as np
 import tensorflow as tf
 
@@ -232,6 +234,31 @@ def take_graph_error():
     return e
 
 
+# The last kolo op of each TensorFlow 1 graph (and control flow context in it), which the next
+# one is made to run after. A numpy function holds one of TensorFlow's inter-op threads (as many
+# as the cores) while it waits for the other ranks: in a graph where several kolo ops could run at
+# once, each rank may take a different few of them and wait with every thread held, for ops the
+# other ranks cannot reach (a deadlock; Horovod's compiled ops are asynchronous and free their
+# thread). tf.function orders its stateful ops already (automatic control dependencies); a plain
+# graph gets the order its ops were made in, the same on every rank that built the same graph.
+# An op so made also runs the kolo ops made before it in its graph that a fetch had not needed.
+_graph_last = weakref.WeakKeyDictionary()
+
+
+def _numpy_function(fn, inputs, touts):
+    g = tf.compat.v1.get_default_graph()
+    if getattr(g, "_add_control_dependencies", False):
+        return tf.numpy_function(_recording(fn), inputs, touts, stateful=True)
+    ctx = g._get_control_flow_context()
+    last = _graph_last.setdefault(g, {})
+    prev = last.get(ctx)
+    with tf.control_dependencies([prev] if prev is not None else []):
+        outs = tf.numpy_function(_recording(fn), inputs, touts, stateful=True)
+    first = outs[0] if isinstance(outs, (list, tuple)) else outs
+    last[ctx] = first.op
+    return outs
+
+
 def _call(fn, inputs, touts, shapes):
     """Runs fn over the inputs' numpy arrays and returns its outputs as tensors of dtypes touts:
     at once when eager, else as a tf.numpy_function, its outputs given the static shapes."""
@@ -240,7 +267,7 @@ def _call(fn, inputs, touts, shapes):
         # tf.constant: the numpy array's dtype is the tensor's already, and convert_to_tensor with
         # a dtype takes a path several times slower for large arrays (4 ms against 0.7 for 4 MiB).
         return [tf.constant(o) for o in outs]
-    outs = tf.numpy_function(_recording(fn), list(inputs), list(touts), stateful=True)
+    outs = _numpy_function(fn, list(inputs), list(touts))
     if not isinstance(outs, (list, tuple)):
         outs = [outs]
     outs = list(outs)
@@ -565,7 +592,7 @@ def barrier(process_set=global_process_set):
     def fn():
         _ops.run(np, _ops.BARRIER, None, psid=psid)
         return np.int32(0)
-    return tf.numpy_function(_recording(fn), [], tf.int32, stateful=True)
+    return _numpy_function(fn, [], tf.int32)
 
 
 def join():
@@ -575,6 +602,6 @@ def join():
         return np.int32(_ops.run(np, _ops.JOIN, None))
     if tf.executing_eagerly():
         return tf.constant(fn())
-    out = tf.numpy_function(_recording(fn), [], tf.int32, stateful=True)
+    out = _numpy_function(fn, [], tf.int32)
     out.set_shape([])
     return out
