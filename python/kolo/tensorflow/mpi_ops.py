@@ -210,6 +210,21 @@ def _tensor(t):
 # numpy types the engine moves as another of the same width (no arithmetic on them).
 _AS_BYTES = {np.dtype(np.bool_): np.dtype(np.uint8)}
 
+# Unsigned types the engine lacks, reduced as the signed type of their width: a sum wraps to the
+# same bits either way; Min, Max, Average and scaling would not, and are refused.
+_AS_SIGNED = {np.dtype(np.uint16): np.dtype(np.int16), np.dtype(np.uint32): np.dtype(np.int32),
+              np.dtype(np.uint64): np.dtype(np.int64)}
+
+
+def _signed_view(kind, arr, name, op, prescale, postscale, psid):
+    """arr as the signed type of its width where the engine can run kind on that (else arr)."""
+    signed = _AS_SIGNED.get(arr.dtype)
+    if signed is None:
+        return arr
+    if kind in (_ops.ALLREDUCE, _ops.REDUCESCATTER) and (op != Sum or prescale != 1.0 or postscale != 1.0):
+        _ops.refuse(kind, name, psid, ValueError("Tensor type %s is reduced by Sum only, unscaled" % arr.dtype.name))
+    return arr.view(signed)
+
 
 # The last KoloInternalError a numpy function raised inside tf.function: TensorFlow reports it as
 # a tf.errors.OpError, and elastic.run takes the typed error back from here (take_graph_error)
@@ -285,6 +300,12 @@ def _run1(kind, arr, name, op=Sum, root=0, prescale=1.0, postscale=1.0, splits=N
         if kind in (_ops.ALLREDUCE, _ops.REDUCESCATTER):
             _ops.refuse(kind, name, psid, ValueError("Tensor type bool is not supported by reductions"))
         res = _ops.run(np, kind, arr.view(as_bytes), name, op, root, prescale, postscale, splits, psid)
+        if kind == _ops.ALLTOALL:
+            return res[0].view(arr.dtype), res[1]
+        return res.view(arr.dtype)
+    a = _signed_view(kind, arr, name, op, prescale, postscale, psid)
+    if a is not arr:
+        res = _ops.run(np, kind, a, name, op, root, prescale, postscale, splits, psid)
         if kind == _ops.ALLTOALL:
             return res[0].view(arr.dtype), res[1]
         return res.view(arr.dtype)
@@ -414,7 +435,10 @@ def _grouped_allreduce(tensors, name, op, prescale, postscale, process_set):
 
     def fn(*arrays):
         # Submitted together, then waited for: the engine fuses what is ready at once.
-        return tuple(_ops.run_many(np, _ops.ALLREDUCE, arrays, names, op, 0, prescale, postscale, psid))
+        views = [_signed_view(_ops.ALLREDUCE, np.asarray(a), n, op, prescale, postscale, psid)
+                 for a, n in zip(arrays, names)]
+        outs = _ops.run_many(np, _ops.ALLREDUCE, views, names, op, 0, prescale, postscale, psid)
+        return tuple(o.view(np.asarray(a).dtype) for o, a in zip(outs, arrays))
 
     def forward(*xs):
         return _call(fn, list(xs), [x.dtype for x in xs], [x.shape for x in xs])
