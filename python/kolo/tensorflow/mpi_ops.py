@@ -199,7 +199,7 @@ def _into_tensor(kind, x, nm, op, root, prescale, postscale, psid):
     out = _host(out_t)
     if not isinstance(out, np.ndarray) or out.shape != a.shape or out.dtype != a.dtype:
         return None
-    _ops.run(np, kind, a, nm, op, root, prescale, postscale, None, psid, out=out)
+    _eager(lambda: _ops.run(np, kind, a, nm, op, root, prescale, postscale, None, psid, out=out))
     return out_t
 
 
@@ -274,11 +274,29 @@ def _numpy_function(fn, inputs, touts):
     return outs
 
 
+class InvalidArgumentError(tf.errors.InvalidArgumentError, ValueError):
+    """An op's arguments refused (a rank outside the op's process set, a type the engine lacks):
+    tf.errors.InvalidArgumentError as Horovod's ops raise it, and the ValueError that a numpy
+    function's error would be."""
+
+    def __init__(self, message):
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+
+def _eager(fn, *args):
+    try:
+        return fn(*args)
+    except KoloInternalError:
+        raise
+    except ValueError as e:
+        raise InvalidArgumentError(str(e)) from e
+
+
 def _call(fn, inputs, touts, shapes):
     """Runs fn over the inputs' numpy arrays and returns its outputs as tensors of dtypes touts:
     at once when eager, else as a tf.numpy_function, its outputs given the static shapes."""
     if tf.executing_eagerly():
-        outs = fn(*[_host(t) for t in inputs])
+        outs = _eager(fn, *[_host(t) for t in inputs])
         # tf.constant: the numpy array's dtype is the tensor's already, and convert_to_tensor with
         # a dtype takes a path several times slower for large arrays (4 ms against 0.7 for 4 MiB).
         return [tf.constant(o) for o in outs]
