@@ -59,10 +59,13 @@ if [ "${UNCHANGED:-0}" != 1 ]; then
 		sed -i -E 's/^(\s*)import horovod\.(torch|tensorflow|keras)((\.[a-z_]+)*) as /\1import kolo.\2\3 as /;
 		           s/^(\s*)from horovod\.(torch|tensorflow|keras)((\.[a-z_]+)*) import /\1from kolo.\2\3 import /' "$f"
 	done
-	grep -q '^import kolo\.' "$tmp/$suite" || { echo "$0: no 'import horovod.<framework> as hvd' line in $suite to change" >&2; exit 2; }
+	grep -qE '^\s*import kolo\.' "$tmp/$suite" || { echo "$0: no 'import horovod.<framework> as hvd' line in $suite to change" >&2; exit 2; }
 fi
 if ! "$py" -c 'import mock' 2>/dev/null; then
-	echo 'from unittest.mock import *  # noqa: F401,F403  (the old mock package, which common.py imports)' >"$tmp/mock.py"
+	# version_info: parameterized (test_tensorflow2_keras.py) reads the backport's version; unittest.mock
+	# has what mock 4 fixed.
+	printf '%s\n' 'from unittest.mock import *  # noqa: F401,F403  (the old mock package, which common.py imports)' \
+		'version_info = (4, 0, 0)' >"$tmp/mock.py"
 fi
 if ! "$py" -c 'import cloudpickle' 2>/dev/null; then
 	# common.py pickles functions for its in_thread helpers only, which these suites do not call.

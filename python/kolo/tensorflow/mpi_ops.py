@@ -18,6 +18,8 @@ rank's trace of the same function gives alike. A failed op raises HorovodInterna
 the numpy function as a tf.errors.OpError whose message carries kolo's.
 """
 
+import weakref
+
 import numpy as np
 import tensorflow as tf
 
@@ -197,7 +199,7 @@ def _into_tensor(kind, x, nm, op, root, prescale, postscale, psid):
     out = _host(out_t)
     if not isinstance(out, np.ndarray) or out.shape != a.shape or out.dtype != a.dtype:
         return None
-    _ops.run(np, kind, a, nm, op, root, prescale, postscale, None, psid, out=out)
+    _eager(lambda: _ops.run(np, kind, a, nm, op, root, prescale, postscale, None, psid, out=out))
     return out_t
 
 
@@ -207,6 +209,21 @@ def _tensor(t):
 
 # numpy types the engine moves as another of the same width (no arithmetic on them).
 _AS_BYTES = {np.dtype(np.bool_): np.dtype(np.uint8)}
+
+# Unsigned types the engine lacks, reduced as the signed type of their width: a sum wraps to the
+# same bits either way; Min, Max, Average and scaling would not, and are refused.
+_AS_SIGNED = {np.dtype(np.uint16): np.dtype(np.int16), np.dtype(np.uint32): np.dtype(np.int32),
+              np.dtype(np.uint64): np.dtype(np.int64)}
+
+
+def _signed_view(kind, arr, name, op, prescale, postscale, psid):
+    """arr as the signed type of its width where the engine can run kind on that (else arr)."""
+    signed = _AS_SIGNED.get(arr.dtype)
+    if signed is None:
+        return arr
+    if kind in (_ops.ALLREDUCE, _ops.REDUCESCATTER) and (op != Sum or prescale != 1.0 or postscale != 1.0):
+        _ops.refuse(kind, name, psid, ValueError("Tensor type %s is reduced by Sum only, unscaled" % arr.dtype.name))
+    return arr.view(signed)
 
 
 # The last KoloInternalError a numpy function raised inside tf.function: TensorFlow reports it as
@@ -232,15 +249,58 @@ def take_graph_error():
     return e
 
 
+# The last kolo op of each TensorFlow 1 graph (and control flow context in it), which the next
+# one is made to run after. A numpy function holds one of TensorFlow's inter-op threads (as many
+# as the cores) while it waits for the other ranks: in a graph where several kolo ops could run at
+# once, each rank may take a different few of them and wait with every thread held, for ops the
+# other ranks cannot reach (a deadlock; Horovod's compiled ops are asynchronous and free their
+# thread). tf.function orders its stateful ops already (automatic control dependencies); a plain
+# graph gets the order its ops were made in, the same on every rank that built the same graph.
+# An op so made also runs the kolo ops made before it in its graph that a fetch had not needed.
+_graph_last = weakref.WeakKeyDictionary()
+
+
+def _numpy_function(fn, inputs, touts):
+    g = tf.compat.v1.get_default_graph()
+    if getattr(g, "_add_control_dependencies", False):
+        return tf.numpy_function(_recording(fn), inputs, touts, stateful=True)
+    ctx = g._get_control_flow_context()
+    last = _graph_last.setdefault(g, {})
+    prev = last.get(ctx)
+    with tf.control_dependencies([prev] if prev is not None else []):
+        outs = tf.numpy_function(_recording(fn), inputs, touts, stateful=True)
+    first = outs[0] if isinstance(outs, (list, tuple)) else outs
+    last[ctx] = first.op
+    return outs
+
+
+class InvalidArgumentError(tf.errors.InvalidArgumentError, ValueError):
+    """An op's arguments refused (a rank outside the op's process set, a type the engine lacks):
+    tf.errors.InvalidArgumentError as Horovod's ops raise it, and the ValueError that a numpy
+    function's error would be."""
+
+    def __init__(self, message):
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+
+def _eager(fn, *args):
+    try:
+        return fn(*args)
+    except KoloInternalError:
+        raise
+    except ValueError as e:
+        raise InvalidArgumentError(str(e)) from e
+
+
 def _call(fn, inputs, touts, shapes):
     """Runs fn over the inputs' numpy arrays and returns its outputs as tensors of dtypes touts:
     at once when eager, else as a tf.numpy_function, its outputs given the static shapes."""
     if tf.executing_eagerly():
-        outs = fn(*[_host(t) for t in inputs])
+        outs = _eager(fn, *[_host(t) for t in inputs])
         # tf.constant: the numpy array's dtype is the tensor's already, and convert_to_tensor with
         # a dtype takes a path several times slower for large arrays (4 ms against 0.7 for 4 MiB).
         return [tf.constant(o) for o in outs]
-    outs = tf.numpy_function(_recording(fn), list(inputs), list(touts), stateful=True)
+    outs = _numpy_function(fn, list(inputs), list(touts))
     if not isinstance(outs, (list, tuple)):
         outs = [outs]
     outs = list(outs)
@@ -258,6 +318,12 @@ def _run1(kind, arr, name, op=Sum, root=0, prescale=1.0, postscale=1.0, splits=N
         if kind in (_ops.ALLREDUCE, _ops.REDUCESCATTER):
             _ops.refuse(kind, name, psid, ValueError("Tensor type bool is not supported by reductions"))
         res = _ops.run(np, kind, arr.view(as_bytes), name, op, root, prescale, postscale, splits, psid)
+        if kind == _ops.ALLTOALL:
+            return res[0].view(arr.dtype), res[1]
+        return res.view(arr.dtype)
+    a = _signed_view(kind, arr, name, op, prescale, postscale, psid)
+    if a is not arr:
+        res = _ops.run(np, kind, a, name, op, root, prescale, postscale, splits, psid)
         if kind == _ops.ALLTOALL:
             return res[0].view(arr.dtype), res[1]
         return res.view(arr.dtype)
@@ -387,7 +453,10 @@ def _grouped_allreduce(tensors, name, op, prescale, postscale, process_set):
 
     def fn(*arrays):
         # Submitted together, then waited for: the engine fuses what is ready at once.
-        return tuple(_ops.run_many(np, _ops.ALLREDUCE, arrays, names, op, 0, prescale, postscale, psid))
+        views = [_signed_view(_ops.ALLREDUCE, np.asarray(a), n, op, prescale, postscale, psid)
+                 for a, n in zip(arrays, names)]
+        outs = _ops.run_many(np, _ops.ALLREDUCE, views, names, op, 0, prescale, postscale, psid)
+        return tuple(o.view(np.asarray(a).dtype) for o, a in zip(outs, arrays))
 
     def forward(*xs):
         return _call(fn, list(xs), [x.dtype for x in xs], [x.shape for x in xs])
@@ -565,7 +634,7 @@ def barrier(process_set=global_process_set):
     def fn():
         _ops.run(np, _ops.BARRIER, None, psid=psid)
         return np.int32(0)
-    return tf.numpy_function(_recording(fn), [], tf.int32, stateful=True)
+    return _numpy_function(fn, [], tf.int32)
 
 
 def join():
@@ -575,6 +644,6 @@ def join():
         return np.int32(_ops.run(np, _ops.JOIN, None))
     if tf.executing_eagerly():
         return tf.constant(fn())
-    out = tf.numpy_function(_recording(fn), [], tf.int32, stateful=True)
+    out = _numpy_function(fn, [], tf.int32)
     out.set_shape([])
     return out

@@ -26,13 +26,15 @@ def make_callbacks(keras):
     class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         """Broadcasts the model's and its optimizer's variables from root_rank at the end of the
         first batch (after the optimizer made its variables), so that every rank trains from the
-        same state."""
+        same state. local_variables (or register_local_var) stay as each rank has them."""
 
-        def __init__(self, root_rank, device=""):
+        def __init__(self, root_rank, device="", local_variables=None):
             super().__init__()
             self.root_rank = root_rank
             self.broadcast_done = False
             self._local_vars = set()
+            for v in local_variables or ():
+                self.register_local_var(v)
 
         def register_local_var(self, var):
             """A variable that stays worker-local (not broadcast)."""
