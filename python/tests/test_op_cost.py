@@ -19,21 +19,21 @@ from test_ops import single
 # call into the library (kolo_enqueue waits its first slice); an async op and its synchronize are
 # two. kolo_enqueue takes its op as one block: ctypes converts each argument with a Python call.
 BUDGET = {
-    "allreduce_": (["allreduce_", "_reduce_op", "_run", "_submit", "_stage", "_device_id", "_op_block",
+    "allreduce_": (["allreduce_", "_reduce_op", "_run", "_submit", "_stage", "_device_id", "op_block",
                     "_issue", "result"],
                    ["kolo_enqueue/2"]),
     "allreduce_async+synchronize": (["allreduce_async", "_reduce_op", "_enqueue", "_submit", "_stage",
-                                     "_device_id", "_op_block", "_issue", "synchronize", "wait", "result"],
+                                     "_device_id", "op_block", "_issue", "synchronize", "wait", "result"],
                                     ["kolo_enqueue/2", "kolo_wait/3"]),
     "allreduce": (["allreduce", "_compress", "_allreduce", "_reduce_op", "_run", "_submit", "_stage",
-                   "_device_id", "_op_block", "_issue", "result", "_decompress"],
+                   "_device_id", "op_block", "_issue", "result", "_decompress"],
                   ["kolo_enqueue/2"]),
     "allreduce unnamed": (["allreduce", "_compress", "_allreduce", "_reduce_op", "_run", "_submit", "_stage",
-                           "_device_id", "_name_arg", "_op_block", "_issue", "result", "_decompress"],
+                           "_device_id", "name_arg", "op_block", "_issue", "result", "_decompress"],
                           ["kolo_enqueue/2"]),
-    "broadcast_": (["broadcast_", "_run", "_submit", "_stage", "_device_id", "_op_block", "_issue", "result"],
+    "broadcast_": (["broadcast_", "_run", "_submit", "_stage", "_device_id", "op_block", "_issue", "result"],
                    ["kolo_enqueue/2"]),
-    "barrier": (["barrier", "_process_set_id", "_op_block", "_issue"], ["kolo_enqueue/2"]),
+    "barrier": (["barrier", "_process_set_id", "op_block", "_issue"], ["kolo_enqueue/2"]),
 }
 
 # Runs each form a few times, then once under a profile hook that records the Python functions
