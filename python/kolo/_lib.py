@@ -121,7 +121,7 @@ _SIGNATURES = {
     "kolo_remove_process_set": (_i64, [_i]),
     "kolo_process_set_id": (_i, [_i64]),
     "kolo_process_set_ranks": (_i, [_i, _p, _i]),
-    # timeline (kolo.torch.timeline)
+    # timeline (kolo._job)
     "kolo_start_timeline": (_i, [_s, _i, _i]),
     "kolo_stop_timeline": (_i, []),
     # the GPU data path (capi/device.go): ordinal, NCCL library path, its length

@@ -25,6 +25,11 @@ import tensorflow as tf
 
 from kolo import _lib, _ops
 from kolo._lib import HorovodInternalError, KoloInternalError  # noqa: F401 (re-exported)
+from kolo._job import (  # noqa: F401 (re-exported: the same for every binding)
+    ccl_built, cross_rank, cross_size, ddl_built, gloo_built, gloo_enabled, is_homogeneous, is_initialized,
+    local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, rank, rank_stats, rocm_built,
+    shutdown, size, start_timeline, stop_timeline,
+)
 from kolo._ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
 from kolo.process_sets import (  # noqa: F401 (re-exported)
     ProcessSet, _init_process_sets, add_process_set, global_process_set, remove_process_set,
@@ -41,43 +46,6 @@ def init(comm=None, process_sets=None):
     _lib.init(_lib.comm_ranks(comm))
     if process_sets:
         _init_process_sets(process_sets)
-
-
-def shutdown():
-    """Waits until every rank reaches shutdown, then leaves the job."""
-    _lib.shutdown()
-
-
-def is_initialized():
-    return _lib.is_initialized()
-
-
-def size():
-    return _lib.topology()[1]
-
-
-def rank():
-    return _lib.topology()[0]
-
-
-def local_size():
-    return _lib.topology()[3]
-
-
-def local_rank():
-    return _lib.topology()[2]
-
-
-def cross_size():
-    return _lib.topology()[5]
-
-
-def cross_rank():
-    return _lib.topology()[4]
-
-
-def is_homogeneous():
-    return _lib.topology()[6]
 
 
 def rank_op(name=None):
@@ -103,58 +71,13 @@ def process_set_included_op(process_set_id=0, name=None):
     return tf.constant(1 if process_set_by_id(process_set_id).included() else 0, dtype=tf.int32, name=name)
 
 
-# What this build has: kolo's own engine, no MPI, Gloo, NCCL for TensorFlow tensors, DDL, oneCCL,
-# ROCm or CUDA: TensorFlow tensors on a GPU are staged through host memory.
-def mpi_threads_supported():
-    _lib.topology()  # raises before init, as Horovod's does
-    return False
-
-
-def mpi_enabled():
-    return False
-
-
-def mpi_built():
-    return False
-
-
-def gloo_enabled():
-    return False
-
-
-def gloo_built():
-    return False
-
-
+# TensorFlow tensors on a GPU are staged through host memory: no device path for them yet.
 def nccl_built():
     return 0
 
 
-def ddl_built():
-    return False
-
-
-def ccl_built():
-    return False
-
-
 def cuda_built():
     return False
-
-
-def rocm_built():
-    return False
-
-
-def start_timeline(file_path, mark_cycles=False):
-    """Starts writing the engine's timeline (Chrome trace format) to file_path."""
-    b = file_path.encode("utf-8")
-    if _lib.C.kolo_start_timeline(b, len(b), 1 if mark_cycles else 0) != 0:
-        raise ValueError("kolo: %s" % _lib.last_error())
-
-
-def stop_timeline():
-    _lib.C.kolo_stop_timeline()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -24,6 +24,11 @@ import torch
 
 from kolo import _lib
 from kolo._lib import HorovodInternalError, KoloInternalError  # noqa: F401 (re-exported)
+from kolo._job import (  # noqa: F401 (re-exported: the same for every binding)
+    ccl_built, cross_rank, cross_size, ddl_built, gloo_built, gloo_enabled, is_homogeneous, is_initialized,
+    local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, rank, rank_stats, rocm_built,
+    shutdown, size, start_timeline, stop_timeline,
+)
 # Reduction ops (horovod's values), op kinds (the C ABI's), the kolo_enqueue block and names: as
 # every binding submits them (kolo._ops).
 from kolo._ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
@@ -95,83 +100,6 @@ def init(comm=None, process_sets=None):
         _init_process_sets(process_sets)
 
 
-def shutdown():
-    """Waits until every rank reaches shutdown, then leaves the job."""
-    _lib.shutdown()
-
-
-def is_initialized():
-    return _lib.is_initialized()
-
-
-def size():
-    """Number of ranks in the job."""
-    return _lib.topology()[1]
-
-
-def rank():
-    """This process's rank in the job."""
-    return _lib.topology()[0]
-
-
-def rank_stats():
-    """This rank's figures since init, the ones kolo run's live view and end table show (kolo
-    only): a dict with steps (the DistributedOptimizer's), step_median and step_p95 (seconds, over
-    the last 256 steps), in_collectives and up (seconds), bytes_reduced, ops_done, ops_failed, and
-    on rank 0 lateness ({rank: seconds it arrives after the median of the others}) and slowest (the
-    rank the others wait for, -1 for none)."""
-    return _lib.rank_stats()
-
-
-def local_size():
-    """Number of ranks on this host."""
-    return _lib.topology()[3]
-
-
-def local_rank():
-    """This process's index among the ranks of its host."""
-    return _lib.topology()[2]
-
-
-def cross_size():
-    """Number of hosts that run a rank with this process's local rank."""
-    return _lib.topology()[5]
-
-
-def cross_rank():
-    """This host's index among the hosts that run a rank with this local rank."""
-    return _lib.topology()[4]
-
-
-def is_homogeneous():
-    """Whether every host runs the same number of ranks."""
-    return _lib.topology()[6]
-
-
-# What this build has: no MPI, Gloo, DDL, oneCCL or ROCm code. NCCL and the CUDA runtime are not
-# linked: the library loads them at run time, at a rank's first op on a CUDA tensor (docs/pytorch.md,
-# "CUDA tensors").
-def mpi_threads_supported():
-    _lib.topology()  # raises before init, as Horovod's does
-    return False
-
-
-def mpi_enabled():
-    return False
-
-
-def mpi_built():
-    return False
-
-
-def gloo_enabled():
-    return False
-
-
-def gloo_built():
-    return False
-
-
 def nccl_built():
     """As Horovod's, the version code of the NCCL that GPU ops can use (2.21.5: 22105), 0 for none:
     that of PyTorch's NCCL, which the library loads (first) at run time, on Linux; 0 where PyTorch
@@ -191,22 +119,10 @@ def nccl_built():
     return major * 1000 + minor * 100 + patch
 
 
-def ddl_built():
-    return False
-
-
-def ccl_built():
-    return False
-
-
 def cuda_built():
     """Whether ops on CUDA tensors can run in device memory (the library loads the CUDA runtime
     and NCCL at run time): as nccl_built()."""
     return nccl_built() != 0
-
-
-def rocm_built():
-    return False
 
 
 # ----------------------------------------------------------------------------------------------
@@ -289,8 +205,6 @@ def _reduce_op(op, average, kind=None, name=None, process_set=None, group_size=N
         if kind is None or group_size == 0:
             raise
         _refuse(kind, name, process_set, e, group_size or 0)
-
-
 
 
 def _check_reduce_op(op, average):
