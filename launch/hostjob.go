@@ -122,12 +122,13 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 	defer guard.Close()
 	workerRV := map[string]string{} // by host: the rendezvous address its workers dial
 	if oneHost {
-		sock, dir, err := listenOneHost(srv)
+		// The guard learns the directory before it exists: a launcher killed at any moment
+		// of start-up leaves nothing in TMPDIR.
+		sock, dir, err := listenOneHost(srv, guard.RemoveAfterOrphans)
 		if err != nil {
 			return 1, fmt.Errorf("start rendezvous: %w", err)
 		}
 		defer os.RemoveAll(dir)
-		guard.RemoveAfterOrphans(dir)
 		for _, s := range slots {
 			workerRV[s.Host] = sock
 		}

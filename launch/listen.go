@@ -18,9 +18,10 @@ import (
 // Unix socket in a new directory only this user may enter (endpoint.Dir), where the ranks put
 // their own sockets too (world.Connect): another user's process cannot even connect, and costs
 // the job nothing, where on loopback every stranger's connection costs an accept and a handshake.
-// It returns the socket's path and the directory, which the caller removes when the job ends.
-func listenOneHost(srv *rendezvous.Server) (sock, dir string, err error) {
-	dir, err = endpoint.Dir()
+// It returns the socket's path and the directory, which the caller removes when the job ends; claim
+// is told the directory's path before it exists (endpoint.Dir).
+func listenOneHost(srv *rendezvous.Server, claim func(dir string)) (sock, dir string, err error) {
+	dir, err = endpoint.Dir(claim)
 	if err != nil {
 		return "", "", err
 	}

@@ -32,7 +32,7 @@ func main() {
 	samples := flag.Int("samples", 8192, "dataset size (all ranks together)")
 	elastic := flag.Bool("elastic", false, "survive lost ranks and added hosts under kolo run's elastic mode")
 	commit := flag.Int("commit", 10, "with -elastic: steps between commits of the weights")
-	pace := flag.Duration("pace", 0, "least time per step (slows a demo down to watch, or to kill a rank in)")
+	pace := flag.Duration("pace", 0, "time every rank waits after each step (slows a demo down to watch, or to kill a rank in)")
 	logEvery := flag.Int("log-every", 50, "with -elastic: steps between the loss lines rank 0 prints")
 	slowRank := flag.Int("slow-rank", -1, "this rank sleeps -slow in every step (shows a straggler in kolo run's live view and --metrics-addr)")
 	slow := flag.Duration("slow", 20*time.Millisecond, "with -slow-rank: the sleep")
@@ -100,7 +100,6 @@ func run(steps, batch, nf, nc, samples int, lr float32, pace time.Duration, f fa
 
 	t := newTrainer(x, y, nf, nc, batch, lr, rank, size)
 	for step := 0; step < steps; step++ {
-		began := time.Now()
 		f.exit(rank, step)
 		if rank == f.slowRank {
 			time.Sleep(f.slow)
@@ -109,9 +108,10 @@ func run(steps, batch, nf, nc, samples int, lr float32, pace time.Duration, f fa
 		if err != nil {
 			return err
 		}
-		if d := pace - time.Since(began); d > 0 {
-			time.Sleep(d)
-		}
+		// From the end of the step's collective, which every rank leaves at once: a pace kept from
+		// each rank's own start of step would keep a rank that was late once late by as much in
+		// every later step.
+		time.Sleep(pace)
 		kolo.MarkStep() // kolo run --autotune times the job by these marks
 		if rank == 0 && (step%50 == 0 || step == steps-1) {
 			fmt.Printf("step %4d  loss %.4f\n", step, loss)
@@ -234,7 +234,6 @@ func runElastic(steps, batch, nf, nc, samples int, lr float32, commit, logEvery 
 		from := st.step
 		t := newTrainer(x, y, nf, nc, batch, lr, rank, size)
 		for st.step < int64(steps) {
-			began := time.Now()
 			if kolo.ElasticRound() == 1 {
 				f.exit(rank, int(st.step))
 			}
@@ -256,7 +255,7 @@ func runElastic(steps, batch, nf, nc, samples int, lr float32, commit, logEvery 
 					return err
 				}
 			}
-			time.Sleep(pace - time.Since(began))
+			time.Sleep(pace) // after the collective, as in run
 		}
 		return nil
 	})

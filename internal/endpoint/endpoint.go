@@ -8,10 +8,14 @@ package endpoint
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -58,20 +62,32 @@ const maxName = 24
 
 // Dir makes the private directory of a one-host job's sockets, mode 0700 and so closed to every
 // other user: a new directory under os.TempDir(), or under /tmp when that path would leave no
-// room for a socket's name. Whoever makes it removes it (os.RemoveAll) when the job ends.
-func Dir() (string, error) {
+// room for a socket's name. Whoever makes it removes it (os.RemoveAll) when the job ends. claim,
+// if not nil, is told each path before the directory is made there: whoever must remove it should
+// the maker be killed (kolo run's orphan guard) then knows it before there is anything to leak.
+func Dir(claim func(dir string)) (string, error) {
 	base := os.TempDir()
 	if !filepath.IsAbs(base) || len(base)+len("/kolo-1234567890/")+maxName > maxPath || strings.ContainsAny(base, "|\n") {
 		base = "/tmp"
 	}
-	dir, err := os.MkdirTemp(base, "kolo-")
-	if err != nil {
-		return "", fmt.Errorf("make the job's socket directory: %w", err)
+	for range 100 {
+		dir := filepath.Join(base, "kolo-"+strconv.FormatUint(uint64(rand.Uint32()), 10))
+		if claim != nil {
+			claim(dir)
+		}
+		err := os.Mkdir(dir, 0o700)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("make the job's socket directory: %w", err)
+		}
+		// Mkdir's mode passes through the umask; say 0700 whatever it is.
+		if err := os.Chmod(dir, 0o700); err != nil {
+			os.Remove(dir)
+			return "", fmt.Errorf("make the job's socket directory: %w", err)
+		}
+		return dir, nil
 	}
-	// MkdirTemp makes it 0700 already; say so whatever the umask or the platform.
-	if err := os.Chmod(dir, 0o700); err != nil {
-		os.Remove(dir)
-		return "", fmt.Errorf("make the job's socket directory: %w", err)
-	}
-	return dir, nil
+	return "", fmt.Errorf("make the job's socket directory: 100 names taken in %s", base)
 }

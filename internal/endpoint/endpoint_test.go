@@ -2,7 +2,9 @@ package endpoint
 
 import (
 	"context"
+	"errors"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -98,11 +100,20 @@ func TestDir(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("TMPDIR", tc.tmpdir)
-			dir, err := Dir()
+			var claimed string
+			dir, err := Dir(func(d string) {
+				if _, err := os.Lstat(d); !errors.Is(err, fs.ErrNotExist) {
+					t.Errorf("claimed %s, which exists already (Lstat: %v): a maker killed now would leave it", d, err)
+				}
+				claimed = d
+			})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer os.RemoveAll(dir)
+			if claimed != dir {
+				t.Errorf("Dir() = %s, but the last path claimed was %q", dir, claimed)
+			}
 			want := tc.wantIn
 			if want == "" {
 				want = tc.tmpdir
