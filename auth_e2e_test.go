@@ -3,7 +3,7 @@ package kolo_test
 import (
 	"testing"
 
-	"github.com/kolo-dl/kolo/internal/e2e"
+	"github.com/kolo-dl/kolo/testbed/e2e"
 )
 
 // Strangers connecting to the running job (random bytes, a wrong secret) are turned away while the

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/internal/e2e"
-	"github.com/kolo-dl/kolo/internal/ncclstandin"
+	"github.com/kolo-dl/kolo/testbed/e2e"
+	"github.com/kolo-dl/kolo/testbed/ncclstandin"
 )
 
 // standinEnv builds the stand-in NCCL and CUDA runtime and returns the environment that points

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/internal/e2e"
+	"github.com/kolo-dl/kolo/testbed/e2e"
 )
 
 // BenchmarkElasticHostLoss measures what losing a host costs an elastic job: hosts x 2 ranks on

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/internal/e2e"
-	"github.com/kolo-dl/kolo/internal/proctest"
+	"github.com/kolo-dl/kolo/testbed/e2e"
+	"github.com/kolo-dl/kolo/testbed/proctest"
 )
 
 // stampedOutput keeps a process's output with the time each line arrived, so that a test can

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/internal/e2e"
-	"github.com/kolo-dl/kolo/internal/proctest"
+	"github.com/kolo-dl/kolo/testbed/e2e"
+	"github.com/kolo-dl/kolo/testbed/proctest"
 )
 
 // Elastic mode inside a Slurm allocation (a one-node cluster the test starts): kolo run takes

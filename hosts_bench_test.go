@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/bench"
-	"github.com/kolo-dl/kolo/internal/e2e"
+	"github.com/kolo-dl/kolo/testbed/e2e"
 )
 
 var (

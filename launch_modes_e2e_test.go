@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/internal/e2e"
-	"github.com/kolo-dl/kolo/internal/proctest"
+	"github.com/kolo-dl/kolo/testbed/e2e"
+	"github.com/kolo-dl/kolo/testbed/proctest"
 	"github.com/kolo-dl/kolo/jobenv"
 )
 

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/internal/e2e"
+	"github.com/kolo-dl/kolo/testbed/e2e"
 )
 
 // Ranks started by mpirun, with no kolo run: rank 0 hosts the rendezvous and the others find it

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/internal/e2e"
+	"github.com/kolo-dl/kolo/testbed/e2e"
 )
 
 // A job on one host listens on Unix sockets only, all in one directory that only its user may

@@ -10,11 +10,11 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kolo-dl/kolo/internal/e2e"
+	"github.com/kolo-dl/kolo/testbed/e2e"
 )
 
 // The end-to-end tests start real ranks: this test binary re-executed to run a scenario of
-// internal/e2e (scenarios_<family>.go, listed in e2e.Scenarios), or kolo run and the examples
+// testbed/e2e (scenarios_<family>.go, listed in e2e.Scenarios), or kolo run and the examples
 // built from this tree. A feature's end-to-end tests are in <feature>_e2e_test.go; the other
 // files test the package's API in this process.
 //

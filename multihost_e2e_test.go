@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kolo-dl/kolo/internal/e2e"
+	"github.com/kolo-dl/kolo/testbed/e2e"
 )
 
 // Ranks on 2-3 network-namespace "hosts": TCP between hosts, shared memory within, and the

@@ -7,11 +7,11 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kolo-dl/kolo/internal/e2e"
+	"github.com/kolo-dl/kolo/testbed/e2e"
 )
 
 // Process sets {0,1} and {1,2} across 3 processes: each runs without the rank outside it, both at
-// once, every collective within a set, errors, collective removal (internal/e2e/scenarios_processsets.go).
+// once, every collective within a set, errors, collective removal (testbed/e2e/scenarios_processsets.go).
 func TestProcessSetsAcrossProcesses(t *testing.T) {
 	t.Parallel()
 	requireSuccess(t, e2e.Launch(t, "processsets", e2e.LocalHosts(3), 3, e2e.Options{}))

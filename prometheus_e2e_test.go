@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/internal/e2e"
-	"github.com/kolo-dl/kolo/internal/proctest"
+	"github.com/kolo-dl/kolo/testbed/e2e"
+	"github.com/kolo-dl/kolo/testbed/proctest"
 )
 
 // TestPrometheusScrapesTheJob has a real Prometheus server scrape kolo run --metrics-addr while 4

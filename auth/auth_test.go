@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/internal/authtest"
+	"github.com/kolo-dl/kolo/testbed/authtest"
 	"github.com/kolo-dl/kolo/jobenv"
 )
 

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/engine/negotiate"
-	"github.com/kolo-dl/kolo/internal/proctest"
+	"github.com/kolo-dl/kolo/testbed/proctest"
 	"github.com/kolo-dl/kolo/transport"
 	"github.com/kolo-dl/kolo/transport/inmem"
 )

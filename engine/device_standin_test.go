@@ -3,7 +3,7 @@
 package engine
 
 // The device path over gpu/nccl's C layer and the stand-in libnccl/libcudart
-// (internal/ncclstandin), where the fake device cannot show what the real libraries do:
+// (testbed/ncclstandin), where the fake device cannot show what the real libraries do:
 // cudaFree waits for all the device's work.
 
 import (
@@ -19,7 +19,7 @@ import (
 
 	"github.com/kolo-dl/kolo/gpu"
 	"github.com/kolo-dl/kolo/gpu/nccl"
-	"github.com/kolo-dl/kolo/internal/ncclstandin"
+	"github.com/kolo-dl/kolo/testbed/ncclstandin"
 )
 
 var standinNCCL struct {

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/internal/proctest"
+	"github.com/kolo-dl/kolo/testbed/proctest"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/launch/layout"

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/internal/authtest"
+	"github.com/kolo-dl/kolo/testbed/authtest"
 )
 
 // A stranger's churn of failed handshakes writes a few lines, not one per connection, and the

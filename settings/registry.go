@@ -117,11 +117,11 @@ var (
 
 // Kolo's own tests and benchmark scripts.
 var (
-	E2EExpect       = &Setting{Name: "KOLO_E2E_EXPECT", Kind: Text, Who: Harness, Help: "internal/e2e: what a scenario's rank expects"}
-	E2EScenario     = &Setting{Name: "KOLO_E2E_SCENARIO", Kind: Text, Who: Harness, Help: "internal/e2e: the scenario a rank runs"}
-	E2EStopMark     = &Setting{Name: "KOLO_E2E_STOP_MARK", Kind: Text, Who: Harness, Help: "internal/e2e: where a stopped rank marks that it runs"}
-	E2EStopSeconds  = &Setting{Name: "KOLO_E2E_STOP_SECONDS", Kind: Text, Who: Harness, Help: "internal/e2e: how long a rank stops"}
-	E2ETCPStream    = &Setting{Name: "KOLO_E2E_TCPSTREAM", Kind: Text, Who: Harness, Help: "internal/e2e: the TCP stream a link-capped test measures"}
+	E2EExpect       = &Setting{Name: "KOLO_E2E_EXPECT", Kind: Text, Who: Harness, Help: "testbed/e2e: what a scenario's rank expects"}
+	E2EScenario     = &Setting{Name: "KOLO_E2E_SCENARIO", Kind: Text, Who: Harness, Help: "testbed/e2e: the scenario a rank runs"}
+	E2EStopMark     = &Setting{Name: "KOLO_E2E_STOP_MARK", Kind: Text, Who: Harness, Help: "testbed/e2e: where a stopped rank marks that it runs"}
+	E2EStopSeconds  = &Setting{Name: "KOLO_E2E_STOP_SECONDS", Kind: Text, Who: Harness, Help: "testbed/e2e: how long a rank stops"}
+	E2ETCPStream    = &Setting{Name: "KOLO_E2E_TCPSTREAM", Kind: Text, Who: Harness, Help: "testbed/e2e: the TCP stream a link-capped test measures"}
 	RequireTestbeds = &Setting{Name: "KOLO_REQUIRE_TESTBEDS", Kind: Text, Who: Harness, Help: "tests fail instead of skipping where sshd, netns or Slurm cannot be set up"}
 	BenchPython     = &Setting{Name: "KOLO_PYTHON", Kind: Text, Who: Harness, Help: "bench/: the Python with torch the comparisons run"}
 )

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/dtype"
-	"github.com/kolo-dl/kolo/internal/scripttest"
+	"github.com/kolo-dl/kolo/testbed/scripttest"
 )
 
 var rewrite = flag.Bool("rewrite", false, "rewrite testdata/*.txt with the output the code produces now")

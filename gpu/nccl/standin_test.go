@@ -3,7 +3,7 @@
 package nccl
 
 // Tests of the C layer (dl.go) through its real dlopen path, against the stand-in libnccl.so.2
-// and libcudart.so.12 (internal/ncclstandin): ranks are goroutines of this process, each on a
+// and libcudart.so.12 (testbed/ncclstandin): ranks are goroutines of this process, each on a
 // device of its own, meeting through files as separate processes would.
 
 import (
@@ -25,7 +25,7 @@ import (
 	"unsafe"
 
 	"github.com/kolo-dl/kolo/gpu"
-	"github.com/kolo-dl/kolo/internal/ncclstandin"
+	"github.com/kolo-dl/kolo/testbed/ncclstandin"
 )
 
 var standin struct {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/internal/proctest"
+	"github.com/kolo-dl/kolo/testbed/proctest"
 )
 
 // peerAt is a connection from tcpAddr(ip).

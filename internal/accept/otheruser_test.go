@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/internal/endpoint"
-	"github.com/kolo-dl/kolo/internal/proctest"
+	"github.com/kolo-dl/kolo/testbed/proctest"
 )
 
 const dialAsEnv = "KOLO_TEST_DIAL_AS_OTHER_USER"

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/internal/proctest"
+	"github.com/kolo-dl/kolo/testbed/proctest"
 )
 
 // groupLeader starts `sleep 30` leading its own process group, as LocalStarter starts a rank.

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/internal/proctest"
+	"github.com/kolo-dl/kolo/testbed/proctest"
 	"github.com/kolo-dl/kolo/launch/layout"
 )
 

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/internal/proctest"
+	"github.com/kolo-dl/kolo/testbed/proctest"
 )
 
 // The supervisor's part of every job kind: how a child ends, what it is told, and how long its

@@ -4,7 +4,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/kolo-dl/kolo/internal/authtest"
+	"github.com/kolo-dl/kolo/testbed/authtest"
 	"github.com/kolo-dl/kolo/transport/tcp"
 )
 

@@ -18,7 +18,7 @@ import (
 )
 
 // The device scenarios run ops on tensors in device memory on the device path, through the NCCL
-// and CUDA runtime the loader finds: tests put the stand-in ones (internal/ncclstandin), whose
+// and CUDA runtime the loader finds: tests put the stand-in ones (testbed/ncclstandin), whose
 // device memory is host memory, on LD_LIBRARY_PATH. Each rank uses device LocalRank.
 
 // deviceMemory is n float32 in device memory of the stand-in, read and written by the host.

@@ -23,6 +23,7 @@ import (
 // "./x/..." is x and every package under it, "net" a standard package, "..." anything.
 type rule struct {
 	Pkgs    string
+	Except  string   // a pattern of packages Pkgs matches that the rule leaves alone
 	Why     string   // the comment's words, printed when the rule is broken
 	Imports []string // none of the package's own imports matches these
 	Deps    []string // none of the packages it depends on, directly or not, matches these
@@ -111,19 +112,10 @@ var rules = []rule{
 		Uses:    pure,
 	},
 	{
-		Pkgs: "./...",
-		Why:  "Package e2e exists only for tests and must never be imported by the library.",
-		Deps: []string{"./internal/e2e"},
-	},
-	{
-		Pkgs: "./...",
-		Why:  "Package authtest is test support: production code must not import it.",
-		Deps: []string{"./internal/authtest"},
-	},
-	{
-		Pkgs: "./...",
-		Why:  "Package proctest is test support: production code must not import it.",
-		Deps: []string{"./internal/proctest"},
+		Pkgs:   "./...",
+		Except: "./testbed/...",
+		Why:    "testbed/ is test harness (scenarios, fake processes, a stand-in NCCL): only tests import it, and what ships never depends on it.",
+		Deps:   []string{"./testbed/..."},
 	},
 	{
 		Pkgs:    "./observe/flight",
@@ -266,7 +258,7 @@ func check(module string, rules []rule, pkgs map[string]*pkg) []string {
 		matched := false
 		for _, path := range slices.Sorted(maps.Keys(pkgs)) {
 			p := pkgs[path]
-			if p.Standard || p.DepOnly || !match(module, r.Pkgs, path) {
+			if p.Standard || p.DepOnly || !match(module, r.Pkgs, path) || r.Except != "" && match(module, r.Except, path) {
 				continue
 			}
 			matched = true
@@ -490,6 +482,154 @@ func TestRulesCatchViolations(t *testing.T) {
 			for i, w := range tc.want {
 				if !strings.Contains(got[i], w) {
 					t.Errorf("violation %q, want it to say %q", got[i], w)
+				}
+			}
+		})
+	}
+}
+
+// TestFoldersFormLayers checks that kolo's top-level folders (the root package is one) can be
+// stacked in layers, each importing only folders below it: no folder imports one that imports it
+// back, directly or through others. Go forbids cycles between packages but not between folders,
+// and a folder that mixed a low helper with a high harness (internal/ once held both) would make
+// the tree lie about which parts build on which.
+func TestFoldersFormLayers(t *testing.T) {
+	module, all := listPackages(t)
+	for _, c := range folderCycles(module, all) {
+		t.Error(c)
+	}
+}
+
+// folder is the top-level folder of a kolo package ("." for the root package).
+func folder(module, path string) string {
+	rest, ok := strings.CutPrefix(path, module+"/")
+	if !ok {
+		return "."
+	}
+	if i := strings.IndexByte(rest, '/'); i >= 0 {
+		return rest[:i]
+	}
+	return rest
+}
+
+// folderCycles returns, for each set of folders that import each other around a loop, the loop's
+// folders and the package imports that tie them.
+func folderCycles(module string, pkgs map[string]*pkg) []string {
+	ties := map[[2]string][]string{} // folder pair -> "pkg -> pkg" imports between them
+	edges := map[string][]string{}
+	for _, path := range slices.Sorted(maps.Keys(pkgs)) {
+		p := pkgs[path]
+		if p.Standard || p.DepOnly || !match(module, "./...", path) {
+			continue
+		}
+		from := folder(module, path)
+		for _, imp := range p.Imports {
+			if !match(module, "./...", imp) {
+				continue
+			}
+			to := folder(module, imp)
+			if to == from {
+				continue
+			}
+			k := [2]string{from, to}
+			if ties[k] == nil {
+				edges[from] = append(edges[from], to)
+			}
+			ties[k] = append(ties[k], relative(module, path)+" -> "+relative(module, imp))
+		}
+	}
+	var bad []string
+	for _, scc := range components(edges) {
+		if len(scc) < 2 {
+			continue
+		}
+		slices.Sort(scc)
+		var why []string
+		for _, a := range scc {
+			for _, b := range scc {
+				why = append(why, ties[[2]string{a, b}]...)
+			}
+		}
+		bad = append(bad, fmt.Sprintf("folders %s import each other around a loop (%s): move the package that runs back up, or split its folder",
+			strings.Join(scc, ", "), strings.Join(why, "; ")))
+	}
+	return bad
+}
+
+// components is Tarjan's strongly connected components of a graph.
+func components(edges map[string][]string) [][]string {
+	index, low, on := map[string]int{}, map[string]int{}, map[string]bool{}
+	var stack []string
+	var out [][]string
+	var visit func(v string)
+	visit = func(v string) {
+		index[v], low[v] = len(index), len(index)
+		stack = append(stack, v)
+		on[v] = true
+		for _, w := range edges[v] {
+			if _, seen := index[w]; !seen {
+				visit(w)
+				low[v] = min(low[v], low[w])
+			} else if on[w] {
+				low[v] = min(low[v], index[w])
+			}
+		}
+		if low[v] == index[v] {
+			var c []string
+			for {
+				w := stack[len(stack)-1]
+				stack = stack[:len(stack)-1]
+				on[w] = false
+				c = append(c, w)
+				if w == v {
+					break
+				}
+			}
+			out = append(out, c)
+		}
+	}
+	for _, v := range slices.Sorted(maps.Keys(edges)) {
+		if _, seen := index[v]; !seen {
+			visit(v)
+		}
+	}
+	return out
+}
+
+// A loop between folders is found and named with the imports that make it, and packages that
+// import each other's folders in one direction only pass.
+func TestFolderCyclesFound(t *testing.T) {
+	const m = "example.com/m"
+	pkgs := func(imports map[string][]string) map[string]*pkg {
+		out := map[string]*pkg{}
+		for path, imps := range imports {
+			out[m+path] = &pkg{ImportPath: m + path}
+			for _, imp := range imps {
+				out[m+path].Imports = append(out[m+path].Imports, m+imp)
+			}
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name    string
+		imports map[string][]string // "/pkg" -> "/pkg" imports
+		want    []string
+	}{
+		{"layers", map[string][]string{"": {"/engine", "/transport"}, "/engine": {"/transport/tcp"}, "/transport/tcp": {"/transport"}, "/transport": nil}, nil},
+		{"harness beside helpers", map[string][]string{
+			"/internal/e2e": {"/launch"}, "/launch": {"/internal/netif"}, "/internal/netif": nil},
+			[]string{"folders internal, launch import each other around a loop (./internal/e2e -> ./launch; ./launch -> ./internal/netif)"}},
+		{"through a third folder", map[string][]string{"/a/x": {"/b"}, "/b": {"/c"}, "/c": {"/a/y"}, "/a/y": nil},
+			[]string{"folders a, b, c import each other around a loop (./a/x -> ./b; ./b -> ./c; ./c -> ./a/y)"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := folderCycles(m, pkgs(tc.imports))
+			if len(got) != len(tc.want) {
+				t.Fatalf("loops %q, want %d like %q", got, len(tc.want), tc.want)
+			}
+			for i, w := range tc.want {
+				if !strings.Contains(got[i], w) {
+					t.Errorf("loop %q, want it to say %q", got[i], w)
 				}
 			}
 		})
