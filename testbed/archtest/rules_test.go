@@ -491,8 +491,8 @@ func TestRulesCatchViolations(t *testing.T) {
 // TestFoldersFormLayers checks that kolo's top-level folders (the root package is one) can be
 // stacked in layers, each importing only folders below it: no folder imports one that imports it
 // back, directly or through others. Go forbids cycles between packages but not between folders,
-// and a folder that held both a helper the transport imports and a harness that imports the launcher would make
-// the tree lie about which parts build on which.
+// and a folder that held both a helper the transport imports and a harness that imports the
+// launcher would make the tree lie about which parts build on which.
 func TestFoldersFormLayers(t *testing.T) {
 	module, all := listPackages(t)
 	for _, c := range folderCycles(module, all) {
