@@ -1,21 +1,25 @@
 #!/bin/bash
 # Trains Horovod's own TensorFlow 2 examples under kolo, their imports changed and nothing else:
 # examples/tensorflow2/tensorflow2_mnist.py (DistributedGradientTape in tf.function) and
-# tensorflow2_keras_mnist.py (Keras fit with kolo's DistributedOptimizer and callbacks). Horovod's
-# files are read from a checkout outside this repository and copied to a temporary folder.
+# tensorflow2_keras_mnist.py (Keras fit with kolo's DistributedOptimizer and callbacks); and
+# examples/keras/keras_mnist_advanced.py, written for TensorFlow 1, in its port to TensorFlow 2 and
+# Keras 3 (scripts/keras_mnist_advanced_tf2.patch, shown in docs/tensorflow.md). Horovod's files are
+# read from a checkout outside this repository and copied to a temporary folder.
 #
 #   make lib build
 #   scripts/horovod_examples.sh /path/to/horovod [kolo|mpirun] [EXAMPLE...]
+#   EXAMPLE_ARGS="--epochs 1" scripts/horovod_examples.sh /path/to/horovod kolo keras_mnist_advanced.py
 #
 # kolo (default): `kolo run -np 2`; mpirun: OpenMPI's `mpirun -np 2` with no kolo run (kolo's ranks
 # meet through mpirun's environment). The examples load MNIST with
 # `tf.keras.datasets.mnist.load_data(path='mnist-<rank>.npz')`, which nothing here can download: the
 # script writes that cache (HOME/.keras/datasets, HOME a temporary folder) from Debian's
 # Fashion-MNIST (dataset-fashion-mnist; same shapes and classes), and a sitecustomize on the ranks'
-# path lets Keras accept a cached file whose checksum is not MNIST's. Keras: the examples are
-# written for Keras 2 (`opt.variables()`, `compile(experimental_run_tf_function=...)`), so they run
-# with TF_USE_LEGACY_KERAS=1 over tf-keras, as on any TensorFlow from 2.16 on. KOLO_PYTHON names the
-# Python (default: the repository's .venv/tf).
+# path lets Keras accept a cached file whose checksum is not MNIST's. Keras: the tensorflow2
+# examples are written for Keras 2 (`opt.variables()`, `compile(experimental_run_tf_function=...)`),
+# so they run with TF_USE_LEGACY_KERAS=1 over tf-keras, as on any TensorFlow from 2.16 on; the
+# ported keras_mnist_advanced.py runs on Keras 3. EXAMPLE_ARGS are given to every example.
+# KOLO_PYTHON names the Python (default: the repository's .venv/tf).
 set -euo pipefail
 hvd=${1:?usage: $0 HOROVOD_CHECKOUT [kolo|mpirun] [EXAMPLE...]}
 shift
@@ -25,7 +29,8 @@ if [ $# -gt 0 ]; then
 	shift
 fi
 examples=("$@")
-[ ${#examples[@]} -gt 0 ] || examples=(tensorflow2_mnist.py tensorflow2_keras_mnist.py)
+[ ${#examples[@]} -gt 0 ] || examples=(tensorflow2_mnist.py tensorflow2_keras_mnist.py keras_mnist_advanced.py)
+read -r -a args <<<"${EXAMPLE_ARGS:-}"
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=${KOLO_PYTHON:-$root/.venv/tf/bin/python}
 data=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
@@ -51,6 +56,7 @@ x_train = idx("train-images-idx3-ubyte.gz", 16).reshape(-1, 28, 28)
 y_train = idx("train-labels-idx1-ubyte.gz", 8)
 x_test = idx("t10k-images-idx3-ubyte.gz", 16).reshape(-1, 28, 28)
 y_test = idx("t10k-labels-idx1-ubyte.gz", 8)
+np.savez(os.path.join(dst, "mnist.npz"), x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
 for rank in range(8):
     np.savez(os.path.join(dst, "mnist-%d.npz" % rank), x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
 EOF
@@ -84,21 +90,31 @@ def _patch():
 _patch()
 EOF
 for ex in "${examples[@]}"; do
-	src=$hvd/examples/tensorflow2/$ex
-	[ -f "$src" ] || { echo "$0: $src not found" >&2; exit 2; }
-	sed -E 's/^import horovod$/import kolo as horovod/;
-	        s/^import horovod\.(tensorflow|keras|torch)((\.[a-z_]+)*) as /import kolo.\1\2 as /' "$src" >"$tmp/run/$ex"
+	legacy=1
+	case $ex in
+	keras_mnist_advanced.py)
+		src=$hvd/examples/keras/$ex
+		[ -f "$src" ] || { echo "$0: $src not found" >&2; exit 2; }
+		cp "$src" "$tmp/run/$ex"
+		patch -s "$tmp/run/$ex" "$root/scripts/keras_mnist_advanced_tf2.patch"
+		legacy=0 ;;
+	*)
+		src=$hvd/examples/tensorflow2/$ex
+		[ -f "$src" ] || { echo "$0: $src not found" >&2; exit 2; }
+		sed -E 's/^import horovod$/import kolo as horovod/;
+		        s/^import horovod\.(tensorflow|keras|torch)((\.[a-z_]+)*) as /import kolo.\1\2 as /' "$src" >"$tmp/run/$ex" ;;
+	esac
 	echo "== $ex under $how: lines changed from Horovod's:"
 	diff "$src" "$tmp/run/$ex" | sed 's/^/    /' || true
-	env=(HOME="$tmp/home" TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=2 CUDA_VISIBLE_DEVICES=-1
+	env=(HOME="$tmp/home" TF_USE_LEGACY_KERAS=$legacy TF_CPP_MIN_LOG_LEVEL=2 CUDA_VISIBLE_DEVICES=-1
 	     PYTHONPATH="$root/python:$tmp/site")
 	start=$SECONDS
 	case $how in
-	kolo) (cd "$tmp/run" && env "${env[@]}" "$root/bin/kolo" run -np 2 "$py" "$ex") ;;
+	kolo) (cd "$tmp/run" && env "${env[@]}" "$root/bin/kolo" run -np 2 "$py" "$ex" "${args[@]}") ;;
 	mpirun)
 		command -v mpirun >/dev/null || { echo "$0: no mpirun (Debian: openmpi-bin)" >&2; exit 2; }
 		(cd "$tmp/run" && env "${env[@]}" mpirun -np 2 --oversubscribe --allow-run-as-root \
-			-x HOME -x TF_USE_LEGACY_KERAS -x TF_CPP_MIN_LOG_LEVEL -x CUDA_VISIBLE_DEVICES -x PYTHONPATH "$py" "$ex") ;;
+			-x HOME -x TF_USE_LEGACY_KERAS -x TF_CPP_MIN_LOG_LEVEL -x CUDA_VISIBLE_DEVICES -x PYTHONPATH "$py" "$ex" "${args[@]}") ;;
 	*) echo "$0: kolo or mpirun, not $how" >&2; exit 2 ;;
 	esac
 	echo "== $ex under $how: done in $((SECONDS - start)) s"
