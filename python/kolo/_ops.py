@@ -89,6 +89,16 @@ def check_reduce_op(op):
     return op
 
 
+def scale_factors(op, gradient_predivide_factor):
+    """(prescale, postscale) of Horovod's gradient_predivide_factor: divide by the factor before
+    the sum, multiply after (the engine's Average divides by the set's size)."""
+    if gradient_predivide_factor != 1.0:
+        if op != Average:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+        return 1.0 / gradient_predivide_factor, gradient_predivide_factor
+    return 1.0, 1.0
+
+
 def engine_dtype(arr):
     """The engine's dtype number of numpy array arr; None for a type the engine lacks."""
     return NUMPY_DTYPES.get(arr.dtype.name)

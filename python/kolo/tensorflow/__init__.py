@@ -8,6 +8,7 @@ installation serves every TensorFlow 2 it imports with. docs/tensorflow.md says 
 
 import tensorflow as tf
 
+from kolo import _ops
 from kolo._lib import HorovodInternalError, KoloForkError, KoloInternalError  # noqa: F401
 from kolo.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set  # noqa: F401
 from kolo.tensorflow.compression import Compression
@@ -49,21 +50,11 @@ def broadcast_global_variables(root_rank):
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
-def _scale_factors(op, gradient_predivide_factor):
-    """Horovod's split of an average across the scale factors: divide by the factor before the
-    sum, multiply after (the engine's Average divides by the set's size)."""
-    if gradient_predivide_factor != 1.0:
-        if op != Average:
-            raise ValueError("gradient_predivide_factor not supported with op != Average")
-        return 1.0 / gradient_predivide_factor, gradient_predivide_factor
-    return 1.0, 1.0
-
-
 def _allreduce_grads(grads, compression, sparse_as_dense, op, gradient_predivide_factor, process_set):
     """Every gradient of the list reduced across ranks (None stays None): dense ones as one
     grouped allreduce (one submission, fused by the engine), tf.IndexedSlices as allreduce does
     them, or made dense first with sparse_as_dense."""
-    pre, post = _scale_factors(op, gradient_predivide_factor)
+    pre, post = _ops.scale_factors(op, gradient_predivide_factor)
     grads = list(grads)
     if sparse_as_dense:
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]

@@ -2,24 +2,17 @@
 
 Variables go to the engine together (kolo._ops.run_many: one submission each, fused by the engine)
 and are assigned once every broadcast completed; objects are pickled and broadcast or gathered as
-bytes. Eager only, except broadcast_variables, which inside tf.function builds one broadcast op
-per variable.
+bytes (kolo._objects, framework-free). Eager only, except broadcast_variables, which inside
+tf.function builds one broadcast op per variable.
 """
-
-import io
-import pickle
 
 import numpy as np
 import tensorflow as tf
 
 from kolo import _ops
+from kolo._objects import allgather_object, broadcast_object, broadcast_object_fn  # noqa: F401
 from kolo.tensorflow import mpi_ops
 from kolo.tensorflow.mpi_ops import _host, _psid, global_process_set
-
-try:  # cloudpickle also pickles lambdas and closures; plain pickle is the fallback.
-    import cloudpickle as _pickler
-except ImportError:  # pragma: no cover - depends on the installation
-    _pickler = pickle
 
 
 def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
@@ -39,44 +32,3 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     for v, a, o in zip(variables, arrays, outs):
         v.assign(o.view(a.dtype))
     return None
-
-
-def _dumps(obj):
-    buf = io.BytesIO()
-    _pickler.dump(obj, buf)
-    return buf.getvalue()
-
-
-def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
-    """Returns root_rank's obj on every rank (pickled; obj on other ranks is ignored). The default
-    name is the same on every rank ("broadcast_object"), whatever the type of obj."""
-    name = name or "broadcast_object"
-    psid = _psid(process_set)
-    root = mpi_ops.rank() == root_rank
-    payload = _dumps(obj) if root else b""
-    sz = _ops.run(np, _ops.BROADCAST, np.array([len(payload)], dtype=np.int64), name + ".sz", root=root_rank,
-                  psid=psid)
-    buf = np.frombuffer(payload, dtype=np.uint8) if root else np.zeros(int(sz[0]), dtype=np.uint8)
-    got = _ops.run(np, _ops.BROADCAST, buf, name + ".t", root=root_rank, psid=psid)
-    return obj if root else pickle.loads(got.tobytes())
-
-
-def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
-    """A function that broadcasts its argument as broadcast_object does."""
-    def _bcast(obj):
-        return broadcast_object(obj, root_rank, name=name, process_set=process_set)
-    return _bcast
-
-
-def allgather_object(obj, session=None, name=None, process_set=global_process_set):
-    """Returns the list of every rank's obj, in rank order (pickled)."""
-    name = name or "allgather_object"
-    psid = _psid(process_set)
-    payload = _dumps(obj)
-    sizes = _ops.run(np, _ops.ALLGATHER, np.array([len(payload)], dtype=np.int64), name + ".sz", psid=psid)
-    gathered = _ops.run(np, _ops.ALLGATHER, np.frombuffer(payload, dtype=np.uint8), name + ".t", psid=psid).tobytes()
-    out, start = [], 0
-    for n in sizes.tolist():
-        out.append(pickle.loads(gathered[start:start + n]))
-        start += n
-    return out

@@ -6,6 +6,7 @@ again from its config, as Horovod builds it: Keras 3's update runs _clip_gradien
 steps that update, after Keras 3's own gradient accumulation), tf-keras's is apply_gradients.
 """
 
+from kolo import _keras
 from kolo.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set  # noqa: F401
 from kolo.tensorflow.compression import Compression
 # horovod.tensorflow.keras offers the basics beside the optimizer: hvd.init(), hvd.size(), ...
@@ -15,13 +16,6 @@ from kolo.tensorflow.mpi_ops import (  # noqa: F401
     mpi_enabled, mpi_threads_supported, nccl_built, rank, reducescatter, shutdown, size,
 )
 from kolo.tensorflow.functions import allgather_object, broadcast_object  # noqa: F401
-
-_K3_METHOD = "_backend_apply_gradients"  # present on Keras 3 optimizers only
-
-
-def _is_keras3(optimizer):
-    return hasattr(optimizer, _K3_METHOD) and hasattr(optimizer, "gradient_accumulation_steps")
-
 
 class _Keras3Reduce(object):
     """Keras 3: reduces the gradients of an update step before clipping, as Horovod reduces
@@ -54,28 +48,10 @@ def _create_distributed_optimizer(optimizer, name=None, compression=Compression.
                                   average_aggregated_gradients=False, process_set=global_process_set):
     from kolo.tensorflow.mpi_ops import Average
     op = Average if op is None else op
-    config = optimizer.get_config()
-    n = int(backward_passes_per_step)
-    scale = 1
-    if _is_keras3(optimizer):
-        mixin = _Keras3Reduce
-        if n > 1:
-            config["gradient_accumulation_steps"] = n
-            scale = 1 if average_aggregated_gradients else n
-    else:
-        mixin = _TFKerasReduce
-        if n > 1:
-            raise NotImplementedError("backward_passes_per_step > 1 with tf-keras optimizers is not supported by "
-                                      "kolo yet; Keras 3 optimizers support it")
-    attrs = {"_hvd_args": (compression, sparse_as_dense, op, gradient_predivide_factor, process_set),
-             "_hvd_scale": scale}
-    # The wrapped class's name and module: a saved model records the optimizer as the plain one,
-    # which any Keras loads (and load_model below wraps again), as with Horovod.
-    attrs["__module__"] = optimizer.__class__.__module__
-    cls = type(optimizer.__class__.__name__, (mixin, optimizer.__class__), attrs)
-    if name is not None:
-        config["name"] = name
-    return cls.from_config(config)
+    mixin = _Keras3Reduce if _keras.is_keras3(optimizer) else _TFKerasReduce
+    return _keras.distributed_optimizer(
+        optimizer, mixin, (compression, sparse_as_dense, op, gradient_predivide_factor, process_set),
+        backward_passes_per_step, average_aggregated_gradients, name)
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
@@ -95,30 +71,8 @@ def _load_model(keras, filepath, custom_optimizers, custom_objects, compression)
     from kolo.tensorflow.sync_batch_norm import SyncBatchNormalization
     objects = dict(custom_objects or {})
     objects.setdefault("SyncBatchNormalization", SyncBatchNormalization)  # kolo's own layer
-    for c in custom_optimizers or []:
-        objects.setdefault(c.__name__, c)
-    model = keras.models.load_model(filepath, custom_objects=objects)
-    opt = getattr(model, "optimizer", None)
-    if opt is None:
-        return model
-    dist = _create_distributed_optimizer(opt, compression=compression)
-    old_vars = _optimizer_variables(opt)
-    if old_vars:
-        if hasattr(dist, "build"):
-            dist.build(model.trainable_variables)
-        new_vars = _optimizer_variables(dist)
-        if len(new_vars) != len(old_vars):
-            raise ValueError("load_model: the distributed optimizer has %d variables, the loaded one %d"
-                             % (len(new_vars), len(old_vars)))
-        for a, b in zip(new_vars, old_vars):
-            a.assign(b)
-    model.optimizer = dist
-    return model
-
-
-def _optimizer_variables(optimizer):
-    v = optimizer.variables
-    return list(v() if callable(v) else v)
+    return _keras.load_model(keras, filepath, custom_optimizers, objects,
+                             lambda opt: _create_distributed_optimizer(opt, compression=compression))
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none):
