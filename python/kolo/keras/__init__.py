@@ -1,16 +1,32 @@
-"""horovod.keras on kolo, for standalone Keras 3 (``import keras``) on the TensorFlow backend:
-``import kolo.keras as hvd``. The optimizer and the ops are kolo.tensorflow.keras's; the callbacks
-are made on ``keras.callbacks.Callback``."""
+"""horovod.keras on kolo, for standalone Keras 3 (``import keras``): ``import kolo.keras as hvd``
+on the TensorFlow or the JAX backend (KERAS_BACKEND), with the same lines on either::
 
-from kolo.tensorflow.keras import *  # noqa: F401,F403
-from kolo.tensorflow.keras import DistributedOptimizer, broadcast_global_variables  # noqa: F401
-from kolo.keras import callbacks  # noqa: F401
-from kolo.tensorflow.keras import Compression as _Compression
-from kolo.tensorflow.keras import _load_model
+    hvd.init()
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()))
+    model.compile(optimizer=opt, loss=...)
+    model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 
+On TensorFlow the optimizer and the ops are kolo.tensorflow.keras's (kolo.keras._tensorflow); on
+JAX they are kolo.keras._jax's, which never imports TensorFlow. The callbacks and load_model's
+handling are the same on both (kolo._keras). Other backends (torch, numpy, openvino) raise
+ImportError: docs/keras.md says why.
+"""
 
-def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=_Compression.none):
-    """keras.models.load_model with the model's optimizer made a DistributedOptimizer (its state
-    carried over), as kolo.tensorflow.keras.load_model."""
-    import keras
-    return _load_model(keras, filepath, custom_optimizers, custom_objects, compression)
+from importlib import import_module as _import_module
+
+import keras as _keras_module
+
+_backend = _keras_module.backend.backend()
+if _backend == "tensorflow":
+    from kolo.keras._tensorflow import *  # noqa: F401,F403
+    from kolo.keras._tensorflow import DistributedOptimizer, broadcast_global_variables, load_model  # noqa: F401
+elif _backend == "jax":
+    from kolo.keras._jax import *  # noqa: F401,F403
+    from kolo.keras._jax import DistributedOptimizer, broadcast_global_variables, load_model  # noqa: F401
+else:
+    raise ImportError("kolo.keras supports Keras 3 on the tensorflow and jax backends; this Keras runs on %r "
+                      "(KERAS_BACKEND). See docs/keras.md." % _backend)
+
+# The submodule itself: "from kolo.keras import callbacks" would return the attribute that the
+# star import above brought (kolo.tensorflow.keras's callbacks, made on tf.keras).
+callbacks = _import_module("kolo.keras.callbacks")

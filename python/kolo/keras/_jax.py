@@ -1,0 +1,403 @@
+"""kolo.keras on Keras 3's JAX backend: horovod.keras's names over jax arrays, without TensorFlow.
+
+Every op is kolo._ops' on numpy arrays in host memory (ctypes into the engine library). On a
+concrete jax array it runs at once: np.asarray reads the array's host buffer, and the result
+becomes a jax array. Under tracing (inside jax.jit, where Keras compiles its train step) it is an
+ordered jax.experimental.io_callback: the compiled step calls back into Python on the host with the
+operands as numpy arrays, and the op runs there, in program order. Ordered, because a collective
+must run exactly once per execution and in the same order on every rank; pure_callback may be
+removed when its result is unused, run more than once, or moved, which leaves the other ranks
+waiting for an op that never comes. Ops are matched across ranks by name; an unnamed op is
+numbered by the engine in the order this rank submits unnamed ops of its kind (its place in the
+program, inside jit as outside).
+
+DistributedOptimizer reduces a step's gradients in the optimizer's _clip_gradients, which Keras 3
+runs inside the compiled step before the update: one callback per step, every gradient submitted
+at once (the engine fuses them), named "<optimizer name>.grad.<i>". Keras on JAX runs
+_clip_gradients on every step, also under gradient accumulation (it computes the update and
+keeps the old state on the steps that do not update); the callback gets whether the step updates
+and skips the collective when it does not.
+
+A collective that fails inside the compiled step reaches the script as jax.errors.JaxRuntimeError
+("CpuCallback error"), whose message ends with kolo's error, as a tf.errors.OpError does for
+kolo.tensorflow inside tf.function. Needs one JAX device per process (ordered callbacks run on
+one device).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+
+from kolo import _keras, _lib, _ops
+from kolo._job import (  # noqa: F401 (re-exported: the same for every binding)
+    ccl_built, cross_rank, cross_size, ddl_built, gloo_built, gloo_enabled, is_homogeneous, is_initialized,
+    local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, rank, rank_stats, rocm_built, shutdown,
+    size, start_timeline, stop_timeline,
+)
+from kolo._lib import HorovodInternalError, KoloInternalError  # noqa: F401 (re-exported)
+from kolo._objects import allgather_object, broadcast_object, broadcast_object_fn, process_set_id  # noqa: F401
+from kolo._ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
+from kolo.process_sets import (  # noqa: F401 (re-exported)
+    ProcessSet, _init_process_sets, add_process_set, global_process_set, remove_process_set,
+)
+
+
+def init(comm=None, process_sets=None):
+    """Joins the job that `kolo run` (or mpirun/srun) started this process in; idempotent.
+    comm: a list of job ranks to run on (kolo.torch's init explains it); process_sets: ProcessSet
+    objects to register at start-up."""
+    _lib.init(_lib.comm_ranks(comm))
+    if process_sets:
+        _init_process_sets(process_sets)
+
+
+def nccl_built():
+    return 0
+
+
+def cuda_built():
+    return False
+
+
+# ----------------------------------------------------------------------------------------------
+# Compression
+
+class Compressor(object):
+    """Interface for compressing and decompressing a tensor."""
+
+    @staticmethod
+    def compress(tensor):
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    """Sends tensors as they are."""
+
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+class _CastCompressor(Compressor):
+    """Casts floating-point arrays to ``wire_dtype``; leaves other dtypes alone."""
+
+    wire_dtype = None
+
+    @classmethod
+    def compress(cls, tensor):
+        if jnp.issubdtype(tensor.dtype, jnp.floating) and tensor.dtype != cls.wire_dtype:
+            return tensor.astype(cls.wire_dtype), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor if ctx is None else tensor.astype(ctx)
+
+
+class FP16Compressor(_CastCompressor):
+    """Sends floating-point arrays as IEEE float16."""
+
+    wire_dtype = jnp.float16
+
+
+class BF16Compressor(_CastCompressor):
+    """Sends floating-point arrays as bfloat16."""
+
+    wire_dtype = jnp.bfloat16
+
+
+class Compression(object):
+    """The compressors by name: ``Compression.none``, ``Compression.fp16``, ``Compression.bf16``."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor
+    bf16 = BF16Compressor
+
+
+# ----------------------------------------------------------------------------------------------
+# How an op reaches the engine
+
+def _traced(arrays):
+    return any(isinstance(a, jax.core.Tracer) for a in arrays)
+
+
+def _on_host(fn, arrays, results):
+    """fn(*numpy arrays) -> list of numpy arrays, on arrays (jax or numpy), returning jax arrays:
+    at once when every array is concrete, else as an ordered io_callback whose results have the
+    shapes and dtypes of results (jax.ShapeDtypeStruct)."""
+    if not _traced(arrays):
+        return [jnp.asarray(o) for o in fn(*[np.asarray(a) for a in arrays])]
+    return list(io_callback(fn, list(results), *arrays, ordered=True))
+
+
+def _check_op(op, average):
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if average is not None:
+        op = Average if average else Sum
+    elif op is None:
+        op = Average
+    return _ops.check_reduce_op(op)
+
+
+def _bytes_view(kind, a, name, psid):
+    """Booleans moved as bytes (broadcast, allgather); the engine has no boolean type."""
+    if a.dtype != np.bool_:
+        return a
+    if kind in (_ops.ALLREDUCE, _ops.REDUCESCATTER):
+        _ops.refuse(kind, name, psid, ValueError("Tensor type bool is not supported by reductions"))
+    return a.view(np.uint8)
+
+
+def _run1(kind, a, name, op=Sum, root=0, prescale=1.0, postscale=1.0, psid=0):
+    a = np.asarray(a)
+    res = _ops.run(np, kind, _bytes_view(kind, a, name, psid), name, op, root, prescale, postscale, None, psid)
+    return res.view(a.dtype) if a.dtype == np.bool_ else res
+
+
+def _struct(shape, dtype):
+    return jax.ShapeDtypeStruct(tuple(shape), dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# The ops
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _allreduce_with_grad(x, params):
+    return _allreduce(x, *params)
+
+
+def _allreduce_fwd(x, params):
+    return _allreduce(x, *params), None
+
+
+def _allreduce_bwd(params, _, dy):
+    name, op, prescale, postscale, psid = params
+    return (_allreduce(dy, name and name + ".grad", op, prescale, postscale, psid),)
+
+
+_allreduce_with_grad.defvjp(_allreduce_fwd, _allreduce_bwd)
+
+
+def _allreduce(x, name, op, prescale, postscale, psid):
+    def fn(a):
+        return [_run1(_ops.ALLREDUCE, a, name, op, 0, prescale, postscale, psid)]
+    return _on_host(fn, [x], [_struct(x.shape, x.dtype)])[0]
+
+
+def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set):
+    """Returns tensor (a jax or numpy array) reduced across ranks (Average by default), as a jax
+    array; inside jax.jit too. Its gradient (jax.grad) is the same allreduce of the output's
+    gradient, as Horovod's. device_dense and device_sparse are accepted for Horovod's signature."""
+    op = _check_op(op, average)
+    psid = process_set_id(process_set)
+    x, ctx = (compression or Compression.none).compress(jnp.asarray(tensor))
+    params = (name or None, op, float(prescale_factor), float(postscale_factor), psid)
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        out = _allreduce_with_grad(x, params)
+    else:
+        out = _allreduce(x, *params)
+    return (compression or Compression.none).decompress(out, ctx)
+
+
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
+                      op=None, prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set):
+    """Every tensor reduced across ranks, submitted together (the engine fuses them); inside
+    jax.jit one callback. No gradient."""
+    op = _check_op(op, average)
+    compression = compression or Compression.none
+    psid = process_set_id(process_set)
+    sent, ctxs = [], []
+    for t in tensors:
+        x, c = compression.compress(jnp.asarray(t))
+        sent.append(x)
+        ctxs.append(c)
+    names = [name and "%s.%d" % (name, i) for i in range(len(sent))]
+    outs = _grouped(sent, names, op, prescale_factor, postscale_factor, psid, None)
+    return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
+
+
+def _grouped(arrays, names, op, prescale, postscale, psid, update):
+    """The allreduces of arrays, submitted together; with update (a boolean array, traced or not),
+    only where it is true (else the arrays come back as they are), and a training step marked."""
+    if not arrays:
+        return []
+
+    def fn(*a):
+        if update is not None:
+            if not a[0]:
+                return [np.asarray(x) for x in a[1:]]
+            a = a[1:]
+        outs = _ops.run_many(np, _ops.ALLREDUCE, [np.asarray(x) for x in a], names, op, 0, prescale, postscale,
+                             psid)
+        if update is not None:
+            _lib.mark_step()  # kolo run's live view and the autotuner count steps by these marks
+        return outs
+    inputs = list(arrays) if update is None else [jnp.asarray(update)] + list(arrays)
+    return _on_host(fn, inputs, [_struct(a.shape, a.dtype) for a in arrays])
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Returns every rank's tensor concatenated along the first dimension, in rank order. Outside
+    jit the first dimensions may differ across ranks; inside jit the result's shape is fixed when
+    the step is traced, so every rank must give the same first dimension (else the op fails)."""
+    psid = process_set_id(process_set)
+    x = jnp.asarray(tensor)
+    name = name or None
+
+    def fn(a):
+        return [_run1(_ops.ALLGATHER, a, name, psid=psid)]
+    if not _traced([x]):
+        return _on_host(fn, [x], None)[0]
+    if x.ndim == 0:
+        raise ValueError("allgather needs at least one dimension")
+    want = (x.shape[0] * process_set.size(),) + tuple(x.shape[1:])
+
+    def fixed(a):
+        out = fn(a)[0]
+        if out.shape != want:
+            raise ValueError("allgather inside jax.jit: ranks gave different first dimensions (the result is "
+                             "%s, the traced step expects %s)" % (out.shape, want))
+        return [out]
+    return _on_host(fixed, [x], [_struct(want, x.dtype)])[0]
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """Returns root_rank's tensor on every rank (root_rank is a job rank, also within a process
+    set); inside jax.jit too. No gradient."""
+    psid = process_set_id(process_set)
+    x = jnp.asarray(tensor)
+    name = name or None
+
+    def fn(a):
+        return [_run1(_ops.BROADCAST, a, name, root=root_rank, psid=psid)]
+    return _on_host(fn, [x], [_struct(x.shape, x.dtype)])[0]
+
+
+def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Returns this rank's share (dimension 0; the first dim0 % size ranks get one row more) of
+    tensor reduced across ranks; inside jax.jit too. No gradient."""
+    _ops.check_reduce_op(op)
+    psid = process_set_id(process_set)
+    compression = compression or Compression.none
+    x, ctx = compression.compress(jnp.asarray(tensor))
+    if x.ndim == 0:
+        raise ValueError("reducescatter needs at least one dimension")
+    n, me = process_set.size(), process_set.rank()
+    rows = x.shape[0] // n + (1 if me is not None and me < x.shape[0] % n else 0)
+    name = name or None
+
+    def fn(a):
+        return [_run1(_ops.REDUCESCATTER, a, name, op, 0, prescale_factor, postscale_factor, psid)]
+    out = _on_host(fn, [x], [_struct((rows,) + tuple(x.shape[1:]), x.dtype)])[0]
+    return compression.decompress(out, ctx)
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Scatters tensor's first dimension to the ranks (splits rows each; equal shares without
+    splits) and returns what every rank sent this one, concatenated, as Horovod does: (output,
+    received_splits) with splits, output alone without. Outside jit only: the output's shape
+    depends on what the other ranks send."""
+    psid = process_set_id(process_set)
+    x = jnp.asarray(tensor)
+    if _traced([x]) or (splits is not None and _traced([splits])):
+        raise NotImplementedError("kolo.keras on JAX: alltoall inside jax.jit is not supported (its output's shape "
+                                  "depends on the other ranks); call it outside the compiled step")
+    a = np.asarray(x)
+    sp = None if splits is None else [int(s) for s in np.asarray(splits).reshape(-1)]
+    out, received = _ops.run(np, _ops.ALLTOALL, _bytes_view(_ops.ALLTOALL, a, name, psid), name or None,
+                             splits=sp, psid=psid)
+    out = jnp.asarray(out.view(a.dtype) if a.dtype == np.bool_ else out)
+    return (out, jnp.asarray(received)) if splits is not None else out
+
+
+def barrier(process_set=global_process_set):
+    """Returns once every rank of the set has called barrier (outside jit)."""
+    _ops.run(np, _ops.BARRIER, None, psid=process_set_id(process_set))
+
+
+def join():
+    """Says this rank has no more data: other ranks' allreduces go on with it contributing
+    nothing until every rank joined. Returns the last rank to join (outside jit)."""
+    return _ops.run(np, _ops.JOIN, None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Keras
+
+class _JaxReduce(object):
+    """Reduces a step's gradients before Keras clips and applies them, inside the compiled step.
+    With gradient accumulation (backward_passes_per_step), Keras averages the steps' gradients
+    first; _hvd_scale undoes that where Horovod sums them."""
+
+    def _clip_gradients(self, grads):
+        compression, op, prescale, postscale, process_set = self._hvd_args
+        grads = list(grads)
+        idx = [i for i, g in enumerate(grads) if g is not None]
+        sent, ctxs = [], []
+        for i in idx:
+            g = grads[i] * self._hvd_scale if self._hvd_scale != 1 else grads[i]
+            x, c = compression.compress(g)
+            sent.append(x)
+            ctxs.append(c)
+        update = None
+        if self.gradient_accumulation_steps:
+            update = (self._iterations + 1) % self.gradient_accumulation_steps == 0
+        names = ["%s.grad.%d" % (self.name, i) for i in idx]
+        reduced = _grouped(sent, names, op, prescale, postscale, process_set_id(process_set),
+                           jnp.asarray(update) if update is not None else jnp.asarray(True))
+        for i, r, c in zip(idx, reduced, ctxs):
+            grads[i] = compression.decompress(r, c)
+        return super(_JaxReduce, self)._clip_gradients(grads)
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
+                         sparse_as_dense=False, gradient_predivide_factor=1.0, op=None,
+                         backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0,
+                         groups=None, process_set=global_process_set, scale_local_gradients=True):
+    """A copy of optimizer (a Keras 3 optimizer, built from its config) whose updates use the
+    gradients reduced across ranks (Average by default), inside the compiled train step.
+    backward_passes_per_step N > 1 updates every Nth step with the sum of the N steps' gradients
+    (their mean with average_aggregated_gradients), reducing only on those steps. JAX has no sparse
+    gradients: sparse_as_dense changes nothing; num_groups and groups are accepted (every gradient
+    goes in one group)."""
+    op = Average if op is None else _ops.check_reduce_op(op)
+    prescale, postscale = _ops.scale_factors(op, gradient_predivide_factor)
+    return _keras.distributed_optimizer(
+        optimizer, _JaxReduce, (compression or Compression.none, op, prescale, postscale, process_set),
+        backward_passes_per_step, average_aggregated_gradients, name)
+
+
+def broadcast_variables(variables, root_rank, process_set=global_process_set):
+    """Assigns root_rank's values to variables (Keras variables) on every rank, outside jit."""
+    _keras.broadcast_variables(variables, root_rank, process_set)
+
+
+def broadcast_global_variables(root_rank):
+    """Horovod's TensorFlow 1 broadcast of the session's variables: Keras 3 keeps no list of
+    global variables; hvd.callbacks.BroadcastGlobalVariablesCallback or broadcast_variables does
+    the job."""
+    raise RuntimeError("hvd.broadcast_global_variables() needs TensorFlow 1's global variables, which Keras 3 "
+                       "does not have; use hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank) with fit, or "
+                       "hvd.broadcast_variables(model.variables, root_rank)")
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none):
+    """keras.models.load_model with the model's optimizer made a DistributedOptimizer, its state
+    (iterations, slots) carried over."""
+    import keras
+    return _keras.load_model(keras, filepath, custom_optimizers, custom_objects,
+                             lambda opt: DistributedOptimizer(opt, compression=compression))
