@@ -4,8 +4,8 @@
 # PyPI, as a user installs them. Its own environment, without the system's site packages: JAX
 # needs numpy 2 (Debian's PyTorch has numpy 1), and no TensorFlow is in it, so the tests also show
 # that kolo.keras on JAX never imports TensorFlow. Does nothing when the tested versions are there;
-# about 1 minute and 350 MB when not. `make test-python` runs the JAX tests with its python
-# (JAX_PYTHON).
+# about 2 minutes and 700 MB when not (jaxlib 350 MB; scipy, which jax needs, 140 MB). `make
+# test-python` runs the JAX tests with its python (JAX_PYTHON).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${KOLO_JAX_VENV:-.venv/jax}
