@@ -176,22 +176,24 @@ def run(np, kind, arr, name=None, op=Sum, root=0, prescale=1.0, postscale=1.0, s
         C.kolo_release(h)
 
 
-def run_many(np, kind, arrays, names, op=Sum, root=0, prescale=1.0, postscale=1.0, psid=0):
+def run_many(np, kind, arrays, names, op=Sum, root=0, prescale=1.0, postscale=1.0, psid=0, into=None):
     """Allreduces or broadcasts (kind) of every array (numpy, in host memory) submitted together
-    and then waited for, so that the engine can fuse them; returns the results as new arrays. names[i] is the name of
-    array i's op (None: numbered by the engine). If any fails, the rest are still waited for (the
-    engine writes into their outputs until they complete) and the first error is raised."""
+    and then waited for, so that the engine can fuse them; returns the results as new arrays, or
+    writes them into into[i] (contiguous arrays of array i's shape and dtype: views of one buffer,
+    say) and returns those. names[i] is the name of array i's op (None: numbered by the engine).
+    If any fails, the rest are still waited for (the engine writes into their outputs until they
+    complete) and the first error is raised."""
     C = _lib.C
     outs, handles = [], []
     try:
-        for a, name in zip(arrays, names):
+        for i, (a, name) in enumerate(zip(arrays, names)):
             a = np.asarray(a)
             dt = engine_dtype(a)
             if dt is None:
                 refuse(kind, name, psid, ValueError("Tensor type %s is not supported" % a.dtype.name))
             if not a.flags.c_contiguous:
                 a = np.ascontiguousarray(a)
-            out = np.empty_like(a)
+            out = np.empty_like(a) if into is None else into[i]
             block = op_block(kind, a.ctypes.data, out.ctypes.data, dt, a.shape, op, root, prescale, postscale,
                              None, psid, -1, 0, name_arg(name)[0])
             h = C.kolo_enqueue(block, len(block))
@@ -210,3 +212,49 @@ def run_many(np, kind, arrays, names, op=Sum, root=0, prescale=1.0, postscale=1.
         if err is not None:
             raise err
     return [out for _, out in outs]
+
+
+def run_group(np, kind, arrays, name, op=Sum, prescale=1.0, postscale=1.0, psid=0, into=None):
+    """Allreduces (kind ALLREDUCE; or allgathers, reducescatters) of every array as one grouped op
+    (kolo_enqueue_group, Horovod's grouped ops: one submission, released on every rank together,
+    each member's shape checked across ranks), named name (None: numbered by the engine), then
+    waited for. Allreduce writes into into[i] (contiguous arrays of array i's shape and dtype) or
+    new arrays and returns them; the other kinds' results are not returned (run does that). If
+    any member fails, the first error is raised once all completed."""
+    C = _lib.C
+    n = len(arrays)
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    dts = []
+    for a in arrays:
+        dt = engine_dtype(a)
+        if dt is None:
+            refuse(kind, name, psid, ValueError("Tensor type %s is not supported" % a.dtype.name), group_size=n)
+        dts.append(dt)
+    outs = None
+    if kind == ALLREDUCE:
+        outs = list(into) if into is not None else [np.empty_like(a) for a in arrays]
+    shapes = [d for a in arrays for d in a.shape]
+    handles = (ctypes.c_int64 * n)()
+    nm, nlen = name_arg(name)
+    rc = C.kolo_enqueue_group(
+        kind, nm, nlen, n, (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays]),
+        (ctypes.c_void_p * n)(*[o.ctypes.data for o in outs]) if outs is not None else None,
+        (ctypes.c_int * n)(*dts), (ctypes.c_int64 * max(len(shapes), 1))(*shapes),
+        (ctypes.c_int * n)(*[a.ndim for a in arrays]), op, prescale, postscale, psid, -1, -1, handles)
+    err = None
+    for h in handles:
+        if h < 0:
+            e = _lib.take_error(-h)
+        elif h == 0:
+            continue
+        elif _lib.wait(h) == _lib.FAILED:
+            e = _lib.take_error(h)
+        else:
+            C.kolo_release(h)
+            continue
+        err = err or e
+    if err is not None:
+        raise err
+    if rc != 0:
+        raise KoloInternalError("kolo: grouped op %r: %s" % (name, _lib.last_error()))
+    return outs

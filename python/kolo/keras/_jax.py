@@ -12,11 +12,12 @@ numbered by the engine in the order this rank submits unnamed ops of its kind (i
 program, inside jit as outside).
 
 DistributedOptimizer reduces a step's gradients in the optimizer's _clip_gradients, which Keras 3
-runs inside the compiled step before the update: one callback per step, every gradient submitted
-at once (the engine fuses them), named "<optimizer name>.grad.<i>". Keras on JAX runs
-_clip_gradients on every step, also under gradient accumulation (it computes the update and
-keeps the old state on the steps that do not update); the callback gets whether the step updates
-and skips the collective when it does not.
+runs inside the compiled step before the update: one callback per step, the gradients packed into
+one buffer per dtype for the crossing, reduced as one grouped op named "<optimizer name>.grads"
+whose members are the gradients (each one's shape checked across ranks). Keras on JAX runs
+_clip_gradients on every step, also under gradient accumulation (it computes the update and keeps
+the old state on the steps that do not update); the callback gets whether the step updates and
+skips the collective when it does not.
 
 A collective that fails inside the compiled step reaches the script as jax.errors.JaxRuntimeError
 ("CpuCallback error"), whose message ends with kolo's error, as a tf.errors.OpError does for
@@ -214,8 +215,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
 
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
                       op=None, prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set):
-    """Every tensor reduced across ranks, submitted together (the engine fuses them); inside
-    jax.jit one callback. No gradient."""
+    """Every tensor reduced across ranks, as one grouped op (Horovod's: released together on every
+    rank); inside jax.jit one callback. No gradient."""
     op = _check_op(op, average)
     compression = compression or Compression.none
     psid = process_set_id(process_set)
@@ -224,29 +225,59 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
         x, c = compression.compress(jnp.asarray(t))
         sent.append(x)
         ctxs.append(c)
-    names = [name and "%s.%d" % (name, i) for i in range(len(sent))]
-    outs = _grouped(sent, names, op, prescale_factor, postscale_factor, psid, None)
+    outs = _grouped(sent, name or None, op, prescale_factor, postscale_factor, psid)
     return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
 
 
-def _grouped(arrays, names, op, prescale, postscale, psid, update):
-    """The allreduces of arrays, submitted together; with update (a boolean array, traced or not),
-    only where it is true (else the arrays come back as they are), and a training step marked."""
+def _grouped(arrays, name, op, prescale, postscale, psid, update=None, step=False):
+    """The allreduces of arrays as one grouped op named name (None: numbered by the engine); with
+    update (a boolean array, traced or not), only where it is true (else the arrays come back as
+    they are); with step, a training step marked for kolo run's live view and the autotuner.
+
+    The arrays cross into Python packed, one flat buffer per dtype: io_callback's cost grows with
+    the number of its operands (docs/keras.md), a copy's only with their bytes. On the host each
+    array is a view of its buffer, a member of the group with its own shape (the engine checks
+    each member's shape across ranks), reduced into a view of one output buffer. One group rather
+    than an op per array: the engine's cost per op is what a step of many small gradients pays."""
     if not arrays:
         return []
+    by_dtype = {}
+    for i, a in enumerate(arrays):
+        by_dtype.setdefault(jnp.dtype(a.dtype), []).append(i)
+    groups = list(by_dtype.values())
+    flats = [jnp.concatenate([jnp.ravel(arrays[i]) for i in g]) if len(g) > 1 else jnp.ravel(arrays[g[0]])
+             for g in groups]
 
     def fn(*a):
         if update is not None:
             if not a[0]:
                 return [np.asarray(x) for x in a[1:]]
             a = a[1:]
-        outs = _ops.run_many(np, _ops.ALLREDUCE, [np.asarray(x) for x in a], names, op, 0, prescale, postscale,
-                             psid)
-        if update is not None:
-            _lib.mark_step()  # kolo run's live view and the autotuner count steps by these marks
+        views, into, outs = [None] * len(arrays), [None] * len(arrays), []
+        for flat, g in zip(a, groups):
+            flat = np.asarray(flat)
+            out = np.empty_like(flat)
+            outs.append(out)
+            off = 0
+            for i in g:
+                n = int(np.prod(arrays[i].shape, dtype=np.int64))
+                views[i] = flat[off:off + n].reshape(arrays[i].shape)
+                into[i] = out[off:off + n].reshape(arrays[i].shape)
+                off += n
+        _ops.run_group(np, _ops.ALLREDUCE, views, name, op, prescale, postscale, psid, into=into)
+        if step:
+            _lib.mark_step()
         return outs
-    inputs = list(arrays) if update is None else [jnp.asarray(update)] + list(arrays)
-    return _on_host(fn, inputs, [_struct(a.shape, a.dtype) for a in arrays])
+    inputs = flats if update is None else [jnp.asarray(update)] + flats
+    reduced = _on_host(fn, inputs, [_struct(f.shape, f.dtype) for f in flats])
+    out = [None] * len(arrays)
+    for flat, g in zip(reduced, groups):
+        off = 0
+        for i in g:
+            n = int(np.prod(arrays[i].shape, dtype=np.int64))
+            out[i] = flat[off:off + n].reshape(arrays[i].shape)
+            off += n
+    return out
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
@@ -356,9 +387,8 @@ class _JaxReduce(object):
         update = None
         if self.gradient_accumulation_steps:
             update = (self._iterations + 1) % self.gradient_accumulation_steps == 0
-        names = ["%s.grad.%d" % (self.name, i) for i in idx]
-        reduced = _grouped(sent, names, op, prescale, postscale, process_set_id(process_set),
-                           jnp.asarray(update) if update is not None else jnp.asarray(True))
+        reduced = _grouped(sent, "%s.grads" % self.name, op, prescale, postscale, process_set_id(process_set),
+                           update, step=True)
         for i, r, c in zip(idx, reduced, ctxs):
             grads[i] = compression.decompress(r, c)
         return super(_JaxReduce, self)._clip_gradients(grads)
