@@ -3,7 +3,9 @@
 are made on ``keras.callbacks.Callback``."""
 
 from kolo.tensorflow.keras import *  # noqa: F401,F403
-from kolo.tensorflow.keras import DistributedOptimizer, broadcast_global_variables  # noqa: F401
+from kolo.tensorflow.keras import (  # noqa: F401
+    DistributedOptimizer, PartialDistributedOptimizer, broadcast_global_variables,
+)
 from kolo.keras import callbacks  # noqa: F401
 from kolo.tensorflow.keras import Compression as _Compression
 from kolo.tensorflow.keras import _load_model
