@@ -284,4 +284,4 @@ def broadcast_global_variables(root_rank):
                        "hvd.callbacks.BroadcastGlobalVariablesCallback or hvd.broadcast_variables")
 
 
-from kolo.tensorflow.keras import callbacks  # noqa: E402,F401
+from kolo.tensorflow.keras import callbacks, elastic  # noqa: E402,F401
