@@ -80,24 +80,59 @@ def _allreduce_grads(grads, compression, sparse_as_dense, op, gradient_predivide
     return out
 
 
+class _Reduction(object):
+    """How a distributed tape or optimizer reduces its gradients: _allreduce_grads' arguments,
+    and the worker-local sources (variables or tensors) whose gradients are not reduced.
+
+    As in Horovod, a local gradient stays this rank's, divided by the process set's size where
+    scale_local_gradients, so that it weighs in the update as a gradient averaged over the set
+    would."""
+
+    def __init__(self, compression, sparse_as_dense, op, gradient_predivide_factor, process_set,
+                 scale_local_gradients=True):
+        self.args = (compression, sparse_as_dense, op, gradient_predivide_factor, process_set)
+        self.process_set = process_set
+        self.scale_local_gradients = scale_local_gradients
+        self._local = {}  # id(source) -> source, kept so that its id stays its own
+
+    def register_local(self, source):
+        self._local[id(source)] = source
+
+    def __call__(self, grads, sources):
+        """grads (one per source, None for none) reduced across ranks, but the local sources'."""
+        grads = list(grads)
+        local = [i for i, s in enumerate(sources) if id(s) in self._local]
+        if not local:
+            return _allreduce_grads(grads, *self.args)
+        out = list(grads)
+        local_set = set(local)
+        shared = [i for i in range(len(grads)) if i not in local_set]
+        for i, r in zip(shared, _allreduce_grads([grads[i] for i in shared], *self.args)):
+            out[i] = r
+        if self.scale_local_gradients:
+            n = float(self.process_set.size())
+            for i in local:
+                g = out[i]
+                if isinstance(g, tf.IndexedSlices):
+                    out[i] = tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+                elif g is not None:
+                    out[i] = g / n
+        return out
+
+
 class _DistributedGradientTape(tf.GradientTape):
     """A GradientTape whose gradient() returns gradients reduced across ranks."""
 
     def gradient(self, target, sources, output_gradients=None, unconnected_gradients=None, use_generic_names=False):
         kw = {} if unconnected_gradients is None else {"unconnected_gradients": unconnected_gradients}
         grads = super(_DistributedGradientTape, self).gradient(target, sources, output_gradients, **kw)
-        flat = tf.nest.flatten(grads)
-        src = tf.nest.flatten(sources)
-        local = self._hvd_local_vars
-        keep = [i for i, s in enumerate(src) if not (local and hasattr(s, "ref") and s.ref() in local)]
-        reduced = _allreduce_grads([flat[i] for i in keep], *self._hvd_args)
-        for i, r in zip(keep, reduced):
-            flat[i] = r
+        flat = self._hvd_reduction(tf.nest.flatten(grads), tf.nest.flatten(sources))
         return tf.nest.pack_sequence_as(grads, flat)
 
     def register_local_source(self, source):
-        """Marks source (a variable) worker-local: its gradient is not reduced."""
-        self._hvd_local_vars.add(source.ref())
+        """Marks source (a variable) worker-local: its gradient is not reduced (and is divided by
+        the set's size, unless the tape was made with scale_local_gradients=False)."""
+        self._hvd_reduction.register_local(source)
 
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
@@ -115,8 +150,8 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
-    tape._hvd_args = (compression, sparse_as_dense, op, gradient_predivide_factor, process_set)
-    tape._hvd_local_vars = set()
+    tape._hvd_reduction = _Reduction(compression, sparse_as_dense, op, gradient_predivide_factor, process_set,
+                                     scale_local_gradients)
     return tape
 
 
@@ -133,9 +168,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
         optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
         backward_passes_per_step=backward_passes_per_step, op=op,
         gradient_predivide_factor=gradient_predivide_factor,
-        average_aggregated_gradients=average_aggregated_gradients, process_set=process_set)
-
-
+        average_aggregated_gradients=average_aggregated_gradients, process_set=process_set,
+        scale_local_gradients=scale_local_gradients)
 
 
 from kolo.tensorflow import elastic  # noqa: E402,F401  (hvd.elastic.run, TensorFlowKerasState, ...)

@@ -3,11 +3,14 @@ pytest (make test-python runs it with $(TF_PYTHON), the virtual environment scri
 
     make build lib && .venv/tf/bin/python -m pytest -q python/tests/kolo_tensorflow
 
-Six jobs: tf_ops_worker.py (every op eagerly and in tf.function, gradients, process sets, the
+Ten jobs: tf_ops_worker.py (every op eagerly and in tf.function, gradients, process sets, the
 tape and the optimizer training to the same weights, shape mismatches), tf_kill_worker.py (kill -9
-of a rank inside an allreduce), tf_keras_worker.py on Keras 3 and on tf-keras (model.fit with the
-optimizer and the callbacks), and tf_elastic_worker.py (an elastic job losing a worker). Where
-TensorFlow does not import the tests skip, unless KOLO_REQUIRE_TESTBEDS=1 (CI), where they fail.
+of a rank inside an allreduce), and on Keras 3 and on tf-keras each: tf_keras_worker.py (model.fit
+with the optimizer and the callbacks), tf_keras_optimizer_worker.py (the optimizer's gradients:
+reduced once, backward_passes_per_step, local variables, KerasState and the elastic callbacks) and
+tf_keras_elastic_worker.py (an elastic model.fit losing a worker); tf_elastic_worker.py (an
+elastic training loop losing a worker). Where TensorFlow does not import the tests skip, unless
+KOLO_REQUIRE_TESTBEDS=1 (CI), where they fail.
 """
 
 import importlib.util
@@ -103,6 +106,33 @@ def test_keras_fit_with_callbacks(mode):
                    timeout=300)
     ok = re.findall(r"TF-KERAS-OK rank=(\d+) mode=(\S+)", out)
     assert rc == 0 and sorted(ok) == [("0", mode), ("1", mode)], out[-6000:]
+
+
+@pytest.mark.parametrize("mode", ["keras3", "tf-keras"])
+def test_keras_optimizer_gradients(mode):
+    """The distributed Keras optimizer at 2 ranks: gradients reduced once whether
+    _compute_gradients or apply_gradients reduces them, backward_passes_per_step (eagerly and in
+    tf.function), worker-local variables, model.fit with aggregation, KerasState and the elastic
+    callbacks (tf_keras_optimizer_worker.py)."""
+    assert os.path.exists(KOLO), "run `make build lib` first"
+    rc, out = _run([KOLO, "run", "-np", "2", sys.executable, os.path.join(HERE, "tf_keras_optimizer_worker.py"), mode],
+                   _env(), timeout=420)
+    ok = re.findall(r"TF-KERAS-OPT-OK rank=(\d+) mode=(\S+) checks=(\d+)", out)
+    assert rc == 0 and sorted((r, m) for r, m, _ in ok) == [("0", mode), ("1", mode)], out[-6000:]
+    assert all(int(n) >= 200 for _, _, n in ok), ok
+
+
+@pytest.mark.parametrize("mode", ["keras3", "tf-keras"])
+def test_elastic_keras_fit_survives_a_killed_worker(mode):
+    """hvd.elastic.run around model.fit with a KerasState and the elastic callbacks: the worker
+    started as rank 1 is SIGKILLed after batch 2 of epoch 1, the survivor restores the commit of
+    that batch, resets, and fits the remaining epochs alone (tf_keras_elastic_worker.py)."""
+    assert os.path.exists(KOLO), "run `make build lib` first"
+    rc, out = _run([KOLO, "run", "-np", "2", "--min-np", "1", "-H", "localhost:1,127.0.0.1:1", sys.executable,
+                    os.path.join(HERE, "tf_keras_elastic_worker.py"), mode], _env(), timeout=240)
+    done = re.findall(r"TF-KERAS-ELASTIC-DONE start_rank=(\d+) size=(\d+) epoch=(\d+) resets=(\d+) restored=(\S+)",
+                      out)
+    assert rc == 0 and done == [("0", "1", "3", "1", "1.2")], out[-6000:]
 
 
 def test_elastic_keras_state_survives_a_killed_worker():
