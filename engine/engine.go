@@ -1014,7 +1014,7 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 			e.resync[ps.id] = resyncPoint{r.Resync, e.joins.Load()}
 			e.namesMu.Unlock()
 		}
-		err := &OpError{Msg: r.Error, Op: firstName(r.Names), Ended: r.Ended}
+		err := &OpError{Msg: r.Error, Op: firstName(r.Names), Ended: r.Ended, Cause: r.Cause}
 		if ps.id != 0 {
 			err.Msg = fmt.Sprintf("process set %d: %s", ps.id, r.Error)
 		}
@@ -1051,7 +1051,7 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 		err = ps.exec.run(context.Background(), *r, entries)
 	case len(r.Joined) > 0:
 		// Every rank sees the same Joined: the op fails alike everywhere, and the job goes on.
-		oe := &OpError{Msg: fmt.Sprintf("%s %s: %v %v", r.Kind, quoteNames(r.Names), errJoined, r.Joined)}
+		oe := &OpError{Msg: fmt.Sprintf("%s %s: %v %v", r.Kind, quoteNames(r.Names), errJoined, r.Joined), Cause: negotiate.Mismatch}
 		for _, en := range entries {
 			if en != nil {
 				en.h.finish(oe)
@@ -1508,6 +1508,9 @@ type OpError struct {
 	Op  string // the op's name (the first of a fused group's)
 	// Ended are the ranks that ended (reached shutdown) without submitting the op: its cause.
 	Ended []int
+	// Cause says whether the ranks disagreed on the op (negotiate.Mismatch: every rank needed
+	// was there) or a rank will never submit it (negotiate.Failed).
+	Cause negotiate.Cause
 }
 
 // LastOpError is the last op error this engine handed to a caller, nil if none: a program that
@@ -1522,6 +1525,16 @@ func firstName(names []string) string {
 }
 
 func (e *OpError) Error() string { return e.Msg }
+
+// Is makes an OpError of cause negotiate.Mismatch match ErrMismatch.
+func (e *OpError) Is(target error) bool {
+	return target == ErrMismatch && e.Cause == negotiate.Mismatch
+}
+
+// ErrMismatch is matched (errors.Is) by the OpError of an op the ranks disagreed on (a dtype, a
+// shape, a root, ...), or could not run as they submitted it: every rank needed was there, and the
+// job goes on. Horovod raises a precondition error for it (tf.errors.FailedPreconditionError).
+var ErrMismatch = errors.New("the ranks disagreed on the op")
 
 // shutdownName is the barrier every rank passes on the way out.
 const shutdownName = negotiate.ShutdownName

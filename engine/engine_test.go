@@ -191,6 +191,9 @@ func TestMismatchFailsOpEverywhere(t *testing.T) {
 		if !errors.As(err, &oe) || !strings.Contains(err.Error(), `"w"`) || !strings.Contains(err.Error(), "rank 2") {
 			t.Errorf("rank %d: err = %v, want an OpError naming \"w\" and rank 2", r, err)
 		}
+		if !errors.Is(err, ErrMismatch) {
+			t.Errorf("rank %d: %v does not match ErrMismatch", r, err)
+		}
 	}
 	// The job goes on.
 	for r := 0; r < n; r++ {
@@ -286,6 +289,9 @@ func TestRefusalFailsEveryRank(t *testing.T) {
 		if !errors.As(err, &oe) || !strings.Contains(err.Error(), `allreduce "r": rank 1 refused it: shape [2] of float32 needs 8 bytes, input has 4`) {
 			t.Errorf("rank %d: %v", r, err)
 		}
+		if !errors.Is(err, ErrMismatch) {
+			t.Errorf("rank %d: %v does not match ErrMismatch (the op cannot run as submitted)", r, err)
+		}
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("the refusal took %v to fail the other ranks", d)
@@ -343,6 +349,9 @@ func TestLostRankFailsPendingOps(t *testing.T) {
 		if err == nil || !errors.Is(err, transport.ErrPeerLost) && !strings.Contains(err.Error(), "rank 2") {
 			t.Errorf("rank %d: err = %v, want rank 2 lost", r, err)
 		}
+		if errors.Is(err, ErrMismatch) {
+			t.Errorf("rank %d: a lost rank's error %v matches ErrMismatch", r, err)
+		}
 		if time.Since(start) > 5*time.Second {
 			t.Errorf("rank %d took %v", r, time.Since(start))
 		}
@@ -363,6 +372,9 @@ func TestStallShutdown(t *testing.T) {
 	err := c.engines[0].Enqueue(allreduceReq("never", 1), buf, buf).Wait(waitCtx(t))
 	if err == nil || !strings.Contains(err.Error(), "rank 1") || !strings.Contains(err.Error(), "never") {
 		t.Fatalf("err = %v, want a stall error naming rank 1", err)
+	}
+	if errors.Is(err, ErrMismatch) {
+		t.Errorf("a stalled op's error %v matches ErrMismatch", err)
 	}
 }
 
