@@ -320,22 +320,61 @@ for passes in (1, 2):
 last = int(hvd.join())
 check(0 <= last < N, "join returned %d" % last)
 
-# ---- a shape mismatch fails on every rank with HorovodInternalError, eagerly
+# ---- a shape mismatch fails on every rank with tf.errors.FailedPreconditionError, as Horovod's
+# ops raise it (not HorovodInternalError: hvd.elastic.run does not retry it), eagerly ...
 try:
     hvd.allreduce(tf.ones([2 + R]), name="mismatch")
     check(False, "a mismatched allreduce returned")
-except hvd.HorovodInternalError as e:
-    check("shape" in str(e).lower() or "mismatch" in str(e).lower(), "mismatch error says why: %s" % e)
+except tf.errors.FailedPreconditionError as e:
+    check("mismatched shapes" in str(e), "mismatch error says why: %s" % e)
+    check(not isinstance(e, hvd.HorovodInternalError), "a mismatch is a HorovodInternalError")
     print("rank %d: mismatch: %s" % (R, str(e).splitlines()[0]), flush=True)
 
-# ... and inside tf.function, where TensorFlow reports the numpy function's error as an OpError
+# ... inside tf.function, where a numpy function's exception would be an UnknownError: the
+# message names the op (the reason goes to stderr) ...
 try:
     tf.function(lambda t: hvd.allreduce(t, name="mismatch.fn"))(tf.ones([2 + R]))
     check(False, "a mismatched allreduce in tf.function returned")
-except tf.errors.OpError as e:
-    check("mismatched shapes" in str(e) and "HorovodInternalError" not in type(e).__name__,
-          "tf.function mismatch error says why: %s" % e)
-# the job goes on after a refused op
+except tf.errors.FailedPreconditionError as e:
+    check("mismatch.fn" in str(e), "tf.function mismatch error names the op: %s" % e)
+
+# ... and in a TensorFlow 1 graph; every mismatch (dtype, root) alike. The op after a failed one
+# in a graph runs only if the failed one passed (no rank runs it after a mismatch).
+for what, make in [("shape", lambda: hvd.allreduce(tf.ones([2 + R]))),
+                   ("dtype", lambda: hvd.broadcast(tf.ones([3], dtype=tf.int32 if R else tf.float32), 0)),
+                   ("root", lambda: hvd.broadcast(tf.ones([3]), R))]:
+    with tf.Graph().as_default():
+        out = make()
+        after = hvd.allreduce(tf.ones([1]), name="graph.after." + what)
+        with tf.compat.v1.Session() as sess:
+            try:
+                sess.run(after)
+                check(False, "a graph's %s mismatch returned" % what)
+            except tf.errors.FailedPreconditionError as e:
+                check("HorovodAllreduce" in str(e) or "HorovodBroadcast" in str(e),
+                      "graph %s mismatch error names the op: %s" % (what, str(e)[-600:]))
+    for mode, f in modes(make):
+        try:
+            f()
+            check(False, "a %s mismatch returned (%s)" % (what, mode))
+        except tf.errors.FailedPreconditionError:
+            check(True, "")
+
+# An op whose arguments one rank refuses fails there with InvalidArgumentError; the others' with
+# FailedPreconditionError (the ranks could not run it as submitted). Submitted again at once under
+# the same name, it runs on every rank (the refusal had not been answered yet on the refusing rank).
+for mode, f in modes(lambda t: hvd.allgather(t, name="refused.gather")):
+    for _ in range(5):
+        try:
+            f(tf.ones([2, 2]) if R else tf.complex(tf.ones([2, 2]), 0.0))
+            check(False, "a refused allgather returned (%s)" % mode)
+        except tf.errors.InvalidArgumentError as e:
+            check(R == 0, "rank %d was refused: %s" % (R, e))
+        except tf.errors.FailedPreconditionError as e:
+            check(R == 1 and ("rank 0 refused it" in str(e) or mode == "function"), "rank %d: %s" % (R, e))
+        close(f(tf.ones([2, 2])), np.ones([2 * N, 2]), "allgather of a refused op's name (%s)" % mode)
+
+# the job goes on after the failed ops
 close(hvd.allreduce(tf.constant([1.0]), op=hvd.Sum), [float(N)], "an allreduce after the mismatches")
 
 print("TF-OPS-OK rank=%d checks=%d" % (R, checks), flush=True)
