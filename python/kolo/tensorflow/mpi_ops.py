@@ -34,7 +34,7 @@ from kolo._job import (  # noqa: F401 (re-exported: the same for every binding)
 )
 from kolo._ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
 from kolo.process_sets import (  # noqa: F401 (re-exported)
-    ProcessSet, _init_process_sets, add_process_set, global_process_set, remove_process_set,
+    ProcessSet, _engine_ranks, _init_process_sets, add_process_set, global_process_set, remove_process_set,
 )
 
 
@@ -318,8 +318,11 @@ def _run1(kind, arr, name, op=Sum, root=0, prescale=1.0, postscale=1.0, splits=N
 
 
 def _psid(process_set):
+    """process_set's id; ValueError if it is not registered. Eagerly the op's call raises that
+    (the engine refuses an unknown set); in a graph it is found here, when the op is made, as
+    Horovod finds it."""
     psid = process_set.process_set_id
-    if psid is None:
+    if psid is None or (psid != 0 and not tf.executing_eagerly() and _engine_ranks(psid) is None):
         raise ValueError("process set %s is not registered (add_process_set)" % (process_set,))
     return psid
 

@@ -240,7 +240,36 @@ if R == N - 1:
     close(hvd.allreduce(tf.constant([2.0, 3.0]), op=hvd.Sum, process_set=ps), [2.0, 3.0], "allreduce in a set")
     close(tf.function(lambda t: hvd.allgather(t, process_set=ps))(tf.constant([5])), [5], "allgather in a set")
 close(hvd.allreduce(tf.constant([1.0]), op=hvd.Sum), [float(N)], "the global set after a set's op")
+# Gradients reduced in a set, called on every rank: a rank outside it, like the set of one rank,
+# keeps its own gradients and submits nothing, as Horovod's; the tape and TensorFlow 1's optimizer.
+v = tf.Variable([float(R + 1)])
+with tf.GradientTape() as tape:
+    loss = v * v
+close(hvd.DistributedGradientTape(tape, process_set=ps).gradient(loss, [v])[0], [2.0 * (R + 1)], "a set's tape")
+for name, pset, want in [("global", hvd.global_process_set, (N + 1) / 2.0), ("set", ps, R + 1.0)]:
+    with tf.Graph().as_default():
+        w = tf.compat.v1.get_variable("w", initializer=[0.0], use_resource=False)
+        opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0), process_set=pset)
+        check(isinstance(opt, tf.compat.v1.train.Optimizer), "a TF1 DistributedOptimizer is a TF1 optimizer")
+        train = opt.minimize(-w * float(R + 1))  # the gradient -(R + 1), averaged in pset
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train)
+            close(sess.run(w), [want], "tf.compat.v1.train.Optimizer in the %s process set" % name)
 check(hvd.remove_process_set(ps) and ps.process_set_id is None, "remove_process_set")
+# A set id the engine does not know: ValueError, eagerly at the call, in a graph when the op is made
+fake = hvd.ProcessSet([0])
+fake.process_set_id = 99
+for where in ("eager", "graph"):
+    try:
+        if where == "graph":
+            with tf.Graph().as_default():
+                hvd.allreduce(tf.ones([1]), process_set=fake)
+        else:
+            hvd.allreduce(tf.ones([1]), process_set=fake)
+        check(False, "an op of an unknown set id was made (%s)" % where)
+    except ValueError as e:
+        check("99" in str(e), "the unknown set's error names it (%s): %s" % (where, e))
 
 # ---- DistributedGradientTape: a manual loop, every rank its own data, same weights after
 tf.keras.utils.set_random_seed(1 + R)  # different initial weights: the broadcast must fix them
