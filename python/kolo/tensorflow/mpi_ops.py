@@ -517,14 +517,18 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
 
 
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
-    """Assigns root_rank's values to variables on every rank; returns their new values."""
+    """Assigns root_rank's values to variables on every rank; returns their new values (in a
+    graph, tensors whose evaluation runs the broadcast and the assignment, as Horovod's)."""
     out = []
     for i, v in enumerate(variables):
         nm = name and "%s.%d" % (name, i)
         if nm is None and tf.executing_eagerly():
             nm = "broadcast_.%s" % v.name
-        v.assign(broadcast(v, root_rank, name=nm, process_set=process_set))
-        out.append(v.read_value() if hasattr(v, "read_value") else tf.convert_to_tensor(v))
+        assigned = v.assign(broadcast(v, root_rank, name=nm, process_set=process_set))
+        if tf.executing_eagerly():
+            out.append(v.read_value() if hasattr(v, "read_value") else tf.convert_to_tensor(v))
+        else:
+            out.append(tf.identity(assigned))
     return out
 
 

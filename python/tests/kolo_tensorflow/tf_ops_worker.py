@@ -149,6 +149,15 @@ for root in range(N):
 v = tf.Variable(inp(R, (3,), np.float32))
 hvd.broadcast_([v], root_rank=1 % N)
 close(v, inp(1 % N, (3,), np.float32), "broadcast_ in place")
+# in a TensorFlow 1 graph, the returned tensors run the broadcast and the assignment
+for use_resource in (False, True):
+    with tf.Graph().as_default():
+        gv = tf.compat.v1.Variable(inp(R, (3,), np.float32), use_resource=use_resource)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            got, = hvd.broadcast_([gv], root_rank=1 % N)
+            close(sess.run(got), inp(1 % N, (3,), np.float32), "broadcast_ in a graph (resource %s)" % use_resource)
+            close(sess.run(gv), inp(1 % N, (3,), np.float32), "broadcast_'s variable in a graph")
 
 # ---- alltoall with splits (returned as Horovod returns them) and without
 for mode, f in modes(lambda t, s: hvd.alltoall(t, splits=s)):
@@ -307,6 +316,27 @@ reduced = hvd.DistributedGradientTape(tape).gradient(loss, model.trainable_varia
 every = hvd.allgather_object([g.numpy() for g in local])
 for i, g in enumerate(reduced):
     close(g, np.mean([e[i] for e in every], axis=0), "DistributedGradientTape gradient %d" % i, tol=1e-5)
+
+# worker-local sources (Keras 3 variables, inside tf.function too): not reduced, divided by the
+# size (scale_local_gradients, Horovod's default) or kept; PartialDistributedGradientTape's layers
+for scale in (True, False):
+    @tf.function
+    def partial_grads():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(xs) - ys) ** 2)
+        tape = hvd.DistributedGradientTape(tape, scale_local_gradients=scale)
+        tape.register_local_source(model.layers[0].kernel)
+        return tape.gradient(loss, model.trainable_variables)
+    for i, g in enumerate(partial_grads()):
+        want = local[i] / (N if scale else 1) if i == 0 else np.mean([e[i] for e in every], axis=0)
+        close(g, want, "a local source's gradient %d (scale_local_gradients=%s)" % (i, scale), tol=1e-5)
+with tf.GradientTape(persistent=True) as tape:
+    loss = tf.reduce_mean((model(xs) - ys) ** 2)
+ptape = hvd.PartialDistributedGradientTape(tape, local_layers=model.layers[1])
+loc, glob = ptape.get_local_and_global_gradients(loss, model.trainable_variables)
+check(len(loc) == 2 and len(glob) == 2, "local and global gradients: %d, %d" % (len(loc), len(glob)))
+for (v_, g), i in zip(loc, (2, 3)):
+    close(g, local[i] / N, "PartialDistributedGradientTape local gradient %d" % i, tol=1e-5)
 
 # sparse gradients (an embedding's): gathered as IndexedSlices, or reduced dense with sparse_as_dense
 emb = tf.Variable(tf.ones([2 * N, 3]))
