@@ -83,18 +83,19 @@ def test_ops_gradients_training_and_mismatch():
 
 def test_killed_rank_fails_the_other_naming_it():
     assert os.path.exists(KOLO), "run `make build lib` first"
-    result = re.compile(r"TF-KILL-RESULT rank=(\d+) op=(\S+) elapsed_ms=(\d+) err=(.*)$", re.M)
+    result = re.compile(r"TF-KILL-RESULT rank=(\d+) op=(\S+) elapsed_ms=(\d+) unknown=(\d) err=(.*)$", re.M)
     t0 = time.monotonic()
     _, out = _run([KOLO, "run", "-np", "2", sys.executable, os.path.join(HERE, "tf_kill_worker.py")],
                   _env(KOLO_PROGRESS_TIMEOUT_SECONDS=str(PROGRESS)), timeout=PROGRESS + 60,
                   stop_after=(result, 1))
     got = result.findall(out)
     assert "SIGKILL" in out and len(got) == 1, out[-4000:]
-    r, op, ms, err = got[0]
+    r, op, ms, unknown, err = got[0]
     print("rank %s: op %s failed after %s ms: %s (job %.1f s)" % (r, op, ms, err, time.monotonic() - t0))
     assert r == "0" and op != "none", out[-4000:]
     assert int(ms) < PROGRESS * 1000, "failed after %s ms, past the %d s progress deadline" % (ms, PROGRESS)
     assert "rank 1" in err, "the error does not name rank 1: %s" % err
+    assert unknown == "1", "the lost rank's error is not a tf.errors.UnknownError: %s" % err
 
 
 @pytest.mark.parametrize("mode", ["keras3", "tf-keras"])
