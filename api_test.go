@@ -130,17 +130,14 @@ func TestGroupIDsAgreeAcrossRanks(t *testing.T) {
 		for i, sh := range shapes {
 			ins[i] = Tensor{Data: make([]byte, 4*elemCount(sh)), DType: dtype.Float32, Shape: sh}
 		}
-		ps, err := s.prepareGroup(negotiate.Allreduce, "", ins, ins, Sum, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range ps {
-			names = append(names, p.req.Name)
-			if p.req.Group != ps[0].req.Group || p.req.GroupSize != len(ps) {
-				t.Fatalf("members disagree: %+v", p.req)
+		reqs := s.groupRequests(negotiate.Allreduce, "", ins, nil)
+		for _, req := range reqs {
+			names = append(names, req.Name)
+			if req.Group != reqs[0].Group || req.GroupSize != len(reqs) {
+				t.Fatalf("members disagree: %+v", req)
 			}
 		}
-		return names, ps[0].req.Group
+		return names, reqs[0].Group
 	}
 	r0, r1 := &state{names: newNamer(nil, nil)}, &state{names: newNamer(nil, nil)}
 	n0, g0 := ids(r0, []int64{2}, []int64{3})

@@ -3,13 +3,11 @@ package kolo
 import (
 	"context"
 	"fmt"
-	"math"
 	"slices"
 	"sync"
 
 	"github.com/kolo-dl/kolo/dtype"
 	"github.com/kolo-dl/kolo/engine"
-	"github.com/kolo-dl/kolo/engine/negotiate"
 	"github.com/kolo-dl/kolo/gpu"
 	"github.com/kolo-dl/kolo/gpu/nccl"
 )
@@ -93,23 +91,14 @@ func DevicePath(ctx context.Context, ordinal int, ncclPath ...string) (gpu.Decis
 // Refused with an error matching gpu.ErrUnavailable, for the caller to stage the tensor through
 // host memory as before: when the device path is not in use, for Adasum, for types NCCL lacks,
 // and for Prescale and Postscale factors (no device kernels: the caller scales with its own
-// framework's ops before and after; an Average is NCCL's Avg).
+// framework's ops before and after; an Average is NCCL's Avg). Arguments wrong on this rank fail
+// it with an ArgumentError, and the other ranks' submissions of the op with its text, as for an op
+// in host memory.
 func SubmitDevice(kind OpKind, name string, in DeviceTensor, out gpu.Ptr, op Op, root int, splits []int64, ordinal int, stream uintptr, opts ...OpOption) *Handle {
-	s, err := get()
-	if err != nil {
+	if err := deviceKind(kind); err != nil {
 		return failed(err)
 	}
-	req, _ := newRequest(kind, Tensor{DType: in.DType, Shape: in.Shape}, root, splits, opts)
-	req.Name = s.names.name(req.Set, kind, name)
-	h := &Handle{kind: kind, size: s.job.Size}
-	dop, err := s.prepareDevice(&req, in, out, op, ordinal, stream)
-	if err != nil {
-		h.early = &ArgumentError{Err: fmt.Errorf("%s %q: %w", kind, req.Name, err)}
-		return h
-	}
-	h.out = Tensor{DType: in.DType, Shape: slices.Clone(req.Shape)}
-	h.h = s.engine.EnqueueDevice(req, dop)
-	return h
+	return submit(kind, name, in.operands(out, ordinal, stream), op, root, splits, opts, false)
 }
 
 // SubmitDeviceGroup submits the members of one grouped call on tensors in GPU memory (horovod's
@@ -119,94 +108,46 @@ func SubmitDevice(kind OpKind, name string, in DeviceTensor, out gpu.Ptr, op Op,
 // place); the rest is as SubmitDevice. When the device path refuses one member, every member
 // fails with that error (matching gpu.ErrUnavailable where the caller is to stage the group).
 func SubmitDeviceGroup(kind OpKind, name string, ins []DeviceTensor, outs []gpu.Ptr, op Op, ordinal int, stream uintptr, opts ...OpOption) []*Handle {
-	hs := make([]*Handle, len(ins))
-	s, err := get()
-	if err != nil {
+	if err := deviceKind(kind); err != nil {
+		hs := make([]*Handle, len(ins))
 		for i := range hs {
 			hs[i] = failed(err)
 		}
 		return hs
 	}
-	fail := func(err error) []*Handle {
-		for i := range hs {
-			hs[i] = &Handle{kind: kind, size: s.job.Size, early: &ArgumentError{Err: err}}
-		}
-		return hs
-	}
-	if outs != nil && len(outs) != len(ins) {
-		return fail(fmt.Errorf("grouped %s: %d outputs for %d inputs", kind, len(outs), len(ins)))
-	}
-	ts := make([]Tensor, len(ins))
-	for i, in := range ins {
-		ts[i] = Tensor{DType: in.DType, Shape: in.Shape}
-	}
-	reqs := s.groupRequests(kind, name, ts, opts)
-	dops := make([]engine.DeviceOp, len(ins))
+	xs := make([]operands, len(ins))
 	for i, in := range ins {
 		out := in.Ptr
-		if outs != nil {
+		if outs != nil && i < len(outs) {
 			out = outs[i]
 		}
-		if dops[i], err = s.prepareDevice(&reqs[i], in, out, op, ordinal, stream); err != nil {
-			return fail(fmt.Errorf("grouped %s %q, tensor %d: %w", kind, reqs[i].Name, i, err))
-		}
+		xs[i] = in.operands(out, ordinal, stream)
 	}
-	for i, h := range s.engine.EnqueueDeviceGroup(reqs, dops) {
-		hs[i] = &Handle{kind: kind, size: s.job.Size, h: h, out: Tensor{DType: ins[i].DType, Shape: slices.Clone(reqs[i].Shape)}}
-	}
-	return hs
+	return submitGroup(kind, name, xs, op, opts, outputCount(kind, len(ins), outs))
 }
 
-// prepareDevice completes the named request req of a device op on in (out: an allreduce's or
-// broadcast's result) and returns the op's device side.
-func (s *state) prepareDevice(req *negotiate.Request, in DeviceTensor, out gpu.Ptr, op Op, ordinal int, stream uintptr) (engine.DeviceOp, error) {
-	kind := req.Kind
-	n, err := dtype.Bytes(in.DType, in.Shape)
-	if err == nil && (len(in.Shape) == 0) && (kind == negotiate.Allgather || kind == negotiate.Alltoall || kind == negotiate.ReduceScatter) {
-		err = fmt.Errorf("needs a tensor with at least one dimension")
+// deviceKind refuses a kind of op that has no tensor to submit in device memory.
+func deviceKind(kind OpKind) error {
+	if !hasTensor(kind) {
+		return &ArgumentError{Err: fmt.Errorf("%v has no tensor in device memory (submit it with its Async function)", kind)}
 	}
-	if err == nil && kind == negotiate.Alltoall {
-		// As Horovod: rows past the sum of the splits stay behind.
-		req.Shape = sentRows(Tensor{DType: in.DType, Shape: in.Shape, Data: make([]byte, 0)}, req.Splits).Shape
-		n, err = dtype.Bytes(in.DType, req.Shape)
-	}
-	if err == nil && (kind == negotiate.Allreduce || kind == negotiate.ReduceScatter) {
-		req.ReduceOp, req.Average, err = reduction(op)
-	}
-	if err == nil && (math.IsNaN(req.PreScale) || math.IsNaN(req.PostScale)) {
-		err = fmt.Errorf("NaN scale factor")
-	}
-	var st gpu.Stream
-	if err == nil {
-		st, err = s.engine.DeviceStream(ordinal, stream)
-	}
-	if err != nil {
-		return engine.DeviceOp{}, err
-	}
-	if req.PreScale == 1 {
-		req.PreScale = 0 // 1 and 0 both mean none; the device path takes no factor
-	}
-	if req.PostScale == 1 {
-		req.PostScale = 0
-	}
-	return engine.DeviceOp{Ordinal: ordinal, Stream: st, In: in.Ptr, Out: out, Bytes: int(n)}, nil
+	return nil
 }
 
-// reduction is op as the engine's request says it.
-func reduction(op Op) (code uint8, average bool, err error) {
-	switch op {
-	case Sum, Average:
-		return negotiate.ReduceSum, op == Average, nil
-	case Min:
-		return negotiate.ReduceMin, false, nil
-	case Max:
-		return negotiate.ReduceMax, false, nil
-	case Product:
-		return negotiate.ReduceProd, false, nil
-	case Adasum:
-		return negotiate.ReduceAdasum, false, nil
+// deviceOperands are where a device op's tensors are: addresses on device ordinal, and the
+// producer's stream.
+type deviceOperands struct {
+	in, out gpu.Ptr
+	ordinal int
+	stream  uintptr
+}
+
+// operands are the memory of an op on t whose result goes to out.
+func (t DeviceTensor) operands(out gpu.Ptr, ordinal int, stream uintptr) operands {
+	return operands{
+		in:  Tensor{DType: t.DType, Shape: t.Shape},
+		dev: &deviceOperands{in: t.Ptr, out: out, ordinal: ordinal, stream: stream},
 	}
-	return 0, false, fmt.Errorf("unsupported reduction %v", op)
 }
 
 // WaitOnStream makes the work enqueued from now on on stream (a CUDA stream handle) wait until the

@@ -56,6 +56,20 @@ func TestDeviceGroupThroughStandin(t *testing.T) {
 	}
 }
 
+// A device op whose arguments are wrong on rank 1 (an unknown reduction, a NaN scale factor, a
+// scalar to gather, a negative dimension, a negative or another device ordinal; one member of a
+// grouped call) fails at once on every rank, in separate processes through the stand-in NCCL:
+// the others with rank 1's reason, not at the stall deadline (the scenario checks each op within
+// 5 s). The job goes on after.
+func TestDeviceArgumentErrorFailsEveryRankAtOnce(t *testing.T) {
+	env, report := standinEnv(t)
+	job := e2e.Launch(t, "device-refused", e2e.LocalHosts(3), 3, e2e.Options{Env: env})
+	requireSuccess(t, job)
+	if r := ncclstandin.Reports(report); r != "" {
+		t.Errorf("the stand-in reported misuse:\n%s", r)
+	}
+}
+
 // kill -9 one rank while the others are in a device allreduce: every other rank fails within 5 s
 // naming it, its communicator aborted (the stand-in's collective would wait for the dead rank for
 // ever otherwise).

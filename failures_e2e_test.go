@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/testbed/e2e"
 	"github.com/kolo-dl/kolo/observe/report"
+	"github.com/kolo-dl/kolo/testbed/e2e"
 )
 
 func TestStallReported(t *testing.T) {

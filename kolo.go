@@ -24,7 +24,6 @@ import (
 	"github.com/kolo-dl/kolo/engine"
 	"github.com/kolo-dl/kolo/engine/negotiate"
 	"github.com/kolo-dl/kolo/jobenv"
-	"github.com/kolo-dl/kolo/reduce"
 	"github.com/kolo-dl/kolo/settings"
 	"github.com/kolo-dl/kolo/version"
 	"github.com/kolo-dl/kolo/worker"
@@ -76,6 +75,12 @@ type ArgumentError = engine.ArgumentError
 // an op of the same kind and process set submitted on this rank still holds.
 var ErrDuplicateName = engine.ErrDuplicateName
 
+// ErrMismatch is matched (errors.Is) by the error of an op the ranks disagreed on (its dtype,
+// shape, reduce op, root, ...) or could not run as they submitted it (a rank refused its
+// arguments, a rank had joined): every rank needed was there, and the job goes on. Other errors of
+// an op mean that a rank will never submit it (it ended, stalled, failed or was lost).
+var ErrMismatch = engine.ErrMismatch
+
 // OpKind is a collective, as RefuseAsync names it (its numbers are the C ABI's).
 type OpKind = negotiate.OpKind
 
@@ -107,11 +112,19 @@ func RefuseAsync(kind OpKind, name string, reason error, opts ...OpOption) *Hand
 }
 
 func refusable(kind OpKind) error {
+	if !hasTensor(kind) {
+		return &ArgumentError{Err: fmt.Errorf("%v is not a collective with arguments to refuse", kind)}
+	}
+	return nil
+}
+
+// hasTensor reports whether kind is a collective on a tensor (not a barrier or a join).
+func hasTensor(kind OpKind) bool {
 	switch kind {
 	case KindAllreduce, KindAllgather, KindBroadcast, KindAlltoall, KindReduceScatter:
-		return nil
+		return true
 	}
-	return &ArgumentError{Err: fmt.Errorf("%v is not a collective with arguments to refuse", kind)}
+	return false
 }
 
 // ErrNotInitialized is returned by every call before Init or after Shutdown.
@@ -408,17 +421,23 @@ func (t Tensor) NumElements() int64 {
 // check reports what is inconsistent in t; callers say which tensor it is (no formatting on the
 // fast path).
 func (t Tensor) check() error {
-	if !t.DType.Valid() {
-		return fmt.Errorf("invalid dtype %v", t.DType)
-	}
-	want, err := dtype.Bytes(t.DType, t.Shape)
+	want, err := t.bytes()
 	if err != nil {
-		return err // a negative dimension, or more bytes than any memory holds: never wrapped to fit
+		return err
 	}
 	if int64(len(t.Data)) != want {
 		return fmt.Errorf("shape %v of %v needs %d bytes, data has %d", t.Shape, t.DType, want, len(t.Data))
 	}
 	return nil
+}
+
+// bytes is the size of a tensor of t's dtype and shape, whatever Data holds: an invalid dtype, a
+// negative dimension, or more bytes than any memory holds is an error (never a size wrapped to fit).
+func (t Tensor) bytes() (int64, error) {
+	if !t.DType.Valid() {
+		return 0, fmt.Errorf("invalid dtype %v", t.DType)
+	}
+	return dtype.Bytes(t.DType, t.Shape)
 }
 
 // OpOption adjusts one collective.
@@ -498,37 +517,65 @@ func (h *Handle) JoinLast() int { return h.h.JoinLast() }
 
 func failed(err error) *Handle { return &Handle{early: err} }
 
+// operands are the memory an op reads and writes: tensors in host memory (in, out), or device
+// memory (dev), where in gives only the input's dtype and shape. Host and device ops take one
+// path: submit (or submitGroup) names the op, prepare checks it, and what prepare refuses reaches
+// the other ranks (refuse).
+type operands struct {
+	in, out Tensor
+	dev     *deviceOperands // nil: host memory
+}
+
 // submit submits one op; waited says that the caller waits on it at once (the blocking calls), so
 // that the engine need not arm its kick for an op nobody drives (engine.EnqueueWaited).
-func submit(kind negotiate.OpKind, name string, in, out Tensor, op Op, root int, splits []int64, opts []OpOption, waited bool) *Handle {
+func submit(kind negotiate.OpKind, name string, x operands, op Op, root int, splits []int64, opts []OpOption, waited bool) *Handle {
 	s, err := get()
 	if err != nil {
 		return failed(err)
 	}
-	req, waitsAtOnce := newRequest(kind, in, root, splits, opts)
-	waited = waited || waitsAtOnce
+	req, waitsAtOnce := newRequest(kind, x.in, root, splits, opts)
 	// Named before anything is checked: a call refused on this rank still uses up the name its
 	// peers give the same call, and its refusal reaches them under it (refuse).
 	req.Name = s.names.name(req.Set, kind, name)
-	p, err := prepare(req, in, out, op)
+	p, err := s.prepare(req, x, op)
 	if err != nil {
-		return s.refuse(p, err)
+		return s.reject(p, err)
 	}
-	return s.enqueue(p, waited)
+	return s.enqueue(p, waited || waitsAtOnce)
+}
+
+// reject fails p's op for prepare's error err: on this rank alone where the device path cannot
+// take the op (unserved), else as refused, which the other ranks hear of (refuse).
+func (s *state) reject(p prepared, err error) *Handle {
+	var u *unserved
+	if errors.As(err, &u) {
+		return &Handle{kind: p.req.Kind, size: s.job.Size, early: &ArgumentError{Err: fmt.Errorf("%s %q: %w", p.req.Kind, p.req.Name, err)}}
+	}
+	return s.refuse(p, err)
 }
 
 // refuse submits p's op as refused by this rank for err (see engine.ArgumentError): the handle
 // fails at once, and the other ranks' submissions of the op fail with err rather than wait.
 func (s *state) refuse(p prepared, err error) *Handle {
 	p.req.Error = err.Error()
-	return &Handle{h: s.engine.Enqueue(p.req, nil, nil), out: p.out, kind: p.req.Kind, size: s.job.Size}
+	return s.handle(s.engine.Enqueue(p.req, nil, nil), p)
 }
+
+// unserved is prepare's error for a device op that the device path cannot take on this rank: it
+// is not in use (the caller stages the op through host memory instead: gpu.ErrUnavailable, the
+// same decision on every rank) or could not be set up. Unlike a refused argument, it fails the op
+// on this rank alone: a staged op's turn is its host submission's.
+type unserved struct{ err error }
+
+func (u *unserved) Error() string { return u.err.Error() }
+func (u *unserved) Unwrap() error { return u.err }
 
 // prepared is an op checked and named on this rank, ready for the engine.
 type prepared struct {
 	req      negotiate.Request
 	in       []byte
-	outBytes []byte // nil when the engine allocates the result
+	outBytes []byte           // nil when the engine allocates the result
+	dev      *engine.DeviceOp // a device op's side; nil for host memory
 	out      Tensor
 }
 
@@ -546,12 +593,33 @@ func newRequest(kind negotiate.OpKind, in Tensor, root int, splits []int64, opts
 	return req, s.waited
 }
 
-// prepare checks the named request req of in and out with reduction op. On error the returned
-// prepared still holds req, for refuse.
-func prepare(req negotiate.Request, in, out Tensor, op Op) (prepared, error) {
+// prepare checks the named request req of an op on x with reduction op, and completes it: this
+// package's one check of an op's arguments, for host and device memory alike (the engine checks
+// what needs the process set, and what the device path can run). On error the returned prepared
+// still holds req, for refuse; an *unserved error is a device op the device path cannot take here.
+func (s *state) prepare(req negotiate.Request, x operands, op Op) (prepared, error) {
 	p := prepared{req: req}
 	kind := req.Kind
-	if err := in.check(); err != nil {
+	in, out := x.in, x.out
+	if x.dev != nil {
+		if x.dev.ordinal < 0 {
+			return p, fmt.Errorf("device %d is not a device ordinal", x.dev.ordinal)
+		}
+		// Before the arguments: where the device path is not in use, every rank stages the op,
+		// and its host submission refuses what is wrong with it under the same name everywhere.
+		st, err := s.engine.DeviceStream(x.dev.ordinal, x.dev.stream)
+		if err != nil {
+			return p, &unserved{err}
+		}
+		p.dev = &engine.DeviceOp{Ordinal: x.dev.ordinal, Stream: st, In: x.dev.in, Out: x.dev.out}
+	}
+	var err error
+	if p.dev != nil {
+		_, err = in.bytes() // device memory: never read here
+	} else {
+		err = in.check()
+	}
+	if err != nil {
 		return p, fmt.Errorf("input: %w", err)
 	}
 	if len(in.Shape) == 0 && (kind == negotiate.Allgather || kind == negotiate.Alltoall || kind == negotiate.ReduceScatter) {
@@ -562,24 +630,24 @@ func prepare(req negotiate.Request, in, out Tensor, op Op) (prepared, error) {
 		p.req.Shape = in.Shape
 	}
 	if kind == negotiate.Allreduce || kind == negotiate.ReduceScatter {
-		switch op {
-		case Sum, Average:
-			p.req.ReduceOp = uint8(reduce.Sum)
-		case Min:
-			p.req.ReduceOp = uint8(reduce.Min)
-		case Max:
-			p.req.ReduceOp = uint8(reduce.Max)
-		case Product:
-			p.req.ReduceOp = uint8(reduce.Prod)
-		case Adasum:
-			p.req.ReduceOp = negotiate.ReduceAdasum
-		default:
-			return p, fmt.Errorf("unsupported reduction %v", op)
+		if p.req.ReduceOp, p.req.Average, err = reduction(op); err != nil {
+			return p, err
 		}
-		p.req.Average = op == Average
 	}
 	if math.IsNaN(p.req.PreScale) || math.IsNaN(p.req.PostScale) {
 		return p, fmt.Errorf("NaN scale factor")
+	}
+	if p.dev != nil {
+		n, _ := in.bytes()
+		p.dev.Bytes = int(n)
+		if p.req.PreScale == 1 {
+			p.req.PreScale = 0 // 1 and 0 both mean none; the device path takes no factor
+		}
+		if p.req.PostScale == 1 {
+			p.req.PostScale = 0
+		}
+		p.out = Tensor{DType: in.DType, Shape: p.req.Shape}
+		return p, nil
 	}
 	if kind == negotiate.Allreduce || kind == negotiate.Broadcast {
 		if err := out.check(); err != nil {
@@ -596,19 +664,48 @@ func prepare(req negotiate.Request, in, out Tensor, op Op) (prepared, error) {
 	return p, nil
 }
 
-func (s *state) enqueue(p prepared, waited bool) *Handle {
-	enqueue := s.engine.Enqueue
-	if waited {
-		enqueue = s.engine.EnqueueWaited
+// reduction is op as the engine's request says it.
+func reduction(op Op) (code uint8, average bool, err error) {
+	switch op {
+	case Sum, Average:
+		return negotiate.ReduceSum, op == Average, nil
+	case Min:
+		return negotiate.ReduceMin, false, nil
+	case Max:
+		return negotiate.ReduceMax, false, nil
+	case Product:
+		return negotiate.ReduceProd, false, nil
+	case Adasum:
+		return negotiate.ReduceAdasum, false, nil
 	}
-	return &Handle{h: enqueue(p.req, p.in, p.outBytes), out: p.out, kind: p.req.Kind, size: s.job.Size}
+	return 0, false, fmt.Errorf("unsupported reduction %v", op)
+}
+
+func (s *state) enqueue(p prepared, waited bool) *Handle {
+	var h *engine.Handle
+	switch {
+	case p.dev != nil:
+		h = s.engine.EnqueueDevice(p.req, *p.dev)
+	case waited:
+		h = s.engine.EnqueueWaited(p.req, p.in, p.outBytes)
+	default:
+		h = s.engine.Enqueue(p.req, p.in, p.outBytes)
+	}
+	return s.handle(h, p)
+}
+
+// handle is the Handle of prepared op p, submitted as h.
+func (s *state) handle(h *engine.Handle, p prepared) *Handle {
+	return &Handle{h: h, out: p.out, kind: p.req.Kind, size: s.job.Size}
 }
 
 // submitGroup submits ops that every rank releases together, once all of them are ready
-// everywhere, and fuses only with each other (horovod's grouped ops). If one member is malformed,
-// every member is refused (see refuse): the others would wait for it forever.
-func submitGroup(kind negotiate.OpKind, name string, ins, outs []Tensor, op Op, opts []OpOption) []*Handle {
-	hs := make([]*Handle, len(ins))
+// everywhere, and fuses only with each other (horovod's grouped ops): the members xs, in host
+// memory or all in device memory. If one member is malformed, or the call as a whole is
+// (malformed: its outputs do not match its inputs), every member is refused (see refuse): the
+// others would wait for it forever.
+func submitGroup(kind negotiate.OpKind, name string, xs []operands, op Op, opts []OpOption, malformed error) []*Handle {
+	hs := make([]*Handle, len(xs))
 	s, err := get()
 	if err != nil {
 		for i := range hs {
@@ -616,45 +713,68 @@ func submitGroup(kind negotiate.OpKind, name string, ins, outs []Tensor, op Op, 
 		}
 		return hs
 	}
-	ps, err := s.prepareGroup(kind, name, ins, outs, op, opts)
-	if err != nil {
-		for i := range hs {
-			hs[i] = s.refuse(ps[i], err)
-		}
-		return hs
+	ins := make([]Tensor, len(xs))
+	for i, x := range xs {
+		ins[i] = x.in
 	}
-	reqs := make([]negotiate.Request, len(ps))
-	in, out := make([][]byte, len(ps)), make([][]byte, len(ps))
-	for i, p := range ps {
-		reqs[i], in[i], out[i] = p.req, p.in, p.outBytes
-	}
-	for i, h := range s.engine.EnqueueGroup(reqs, in, out) {
-		hs[i] = &Handle{h: h, out: ps[i].out, kind: ps[i].req.Kind, size: s.job.Size}
-	}
-	return hs
-}
-
-// prepareGroup checks the members of a grouped op, named by groupRequests. On error every member
-// is returned named, for refuse.
-func (s *state) prepareGroup(kind negotiate.OpKind, name string, ins, outs []Tensor, op Op, opts []OpOption) ([]prepared, error) {
 	reqs := s.groupRequests(kind, name, ins, opts)
-	ps := make([]prepared, len(ins))
+	ps := make([]prepared, len(xs))
 	var first error
-	if outs != nil && len(outs) != len(ins) {
-		first = fmt.Errorf("grouped %s: %d outputs for %d inputs", kind, len(outs), len(ins))
-	}
-	for i, in := range ins {
-		var out Tensor
-		if outs != nil && i < len(outs) {
-			out = outs[i]
-		}
-		p, err := prepare(reqs[i], in, out, op)
+	for i, x := range xs {
+		p, err := s.prepare(reqs[i], x, op)
 		if err != nil && first == nil {
 			first = fmt.Errorf("grouped %s, tensor %d: %w", kind, i, err)
 		}
 		ps[i] = p
 	}
-	return ps, first
+	if first == nil {
+		first = malformed // after the members': a device path not in use stages the group
+	}
+	if first != nil {
+		for i := range hs {
+			hs[i] = s.reject(ps[i], first)
+		}
+		return hs
+	}
+	var ehs []*engine.Handle
+	if len(xs) > 0 && xs[0].dev != nil {
+		dops := make([]engine.DeviceOp, len(ps))
+		for i, p := range ps {
+			reqs[i], dops[i] = p.req, *p.dev
+		}
+		ehs = s.engine.EnqueueDeviceGroup(reqs, dops)
+	} else {
+		in, out := make([][]byte, len(ps)), make([][]byte, len(ps))
+		for i, p := range ps {
+			reqs[i], in[i], out[i] = p.req, p.in, p.outBytes
+		}
+		ehs = s.engine.EnqueueGroup(reqs, in, out)
+	}
+	for i, h := range ehs {
+		hs[i] = s.handle(h, ps[i])
+	}
+	return hs
+}
+
+// outputCount is the error of a grouped call that passes outputs, but not one per input.
+func outputCount[T any](kind negotiate.OpKind, ins int, outs []T) error {
+	if outs != nil && len(outs) != ins {
+		return fmt.Errorf("grouped %s: %d outputs for %d inputs", kind, len(outs), ins)
+	}
+	return nil
+}
+
+// hostGroup is a grouped call's members in host memory: ins[i] into outs[i] (none when outs is
+// nil: the engine allocates the results).
+func hostGroup(kind negotiate.OpKind, ins, outs []Tensor) ([]operands, error) {
+	xs := make([]operands, len(ins))
+	for i, in := range ins {
+		xs[i].in = in
+		if i < len(outs) {
+			xs[i].out = outs[i]
+		}
+	}
+	return xs, outputCount(kind, len(ins), outs)
 }
 
 // groupRequests are the requests of a grouped op's members (ins, or len(ins) members refused
@@ -735,38 +855,41 @@ func AllreduceGroupAsync(name string, ins, outs []Tensor, op Op, opts ...OpOptio
 	if outs == nil {
 		outs = ins
 	}
-	return submitGroup(negotiate.Allreduce, name, ins, outs, op, opts)
+	xs, err := hostGroup(negotiate.Allreduce, ins, outs)
+	return submitGroup(negotiate.Allreduce, name, xs, op, opts, err)
 }
 
 // AllgatherGroupAsync gathers every tensor of ts as one group (horovod's grouped_allgather).
 func AllgatherGroupAsync(name string, ts []Tensor, opts ...OpOption) []*Handle {
-	return submitGroup(negotiate.Allgather, name, ts, nil, Sum, opts)
+	xs, _ := hostGroup(negotiate.Allgather, ts, nil)
+	return submitGroup(negotiate.Allgather, name, xs, Sum, opts, nil)
 }
 
 // ReduceScatterGroupAsync reduce-scatters every tensor of ts as one group (horovod's
 // grouped_reducescatter).
 func ReduceScatterGroupAsync(name string, ts []Tensor, op Op, opts ...OpOption) []*Handle {
-	return submitGroup(negotiate.ReduceScatter, name, ts, nil, op, opts)
+	xs, _ := hostGroup(negotiate.ReduceScatter, ts, nil)
+	return submitGroup(negotiate.ReduceScatter, name, xs, op, opts, nil)
 }
 
 // AllreduceAsync reduces in across ranks into out (which may be in itself).
 func AllreduceAsync(name string, in, out Tensor, op Op, opts ...OpOption) *Handle {
-	return submit(negotiate.Allreduce, name, in, out, op, 0, nil, opts, false)
+	return submit(negotiate.Allreduce, name, operands{in: in, out: out}, op, 0, nil, opts, false)
 }
 
 // Allreduce reduces t in place across ranks.
 func Allreduce(ctx context.Context, name string, t Tensor, op Op, opts ...OpOption) error {
-	return submit(negotiate.Allreduce, name, t, t, op, 0, nil, opts, true).Wait(ctx)
+	return submit(negotiate.Allreduce, name, operands{in: t, out: t}, op, 0, nil, opts, true).Wait(ctx)
 }
 
 // AllgatherAsync concatenates every rank's t along dim 0 (dim 0 may differ per rank).
 func AllgatherAsync(name string, t Tensor, opts ...OpOption) *Handle {
-	return submit(negotiate.Allgather, name, t, Tensor{}, Sum, 0, nil, opts, false)
+	return submit(negotiate.Allgather, name, operands{in: t}, Sum, 0, nil, opts, false)
 }
 
 // Allgather is the blocking AllgatherAsync.
 func Allgather(ctx context.Context, name string, t Tensor, opts ...OpOption) (Tensor, error) {
-	h := submit(negotiate.Allgather, name, t, Tensor{}, Sum, 0, nil, opts, true)
+	h := submit(negotiate.Allgather, name, operands{in: t}, Sum, 0, nil, opts, true)
 	if err := h.Wait(ctx); err != nil {
 		return Tensor{}, err
 	}
@@ -775,12 +898,12 @@ func Allgather(ctx context.Context, name string, t Tensor, opts ...OpOption) (Te
 
 // BroadcastAsync copies root's t into t on every rank (root is a job rank, also in a process set).
 func BroadcastAsync(name string, t Tensor, root int, opts ...OpOption) *Handle {
-	return submit(negotiate.Broadcast, name, t, t, Sum, root, nil, opts, false)
+	return submit(negotiate.Broadcast, name, operands{in: t, out: t}, Sum, root, nil, opts, false)
 }
 
 // Broadcast is the blocking BroadcastAsync.
 func Broadcast(ctx context.Context, name string, t Tensor, root int, opts ...OpOption) error {
-	return submit(negotiate.Broadcast, name, t, t, Sum, root, nil, opts, true).Wait(ctx)
+	return submit(negotiate.Broadcast, name, operands{in: t, out: t}, Sum, root, nil, opts, true).Wait(ctx)
 }
 
 // AlltoallAsync sends splits[r] rows (dim 0) of t to rank r, in rank order, and receives the rows
@@ -788,12 +911,12 @@ func Broadcast(ctx context.Context, name string, t Tensor, root int, opts ...OpO
 // to less than dim 0 (the rows past their sum are not sent), as in Horovod, never to more. In a
 // process set, splits and the rows received are per member, in rank order.
 func AlltoallAsync(name string, t Tensor, splits []int64, opts ...OpOption) *Handle {
-	return submit(negotiate.Alltoall, name, t, Tensor{}, Sum, 0, splits, opts, false)
+	return submit(negotiate.Alltoall, name, operands{in: t}, Sum, 0, splits, opts, false)
 }
 
 // Alltoall is the blocking AlltoallAsync; it returns the received tensor and rows per source rank.
 func Alltoall(ctx context.Context, name string, t Tensor, splits []int64, opts ...OpOption) (Tensor, []int64, error) {
-	h := submit(negotiate.Alltoall, name, t, Tensor{}, Sum, 0, splits, opts, true)
+	h := submit(negotiate.Alltoall, name, operands{in: t}, Sum, 0, splits, opts, true)
 	if err := h.Wait(ctx); err != nil {
 		return Tensor{}, nil, err
 	}
@@ -803,12 +926,12 @@ func Alltoall(ctx context.Context, name string, t Tensor, splits []int64, opts .
 // ReduceScatterAsync reduces t across ranks and leaves rank r with its share of dim 0 (ranks
 // below dim0 % Size get one extra row, as Horovod splits).
 func ReduceScatterAsync(name string, t Tensor, op Op, opts ...OpOption) *Handle {
-	return submit(negotiate.ReduceScatter, name, t, Tensor{}, op, 0, nil, opts, false)
+	return submit(negotiate.ReduceScatter, name, operands{in: t}, op, 0, nil, opts, false)
 }
 
 // ReduceScatter is the blocking ReduceScatterAsync.
 func ReduceScatter(ctx context.Context, name string, t Tensor, op Op, opts ...OpOption) (Tensor, error) {
-	h := submit(negotiate.ReduceScatter, name, t, Tensor{}, op, 0, nil, opts, true)
+	h := submit(negotiate.ReduceScatter, name, operands{in: t}, op, 0, nil, opts, true)
 	if err := h.Wait(ctx); err != nil {
 		return Tensor{}, err
 	}
@@ -819,7 +942,7 @@ func ReduceScatter(ctx context.Context, name string, t Tensor, op Op, opts ...Op
 func BarrierAsync(opts ...OpOption) *Handle { return barrier(opts, false) }
 
 func barrier(opts []OpOption, waited bool) *Handle {
-	return submit(negotiate.Barrier, "", Tensor{DType: dtype.Uint8, Shape: []int64{0}}, Tensor{}, Sum, 0, nil, opts, waited)
+	return submit(negotiate.Barrier, "", operands{in: Tensor{DType: dtype.Uint8, Shape: []int64{0}}}, Sum, 0, nil, opts, waited)
 }
 
 // Barrier blocks until every rank (of the process set, with InProcessSet) has called Barrier.
@@ -828,7 +951,7 @@ func Barrier(ctx context.Context, opts ...OpOption) error { return barrier(opts,
 // JoinAsync says this rank has no more data: other ranks' allreduces go on with this rank
 // contributing zeros, until every rank has joined. JoinLast then gives the last rank to join.
 func JoinAsync() *Handle {
-	return submit(negotiate.Join, "", Tensor{DType: dtype.Uint8, Shape: []int64{0}}, Tensor{}, Sum, 0, nil, nil, false)
+	return submit(negotiate.Join, "", operands{in: Tensor{DType: dtype.Uint8, Shape: []int64{0}}}, Sum, 0, nil, nil, false)
 }
 
 // Join is the blocking JoinAsync; it returns the last rank to join.

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/testbed/e2e"
 	"github.com/kolo-dl/kolo/testbed/proctest"
-	"github.com/kolo-dl/kolo/jobenv"
 )
 
 // buildKolo is the kolo command built from this tree, once for the test binary.

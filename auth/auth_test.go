@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/testbed/authtest"
 	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/testbed/authtest"
 )
 
 func pair(t *testing.T, dialSecret, listenSecret []byte) (dialErr, listenErr error) {

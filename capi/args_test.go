@@ -266,8 +266,9 @@ func TestEnqueueGroupRefusesBadArguments(t *testing.T) {
 			t.Errorf("valid arguments refused: %v", o.err)
 		}
 	}
-	// On the device path (a stream given): the device is a GPU's, the stream -1 or a handle, and
-	// the addresses are never read (an empty CUDA tensor's is 0), but the shapes are checked.
+	// On the device path (a stream given): the stream is -1 or a handle, and the addresses are
+	// never read (an empty CUDA tensor's is 0). What the device ordinal and the shapes mean is
+	// kolo's to check, as for kolo_enqueue_device (TestDeviceArgumentsAreKolos).
 	onDevice := func() groupArgs {
 		a := valid()
 		a.device, a.stream = 0, 0
@@ -278,7 +279,6 @@ func TestEnqueueGroupRefusesBadArguments(t *testing.T) {
 		spoil func(*groupArgs)
 		want  string
 	}{
-		{"no device", func(a *groupArgs) { a.device = -1 }, "argument device = -1: negative"},
 		{"stream below -1", func(a *groupArgs) { a.stream = -2 }, "argument stream = -2"},
 		{"kind that cannot be grouped", func(a *groupArgs) { a.kind = kindAlltoall }, "argument kind = 4: cannot be grouped"},
 		{"unknown op", func(a *groupArgs) { a.op = 9 }, "argument reduceOp = 9"},
@@ -286,7 +286,6 @@ func TestEnqueueGroupRefusesBadArguments(t *testing.T) {
 		{"null outs for allreduce", func(a *groupArgs) { a.outs = nil }, "argument outs = NULL"},
 		{"unknown dtype", func(a *groupArgs) { a.dtypes = unsafe.Pointer(&badDtypes[0]) }, "argument dtypes[1] = 99"},
 		{"negative ndim", func(a *groupArgs) { a.ndims = unsafe.Pointer(&badNdims[0]) }, "argument ndims[1] = -1"},
-		{"negative dimension", func(a *groupArgs) { a.shapes = unsafe.Pointer(&badShapes[0]) }, "tensor 1: argument shapes[2] = -6"},
 	} {
 		t.Run("device "+tc.name, func(t *testing.T) {
 			a := onDevice()
@@ -299,12 +298,23 @@ func TestEnqueueGroupRefusesBadArguments(t *testing.T) {
 			}
 		})
 	}
-	a := onDevice()
-	a.ins = unsafe.Pointer(&withNil[0]) // device addresses: 0 is an empty tensor's
-	a.outs = unsafe.Pointer(&withNil[0])
-	for i, o := range enqueueGroup(a) {
-		if o.err != nil {
-			t.Errorf("device group: member %d refused: %v", i, o.err)
+	for _, tc := range []struct {
+		name  string
+		spoil func(*groupArgs)
+	}{
+		{"null addresses", func(a *groupArgs) {
+			a.ins = unsafe.Pointer(&withNil[0]) // device addresses: 0 is an empty tensor's
+			a.outs = unsafe.Pointer(&withNil[0])
+		}},
+		{"no device", func(a *groupArgs) { a.device = -1 }},
+		{"negative dimension", func(a *groupArgs) { a.shapes = unsafe.Pointer(&badShapes[0]) }},
+	} {
+		a := onDevice()
+		tc.spoil(&a)
+		for i, o := range enqueueGroup(a) {
+			if o.err != nil {
+				t.Errorf("device group, %s: member %d refused here, not by kolo: %v", tc.name, i, o.err)
+			}
 		}
 	}
 }

@@ -13,8 +13,6 @@ import (
 	"unsafe"
 
 	"github.com/kolo-dl/kolo"
-	"github.com/kolo-dl/kolo/dtype"
-	"github.com/kolo-dl/kolo/gpu"
 )
 
 // The GPU data path's C ABI. The binding calls, per rank:
@@ -97,7 +95,8 @@ func kolo_device_why(buf *C.char, capacity C.int) C.int {
 }
 
 // kolo_enqueue_device submits an op on device memory (see the list above) and returns its handle,
-// negative when it failed at once (release it either way). The block's waitUS is ignored.
+// negative when it failed at once (release it either way). The block's waitUS is ignored. It
+// takes kolo_enqueue's path (enqueue), its tensors' addresses never read here.
 //
 //export kolo_enqueue_device
 func kolo_enqueue_device(rec unsafe.Pointer, size C.int, stream C.int64_t) C.int64_t {
@@ -105,55 +104,8 @@ func kolo_enqueue_device(rec unsafe.Pointer, size C.int, stream C.int64_t) C.int
 	if err != nil {
 		return issued(&op{err: fmt.Errorf("kolo_enqueue_device: %w", err)})
 	}
-	return issued(enqueueDevice(a, uintptr(stream)))
-}
-
-func enqueueDevice(a enqueueArgs, stream uintptr) *op {
-	name, err := cString("name", "nameLen", a.name, a.nameLen)
-	if err != nil {
-		return &op{err: fmt.Errorf("kolo_enqueue_device: %w", err)}
-	}
-	fail := func(err error) *op { return &op{err: fmt.Errorf("kolo_enqueue_device %q: %w", name, err)} }
-	if err := cKind("kind", a.kind); err != nil {
-		return fail(err)
-	}
-	if a.kind == kindBarrier || a.kind == kindJoin {
-		return fail(&argError{"kind", whole, a.kind, "barrier and join have no tensor: use kolo_enqueue"})
-	}
-	if err := notNegative("device", a.device); err != nil {
-		return fail(err)
-	}
-	reduceOp, err := cReduceOp("reduceOp", a.op)
-	if err != nil {
-		return fail(err)
-	}
-	opts, err := options(a.prescale, a.postscale, a.processSet, -1)
-	if err != nil {
-		return fail(err)
-	}
-	dt, err := cDType("dt", whole, a.dtype)
-	if err != nil {
-		return fail(err)
-	}
-	shape, err := cInt64s("shape", "ndim", a.shape, a.ndim)
-	if err != nil {
-		return fail(err)
-	}
-	if _, err := dtype.Bytes(dt, shape); err != nil {
-		return fail(&argError{"shape", whole, fmt.Sprint(shape), err.Error()})
-	}
-	var splits []int64
-	if a.kind == kindAlltoall && a.splits != nil {
-		if splits, err = cInt64s("splits", "nsplits", a.splits, a.nsplits); err != nil {
-			return fail(err)
-		}
-		if splits == nil {
-			splits = []int64{}
-		}
-	}
-	in := kolo.DeviceTensor{Ptr: gpu.Ptr(uintptr(a.in)), DType: dt, Shape: shape}
-	out := gpu.Ptr(uintptr(a.out)) // a broadcast reads in on the root and writes out everywhere
-	return &op{h: kolo.SubmitDevice(kolo.OpKind(a.kind), name, in, out, reduceOp, a.root, splits, a.device, stream, opts...)}
+	a.onDevice, a.stream = true, uintptr(stream)
+	return issued(enqueue(a))
 }
 
 // kolo_device_wait_stream makes the work enqueued from now on on stream (a cudaStream_t) wait

@@ -68,3 +68,60 @@ func TestDevicePathWithoutNCCLStages(t *testing.T) {
 		t.Errorf("%d handles, want %d", kolo_handles(), before)
 	}
 }
+
+// What a device op's arguments mean is kolo's to check (capi converts them only): a device
+// ordinal that names no device and a kind without a tensor are refused by kolo as arguments
+// (errorArgument), through kolo_enqueue_device and kolo_enqueue_group alike; a shape the host path
+// would refuse is, where the device path is not in use, an op to stage first (errorUnavailable),
+// so that its host submission refuses it under the same name on every rank.
+func TestDeviceArgumentsAreKolos(t *testing.T) {
+	lockThread(t)
+	initWorld(t)
+	before := kolo_handles()
+	x := []float32{1, 2}
+	p := unsafe.Pointer(&x[0])
+	// failed is the error kind and text of handle h, which must have failed at once; it releases it.
+	failed := func(what string, h int64) (_Ctype_int, string) {
+		t.Helper()
+		if h >= 0 {
+			t.Fatalf("%s: handle %d, want a failed one", what, h)
+		}
+		defer kolo_release(_Ctype_int64_t(-h))
+		return kolo_error_kind(_Ctype_int64_t(-h)), lookup(-h).failure().Error()
+	}
+	for _, tc := range []struct {
+		name  string
+		op    testOp
+		shape []int64
+		kind  _Ctype_int
+		want  string
+	}{
+		{"negative device", testOp{kind: kindAllreduce, device: -1}, []int64{2}, errorArgument, "device -1 is not a device ordinal"},
+		{"barrier", testOp{kind: kindBarrier}, nil, errorArgument, "barrier has no tensor in device memory"},
+		{"negative dimension", testOp{kind: kindAllreduce}, []int64{-2}, errorUnavailable, "device collectives unavailable"},
+	} {
+		op := tc.op
+		op.in, op.out, op.dt, op.reduceOp, op.prescale, op.postscale = p, p, 7, 1, 1, 1
+		b := opBlock(op, tc.shape, nil, "dev."+tc.name)
+		kind, msg := failed(tc.name, int64(kolo_enqueue_device(unsafe.Pointer(&b[0]), _Ctype_int(len(b)), 0)))
+		if kind != tc.kind || !strings.Contains(msg, tc.want) {
+			t.Errorf("%s: error kind %d (%s), want %d saying %q", tc.name, kind, msg, tc.kind, tc.want)
+		}
+	}
+	ins := []unsafe.Pointer{p, p}
+	dts := []_Ctype_int{7, 7}
+	shapes := []_Ctype_int64_t{2, 2}
+	ndims := []_Ctype_int{1, 1}
+	hs := make([]_Ctype_int64_t, 2)
+	if rc := kolo_enqueue_group(kindAllreduce, nil, 0, 2, &ins[0], &ins[0], &dts[0], &shapes[0], &ndims[0], 1, 1, 1, 0, -1, 0, &hs[0]); rc != -1 {
+		t.Errorf("device group on device -1: %d, want -1 (failed at once)", rc)
+	}
+	for i, h := range hs {
+		if kind, msg := failed("device group member", int64(h)); kind != errorArgument || !strings.Contains(msg, "device -1 is not a device ordinal") {
+			t.Errorf("device group on device -1, member %d: error kind %d (%s), want errorArgument", i, kind, msg)
+		}
+	}
+	if kolo_handles() != before {
+		t.Errorf("%d handles, want %d", kolo_handles(), before)
+	}
+}

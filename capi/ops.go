@@ -26,6 +26,7 @@ import (
 	"unsafe"
 
 	"github.com/kolo-dl/kolo"
+	"github.com/kolo-dl/kolo/dtype"
 	"github.com/kolo-dl/kolo/gpu"
 )
 
@@ -353,7 +354,8 @@ func opArgs(p unsafe.Pointer, size int) (enqueueArgs, error) {
 	return a, nil
 }
 
-// enqueueArgs are an op's arguments (kolo_op's fields), unchecked, in Go types.
+// enqueueArgs are an op's arguments (kolo_op's fields), unchecked, in Go types, and where its
+// tensors are.
 type enqueueArgs struct {
 	kind                int
 	name                unsafe.Pointer
@@ -367,16 +369,30 @@ type enqueueArgs struct {
 	splits              unsafe.Pointer // nil: none (alltoall splits evenly)
 	nsplits             int
 	processSet          int
-	device              int // -1: host memory; else a GPU's tensor, staged (kolo.FromGPU)
+	device              int // in host memory: -1, else the GPU whose tensor was staged (kolo.FromGPU)
 	waitUS              int // > 0: the caller waits on the handle at once (kolo.WaitsAtOnce)
+	// onDevice: in and out are addresses on GPU device (kolo_enqueue_device), never read here,
+	// and the op is ordered after the work on stream, the producer's cudaStream_t.
+	onDevice bool
+	stream   uintptr
 }
 
+// enqueue submits the op of a, in host or device memory alike: kolo_enqueue's and
+// kolo_enqueue_device's one path. It converts the C arguments into Go values, refusing only what
+// it cannot convert (a null pointer with a length, a negative count, memory past the end of the
+// address space, a code that names nothing). What the op's arguments mean (a shape its kind
+// cannot take, splits, a root, a device ordinal, scale factors) is kolo's to check, once for both
+// memories: its refusal reaches the other ranks.
 func enqueue(a enqueueArgs) *op {
+	fn := "kolo_enqueue"
+	if a.onDevice {
+		fn = "kolo_enqueue_device"
+	}
 	name, err := cString("name", "nameLen", a.name, a.nameLen)
 	if err != nil {
-		return &op{err: fmt.Errorf("kolo_enqueue: %w", err)}
+		return &op{err: fmt.Errorf("%s: %w", fn, err)}
 	}
-	fail := func(err error) *op { return &op{err: fmt.Errorf("kolo_enqueue %q: %w", name, err)} }
+	fail := func(err error) *op { return &op{err: fmt.Errorf("%s %q: %w", fn, name, err)} }
 	if err := cKind("kind", a.kind); err != nil {
 		return fail(err)
 	}
@@ -384,24 +400,43 @@ func enqueue(a enqueueArgs) *op {
 	if err != nil {
 		return fail(err)
 	}
-	// A root outside the ranks is the engine's to refuse: as a refusal, the other ranks hear of it.
-	opts, err := options(a.prescale, a.postscale, a.processSet, a.device)
+	staged := a.device
+	if a.onDevice {
+		staged = -1 // not staged: the device path's own
+	}
+	opts, err := options(a.prescale, a.postscale, a.processSet, staged)
 	if err != nil {
 		return fail(err)
 	}
-	if a.waitUS > 0 {
+	if a.waitUS > 0 && !a.onDevice {
 		opts = append(opts, kolo.WaitsAtOnce())
+	}
+	kind := kolo.OpKind(a.kind)
+	var dt dtype.DType
+	var shape, splits []int64
+	if a.kind != kindBarrier && a.kind != kindJoin { // they read no tensor
+		if dt, err = cDType("dt", whole, a.dtype); err != nil {
+			return fail(err)
+		}
+		if shape, err = cInt64s("shape", "ndim", a.shape, a.ndim); err != nil {
+			return fail(err)
+		}
+	}
+	if a.kind == kindAlltoall && a.splits != nil {
+		if splits, err = cInt64s("splits", "nsplits", a.splits, a.nsplits); err != nil {
+			return fail(err)
+		}
+		if splits == nil {
+			splits = []int64{} // zero ranks' worth, which kolo rejects with a message
+		}
+	}
+	if a.onDevice {
+		// A broadcast reads in on the root and writes out everywhere.
+		in := kolo.DeviceTensor{Ptr: gpu.Ptr(uintptr(a.in)), DType: dt, Shape: shape}
+		return &op{h: kolo.SubmitDevice(kind, name, in, gpu.Ptr(uintptr(a.out)), reduceOp, a.root, splits, a.device, a.stream, opts...)}
 	}
 	var t, o kolo.Tensor
 	if a.kind != kindBarrier && a.kind != kindJoin {
-		dt, err := cDType("dt", whole, a.dtype)
-		if err != nil {
-			return fail(err)
-		}
-		shape, err := cInt64s("shape", "ndim", a.shape, a.ndim)
-		if err != nil {
-			return fail(err)
-		}
 		if t, err = cTensor("in", whole, a.in, dt, "shape", 0, shape); err != nil {
 			return fail(err)
 		}
@@ -412,15 +447,7 @@ func enqueue(a enqueueArgs) *op {
 			}
 		}
 	}
-	var splits []int64
-	if a.kind == kindAlltoall && a.splits != nil {
-		if splits, err = cInt64s("splits", "nsplits", a.splits, a.nsplits); err != nil {
-			return fail(err)
-		}
-		if splits == nil {
-			splits = []int64{} // zero ranks' worth, which kolo rejects with a message
-		}
-	}
+	// A root outside the ranks is the engine's to refuse: as a refusal, the other ranks hear of it.
 	switch a.kind {
 	case kindAllreduce:
 		return &op{h: kolo.AllreduceAsync(name, t, o, reduceOp, opts...)}
@@ -576,9 +603,6 @@ func enqueueGroup(a groupArgs) []*op {
 	}
 	staged := a.device
 	if onDevice {
-		if err := notNegative("device", a.device); err != nil {
-			return fail(err)
-		}
 		staged = -1 // not staged: the device path's own
 	}
 	opts, err := options(a.prescale, a.postscale, a.processSet, staged)
@@ -631,14 +655,8 @@ func enqueueGroup(a groupArgs) []*op {
 			return fail(err)
 		}
 		if onDevice {
-			// Device addresses: never read here (an empty CUDA tensor's may be 0).
-			if _, err := tensorBytes("shapes", dt, shape); err != nil {
-				var ae *argError
-				if errors.As(err, &ae) && ae.index != whole {
-					ae.index += first // a dimension, as the caller's array numbers it
-				}
-				return fail(fmt.Errorf("tensor %d: %w", i, err))
-			}
+			// Device addresses, never read here (an empty CUDA tensor's may be 0): kolo checks
+			// the shape, as kolo_enqueue_device's.
 			din[i] = kolo.DeviceTensor{Ptr: gpu.Ptr(uintptr(inPtrs[i])), DType: dt, Shape: shape}
 			if outPtrs != nil {
 				dout[i] = gpu.Ptr(uintptr(outPtrs[i]))
@@ -742,16 +760,18 @@ func kolo_error(h C.int64_t, buf *C.char, capacity C.int) C.int {
 	return n
 }
 
-// Error kinds, as kolo_error_kind returns them.
+// Error kinds, as kolo_error_kind returns them (errorUnavailable, 3, is in device.go).
 const (
 	errorNone     = 0 // the op runs, or succeeded
-	errorFailed   = 1 // the op failed: a mismatch between ranks, a lost rank, a shutdown
+	errorFailed   = 1 // the op failed: a lost rank, a rank that ended or stalled, a shutdown
 	errorArgument = 2 // this rank refused the op's arguments before it ran (kolo.ArgumentError)
+	errorMismatch = 4 // the ranks disagreed on the op, or could not run it as submitted (kolo.ErrMismatch)
 )
 
-// kolo_error_kind says how the op failed (errorNone, errorFailed or errorArgument), so that the
-// caller can raise what Horovod raises (ValueError for a refused argument, HorovodInternalError
-// for a failed op); -1 for an unknown handle.
+// kolo_error_kind says how the op failed (errorNone, errorFailed, errorArgument, errorUnavailable
+// or errorMismatch), so that the caller can raise what Horovod raises (ValueError for a refused
+// argument, HorovodInternalError for a failed op; horovod.tensorflow a precondition error for a
+// mismatch); -1 for an unknown handle.
 //
 //export kolo_error_kind
 func kolo_error_kind(h C.int64_t) C.int {
@@ -768,6 +788,9 @@ func kolo_error_kind(h C.int64_t) C.int {
 	}
 	if o.err != nil || errors.As(o.failure(), &ae) {
 		return errorArgument
+	}
+	if errors.Is(o.failure(), kolo.ErrMismatch) {
+		return errorMismatch
 	}
 	return errorFailed
 }

@@ -37,12 +37,19 @@ type DeviceOp struct {
 // the binding scales with torch ops before and after). Average uses NCCL's Avg: for floats each
 // input is multiplied by 1/n, then summed; for integers the sum is divided by n and truncated
 // toward zero, which is what the host path's postscale of 1/n gives integers.
+//
+// An op whose arguments are wrong on this rank (a tensor on another device, no producer stream,
+// or what Enqueue refuses) fails with an ArgumentError, and the other ranks' submissions of it with
+// its text, as Enqueue's refusals do.
 func (e *Engine) EnqueueDevice(req negotiate.Request, op DeviceOp) *Handle {
-	dv, err := e.prepareDevice(&req, op)
-	if err != nil {
+	dv, local, refused := e.prepareDevice(&req, op)
+	switch {
+	case local != nil:
 		h := newHandle(req.Name, e)
-		h.finish(err)
+		h.finish(local)
 		return h
+	case refused != nil:
+		req.Error = refused.Error()
 	}
 	return e.enqueue(req, nil, nil, true, dv)
 }
@@ -51,36 +58,48 @@ func (e *Engine) EnqueueDevice(req negotiate.Request, op DeviceOp) *Handle {
 // ops[i]) as EnqueueDevice would, all at once, as EnqueueGroup does for host memory: the
 // coordinator negotiates them together and they fuse only with each other. If the device path
 // refuses one member, it refuses every member with that error before any is queued (the binding
-// then stages the group): a group is run by one path or not at all.
+// then stages the group): a group is run by one path or not at all. If one member's arguments are
+// wrong, every member is refused, on every rank.
 func (e *Engine) EnqueueDeviceGroup(reqs []negotiate.Request, ops []DeviceOp) []*Handle {
 	dvs := make([]*deviceEntry, len(reqs))
+	var refused error
 	for i := range reqs {
-		dv, err := e.prepareDevice(&reqs[i], ops[i])
-		if err != nil {
+		dv, local, ref := e.prepareDevice(&reqs[i], ops[i])
+		if local != nil {
 			hs := make([]*Handle, len(reqs))
 			for j := range hs {
-				if j < i {
-					e.dev.drop(dvs[j])
-				}
+				e.dev.drop(dvs[j])
 				hs[j] = newHandle(reqs[j].Name, e)
-				hs[j].finish(err)
+				hs[j].finish(local)
 			}
 			return hs
 		}
+		if ref != nil && refused == nil {
+			refused = fmt.Errorf("grouped %s, tensor %d: %w", reqs[i].Kind, i, ref)
+		}
 		dvs[i] = dv
+	}
+	if refused != nil {
+		for i := range reqs {
+			e.dev.drop(dvs[i])
+			dvs[i] = nil
+			reqs[i].Error = refused.Error()
+		}
 	}
 	return e.enqueueGroup(reqs, nil, nil, dvs)
 }
 
 // prepareDevice runs EnqueueDevice's checks of req on op and records op's ready event on its
-// stream; it marks req as a GPU op. The error is the device path's setup error, or an
-// ArgumentError (matching gpu.ErrUnavailable where the binding is to stage the op).
-func (e *Engine) prepareDevice(req *negotiate.Request, op DeviceOp) (*deviceEntry, error) {
-	refuse := func(err error) (*deviceEntry, error) {
-		return nil, &ArgumentError{fmt.Errorf("rank %d: %s %q: %w", e.g.Rank, req.Kind, req.Name, err)}
+// stream; it marks req as a GPU op. It fails with local, an error for this rank alone: the device
+// path's setup error, or an ArgumentError for a name of kolo's own or for an op the device path
+// cannot run (matching gpu.ErrUnavailable: the binding stages it, as every rank does); or with
+// refused, what is wrong with the op's arguments on this rank, which the other ranks hear of.
+func (e *Engine) prepareDevice(req *negotiate.Request, op DeviceOp) (dv *deviceEntry, local, refused error) {
+	here := func(err error) (*deviceEntry, error, error) {
+		return nil, &ArgumentError{fmt.Errorf("rank %d: %s %q: %w", e.g.Rank, req.Kind, req.Name, err)}, nil
 	}
 	if reservedName(req.Name) {
-		return refuse(errors.New("names starting with kolo's reserved prefixes are kolo's own"))
+		return here(errors.New("names starting with kolo's reserved prefixes are kolo's own"))
 	}
 	d := e.dev
 	if _, ok := e.Decided(); !ok {
@@ -88,36 +107,36 @@ func (e *Engine) prepareDevice(req *negotiate.Request, op DeviceOp) (*deviceEntr
 		_, err := e.DevicePath(ctx, op.Ordinal)
 		cancel()
 		if err != nil {
-			return nil, err
+			return nil, err, nil
 		}
 	}
 	if !d.use.Load() {
-		return refuse(d.decision.Why)
+		return here(d.decision.Why)
 	}
 	e.mu.Lock()
 	ps := e.sets[req.Set]
 	e.mu.Unlock()
 	if ps != nil && ps.rank >= 0 && ps.dcomm == nil {
-		return refuse(ps.dcommErr)
+		return here(ps.dcommErr)
 	}
 	if op.Ordinal != d.ordinal {
-		return refuse(fmt.Errorf("tensor on device %d; the device path runs on device %d", op.Ordinal, d.ordinal))
+		return nil, nil, fmt.Errorf("tensor on device %d; the device path runs on device %d", op.Ordinal, d.ordinal)
 	}
 	if err := deviceServes(req.Kind, req.DType, req.ReduceOp, req.PreScale, req.PostScale); err != nil {
-		return refuse(err)
+		return here(err)
 	}
 	if op.Stream == nil {
-		return refuse(errors.New("no producer stream"))
+		return nil, nil, errors.New("no producer stream")
 	}
 	ready, err := d.event()
 	if err == nil {
 		err = op.Stream.Record(ready)
 	}
 	if err != nil {
-		return refuse(fmt.Errorf("recording the ready event on the producer's stream: %w", err))
+		return nil, nil, fmt.Errorf("recording the ready event on the producer's stream: %w", err)
 	}
 	req.GPU = true
-	return &deviceEntry{op: op, ready: ready}, nil
+	return &deviceEntry{op: op, ready: ready}, nil, nil
 }
 
 // setupWait bounds how long an op waits for the device path's setup: the other ranks must reach

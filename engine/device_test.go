@@ -601,6 +601,78 @@ func TestDeviceRefusals(t *testing.T) {
 	}}, 9)
 }
 
+// A device op whose arguments are wrong on one rank (a tensor on another device, no producer
+// stream) fails at once on every rank, with that rank's reason, as a refused host op does: the
+// other ranks do not wait for it until the stall deadline. A grouped call with one such member
+// fails every member on every rank. The job goes on.
+func TestDeviceArgumentRefusalReachesEveryRank(t *testing.T) {
+	const n = 3
+	cfg := DefaultConfig()
+	cfg.StallCrossed = time.Minute // the refusal, not a stall check, must end the others' wait
+	dc := newDeviceCluster(t, n, cfg, nil)
+	dc.mustUse(t)
+	for _, tc := range []struct {
+		name  string
+		spoil func(*DeviceOp)
+		want  string
+	}{
+		{"wrong device", func(op *DeviceOp) { op.Ordinal = 1 }, "tensor on device 1; the device path runs on device 0"},
+		{"no stream", func(op *DeviceOp) { op.Stream = nil }, "no producer stream"},
+	} {
+		for _, grouped := range []bool{false, true} {
+			ctx := waitCtx(t)
+			errs := make([][]error, n)
+			took := make([]time.Duration, n)
+			onEachRank(n, func(r int) {
+				var reqs []negotiate.Request
+				var ops []DeviceOp
+				for i := range 2 {
+					p := upload(t, dc.devs[r], f32(1, 2))
+					req := allreduceReq(fmt.Sprintf("%s.%v.%d", tc.name, grouped, i), 2)
+					if grouped {
+						req.Group, req.GroupSize = 77, 2
+					}
+					reqs = append(reqs, req)
+					ops = append(ops, DeviceOp{Stream: dc.streams[r], In: p, Out: p, Bytes: 8})
+				}
+				if r == 1 {
+					tc.spoil(&ops[1])
+				}
+				start := time.Now()
+				var hs []*Handle
+				if grouped {
+					hs = dc.engines[r].EnqueueDeviceGroup(reqs, ops)
+				} else {
+					hs = []*Handle{dc.engines[r].EnqueueDevice(reqs[1], ops[1])}
+				}
+				for _, h := range hs {
+					errs[r] = append(errs[r], h.Synchronize(ctx))
+				}
+				took[r] = time.Since(start)
+			})
+			for r := range n {
+				if took[r] > 5*time.Second {
+					t.Errorf("%s (grouped %v): rank %d took %v to fail", tc.name, grouped, r, took[r])
+				}
+				for i, err := range errs[r] {
+					var ae *ArgumentError
+					switch {
+					case err == nil || !strings.Contains(err.Error(), tc.want):
+						t.Errorf("%s (grouped %v): rank %d, op %d: %v, want it refused saying %q", tc.name, grouped, r, i, err, tc.want)
+					case r == 1 && !errors.As(err, &ae):
+						t.Errorf("%s (grouped %v): rank 1: %v, want an ArgumentError", tc.name, grouped, err)
+					case r != 1 && !strings.Contains(err.Error(), "rank 1 refused it"):
+						t.Errorf("%s (grouped %v): rank %d: %v, want rank 1 named", tc.name, grouped, r, err)
+					}
+				}
+			}
+		}
+	}
+	runBoth(t, dc, devCase{name: "after", reqs: func(r, n int) []negotiate.Request {
+		return []negotiate.Request{allreduceReq("after", 5)}
+	}}, 9)
+}
+
 // A rank lost inside a device allreduce (its process dies: its device work never reaches the
 // collective and its connections close) fails the op on every other rank within the deadline,
 // naming it, instead of leaving them in the collective for good; a fresh engine then works.

@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/testbed/proctest"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/rendezvous"
+	"github.com/kolo-dl/kolo/testbed/proctest"
 )
 
 // elasticNodeHarness runs several no-ssh elastic nodes (runNode) in this process, every

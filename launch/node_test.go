@@ -13,12 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/testbed/proctest"
 	"github.com/kolo-dl/kolo/jobenv"
 	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/launch/layout"
 	"github.com/kolo-dl/kolo/launch/proc"
 	"github.com/kolo-dl/kolo/rendezvous"
+	"github.com/kolo-dl/kolo/testbed/proctest"
 )
 
 func freePort(t *testing.T) string {

@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/testbed/proctest"
 	"github.com/kolo-dl/kolo/launch/flags"
 	"github.com/kolo-dl/kolo/launch/layout"
 	"github.com/kolo-dl/kolo/launch/proc"
 	"github.com/kolo-dl/kolo/observe/report"
+	"github.com/kolo-dl/kolo/testbed/proctest"
 )
 
 // readOutcome reads the outcome file at path.

@@ -4,8 +4,8 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/kolo-dl/kolo/testbed/authtest"
 	"github.com/kolo-dl/kolo/rendezvous"
+	"github.com/kolo-dl/kolo/testbed/authtest"
 )
 
 // A stranger at the rendezvous (the launcher's, a node's, rank 0's under mpirun) gets no proof

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/testbed/proctest"
 	"github.com/kolo-dl/kolo/launch/layout"
+	"github.com/kolo-dl/kolo/testbed/proctest"
 )
 
 func shWorkers(scripts ...string) []Worker {

@@ -92,15 +92,16 @@ func withoutSlurmLayout(env []string) []string {
 	return out
 }
 
-// secondINTAfter is the gap between the two SIGINTs: well within srun's second, and long enough
-// for a loaded srun to have taken the first, since a signal sent while the same one is still
-// pending merges with it and srun would see one (which only makes it print the step's status).
-// At 50 ms, a test's fake srun under `make test`'s load saw one.
-const secondINTAfter = 250 * time.Millisecond
+// intEvery is the gap between the SIGINTs that stop a step: well within srun's second, and long
+// enough for a loaded srun to have taken the one before, since a signal sent while the same one is
+// still pending merges with it and srun would see one (which only makes it print the step's
+// status). They go on until srun ends: a pair that merged anyway is followed by another, and a
+// third SIGINT to an srun already ending its step changes nothing.
+const intEvery = 250 * time.Millisecond
 
 // slurmProcess is srun running one worker's step. srun forwards SIGTERM and SIGINT to the task;
-// a SIGKILL becomes two SIGINTs in a row, on which srun ends the whole step (its tasks killed on
-// their node), and srun itself is killed if it has not ended after killAfter.
+// a SIGKILL becomes SIGINTs in a row, on two of which within a second srun ends the whole step
+// (its tasks killed on their node), and srun itself is killed if it has not ended after killAfter.
 type slurmProcess struct {
 	Process
 	killAfter time.Duration
@@ -120,16 +121,19 @@ func (p *slurmProcess) Signal(sig syscall.Signal) error {
 	}
 	err := p.Process.Signal(syscall.SIGINT)
 	go func() {
-		select {
-		case <-p.exited:
-			return
-		case <-time.After(secondINTAfter):
-		}
-		p.Process.Signal(syscall.SIGINT) // the second within a second: srun kills the step
-		select {
-		case <-p.exited:
-		case <-time.After(p.killAfter):
-			p.Process.Signal(syscall.SIGKILL)
+		tick := time.NewTicker(intEvery)
+		defer tick.Stop()
+		kill := time.After(p.killAfter)
+		for {
+			select {
+			case <-p.exited:
+				return
+			case <-tick.C:
+				p.Process.Signal(syscall.SIGINT)
+			case <-kill:
+				p.Process.Signal(syscall.SIGKILL)
+				return
+			}
 		}
 	}()
 	return err

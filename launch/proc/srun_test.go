@@ -33,9 +33,9 @@ func TestSlurmStarterCommand(t *testing.T) {
 	}
 }
 
-// A worker's step is stopped through srun: SIGTERM is passed on as is; SIGKILL is two SIGINTs in
-// a row (on which srun kills the step), and srun itself is killed if it has not ended after
-// KillAfter.
+// A worker's step is stopped through srun: SIGTERM is passed on as is; SIGKILL is SIGINTs in a
+// row until srun ends (on the second it takes, srun kills the step), and srun itself is killed if
+// it has not ended after KillAfter.
 func TestSlurmStarterSignals(t *testing.T) {
 	dir := t.TempDir()
 	log := filepath.Join(dir, "signals")
@@ -103,8 +103,8 @@ while :; do sleep 0.01; done
 	p = start(fake("deaf", ":"))
 	began := time.Now()
 	p.Signal(syscall.SIGKILL)
-	if e := wait(p); e.Signal != syscall.SIGKILL || record() != "started INT INT" {
-		t.Errorf("SIGKILL to an srun that ignores it: %v, signals %q; want srun killed after two SIGINTs", e, record())
+	if e := wait(p); e.Signal != syscall.SIGKILL || !strings.HasPrefix(record(), "started INT INT") {
+		t.Errorf("SIGKILL to an srun that ignores it: %v, signals %q; want srun killed after SIGINTs", e, record())
 	}
 	if took := time.Since(began); took < 300*time.Millisecond {
 		t.Errorf("srun was killed after %v, before KillAfter", took)

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/testbed/proctest"
 	"github.com/kolo-dl/kolo/launch/layout"
+	"github.com/kolo-dl/kolo/testbed/proctest"
 )
 
 func TestForwardedEnv(t *testing.T) {

@@ -1,8 +1,10 @@
 """What kolo's Keras bindings share, whatever runs under Keras: the distributed optimizer built from
-the user's, load_model, broadcast of variables, and the callbacks (horovod's names).
+the user's (its settings, the class made from the user's), PartialDistributedOptimizer's local
+layers, load_model, broadcast of variables, and the callbacks (horovod's names).
 
-A binding supplies the one thing that depends on the framework, the reduction of a step's
-gradients, as a mixin class put in front of the user's optimizer class; everything else here works
+A binding supplies what depends on the framework, the reduction of a step's gradients (and the
+aggregation of backward_passes_per_step), as a mixin class put in front of the user's optimizer
+class: kolo.tensorflow.keras's for TensorFlow, kolo.keras._jax's for JAX. Everything else here works
 on numpy arrays through kolo._ops, so it serves tf.keras and tf-keras (kolo.tensorflow.keras) and
 Keras 3 on the TensorFlow and JAX backends (kolo.keras) alike. It imports no framework and no
 Keras: callers pass their keras module.
@@ -25,32 +27,51 @@ def is_keras3(optimizer):
     return hasattr(optimizer, _K3_METHOD) and hasattr(optimizer, "gradient_accumulation_steps")
 
 
-def distributed_optimizer(optimizer, mixin, reduce_args, backward_passes_per_step=1,
-                          average_aggregated_gradients=False, name=None):
-    """A copy of optimizer, built from its config, whose class is (mixin, optimizer's class), as
-    Horovod builds it; mixin reads reduce_args as self._hvd_args. backward_passes_per_step N > 1
-    (Keras 3 only) is Keras 3's gradient accumulation: Keras averages the N steps' gradients, so
-    self._hvd_scale is N where Horovod sums them (1 with average_aggregated_gradients)."""
-    config = optimizer.get_config()
-    n = int(backward_passes_per_step)
-    scale = 1
-    if n > 1:
-        if not is_keras3(optimizer):
-            raise NotImplementedError("backward_passes_per_step > 1 with tf-keras optimizers is not supported by "
-                                      "kolo yet; Keras 3 optimizers support it")
-        config["gradient_accumulation_steps"] = n
-        scale = 1 if average_aggregated_gradients else n
-    attrs = {"_hvd_args": reduce_args, "_hvd_scale": scale}
+class Settings(object):
+    """DistributedOptimizer's arguments, kept on the class it makes (so that from_config, which
+    builds a new instance, builds a distributed one). reduction is what a binding's reduction
+    takes: (compression, sparse_as_dense, op, gradient_predivide_factor, process_set,
+    scale_local_gradients)."""
+
+    def __init__(self, compression, sparse_as_dense, op, gradient_predivide_factor, process_set,
+                 scale_local_gradients, backward_passes_per_step, average_aggregated_gradients):
+        self.reduction = (compression, sparse_as_dense, op, gradient_predivide_factor, process_set,
+                          scale_local_gradients)
+        self.sparse_as_dense = sparse_as_dense
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        self.average_aggregated_gradients = average_aggregated_gradients
+
+
+def distributed_optimizer(optimizer, mixin, settings, name=None, config=None):
+    """A copy of optimizer, built from its config (or config), whose class is (mixin, optimizer's
+    class) with settings as _hvd_settings, as Horovod builds it: the binding's mixin reduces."""
+    attrs = {"_hvd_settings": settings}
     # The wrapped class's name and module: a saved model records the optimizer as the plain one,
     # which any Keras loads (and load_model wraps again), as with Horovod.
     attrs["__module__"] = optimizer.__class__.__module__
     cls = type(optimizer.__class__.__name__, (mixin, optimizer.__class__), attrs)
+    config = dict(optimizer.get_config() if config is None else config)
     if name is not None:
         config["name"] = name
     return cls.from_config(config)
 
 
+def local_layer_variables(local_layers):
+    """The trainable weights of PartialDistributedOptimizer's local_layers (a Keras layer or a
+    list of them), in order."""
+    if local_layers is None:
+        local_layers = []
+    elif hasattr(local_layers, "trainable_weights"):
+        local_layers = [local_layers]
+    local_layers = list(local_layers)
+    if not all(hasattr(layer, "trainable_weights") for layer in local_layers):
+        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
+    return [v for layer in local_layers for v in layer.trainable_weights]
+
+
 def optimizer_variables(optimizer):
+    if optimizer is None:
+        return []
     v = optimizer.variables
     return list(v() if callable(v) else v)
 
@@ -69,8 +90,12 @@ def load_model(keras, filepath, custom_optimizers, custom_objects, distribute):
     dist = distribute(opt)
     old_vars = optimizer_variables(opt)
     if old_vars:
-        if hasattr(dist, "build"):
+        if hasattr(dist, "build"):  # Keras 3's optimizers and Keras 2's (tf-keras, TensorFlow < 2.16)
             dist.build(model.trainable_variables)
+        elif hasattr(dist, "_create_all_weights"):
+            # Keras 2's legacy optimizers (OptimizerV2), which TensorFlow 2.12's load_model gives
+            # back for a .keras file: iterations, then the slots, as the loaded one has them.
+            dist._create_all_weights(model.trainable_variables)
         new_vars = optimizer_variables(dist)
         if len(new_vars) != len(old_vars):
             raise ValueError("load_model: the distributed optimizer has %d variables, the loaded one %d"

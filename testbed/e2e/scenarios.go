@@ -22,7 +22,8 @@ import (
 //   - scenarios_launchers.go, launchers_e2e_test.go: ranks started by mpirun or srun, autotuning.
 //   - scenarios_processsets.go, processsets_e2e_test.go: process sets, the timeline.
 //   - scenarios_device.go, device_e2e_test.go: ops on device memory through the stand-in NCCL, a
-//     rank killed inside one, the staged path with the real libraries and no GPU.
+//     rank killed inside one, one rank's arguments refused, the staged path with the real
+//     libraries and no GPU.
 //   - this file: what other tests poke from outside (a steady stream, a loop until killed).
 var Scenarios = map[string]func(ctx context.Context) error{
 	// scenarios_ops.go
@@ -48,10 +49,11 @@ var Scenarios = map[string]func(ctx context.Context) error{
 	"processsets": processSetsScenario,
 	"timeline":    timelineScenario,
 	// scenarios_device.go
-	"device":        deviceScenario,
-	"device-kill":   deviceKillScenario,
-	"device-staged": deviceStagedScenario,
-	"device-group":  deviceGroupScenario,
+	"device":         deviceScenario,
+	"device-kill":    deviceKillScenario,
+	"device-staged":  deviceStagedScenario,
+	"device-group":   deviceGroupScenario,
+	"device-refused": deviceRefusedScenario,
 	// this file
 	"steady": steadyScenario,
 	"loop":   loopScenario,

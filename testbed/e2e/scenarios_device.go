@@ -3,10 +3,12 @@ package e2e
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 	"unsafe"
@@ -212,6 +214,92 @@ func deviceGroupScenario(ctx context.Context) error {
 				return err
 			}
 		}
+	}
+	return nil
+}
+
+// deviceRefusedScenario submits device ops that rank 1 gets wrong, one way per op, while the other
+// ranks get them right: every rank must fail each op within 5 s (the stall checks wait 30 s and
+// more), rank 1 with an ArgumentError saying what is wrong, the others with its reason, naming
+// rank 1, as for an op in host memory. A grouped call with one such member fails every member on
+// every rank. An op every rank gets right then runs: the job goes on.
+func deviceRefusedScenario(ctx context.Context) error {
+	ordinal, err := deviceSetUp(ctx)
+	if err != nil {
+		return err
+	}
+	rank, size := kolo.Rank(), kolo.Size()
+	const n = 8
+	p, m, err := deviceMemory(ordinal, n)
+	if err != nil {
+		return err
+	}
+	// One op of each case, as every rank submits it; spoil makes it rank 1's.
+	type call struct {
+		kind    kolo.OpKind
+		t       kolo.DeviceTensor
+		op      kolo.Op
+		ordinal int
+		opts    []kolo.OpOption
+	}
+	cases := []struct {
+		name  string
+		kind  kolo.OpKind
+		spoil func(*call)
+		want  string
+	}{
+		{"reduction", kolo.KindAllreduce, func(c *call) { c.op = kolo.Op(9) }, "unsupported reduction op(9)"},
+		{"nan", kolo.KindAllreduce, func(c *call) { c.opts = []kolo.OpOption{kolo.Prescale(math.NaN())} }, "NaN scale factor"},
+		{"scalar", kolo.KindAllgather, func(c *call) { c.t.Shape = nil }, "needs a tensor with at least one dimension"},
+		{"negative", kolo.KindAllreduce, func(c *call) { c.t.Shape = []int64{-n} }, "negative dimension"},
+		{"ordinal", kolo.KindAllreduce, func(c *call) { c.ordinal = -1 }, "device -1 is not a device ordinal"},
+		{"other-device", kolo.KindAllreduce, func(c *call) { c.ordinal = ordinal + 1 }, "the device path runs on device"},
+	}
+	// check says what is wrong with the error of a case's op on this rank, which took d to fail.
+	check := func(what, want string, err error, d time.Duration) error {
+		var ae *kolo.ArgumentError
+		switch {
+		case d > 5*time.Second:
+			return fmt.Errorf("%s: failed after %v, not at once: %v", what, d, err)
+		case err == nil || !strings.Contains(err.Error(), want):
+			return fmt.Errorf("%s: %v, want a refusal saying %q", what, err, want)
+		case rank == 1 && !errors.As(err, &ae):
+			return fmt.Errorf("%s: %v, want an ArgumentError", what, err)
+		case rank != 1 && !strings.Contains(err.Error(), "rank 1 refused it"):
+			return fmt.Errorf("%s: %v, want rank 1 named", what, err)
+		}
+		return nil
+	}
+	for _, tc := range cases {
+		c := call{kind: tc.kind, t: kolo.DeviceTensor{Ptr: p, DType: dtype.Float32, Shape: []int64{n}}, op: kolo.Sum, ordinal: ordinal}
+		if rank == 1 {
+			tc.spoil(&c)
+		}
+		start := time.Now()
+		h := kolo.SubmitDevice(c.kind, "dev.refused."+tc.name, c.t, p, c.op, 0, nil, c.ordinal, 0, c.opts...)
+		if err := check(tc.name, tc.want, h.Synchronize(ctx), time.Since(start)); err != nil {
+			return err
+		}
+	}
+	ts := []kolo.DeviceTensor{{Ptr: p, DType: dtype.Float32, Shape: []int64{n}}, {Ptr: p, DType: dtype.Float32, Shape: []int64{n}}}
+	if rank == 1 {
+		ts[1].Shape = []int64{-1}
+	}
+	start := time.Now()
+	for i, h := range kolo.SubmitDeviceGroup(kolo.KindAllreduce, "dev.refused.group", ts, nil, kolo.Sum, ordinal, 0) {
+		if err := check(fmt.Sprintf("group member %d", i), "grouped allreduce, tensor 1: input: negative dimension", h.Synchronize(ctx), time.Since(start)); err != nil {
+			return err
+		}
+	}
+	for i := range n {
+		binary.LittleEndian.PutUint32(m[4*i:], math.Float32bits(float32(rank)))
+	}
+	t := kolo.DeviceTensor{Ptr: p, DType: dtype.Float32, Shape: []int64{n}}
+	if err := kolo.SubmitDevice(kolo.KindAllreduce, "dev.refused.after", t, p, kolo.Sum, 0, nil, ordinal, 0).Synchronize(ctx); err != nil {
+		return fmt.Errorf("the op after the refusals: %w", err)
+	}
+	if got, want := math.Float32frombits(binary.LittleEndian.Uint32(m)), float32(size*(size-1)/2); got != want {
+		return fmt.Errorf("the op after the refusals: %v, want %v", got, want)
 	}
 	return nil
 }

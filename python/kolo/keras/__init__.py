@@ -8,8 +8,9 @@ on the TensorFlow or the JAX backend (KERAS_BACKEND), with the same lines on eit
 
 On TensorFlow the optimizer and the ops are kolo.tensorflow.keras's (kolo.keras._tensorflow); on
 JAX they are kolo.keras._jax's, which never imports TensorFlow. The callbacks and load_model's
-handling are the same on both (kolo._keras). Other backends (torch, numpy, openvino) raise
-ImportError: docs/keras.md says why.
+handling are the same on both (kolo._keras). hvd.elastic (KerasState and the elastic callbacks)
+is TensorFlow's only. Other backends (torch, numpy, openvino) raise ImportError: docs/keras.md
+says why.
 """
 
 from importlib import import_module as _import_module
@@ -19,14 +20,20 @@ import keras as _keras_module
 _backend = _keras_module.backend.backend()
 if _backend == "tensorflow":
     from kolo.keras._tensorflow import *  # noqa: F401,F403
-    from kolo.keras._tensorflow import DistributedOptimizer, broadcast_global_variables, load_model  # noqa: F401
+    from kolo.keras._tensorflow import (  # noqa: F401
+        DistributedOptimizer, PartialDistributedOptimizer, broadcast_global_variables, load_model,
+    )
 elif _backend == "jax":
     from kolo.keras._jax import *  # noqa: F401,F403
-    from kolo.keras._jax import DistributedOptimizer, broadcast_global_variables, load_model  # noqa: F401
+    from kolo.keras._jax import (  # noqa: F401
+        DistributedOptimizer, PartialDistributedOptimizer, broadcast_global_variables, load_model,
+    )
 else:
     raise ImportError("kolo.keras supports Keras 3 on the tensorflow and jax backends; this Keras runs on %r "
                       "(KERAS_BACKEND). See docs/keras.md." % _backend)
 
-# The submodule itself: "from kolo.keras import callbacks" would return the attribute that the
-# star import above brought (kolo.tensorflow.keras's callbacks, made on tf.keras).
+# The submodules themselves: "from kolo.keras import callbacks" would return the attribute that
+# the star import above brought (kolo.tensorflow.keras's, made on tf.keras).
 callbacks = _import_module("kolo.keras.callbacks")
+if _backend == "tensorflow":
+    elastic = _import_module("kolo.keras.elastic")

@@ -369,29 +369,83 @@ def join():
 # ----------------------------------------------------------------------------------------------
 # Keras
 
-class _JaxReduce(object):
-    """Reduces a step's gradients before Keras clips and applies them, inside the compiled step.
-    With gradient accumulation (backward_passes_per_step), Keras averages the steps' gradients
-    first; _hvd_scale undoes that where Horovod sums them."""
+class _Sources(object):
+    """The worker-local variables of a distributed optimizer and the variables of the gradients
+    its current step reduces. A plain object: Keras's optimizer tracks the variables in a list or
+    a dict set as its attribute as its own."""
+
+    def __init__(self):
+        self.local = {}  # id(variable) -> variable, kept so that its id stays its own
+        self.step = None
+
+
+class _JaxDistributedOptimizer(object):
+    """What a distributed optimizer's class adds to a Keras 3 optimizer on JAX: its step's
+    gradients reduced across ranks before Keras clips and applies them, inside the compiled step;
+    worker-local variables (register_local_var), whose gradients stay this rank's (divided by the
+    set's size with scale_local_gradients); backward_passes_per_step.
+
+    backward_passes_per_step N > 1 runs on Keras 3's gradient accumulation (the optimizer's
+    gradient_accumulation_steps, whose sums are optimizer variables, so that the compiled step
+    carries them): Keras averages the N passes' gradients, _hvd_scale makes that Horovod's sum
+    again (the mean with average_aggregated_gradients), and iterations counts every pass, as
+    Horovod's and kolo.tensorflow's do (Keras's own counts updates)."""
+
+    def __init__(self, *args, **kwargs):
+        super(_JaxDistributedOptimizer, self).__init__(*args, **kwargs)
+        s = self._hvd_settings
+        n = s.backward_passes_per_step
+        self._hvd_scale = 1 if n <= 1 or s.average_aggregated_gradients else n
+        self._hvd_sources = _Sources()
+
+    @property
+    def iterations(self):
+        if self._hvd_settings.backward_passes_per_step > 1:
+            return self._iterations
+        return super(_JaxDistributedOptimizer, self).iterations
+
+    def register_local_var(self, var):
+        """Registers var as worker-local: its gradient is not reduced across ranks (and is
+        divided by the size, with scale_local_gradients)."""
+        self._hvd_sources.local[id(var)] = var
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        # The variables of the gradients _clip_gradients gets (Keras filtered out those without).
+        self._hvd_sources.step = list(trainable_variables)
+        try:
+            return super(_JaxDistributedOptimizer, self)._backend_apply_gradients(grads, trainable_variables)
+        finally:
+            self._hvd_sources.step = None
 
     def _clip_gradients(self, grads):
-        compression, op, prescale, postscale, process_set = self._hvd_args
+        compression, _, op, predivide, process_set, scale_local = self._hvd_settings.reduction
+        prescale, postscale = _ops.scale_factors(op, predivide)
         grads = list(grads)
-        idx = [i for i, g in enumerate(grads) if g is not None]
-        sent, ctxs = [], []
-        for i in idx:
-            g = grads[i] * self._hvd_scale if self._hvd_scale != 1 else grads[i]
-            x, c = compression.compress(g)
-            sent.append(x)
-            ctxs.append(c)
-        update = None
-        if self.gradient_accumulation_steps:
-            update = (self._iterations + 1) % self.gradient_accumulation_steps == 0
-        reduced = _grouped(sent, "%s.grads" % self.name, op, prescale, postscale, process_set_id(process_set),
-                           update, step=True)
-        for i, r, c in zip(idx, reduced, ctxs):
-            grads[i] = compression.decompress(r, c)
-        return super(_JaxReduce, self)._clip_gradients(grads)
+        variables = self._hvd_sources.step or [None] * len(grads)
+        local = {i for i, v in enumerate(variables) if v is not None and id(v) in self._hvd_sources.local}
+        if self._hvd_scale != 1:
+            grads = [g * self._hvd_scale if g is not None else g for g in grads]
+        shared = [i for i, g in enumerate(grads) if g is not None and i not in local]
+        # As Horovod's: a rank outside the set, or a set of one, keeps its gradients.
+        if shared and process_set.included() and process_set.size() > 1:
+            sent, ctxs = [], []
+            for i in shared:
+                x, c = compression.compress(grads[i])
+                sent.append(x)
+                ctxs.append(c)
+            update = None
+            if self.gradient_accumulation_steps:
+                update = (self._iterations + 1) % self.gradient_accumulation_steps == 0
+            reduced = _grouped(sent, "%s.grads" % self.name, op, prescale, postscale, process_set_id(process_set),
+                               update, step=True)
+            for i, r, c in zip(shared, reduced, ctxs):
+                grads[i] = compression.decompress(r, c)
+        if scale_local:
+            n = float(process_set.size())
+            for i in local:
+                if grads[i] is not None:
+                    grads[i] = grads[i] / n
+        return super(_JaxDistributedOptimizer, self)._clip_gradients(grads)
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
@@ -400,15 +454,41 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          groups=None, process_set=global_process_set, scale_local_gradients=True):
     """A copy of optimizer (a Keras 3 optimizer, built from its config) whose updates use the
     gradients reduced across ranks (Average by default), inside the compiled train step.
-    backward_passes_per_step N > 1 updates every Nth step with the sum of the N steps' gradients
-    (their mean with average_aggregated_gradients), reducing only on those steps. JAX has no sparse
-    gradients: sparse_as_dense changes nothing; num_groups and groups are accepted (every gradient
-    goes in one group)."""
+    backward_passes_per_step N > 1 sums N passes' gradients locally and updates every Nth pass
+    with the reduced sum (its mean with average_aggregated_gradients), reducing only on those
+    passes; iterations counts every pass, as in Horovod. JAX has no sparse gradients:
+    sparse_as_dense changes nothing; num_groups and groups are accepted (every gradient goes in
+    one group)."""
     op = Average if op is None else _ops.check_reduce_op(op)
-    prescale, postscale = _ops.scale_factors(op, gradient_predivide_factor)
-    return _keras.distributed_optimizer(
-        optimizer, _JaxReduce, (compression or Compression.none, op, prescale, postscale, process_set),
-        backward_passes_per_step, average_aggregated_gradients, name)
+    _ops.scale_factors(op, gradient_predivide_factor)  # its ValueError, now
+    if not _keras.is_keras3(optimizer):
+        raise ValueError("kolo.keras on JAX wraps Keras 3 optimizers (keras.optimizers.*); got %r"
+                         % type(optimizer).__name__)
+    settings = _keras.Settings(compression or Compression.none, sparse_as_dense, op, gradient_predivide_factor,
+                               process_set, scale_local_gradients, backward_passes_per_step,
+                               average_aggregated_gradients)
+    config = optimizer.get_config()
+    if settings.backward_passes_per_step > 1:
+        config["gradient_accumulation_steps"] = settings.backward_passes_per_step
+    return _keras.distributed_optimizer(optimizer, _JaxDistributedOptimizer, settings, name, config)
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=Compression.none, sparse_as_dense=False, gradient_predivide_factor=1.0,
+                                op=Average, backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, process_set=global_process_set, local_layers=None,
+                                scale_local_gradients=True):
+    """DistributedOptimizer whose local_layers (a Keras layer or a list of them) keep their
+    gradients worker-local: their trainable weights are registered with register_local_var."""
+    local_vars = _keras.local_layer_variables(local_layers)
+    opt = DistributedOptimizer(optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+                               gradient_predivide_factor=gradient_predivide_factor, op=op,
+                               backward_passes_per_step=backward_passes_per_step,
+                               average_aggregated_gradients=average_aggregated_gradients, process_set=process_set,
+                               scale_local_gradients=scale_local_gradients)
+    for var in local_vars:
+        opt.register_local_var(var)
+    return opt
 
 
 def broadcast_variables(variables, root_rank, process_set=global_process_set):
@@ -427,7 +507,12 @@ def broadcast_global_variables(root_rank):
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none):
     """keras.models.load_model with the model's optimizer made a DistributedOptimizer, its state
-    (iterations, slots) carried over."""
+    (iterations, slots) carried over. An optimizer saved with backward_passes_per_step N > 1
+    has Keras's gradient accumulation in its config and its sums among its variables: it is
+    loaded with backward_passes_per_step N again."""
     import keras
-    return _keras.load_model(keras, filepath, custom_optimizers, custom_objects,
-                             lambda opt: DistributedOptimizer(opt, compression=compression))
+
+    def distribute(opt):
+        return DistributedOptimizer(opt, compression=compression,
+                                    backward_passes_per_step=opt.gradient_accumulation_steps or 1)
+    return _keras.load_model(keras, filepath, custom_optimizers, custom_objects, distribute)

@@ -2,7 +2,9 @@
 tensors, tf.function), with load_model on standalone Keras."""
 
 from kolo.tensorflow.keras import *  # noqa: F401,F403
-from kolo.tensorflow.keras import DistributedOptimizer, broadcast_global_variables  # noqa: F401
+from kolo.tensorflow.keras import (  # noqa: F401
+    DistributedOptimizer, PartialDistributedOptimizer, broadcast_global_variables,
+)
 from kolo.tensorflow import broadcast_variables  # noqa: F401
 from kolo.tensorflow.keras import Compression as _Compression
 from kolo.tensorflow.keras import _load_model

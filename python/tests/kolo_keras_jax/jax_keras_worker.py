@@ -10,7 +10,9 @@ LearningRateWarmupCallback and LearningRateScheduleCallback: at the end the weig
 on every rank and equal to what a single-process computation gives (rank 0's first weights,
 each step's gradients of every shard averaged, the callbacks' learning rates); then
 backward_passes_per_step=2 against the same kind of reference, with a collective on the updating
-steps only; run_eagerly; load_model. Prints "JAX-KERAS-OK rank=R".
+steps only and iterations counting every pass; PartialDistributedOptimizer (a local layer's
+gradients this rank's own, divided by the size); run_eagerly; load_model, also of an accumulating
+optimizer; kolo.keras.elastic an ImportError (TensorFlow's only). Prints "JAX-KERAS-OK rank=R".
 
 mismatch: rank 1's model has a wider layer: the gradients' allreduce inside the compiled step
 fails on both ranks with the shapes each sent. Prints "JAX-MISMATCH rank=R err=...".
@@ -104,11 +106,13 @@ def _loss(params, x, y):
 _grad = jax.jit(jax.grad(_loss))
 
 
-def reference(inits, lrs, momentum, passes=1, broadcast_after_first=False):
+def reference(inits, lrs, momentum, passes=1, broadcast_after_first=False, local=(), rank=0):
     """The weights that data-parallel SGD with momentum gives, in one process: at step k every
     rank's gradient on its own batch at its own weights, averaged; with passes > 1 every rank's
     gradients of passes steps summed before averaging, the update on every passes-th step; with
-    broadcast_after_first every rank takes rank 0's weights after the first step."""
+    broadcast_after_first every rank takes rank 0's weights after the first step. The weights
+    numbered in local are worker-local (momentum 0 only): each rank's own gradient divided by the
+    number of ranks; the weights returned are rank's."""
     shards = [shard(r) for r in range(N)]
     ws = [[jnp.asarray(a) for a in w] for w in inits]
     mom = [jnp.zeros_like(a) for a in ws[0]]
@@ -123,11 +127,15 @@ def reference(inits, lrs, momentum, passes=1, broadcast_after_first=False):
                 continue
             gs, acc = acc, [[jnp.zeros_like(a) for a in ws[0]] for _ in range(N)]
         mean = [sum(g[i] for g in gs) / N for i in range(len(mom))]
+        if local:
+            ws = [[w - lr * (gs[r][i] / N if i in local else mean[i]) for i, w in enumerate(ws[r])]
+                  for r in range(N)]
+            continue
         mom = [momentum * m - lr * g for m, g in zip(mom, mean)]
         ws = [[w + m for w, m in zip(ws[r], mom)] for r in range(N)]
         if broadcast_after_first and k == 0:
             ws = [ws[0]] * N
-    return ws[0]
+    return ws[rank]
 
 
 def weights(model):
@@ -261,6 +269,30 @@ def fit_accumulating():
     reductions = hvd.rank_stats()["steps"] - steps_before
     check(reductions == STEPS * EPOCHS // 2, "a reduction on updating steps only: %d of %d steps"
           % (reductions, STEPS * EPOCHS))
+    check(int(model.optimizer.iterations) == STEPS * EPOCHS,
+          "iterations %d, want %d (every pass counts)" % (int(model.optimizer.iterations), STEPS * EPOCHS))
+    return model
+
+
+def fit_partial():
+    """PartialDistributedOptimizer with the first layer local: every rank the same start, its
+    kernel and bias updated with this rank's own gradient divided by the size, the second layer's
+    with the average; the local weights part, the others stay the same on every rank."""
+    LR = 0.02
+    model = make_model(9)
+    inits = [weights(model)] * N
+    model.compile(optimizer=hvd.PartialDistributedOptimizer(keras.optimizers.SGD(LR),
+                                                            local_layers=model.layers[0]), loss="mse")
+    check(len(model.optimizer.variables) == 2, "local variables not tracked by the optimizer: %s"
+          % [v.path for v in model.optimizer.variables])
+    x, y = shard(R)
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False)
+    got = weights(model)
+    for i, (w, want) in enumerate(zip(got, reference(inits, [LR] * STEPS, 0.0, local=(0, 1), rank=R))):
+        close(w, want, "PartialDistributedOptimizer: weight %d against the reference" % i)
+    every = hvd.allgather_object(got, name="partial")
+    check(not np.allclose(every[0][0], every[-1][0]), "the local layer's kernel differs across ranks")
+    check(all(np.array_equal(e[2], every[0][2]) for e in every), "the shared layer's kernel is the same")
 
 
 def fit_eagerly():
@@ -274,14 +306,16 @@ def fit_eagerly():
         close(w, want, "run_eagerly: weights against the single-process reference")
 
 
-def load_and_train(model):
+def load_and_train(model, passes=1):
     import tempfile
     path = os.path.join(tempfile.mkdtemp(), "m.keras")
     model.save(path)
     loaded = hvd.load_model(path)
-    check(type(loaded.optimizer).__mro__[1].__name__ == "_JaxReduce",
+    check(type(loaded.optimizer).__mro__[1].__name__ == "_JaxDistributedOptimizer",
           "load_model's optimizer is distributed: %s" % (type(loaded.optimizer).__mro__,))
     check(int(loaded.optimizer.iterations) == int(model.optimizer.iterations), "optimizer state carried over")
+    check(loaded.optimizer._hvd_settings.backward_passes_per_step == passes,
+          "backward_passes_per_step %d after load_model" % loaded.optimizer._hvd_settings.backward_passes_per_step)
     x, y = shard(R)
     loaded.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False)
     same_on_every_rank(weights(loaded), "loaded")
@@ -290,9 +324,16 @@ def load_and_train(model):
 def train():
     ops()
     model = fit_with_callbacks()
-    fit_accumulating()
+    accumulating = fit_accumulating()
+    fit_partial()
     fit_eagerly()
     load_and_train(model)
+    load_and_train(accumulating, passes=2)
+    try:
+        import kolo.keras.elastic  # noqa: F401
+        check(False, "kolo.keras.elastic imported on JAX")
+    except ImportError as e:
+        check("tensorflow backend only" in str(e), "kolo.keras.elastic's ImportError: %s" % e)
     check("tensorflow" not in sys.modules, "TensorFlow not imported")
     print("JAX-KERAS-OK rank=%d checks=%d" % (R, CHECKS[0]), flush=True)
 

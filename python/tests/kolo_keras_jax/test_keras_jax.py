@@ -6,7 +6,8 @@ scripts/jax_venv.sh makes):
 
 Three jobs of jax_keras_worker.py: train (the ops at once and inside jax.jit; model.fit with the
 DistributedOptimizer and the callbacks, from different weights on different data shards, against
-a single-process reference; gradient accumulation; run_eagerly; load_model), mismatch (ranks whose
+a single-process reference; gradient accumulation; worker-local layers; run_eagerly; load_model;
+hvd.elastic refused), mismatch (ranks whose
 models differ fail with the shapes each sent) and kill (a rank SIGKILLed mid-fit fails the other,
 naming it, well before the progress deadline). Where JAX or Keras does not import the tests skip,
 unless KOLO_REQUIRE_TESTBEDS=1 (CI), where they fail.

@@ -3,11 +3,14 @@ pytest (make test-python runs it with $(TF_PYTHON), the virtual environment scri
 
     make build lib && .venv/tf/bin/python -m pytest -q python/tests/kolo_tensorflow
 
-Six jobs: tf_ops_worker.py (every op eagerly and in tf.function, gradients, process sets, the
+Ten jobs: tf_ops_worker.py (every op eagerly and in tf.function, gradients, process sets, the
 tape and the optimizer training to the same weights, shape mismatches), tf_kill_worker.py (kill -9
-of a rank inside an allreduce), tf_keras_worker.py on Keras 3 and on tf-keras (model.fit with the
-optimizer and the callbacks), and tf_elastic_worker.py (an elastic job losing a worker). Where
-TensorFlow does not import the tests skip, unless KOLO_REQUIRE_TESTBEDS=1 (CI), where they fail.
+of a rank inside an allreduce), and on Keras 3 and on tf-keras each: tf_keras_worker.py (model.fit
+with the optimizer and the callbacks), tf_keras_optimizer_worker.py (the optimizer's gradients:
+reduced once, backward_passes_per_step, local variables, KerasState and the elastic callbacks) and
+tf_keras_elastic_worker.py (an elastic model.fit losing a worker); tf_elastic_worker.py (an
+elastic training loop losing a worker). Where TensorFlow does not import the tests skip, unless
+KOLO_REQUIRE_TESTBEDS=1 (CI), where they fail.
 """
 
 import importlib.util
@@ -80,18 +83,19 @@ def test_ops_gradients_training_and_mismatch():
 
 def test_killed_rank_fails_the_other_naming_it():
     assert os.path.exists(KOLO), "run `make build lib` first"
-    result = re.compile(r"TF-KILL-RESULT rank=(\d+) op=(\S+) elapsed_ms=(\d+) err=(.*)$", re.M)
+    result = re.compile(r"TF-KILL-RESULT rank=(\d+) op=(\S+) elapsed_ms=(\d+) unknown=(\d) err=(.*)$", re.M)
     t0 = time.monotonic()
     _, out = _run([KOLO, "run", "-np", "2", sys.executable, os.path.join(HERE, "tf_kill_worker.py")],
                   _env(KOLO_PROGRESS_TIMEOUT_SECONDS=str(PROGRESS)), timeout=PROGRESS + 60,
                   stop_after=(result, 1))
     got = result.findall(out)
     assert "SIGKILL" in out and len(got) == 1, out[-4000:]
-    r, op, ms, err = got[0]
+    r, op, ms, unknown, err = got[0]
     print("rank %s: op %s failed after %s ms: %s (job %.1f s)" % (r, op, ms, err, time.monotonic() - t0))
     assert r == "0" and op != "none", out[-4000:]
     assert int(ms) < PROGRESS * 1000, "failed after %s ms, past the %d s progress deadline" % (ms, PROGRESS)
     assert "rank 1" in err, "the error does not name rank 1: %s" % err
+    assert unknown == "1", "the lost rank's error is not a tf.errors.UnknownError: %s" % err
 
 
 @pytest.mark.parametrize("mode", ["keras3", "tf-keras"])
@@ -103,6 +107,33 @@ def test_keras_fit_with_callbacks(mode):
                    timeout=300)
     ok = re.findall(r"TF-KERAS-OK rank=(\d+) mode=(\S+)", out)
     assert rc == 0 and sorted(ok) == [("0", mode), ("1", mode)], out[-6000:]
+
+
+@pytest.mark.parametrize("mode", ["keras3", "tf-keras"])
+def test_keras_optimizer_gradients(mode):
+    """The distributed Keras optimizer at 2 ranks: gradients reduced once whether
+    _compute_gradients or apply_gradients reduces them, backward_passes_per_step (eagerly and in
+    tf.function), worker-local variables, model.fit with aggregation, KerasState and the elastic
+    callbacks (tf_keras_optimizer_worker.py)."""
+    assert os.path.exists(KOLO), "run `make build lib` first"
+    rc, out = _run([KOLO, "run", "-np", "2", sys.executable, os.path.join(HERE, "tf_keras_optimizer_worker.py"), mode],
+                   _env(), timeout=420)
+    ok = re.findall(r"TF-KERAS-OPT-OK rank=(\d+) mode=(\S+) checks=(\d+)", out)
+    assert rc == 0 and sorted((r, m) for r, m, _ in ok) == [("0", mode), ("1", mode)], out[-6000:]
+    assert all(int(n) >= 200 for _, _, n in ok), ok
+
+
+@pytest.mark.parametrize("mode", ["keras3", "tf-keras"])
+def test_elastic_keras_fit_survives_a_killed_worker(mode):
+    """hvd.elastic.run around model.fit with a KerasState and the elastic callbacks: the worker
+    started as rank 1 is SIGKILLed after batch 2 of epoch 1, the survivor restores the commit of
+    that batch, resets, and fits the remaining epochs alone (tf_keras_elastic_worker.py)."""
+    assert os.path.exists(KOLO), "run `make build lib` first"
+    rc, out = _run([KOLO, "run", "-np", "2", "--min-np", "1", "-H", "localhost:1,127.0.0.1:1", sys.executable,
+                    os.path.join(HERE, "tf_keras_elastic_worker.py"), mode], _env(), timeout=240)
+    done = re.findall(r"TF-KERAS-ELASTIC-DONE start_rank=(\d+) size=(\d+) epoch=(\d+) resets=(\d+) restored=(\S+)",
+                      out)
+    assert rc == 0 and done == [("0", "1", "3", "1", "1.2")], out[-6000:]
 
 
 def test_elastic_keras_state_survives_a_killed_worker():
