@@ -7,11 +7,12 @@ PYTHON  ?= /usr/bin/python3
 # The interpreter of kolo.tensorflow's tests: TensorFlow needs numpy 2, Debian's PyTorch numpy 1,
 # so TensorFlow lives in a virtual environment of its own (scripts/tf_venv.sh, run by make deps).
 TF_PYTHON ?= .venv/tf/bin/python
-# kolo.keras on Keras 3's JAX backend: JAX and Keras in a virtual environment of their own, without
-# TensorFlow (scripts/jax_venv.sh, run by make deps).
-JAX_PYTHON ?= .venv/jax/bin/python
 # The engine as the Python package loads it (capi/), and the kolo command a wheel ships beside it.
 PYLIB   := python/kolo/lib
+# The interpreter of kolo.keras's tests on Keras 3's JAX backend (python/tests/kolo_keras_jax): JAX
+# and Keras in a virtual environment of their own, without TensorFlow (scripts/jax_venv.sh, run by
+# make deps). test-python leaves them out of the system Python's run.
+JAX_PYTHON ?= .venv/jax/bin/python
 
 .PHONY: help deps demo-go build lib wheel demo test test-python test-deploy test-race lint bench clean docker-e2e gpu-check
 
@@ -67,12 +68,11 @@ test: deps lint
 	$(MAKE) test-deploy
 
 # Every Python test starts real ranks with bin/kolo run; test_wheel.py builds and installs a wheel.
-# kolo.tensorflow's (python/tests/kolo_tensorflow) run with TensorFlow's interpreter, kolo.keras's
-# on JAX (python/tests/kolo_keras_jax) with JAX's.
+# kolo.tensorflow's (python/tests/kolo_tensorflow) run with TensorFlow's interpreter.
 test-python: build lib
 	$(PYTHON) -m pytest -q python/tests --ignore=python/tests/kolo_tensorflow --ignore=python/tests/kolo_keras_jax
-	$(TF_PYTHON) -m pytest -q python/tests/kolo_tensorflow
 	$(JAX_PYTHON) -m pytest -q python/tests/kolo_keras_jax
+	$(TF_PYTHON) -m pytest -q python/tests/kolo_tensorflow
 
 # Structure of the Kubernetes, compose and apptainer files that CI cannot run (docs/containers.md).
 test-deploy:
