@@ -30,7 +30,7 @@ func standinEnv(t *testing.T) (map[string]string, string) {
 		"STANDIN_DEADLINE_S": "60"}, report
 }
 
-// Ranks in separate processes run ops on device memory on the device path, through gpu/nccl's C
+// Ranks in separate processes run ops on device memory on the device path, through internal/gpu/nccl's C
 // layer and the stand-in NCCL.
 func TestDeviceOpsThroughStandin(t *testing.T) {
 	for _, np := range []int{2, 3} {
