@@ -32,7 +32,7 @@ fi
 # From PyPI: JAX and Keras in a virtual environment of their own, for kolo.keras's tests on the JAX
 # backend (scripts/jax_venv.sh; does nothing when its versions are there).
 "$(dirname "$0")/jax_venv.sh"
-# Then from PyPI: NCCL's and the CUDA runtime's headers and libraries, for gpu/nccl's tests
+# Then from PyPI: NCCL's and the CUDA runtime's headers and libraries, for internal/gpu/nccl's tests
 # (scripts/nvidia_deps.sh), and TensorFlow and Keras in a virtual environment of their own, for
 # kolo.tensorflow's (scripts/tf_venv.sh). Each does nothing when its versions are there.
 "$(dirname "$0")/nvidia_deps.sh"

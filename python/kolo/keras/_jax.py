@@ -33,6 +33,7 @@ import numpy as np
 from jax.experimental import io_callback
 
 from kolo import _keras, _lib, _ops
+from kolo._compression import CastCompressor, Compressor, NoneCompressor  # noqa: F401 (re-exported)
 from kolo._job import (  # noqa: F401 (re-exported: the same for every binding)
     ccl_built, cross_rank, cross_size, ddl_built, gloo_built, gloo_enabled, is_homogeneous, is_initialized,
     local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, rank, rank_stats, rocm_built, shutdown,
@@ -66,44 +67,9 @@ def cuda_built():
 # ----------------------------------------------------------------------------------------------
 # Compression
 
-class Compressor(object):
-    """Interface for compressing and decompressing a tensor."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Sends tensors as they are."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-class _CastCompressor(Compressor):
-    """Casts floating-point arrays to ``wire_dtype``; leaves other dtypes alone."""
-
-    wire_dtype = None
-
-    @classmethod
-    def compress(cls, tensor):
-        if jnp.issubdtype(tensor.dtype, jnp.floating) and tensor.dtype != cls.wire_dtype:
-            return tensor.astype(cls.wire_dtype), tensor.dtype
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor if ctx is None else tensor.astype(ctx)
+class _CastCompressor(CastCompressor):
+    floating = staticmethod(lambda t: jnp.issubdtype(t.dtype, jnp.floating))
+    cast = staticmethod(lambda t, dtype: t.astype(dtype))
 
 
 class FP16Compressor(_CastCompressor):
