@@ -58,8 +58,7 @@ type elasticSettings struct {
 	// beating while its ranks stop, and waiting the full silence for a dead one would only delay
 	// the end; 3 s.
 	stoppingSilence time.Duration
-	finishWait      time.Duration   // how long the serving node keeps the rendezvous up for the others to read the end; 5 s
-	vanish          <-chan struct{} // tests: a joined node closed it stops dead, as if killed, telling nobody
+	finishWait      time.Duration // how long the serving node keeps the rendezvous up for the others to read the end; 5 s
 }
 
 func (s *elasticSettings) fill() {

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -33,7 +35,7 @@ type elasticNodeHarness struct {
 
 type elasticNodeRun struct {
 	cancel context.CancelFunc
-	vanish chan struct{}
+	vanish func() // for a joined node: cut it off the rendezvous, as if its machine died
 	stdout proctest.Buffer
 	stderr proctest.Buffer
 	done   chan struct{}
@@ -100,15 +102,26 @@ func startElasticNodesWith(t *testing.T, set elasticSettings, args ...string) *e
 // add starts one more node, with the harness's flags and extra ones; it returns its index.
 func (h *elasticNodeHarness) add(extra ...string) int {
 	h.t.Helper()
-	args := append(append([]string{"--rendezvous", h.addr}, h.args...), extra...)
+	return h.addVia(h.addr, &elasticNodeRun{done: make(chan struct{})}, extra...)
+}
+
+// addCuttable starts one more node that reaches the rendezvous through a link its vanish cuts:
+// then it falls silent, as when its machine dies.
+func (h *elasticNodeHarness) addCuttable(extra ...string) int {
+	h.t.Helper()
+	px := newCutProxy(h.t, h.addr)
+	return h.addVia(px.addr, &elasticNodeRun{done: make(chan struct{}), vanish: px.cut}, extra...)
+}
+
+func (h *elasticNodeHarness) addVia(addr string, n *elasticNodeRun, extra ...string) int {
+	h.t.Helper()
+	args := append(append([]string{"--rendezvous", addr}, h.args...), extra...)
 	opts, err := flags.Parse(append(args, "prog"), io.Discard)
 	if err != nil {
 		h.t.Fatal(err)
 	}
 	set := h.set
 	set.starter = h.fake
-	n := &elasticNodeRun{vanish: make(chan struct{}), done: make(chan struct{})}
-	set.vanish = n.vanish
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
 	h.nodes = append(h.nodes, n)
@@ -307,10 +320,10 @@ func TestElasticNodesNodeLeaves(t *testing.T) {
 // has been silent --nodeSilence; a node that joins later on the same machine gets the free name.
 func TestElasticNodesNodeKilled(t *testing.T) {
 	h := startElasticNodes(t, "--nnodes", "2", "--nproc-per-node", "1", "--min-np", "1")
-	h.add()
+	h.addCuttable()
 	h.round(1)
 	start := time.Now()
-	close(h.nodes[1].vanish)
+	h.nodes[1].vanish()
 	r := h.round(2)
 	if got := places(r); got != h.place(0, 0) {
 		t.Fatalf("round 2 places %s, want %s", got, h.place(0, 0))
@@ -336,10 +349,10 @@ func TestElasticNodesKilledNodeNamedBySurvivors(t *testing.T) {
 	set := testNodeSettings()
 	set.nodeSilence = 4 * time.Second
 	h := startElasticNodesWith(t, set, "--nnodes", "2", "--nproc-per-node", "1", "--min-np", "1")
-	h.add()
+	h.addCuttable()
 	h.round(1)
 	start := time.Now()
-	close(h.nodes[1].vanish)
+	h.nodes[1].vanish()
 	survivor := jobenv.Place{Host: h.hostOf(0), Slot: 0}
 	dead := jobenv.Place{Host: h.hostOf(1), Slot: 0}
 	if err := h.rv.Set(context.Background(), jobenv.ReinitKey(1, survivor), jobenv.EncodeReinit([]jobenv.Place{dead})); err != nil {
@@ -497,4 +510,62 @@ func TestElasticNodeAgentFollowsOrdersUntilTheServingNodeGoes(t *testing.T) {
 		t.Errorf("exit %d, %v", code, err)
 	}
 	wantSignals(t, w2, syscall.SIGTERM)
+}
+
+// cutProxy forwards connections to a rendezvous until cut: then every connection through it
+// closes and no new one is taken, as when the machine of the node behind it dies.
+type cutProxy struct {
+	ln    net.Listener
+	addr  string
+	mu    sync.Mutex
+	conns []net.Conn
+	wg    sync.WaitGroup
+}
+
+func newCutProxy(t *testing.T, to string) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	px := &cutProxy{ln: ln, addr: ln.Addr().String()}
+	px.wg.Add(1)
+	go func() {
+		defer px.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", to)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			px.mu.Lock()
+			px.conns = append(px.conns, c, up)
+			px.mu.Unlock()
+			px.wg.Add(2)
+			for _, pair := range [][2]net.Conn{{c, up}, {up, c}} {
+				go func() {
+					defer px.wg.Done()
+					io.Copy(pair[0], pair[1])
+					pair[0].Close()
+					pair[1].Close()
+				}()
+			}
+		}
+	}()
+	t.Cleanup(px.cut)
+	return px
+}
+
+func (px *cutProxy) cut() {
+	px.ln.Close()
+	px.mu.Lock()
+	for _, c := range px.conns {
+		c.Close()
+	}
+	px.mu.Unlock()
+	px.wg.Wait()
 }

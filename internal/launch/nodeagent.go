@@ -142,13 +142,6 @@ func (a *elasticAgent) run(ctx context.Context) (int, error) {
 		select {
 		case <-ctx.Done():
 			return a.leave()
-		case <-a.set.vanish:
-			for _, p := range a.procs {
-				p.child.Kill()
-			}
-			a.stopAll(false)
-			a.n.rv.Close()
-			return 1, errors.New("vanished (test)")
 		case err := <-lost:
 			return a.lost(err)
 		case o := <-orders:
