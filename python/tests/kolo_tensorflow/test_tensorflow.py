@@ -94,10 +94,12 @@ def test_killed_rank_fails_the_other_naming_it():
     assert "rank 1" in err, "the error does not name rank 1: %s" % err
 
 
-@pytest.mark.parametrize("mode", ["keras3", "tf-keras"])
+@pytest.mark.parametrize("mode", ["keras", "tf-keras"])
 def test_keras_fit_with_callbacks(mode):
-    """kolo.keras on Keras 3, kolo.tensorflow.keras on tf-keras: model.fit with the
-    DistributedOptimizer and the callbacks, the same weights and metrics on both ranks."""
+    """kolo.keras on standalone Keras (Keras 3, or Keras 2 before TensorFlow 2.16),
+    kolo.tensorflow.keras on Keras 2 as tf.keras (tf-keras, or TensorFlow's own before 2.16):
+    model.fit with the DistributedOptimizer and the callbacks, the same weights and metrics on
+    both ranks."""
     assert os.path.exists(KOLO), "run `make build lib` first"
     rc, out = _run([KOLO, "run", "-np", "2", sys.executable, os.path.join(HERE, "tf_keras_worker.py"), mode], _env(),
                    timeout=300)

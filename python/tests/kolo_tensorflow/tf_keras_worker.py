@@ -1,8 +1,9 @@
-"""Keras training with kolo's Keras API, for test_tensorflow.py. With argument "keras3", standalone
-Keras 3 through kolo.keras; with "tf-keras", tf-keras (Keras 2) as tf.keras (TF_USE_LEGACY_KERAS=1)
-through kolo.tensorflow.keras:
+"""Keras training with kolo's Keras API, for test_tensorflow.py. With argument "keras", standalone
+Keras (``import keras``: Keras 3 from TensorFlow 2.16 on, Keras 2 before) through kolo.keras; with
+"tf-keras", Keras 2 as tf.keras through kolo.tensorflow.keras (the tf-keras package where
+TF_USE_LEGACY_KERAS=1 makes it tf.keras, from TensorFlow 2.16 on; TensorFlow's own Keras before):
 
-    bin/kolo run -np 2 .venv/tf/bin/python python/tests/kolo_tensorflow/tf_keras_worker.py keras3
+    bin/kolo run -np 2 .venv/tf/bin/python python/tests/kolo_tensorflow/tf_keras_worker.py keras
 
 Every rank starts from its own random weights and trains on its own data with model.fit, the
 DistributedOptimizer, a SyncBatchNormalization layer and the callbacks (broadcast, metric average,
@@ -24,13 +25,13 @@ if MODE == "tf-keras":
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-if MODE == "keras3":
+if MODE == "keras":
     import keras  # noqa: E402
     import kolo.keras as hvd  # noqa: E402
 else:
     keras = tf.keras
     import kolo.tensorflow.keras as hvd  # noqa: E402
-    assert keras.__name__.startswith("tf_keras"), keras.__name__
+    assert not hasattr(keras, "ops"), keras.__name__  # Keras 2 (keras.ops is Keras 3's)
 
 tf.config.threading.set_inter_op_parallelism_threads(2)
 tf.config.threading.set_intra_op_parallelism_threads(1)

@@ -104,8 +104,12 @@ def _load_model(keras, filepath, custom_optimizers, custom_objects, compression)
     dist = _create_distributed_optimizer(opt, compression=compression)
     old_vars = _optimizer_variables(opt)
     if old_vars:
-        if hasattr(dist, "build"):
+        if hasattr(dist, "build"):  # Keras 3's optimizers and Keras 2's (tf-keras, TensorFlow < 2.16)
             dist.build(model.trainable_variables)
+        elif hasattr(dist, "_create_all_weights"):
+            # Keras 2's legacy optimizers (OptimizerV2), which TensorFlow 2.12's load_model gives
+            # back for a .keras file: iterations, then the slots, as the loaded one has them.
+            dist._create_all_weights(model.trainable_variables)
         new_vars = _optimizer_variables(dist)
         if len(new_vars) != len(old_vars):
             raise ValueError("load_model: the distributed optimizer has %d variables, the loaded one %d"
