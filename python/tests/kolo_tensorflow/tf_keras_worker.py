@@ -8,8 +8,8 @@ TF_USE_LEGACY_KERAS=1 makes it tf.keras, from TensorFlow 2.16 on; TensorFlow's o
 Every rank starts from its own random weights and trains on its own data with model.fit, the
 DistributedOptimizer, a SyncBatchNormalization layer and the callbacks (broadcast, metric average,
 warmup, schedule); at the end the weights (the batch norm's moving statistics too) and the logged
-metrics are the same on every rank, and the learning rate is what the
-callbacks set. Prints "TF-KERAS-OK rank=R mode=M".
+metrics are the same on every rank, and the learning rate is what the callbacks set. Then
+backward_passes_per_step=2 on a layer's kernel, checked exactly. Prints "TF-KERAS-OK rank=R mode=M".
 """
 
 import os
@@ -84,4 +84,20 @@ loaded.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
 every = hvd.allgather_object([np.asarray(w) for w in loaded.weights])
 check(all(np.array_equal(a, b) for w in every[1:] for a, b in zip(every[0], w)),
       "the same weights on every rank after training the loaded model")
+
+# backward_passes_per_step=2, exactly: every 2nd call applies the sum of 2 calls' gradients,
+# averaged across ranks (SGD, learning rate 1); iterations counts updates in Keras 3, calls in
+# Keras 2 (as Horovod's)
+layer = keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")
+layer.build([None, 2])
+aopt = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2)
+apply_fn = tf.function(lambda g: aopt.apply_gradients([(g, layer.kernel)]))
+want = np.zeros([2, 1])
+for k in range(1, 5):
+    apply_fn(tf.constant([[1.0], [2.0]]) * (R + 1) * k)
+    if k % 2 == 0:  # calls k-1 and k, each rank's times (r + 1), averaged over ranks
+        want -= np.array([[1.0], [2.0]]) * (N + 1) / 2.0 * (2 * k - 1)
+    check(np.allclose(np.asarray(layer.kernel), want), "backward_passes_per_step=2, call %d: %s, want %s"
+          % (k, np.asarray(layer.kernel).tolist(), want.tolist()))
+check(int(aopt.iterations) == (2 if hasattr(keras, "ops") else 4), "iterations after 4 calls: %d" % int(aopt.iterations))
 print("TF-KERAS-OK rank=%d mode=%s losses=%s lrs=%s" % (R, MODE, losses, lrs), flush=True)
