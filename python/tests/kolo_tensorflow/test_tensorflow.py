@@ -1,12 +1,15 @@
 """kolo.tensorflow at 2 ranks under bin/kolo run, with the TensorFlow of the interpreter running
-pytest (make test-python runs it with $(TF_PYTHON), the virtual environment scripts/deps.sh makes):
+pytest (make test-python runs it twice: with $(TF_PYTHON), the newest TensorFlow kolo supports, and
+$(TF_OLDEST_PYTHON), the oldest; the virtual environments scripts/deps.sh makes):
 
     make build lib && .venv/tf/bin/python -m pytest -q python/tests/kolo_tensorflow
+    .venv/tf-oldest/bin/python -m pytest -q python/tests/kolo_tensorflow
 
-Six jobs: tf_ops_worker.py (every op eagerly and in tf.function, gradients, process sets, the
+Five jobs: tf_ops_worker.py (every op eagerly and in tf.function, gradients, process sets, the
 tape and the optimizer training to the same weights, shape mismatches), tf_kill_worker.py (kill -9
-of a rank inside an allreduce), tf_keras_worker.py on Keras 3 and on tf-keras (model.fit with the
-optimizer and the callbacks), and tf_elastic_worker.py (an elastic job losing a worker). Where
+of a rank inside an allreduce), tf_keras_worker.py on standalone Keras and on Keras 2 as tf.keras
+(model.fit with the optimizer and the callbacks; on TensorFlow 2.12 both are its Keras 2.12), and
+tf_elastic_worker.py (an elastic job losing a worker). Every job applies to both TensorFlows. Where
 TensorFlow does not import the tests skip, unless KOLO_REQUIRE_TESTBEDS=1 (CI), where they fail.
 """
 
@@ -30,7 +33,7 @@ PROGRESS = 15  # KOLO_PROGRESS_TIMEOUT_SECONDS of the kill job: the deadline the
 # for TensorFlow as a namespace package)
 _spec = importlib.util.find_spec("tensorflow")
 if _spec is None or _spec.origin in (None, "namespace"):
-    why = "TensorFlow does not import in %s (make deps creates .venv/tf; run with .venv/tf/bin/python)" % sys.executable
+    why = "TensorFlow does not import in %s (make deps creates .venv/tf and .venv/tf-oldest; run with their python)" % sys.executable
     if os.environ.get("KOLO_REQUIRE_TESTBEDS") == "1":
         raise RuntimeError(why + "; KOLO_REQUIRE_TESTBEDS=1 forbids skipping")
     pytest.skip(why, allow_module_level=True)
