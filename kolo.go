@@ -75,6 +75,12 @@ type ArgumentError = engine.ArgumentError
 // an op of the same kind and process set submitted on this rank still holds.
 var ErrDuplicateName = engine.ErrDuplicateName
 
+// ErrMismatch is matched (errors.Is) by the error of an op the ranks disagreed on (its dtype,
+// shape, reduce op, root, ...) or could not run as they submitted it (a rank refused its
+// arguments, a rank had joined): every rank needed was there, and the job goes on. Other errors of
+// an op mean that a rank will never submit it (it ended, stalled, failed or was lost).
+var ErrMismatch = engine.ErrMismatch
+
 // OpKind is a collective, as RefuseAsync names it (its numbers are the C ABI's).
 type OpKind = negotiate.OpKind
 

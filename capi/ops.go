@@ -760,16 +760,18 @@ func kolo_error(h C.int64_t, buf *C.char, capacity C.int) C.int {
 	return n
 }
 
-// Error kinds, as kolo_error_kind returns them.
+// Error kinds, as kolo_error_kind returns them (errorUnavailable, 3, is in device.go).
 const (
 	errorNone     = 0 // the op runs, or succeeded
-	errorFailed   = 1 // the op failed: a mismatch between ranks, a lost rank, a shutdown
+	errorFailed   = 1 // the op failed: a lost rank, a rank that ended or stalled, a shutdown
 	errorArgument = 2 // this rank refused the op's arguments before it ran (kolo.ArgumentError)
+	errorMismatch = 4 // the ranks disagreed on the op, or could not run it as submitted (kolo.ErrMismatch)
 )
 
-// kolo_error_kind says how the op failed (errorNone, errorFailed or errorArgument), so that the
-// caller can raise what Horovod raises (ValueError for a refused argument, HorovodInternalError
-// for a failed op); -1 for an unknown handle.
+// kolo_error_kind says how the op failed (errorNone, errorFailed, errorArgument, errorUnavailable
+// or errorMismatch), so that the caller can raise what Horovod raises (ValueError for a refused
+// argument, HorovodInternalError for a failed op; horovod.tensorflow a precondition error for a
+// mismatch); -1 for an unknown handle.
 //
 //export kolo_error_kind
 func kolo_error_kind(h C.int64_t) C.int {
@@ -786,6 +788,9 @@ func kolo_error_kind(h C.int64_t) C.int {
 	}
 	if o.err != nil || errors.As(o.failure(), &ae) {
 		return errorArgument
+	}
+	if errors.Is(o.failure(), kolo.ErrMismatch) {
+		return errorMismatch
 	}
 	return errorFailed
 }

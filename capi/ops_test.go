@@ -9,7 +9,10 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/kolo-dl/kolo"
 	"github.com/kolo-dl/kolo/dtype"
+	"github.com/kolo-dl/kolo/engine"
+	"github.com/kolo-dl/kolo/engine/negotiate"
 )
 
 var errTest = errors.New("test: rejected")
@@ -110,6 +113,33 @@ func TestHandleTable(t *testing.T) {
 	kolo_release(-h)
 	if kolo_poll(-h) != statusUnknown || kolo_handles() != before {
 		t.Error("released handle still known")
+	}
+}
+
+// kolo_error_kind tells a binding what to raise: the ranks' disagreement (errors.Is kolo.ErrMismatch,
+// wrapped or not) apart from a failure and from this rank's refusal.
+func TestErrorKinds(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want int
+	}{
+		{"failed", errTest, errorFailed},
+		{"mismatch", &engine.OpError{Msg: "dtypes differ", Cause: negotiate.Mismatch}, errorMismatch},
+		{"wrapped mismatch", fmt.Errorf("process set 1: %w", &engine.OpError{Cause: negotiate.Mismatch}), errorMismatch},
+		{"a rank ended", &engine.OpError{Msg: "rank 1 ended", Ended: []int{1}}, errorFailed},
+		{"refused here", &kolo.ArgumentError{Err: errTest}, errorArgument},
+		{"device path unavailable", kolo.ErrDeviceUnavailable, errorUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &call{done: make(chan struct{}), err: tc.err}
+			close(c.done)
+			h := -issued(&op{call: c}) // negative: failed at once
+			defer kolo_release(h)
+			if k := kolo_error_kind(h); int(k) != tc.want {
+				t.Errorf("kolo_error_kind = %d, want %d", k, tc.want)
+			}
+		})
 	}
 }
 

@@ -126,9 +126,10 @@ type Engine struct {
 	tlMu sync.Mutex
 
 	// inFlight holds, per process set, the names of the ops submitted on this rank that have not
-	// completed (under namesMu, which is taken after mu, never before).
+	// completed, and the handle of the op that holds each (under namesMu, which is taken after mu,
+	// never before).
 	namesMu  sync.Mutex
-	inFlight map[setName]struct{}
+	inFlight map[setName]*Handle
 	resync   map[int]resyncPoint // per process set: the last Response.Resync (under namesMu)
 	// joins counts the completed joins (every rank joined): the API layer restarts its numbering
 	// of unnamed ops there, where every rank agrees on it again.
@@ -191,21 +192,29 @@ type setName struct {
 	name string
 }
 
-// reserve records that an op of set holds name until it completes; false if one already does.
-func (e *Engine) reserve(set int, name string) bool {
+// reserve records that h, an op of set, holds name until it completes; false if another op does.
+// A name that only a refusal holds (an op this rank refused, whose error the coordinator has not
+// answered yet) passes to h: the op's caller has its error already, and to it the name is free.
+// h then waits behind the refusal (see drainQueue) rather than fail as a duplicate on this rank
+// alone, which would leave the other ranks' submissions of it waiting for this rank.
+func (e *Engine) reserve(set int, name string, h *Handle) bool {
 	k := setName{set, name}
 	e.namesMu.Lock()
 	defer e.namesMu.Unlock()
-	if _, dup := e.inFlight[k]; dup {
+	if holder := e.inFlight[k]; holder != nil && !holder.refusal {
 		return false
 	}
-	e.inFlight[k] = struct{}{}
+	e.inFlight[k] = h
 	return true
 }
 
-func (e *Engine) unreserve(set int, name string) {
+// unreserve frees name in set if h still holds it.
+func (e *Engine) unreserve(set int, name string, h *Handle) {
+	k := setName{set, name}
 	e.namesMu.Lock()
-	delete(e.inFlight, setName{set, name})
+	if e.inFlight[k] == h {
+		delete(e.inFlight, k)
+	}
 	e.namesMu.Unlock()
 }
 
@@ -281,7 +290,8 @@ func New(cfg Config, g Group) (*Engine, error) {
 	for i := range all {
 		all[i] = i
 	}
-	global := &procSet{id: 0, ranks: all, rank: g.Rank, cache: cache, exec: newExecutor(g, cfg), pending: map[string]*entry{}}
+	global := &procSet{id: 0, ranks: all, rank: g.Rank, cache: cache, exec: newExecutor(g, cfg),
+		pending: map[string]*entry{}, behind: map[string][]*entry{}}
 	e := &Engine{
 		cfg:      cfg,
 		g:        g,
@@ -293,7 +303,7 @@ func New(cfg Config, g Group) (*Engine, error) {
 		stopped:  make(chan struct{}),
 		toldDone: make(chan struct{}),
 		sets:     map[int]*procSet{0: global},
-		inFlight: map[setName]struct{}{},
+		inFlight: map[setName]*Handle{},
 		resync:   map[int]resyncPoint{},
 		global:   global,
 		table:    negotiate.NewSetTable(g.Size),
@@ -556,16 +566,20 @@ func (e *Engine) appendLocked(s *submission) {
 		fail(ErrShutdown)
 		return
 	}
-	if !e.reserve(ps.id, req.Name) {
+	in, out, dv := s.in, s.out, s.dv
+	if s.refused != nil {
+		// The refusal holds the name until its error comes back from the coordinator (for the
+		// op's turn there), under a handle of its own: the caller's fails now.
+		h = newHandle(req.Name, e)
+		h.refusal = true
+	}
+	if !e.reserve(ps.id, req.Name, h) {
 		fail(&ArgumentError{fmt.Errorf("rank %d: %s %q%s: %w: an op of that name submitted on this rank has not completed; names must be unique among in-flight ops",
 			e.g.Rank, req.Kind, req.Name, inSet(ps.id), ErrDuplicateName)})
 		return
 	}
-	in, out, dv := s.in, s.out, s.dv
 	if s.refused != nil {
-		// The refusal holds the name until its error comes back from the coordinator.
 		s.caller.finish(&ArgumentError{s.refused})
-		h = newHandle(req.Name, e)
 		e.dev.drop(dv)
 		in, out, dv = nil, nil, nil
 	}
@@ -627,7 +641,14 @@ func (e *Engine) drainQueue(now time.Time) (took, ok bool) {
 				en.h.finish(fmt.Errorf("rank %d: %s %q submitted after this rank called join", e.g.Rank, en.req.Kind, en.req.Name))
 				continue
 			}
-			// No duplicate can reach here: enqueue reserved the name until the op completes.
+			if ps.pending[en.req.Name] != nil {
+				// A refusal of this name is pending (see reserve): the coordinator would take this
+				// op for it submitted twice. It goes once the refusal's answer is in (execute).
+				ps.behind[en.req.Name] = append(ps.behind[en.req.Name], en)
+				e.inflight++
+				continue
+			}
+			// No other duplicate can reach here: enqueue reserved the name until the op completes.
 			en.fid = e.obs.flight.Submit(now, en.req.Name, en.req.Kind.String(), en.req.DType.String(), en.inBytes(), ps.id)
 			ps.pending[en.req.Name] = en
 			e.inflight++
@@ -665,6 +686,21 @@ func (e *Engine) drainQueue(now time.Time) (took, ok bool) {
 		return len(q) > 0, false
 	}
 	return len(q) > 0, true
+}
+
+// sendBehind queues again, in the order they came, the ops of ps that waited for the pending
+// refusal of name (see reserve), now that it has its answer.
+func (e *Engine) sendBehind(ps *procSet, name string) {
+	ens := ps.behind[name]
+	if len(ens) == 0 {
+		return
+	}
+	delete(ps.behind, name)
+	e.inflight -= len(ens)
+	e.mu.Lock()
+	e.queue = append(e.queue, ens...)
+	e.queued.Store(int32(len(e.queue)))
+	e.mu.Unlock()
 }
 
 // addOutgoing appends an empty request list for ps to outs, reusing the list an earlier cycle left
@@ -992,6 +1028,7 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 			entries[i] = en
 			delete(ps.pending, n)
 			e.inflight--
+			e.sendBehind(ps, n)
 		}
 		if ps == e.global && reservedName(n) {
 			changes = true
@@ -1014,7 +1051,7 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 			e.resync[ps.id] = resyncPoint{r.Resync, e.joins.Load()}
 			e.namesMu.Unlock()
 		}
-		err := &OpError{Msg: r.Error, Op: firstName(r.Names), Ended: r.Ended}
+		err := &OpError{Msg: r.Error, Op: firstName(r.Names), Ended: r.Ended, Cause: r.Cause}
 		if ps.id != 0 {
 			err.Msg = fmt.Sprintf("process set %d: %s", ps.id, r.Error)
 		}
@@ -1051,7 +1088,7 @@ func (e *Engine) execute(ps *procSet, r *negotiate.Response) bool {
 		err = ps.exec.run(context.Background(), *r, entries)
 	case len(r.Joined) > 0:
 		// Every rank sees the same Joined: the op fails alike everywhere, and the job goes on.
-		oe := &OpError{Msg: fmt.Sprintf("%s %s: %v %v", r.Kind, quoteNames(r.Names), errJoined, r.Joined)}
+		oe := &OpError{Msg: fmt.Sprintf("%s %s: %v %v", r.Kind, quoteNames(r.Names), errJoined, r.Joined), Cause: negotiate.Mismatch}
 		for _, en := range entries {
 			if en != nil {
 				en.h.finish(oe)
@@ -1491,6 +1528,12 @@ func (e *Engine) halt(err error, tell bool) {
 			en.h.finish(err)
 		}
 		clear(ps.pending)
+		for _, ens := range ps.behind {
+			for _, en := range ens {
+				en.h.finish(err)
+			}
+		}
+		clear(ps.behind)
 	}
 	e.inflight = 0
 	if e.joining != nil {
@@ -1508,6 +1551,9 @@ type OpError struct {
 	Op  string // the op's name (the first of a fused group's)
 	// Ended are the ranks that ended (reached shutdown) without submitting the op: its cause.
 	Ended []int
+	// Cause says whether the ranks disagreed on the op (negotiate.Mismatch: every rank needed
+	// was there) or a rank will never submit it (negotiate.Failed).
+	Cause negotiate.Cause
 }
 
 // LastOpError is the last op error this engine handed to a caller, nil if none: a program that
@@ -1522,6 +1568,16 @@ func firstName(names []string) string {
 }
 
 func (e *OpError) Error() string { return e.Msg }
+
+// Is makes an OpError of cause negotiate.Mismatch match ErrMismatch.
+func (e *OpError) Is(target error) bool {
+	return target == ErrMismatch && e.Cause == negotiate.Mismatch
+}
+
+// ErrMismatch is matched (errors.Is) by the OpError of an op the ranks disagreed on (a dtype, a
+// shape, a root, ...), or could not run as they submitted it: every rank needed was there, and the
+// job goes on. Horovod raises a precondition error for it (tf.errors.FailedPreconditionError).
+var ErrMismatch = errors.New("the ranks disagreed on the op")
 
 // shutdownName is the barrier every rank passes on the way out.
 const shutdownName = negotiate.ShutdownName

@@ -191,6 +191,9 @@ func TestMismatchFailsOpEverywhere(t *testing.T) {
 		if !errors.As(err, &oe) || !strings.Contains(err.Error(), `"w"`) || !strings.Contains(err.Error(), "rank 2") {
 			t.Errorf("rank %d: err = %v, want an OpError naming \"w\" and rank 2", r, err)
 		}
+		if !errors.Is(err, ErrMismatch) {
+			t.Errorf("rank %d: %v does not match ErrMismatch", r, err)
+		}
 	}
 	// The job goes on.
 	for r := 0; r < n; r++ {
@@ -286,12 +289,15 @@ func TestRefusalFailsEveryRank(t *testing.T) {
 		if !errors.As(err, &oe) || !strings.Contains(err.Error(), `allreduce "r": rank 1 refused it: shape [2] of float32 needs 8 bytes, input has 4`) {
 			t.Errorf("rank %d: %v", r, err)
 		}
+		if !errors.Is(err, ErrMismatch) {
+			t.Errorf("rank %d: %v does not match ErrMismatch (the op cannot run as submitted)", r, err)
+		}
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("the refusal took %v to fail the other ranks", d)
 	}
 	// A refusal the caller makes itself (the API layer's checks) works the same way, and the
-	// name is free again once the refusal's error has come back.
+	// name is free again at once to the refusing rank's caller (TestSubmitAgainAfterRefusal).
 	for round := range 2 {
 		for r := range 3 {
 			buf := f32(float32(r))
@@ -310,17 +316,69 @@ func TestRefusalFailsEveryRank(t *testing.T) {
 				t.Errorf("round 0, rank %d: %v", r, err)
 			}
 		}
-		if round == 0 {
-			// Wait until the refusal's own handle on rank 2 has its answer and released the name.
-			deadline := time.Now().Add(5 * time.Second)
-			for !c.engines[2].reserve(0, "next") {
-				if time.Now().After(deadline) {
-					t.Fatal("rank 2 still holds the refused op's name")
-				}
-				time.Sleep(time.Millisecond)
+	}
+}
+
+// A rank that refused an op may submit its name again at once, before the coordinator has
+// answered the refusal: the new op waits for that answer instead of failing as a duplicate on
+// this rank alone (the other ranks' submissions of it would then wait for this rank forever, and
+// the ranks' ops drift apart).
+func TestSubmitAgainAfterRefusal(t *testing.T) {
+	c := newCluster(t, 2, DefaultConfig())
+	ctx := waitCtx(t)
+	for round := range 30 {
+		// Round 0 mod 2: both ranks refuse "x", then submit it again; else rank 0 alone
+		// refuses, and rank 1's first "x" fails with rank 0's reason.
+		var retry [2]*Handle
+		var bufs [2][]byte
+		for r := range 2 {
+			refused := allreduceReq("x", 1)
+			refused.Error = "refused by the test"
+			first := f32(9)
+			var h *Handle
+			if r == 0 || round%2 == 0 {
+				h = c.engines[r].Enqueue(refused, first, first)
+			} else {
+				h = c.engines[r].Enqueue(allreduceReq("x", 1), first, first)
 			}
-			c.engines[2].unreserve(0, "next")
+			if r == 0 || round%2 == 0 {
+				var ae *ArgumentError
+				if !h.Poll() || !errors.As(h.Err(), &ae) {
+					t.Fatalf("round %d, rank %d: the refusal: done %v, %v", round, r, h.Poll(), h.Err())
+				}
+			} else if err := h.Wait(ctx); !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "refused by the test") {
+				t.Fatalf("round %d, rank %d: the op rank 0 refused: %v", round, r, err)
+			}
+			bufs[r] = f32(float32(r + 1))
+			retry[r] = c.engines[r].Enqueue(allreduceReq("x", 1), bufs[r], bufs[r])
 		}
+		for r, h := range retry {
+			if err := h.Wait(ctx); err != nil {
+				t.Fatalf("round %d, rank %d: the op submitted again: %v", round, r, err)
+			}
+			if got := getF32(bufs[r])[0]; got != 3 {
+				t.Fatalf("round %d, rank %d: got %v, want 3", round, r, got)
+			}
+		}
+	}
+	// A second op of the name while the first waits behind the refusal is a duplicate.
+	refused := allreduceReq("y", 1)
+	refused.Error = "refused by the test"
+	b := f32(1)
+	c.engines[0].Enqueue(refused, b, b)
+	b1, b2 := f32(1), f32(1)
+	h1 := c.engines[0].Enqueue(allreduceReq("y", 1), b1, b1)
+	if h2 := c.engines[0].Enqueue(allreduceReq("y", 1), b2, b2); !h2.Poll() || !errors.Is(h2.Err(), ErrDuplicateName) {
+		t.Errorf("a second op behind the refusal: done %v, %v; want ErrDuplicateName", h2.Poll(), h2.Err())
+	}
+	ob := f32(1)
+	if err := c.engines[1].Enqueue(allreduceReq("y", 1), ob, ob).Wait(ctx); !errors.Is(err, ErrMismatch) {
+		t.Errorf("rank 1's first \"y\", which rank 0 refused: %v", err)
+	}
+	ob2 := f32(1)
+	h := c.engines[1].Enqueue(allreduceReq("y", 1), ob2, ob2)
+	if err := errors.Join(h1.Wait(ctx), h.Wait(ctx)); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -343,6 +401,9 @@ func TestLostRankFailsPendingOps(t *testing.T) {
 		if err == nil || !errors.Is(err, transport.ErrPeerLost) && !strings.Contains(err.Error(), "rank 2") {
 			t.Errorf("rank %d: err = %v, want rank 2 lost", r, err)
 		}
+		if errors.Is(err, ErrMismatch) {
+			t.Errorf("rank %d: a lost rank's error %v matches ErrMismatch", r, err)
+		}
 		if time.Since(start) > 5*time.Second {
 			t.Errorf("rank %d took %v", r, time.Since(start))
 		}
@@ -363,6 +424,9 @@ func TestStallShutdown(t *testing.T) {
 	err := c.engines[0].Enqueue(allreduceReq("never", 1), buf, buf).Wait(waitCtx(t))
 	if err == nil || !strings.Contains(err.Error(), "rank 1") || !strings.Contains(err.Error(), "never") {
 		t.Fatalf("err = %v, want a stall error naming rank 1", err)
+	}
+	if errors.Is(err, ErrMismatch) {
+		t.Errorf("a stalled op's error %v matches ErrMismatch", err)
 	}
 }
 

@@ -23,6 +23,9 @@ type Handle struct {
 	// same name submitted again meanwhile is refused (Engine.reserve).
 	reserved bool
 	set      int
+	// refusal: the op was refused on this rank, and takes its turn only so that the other ranks
+	// hear of it; a new op of its name takes the name over (Engine.reserve).
+	refusal bool
 }
 
 func newHandle(name string, e *Engine) *Handle {
@@ -34,7 +37,7 @@ func (h *Handle) finish(err error) {
 		h.err = err
 		if h.reserved {
 			// Before done closes: a caller that saw the op complete may submit the name again.
-			h.e.unreserve(h.set, h.name)
+			h.e.unreserve(h.set, h.name, h)
 		}
 		close(h.done)
 	})

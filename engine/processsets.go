@@ -51,6 +51,9 @@ type procSet struct {
 	cache    *negotiate.Cache
 	exec     *executor
 	pending  map[string]*entry // submitted on this rank, not yet executed
+	// behind holds, by name, ops submitted on this rank while a refusal of their name was
+	// pending, in the order they came (see Engine.reserve).
+	behind map[string][]*entry
 }
 
 // admit checks that this rank may submit req to ps and rewrites a broadcast root from a job rank to
@@ -204,7 +207,7 @@ func (e *Engine) addSet(id int, ranks []int) error {
 		for j, r := range ranks {
 			hosts[j] = e.host(r)
 		}
-		ps.cache, ps.pending = cache, map[string]*entry{}
+		ps.cache, ps.pending, ps.behind = cache, map[string]*entry{}, map[string][]*entry{}
 		ps.exec = e.global.exec.sub(Group{Rank: i, Size: len(ranks), Hosts: hosts, Comm: comm})
 	}
 	if e.dev.use.Load() {
@@ -236,6 +239,13 @@ func (e *Engine) removeSet(id int) {
 		e.inflight--
 	}
 	ps.pending = nil
+	for name, ens := range ps.behind {
+		for _, en := range ens {
+			en.h.finish(fmt.Errorf("rank %d: %s %q: process set %d was removed while the op was pending", e.g.Rank, en.req.Kind, name, id))
+			e.inflight--
+		}
+	}
+	ps.behind = nil
 	if ps.exec != nil {
 		ps.exec.g.Comm.Close() // the view only
 	}

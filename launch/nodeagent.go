@@ -73,6 +73,10 @@ func joinJob(ctx context.Context, n *node, set elasticSettings) (int, error) {
 		return 1, fmt.Errorf("the serving node's welcome: %w", err)
 	}
 	if w.Refused != "" {
+		// Read: the serving node, which may be ending because of this node, need not wait for it.
+		dctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		rv.Set(dctx, NodeDoneKey(int(num)), []byte("refused"))
+		cancel()
 		return ExitUsage, fmt.Errorf("the serving node at %s refused this node: %s", o.Rendezvous, w.Refused)
 	}
 	if o.MetricsAddr != "" {

@@ -24,7 +24,7 @@ import (
 //	elastic/node/J/exit/K      node J's K-th NodeExit: one of its workers ended
 //	elastic/node/J/beat        node J's heartbeat counter; a node silent too long has left
 //	elastic/node/J/left        set by node J when it leaves the job (its kolo run was stopped): why
-//	elastic/node/J/done        set by node J once it has read the end order
+//	elastic/node/J/done        set by node J once it has read the end order, or its refusal
 //
 // The serving node is a host too, with no number: it starts its own workers without orders.
 const NodesKey = "elastic/nodes"
@@ -47,7 +47,7 @@ func NodeBeatKey(j int) string { return NodeKey(j) + "/beat" }
 // NodeLeftKey is set by node j when it leaves the job; its value says why.
 func NodeLeftKey(j int) string { return NodeKey(j) + "/left" }
 
-// NodeDoneKey is set by node j once it has read the end order.
+// NodeDoneKey is set by node j once it has read the end order, or the welcome that refused it.
 func NodeDoneKey(j int) string { return NodeKey(j) + "/done" }
 
 // NodeOutcomeKey is where the serving node puts the job's outcome (kolo run --outcome-file's JSON

@@ -46,6 +46,7 @@ type nodeRegistry struct {
 	nodes   []*jobNode // in order of joining; nodes[0] is the serving node
 	byHost  map[string]*jobNode
 	handled map[int]bool // node numbers whose registration has been answered
+	refused []int        // node numbers refused: the end waits for them to read why, as for the others
 	listed  bool         // the first listing is out
 	pending *discovery   // the newest listing the loop has not taken
 	changed chan struct{}
@@ -218,6 +219,7 @@ func (e *nodeRegistry) readJoins(now time.Time) bool {
 		}
 		if w.Refused != "" {
 			e.log("node %d refused: %s", num, w.Refused)
+			e.refused = append(e.refused, num)
 		}
 		e.st.Set(NodeWelcomeKey(num), w.Encode())
 	}
@@ -389,7 +391,8 @@ func (e *nodeRegistry) start(w proc.Worker) (proc.Process, error) {
 }
 
 // end tells every node in the job that it ended, with the exit code and what to print, and waits
-// (the settings' finishWait at most) until they have read it: the rendezvous closes when this node exits.
+// (the settings' finishWait at most) until they, and the nodes it refused, have read their answer:
+// the rendezvous closes when this node exits.
 func (e *nodeRegistry) end(code int, note string, outcome Outcome) {
 	const maxNote = 256 << 10 // an order is at most a 1 MiB record (nodeproto.go)
 	if len(note) > maxNote {
@@ -409,14 +412,19 @@ func (e *nodeRegistry) end(code int, note string, outcome Outcome) {
 			told = append(told, nd)
 		}
 	}
+	wait := make([]int, 0, len(told)+len(e.refused))
+	for _, nd := range told {
+		wait = append(wait, nd.num)
+	}
+	wait = append(wait, e.refused...)
 	e.mu.Unlock()
 	deadline := time.Now().Add(e.set.finishWait)
-	for _, nd := range told {
+	for _, num := range wait {
 		for time.Now().Before(deadline) {
-			if _, ok, _ := e.st.TryGet(NodeDoneKey(nd.num)); ok {
+			if _, ok, _ := e.st.TryGet(NodeDoneKey(num)); ok {
 				break
 			}
-			if _, ok, _ := e.st.TryGet(NodeLeftKey(nd.num)); ok {
+			if _, ok, _ := e.st.TryGet(NodeLeftKey(num)); ok {
 				break
 			}
 			time.Sleep(20 * time.Millisecond)

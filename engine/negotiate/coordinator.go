@@ -108,6 +108,7 @@ type op struct {
 	first   *cacheEntry
 	allSame bool // every submission so far named first
 	err     string
+	cause   Cause // with err: what kind of failure
 	ended   []int // with err: the ranks that ended (reached shutdown) without submitting it
 }
 
@@ -131,6 +132,7 @@ type item struct {
 	joined []int // joined ranks that did not submit
 
 	err      string
+	cause    Cause // Response.Cause
 	ended    []int // Response.Ended
 	names    []string
 	cacheIDs []uint32 // unknown-cache-id errors
@@ -147,6 +149,7 @@ type groupState struct {
 	held      []*item
 	accounted int // members resolved, ready or failed
 	failed    string
+	cause     Cause // with failed: its cause
 	since     time.Time
 	lastWarn  time.Time
 	warned    bool
@@ -356,7 +359,7 @@ func (c *Coordinator) recycle(o *op) {
 		clear(o.reqs)
 	}
 	// Field by field: a whole-struct assignment costs a bulk write barrier per op while the GC runs.
-	o.name, o.err, o.ended = "", "", nil
+	o.name, o.err, o.cause, o.ended = "", "", Failed, nil
 	o.kind, o.group, o.groupSize, o.n = 0, 0, 0, 0
 	o.since, o.lastWarn, o.warned = time.Time{}, time.Time{}, false
 	o.prev, o.next, o.hint, o.first = nil, nil, nil, nil
@@ -431,11 +434,13 @@ func (c *Coordinator) mark(o *op, rank int, how uint8) bool {
 	if o.sent[rank] != subAbsent {
 		if o.err == "" {
 			o.err = fmt.Sprintf("%s %q: duplicate name: rank %d submitted it again before it completed", o.kind, o.name, c.ids.of(rank))
+			o.cause = Mismatch
 		}
 		return false
 	}
 	if c.joined[rank] && o.err == "" {
 		o.err = fmt.Sprintf("%s %q: rank %d submitted it after joining", o.kind, o.name, c.ids.of(rank))
+		o.cause = Mismatch
 	}
 	o.sent[rank] = how
 	o.n++
@@ -556,6 +561,7 @@ func (c *Coordinator) failConflictingGroups(now time.Time) {
 				if o.err == "" {
 					o.err = fmt.Sprintf("%s %q: %s declared another group, of another length, for the same grouped call",
 						o.kind, o.name, c.ids.word(absent))
+					o.cause = Mismatch
 				}
 				c.resolve(now, o)
 			}
@@ -578,7 +584,7 @@ func (c *Coordinator) resolve(now time.Time, o *op) {
 	it.kind, it.group, it.groupSize = o.kind, o.group, o.groupSize
 	switch {
 	case o.err != "":
-		it.err, it.names, it.ended = o.err, []string{o.name}, o.ended
+		it.err, it.cause, it.names, it.ended = o.err, o.cause, []string{o.name}, o.ended
 	case o.allSame && c.joinedCount == 0:
 		// Every rank sent the same cache id: the signature was negotiated before, unchanged.
 		it.sig, it.entry = o.first.sig, o.first
@@ -608,7 +614,7 @@ func (c *Coordinator) resolve(now time.Time, o *op) {
 		it.kind, it.group, it.groupSize = first.Kind, first.Group, first.GroupSize
 		sig, err := negotiate(o.name, c.size, o.reqs, present, absent, c.ids)
 		if err != "" {
-			it.err, it.names = err, []string{o.name}
+			it.err, it.cause, it.names = err, Mismatch, []string{o.name}
 			c.noteGroupConflict(o.reqs, present)
 		} else {
 			it.sig, it.joined = sig, absent
@@ -634,14 +640,14 @@ func (c *Coordinator) route(now time.Time, it *item) {
 	g.accounted++
 	switch {
 	case g.failed != "":
-		c.ready = append(c.ready, &item{kind: it.kind, names: it.itemNames(),
+		c.ready = append(c.ready, &item{kind: it.kind, names: it.itemNames(), cause: g.cause,
 			err: fmt.Sprintf("%s %q: its group %d failed: %s", it.kind, it.itemNames()[0], g.id, g.failed)})
 	case it.err != "":
-		c.failGroup(g, it.kind, it.err, it.itemNames())
+		c.failGroup(g, it.kind, it.err, it.cause, it.itemNames())
 	default:
 		if it.sig.groupSize != g.size {
 			c.failGroup(g, it.kind, fmt.Sprintf("%s %q: group %d: declared with %d members, but another member declared %d",
-				it.kind, it.sig.name, g.id, it.sig.groupSize, g.size), []string{it.sig.name})
+				it.kind, it.sig.name, g.id, it.sig.groupSize, g.size), Mismatch, []string{it.sig.name})
 			break
 		}
 		g.held = append(g.held, it)
@@ -665,15 +671,15 @@ func (it *item) itemNames() []string {
 	return it.names
 }
 
-// failGroup fails the held members of g, and the next ones when they come, with msg.
-func (c *Coordinator) failGroup(g *groupState, kind OpKind, msg string, names []string) {
+// failGroup fails the held members of g, and the next ones when they come, with msg (of cause).
+func (c *Coordinator) failGroup(g *groupState, kind OpKind, msg string, cause Cause, names []string) {
 	all := make([]string, 0, len(g.held)+len(names))
 	for _, h := range g.held {
 		all = append(all, h.sig.name)
 	}
 	all = append(all, names...)
-	c.ready = append(c.ready, &item{kind: kind, names: all, err: msg})
-	g.failed, g.held = msg, nil
+	c.ready = append(c.ready, &item{kind: kind, names: all, err: msg, cause: cause})
+	g.failed, g.cause, g.held = msg, cause, nil
 }
 
 // Join records that rank will submit nothing more until every rank has joined. Ops every other
@@ -761,7 +767,7 @@ func (c *Coordinator) Tick(now time.Time) ([]Response, []Stall) {
 		g.warned, g.lastWarn = true, now
 		if fatal {
 			c.failGroup(g, h.kind, fmt.Sprintf("%s %q: group %d: only %d of %d members were ready on every rank within %v",
-				h.kind, h.name, g.id, len(g.held), g.size, shut), nil)
+				h.kind, h.name, g.id, len(g.held), g.size, shut), Failed, nil)
 		}
 	}
 	clear(c.groupOrder[len(live):])
@@ -946,7 +952,7 @@ func (c *Coordinator) Ready() []Response {
 		case it.err != "":
 			c.seq++
 			out = append(out, Response{Seq: c.seq, Kind: it.kind, Names: it.names, Error: it.err, Ended: it.ended,
-				CacheIDs: it.cacheIDs, Resync: it.resync})
+				Cause: it.cause, CacheIDs: it.cacheIDs, Resync: it.resync})
 			continue
 		case it.isJoin:
 			c.seq++

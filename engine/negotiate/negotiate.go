@@ -158,6 +158,32 @@ type Request struct {
 	Error string
 }
 
+// Cause is why the ops of an error Response failed, for the bindings to raise what Horovod raises
+// for each: a precondition error for an op the ranks disagreed on (tf.errors.FailedPreconditionError
+// in horovod.tensorflow), an internal error for one that a rank will never submit.
+type Cause uint8
+
+const (
+	// Failed: a rank that should submit the op never will (it ended, or stalled past the
+	// deadline, or its calls went another way), or the ranks' caches disagree (a kolo bug).
+	Failed Cause = iota
+	// Mismatch: every rank needed is there, but the op cannot run as they submitted it: they
+	// disagree on it (kind, group, dtype, device, shape, reduce op, scale factors, root, splits),
+	// a rank refused its arguments or submitted it twice, or it cannot run with ranks that joined.
+	// The job goes on.
+	Mismatch
+)
+
+func (c Cause) String() string {
+	switch c {
+	case Failed:
+		return "failed"
+	case Mismatch:
+		return "mismatch"
+	}
+	return fmt.Sprintf("cause(%d)", uint8(c))
+}
+
 // NoCacheID in Response.CacheIDs means the tensor got no cache id (cache full or disabled, or a
 // rank had joined).
 const NoCacheID = ^uint32(0)
@@ -178,6 +204,8 @@ type Response struct {
 	// Ended, with Error, are the ranks (of the job) that ended without submitting Names: they
 	// reached shutdown while the others still needed them, the cause of the error.
 	Ended []int
+	// Cause, with Error, is what kind of failure it is (see Cause).
+	Cause Cause
 
 	// The fields below are common to every tensor of the group.
 

@@ -544,6 +544,9 @@ func formatResponse(r *Response) string {
 		if len(r.Ended) > 0 {
 			fmt.Fprintf(&b, " ended=%v", r.Ended)
 		}
+		if r.Cause != Failed {
+			b.WriteString(" " + r.Cause.String())
+		}
 		b.WriteString(": " + r.Error)
 		return b.String()
 	}

@@ -311,7 +311,8 @@ const (
 	respTune
 	respGPU
 	respEnded
-	respAll = respFromCache | respAverage | respScales | respError | respGroup | respDim0 | respSplits | respRoot | respResync | respTune | respGPU | respEnded
+	respCause
+	respAll = respFromCache | respAverage | respScales | respError | respGroup | respDim0 | respSplits | respRoot | respResync | respTune | respGPU | respEnded | respCause
 )
 
 // EncodeResponses appends rs's message to dst. A FromCache Response travels as its cache ids (and
@@ -375,6 +376,9 @@ func appendResponse(dst []byte, r *Response) []byte {
 	if len(r.Ended) > 0 {
 		flags |= respEnded
 	}
+	if r.Cause != Failed {
+		flags |= respCause
+	}
 	if r.Kind == Retune {
 		flags |= respTune
 	}
@@ -393,6 +397,9 @@ func appendResponse(dst []byte, r *Response) []byte {
 	}
 	if flags&respResync != 0 {
 		dst = binary.AppendUvarint(dst, r.Resync)
+	}
+	if flags&respCause != 0 {
+		dst = append(dst, byte(r.Cause))
 	}
 	dst = binary.AppendUvarint(dst, uint64(len(r.Names)))
 	for _, n := range r.Names {
@@ -546,6 +553,16 @@ func (d *decoder) response(r *Response) {
 	}
 	if flags&respResync != 0 {
 		r.Resync = d.uvarint("resync")
+	}
+	if flags&respCause != 0 {
+		if flags&respError == 0 {
+			d.fail("a cause without an error")
+			return
+		}
+		r.Cause = Cause(d.byte("cause"))
+		if (r.Cause == Failed || r.Cause > Mismatch) && d.err == nil {
+			d.fail("unknown cause %d", r.Cause)
+		}
 	}
 	if n := d.count("names", MaxItems); n > 0 {
 		r.Names = make([]string, n)

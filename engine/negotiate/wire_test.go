@@ -49,6 +49,7 @@ func sampleResponses() []Response {
 		{Seq: 10, Kind: Retune, Tune: Collectives{SmallAllreduceBytes: 32 << 10, SharedRoundBytes: 4 << 20, Hierarchical: true}},
 		{Seq: 11, Kind: Retune},
 		{Seq: 12, Kind: Allreduce, Names: []string{"e"}, Error: `allreduce "e": ranks 2, 5 ended without submitting it`, Ended: []int{2, 5}},
+		{Seq: 13, Kind: Broadcast, Names: []string{"b"}, Error: `broadcast "b": mismatched roots`, Cause: Mismatch},
 	}
 }
 

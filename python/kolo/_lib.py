@@ -12,7 +12,8 @@ into them. Three rules shape this module:
   that completes within a slice returns at once. Joining and leaving the job wait on the other
   ranks too, so they are handles waited on the same way (_call).
 * Errors of ops become KoloInternalError (HorovodInternalError is the same class), what
-  horovod.torch raises and what elastic training scripts catch.
+  horovod.torch raises and what elastic training scripts catch; an op the ranks disagreed on, its
+  subclass KoloMismatchError (the engine's kolo_error_kind tells them apart).
 """
 
 import atexit
@@ -32,6 +33,13 @@ class KoloInternalError(RuntimeError):
 
 
 HorovodInternalError = KoloInternalError
+
+
+class KoloMismatchError(KoloInternalError):
+    """A collective the ranks disagreed on (its dtype, shape, reduce op, root, ...) or could not
+    run as they submitted it (a rank refused its arguments): every rank needed was there, and the
+    job goes on. A KoloInternalError, as horovod.torch raises HorovodInternalError for it;
+    kolo.tensorflow raises tf.errors.FailedPreconditionError, as horovod.tensorflow does."""
 
 
 class HostsUpdatedInterrupt(RuntimeError):
@@ -484,18 +492,22 @@ def wait(h, release=0):
     return st
 
 
-# kolo_error_kind: how an op failed; ERROR_UNAVAILABLE: a device op the GPU data path cannot run,
-# which the binding stages through host memory instead.
-ERROR_FAILED, ERROR_ARGUMENT, ERROR_UNAVAILABLE = 1, 2, 3
+# kolo_error_kind: how an op failed (capi/ops.go); ERROR_UNAVAILABLE: a device op the GPU data path
+# cannot run, which the binding stages through host memory instead.
+ERROR_FAILED, ERROR_ARGUMENT, ERROR_UNAVAILABLE, ERROR_MISMATCH = 1, 2, 3, 4
 
 
 def take_error(h):
     """The exception of failed handle h, which it releases: ValueError for arguments this rank
     refused (as Horovod raises for invalid arguments: the other ranks' submissions of the op fail
-    with the reason), KoloInternalError (HorovodInternalError) for an op that failed."""
+    with the reason, as a KoloMismatchError), KoloMismatchError for an op the ranks disagreed on,
+    KoloInternalError (HorovodInternalError) for an op that failed otherwise (a rank lost, ended
+    or stalled)."""
     msg = error(h)
     kind = C.kolo_error_kind(h)
     C.kolo_release(h)
     if kind == ERROR_ARGUMENT:
         return ValueError(msg)
+    if kind == ERROR_MISMATCH:
+        return KoloMismatchError(msg)
     return KoloInternalError(msg)

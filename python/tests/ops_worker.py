@@ -318,6 +318,9 @@ def scenario_errors(r, n):
     except hvd.HorovodInternalError as e:
         check("mismatch" in str(e), "error does not name the op: %s" % e)
         check(isinstance(e, RuntimeError) and isinstance(e, hvd.KoloInternalError), "error class")
+        # The engine says the ranks disagreed (kolo_error_kind), which kolo.tensorflow raises as
+        # Horovod's precondition error; to torch it is the HorovodInternalError it always was.
+        check(isinstance(e, _lib.KoloMismatchError), "a mismatch is not a KoloMismatchError: %r" % e)
     got = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="after mismatch")
     check(got.item() == n, "allreduce after a failed op")
     # Arguments wrong on this rank raise ValueError at the call, as Horovod's invalid arguments do.

@@ -73,7 +73,7 @@ class TensorFlowState(ObjectState):
         return self._vars_list
 
     def _save_variables(self):
-        self._values = [np.array(v) for v in self._variables()]
+        self._values = [np.asarray(v.numpy()) for v in self._variables()]  # numpy(): a copy
 
     def save(self):
         self._save_variables()
@@ -94,8 +94,9 @@ class TensorFlowState(ObjectState):
 
 class TensorFlowKerasState(TensorFlowState):
     """State of a Keras model, its optimizer and any other values (keyword arguments): the
-    model's variables and the optimizer's, saved, restored and synced together. backend is
-    accepted for Horovod's signature."""
+    model's variables and the optimizer's, saved, restored and synced together; a restore or a
+    sync also starts a new aggregation round of a DistributedOptimizer with
+    backward_passes_per_step > 1. backend is accepted for Horovod's signature."""
 
     def __init__(self, model, optimizer=None, backend=None, **kwargs):
         self.model = model
@@ -105,3 +106,19 @@ class TensorFlowKerasState(TensorFlowState):
     def _variables(self):
         # The optimizer makes its variables at its first step: read them anew each time.
         return list(self.model.variables) + _optimizer_variables(self.optimizer)
+
+    def restore(self):
+        super(TensorFlowKerasState, self).restore()
+        self._reset_aggregation()
+
+    def sync(self):
+        super(TensorFlowKerasState, self).sync()
+        self._reset_aggregation()
+
+    def _reset_aggregation(self):
+        # A DistributedOptimizer with backward_passes_per_step > 1 sums passes outside its
+        # variables: a restored state drops the sums of the passes it undid, and after a sync
+        # every rank (one new to the job too) starts a round at the same pass.
+        helper = getattr(self.optimizer, "_agg_helper", None)
+        if helper is not None:
+            helper.reset()

@@ -13,18 +13,20 @@ root, alltoall's an alltoall back along the received splits, reducescatter's an 
 Ops are matched across ranks by name, as the engine matches kolo.torch's: an unnamed eager op is
 numbered by the engine in submission order, and an unnamed op inside tf.function is named after
 its input tensor in the graph (``HorovodAllreduce_<tensor>``, as Horovod names them), which every
-rank's trace of the same function gives alike. A failed op raises HorovodInternalError
-(kolo.KoloInternalError) eagerly; inside tf.function TensorFlow reports the Python exception of
-the numpy function as a tf.errors.OpError whose message carries kolo's.
+rank's trace of the same function gives alike. A failed op raises the tf.errors class Horovod's
+ops raise, eagerly and in a graph: FailedPreconditionError for an op the ranks disagreed on,
+UnknownError (eagerly also HorovodInternalError, kolo.KoloInternalError) for one that failed
+otherwise (a rank lost or ended), InvalidArgumentError for arguments this rank refused.
 """
 
+import sys
 import weakref
 
 import numpy as np
 import tensorflow as tf
 
 from kolo import _lib, _ops
-from kolo._lib import HorovodInternalError, KoloInternalError  # noqa: F401 (re-exported)
+from kolo._lib import HorovodInternalError, KoloInternalError, KoloMismatchError  # noqa: F401 (re-exported)
 from kolo._job import (  # noqa: F401 (re-exported: the same for every binding)
     ccl_built, cross_rank, cross_size, ddl_built, gloo_built, gloo_enabled, is_homogeneous, is_initialized,
     local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, rank, rank_stats, rocm_built,
@@ -32,7 +34,7 @@ from kolo._job import (  # noqa: F401 (re-exported: the same for every binding)
 )
 from kolo._ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
 from kolo.process_sets import (  # noqa: F401 (re-exported)
-    ProcessSet, _init_process_sets, add_process_set, global_process_set, remove_process_set,
+    ProcessSet, _engine_ranks, _init_process_sets, add_process_set, global_process_set, remove_process_set,
 )
 
 
@@ -155,21 +157,52 @@ def _signed_view(kind, arr, name, op, prescale, postscale, psid):
 _graph_error = [None]
 
 
-def _recording(fn):
-    def call(*arrays):
-        try:
-            return fn(*arrays)
-        except KoloInternalError as e:
-            _graph_error[0] = e
-            raise
-    return call
-
-
 def take_graph_error():
     """The KoloInternalError that the last failed kolo op inside tf.function raised (None if
     none did since the last call), which TensorFlow reported as a tf.errors.OpError."""
     e, _graph_error[0] = _graph_error[0], None
     return e
+
+
+class InvalidArgumentError(tf.errors.InvalidArgumentError, ValueError):
+    """An op's arguments refused (a rank outside the op's process set, a type the engine lacks):
+    tf.errors.InvalidArgumentError as Horovod's ops raise it, and the ValueError that a numpy
+    function's error would be."""
+
+    def __init__(self, message):
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+
+class FailedPreconditionError(tf.errors.FailedPreconditionError):
+    """An op the ranks disagreed on (kolo._lib.KoloMismatchError: its dtype, shape, reduce op,
+    root, ...): tf.errors.FailedPreconditionError, as Horovod's ops raise it. Not a
+    HorovodInternalError: as with Horovod, hvd.elastic.run does not restore and retry it."""
+
+    def __init__(self, message):
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+
+
+class UnknownError(tf.errors.UnknownError, KoloInternalError):
+    """An op that failed otherwise (a rank lost, ended or stalled, the engine shut down):
+    tf.errors.UnknownError, as Horovod's ops raise it, and the HorovodInternalError
+    (kolo.KoloInternalError) that hvd.elastic.run recovers from."""
+
+    def __init__(self, message):
+        tf.errors.UnknownError.__init__(self, None, None, message)
+
+
+def _eager(fn, *args):
+    """fn(*args), its kolo errors raised as the tf.errors classes Horovod's ops raise."""
+    try:
+        return fn(*args)
+    except KoloMismatchError as e:
+        raise FailedPreconditionError(str(e)) from e
+    except UnknownError:
+        raise
+    except KoloInternalError as e:
+        raise UnknownError(str(e)) from e
+    except ValueError as e:
+        raise InvalidArgumentError(str(e)) from e
 
 
 # The last kolo op of each TensorFlow 1 graph (and control flow context in it), which the next
@@ -182,48 +215,79 @@ def take_graph_error():
 # An op so made also runs the kolo ops made before it in its graph that a fetch had not needed.
 _graph_last = weakref.WeakKeyDictionary()
 
+# In a graph, an exception of a numpy function reaches the caller as tf.errors.UnknownError
+# (InvalidArgumentError for a ValueError), whatever its class: TensorFlow maps Python exceptions
+# to its error codes by a few builtin classes. So a kolo op in a graph does not raise a mismatch:
+# its numpy function returns a flag instead, and an op that fails with FailedPreconditionError
+# when the flag is set guards its outputs. That op reads a variable that is never made, which
+# TensorFlow documents as a FailedPreconditionError; the variable's name, fixed when the graph is
+# built, is all of the message that TensorFlow lets kolo choose, so the reason goes to stderr.
+_MISMATCH = ("kolo: the ranks disagreed on %s (its dtype, shape, reduce op, root, ...), "
+             "which failed on every rank; stderr says how")
 
-def _numpy_function(fn, inputs, touts):
+
+def _flagging(fn, touts):
+    """fn for a numpy function in a graph: its outputs and False, or when the ranks disagreed on
+    the op, empty outputs of dtypes touts and True. A KoloInternalError is kept for
+    take_graph_error and raised."""
+    def call(*arrays):
+        try:
+            outs = fn(*arrays)
+        except KoloMismatchError as e:
+            sys.stderr.write("kolo: %s\n" % e)
+            return tuple(np.zeros(0, t.as_numpy_dtype) for t in touts) + (np.bool_(True),)
+        except KoloInternalError as e:
+            _graph_error[0] = e
+            raise
+        if not isinstance(outs, (list, tuple)):
+            outs = (outs,)
+        return tuple(outs) + (np.bool_(False),)
+    return call
+
+
+def _mismatch_check(flag, name):
+    """An op that fails with FailedPreconditionError, naming op name, when flag is set."""
+    flag.set_shape([])
+    def fail():
+        what = "op %s" % name if name else "a collective"
+        v = tf.raw_ops.VarHandleOp(dtype=tf.bool, shape=[], shared_name=_MISMATCH % what)
+        return tf.raw_ops.ReadVariableOp(resource=v, dtype=tf.bool)
+    return tf.cond(flag, fail, lambda: flag, name="kolo_mismatch_check")
+
+
+def _numpy_function(fn, inputs, touts, name=None):
+    """fn as a stateful numpy function of inputs returning dtypes touts (a list, or one dtype for
+    one output), with its mismatch check (_flagging) before its outputs; name: the op's."""
+    one = not isinstance(touts, (list, tuple))
+    touts = [touts] if one else list(touts)
     g = tf.compat.v1.get_default_graph()
-    if getattr(g, "_add_control_dependencies", False):
-        return tf.numpy_function(_recording(fn), inputs, touts, stateful=True)
-    ctx = g._get_control_flow_context()
-    last = _graph_last.setdefault(g, {})
-    prev = last.get(ctx)
-    with tf.control_dependencies([prev] if prev is not None else []):
-        outs = tf.numpy_function(_recording(fn), inputs, touts, stateful=True)
-    first = outs[0] if isinstance(outs, (list, tuple)) else outs
-    last[ctx] = first.op
-    return outs
+    if getattr(g, "_add_control_dependencies", False):  # tf.function: ordered already
+        *outs, flag = tf.numpy_function(_flagging(fn, touts), inputs, touts + [tf.bool], stateful=True)
+        check = _mismatch_check(flag, name)
+    else:
+        ctx = g._get_control_flow_context()
+        last = _graph_last.setdefault(g, {})
+        prev = last.get(ctx)
+        with tf.control_dependencies([prev] if prev is not None else []):
+            *outs, flag = tf.numpy_function(_flagging(fn, touts), inputs, touts + [tf.bool], stateful=True)
+            check = _mismatch_check(flag, name)
+        # The next op runs once this one's check passed: never after a mismatch, on any rank.
+        last[ctx] = check.op
+    with tf.control_dependencies([check]):
+        outs = [tf.identity(o) for o in outs]
+    return outs[0] if one else outs
 
 
-class InvalidArgumentError(tf.errors.InvalidArgumentError, ValueError):
-    """An op's arguments refused (a rank outside the op's process set, a type the engine lacks):
-    tf.errors.InvalidArgumentError as Horovod's ops raise it, and the ValueError that a numpy
-    function's error would be."""
-
-    def __init__(self, message):
-        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
-
-
-def _eager(fn, *args):
-    try:
-        return fn(*args)
-    except KoloInternalError:
-        raise
-    except ValueError as e:
-        raise InvalidArgumentError(str(e)) from e
-
-
-def _call(fn, inputs, touts, shapes):
+def _call(fn, inputs, touts, shapes, name=None):
     """Runs fn over the inputs' numpy arrays and returns its outputs as tensors of dtypes touts:
-    at once when eager, else as a tf.numpy_function, its outputs given the static shapes."""
+    at once when eager, else as a tf.numpy_function, its outputs given the static shapes (name:
+    the op's, for the message of a mismatch in a graph)."""
     if tf.executing_eagerly():
         outs = _eager(fn, *[_host(t) for t in inputs])
         # tf.constant: the numpy array's dtype is the tensor's already, and convert_to_tensor with
         # a dtype takes a path several times slower for large arrays (4 ms against 0.7 for 4 MiB).
         return [tf.constant(o) for o in outs]
-    outs = _numpy_function(fn, list(inputs), list(touts))
+    outs = _numpy_function(fn, list(inputs), list(touts), name)
     if not isinstance(outs, (list, tuple)):
         outs = [outs]
     outs = list(outs)
@@ -254,8 +318,11 @@ def _run1(kind, arr, name, op=Sum, root=0, prescale=1.0, postscale=1.0, splits=N
 
 
 def _psid(process_set):
+    """process_set's id; ValueError if it is not registered. Eagerly the op's call raises that
+    (the engine refuses an unknown set); in a graph it is found here, when the op is made, as
+    Horovod finds it."""
     psid = process_set.process_set_id
-    if psid is None:
+    if psid is None or (psid != 0 and not tf.executing_eagerly() and _engine_ranks(psid) is None):
         raise ValueError("process set %s is not registered (add_process_set)" % (process_set,))
     return psid
 
@@ -303,7 +370,7 @@ def _allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=
 
         def fn(a):
             return (_run1(_ops.ALLREDUCE, a, nm, op, 0, prescale_factor, postscale_factor, psid=psid),)
-        return _call(fn, [x], [x.dtype], [x.shape])[0]
+        return _call(fn, [x], [x.dtype], [x.shape], nm)[0]
 
     def backward(dy):
         return _allreduce(dy, None, op, prescale_factor, postscale_factor, process_set)
@@ -382,7 +449,7 @@ def _grouped_allreduce(tensors, name, op, prescale, postscale, process_set):
         return tuple(o.view(np.asarray(a).dtype) for o, a in zip(outs, arrays))
 
     def forward(*xs):
-        return _call(fn, list(xs), [x.dtype for x in xs], [x.shape for x in xs])
+        return _call(fn, list(xs), [x.dtype for x in xs], [x.shape for x in xs], names[0])
 
     if not all(_differentiable(t) for t in tensors):
         return forward(*tensors)
@@ -402,7 +469,7 @@ def _allgather_raw(tensor, nm, psid):
     def fn(a):
         return (_run1(_ops.ALLGATHER, a, nm, psid=psid),)
     shape = tf.TensorShape([None]).concatenate(tensor.shape[1:]) if tensor.shape.rank else tensor.shape
-    return _call(fn, [tensor], [tensor.dtype], [shape])[0]
+    return _call(fn, [tensor], [tensor.dtype], [shape], nm)[0]
 
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
@@ -441,7 +508,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
 
         def fn(a):
             return (_run1(_ops.BROADCAST, a, nm, root=root_rank, psid=psid),)
-        return _call(fn, [x], [x.dtype], [x.shape])[0]
+        return _call(fn, [x], [x.dtype], [x.shape], nm)[0]
 
     def backward(dy):
         g = _allreduce(dy, op=Average, process_set=process_set)
@@ -450,14 +517,18 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
 
 
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
-    """Assigns root_rank's values to variables on every rank; returns their new values."""
+    """Assigns root_rank's values to variables on every rank; returns their new values (in a
+    graph, tensors whose evaluation runs the broadcast and the assignment, as Horovod's)."""
     out = []
     for i, v in enumerate(variables):
         nm = name and "%s.%d" % (name, i)
         if nm is None and tf.executing_eagerly():
             nm = "broadcast_.%s" % v.name
-        v.assign(broadcast(v, root_rank, name=nm, process_set=process_set))
-        out.append(v.read_value() if hasattr(v, "read_value") else tf.convert_to_tensor(v))
+        assigned = v.assign(broadcast(v, root_rank, name=nm, process_set=process_set))
+        if tf.executing_eagerly():
+            out.append(v.read_value() if hasattr(v, "read_value") else tf.convert_to_tensor(v))
+        else:
+            out.append(tf.identity(assigned))
     return out
 
 
@@ -480,7 +551,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
         return out, rs
 
     def forward(x):
-        return _call(fn, [x, splits_t], [x.dtype, tf.int32], [shape, tf.TensorShape([None])])
+        return _call(fn, [x, splits_t], [x.dtype, tf.int32], [shape, tf.TensorShape([None])], nm)
 
     if _differentiable(tensor):
         @tf.custom_gradient
@@ -512,7 +583,7 @@ def _reducescatter(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_fac
     def forward(x):
         def fn(a):
             return (_run1(_ops.REDUCESCATTER, a, nm, op, 0, prescale_factor, postscale_factor, psid=psid),)
-        return _call(fn, [x], [x.dtype], [_scatter_shape(x, process_set)])[0]
+        return _call(fn, [x], [x.dtype], [_scatter_shape(x, process_set)], nm)[0]
 
     def backward(dy):
         # Horovod's convention: Sum's gradient is the gathered gradient times the set's size
@@ -551,7 +622,7 @@ def barrier(process_set=global_process_set):
     """Returns once every rank of the set has called barrier."""
     psid = _psid(process_set)
     if tf.executing_eagerly():
-        _ops.run(np, _ops.BARRIER, None, psid=psid)
+        _eager(_ops.run, np, _ops.BARRIER, None, None, _ops.Sum, 0, 1.0, 1.0, None, psid)
         return None
 
     def fn():
@@ -566,7 +637,7 @@ def join():
     def fn():
         return np.int32(_ops.run(np, _ops.JOIN, None))
     if tf.executing_eagerly():
-        return tf.constant(fn())
+        return tf.constant(_eager(fn))
     out = _numpy_function(fn, [], tf.int32)
     out.set_shape([])
     return out

@@ -5,14 +5,17 @@ $(TF_OLDEST_PYTHON), the oldest; the virtual environments scripts/deps.sh makes)
     make build lib && .venv/tf/bin/python -m pytest -q python/tests/kolo_tensorflow
     .venv/tf-oldest/bin/python -m pytest -q python/tests/kolo_tensorflow
 
-Five jobs: tf_ops_worker.py (every op eagerly and in tf.function, gradients, process sets, the
+Nine jobs: tf_ops_worker.py (every op eagerly and in tf.function, gradients, process sets, the
 tape and the optimizer training to the same weights, shape mismatches), tf_kill_worker.py (kill -9
-of a rank inside an allreduce), tf_keras_worker.py on standalone Keras and on Keras 2 as tf.keras
-(model.fit with the optimizer and the callbacks; on TensorFlow 2.12 both are its Keras 2.12), and
-tf_elastic_worker.py (an elastic job losing a worker). Every job applies to both TensorFlows. Where
-TensorFlow does not import the tests skip, unless KOLO_REQUIRE_TESTBEDS=1 (CI), where they fail.
+of a rank inside an allreduce), and on each of the interpreter's two Keras (KERAS_MODES):
+tf_keras_worker.py (model.fit with the optimizer and the callbacks), tf_keras_optimizer_worker.py
+(the optimizer's gradients: reduced once, backward_passes_per_step, local variables, KerasState and
+the elastic callbacks) and tf_keras_elastic_worker.py (an elastic model.fit losing a worker);
+tf_elastic_worker.py (an elastic training loop losing a worker). Where TensorFlow does not import
+the tests skip, unless KOLO_REQUIRE_TESTBEDS=1 (CI), where they fail.
 """
 
+import importlib.metadata
 import importlib.util
 import os
 import re
@@ -37,6 +40,15 @@ if _spec is None or _spec.origin in (None, "namespace"):
     if os.environ.get("KOLO_REQUIRE_TESTBEDS") == "1":
         raise RuntimeError(why + "; KOLO_REQUIRE_TESTBEDS=1 forbids skipping")
     pytest.skip(why, allow_module_level=True)
+
+# The Keras jobs' modes, the two Keras this TensorFlow has: standalone Keras (``import keras``)
+# through kolo.keras, "keras3" where it is Keras 3 (TensorFlow 2.16 on) or "keras2" where it is
+# Keras 2 (TensorFlow before 2.16, whose keras package is its tf.keras), and "tf-keras", Keras 2 as
+# tf.keras through kolo.tensorflow.keras (the tf-keras package from TensorFlow 2.16 on, which
+# tf_venv.sh installs; TensorFlow's own Keras before). Standalone Keras is one or the other, so
+# each interpreter collects one of keras3 and keras2, never skips the other.
+KERAS_MODES = ["keras%s" % importlib.metadata.version("keras").split(".")[0], "tf-keras"]
+assert KERAS_MODES[0] in ("keras2", "keras3"), KERAS_MODES
 
 
 def _env(**kw):
@@ -83,31 +95,58 @@ def test_ops_gradients_training_and_mismatch():
 
 def test_killed_rank_fails_the_other_naming_it():
     assert os.path.exists(KOLO), "run `make build lib` first"
-    result = re.compile(r"TF-KILL-RESULT rank=(\d+) op=(\S+) elapsed_ms=(\d+) err=(.*)$", re.M)
+    result = re.compile(r"TF-KILL-RESULT rank=(\d+) op=(\S+) elapsed_ms=(\d+) unknown=(\d) err=(.*)$", re.M)
     t0 = time.monotonic()
     _, out = _run([KOLO, "run", "-np", "2", sys.executable, os.path.join(HERE, "tf_kill_worker.py")],
                   _env(KOLO_PROGRESS_TIMEOUT_SECONDS=str(PROGRESS)), timeout=PROGRESS + 60,
                   stop_after=(result, 1))
     got = result.findall(out)
     assert "SIGKILL" in out and len(got) == 1, out[-4000:]
-    r, op, ms, err = got[0]
+    r, op, ms, unknown, err = got[0]
     print("rank %s: op %s failed after %s ms: %s (job %.1f s)" % (r, op, ms, err, time.monotonic() - t0))
     assert r == "0" and op != "none", out[-4000:]
     assert int(ms) < PROGRESS * 1000, "failed after %s ms, past the %d s progress deadline" % (ms, PROGRESS)
     assert "rank 1" in err, "the error does not name rank 1: %s" % err
+    assert unknown == "1", "the lost rank's error is not a tf.errors.UnknownError: %s" % err
 
 
-@pytest.mark.parametrize("mode", ["keras", "tf-keras"])
+@pytest.mark.parametrize("mode", KERAS_MODES)
 def test_keras_fit_with_callbacks(mode):
-    """kolo.keras on standalone Keras (Keras 3, or Keras 2 before TensorFlow 2.16),
-    kolo.tensorflow.keras on Keras 2 as tf.keras (tf-keras, or TensorFlow's own before 2.16):
-    model.fit with the DistributedOptimizer and the callbacks, the same weights and metrics on
-    both ranks."""
+    """kolo.keras on standalone Keras (3, or 2 before TensorFlow 2.16), kolo.tensorflow.keras on
+    Keras 2 as tf.keras: model.fit with the DistributedOptimizer and the callbacks, the same
+    weights and metrics on both ranks."""
     assert os.path.exists(KOLO), "run `make build lib` first"
     rc, out = _run([KOLO, "run", "-np", "2", sys.executable, os.path.join(HERE, "tf_keras_worker.py"), mode], _env(),
                    timeout=300)
     ok = re.findall(r"TF-KERAS-OK rank=(\d+) mode=(\S+)", out)
     assert rc == 0 and sorted(ok) == [("0", mode), ("1", mode)], out[-6000:]
+
+
+@pytest.mark.parametrize("mode", KERAS_MODES)
+def test_keras_optimizer_gradients(mode):
+    """The distributed Keras optimizer at 2 ranks: gradients reduced once whether
+    _compute_gradients or apply_gradients reduces them, backward_passes_per_step (eagerly and in
+    tf.function), worker-local variables, model.fit with aggregation, KerasState and the elastic
+    callbacks (tf_keras_optimizer_worker.py)."""
+    assert os.path.exists(KOLO), "run `make build lib` first"
+    rc, out = _run([KOLO, "run", "-np", "2", sys.executable, os.path.join(HERE, "tf_keras_optimizer_worker.py"), mode],
+                   _env(), timeout=420)
+    ok = re.findall(r"TF-KERAS-OPT-OK rank=(\d+) mode=(\S+) checks=(\d+)", out)
+    assert rc == 0 and sorted((r, m) for r, m, _ in ok) == [("0", mode), ("1", mode)], out[-6000:]
+    assert all(int(n) >= 200 for _, _, n in ok), ok
+
+
+@pytest.mark.parametrize("mode", KERAS_MODES)
+def test_elastic_keras_fit_survives_a_killed_worker(mode):
+    """hvd.elastic.run around model.fit with a KerasState and the elastic callbacks: the worker
+    started as rank 1 is SIGKILLed after batch 2 of epoch 1, the survivor restores the commit of
+    that batch, resets, and fits the remaining epochs alone (tf_keras_elastic_worker.py)."""
+    assert os.path.exists(KOLO), "run `make build lib` first"
+    rc, out = _run([KOLO, "run", "-np", "2", "--min-np", "1", "-H", "localhost:1,127.0.0.1:1", sys.executable,
+                    os.path.join(HERE, "tf_keras_elastic_worker.py"), mode], _env(), timeout=240)
+    done = re.findall(r"TF-KERAS-ELASTIC-DONE start_rank=(\d+) size=(\d+) epoch=(\d+) resets=(\d+) restored=(\S+)",
+                      out)
+    assert rc == 0 and done == [("0", "1", "3", "1", "1.2")], out[-6000:]
 
 
 def test_elastic_keras_state_survives_a_killed_worker():

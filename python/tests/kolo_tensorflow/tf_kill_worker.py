@@ -45,10 +45,12 @@ def main():
         try:
             hvd.allreduce(t, op=hvd.Sum, name="kill.t")
         except hvd.HorovodInternalError as e:
-            print("TF-KILL-RESULT rank=%d op=%d elapsed_ms=%.0f err=%s"
-                  % (hvd.rank(), i, (time.monotonic() - t0) * 1e3, str(e).replace("\n", " | ")), flush=True)
+            # a lost rank: tf.errors.UnknownError, as Horovod's ops raise it, and HorovodInternalError
+            print("TF-KILL-RESULT rank=%d op=%d elapsed_ms=%.0f unknown=%d err=%s"
+                  % (hvd.rank(), i, (time.monotonic() - t0) * 1e3, isinstance(e, tf.errors.UnknownError),
+                     str(e).replace("\n", " | ")), flush=True)
             os._exit(0)  # the job is broken; leave without the shutdown barrier
-    print("TF-KILL-RESULT rank=%d op=none elapsed_ms=0 err=none" % hvd.rank(), flush=True)
+    print("TF-KILL-RESULT rank=%d op=none elapsed_ms=0 unknown=0 err=none" % hvd.rank(), flush=True)
 
 
 if __name__ == "__main__":

@@ -149,6 +149,15 @@ for root in range(N):
 v = tf.Variable(inp(R, (3,), np.float32))
 hvd.broadcast_([v], root_rank=1 % N)
 close(v, inp(1 % N, (3,), np.float32), "broadcast_ in place")
+# in a TensorFlow 1 graph, the returned tensors run the broadcast and the assignment
+for use_resource in (False, True):
+    with tf.Graph().as_default():
+        gv = tf.compat.v1.Variable(inp(R, (3,), np.float32), use_resource=use_resource)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            got, = hvd.broadcast_([gv], root_rank=1 % N)
+            close(sess.run(got), inp(1 % N, (3,), np.float32), "broadcast_ in a graph (resource %s)" % use_resource)
+            close(sess.run(gv), inp(1 % N, (3,), np.float32), "broadcast_'s variable in a graph")
 
 # ---- alltoall with splits (returned as Horovod returns them) and without
 for mode, f in modes(lambda t, s: hvd.alltoall(t, splits=s)):
@@ -240,7 +249,36 @@ if R == N - 1:
     close(hvd.allreduce(tf.constant([2.0, 3.0]), op=hvd.Sum, process_set=ps), [2.0, 3.0], "allreduce in a set")
     close(tf.function(lambda t: hvd.allgather(t, process_set=ps))(tf.constant([5])), [5], "allgather in a set")
 close(hvd.allreduce(tf.constant([1.0]), op=hvd.Sum), [float(N)], "the global set after a set's op")
+# Gradients reduced in a set, called on every rank: a rank outside it, like the set of one rank,
+# keeps its own gradients and submits nothing, as Horovod's; the tape and TensorFlow 1's optimizer.
+v = tf.Variable([float(R + 1)])
+with tf.GradientTape() as tape:
+    loss = v * v
+close(hvd.DistributedGradientTape(tape, process_set=ps).gradient(loss, [v])[0], [2.0 * (R + 1)], "a set's tape")
+for name, pset, want in [("global", hvd.global_process_set, (N + 1) / 2.0), ("set", ps, R + 1.0)]:
+    with tf.Graph().as_default():
+        w = tf.compat.v1.get_variable("w", initializer=[0.0], use_resource=False)
+        opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0), process_set=pset)
+        check(isinstance(opt, tf.compat.v1.train.Optimizer), "a TF1 DistributedOptimizer is a TF1 optimizer")
+        train = opt.minimize(-w * float(R + 1))  # the gradient -(R + 1), averaged in pset
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train)
+            close(sess.run(w), [want], "tf.compat.v1.train.Optimizer in the %s process set" % name)
 check(hvd.remove_process_set(ps) and ps.process_set_id is None, "remove_process_set")
+# A set id the engine does not know: ValueError, eagerly at the call, in a graph when the op is made
+fake = hvd.ProcessSet([0])
+fake.process_set_id = 99
+for where in ("eager", "graph"):
+    try:
+        if where == "graph":
+            with tf.Graph().as_default():
+                hvd.allreduce(tf.ones([1]), process_set=fake)
+        else:
+            hvd.allreduce(tf.ones([1]), process_set=fake)
+        check(False, "an op of an unknown set id was made (%s)" % where)
+    except ValueError as e:
+        check("99" in str(e), "the unknown set's error names it (%s): %s" % (where, e))
 
 # ---- DistributedGradientTape: a manual loop, every rank its own data, same weights after
 tf.keras.utils.set_random_seed(1 + R)  # different initial weights: the broadcast must fix them
@@ -279,6 +317,27 @@ every = hvd.allgather_object([g.numpy() for g in local])
 for i, g in enumerate(reduced):
     close(g, np.mean([e[i] for e in every], axis=0), "DistributedGradientTape gradient %d" % i, tol=1e-5)
 
+# worker-local sources (Keras 3 variables, inside tf.function too): not reduced, divided by the
+# size (scale_local_gradients, Horovod's default) or kept; PartialDistributedGradientTape's layers
+for scale in (True, False):
+    @tf.function
+    def partial_grads():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(xs) - ys) ** 2)
+        tape = hvd.DistributedGradientTape(tape, scale_local_gradients=scale)
+        tape.register_local_source(model.layers[0].kernel)
+        return tape.gradient(loss, model.trainable_variables)
+    for i, g in enumerate(partial_grads()):
+        want = local[i] / (N if scale else 1) if i == 0 else np.mean([e[i] for e in every], axis=0)
+        close(g, want, "a local source's gradient %d (scale_local_gradients=%s)" % (i, scale), tol=1e-5)
+with tf.GradientTape(persistent=True) as tape:
+    loss = tf.reduce_mean((model(xs) - ys) ** 2)
+ptape = hvd.PartialDistributedGradientTape(tape, local_layers=model.layers[1])
+loc, glob = ptape.get_local_and_global_gradients(loss, model.trainable_variables)
+check(len(loc) == 2 and len(glob) == 2, "local and global gradients: %d, %d" % (len(loc), len(glob)))
+for (v_, g), i in zip(loc, (2, 3)):
+    close(g, local[i] / N, "PartialDistributedGradientTape local gradient %d" % i, tol=1e-5)
+
 # sparse gradients (an embedding's): gathered as IndexedSlices, or reduced dense with sparse_as_dense
 emb = tf.Variable(tf.ones([2 * N, 3]))
 for sparse_as_dense in (False, True):
@@ -302,9 +361,7 @@ for mode, f in modes(lambda t: bn(t, training=True)):
     want = (bx - every_x.mean(0)) / np.sqrt(every_x.var(0) + 1e-3)
     close(f(tf.constant(bx)), want, "SyncBatchNormalization " + mode, tol=1e-4)
 
-# ---- DistributedOptimizer with model.fit (tf.keras: Keras 3, or Keras 2 before TensorFlow 2.16), and
-# backward_passes_per_step. Keras 3's iterations counts updates, Keras 2's (as Horovod's) every step.
-KERAS3 = hasattr(tf.keras, "ops")  # keras.ops is Keras 3's
+# ---- DistributedOptimizer with model.fit (Keras 3), and backward_passes_per_step
 for passes in (1, 2):
     tf.keras.utils.set_random_seed(7 + R)
     m = tf.keras.Sequential([tf.keras.Input([4]), tf.keras.layers.Dense(4, activation="tanh"), tf.keras.layers.Dense(1)])
@@ -316,28 +373,67 @@ for passes in (1, 2):
     ws = hvd.allgather_object([w.numpy() for w in m.weights])
     check(all(np.array_equal(a, b) for w in ws[1:] for a, b in zip(ws[0], w)),
           "DistributedOptimizer(backward_passes_per_step=%d): the same weights on every rank" % passes)
-    check(int(dopt.iterations) == (8 // passes if KERAS3 else 8), "optimizer iterations %d" % int(dopt.iterations))
+    check(int(dopt.iterations) == 8, "optimizer iterations %d: every batch, as Horovod counts" % int(dopt.iterations))
 
 # ---- join: every rank joins, the last is a rank
 last = int(hvd.join())
 check(0 <= last < N, "join returned %d" % last)
 
-# ---- a shape mismatch fails on every rank with HorovodInternalError, eagerly
+# ---- a shape mismatch fails on every rank with tf.errors.FailedPreconditionError, as Horovod's
+# ops raise it (not HorovodInternalError: hvd.elastic.run does not retry it), eagerly ...
 try:
     hvd.allreduce(tf.ones([2 + R]), name="mismatch")
     check(False, "a mismatched allreduce returned")
-except hvd.HorovodInternalError as e:
-    check("shape" in str(e).lower() or "mismatch" in str(e).lower(), "mismatch error says why: %s" % e)
+except tf.errors.FailedPreconditionError as e:
+    check("mismatched shapes" in str(e), "mismatch error says why: %s" % e)
+    check(not isinstance(e, hvd.HorovodInternalError), "a mismatch is a HorovodInternalError")
     print("rank %d: mismatch: %s" % (R, str(e).splitlines()[0]), flush=True)
 
-# ... and inside tf.function, where TensorFlow reports the numpy function's error as an OpError
+# ... inside tf.function, where a numpy function's exception would be an UnknownError: the
+# message names the op (the reason goes to stderr) ...
 try:
     tf.function(lambda t: hvd.allreduce(t, name="mismatch.fn"))(tf.ones([2 + R]))
     check(False, "a mismatched allreduce in tf.function returned")
-except tf.errors.OpError as e:
-    check("mismatched shapes" in str(e) and "HorovodInternalError" not in type(e).__name__,
-          "tf.function mismatch error says why: %s" % e)
-# the job goes on after a refused op
+except tf.errors.FailedPreconditionError as e:
+    check("mismatch.fn" in str(e), "tf.function mismatch error names the op: %s" % e)
+
+# ... and in a TensorFlow 1 graph; every mismatch (dtype, root) alike. The op after a failed one
+# in a graph runs only if the failed one passed (no rank runs it after a mismatch).
+for what, make in [("shape", lambda: hvd.allreduce(tf.ones([2 + R]))),
+                   ("dtype", lambda: hvd.broadcast(tf.ones([3], dtype=tf.int32 if R else tf.float32), 0)),
+                   ("root", lambda: hvd.broadcast(tf.ones([3]), R))]:
+    with tf.Graph().as_default():
+        out = make()
+        after = hvd.allreduce(tf.ones([1]), name="graph.after." + what)
+        with tf.compat.v1.Session() as sess:
+            try:
+                sess.run(after)
+                check(False, "a graph's %s mismatch returned" % what)
+            except tf.errors.FailedPreconditionError as e:
+                check("HorovodAllreduce" in str(e) or "HorovodBroadcast" in str(e),
+                      "graph %s mismatch error names the op: %s" % (what, str(e)[-600:]))
+    for mode, f in modes(make):
+        try:
+            f()
+            check(False, "a %s mismatch returned (%s)" % (what, mode))
+        except tf.errors.FailedPreconditionError:
+            check(True, "")
+
+# An op whose arguments one rank refuses fails there with InvalidArgumentError; the others' with
+# FailedPreconditionError (the ranks could not run it as submitted). Submitted again at once under
+# the same name, it runs on every rank (the refusal had not been answered yet on the refusing rank).
+for mode, f in modes(lambda t: hvd.allgather(t, name="refused.gather")):
+    for _ in range(5):
+        try:
+            f(tf.ones([2, 2]) if R else tf.complex(tf.ones([2, 2]), 0.0))
+            check(False, "a refused allgather returned (%s)" % mode)
+        except tf.errors.InvalidArgumentError as e:
+            check(R == 0, "rank %d was refused: %s" % (R, e))
+        except tf.errors.FailedPreconditionError as e:
+            check(R == 1 and ("rank 0 refused it" in str(e) or mode == "function"), "rank %d: %s" % (R, e))
+        close(f(tf.ones([2, 2])), np.ones([2 * N, 2]), "allgather of a refused op's name (%s)" % mode)
+
+# the job goes on after the failed ops
 close(hvd.allreduce(tf.constant([1.0]), op=hvd.Sum), [float(N)], "an allreduce after the mismatches")
 
 print("TF-OPS-OK rank=%d checks=%d" % (R, checks), flush=True)

@@ -1,11 +1,14 @@
 """horovod.tensorflow.keras on kolo: the distributed Keras optimizer, for TensorFlow's Keras
-(Keras 3 as tf.keras; Keras 2 as tf.keras: tf-keras where TF_USE_LEGACY_KERAS=1 makes it tf.keras,
-or TensorFlow's own Keras before TensorFlow 2.16).
+(Keras 3 as tf.keras, or tf-keras where TF_USE_LEGACY_KERAS=1 makes it tf.keras).
 
 The optimizer is the user's optimizer class with the reduction put in front of its update, built
-again from its config, as Horovod builds it: Keras 3's update runs _clip_gradients first (on the
-steps that update, after Keras 3's own gradient accumulation), Keras 2's is apply_gradients.
-Which Keras an optimizer belongs to is told by what it has (_is_keras3), not by version numbers.
+again from its config, as Horovod builds it. As in Horovod, compute_gradients (and
+_compute_gradients, get_gradients, so minimize and tf-keras's model.fit) returns the gradients
+reduced; apply_gradients (Keras 3's apply, so Keras 3's model.fit) reduces those it is given
+that compute_gradients did not return, so that every gradient is reduced once either way. With
+backward_passes_per_step N > 1 the reduction is Horovod's local aggregation
+(kolo.tensorflow.gradient_aggregation): every pass is summed locally, every Nth reduced and
+applied, and the passes between only count their iteration.
 """
 
 from kolo.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set  # noqa: F401
@@ -25,113 +28,173 @@ def _is_keras3(optimizer):
     return hasattr(optimizer, _K3_METHOD) and hasattr(optimizer, "gradient_accumulation_steps")
 
 
-class _Keras3Reduce(object):
-    """Keras 3: reduces the gradients of an update step before clipping, as Horovod reduces
-    before the wrapped optimizer sees them. With gradient accumulation, Keras averages the steps'
-    gradients first; _hvd_scale undoes that where Horovod sums them."""
+class _Settings(object):
+    """DistributedOptimizer's arguments, kept on the class it makes (so that from_config, which
+    builds a new instance, builds a distributed one)."""
 
-    def _clip_gradients(self, grads):
-        from kolo.tensorflow import _allreduce_grads
-        compression, sparse_as_dense, op, factor, process_set = self._hvd_args
-        grads = list(grads)
-        if self._hvd_scale != 1:
-            grads = [g * self._hvd_scale if g is not None else g for g in grads]
-        grads = _allreduce_grads(grads, compression, sparse_as_dense, op, factor, process_set)
-        return super(_Keras3Reduce, self)._clip_gradients(grads)
+    def __init__(self, compression, sparse_as_dense, op, gradient_predivide_factor, process_set,
+                 scale_local_gradients, backward_passes_per_step, average_aggregated_gradients):
+        self.reduction = (compression, sparse_as_dense, op, gradient_predivide_factor, process_set,
+                          scale_local_gradients)
+        self.sparse_as_dense = sparse_as_dense
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        self.average_aggregated_gradients = average_aggregated_gradients
 
 
-class _TFKerasReduce(object):
-    """Keras 2 (tf-keras, and TensorFlow's own Keras before 2.16): reduces the gradients in
-    apply_gradients, before the wrapped optimizer's. With backward_passes_per_step N > 1
-    (_hvd_passes), as Horovod: each call adds its gradients to local sums (sparse ones made
-    dense); every Nth reduces the sums (divided by N with average_aggregated_gradients), applies
-    them and zeroes them, and the calls between only add one to iterations, which so counts calls
-    (Keras 3's count updates)."""
+class _Reduced(object):
+    """The gradients compute_gradients returned last, reduced already: apply_gradients does not
+    reduce them again."""
 
-    _hvd_passes = 1
-    _hvd_average = False
+    def __init__(self, grads):
+        self.grads = grads
+
+    def are(self, grads):
+        return len(grads) == len(self.grads) and all(a is b for a, b in zip(grads, self.grads))
+
+
+def _tape_gradients(loss, var_list, grad_loss=None, tape=None):
+    """(gradient, variable) pairs of loss, as tf-keras's compute_gradients makes them: loss a
+    tensor that tape recorded, or a function of no arguments; var_list a list or a function
+    returning one. For Keras 3 optimizers, which have no compute_gradients."""
+    import tensorflow as tf
+    if not callable(loss) and tape is None:
+        raise ValueError("`tape` is required when a `Tensor` loss is passed. Received: loss=%s, tape=%s."
+                         % (loss, tape))
+    if tape is None:
+        tape = tf.GradientTape()
+    if callable(loss):
+        with tape:
+            if not callable(var_list):
+                # a Keras 3 variable is watched as the tf.Variable it holds
+                tape.watch([v if isinstance(v, (tf.Variable, tf.Tensor)) else v.value for v in var_list])
+            loss = loss()
+            if callable(var_list):
+                var_list = var_list()
+    var_list = list(var_list)
+    grads = tape.gradient(loss, var_list, output_gradients=grad_loss)
+    return list(zip(grads, var_list))
+
+
+class _DistributedOptimizer(object):
+    """What a distributed optimizer's class adds to the wrapped one, for every Keras: the
+    gradients reduced in compute_gradients (Horovod's _compute_gradients), worker-local
+    variables (register_local_var), and the aggregation helper (_agg_helper, None unless
+    backward_passes_per_step > 1)."""
+
+    def __init__(self, *args, **kwargs):
+        super(_DistributedOptimizer, self).__init__(*args, **kwargs)
+        from kolo.tensorflow import _Reduction
+        from kolo.tensorflow.gradient_aggregation import LocalGradientAggregationHelper
+        s = self._hvd_settings
+        self._hvd_reduction = _Reduction(*s.reduction)
+        self._hvd_reduced = None
+        self._agg_helper = None
+        if s.backward_passes_per_step > 1:
+            self._agg_helper = LocalGradientAggregationHelper(
+                s.backward_passes_per_step, self._hvd_reduction, s.sparse_as_dense, s.average_aggregated_gradients)
+
+    def register_local_var(self, var):
+        """Registers var as worker-local: its gradient is not reduced across ranks (and is
+        divided by the size, with scale_local_gradients)."""
+        self._hvd_reduction.register_local(var)
+
+    def compute_gradients(self, loss, var_list, tape=None):
+        return self._compute_gradients(loss, var_list, None, tape)
+
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        """The (gradient, variable) pairs of loss, the gradients reduced across ranks (with
+        aggregation: this rank's sums so far, reduced on a round's last pass)."""
+        base = super(_DistributedOptimizer, self)
+        if hasattr(base, "_compute_gradients"):  # tf-keras's legacy optimizers
+            pairs = base._compute_gradients(loss, var_list, grad_loss, tape=tape)
+        elif hasattr(base, "compute_gradients"):  # tf-keras's
+            pairs = base.compute_gradients(loss, var_list, tape=tape)
+        else:  # Keras 3's have none
+            pairs = _tape_gradients(loss, var_list, grad_loss, tape)
+        pairs = list(pairs)
+        variables = [v for _, v in pairs]
+        grads = self._allreduce([g for g, _ in pairs], variables)
+        self._hvd_reduced = _Reduced(grads)
+        return list(zip(grads, variables))
+
+    def _allreduce(self, grads, variables):
+        if self._agg_helper is not None:
+            return self._agg_helper.compute_gradients(grads, variables)
+        return self._hvd_reduction(grads, variables)
+
+    def _reduce_unreduced(self, grads, variables):
+        """grads as apply_gradients uses them: as they are if compute_gradients returned them,
+        else reduced (and counted, with aggregation) now."""
+        reduced, self._hvd_reduced = self._hvd_reduced, None
+        if reduced is not None and reduced.are(grads):
+            return grads
+        return self._allreduce(grads, variables)
+
+
+class _TFKerasDistributedOptimizer(_DistributedOptimizer):
+    """tf-keras's optimizers (and its legacy ones): the update is apply_gradients."""
+
+    def get_gradients(self, loss, params):
+        """TensorFlow 1 graph Keras's gradients (legacy optimizers), reduced across ranks."""
+        grads = list(super(_TFKerasDistributedOptimizer, self).get_gradients(loss, params))
+        grads = self._allreduce(grads, list(params))
+        self._hvd_reduced = _Reduced(grads)
+        return grads
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
-        from kolo.tensorflow import _allreduce_grads
-        grads_and_vars = list(grads_and_vars)
-        grads, variables = [g for g, _ in grads_and_vars], [v for _, v in grads_and_vars]
-        if self._hvd_passes == 1:
-            grads = _allreduce_grads(grads, *self._hvd_args)
-            return super(_TFKerasReduce, self).apply_gradients(list(zip(grads, variables)), *args, **kwargs)
+        pairs = list(grads_and_vars)
+        variables = [v for _, v in pairs]
+        grads = self._reduce_unreduced([g for g, _ in pairs], variables)
+        pairs = list(zip(grads, variables))
+        base = super(_TFKerasDistributedOptimizer, self)
+        if self._agg_helper is None:
+            return base.apply_gradients(pairs, *args, **kwargs)
+        return self._agg_helper.apply_gradients(lambda: base.apply_gradients(pairs, *args, **kwargs),
+                                                lambda: self.iterations.assign_add(1))
+
+
+class _Keras3DistributedOptimizer(_DistributedOptimizer):
+    """Keras 3's optimizers: the update is apply (which apply_gradients calls)."""
+
+    def apply(self, grads, trainable_variables=None):
         import tensorflow as tf
-        sums, count = self._hvd_sums(grads, variables)
-        added = [s.assign_add(tf.convert_to_tensor(g)) for s, g in zip(sums, grads) if s is not None]
-        with tf.control_dependencies(added):
-            calls = count.assign_add(1)
+        grads = list(grads)
+        base = super(_Keras3DistributedOptimizer, self)
+        variables = list(trainable_variables) if trainable_variables is not None else None
+        if variables is None and not self.built:
+            return base.apply(grads, variables)  # which says why it cannot
+        grads = self._reduce_unreduced(grads, variables if variables is not None else self._trainable_variables)
+        if self._agg_helper is None:
+            return base.apply(grads, variables)
+        if variables is not None and not self.built:
+            self.build(variables)  # outside the tf.cond below: Keras makes its variables there
+            self.built = True
 
         def update():
-            total = [None if s is None else s.read_value() for s in sums]
-            total = _allreduce_grads(total, *self._hvd_args)
-            if self._hvd_average:
-                total = [None if g is None else g / self._hvd_passes for g in total]
-            super(_TFKerasReduce, self).apply_gradients(list(zip(total, variables)), *args, **kwargs)
-            for s in sums:
-                if s is not None:
-                    s.assign(tf.zeros_like(s))
-            count.assign(0)
+            base.apply(grads, variables)
             return tf.constant(True)
 
-        def skip():
-            self.iterations.assign_add(1)
+        def count():
+            self._iterations.assign_add(1)
             return tf.constant(False)
-        return tf.cond(tf.equal(calls, self._hvd_passes), update, skip)
-
-    def _hvd_sums(self, grads, variables):
-        """The sum variable of each variable whose gradient is not None, and the calls' count,
-        made where first needed, in tf.init_scope (outside any tf.function), and kept in a plain
-        object, which Keras neither tracks nor counts among the optimizer's variables or saves."""
-        import tensorflow as tf
-        state = getattr(self, "_hvd_state", None)
-        if state is None:
-            state = self._hvd_state = _GradientSums()
-        with tf.init_scope():
-            if state.count is None:
-                state.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvd_calls")
-                _ = self.iterations  # made here, not in a branch of tf.cond
-            for g, v in zip(grads, variables):
-                if g is not None and v.ref() not in state.sums:
-                    state.sums[v.ref()] = tf.Variable(tf.zeros(v.shape, g.dtype), trainable=False,
-                                                      name="hvd_sum")
-        return [None if g is None else state.sums[v.ref()] for g, v in zip(grads, variables)], state.count
-
-
-class _GradientSums(object):
-    """A Keras 2 DistributedOptimizer's gradient sums, by variable (its ref()), and its count of
-    calls since the last update."""
-
-    def __init__(self):
-        self.count = None
-        self.sums = {}
+        return self._agg_helper.apply_gradients(update, count)
 
 
 def _create_distributed_optimizer(optimizer, name=None, compression=Compression.none, sparse_as_dense=False,
                                   backward_passes_per_step=1, op=None, gradient_predivide_factor=1.0,
-                                  average_aggregated_gradients=False, process_set=global_process_set):
+                                  average_aggregated_gradients=False, process_set=global_process_set,
+                                  scale_local_gradients=True):
     from kolo.tensorflow.mpi_ops import Average
     op = Average if op is None else op
-    config = optimizer.get_config()
-    n = int(backward_passes_per_step)
-    if n < 1:
-        raise ValueError("backward_passes_per_step must be > 0")
-    scale = 1
-    if _is_keras3(optimizer):
-        mixin = _Keras3Reduce
-        if n > 1:
-            config["gradient_accumulation_steps"] = n
-            scale = 1 if average_aggregated_gradients else n
-    else:
-        mixin = _TFKerasReduce
-    attrs = {"_hvd_args": (compression, sparse_as_dense, op, gradient_predivide_factor, process_set),
-             "_hvd_scale": scale, "_hvd_passes": n, "_hvd_average": bool(average_aggregated_gradients)}
+    mixin = _Keras3DistributedOptimizer if _is_keras3(optimizer) else _TFKerasDistributedOptimizer
+    attrs = {"_hvd_settings": _Settings(compression, sparse_as_dense, op, gradient_predivide_factor, process_set,
+                                        scale_local_gradients, backward_passes_per_step,
+                                        average_aggregated_gradients)}
     # The wrapped class's name and module: a saved model records the optimizer as the plain one,
     # which any Keras loads (and load_model below wraps again), as with Horovod.
     attrs["__module__"] = optimizer.__class__.__module__
     cls = type(optimizer.__class__.__name__, (mixin, optimizer.__class__), attrs)
+    config = optimizer.get_config()
     if name is not None:
         config["name"] = name
     return cls.from_config(config)
@@ -142,11 +205,37 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0,
                          groups=None, process_set=global_process_set, scale_local_gradients=True):
     """A copy of optimizer (built from its config) whose updates use the gradients reduced across
-    ranks (Average by default). backward_passes_per_step N > 1 updates every Nth step with the
-    sum of the N steps' gradients (their mean with average_aggregated_gradients)."""
+    ranks (Average by default). backward_passes_per_step N > 1 sums N passes' gradients locally
+    and updates every Nth pass with the reduced sum (its mean with average_aggregated_gradients);
+    iterations counts every pass, as in Horovod."""
     return _create_distributed_optimizer(
         optimizer, name, compression, sparse_as_dense, backward_passes_per_step, op, gradient_predivide_factor,
-        average_aggregated_gradients, process_set)
+        average_aggregated_gradients, process_set, scale_local_gradients)
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=Compression.none, sparse_as_dense=False, gradient_predivide_factor=1.0,
+                                op=Average, backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, process_set=global_process_set, local_layers=None,
+                                scale_local_gradients=True):
+    """DistributedOptimizer whose local_layers (a Keras layer or a list of them) keep their
+    gradients worker-local: their trainable weights are registered with register_local_var."""
+    if local_layers is None:
+        local_layers = []
+    elif hasattr(local_layers, "trainable_weights"):
+        local_layers = [local_layers]
+    local_layers = list(local_layers)
+    if not all(hasattr(layer, "trainable_weights") for layer in local_layers):
+        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
+    opt = DistributedOptimizer(optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+                               gradient_predivide_factor=gradient_predivide_factor, op=op,
+                               backward_passes_per_step=backward_passes_per_step,
+                               average_aggregated_gradients=average_aggregated_gradients, process_set=process_set,
+                               scale_local_gradients=scale_local_gradients)
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            opt.register_local_var(var)
+    return opt
 
 
 def _load_model(keras, filepath, custom_optimizers, custom_objects, compression):
@@ -199,4 +288,4 @@ def broadcast_global_variables(root_rank):
                        "hvd.callbacks.BroadcastGlobalVariablesCallback or hvd.broadcast_variables")
 
 
-from kolo.tensorflow.keras import callbacks  # noqa: E402,F401
+from kolo.tensorflow.keras import callbacks, elastic  # noqa: E402,F401
