@@ -2,7 +2,7 @@
 GO      ?= go
 BIN     := bin
 # Packages whose concurrency the race detector must check.
-RACE_PKGS := ./engine/... ./gpu/... ./timeline/... ./transport/... ./collective/... ./rendezvous/... ./launch/... ./bootstrap/... ./world/...
+RACE_PKGS := ./internal/engine/... ./internal/gpu/... ./internal/timeline/... ./internal/transport/... ./internal/collective/... ./internal/rendezvous/... ./internal/launch/... ./internal/bootstrap/... ./internal/world/...
 PYTHON  ?= /usr/bin/python3
 # The interpreters of kolo.tensorflow's tests, the newest TensorFlow kolo supports and the oldest:
 # TensorFlow needs numpy 2, Debian's PyTorch numpy 1, so each TensorFlow lives in a virtual
@@ -61,7 +61,7 @@ test: deps lint
 	$(GO) test -count=1 -timeout 30m -race $(RACE_PKGS)
 	# The TCP transport's tests again with lazy meshes (what worlds use): every connection is
 	# then made by the call that first needs it, on both ends at once.
-	KOLO_TCP_TEST_LAZY=1 $(GO) test -count=1 -race ./transport/tcp/
+	KOLO_TCP_TEST_LAZY=1 $(GO) test -count=1 -race ./internal/transport/tcp/
 	$(MAKE) test-python
 	$(MAKE) test-deploy
 

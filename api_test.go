@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/dtype"
-	"github.com/kolo-dl/kolo/engine/negotiate"
-	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/internal/dtype"
+	"github.com/kolo-dl/kolo/internal/engine/negotiate"
+	"github.com/kolo-dl/kolo/internal/jobenv"
 )
 
 // Unnamed ops are named by call order, whatever their shape or dtype: ranks that pass different

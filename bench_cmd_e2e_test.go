@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kolo-dl/kolo/bench"
+	"github.com/kolo-dl/kolo/internal/bench"
 )
 
 // `kolo bench OP --check` runs every op it offers among 3 local ranks and checks the results: a

@@ -6,17 +6,23 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/kolo-dl/kolo/dtype"
-	"github.com/kolo-dl/kolo/engine"
-	"github.com/kolo-dl/kolo/gpu"
-	"github.com/kolo-dl/kolo/gpu/nccl"
+	"github.com/kolo-dl/kolo/internal/engine"
+	"github.com/kolo-dl/kolo/internal/gpu"
+	"github.com/kolo-dl/kolo/internal/gpu/nccl"
 )
+
+// DevicePtr is an address in GPU memory (torch's data_ptr()).
+type DevicePtr = gpu.Ptr
+
+// PathDecision says whether ops on GPU tensors take the device path (Use) and, when they are
+// staged through host memory instead, why (Why, matching ErrDeviceUnavailable).
+type PathDecision = gpu.Decision
 
 // DeviceTensor is a tensor in GPU memory: its address there (torch's data_ptr()), element type
 // and shape. kolo never reads it from the host.
 type DeviceTensor struct {
-	Ptr   gpu.Ptr
-	DType dtype.DType
+	Ptr   DevicePtr
+	DType DType
 	Shape []int64
 }
 
@@ -27,7 +33,7 @@ var ncclPaths struct {
 	paths []string
 }
 
-// deviceBackend is the engine's device backend: NCCL and the CUDA runtime, loaded (gpu/nccl)
+// deviceBackend is the engine's device backend: NCCL and the CUDA runtime, loaded (internal/gpu/nccl)
 // only when this rank first has a device op, never at Init, so a CPU job loads neither.
 func deviceBackend(getenv func(string) string) (*engine.DeviceBackend, error) {
 	setting, err := gpu.ParseMode(getenv)
@@ -68,7 +74,7 @@ func deviceBackend(getenv func(string) string) (*engine.DeviceBackend, error) {
 // submit a device op) before its first device op; it blocks until every rank has. ncclPaths are
 // tried first when the library loads (the binding passes torch's libnccl.so.2). The error is set
 // when KOLO_NCCL=1 and the path cannot serve, or setting up failed.
-func DevicePath(ctx context.Context, ordinal int, ncclPath ...string) (gpu.Decision, error) {
+func DevicePath(ctx context.Context, ordinal int, ncclPath ...string) (PathDecision, error) {
 	s, err := get()
 	if err != nil {
 		return gpu.Decision{}, err
@@ -94,7 +100,7 @@ func DevicePath(ctx context.Context, ordinal int, ncclPath ...string) (gpu.Decis
 // framework's ops before and after; an Average is NCCL's Avg). Arguments wrong on this rank fail
 // it with an ArgumentError, and the other ranks' submissions of the op with its text, as for an op
 // in host memory.
-func SubmitDevice(kind OpKind, name string, in DeviceTensor, out gpu.Ptr, op Op, root int, splits []int64, ordinal int, stream uintptr, opts ...OpOption) *Handle {
+func SubmitDevice(kind OpKind, name string, in DeviceTensor, out DevicePtr, op Op, root int, splits []int64, ordinal int, stream uintptr, opts ...OpOption) *Handle {
 	if err := deviceKind(kind); err != nil {
 		return failed(err)
 	}
@@ -107,7 +113,7 @@ func SubmitDevice(kind OpKind, name string, in DeviceTensor, out gpu.Ptr, op Op,
 // they fuse only with each other. outs[i] receives an allreduce's result for ins[i] (nil: in
 // place); the rest is as SubmitDevice. When the device path refuses one member, every member
 // fails with that error (matching gpu.ErrUnavailable where the caller is to stage the group).
-func SubmitDeviceGroup(kind OpKind, name string, ins []DeviceTensor, outs []gpu.Ptr, op Op, ordinal int, stream uintptr, opts ...OpOption) []*Handle {
+func SubmitDeviceGroup(kind OpKind, name string, ins []DeviceTensor, outs []DevicePtr, op Op, ordinal int, stream uintptr, opts ...OpOption) []*Handle {
 	if err := deviceKind(kind); err != nil {
 		hs := make([]*Handle, len(ins))
 		for i := range hs {
@@ -137,13 +143,13 @@ func deviceKind(kind OpKind) error {
 // deviceOperands are where a device op's tensors are: addresses on device ordinal, and the
 // producer's stream.
 type deviceOperands struct {
-	in, out gpu.Ptr
+	in, out DevicePtr
 	ordinal int
 	stream  uintptr
 }
 
 // operands are the memory of an op on t whose result goes to out.
-func (t DeviceTensor) operands(out gpu.Ptr, ordinal int, stream uintptr) operands {
+func (t DeviceTensor) operands(out DevicePtr, ordinal int, stream uintptr) operands {
 	return operands{
 		in:  Tensor{DType: t.DType, Shape: t.Shape},
 		dev: &deviceOperands{in: t.Ptr, out: out, ordinal: ordinal, stream: stream},
@@ -171,7 +177,7 @@ func (h *Handle) Synchronize(ctx context.Context) error {
 
 // DeviceOutput is a device allgather's, alltoall's or reducescatter's result: its address, size
 // in bytes and shape. The caller copies it on its stream after WaitOnStream, then releases it.
-func (h *Handle) DeviceOutput() (gpu.Ptr, int, []int64) {
+func (h *Handle) DeviceOutput() (DevicePtr, int, []int64) {
 	if h.h == nil {
 		return 0, 0, nil
 	}
@@ -209,7 +215,7 @@ func (h *Handle) wrap(stream uintptr) (gpu.Stream, error) {
 var ErrDeviceUnavailable = gpu.ErrUnavailable
 
 // DeviceDecision is the device path's decision, once DevicePath has made it.
-func DeviceDecision() (gpu.Decision, bool) {
+func DeviceDecision() (PathDecision, bool) {
 	s, err := get()
 	if err != nil {
 		return gpu.Decision{}, false

@@ -30,43 +30,33 @@ func standinEnv(t *testing.T) (map[string]string, string) {
 		"STANDIN_DEADLINE_S": "60"}, report
 }
 
-// Ranks in separate processes run ops on device memory on the device path, through gpu/nccl's C
-// layer and the stand-in NCCL.
-func TestDeviceOpsThroughStandin(t *testing.T) {
-	for _, np := range []int{2, 3} {
-		t.Run(fmt.Sprintf("np=%d", np), func(t *testing.T) {
+// Ops on device memory in separate processes, on the device path through internal/gpu/nccl's C
+// layer and the stand-in NCCL, which reports any misuse of NCCL's or CUDA's API.
+func TestDeviceThroughStandin(t *testing.T) {
+	for _, tc := range []struct {
+		name, scenario string
+		np             int
+	}{
+		// Every op kind and dtype gives the right results.
+		{"ops/np=2", "device", 2},
+		{"ops/np=3", "device", 3},
+		// Grouped calls (kolo.SubmitDeviceGroup) go to the engine as one group each.
+		{"group", "device-group", 2},
+		// A device op whose arguments are wrong on rank 1 (an unknown reduction, a NaN scale
+		// factor, a scalar to gather, a negative dimension, a negative or another device
+		// ordinal; one member of a grouped call) fails at once on every rank, the others with
+		// rank 1's reason, not at the stall deadline (the scenario checks each op within 5 s);
+		// the job goes on after.
+		{"argument error fails every rank at once", "device-refused", 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			env, report := standinEnv(t)
-			job := e2e.Launch(t, "device", e2e.LocalHosts(np), np, e2e.Options{Env: env})
+			job := e2e.Launch(t, tc.scenario, e2e.LocalHosts(tc.np), tc.np, e2e.Options{Env: env})
 			requireSuccess(t, job)
 			if r := ncclstandin.Reports(report); r != "" {
 				t.Errorf("the stand-in reported misuse:\n%s", r)
 			}
 		})
-	}
-}
-
-// Grouped calls on device memory (kolo.SubmitDeviceGroup) in separate processes, through the
-// stand-in NCCL: each goes to the engine as one group and gives the right results.
-func TestDeviceGroupThroughStandin(t *testing.T) {
-	env, report := standinEnv(t)
-	job := e2e.Launch(t, "device-group", e2e.LocalHosts(2), 2, e2e.Options{Env: env})
-	requireSuccess(t, job)
-	if r := ncclstandin.Reports(report); r != "" {
-		t.Errorf("the stand-in reported misuse:\n%s", r)
-	}
-}
-
-// A device op whose arguments are wrong on rank 1 (an unknown reduction, a NaN scale factor, a
-// scalar to gather, a negative dimension, a negative or another device ordinal; one member of a
-// grouped call) fails at once on every rank, in separate processes through the stand-in NCCL:
-// the others with rank 1's reason, not at the stall deadline (the scenario checks each op within
-// 5 s). The job goes on after.
-func TestDeviceArgumentErrorFailsEveryRankAtOnce(t *testing.T) {
-	env, report := standinEnv(t)
-	job := e2e.Launch(t, "device-refused", e2e.LocalHosts(3), 3, e2e.Options{Env: env})
-	requireSuccess(t, job)
-	if r := ncclstandin.Reports(report); r != "" {
-		t.Errorf("the stand-in reported misuse:\n%s", r)
 	}
 }
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/dtype"
+	"github.com/kolo-dl/kolo/internal/dtype"
 )
 
 // Without NCCL (none on a CI machine) the device path decides to stage, saying why, and a device

@@ -7,8 +7,8 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/kolo-dl/kolo/jobenv"
-	"github.com/kolo-dl/kolo/worker"
+	"github.com/kolo-dl/kolo/internal/jobenv"
+	"github.com/kolo-dl/kolo/internal/worker"
 )
 
 // ErrElasticEnded is wrapped by Init's error in an elastic worker when the launcher ended the job

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/observe/report"
+	"github.com/kolo-dl/kolo/internal/observe/report"
 	"github.com/kolo-dl/kolo/testbed/e2e"
 )
 

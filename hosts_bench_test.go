@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/bench"
+	"github.com/kolo-dl/kolo/internal/bench"
 	"github.com/kolo-dl/kolo/testbed/e2e"
 )
 

@@ -20,14 +20,14 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/kolo-dl/kolo/dtype"
-	"github.com/kolo-dl/kolo/engine"
-	"github.com/kolo-dl/kolo/engine/negotiate"
-	"github.com/kolo-dl/kolo/jobenv"
-	"github.com/kolo-dl/kolo/settings"
-	"github.com/kolo-dl/kolo/version"
-	"github.com/kolo-dl/kolo/worker"
-	"github.com/kolo-dl/kolo/world"
+	"github.com/kolo-dl/kolo/internal/dtype"
+	"github.com/kolo-dl/kolo/internal/engine"
+	"github.com/kolo-dl/kolo/internal/engine/negotiate"
+	"github.com/kolo-dl/kolo/internal/jobenv"
+	"github.com/kolo-dl/kolo/internal/settings"
+	"github.com/kolo-dl/kolo/internal/version"
+	"github.com/kolo-dl/kolo/internal/worker"
+	"github.com/kolo-dl/kolo/internal/world"
 )
 
 // Version is kolo's version; the launcher and the library check they match.
@@ -153,8 +153,6 @@ type Option func(*initOptions)
 
 type initOptions struct {
 	env      func(string) string
-	world    world.Options
-	engine   *engine.Config
 	cpuShare bool
 	ranks    []int // nil: every rank of the launcher's job
 }
@@ -166,12 +164,6 @@ type initOptions struct {
 func WithRanks(ranks []int) Option {
 	return func(o *initOptions) { o.ranks = slices.Clone(ranks) }
 }
-
-// WithEngineConfig overrides the engine settings read from the environment.
-func WithEngineConfig(c engine.Config) Option { return func(o *initOptions) { o.engine = &c } }
-
-// WithWorldOptions sets connection options (timeouts, streams, shared memory).
-func WithWorldOptions(w world.Options) Option { return func(o *initOptions) { o.world = w } }
 
 // WithCPUShare is for a process whose Go runtime runs nothing but kolo, as in a Python rank (the
 // binding asks for it): unless GOMAXPROCS is set, Init limits the runtime to this rank's share of
@@ -211,35 +203,21 @@ func Init(opts ...Option) error {
 	if err := applyLogLevel(env[jobenv.LogLevel]); err != nil {
 		return fmt.Errorf("kolo.Init: %w", err)
 	}
-	cfg := engine.DefaultConfig()
-	if o.engine != nil {
-		cfg = *o.engine
-	} else {
-		var err error
-		if cfg, err = engine.ConfigFromEnv(o.env); err != nil {
-			return fmt.Errorf("kolo.Init: %w", err)
-		}
+	// Every setting comes from the environment (internal/settings declares them): a Go program sets
+	// them as a launcher would, so the same job runs the same way whatever started it.
+	cfg, err := engine.ConfigFromEnv(o.env)
+	if err != nil {
+		return fmt.Errorf("kolo.Init: %w", err)
 	}
-	if cfg.Device == nil {
-		dev, err := deviceBackend(o.env)
-		if err != nil {
-			return fmt.Errorf("kolo.Init: %w", err)
-		}
-		cfg.Device = dev
+	if cfg.Device, err = deviceBackend(o.env); err != nil {
+		return fmt.Errorf("kolo.Init: %w", err)
 	}
-	if o.world.Timeout == 0 {
-		o.world.Timeout = cfg.SetupTimeout
-	}
-	if o.world.ProgressTimeout == 0 {
-		o.world.ProgressTimeout = cfg.ProgressTimeout
-	}
-	if o.world.Interface == "" {
-		o.world.Interface, _ = jobenv.Interface(map[string]string{
-			jobenv.NetworkInterface:        o.env(jobenv.NetworkInterface),
-			jobenv.HorovodNetworkInterface: o.env(jobenv.HorovodNetworkInterface),
-		})
-	}
-	wopt := worker.Options{Env: env, Engine: cfg, World: o.world, Ranks: o.ranks,
+	wo := world.Options{Timeout: cfg.SetupTimeout, ProgressTimeout: cfg.ProgressTimeout}
+	wo.Interface, _ = jobenv.Interface(map[string]string{
+		jobenv.NetworkInterface:        o.env(jobenv.NetworkInterface),
+		jobenv.HorovodNetworkInterface: o.env(jobenv.HorovodNetworkInterface),
+	})
+	wopt := worker.Options{Env: env, Engine: cfg, World: wo, Ranks: o.ranks,
 		ShareCPUs: o.cpuShare && o.env("GOMAXPROCS") == ""}
 	if full, err := settings.TCPFullMesh.Switch(o.env); err != nil && !errors.Is(err, settings.ErrUnset) {
 		return fmt.Errorf("kolo.Init: %w", err)
@@ -405,7 +383,7 @@ func IsHomogeneous() bool {
 // Tensor is a dense, contiguous, row-major array of Shape (in elements) and DType held in Data.
 type Tensor struct {
 	Data  []byte
-	DType dtype.DType
+	DType DType
 	Shape []int64
 }
 

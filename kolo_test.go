@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kolo-dl/kolo/dtype"
+	"github.com/kolo-dl/kolo/internal/dtype"
 )
 
 // A shape whose byte size overflows int64 is refused, not wrapped around: [1<<62, 4] of float32

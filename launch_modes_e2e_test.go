@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/internal/jobenv"
 	"github.com/kolo-dl/kolo/testbed/e2e"
 	"github.com/kolo-dl/kolo/testbed/proctest"
 )

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/jobenv"
+	"github.com/kolo-dl/kolo/internal/jobenv"
 )
 
 // kolo run -np 999 on this machine alone is refused before any rank starts, naming the numbers and

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/kolo-dl/kolo/engine/negotiate"
+	"github.com/kolo-dl/kolo/internal/engine/negotiate"
 )
 
 // ProcessSet is a registered subset of the job's ranks that runs collectives among themselves

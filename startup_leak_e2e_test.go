@@ -101,7 +101,7 @@ func staleSegments(t *testing.T) []string {
 		if err != nil {
 			continue // removed meanwhile
 		}
-		// The header's creator pid (transport/shm's layout: offset 48, little-endian).
+		// The header's creator pid (internal/transport/shm's layout: offset 48, little-endian).
 		if len(b) >= 56 {
 			if pid := int(binary.LittleEndian.Uint64(b[48:])); pid > 0 && syscall.Kill(pid, 0) == nil && !zombie(pid) {
 				continue

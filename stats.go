@@ -3,8 +3,8 @@ package kolo
 import (
 	"time"
 
-	"github.com/kolo-dl/kolo/observe/flight"
-	"github.com/kolo-dl/kolo/observe/report"
+	"github.com/kolo-dl/kolo/internal/observe/flight"
+	"github.com/kolo-dl/kolo/internal/observe/report"
 )
 
 // Stats is this rank's figures since Init, the ones its reports give kolo run's live view, end

@@ -4,8 +4,12 @@ import (
 	"fmt"
 	"unsafe"
 
-	"github.com/kolo-dl/kolo/dtype"
+	"github.com/kolo-dl/kolo/internal/dtype"
 )
+
+// DType is a tensor's element type (DTypeOf[T] gives each Element's); its String is the dtype's
+// name as torch and numpy spell it.
+type DType = dtype.DType
 
 // Float16 and BFloat16 hold the raw bits of half-precision values (Go has no native halves).
 type (
@@ -19,7 +23,7 @@ type Element interface {
 }
 
 // DTypeOf returns the dtype of T.
-func DTypeOf[T Element]() dtype.DType {
+func DTypeOf[T Element]() DType {
 	var z T
 	switch any(z).(type) {
 	case uint8:

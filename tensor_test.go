@@ -3,7 +3,7 @@ package kolo
 import (
 	"testing"
 
-	"github.com/kolo-dl/kolo/dtype"
+	"github.com/kolo-dl/kolo/internal/dtype"
 )
 
 // Every dtype has a Go element type, and Of/As agree with it.

@@ -9,7 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/kolo-dl/kolo"
-	"github.com/kolo-dl/kolo/dtype"
+	"github.com/kolo-dl/kolo/internal/dtype"
 )
 
 // Argument checks. A C caller can pass anything: a null pointer, a negative length, a dtype code

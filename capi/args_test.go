@@ -12,7 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/kolo-dl/kolo"
-	"github.com/kolo-dl/kolo/dtype"
+	"github.com/kolo-dl/kolo/internal/dtype"
 )
 
 // lastError is what kolo_last_error would return on this thread: a test that reads it locks its

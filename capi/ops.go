@@ -26,8 +26,8 @@ import (
 	"unsafe"
 
 	"github.com/kolo-dl/kolo"
-	"github.com/kolo-dl/kolo/dtype"
-	"github.com/kolo-dl/kolo/gpu"
+	"github.com/kolo-dl/kolo/internal/dtype"
+	"github.com/kolo-dl/kolo/internal/gpu"
 )
 
 // Op kinds as the C ABI numbers them: negotiate.OpKind's values.

@@ -10,9 +10,9 @@ import (
 	"unsafe"
 
 	"github.com/kolo-dl/kolo"
-	"github.com/kolo-dl/kolo/dtype"
-	"github.com/kolo-dl/kolo/engine"
-	"github.com/kolo-dl/kolo/engine/negotiate"
+	"github.com/kolo-dl/kolo/internal/dtype"
+	"github.com/kolo-dl/kolo/internal/engine"
+	"github.com/kolo-dl/kolo/internal/engine/negotiate"
 )
 
 var errTest = errors.New("test: rejected")

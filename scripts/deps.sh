@@ -29,7 +29,7 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-# Then from PyPI: NCCL's and the CUDA runtime's headers and libraries, for gpu/nccl's tests
+# Then from PyPI: NCCL's and the CUDA runtime's headers and libraries, for internal/gpu/nccl's tests
 # (scripts/nvidia_deps.sh), and TensorFlow and Keras in virtual environments of their own, the newest
 # and the oldest TensorFlow kolo supports, for kolo.tensorflow's (scripts/tf_venv.sh). Each does
 # nothing when its versions are there.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs NCCL's and the CUDA runtime's headers and libraries from PyPI's nvidia wheels into
-# .venv/nvidia at the repository's root (git-ignored), for gpu/nccl's tests against the real ones
+# .venv/nvidia at the repository's root (git-ignored), for internal/gpu/nccl's tests against the real ones
 # (no GPU needed): nccl.h, cuda_runtime_api.h, libnccl.so.2, libcudart.so.12. nccl.h includes the
 # CUDA runtime's headers, which need nvcc's crt/ and CCCL's nv/ headers: from their wheels too.
 # Does nothing when the pinned versions are there. Needs python3 with pip (scripts/deps.sh).

@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo"
-	"github.com/kolo-dl/kolo/bench"
-	"github.com/kolo-dl/kolo/dtype"
-	"github.com/kolo-dl/kolo/jobenv"
-	"github.com/kolo-dl/kolo/launch/flags"
+	"github.com/kolo-dl/kolo/internal/bench"
+	"github.com/kolo-dl/kolo/internal/dtype"
+	"github.com/kolo-dl/kolo/internal/jobenv"
+	"github.com/kolo-dl/kolo/internal/launch/flags"
 )
 
 // benchCmd implements `kolo bench OP`. With -np N it launches N local ranks of itself (through the

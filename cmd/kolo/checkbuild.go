@@ -14,10 +14,10 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo"
-	"github.com/kolo-dl/kolo/gpu"
-	"github.com/kolo-dl/kolo/jobenv"
-	"github.com/kolo-dl/kolo/launch/flags"
-	"github.com/kolo-dl/kolo/transport/shm"
+	"github.com/kolo-dl/kolo/internal/gpu"
+	"github.com/kolo-dl/kolo/internal/jobenv"
+	"github.com/kolo-dl/kolo/internal/launch/flags"
+	"github.com/kolo-dl/kolo/internal/transport/shm"
 )
 
 // beforeLaunch handles what kolo run does before (or instead of) launching: -v, -cb, and the

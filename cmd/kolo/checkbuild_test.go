@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo"
-	"github.com/kolo-dl/kolo/launch/flags"
+	"github.com/kolo-dl/kolo/internal/launch/flags"
 )
 
 func TestFormatCheckBuild(t *testing.T) {

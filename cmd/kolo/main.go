@@ -8,7 +8,7 @@ import (
 	"os"
 
 	"github.com/kolo-dl/kolo"
-	"github.com/kolo-dl/kolo/auth"
+	"github.com/kolo-dl/kolo/internal/auth"
 )
 
 const usage = `kolo: distributed data-parallel training

@@ -10,9 +10,9 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/kolo-dl/kolo/launch"
-	"github.com/kolo-dl/kolo/launch/flags"
-	"github.com/kolo-dl/kolo/transport/shm"
+	"github.com/kolo-dl/kolo/internal/launch"
+	"github.com/kolo-dl/kolo/internal/launch/flags"
+	"github.com/kolo-dl/kolo/internal/transport/shm"
 )
 
 // runCmd implements `kolo run`; it returns the process exit code.
@@ -48,7 +48,7 @@ func runCmd(args []string) int {
 	return code
 }
 
-// sweepShm removes the shared-memory segments whose creator is gone (transport/shm.Sweep).
+// sweepShm removes the shared-memory segments whose creator is gone (internal/transport/shm.Sweep).
 func sweepShm() {
 	if removed, err := shm.Sweep(""); len(removed) > 0 || err != nil {
 		slog.Debug("kolo run: shared memory that ranks left behind", "removed", removed, "err", err)

@@ -6,9 +6,9 @@ import (
 	"os"
 	"strings"
 
-	"github.com/kolo-dl/kolo/jobenv"
-	"github.com/kolo-dl/kolo/launch/flags"
-	"github.com/kolo-dl/kolo/settings"
+	"github.com/kolo-dl/kolo/internal/jobenv"
+	"github.com/kolo-dl/kolo/internal/launch/flags"
+	"github.com/kolo-dl/kolo/internal/settings"
 )
 
 // checkSettings parses, before any rank starts, every setting the ranks will parse at init: the

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kolo-dl/kolo/launch/flags"
+	"github.com/kolo-dl/kolo/internal/launch/flags"
 )
 
 // Every malformed or out-of-range setting a rank would parse at init is refused by kolo run

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo/internal/cpuset"
-	"github.com/kolo-dl/kolo/settings"
+	"github.com/kolo-dl/kolo/internal/settings"
 )
 
 const (

@@ -24,7 +24,7 @@ REDUCE_OPS = (Average, Sum, Adasum, Min, Max, Product)
 # Op kinds, as the C ABI numbers them.
 ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER, BARRIER, JOIN = 1, 2, 3, 4, 5, 6, 7
 
-# The engine's dtypes by numpy dtype name, with the C ABI's numbers (dtype/dtype.go). bfloat16 is
+# The engine's dtypes by numpy dtype name, with the C ABI's numbers (internal/dtype/dtype.go). bfloat16 is
 # ml_dtypes' (TensorFlow's and JAX's numpy bfloat16).
 NUMPY_DTYPES = {
     "uint8": 1, "int8": 2, "int16": 9, "int32": 3, "int64": 4,

@@ -6,7 +6,7 @@ engine (0 is the global set). Register a set with ``add_process_set(ranks)`` on 
 collective, like Horovod's with HOROVOD_DYNAMIC_PROCESS_SETS=1, which kolo needs no setting for),
 or with ``hvd.init(process_sets=[...])``. Ops of different sets run independently; only members may
 submit to a set. Within a set, broadcast's root_rank is a job rank (as in Horovod), alltoall splits
-are per member. The logic lives in the engine (engine/processsets.go); this module only converts.
+are per member. The logic lives in the engine (internal/engine/processsets.go); this module only converts.
 """
 
 import ctypes

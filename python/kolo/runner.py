@@ -140,7 +140,7 @@ def _local_only(hosts, hostfile):
 
 def _host_name(item):
     """The host of one -H item, "host", "host:slots" or "[ipv6]:slots", as kolo run reads it
-    (launch.parseHostSlots in launch/hosts.go)."""
+    (launch.parseHostSlots in internal/launch/hosts.go)."""
     if item.startswith("["):
         end = item.find("]")
         return item[1:end] if end >= 0 else item
@@ -148,7 +148,7 @@ def _host_name(item):
 
 
 def _is_local(name):
-    """Whether host name designates this machine: the names launch.IsLocal (launch/hosts.go)
+    """Whether host name designates this machine: the names launch.IsLocal (internal/launch/hosts.go)
     takes for the launching machine, which kolo run starts ranks on without ssh."""
     return name in ("localhost", "127.0.0.1", "::1", "localhost.localdomain", socket.gethostname())
 

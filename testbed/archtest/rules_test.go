@@ -45,70 +45,70 @@ var rules = []rule{
 	{
 		Pkgs:    ".",
 		Why:     "This package is a thin layer over the engine: it must not contain negotiation or transport logic.",
-		Imports: []string{"net", "./transport/tcp", "./transport/shm", "./transport/inmem", "./internal/sockopt", "./internal/accept"},
+		Imports: []string{"net", "./internal/transport/tcp", "./internal/transport/shm", "./internal/transport/inmem", "./internal/sockopt", "./internal/accept"},
 	},
 	{
-		Pkgs:    "./autotune",
+		Pkgs:    "./internal/autotune",
 		Why:     "The package is pure: no goroutines, no clock (the caller passes the time), no engine imports, no files.",
 		Imports: []string{"os"},
-		Deps:    []string{"./engine/...", "net"},
+		Deps:    []string{"./internal/engine/...", "net"},
 		Uses:    pure,
 	},
 	{
-		Pkgs: "./autotune/bayes",
+		Pkgs: "./internal/autotune/bayes",
 		Why:  "The package is pure: it never measures anything, reads a clock or touches the engine.",
-		Deps: []string{"./engine/..."},
+		Deps: []string{"./internal/engine/..."},
 		Uses: clock,
 	},
 	{
-		Pkgs:    "./autotune/csvlog",
+		Pkgs:    "./internal/autotune/csvlog",
 		Why:     "The package formats and parses only: the caller opens, syncs and closes files.",
 		Imports: []string{"os"},
 	},
 	{
-		Pkgs: "./autotune/decide",
+		Pkgs: "./internal/autotune/decide",
 		Why:  "The package does arithmetic only: the caller measures.",
 		Uses: clock,
 	},
 	{
-		Pkgs: "./bench",
+		Pkgs: "./internal/bench",
 		Why:  "It runs inside an initialised kolo process (one per rank); the kolo CLI starts the ranks. It must not start processes itself.",
 		Deps: []string{"os/exec"},
 		Uses: []string{"os.StartProcess", "syscall.ForkExec", "syscall.Exec"},
 	},
 	{
-		Pkgs: "./bootstrap",
+		Pkgs: "./internal/bootstrap",
 		Why:  "It does not connect ranks to each other; that is package world's job.",
-		Deps: []string{"./world", "./transport/..."},
+		Deps: []string{"./internal/world", "./internal/transport/..."},
 	},
 	{
 		Pkgs:    "./capi",
 		Why:     "It must stay thin: argument conversion and the handle table only; logic belongs in package kolo or the engine.",
-		Imports: []string{"./engine/negotiate", "./collective", "./transport/...", "./world", "./rendezvous", "./bootstrap", "./launch/..."},
+		Imports: []string{"./internal/engine/negotiate", "./internal/collective", "./internal/transport/...", "./internal/world", "./internal/rendezvous", "./internal/bootstrap", "./internal/launch/..."},
 	},
 	{
-		Pkgs:    "./collective",
+		Pkgs:    "./internal/collective",
 		Why:     "The package must not open connections, name tensors, fuse, negotiate, or log: it moves and reduces the bytes it is handed, over the Comm it is handed.",
 		Imports: []string{"log", "log/slog"},
-		Deps:    []string{"net", "./transport/tcp", "./engine/...", "./world", "./rendezvous"},
+		Deps:    []string{"net", "./internal/transport/tcp", "./internal/engine/...", "./internal/world", "./internal/rendezvous"},
 		Uses:    []string{"fmt.Print", "fmt.Printf", "fmt.Println"},
 	},
 	{
-		Pkgs: "./dtype",
+		Pkgs: "./internal/dtype",
 		Why:  "It must not depend on any other kolo package.",
 		Deps: []string{"./..."},
 	},
 	{
-		Pkgs:    "./engine",
+		Pkgs:    "./internal/engine",
 		Why:     "It must not implement collective algorithms (package collective) or move bytes itself (package transport).",
-		Imports: []string{"./transport/tcp", "./transport/shm", "./transport/inmem"},
+		Imports: []string{"./internal/transport/tcp", "./internal/transport/shm", "./internal/transport/inmem"},
 		Deps:    []string{"net"},
 	},
 	{
-		Pkgs:    "./engine/negotiate",
+		Pkgs:    "./internal/engine/negotiate",
 		Why:     "The package must stay pure (etcd-raft style): no sockets, no goroutines, no clocks (time is an argument), no logging; the engine moves the messages.",
 		Imports: []string{"os", "log", "log/slog"},
-		Deps:    []string{"net", "os/exec", "./transport/...", "./collective"},
+		Deps:    []string{"net", "os/exec", "./internal/transport/...", "./internal/collective"},
 		Uses:    pure,
 	},
 	{
@@ -118,114 +118,115 @@ var rules = []rule{
 		Deps:   []string{"./testbed/..."},
 	},
 	{
-		Pkgs:    "./observe/flight",
+		Pkgs:    "./internal/observe/flight",
 		Why:     "The recorder must not interpret what it records: no formatting for people, no I/O.",
 		Imports: []string{"os", "log", "log/slog"},
 		Deps:    []string{"net", "golang.org/x/term"},
 	},
 	{
-		Pkgs:    "./observe/report",
+		Pkgs:    "./internal/observe/report",
 		Why:     "The package moves and counts; it must not decide and must not do I/O: callers put the bytes where they go.",
 		Imports: []string{"os"},
-		Deps:    []string{"net", "./rendezvous", "golang.org/x/term"},
+		Deps:    []string{"net", "./internal/rendezvous", "golang.org/x/term"},
 	},
 	{
-		Pkgs:    "./observe/straggle",
+		Pkgs:    "./internal/observe/straggle",
 		Why:     "It must not decide anything about the job (fail it, reorder ops): it only observes, purely.",
 		Imports: []string{"os"},
-		Deps:    []string{"net", "./engine", "./transport"},
+		Deps:    []string{"net", "./internal/engine", "./internal/transport"},
 		Uses:    pure,
 	},
 	{
-		Pkgs: "./jobenv",
+		Pkgs: "./internal/jobenv",
 		Why:  "It is pure: Encode and Decode work on plain maps. It must not start processes or open connections.",
 		Deps: []string{"net", "os/exec"},
 		Uses: []string{"os.StartProcess", "syscall.ForkExec", "syscall.Exec"},
 	},
 	{
-		Pkgs: "./launch/...",
+		Pkgs: "./internal/launch/...",
 		Why:  "This package must not know about tensors or the engine.",
-		Deps: []string{"./engine/...", "./collective", "./reduce", "./dtype", ".", "./world", "./capi", "./timeline"},
+		Deps: []string{"./internal/engine/...", "./internal/collective", "./internal/reduce", "./internal/dtype", ".", "./internal/world", "./capi", "./internal/timeline"},
 	},
 	{
-		Pkgs: "./launch/proc",
+		Pkgs: "./internal/launch/proc",
 		Why:  "It must not plan ranks, host a rendezvous or know what a job is (static, no-ssh, elastic): those are launch's; a Starter gets a complete Worker and only runs it.",
-		Deps: []string{"./launch", "./launch/flags", "./launch/elastic", "./rendezvous"},
+		Deps: []string{"./internal/launch", "./internal/launch/flags", "./internal/launch/elastic", "./internal/rendezvous"},
 	},
 	{
-		Pkgs: "./launch/layout",
+		Pkgs: "./internal/launch/layout",
 		Why:  "It must not start processes, read the network or the clock: everything here is a pure function with table tests.",
-		Deps: []string{"./launch", "./launch/proc", "net", "os/exec"},
+		Deps: []string{"./internal/launch", "./internal/launch/proc", "net", "os/exec"},
 		Uses: pure,
 	},
 	{
-		Pkgs: "./launch/flags",
+		Pkgs: "./internal/launch/flags",
 		Why:  "It must not start processes, reach the network or decide how a job runs: it says what was asked, and launch acts on it.",
-		Deps: []string{"./launch", "./launch/proc", "./rendezvous", "os/exec"},
+		Deps: []string{"./internal/launch", "./internal/launch/proc", "./internal/rendezvous", "os/exec"},
 		Uses: pure,
 	},
 	{
-		Pkgs:    "./launch/elastic",
+		Pkgs:    "./internal/launch/elastic",
 		Why:     "It is the pure planning core of kolo run's elastic mode: no processes, no sockets, no goroutines, no clock and no logging. The package must not import launch.",
 		Imports: []string{"os", "log", "log/slog"},
-		Deps:    []string{"./launch", "net", "os/exec"},
+		Deps:    []string{"./internal/launch", "net", "os/exec"},
 		Uses:    pure,
 	},
 	{
-		Pkgs:    "./reduce",
+		Pkgs:    "./internal/reduce",
 		Why:     "The package must not allocate on the hot path, block, log, or know anything about ranks, transports or tensors' owners.",
 		Imports: []string{"log", "log/slog"},
-		Deps:    []string{"./transport/...", "./collective", "./engine/...", "./world"},
+		Deps:    []string{"./internal/transport/...", "./internal/collective", "./internal/engine/...", "./internal/world"},
 	},
 	{
-		Pkgs:    "./settings",
+		Pkgs:    "./internal/settings",
 		Why:     "It imports no kolo package, so that every package can read its settings here, and it must not act on a setting.",
 		Imports: []string{"os", "log", "log/slog"},
 		Deps:    []string{"./..."},
 	},
 	{
-		Pkgs: "./timeline",
+		Pkgs: "./internal/timeline",
 		Why:  "It must not know about the engine's types: callers pass names and strings.",
-		Deps: []string{"./engine/..."},
+		Deps: []string{"./internal/engine/..."},
 	},
 	{
-		Pkgs: "./transport/...",
+		Pkgs: "./internal/transport/...",
 		Why:  "This package must not know about tensors, ops or the engine: it moves bytes between numbered ranks and says who failed.",
-		Deps: []string{"./engine/...", "./collective", "./reduce", "./dtype", ".", "./world", "./capi", "./timeline"},
+		Deps: []string{"./internal/engine/...", "./internal/collective", "./internal/reduce", "./internal/dtype", ".", "./internal/world", "./capi", "./internal/timeline"},
 	},
 	{
-		Pkgs:    "./transport/...",
+		Pkgs:    "./internal/transport/...",
 		Why:     "docs/design.md: the transport knows nothing of elastic training (a re-formed world is a new world; its rounds are the launcher's, jobenv's and the rendezvous').",
-		Imports: []string{"./jobenv"},
-		Deps:    []string{"./launch/...", "./rendezvous", "./bootstrap"},
+		Imports: []string{"./internal/jobenv"},
+		Deps:    []string{"./internal/launch/...", "./internal/rendezvous", "./internal/bootstrap"},
 	},
 	{
-		Pkgs:    "./transport/inmem",
+		Pkgs:    "./internal/transport/inmem",
 		Why:     "It must not be used between processes.",
 		Imports: []string{"os", "os/exec", "syscall"},
 		Deps:    []string{"net"},
 	},
 	{
-		Pkgs:    "./transport/shm",
+		Pkgs:    "./internal/transport/shm",
 		Why:     "This package must not talk to other hosts: it moves bytes between local ranks.",
-		Imports: []string{"./transport/tcp"},
+		Imports: []string{"./internal/transport/tcp"},
 		Deps:    []string{"net"},
 	},
 	{
-		Pkgs:    "./version",
+		Pkgs:    "./internal/version",
 		Why:     "It imports nothing so that any package (the launcher included) can use it without pulling in the engine.",
 		Imports: []string{"..."},
 	},
 	{
-		Pkgs: "./world",
+		Pkgs: "./internal/world",
 		Why:  "It owns connection set-up and tear-down only. It must not run collectives or know about tensors.",
-		Deps: []string{"./collective", "./engine/...", "./reduce", "./dtype"},
+		Deps: []string{"./internal/collective", "./internal/engine/...", "./internal/reduce", "./internal/dtype"},
 	},
 }
 
 // pkg is what the rules look at in one package: what `go list` says of it, and its parsed files.
 type pkg struct {
 	ImportPath string
+	Name       string
 	Dir        string
 	GoFiles    []string
 	CgoFiles   []string
@@ -398,7 +399,7 @@ func listPackages(t *testing.T) (module string, pkgs map[string]*pkg) {
 		t.Fatalf("go list -m: %v", err)
 	}
 	module = strings.TrimSpace(string(out))
-	cmd = exec.Command(goTool, "list", "-e", "-deps", "-json=ImportPath,Dir,GoFiles,CgoFiles,Imports,Deps,Standard,DepOnly", "./...")
+	cmd = exec.Command(goTool, "list", "-e", "-deps", "-json=ImportPath,Name,Dir,GoFiles,CgoFiles,Imports,Deps,Standard,DepOnly", "./...")
 	cmd.Dir = root
 	out, err = cmd.Output()
 	var exit *exec.ExitError
@@ -488,8 +489,8 @@ func TestRulesCatchViolations(t *testing.T) {
 	}
 }
 
-// TestFoldersFormLayers checks that kolo's top-level folders (the root package is one) can be
-// stacked in layers, each importing only folders below it: no folder imports one that imports it
+// TestFoldersFormLayers checks that kolo's folders (each top-level folder, each folder directly
+// under internal/, and the root package) can be stacked in layers, each importing only folders below it: no folder imports one that imports it
 // back, directly or through others. Go forbids cycles between packages but not between folders,
 // and a folder that held both a helper the transport imports and a harness that imports the
 // launcher would make the tree lie about which parts build on which.
@@ -500,16 +501,18 @@ func TestFoldersFormLayers(t *testing.T) {
 	}
 }
 
-// folder is the top-level folder of a kolo package ("." for the root package).
+// folder is the folder a kolo package belongs to: its top-level folder, or under internal/ the
+// one below it ("internal/launch"); "." for the root package.
 func folder(module, path string) string {
 	rest, ok := strings.CutPrefix(path, module+"/")
 	if !ok {
 		return "."
 	}
-	if i := strings.IndexByte(rest, '/'); i >= 0 {
-		return rest[:i]
+	parts := strings.SplitN(rest, "/", 3)
+	if parts[0] == "internal" && len(parts) > 1 {
+		return parts[0] + "/" + parts[1]
 	}
-	return rest
+	return parts[0]
 }
 
 // folderCycles returns, for each set of folders that import each other around a loop, the loop's
@@ -617,8 +620,13 @@ func TestFolderCyclesFound(t *testing.T) {
 	}{
 		{"layers", map[string][]string{"": {"/engine", "/transport"}, "/engine": {"/transport/tcp"}, "/transport/tcp": {"/transport"}, "/transport": nil}, nil},
 		{"harness beside helpers", map[string][]string{
-			"/internal/e2e": {"/launch"}, "/launch": {"/internal/netif"}, "/internal/netif": nil},
-			[]string{"folders internal, launch import each other around a loop (./internal/e2e -> ./launch; ./launch -> ./internal/netif)"}},
+			"/harness/e2e": {"/launch"}, "/launch": {"/harness/netif"}, "/harness/netif": nil},
+			[]string{"folders harness, launch import each other around a loop (./harness/e2e -> ./launch; ./launch -> ./harness/netif)"}},
+		{"folders under internal", map[string][]string{
+			"/internal/launch/proc": {"/internal/netif"}, "/internal/launch": {"/internal/launch/proc"}, "/internal/netif": nil}, nil},
+		{"loop under internal", map[string][]string{
+			"/internal/a/x": {"/internal/b"}, "/internal/b": {"/internal/a/y"}, "/internal/a/y": nil},
+			[]string{"folders internal/a, internal/b import each other around a loop (./internal/a/x -> ./internal/b; ./internal/b -> ./internal/a/y)"}},
 		{"through a third folder", map[string][]string{"/a/x": {"/b"}, "/b": {"/c"}, "/c": {"/a/y"}, "/a/y": nil},
 			[]string{"folders a, b, c import each other around a loop (./a/x -> ./b; ./b -> ./c; ./c -> ./a/y)"}},
 	} {
@@ -633,5 +641,58 @@ func TestFolderCyclesFound(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// public lists the kolo packages a program outside the module may import: the Go API docs/ and the
+// README present. Everything else that ships sits under internal/, where Go refuses it to other
+// modules; main packages (commands, the C library, examples) and test-only packages import nothing
+// anyone could import in turn.
+var public = []string{"."}
+
+// TestOnlyTheAPIIsPublic fails when a package that ships outside internal/ is not in public:
+// move it under internal/, or document it and add it.
+func TestOnlyTheAPIIsPublic(t *testing.T) {
+	module, all := listPackages(t)
+	for _, bad := range exposed(module, all) {
+		t.Error(bad)
+	}
+}
+
+// exposed names the packages other modules can import that public does not list.
+func exposed(module string, pkgs map[string]*pkg) []string {
+	var bad []string
+	for _, path := range slices.Sorted(maps.Keys(pkgs)) {
+		p := pkgs[path]
+		rel := relative(module, path)
+		switch {
+		case p.Standard || p.DepOnly || !match(module, "./...", path):
+		case p.Name == "main" || len(p.GoFiles)+len(p.CgoFiles) == 0: // a command, or tests only
+		case match(module, "./internal/...", path) || match(module, "./testbed/...", path):
+		case !slices.Contains(public, rel):
+			bad = append(bad, fmt.Sprintf("%s can be imported by other modules but is not kolo's documented API: move it under internal/", rel))
+		}
+	}
+	return bad
+}
+
+// A shipped library package outside internal/ is caught; the API, commands, test-only packages and
+// what is under internal/ and testbed/ are not.
+func TestExposedFound(t *testing.T) {
+	const m = "example.com/m"
+	pkgs := map[string]*pkg{}
+	for _, p := range []pkg{
+		{ImportPath: m, Name: "m", GoFiles: []string{"m.go"}},
+		{ImportPath: m + "/cmd/tool", Name: "main", GoFiles: []string{"main.go"}},
+		{ImportPath: m + "/deploy/slurm", Name: "slurm"},
+		{ImportPath: m + "/internal/engine", Name: "engine", GoFiles: []string{"engine.go"}},
+		{ImportPath: m + "/testbed/e2e", Name: "e2e", GoFiles: []string{"e2e.go"}},
+		{ImportPath: m + "/engine", Name: "engine", GoFiles: []string{"engine.go"}},
+	} {
+		pkgs[p.ImportPath] = &p
+	}
+	got := exposed(m, pkgs)
+	if len(got) != 1 || !strings.Contains(got[0], "./engine can be imported") {
+		t.Errorf("exposed = %q, want only ./engine", got)
 	}
 }

@@ -11,8 +11,8 @@ import (
 	"math"
 	"strconv"
 
-	"github.com/kolo-dl/kolo/dtype"
-	"github.com/kolo-dl/kolo/reduce"
+	"github.com/kolo-dl/kolo/internal/dtype"
+	"github.com/kolo-dl/kolo/internal/reduce"
 )
 
 // Value is element i of tensor name on rank: a small integer, so that sums and products over up to

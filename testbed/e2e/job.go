@@ -12,16 +12,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kolo-dl/kolo/auth"
+	"github.com/kolo-dl/kolo/internal/auth"
 	"github.com/kolo-dl/kolo/internal/endpoint"
-	"github.com/kolo-dl/kolo/launch"
-	"github.com/kolo-dl/kolo/launch/layout"
-	"github.com/kolo-dl/kolo/launch/proc"
-	"github.com/kolo-dl/kolo/observe/relay"
-	"github.com/kolo-dl/kolo/observe/report"
-	"github.com/kolo-dl/kolo/rendezvous"
-	"github.com/kolo-dl/kolo/settings"
-	"github.com/kolo-dl/kolo/world"
+	"github.com/kolo-dl/kolo/internal/launch"
+	"github.com/kolo-dl/kolo/internal/launch/layout"
+	"github.com/kolo-dl/kolo/internal/launch/proc"
+	"github.com/kolo-dl/kolo/internal/observe/relay"
+	"github.com/kolo-dl/kolo/internal/observe/report"
+	"github.com/kolo-dl/kolo/internal/rendezvous"
+	"github.com/kolo-dl/kolo/internal/settings"
+	"github.com/kolo-dl/kolo/internal/world"
 )
 
 // WorkerEnv is set in a re-executed test binary to the scenario it must run as a rank.

@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kolo-dl/kolo/settings"
+	"github.com/kolo-dl/kolo/internal/settings"
 )
 
 // CapEgress puts a token-bucket filter on every host's eth0, so that what a host sends leaves it

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo"
-	"github.com/kolo-dl/kolo/dtype"
-	"github.com/kolo-dl/kolo/reduce"
+	"github.com/kolo-dl/kolo/internal/dtype"
+	"github.com/kolo-dl/kolo/internal/reduce"
 )
 
 // Scenarios maps a name to what every rank runs. Each returns nil when this rank saw what it should.

@@ -14,9 +14,9 @@ import (
 	"unsafe"
 
 	"github.com/kolo-dl/kolo"
-	"github.com/kolo-dl/kolo/dtype"
-	"github.com/kolo-dl/kolo/gpu"
-	"github.com/kolo-dl/kolo/gpu/nccl"
+	"github.com/kolo-dl/kolo/internal/dtype"
+	"github.com/kolo-dl/kolo/internal/gpu"
+	"github.com/kolo-dl/kolo/internal/gpu/nccl"
 )
 
 // The device scenarios run ops on tensors in device memory on the device path, through the NCCL

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/kolo-dl/kolo"
-	"github.com/kolo-dl/kolo/dtype"
-	"github.com/kolo-dl/kolo/settings"
+	"github.com/kolo-dl/kolo/internal/dtype"
+	"github.com/kolo-dl/kolo/internal/settings"
 )
 
 // stallScenario: the last rank never submits "stalled"; with a short shutdown time the others must

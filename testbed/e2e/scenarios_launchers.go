@@ -7,8 +7,8 @@ import (
 	"strconv"
 
 	"github.com/kolo-dl/kolo"
-	"github.com/kolo-dl/kolo/dtype"
-	"github.com/kolo-dl/kolo/settings"
+	"github.com/kolo-dl/kolo/internal/dtype"
+	"github.com/kolo-dl/kolo/internal/settings"
 )
 
 // ExpectEnv tells the "launcher" scenario the placement to expect: size,localSize,crossSize.

@@ -9,8 +9,8 @@ import (
 	"strings"
 
 	"github.com/kolo-dl/kolo"
-	"github.com/kolo-dl/kolo/dtype"
-	"github.com/kolo-dl/kolo/reduce"
+	"github.com/kolo-dl/kolo/internal/dtype"
+	"github.com/kolo-dl/kolo/internal/reduce"
 )
 
 // allreduceCheck submits one allreduce of n elements and returns its verification.

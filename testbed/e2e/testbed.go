@@ -5,7 +5,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/kolo-dl/kolo/settings"
+	"github.com/kolo-dl/kolo/internal/settings"
 )
 
 // RequireTestbedsEnv, set to 1 (CI sets it), turns "this machine has no mpirun/Slurm/..." from a

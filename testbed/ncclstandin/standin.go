@@ -1,5 +1,5 @@
 // Package ncclstandin builds a stand-in libnccl.so.2 and libcudart.so.12 from the C sources in
-// src/, with the machine's C compiler, so that gpu/nccl's real dlopen path (and the engine's
+// src/, with the machine's C compiler, so that internal/gpu/nccl's real dlopen path (and the engine's
 // device path above it) runs in tests on machines without a GPU. Device memory is host memory,
 // streams are threads, and ranks, in one process or many, meet through files in a directory; see
 // src/nccl.c for the NCCL semantics it keeps and the misuse it reports.

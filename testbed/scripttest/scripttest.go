@@ -1,5 +1,5 @@
-// Package scripttest replays the scenario scripts of kolo's pure state machines (engine/negotiate,
-// launch/elastic): text files of blocks, each some command lines (and # comments), a "----" line,
+// Package scripttest replays the scenario scripts of kolo's pure state machines (internal/engine/negotiate,
+// internal/launch/elastic): text files of blocks, each some command lines (and # comments), a "----" line,
 // then the expected output up to a blank line. A package supplies only its commands; the format,
 // the comparison and -rewrite (write back what the code prints now) live here once.
 package scripttest

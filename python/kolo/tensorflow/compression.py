@@ -1,50 +1,14 @@
-"""Gradient compression for allreduce, as horovod.tensorflow.compression (kolo.torch.compression
-says what it costs in precision): ``compress(tensor)`` returns ``(tensor_to_send, ctx)``,
-``decompress(tensor_received, ctx)`` a tensor of the original dtype."""
+"""Gradient compression for allreduce, as horovod.tensorflow.compression (kolo._compression says
+what it costs in precision)."""
 
 import tensorflow as tf
 
-
-class Compressor(object):
-    """Interface for compressing and decompressing a tensor."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
+from kolo._compression import CastCompressor, Compressor, NoneCompressor  # noqa: F401
 
 
-class NoneCompressor(Compressor):
-    """Sends tensors as they are."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-class _CastCompressor(Compressor):
-    """Casts floating-point tensors to ``wire_dtype``; leaves other dtypes alone."""
-
-    wire_dtype = None
-
-    @classmethod
-    def compress(cls, tensor):
-        if tensor.dtype.is_floating and tensor.dtype != cls.wire_dtype:
-            return tf.cast(tensor, cls.wire_dtype), tensor.dtype
-        return tensor, tensor.dtype
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        if ctx is not None and tensor.dtype != ctx:
-            return tf.cast(tensor, ctx)
-        return tensor
+class _CastCompressor(CastCompressor):
+    floating = staticmethod(lambda t: t.dtype.is_floating)
+    cast = staticmethod(lambda t, dtype: tf.cast(t, dtype))
 
 
 class FP16Compressor(_CastCompressor):

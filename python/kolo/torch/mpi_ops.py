@@ -41,7 +41,7 @@ from kolo.torch.compression import Compression
 from kolo.process_sets import _init_process_sets
 from kolo.process_sets import ProcessSet, global_process_set  # noqa: F401 (re-exported)
 
-# torch dtypes the engine has, with the C ABI's dtype numbers (dtype/dtype.go).
+# torch dtypes the engine has, with the C ABI's dtype numbers (internal/dtype/dtype.go).
 _DTYPES = {
     torch.uint8: 1,
     torch.int8: 2,

@@ -1,0 +1,83 @@
+package launch
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/kolo-dl/kolo/internal/launch/elastic"
+	"github.com/kolo-dl/kolo/internal/launch/proc"
+)
+
+// Elastic mode without ssh: every node runs `kolo run --rendezvous HOST:PORT` with the elastic
+// flags (--min-np, --max-np, ...).
+//
+// The node that serves the rendezvous (node.go) also runs the elastic event loop (elasticJob) and
+// its planner; the hosts it plans with are the nodes in the job: itself, and every node that
+// joined at the rendezvous and has not left. A node joining is a host becoming available, with
+// its slots (--nproc-per-node, -H localhost:N); a node whose kolo run stops (it says so) or that
+// stops heartbeating is a host leaving, and its workers are lost. The loop takes the exit of
+// another node's worker (NodeExit) as it takes a local worker's. The rendezvous and the
+// planner live on the serving node: when it dies, the job ends on every node.
+
+// serveElastic runs the job's event loop on the serving node, with the nodes as its hosts.
+func serveElastic(ctx context.Context, n *node, set elasticSettings) (int, error) {
+	o := n.opts
+	planner, err := elastic.NewPlanner(o.ElasticConfig())
+	if err != nil {
+		return ExitUsage, err
+	}
+	hn, err := os.Hostname()
+	if err != nil {
+		return 1, fmt.Errorf("this node's host name: %w", err)
+	}
+	nodes := n.newRegistry(set, func(join NodeJoin) string {
+		if join.Static || join.Flags != o.ElasticNodeFlags() {
+			return fmt.Sprintf("node on %s was started with %s, the serving node with %s: give every node the same elastic flags", join.Hostname, orDash(join.Flags), o.ElasticNodeFlags())
+		}
+		return ""
+	})
+	nodes.timeout = planner.Config().Timeout
+	nodes.add(&jobNode{host: hn, slots: n.slots}, time.Now())
+	local := set.starter
+	if local == nil {
+		guard := startGuard(o.AfterOrphans)
+		defer guard.Close()
+		local = proc.LocalStarter{Guard: guard}
+	}
+	j := newElasticJob(o, set, planner, n.srv, nodeStarter{local: local, nodes: nodes}, string(n.secret), n.jobID, n.stdout, n.stderr)
+	rv, err := n.localRendezvous(nodes)
+	if err != nil {
+		return ExitUsage, err
+	}
+	j.workerRendezvous = func(string) string { return rv() }
+	nodes.log = j.log
+	j.log("serving the rendezvous at %s: host %s (%s); the first round waits for %s (--nnodes)", o.Rendezvous, hn, countOf(n.slots, "slot"), countOf(nodes.nnodes, "node"))
+
+	pctx, stopPolling := context.WithCancel(context.Background())
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		select {
+		case <-j.started:
+		case <-pctx.Done():
+			return
+		}
+		nodes.poll(pctx)
+	}()
+	code, err := j.run(ctx, nodes.listings)
+	stopPolling()
+	<-polled
+	note := j.endNote
+	switch {
+	case note == "" && err != nil:
+		note = "kolo run: elastic: " + err.Error()
+	case note == "" && code == 0:
+		note = fmt.Sprintf("kolo run: elastic: the job is done: every worker of round %d exited 0", j.round.Number)
+	}
+	whole := j.outcome(code, err, code == ExitInterrupted)
+	n.outcome = &whole
+	nodes.end(code, note, whole)
+	return code, err
+}

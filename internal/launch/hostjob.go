@@ -1,0 +1,358 @@
+package launch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kolo-dl/kolo/internal/auth"
+	"github.com/kolo-dl/kolo/internal/jobenv"
+	"github.com/kolo-dl/kolo/internal/launch/flags"
+	"github.com/kolo-dl/kolo/internal/launch/layout"
+	"github.com/kolo-dl/kolo/internal/launch/proc"
+	"github.com/kolo-dl/kolo/internal/netif"
+	"github.com/kolo-dl/kolo/internal/observe/relay"
+	"github.com/kolo-dl/kolo/internal/observe/report"
+	"github.com/kolo-dl/kolo/internal/rendezvous"
+)
+
+// Exit codes of kolo run other than a failing rank's own.
+const (
+	ExitUsage       = 2   // bad flags or an impossible plan
+	ExitInterrupted = 130 // Ctrl-C (or SIGTERM): every rank was stopped
+)
+
+// RunHosts runs the job of -np/-H/--hostfile: ranks of this machine as child processes, ranks of
+// other hosts over ssh (after checking every host answers, within --start-timeout), all meeting at
+// a rendezvous served from this process. It returns the launcher's exit code (0, the first failing
+// rank's, ExitInterrupted, ExitUsage, or 1) and an error to print, if any; the failure summary is
+// already written to stderr, and the outcome to --outcome-file.
+func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer) (code int, err error) {
+	var ran staticRan
+	defer func() { writeOutcome(opts.OutcomeFile, ran.outcome(code, err, ctx.Err() != nil), stderr) }()
+	hosts, err := opts.ResolveHosts()
+	if err != nil {
+		return ExitUsage, err
+	}
+	np := opts.NP
+	if np == 0 {
+		for _, h := range hosts {
+			np += h.Slots
+		}
+	}
+	if opts.Hosts == "" && opts.Hostfile == "" {
+		if err := checkOversubscribe(opts, np, "-np", runtime.NumCPU()); err != nil {
+			return ExitUsage, err
+		}
+	}
+	slots, err := layout.Plan(hosts, np)
+	if err != nil {
+		return ExitUsage, err
+	}
+	var remote []string
+	seen := map[string]bool{}
+	for _, s := range slots {
+		if !seen[s.Host] && !layout.IsLocal(s.Host) {
+			remote = append(remote, s.Host)
+		}
+		seen[s.Host] = true
+	}
+	if opts.BindTo == flags.BindCore && len(remote) > 0 {
+		return ExitUsage, fmt.Errorf("--bind-to core binds the ranks kolo run starts on its own machine, not those it starts over ssh (on %s): run kolo run on every node with --rendezvous (no-ssh mode), which binds each node's ranks, or drop --bind-to", strings.Join(remote, ", "))
+	}
+	var bind *proc.Binding
+	if opts.BindTo == flags.BindCore {
+		// Every slot is local here. Plan counts local ranks per host name, so two names for this
+		// machine (localhost and its hostname) would give two ranks the same CPUs.
+		if len(seen) > 1 {
+			names := make([]string, 0, len(seen))
+			for h := range seen {
+				names = append(names, h)
+			}
+			slices.Sort(names)
+			return ExitUsage, fmt.Errorf("--bind-to core: the ranks of this machine are under %d host names (%s): give them under one", len(names), strings.Join(names, ", "))
+		}
+		if bind, err = proc.NewBinding(len(slots), opts.BindOverload); err != nil {
+			return ExitUsage, err
+		}
+	}
+	// A job all on this machine meets at Unix sockets (listenOneHost); any other over TCP.
+	oneHost := len(remote) == 0 && opts.NetworkInterface == ""
+	var advertise map[string]string
+	if !oneHost {
+		if advertise, err = rendezvousAddrs(slots, remote, opts.NetworkInterface); err != nil {
+			return ExitUsage, err
+		}
+	}
+
+	ssh := &proc.SSHStarter{
+		Port: opts.SSHPort, IdentityFile: opts.SSHIdentityFile, Options: opts.SSHOptions,
+		ConnectTimeout: connectTimeout(opts.StartTimeout), Forward: opts.Env,
+	}
+	if len(remote) > 0 {
+		if opts.Verbose {
+			slog.Info("checking ssh to every host", "hosts", remote)
+		}
+		cctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
+		err := ssh.Check(cctx, remote)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ExitInterrupted, errors.New("interrupted while checking ssh to the hosts")
+			}
+			return 1, fmt.Errorf("cannot start ranks over ssh:\n%w", err)
+		}
+	}
+
+	secret, err := auth.NewSecret()
+	if err != nil {
+		return 1, err
+	}
+	srv := rendezvous.NewServer([]byte(secret))
+	defer srv.Close()
+	guard := startGuard(opts.AfterOrphans)
+	defer guard.Close()
+	workerRV := map[string]string{} // by host: the rendezvous address its workers dial
+	if oneHost {
+		// The guard learns the directory before it exists: a launcher killed at any moment
+		// of start-up leaves nothing in TMPDIR.
+		sock, dir, err := listenOneHost(srv, guard.RemoveAfterOrphans)
+		if err != nil {
+			return 1, fmt.Errorf("start rendezvous: %w", err)
+		}
+		defer os.RemoveAll(dir)
+		for _, s := range slots {
+			workerRV[s.Host] = sock
+		}
+	} else {
+		rvAddr, err := newRendezvousListeners(srv, "").atAll(slices.Collect(maps.Values(advertise)))
+		if err != nil {
+			return 1, fmt.Errorf("start rendezvous: %w", err)
+		}
+		for h, ip := range advertise {
+			workerRV[h] = rvAddr[ip]
+		}
+	}
+	if opts.Verbose {
+		slog.Info("rendezvous listening", "addrs", slices.Compact(slices.Sorted(maps.Values(workerRV))), "ranks", np, "hosts", len(seen))
+		// What start-up (and the job's later rendezvous use) cost the server: bench/scaling.py
+		// reads it for its table.
+		defer func() { slog.Info("rendezvous served", "requests", srv.Requests(), "ranks", np) }()
+	}
+	extra := workerExtraEnv(opts)
+	jobID := NewJobID()
+	workers := make([]proc.Worker, len(slots))
+	for i, s := range slots {
+		workers[i] = proc.Worker{Slot: s, Argv: opts.Command, Env: WorkerEnv(s, workerRV[s.Host], jobID, secret, extra, opts.Env)}
+	}
+	return runStatic(ctx, opts, staticRun{
+		workers: workers, store: relay.Local{S: srv.Store}, jobID: jobID, ran: &ran,
+		starter: proc.HostStarter{Local: proc.LocalStarter{Guard: guard, Bind: bind}, Remote: ssh},
+	}, stdout, stderr)
+}
+
+// staticRun is a static job's ranks, every one started once, and what runStatic needs to run them.
+type staticRun struct {
+	workers []proc.Worker
+	starter proc.Starter
+	store   relay.Store // where the ranks' reports arrive: the rendezvous this launcher serves
+	jobID   string
+	// onFailure, when set, is told when the first rank to fail stops the others.
+	onFailure func()
+	// end, when set, gets a copy of what the job's end prints (the failure summary, the end
+	// table): the node serving a no-ssh job sends it to every node, and names itself (host) as
+	// where the flight-recorder file is.
+	end  io.Writer
+	host string
+	// ran, when set, gets how the ranks ended, for the outcome file.
+	ran *staticRan
+}
+
+// staticRan is how a static job's ranks ended: every rank's result, the rank the failure traces
+// back to (nil: none failed) and the ranks' failure records.
+type staticRan struct {
+	results []proc.Result
+	first   *proc.Result
+	records map[int]report.Failure
+}
+
+// outcome is the job's outcome for the exit code and error kolo run ends with.
+func (r *staticRan) outcome(code int, err error, interrupted bool) Outcome {
+	return staticOutcome(code, err, interrupted, r.results, r.first, r.records)
+}
+
+// jobStop is why a static job was stopped before its ranks ended (the cause of its context): the
+// exit code, and what to say.
+type jobStop struct {
+	code int
+	why  string
+}
+
+func (s jobStop) Error() string { return s.why }
+
+// runStatic runs the ranks of a static job (RunHosts, and the node serving a no-ssh job): the
+// first to fail stops the others, and so does ctx ending. It prints the summary of the rank the
+// failure traces back to and returns the job's exit code and an error to print, if any: ctx's
+// cause when it is a jobStop, else, when ctx ended, that the job was interrupted.
+func runStatic(ctx context.Context, opts *flags.Options, r staticRun, stdout, stderr io.Writer) (int, error) {
+	size := len(r.workers)
+	view, rankOut, rankErr, err := startLive(ctx, opts, r.store, r.jobID, size, true, stdout, stderr)
+	if err != nil {
+		return ExitUsage, err
+	}
+	report := stderr
+	if r.end != nil {
+		report = io.MultiWriter(stderr, r.end)
+		view.stderr, view.flightHost = report, r.host
+	}
+	runner := &proc.Runner{
+		Starter:    r.starter,
+		Stdout:     rankOut,
+		Stderr:     rankErr,
+		OutputDir:  opts.OutputDir,
+		Timestamps: opts.Timestamps,
+		Plain:      opts.PlainOutput,
+	}
+	if r.onFailure != nil {
+		runner.OnFailure = func(proc.Result) { r.onFailure() }
+	}
+	results, _ := runner.Run(ctx, r.workers)
+	view.stop()
+	var stop jobStop
+	if ctx.Err() != nil && !errors.As(context.Cause(ctx), &stop) {
+		stop = jobStop{code: ExitInterrupted, why: "interrupted: stopped every rank"}
+	}
+	if r.ran != nil {
+		r.ran.results = results
+	}
+	if first := firstFailure(ctx, results); first != nil {
+		records := view.failures(size)
+		code := failureCode(first)
+		first = proc.Blame(results, first, records)
+		if r.ran != nil {
+			r.ran.first, r.ran.records = first, records
+		}
+		fmt.Fprint(report, proc.Summary(results, first, records))
+		view.end(fmt.Sprintf("rank %d on %s: %s", first.Slot.Rank, first.Slot.Host, first.Exit), opts.OutputDir)
+		if stop.code != 0 && stop.code != ExitInterrupted {
+			return failureCode(first, code), stop // what else went wrong: a node lost
+		}
+		return failureCode(first, code), nil
+	}
+	view.end("", "")
+	if stop.code != 0 {
+		return stop.code, stop
+	}
+	return 0, nil
+}
+
+// firstFailure is the first rank to fail on its own: the earliest end among the ranks that
+// failed and were not stopped. A rank that was still waiting to start when ctx ended, or whose
+// node left the job, did not fail.
+func firstFailure(ctx context.Context, results []proc.Result) *proc.Result {
+	var first *proc.Result
+	for i := range results {
+		r := &results[i]
+		switch {
+		case !r.Exit.Failed() || r.Stopped || errors.Is(r.Exit.Err, errNodeLeft):
+		case ctx.Err() != nil && errors.Is(r.Exit.Err, ctx.Err()):
+		case first == nil || r.Ended.Before(first.Ended):
+			first = r
+		}
+	}
+	return first
+}
+
+// failureCode is the exit code of a job whose failure traces back to cause: cause's own, or, when
+// cause exited 0 (it ended while the others needed it), the first of fallback that is not 0, else 1.
+func failureCode(cause *proc.Result, fallback ...int) int {
+	if c := cause.Exit.ShellCode(); c != 0 {
+		return c
+	}
+	for _, c := range fallback {
+		if c != 0 {
+			return c
+		}
+	}
+	return 1
+}
+
+// workerExtraEnv is the engine tuning of opts plus the network interface workers must use.
+func workerExtraEnv(opts *flags.Options) map[string]string {
+	extra := make(map[string]string, len(opts.EngineEnv)+1)
+	for k, v := range opts.EngineEnv {
+		extra[k] = v
+	}
+	if opts.NetworkInterface != "" {
+		extra[jobenv.NetworkInterface] = opts.NetworkInterface
+	}
+	return extra
+}
+
+// connectTimeout leaves ssh room to say why it failed before --start-timeout ends the check.
+func connectTimeout(start time.Duration) time.Duration {
+	return max(time.Second, start-time.Second)
+}
+
+// rendezvousAddrs says, per host of a plan that spans hosts or names --network-interface, the IP
+// that host's workers dial, where the launcher's rendezvous listens: the --network-interface
+// address; otherwise the address this machine reaches each remote host from (so a namespace or a
+// second network gets an address it can route to, not a name only this machine resolves). Local
+// ranks of a job that spans hosts advertise themselves from the address they dial, so they get the
+// one of the first remote host.
+func rendezvousAddrs(slots []layout.Slot, remote []string, iface string) (advertise map[string]string, err error) {
+	advertise = map[string]string{}
+	if iface != "" {
+		ip, _, err := netif.InterfaceIP(iface)
+		if err != nil {
+			return nil, fmt.Errorf("--network-interface: %w", err)
+		}
+		for _, s := range slots {
+			advertise[s.Host] = ip.String()
+		}
+		return advertise, nil
+	}
+	fallback := ""
+	for _, h := range remote {
+		ip, err := netif.SourceIP(h)
+		if err != nil {
+			// ssh may know the host by a name only its config resolves: give the workers our name.
+			hn, herr := os.Hostname()
+			if herr != nil {
+				return nil, fmt.Errorf("no address for %s to reach this machine at: %v; and no host name: %w", h, err, herr)
+			}
+			slog.Warn("cannot tell which address of this machine host reaches; giving its workers this machine's name (use --network-interface to choose)", "host", h, "err", err, "name", hn)
+			advertise[h] = hn
+		} else {
+			advertise[h] = ip.String()
+		}
+		if fallback == "" {
+			fallback = advertise[h]
+		}
+	}
+	for _, s := range slots {
+		if _, ok := advertise[s.Host]; !ok {
+			advertise[s.Host] = fallback
+		}
+	}
+	return advertise, nil
+}
+
+// startGuard starts an OrphanGuard that runs then after it killed the ranks of a launcher that
+// died, or returns nil (no guard) where sh cannot be started.
+func startGuard(then []string) *proc.OrphanGuard {
+	g, err := proc.StartOrphanGuard(then...)
+	if err != nil {
+		slog.Warn("ranks' children may outlive a killed launcher", "err", err)
+		return nil
+	}
+	return g
+}

@@ -1,0 +1,71 @@
+package launch
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/kolo-dl/kolo/internal/jobenv"
+	"github.com/kolo-dl/kolo/internal/launch/layout"
+	"github.com/kolo-dl/kolo/internal/launch/proc"
+	"github.com/kolo-dl/kolo/internal/version"
+)
+
+// WorkerEnv is the environment of one rank: the launcher's own environment, the job contract of
+// slot, extraEnv, the forwarded variables (-x NAME or NAME=VALUE) and, last, the secret.
+func WorkerEnv(s layout.Slot, rendezvous, jobID, secret string, extraEnv map[string]string, forward []string) []string {
+	env := os.Environ()
+	for k, v := range jobenv.Encode(jobenv.Job{
+		Rank: s.Rank, Size: s.Size, LocalRank: s.LocalRank, LocalSize: s.LocalSize,
+		CrossRank: s.CrossRank, CrossSize: s.CrossSize, Hostname: s.Host,
+		Rendezvous: rendezvous, JobID: jobID,
+	}) {
+		env = append(env, k+"="+v)
+	}
+	env = append(env, jobenv.LauncherVersion+"="+version.Version)
+	for k, v := range extraEnv {
+		env = append(env, k+"="+v)
+	}
+	for _, x := range forward {
+		if strings.Contains(x, "=") {
+			env = append(env, x)
+		} else if v, ok := os.LookupEnv(x); ok {
+			env = append(env, x+"="+v)
+		}
+	}
+	return append(env, jobenv.Secret+"="+secret)
+}
+
+// LocalWorkers builds the Workers of a plan whose every rank runs on this machine.
+func LocalWorkers(slots []layout.Slot, argv []string, rendezvous, jobID, secret string, extraEnv map[string]string, forward []string) ([]proc.Worker, error) {
+	ws := make([]proc.Worker, len(slots))
+	for i, s := range slots {
+		if !layout.IsLocal(s.Host) {
+			return nil, fmt.Errorf("host %q is not this machine; launching on other hosts (ssh or --rendezvous) is not available yet", s.Host)
+		}
+		ws[i] = proc.Worker{Slot: s, Argv: argv, Env: WorkerEnv(s, rendezvous, jobID, secret, extraEnv, forward)}
+	}
+	return ws, nil
+}
+
+// NewJobID returns a random identifier for one job.
+func NewJobID() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// RendezvousHost picks the address workers dial to reach the launcher's rendezvous: loopback when
+// every rank is local.
+func RendezvousHost(slots []layout.Slot) string {
+	for _, s := range slots {
+		if !layout.IsLocal(s.Host) {
+			if hn, err := os.Hostname(); err == nil {
+				return hn
+			}
+		}
+	}
+	return "127.0.0.1"
+}

@@ -1,0 +1,299 @@
+package launch
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kolo-dl/kolo/internal/launch/layout"
+	"github.com/kolo-dl/kolo/internal/launch/proc"
+	"github.com/kolo-dl/kolo/internal/observe/relay"
+)
+
+// A static job without ssh: the node serving the rendezvous waits (--start-timeout) for --nnodes
+// nodes, gives each its node rank (the one it claimed with --node-rank, else the lowest free one
+// in the order the nodes joined, the serving node first), plans the ranks over the nodes in
+// node-rank order (layout.Plan: -np ranks, or every node's slots) and runs them as a job started
+// from one machine is run (runStatic), its own as child processes and the others' through their
+// nodes (nodeStarter). A node the job cannot have (it disagrees on --nnodes or -np, or claims a
+// node rank another node holds) fails the job before it starts; a node that leaves (its kolo run
+// was interrupted) or falls silent stops it. The exit code and what the serving node printed at
+// the end (the summary, the end table) go to every node.
+
+// nodeRankAdvice ends every node rank conflict error.
+const nodeRankAdvice = "give --node-rank to every node, each its own, or to none"
+
+// staticNode is the serving node's static job.
+type staticNode struct {
+	n     *node
+	nodes *nodeRegistry
+	host  string // this node's
+
+	mu      sync.Mutex
+	joined  int            // nodes admitted, this one included
+	claimed map[int]string // node ranks claimed with --node-rank: the host of the node holding it
+	np      int            // -np, from the first node that gave it
+	ranks   map[string]int // each host's node rank, once planned
+	failure *jobStop       // why the job cannot start, or was stopped (first cause)
+	failed  chan struct{}  // closed when failure is set
+	stopRun context.CancelCauseFunc
+	ran     staticRan // how the ranks ended
+}
+
+// serveStatic runs the static job on the serving node, with the nodes that join as its hosts.
+func serveStatic(ctx context.Context, n *node, set elasticSettings) (int, error) {
+	o := n.opts
+	hn, err := os.Hostname()
+	if err != nil {
+		return 1, fmt.Errorf("this node's host name: %w", err)
+	}
+	s := &staticNode{n: n, host: hn, claimed: map[int]string{}, failed: make(chan struct{})}
+	s.nodes = n.newRegistry(set, s.admit)
+	s.nodes.static, s.nodes.left = true, s.left
+	s.nodes.log = func(format string, args ...any) {
+		if o.Verbose {
+			slog.Info(fmt.Sprintf(format, args...))
+		}
+	}
+	self := NodeJoin{Hostname: hn, Slots: n.slots, Static: true, NNodes: o.NNodes, NP: o.NP, NodeRank: o.NodeRank}
+	s.admit(self)
+	s.nodes.add(&jobNode{host: hn, slots: n.slots, join: self}, time.Now())
+	if o.Verbose {
+		slog.Info("serving the rendezvous", "at", o.Rendezvous, "nodes", o.NNodes)
+	}
+
+	pctx, stopPolling := context.WithCancel(context.Background())
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		s.nodes.poll(pctx)
+	}()
+	var end bytes.Buffer // what every node prints at the end
+	code, err := s.run(ctx, set, &end)
+	stopPolling()
+	<-polled
+	if err != nil {
+		fmt.Fprintf(&end, "kolo run: %v\n", err)
+	}
+	whole := s.ran.outcome(code, err, code == ExitInterrupted && s.ran.first == nil)
+	n.outcome = &whole
+	s.nodes.end(code, end.String(), whole)
+	return code, err
+}
+
+// run waits for the nodes, plans and runs the ranks; end gets what the job's end prints.
+func (s *staticNode) run(ctx context.Context, set elasticSettings, end *bytes.Buffer) (int, error) {
+	n, o := s.n, s.n.opts
+	lctx, stopListing := context.WithCancel(ctx)
+	defer stopListing()
+	listed := make(chan discovery)
+	go s.nodes.listings(lctx, listed)
+	select {
+	case <-ctx.Done():
+		return ExitInterrupted, errors.New("interrupted while the nodes met")
+	case <-s.failed:
+		return s.failure.code, *s.failure
+	case d := <-listed:
+		if d.err != nil {
+			return 1, s.arrivalError()
+		}
+	}
+
+	members := s.nodes.members()
+	claims := make([]int, len(members))
+	for i, m := range members {
+		claims[i] = m.join.NodeRank
+	}
+	hosts := make([]layout.Host, len(members))
+	total := 0
+	s.mu.Lock()
+	s.ranks = map[string]int{}
+	for i, r := range nodeRanks(claims) {
+		hosts[r] = layout.Host{Name: members[i].host, Slots: members[i].slots}
+		s.ranks[members[i].host] = r
+		total += members[i].slots
+	}
+	np := s.np
+	s.mu.Unlock()
+	if np == 0 {
+		np = total
+	}
+	slots, err := layout.Plan(hosts, np)
+	if err != nil {
+		return ExitUsage, err
+	}
+	rv, err := n.localRendezvous(s.nodes)
+	if err != nil {
+		return ExitUsage, err
+	}
+	rvAddr, extra := rv(), workerExtraEnv(o)
+	workers := make([]proc.Worker, len(slots))
+	for i, sl := range slots {
+		workers[i] = proc.Worker{Slot: sl, Argv: o.Command, Env: WorkerEnv(sl, rvAddr, n.jobID, string(n.secret), extra, o.Env)}
+	}
+	local := set.starter
+	if local == nil {
+		guard := startGuard(o.AfterOrphans)
+		defer guard.Close()
+		local = proc.LocalStarter{Guard: guard, Bind: n.bind}
+	}
+	if o.Verbose {
+		slog.Info("starting the ranks", "ranks", len(slots), "nodes", len(hosts), "rendezvous", rvAddr)
+	}
+
+	runCtx, stopRun := context.WithCancelCause(context.Background())
+	defer stopRun(nil)
+	s.mu.Lock()
+	s.stopRun = stopRun
+	if s.failure != nil { // a node left while the ranks were planned
+		stopRun(*s.failure)
+	}
+	s.mu.Unlock()
+	go func() {
+		select {
+		case <-ctx.Done():
+			s.stop(jobStop{code: ExitInterrupted, why: fmt.Sprintf("interrupted on node %d (%s): stopped every rank", s.rankOf(s.host), s.host)})
+		case <-runCtx.Done():
+		}
+	}()
+	return runStatic(runCtx, o, staticRun{
+		workers: workers, starter: nodeStarter{local: local, nodes: s.nodes},
+		store: relay.Local{S: n.srv.Store}, jobID: n.jobID, onFailure: s.nodes.hurry, end: end, host: s.host, ran: &s.ran,
+	}, n.stdout, n.stderr)
+}
+
+// admit says why the job cannot have a node that registers (its own registration included), ""
+// when it can. A node that disagrees with the others, or claims a node rank another node holds,
+// fails the job: it cannot start as the nodes were told.
+func (s *staticNode) admit(j NodeJoin) string {
+	o := s.n.opts
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case !j.Static:
+		return fmt.Sprintf("node on %s was started with elastic flags (%s), the serving node without: start every node with the same flags", j.Hostname, j.Flags)
+	case s.joined >= o.NNodes:
+		return fmt.Sprintf("%d nodes have joined the rendezvous at %s already (--nnodes %d): is another job using it?", s.joined, o.Rendezvous, o.NNodes)
+	case j.NNodes != o.NNodes:
+		return s.refuse(fmt.Sprintf("the nodes disagree on --nnodes: node on %s was started with --nnodes %d, the serving node with %d", j.Hostname, j.NNodes, o.NNodes))
+	case j.NP != 0 && s.np != 0 && j.NP != s.np:
+		return s.refuse(fmt.Sprintf("node on %s was started with -np %d, another node with -np %d", j.Hostname, j.NP, s.np))
+	case j.NodeRank >= 0 && s.claimed[j.NodeRank] != "":
+		s.fail(jobStop{code: ExitUsage, why: fmt.Sprintf("node rank %d was claimed by two nodes (the second on %s): %s", j.NodeRank, j.Hostname, nodeRankAdvice)})
+		return fmt.Sprintf("node rank %d is taken by another node: %s", j.NodeRank, nodeRankAdvice)
+	}
+	if j.NodeRank >= 0 {
+		s.claimed[j.NodeRank] = j.Hostname
+	}
+	if s.np == 0 {
+		s.np = j.NP
+	}
+	s.joined++
+	return ""
+}
+
+// refuse fails the job with why (a usage error) and returns it: the refused node says it too.
+func (s *staticNode) refuse(why string) string {
+	s.fail(jobStop{code: ExitUsage, why: why})
+	return why
+}
+
+// left stops the job when a node leaves it (the registry's left); before the job starts, it
+// cannot start.
+func (s *staticNode) left(nd *jobNode, how departure, why string) {
+	r := s.rankOf(nd.host)
+	switch {
+	case how == nodeLeft && r >= 0:
+		s.stop(jobStop{code: ExitInterrupted, why: fmt.Sprintf("interrupted on node %d (%s): stopped every rank", r, nd.host)})
+	case how == nodeLeft:
+		s.stop(jobStop{code: 1, why: fmt.Sprintf("the node on %s left before the job started (%s)", nd.host, why)})
+	case r >= 0:
+		s.stop(jobStop{code: 1, why: fmt.Sprintf("node %d on %s stopped answering the rendezvous (%s)", r, nd.host, why)})
+	default:
+		s.stop(jobStop{code: 1, why: fmt.Sprintf("the node on %s stopped answering the rendezvous before the job started (%s)", nd.host, why)})
+	}
+	go s.nodes.hurry() // left is called with the registry locked
+}
+
+// rankOf is host's node rank, -1 before the ranks are planned.
+func (s *staticNode) rankOf(host string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r, ok := s.ranks[host]; ok {
+		return r
+	}
+	return -1
+}
+
+// stop stops the job with why: the running ranks, or the wait for the nodes.
+func (s *staticNode) stop(why jobStop) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fail(why)
+	if s.stopRun != nil {
+		s.stopRun(why)
+	}
+}
+
+// fail records the first reason the job fails; s.mu is held.
+func (s *staticNode) fail(why jobStop) {
+	if s.failure == nil {
+		s.failure = &why
+		close(s.failed)
+	}
+}
+
+// arrivalError says, at --start-timeout, which nodes came and which did not.
+func (s *staticNode) arrivalError() error {
+	o := s.n.opts
+	members := s.nodes.members()
+	claims := make([]int, len(members))
+	for i, m := range members {
+		claims[i] = m.join.NodeRank
+	}
+	var here []string
+	taken := map[int]bool{}
+	for i, r := range nodeRanks(claims) {
+		here = append(here, fmt.Sprintf("node %d on %s with %s", r, members[i].host, countOf(members[i].slots, "slot")))
+		taken[r] = true
+	}
+	var missing []string
+	for r := range o.NNodes {
+		if !taken[r] {
+			missing = append(missing, strconv.Itoa(r))
+		}
+	}
+	return fmt.Errorf("waited %s (--start-timeout) at %s for %d nodes: %d arrived (%s); no sign of node %s",
+		o.StartTimeout, o.Rendezvous, o.NNodes, len(members), strings.Join(here, ", "), strings.Join(missing, ", "))
+}
+
+// nodeRanks gives each node, in the order they joined, its node rank: the one it claimed
+// (claims[i] >= 0), else the lowest one no node claimed or was given.
+func nodeRanks(claims []int) []int {
+	taken := map[int]bool{}
+	for _, c := range claims {
+		if c >= 0 {
+			taken[c] = true
+		}
+	}
+	out := make([]int, len(claims))
+	next := 0
+	for i, c := range claims {
+		if c >= 0 {
+			out[i] = c
+			continue
+		}
+		for taken[next] {
+			next++
+		}
+		out[i], taken[next] = next, true
+	}
+	return out
+}
