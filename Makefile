@@ -4,9 +4,11 @@ BIN     := bin
 # Packages whose concurrency the race detector must check.
 RACE_PKGS := ./internal/engine/... ./internal/gpu/... ./internal/timeline/... ./internal/transport/... ./internal/collective/... ./internal/rendezvous/... ./internal/launch/... ./internal/bootstrap/... ./internal/world/...
 PYTHON  ?= /usr/bin/python3
-# The interpreter of kolo.tensorflow's tests: TensorFlow needs numpy 2, Debian's PyTorch numpy 1,
-# so TensorFlow lives in a virtual environment of its own (scripts/tf_venv.sh, run by make deps).
+# The interpreters of kolo.tensorflow's tests, the newest TensorFlow kolo supports and the oldest:
+# TensorFlow needs numpy 2, Debian's PyTorch numpy 1, so each TensorFlow lives in a virtual
+# environment of its own (scripts/tf_venv.sh newest|oldest, run by make deps).
 TF_PYTHON ?= .venv/tf/bin/python
+TF_OLDEST_PYTHON ?= .venv/tf-oldest/bin/python
 # The engine as the Python package loads it (capi/), and the kolo command a wheel ships beside it.
 PYLIB   := python/kolo/lib
 # The interpreter of kolo.keras's tests on Keras 3's JAX backend (python/tests/kolo_keras_jax): JAX
@@ -68,11 +70,13 @@ test: deps lint
 	$(MAKE) test-deploy
 
 # Every Python test starts real ranks with bin/kolo run; test_wheel.py builds and installs a wheel.
-# kolo.tensorflow's (python/tests/kolo_tensorflow) run with TensorFlow's interpreter.
+# kolo.tensorflow's (python/tests/kolo_tensorflow) run with the newest TensorFlow's interpreter and
+# the oldest's (docs/tensorflow.md, "Install and run").
 test-python: build lib
 	$(PYTHON) -m pytest -q python/tests --ignore=python/tests/kolo_tensorflow --ignore=python/tests/kolo_keras_jax
 	$(JAX_PYTHON) -m pytest -q python/tests/kolo_keras_jax
 	$(TF_PYTHON) -m pytest -q python/tests/kolo_tensorflow
+	$(TF_OLDEST_PYTHON) -m pytest -q python/tests/kolo_tensorflow
 
 # Structure of the Kubernetes, compose and apptainer files that CI cannot run (docs/containers.md).
 test-deploy:

@@ -5,7 +5,7 @@
 # traffic through a FORWARD policy Docker set to DROP); the
 # example's data; the Python packaging tools; and the C compiler cgo needs to build the library Python
 # loads (go build -buildmode=c-shared). Then, from PyPI, NCCL and the CUDA runtime (scripts/nvidia_deps.sh) and
-# TensorFlow's virtual environment (scripts/tf_venv.sh).
+# TensorFlow's virtual environments, the newest TensorFlow and the oldest (scripts/tf_venv.sh).
 # Does nothing when all are there.
 set -euo pipefail
 pkgs=(gcc libc6-dev iproute2 iptables make python3-torch python3-numpy python3-pytest python3-yaml python3-setuptools
@@ -33,7 +33,9 @@ fi
 # backend (scripts/jax_venv.sh; does nothing when its versions are there).
 "$(dirname "$0")/jax_venv.sh"
 # Then from PyPI: NCCL's and the CUDA runtime's headers and libraries, for internal/gpu/nccl's tests
-# (scripts/nvidia_deps.sh), and TensorFlow and Keras in a virtual environment of their own, for
-# kolo.tensorflow's (scripts/tf_venv.sh). Each does nothing when its versions are there.
+# (scripts/nvidia_deps.sh), and TensorFlow and Keras in virtual environments of their own, the newest
+# and the oldest TensorFlow kolo supports, for kolo.tensorflow's (scripts/tf_venv.sh). Each does
+# nothing when its versions are there.
 "$(dirname "$0")/nvidia_deps.sh"
-"$(dirname "$0")/tf_venv.sh"
+"$(dirname "$0")/tf_venv.sh" newest
+"$(dirname "$0")/tf_venv.sh" oldest

@@ -227,7 +227,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
                          op=Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
                          num_groups=0, groups=None, process_set=global_process_set, scale_local_gradients=True):
-    """Wraps a Keras optimizer (Keras 3's keras.optimizers.Optimizer, or tf-keras's) so that the
+    """Wraps a Keras optimizer (Keras 3's keras.optimizers.Optimizer, or Keras 2's) so that the
     gradients it applies are first reduced across ranks (Average by default). With
     backward_passes_per_step N > 1 the gradients of N calls are summed locally, and only every
     Nth call reduces and applies them (divided by N with average_aggregated_gradients).

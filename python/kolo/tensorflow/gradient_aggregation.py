@@ -95,6 +95,17 @@ class LocalGradientAggregationHelper(object):
 
     def apply_gradients(self, apply_fn, skip_fn):
         """apply_fn() on the pass that ended a round (the counter back at 0), else skip_fn():
-        what the optimizer does on a pass that does not update (count its iteration). Both return
-        a tensor (or nothing), as tf.cond needs."""
-        return tf.cond(tf.equal(self.counter, 0), apply_fn, skip_fn)
+        what the optimizer does on a pass that does not update (count its iteration). Returns
+        whether this pass updated, a bool tensor. What the two functions return is dropped: tf.cond
+        needs its branches to return alike, and an optimizer's own apply_gradients need not return
+        what counting an iteration does (a Keras 2 legacy optimizer's, OptimizerV2's, returns an
+        Operation in a graph, which tf.cond makes a bool, where iterations.assign_add is an int64)."""
+
+        def update():
+            apply_fn()
+            return tf.constant(True)
+
+        def skip():
+            skip_fn()
+            return tf.constant(False)
+        return tf.cond(tf.equal(self.counter, 0), update, skip)

@@ -1,18 +1,21 @@
 """kolo.tensorflow at 2 ranks under bin/kolo run, with the TensorFlow of the interpreter running
-pytest (make test-python runs it with $(TF_PYTHON), the virtual environment scripts/deps.sh makes):
+pytest (make test-python runs it twice: with $(TF_PYTHON), the newest TensorFlow kolo supports, and
+$(TF_OLDEST_PYTHON), the oldest; the virtual environments scripts/deps.sh makes):
 
     make build lib && .venv/tf/bin/python -m pytest -q python/tests/kolo_tensorflow
+    .venv/tf-oldest/bin/python -m pytest -q python/tests/kolo_tensorflow
 
-Ten jobs: tf_ops_worker.py (every op eagerly and in tf.function, gradients, process sets, the
+Nine jobs: tf_ops_worker.py (every op eagerly and in tf.function, gradients, process sets, the
 tape and the optimizer training to the same weights, shape mismatches), tf_kill_worker.py (kill -9
-of a rank inside an allreduce), and on Keras 3 and on tf-keras each: tf_keras_worker.py (model.fit
-with the optimizer and the callbacks), tf_keras_optimizer_worker.py (the optimizer's gradients:
-reduced once, backward_passes_per_step, local variables, KerasState and the elastic callbacks) and
-tf_keras_elastic_worker.py (an elastic model.fit losing a worker); tf_elastic_worker.py (an
-elastic training loop losing a worker). Where TensorFlow does not import the tests skip, unless
-KOLO_REQUIRE_TESTBEDS=1 (CI), where they fail.
+of a rank inside an allreduce), and on each of the interpreter's two Keras (KERAS_MODES):
+tf_keras_worker.py (model.fit with the optimizer and the callbacks), tf_keras_optimizer_worker.py
+(the optimizer's gradients: reduced once, backward_passes_per_step, local variables, KerasState and
+the elastic callbacks) and tf_keras_elastic_worker.py (an elastic model.fit losing a worker);
+tf_elastic_worker.py (an elastic training loop losing a worker). Where TensorFlow does not import
+the tests skip, unless KOLO_REQUIRE_TESTBEDS=1 (CI), where they fail.
 """
 
+import importlib.metadata
 import importlib.util
 import os
 import re
@@ -33,10 +36,19 @@ PROGRESS = 15  # KOLO_PROGRESS_TIMEOUT_SECONDS of the kill job: the deadline the
 # for TensorFlow as a namespace package)
 _spec = importlib.util.find_spec("tensorflow")
 if _spec is None or _spec.origin in (None, "namespace"):
-    why = "TensorFlow does not import in %s (make deps creates .venv/tf; run with .venv/tf/bin/python)" % sys.executable
+    why = "TensorFlow does not import in %s (make deps creates .venv/tf and .venv/tf-oldest; run with their python)" % sys.executable
     if os.environ.get("KOLO_REQUIRE_TESTBEDS") == "1":
         raise RuntimeError(why + "; KOLO_REQUIRE_TESTBEDS=1 forbids skipping")
     pytest.skip(why, allow_module_level=True)
+
+# The Keras jobs' modes, the two Keras this TensorFlow has: standalone Keras (``import keras``)
+# through kolo.keras, "keras3" where it is Keras 3 (TensorFlow 2.16 on) or "keras2" where it is
+# Keras 2 (TensorFlow before 2.16, whose keras package is its tf.keras), and "tf-keras", Keras 2 as
+# tf.keras through kolo.tensorflow.keras (the tf-keras package from TensorFlow 2.16 on, which
+# tf_venv.sh installs; TensorFlow's own Keras before). Standalone Keras is one or the other, so
+# each interpreter collects one of keras3 and keras2, never skips the other.
+KERAS_MODES = ["keras%s" % importlib.metadata.version("keras").split(".")[0], "tf-keras"]
+assert KERAS_MODES[0] in ("keras2", "keras3"), KERAS_MODES
 
 
 def _env(**kw):
@@ -98,10 +110,11 @@ def test_killed_rank_fails_the_other_naming_it():
     assert unknown == "1", "the lost rank's error is not a tf.errors.UnknownError: %s" % err
 
 
-@pytest.mark.parametrize("mode", ["keras3", "tf-keras"])
+@pytest.mark.parametrize("mode", KERAS_MODES)
 def test_keras_fit_with_callbacks(mode):
-    """kolo.keras on Keras 3, kolo.tensorflow.keras on tf-keras: model.fit with the
-    DistributedOptimizer and the callbacks, the same weights and metrics on both ranks."""
+    """kolo.keras on standalone Keras (3, or 2 before TensorFlow 2.16), kolo.tensorflow.keras on
+    Keras 2 as tf.keras: model.fit with the DistributedOptimizer and the callbacks, the same
+    weights and metrics on both ranks."""
     assert os.path.exists(KOLO), "run `make build lib` first"
     rc, out = _run([KOLO, "run", "-np", "2", sys.executable, os.path.join(HERE, "tf_keras_worker.py"), mode], _env(),
                    timeout=300)
@@ -109,7 +122,7 @@ def test_keras_fit_with_callbacks(mode):
     assert rc == 0 and sorted(ok) == [("0", mode), ("1", mode)], out[-6000:]
 
 
-@pytest.mark.parametrize("mode", ["keras3", "tf-keras"])
+@pytest.mark.parametrize("mode", KERAS_MODES)
 def test_keras_optimizer_gradients(mode):
     """The distributed Keras optimizer at 2 ranks: gradients reduced once whether
     _compute_gradients or apply_gradients reduces them, backward_passes_per_step (eagerly and in
@@ -123,7 +136,7 @@ def test_keras_optimizer_gradients(mode):
     assert all(int(n) >= 200 for _, _, n in ok), ok
 
 
-@pytest.mark.parametrize("mode", ["keras3", "tf-keras"])
+@pytest.mark.parametrize("mode", KERAS_MODES)
 def test_elastic_keras_fit_survives_a_killed_worker(mode):
     """hvd.elastic.run around model.fit with a KerasState and the elastic callbacks: the worker
     started as rank 1 is SIGKILLed after batch 2 of epoch 1, the survivor restores the commit of

@@ -2,8 +2,9 @@
 DistributedOptimizer, a KerasState and the elastic callbacks (epoch, batch, commit). The worker
 that started as rank 1 SIGKILLs itself at the end of batch KILL_BATCH of epoch KILL_EPOCH; the
 survivor's fit fails, it restores its last commit, resets, and fits the remaining epochs alone.
-With argument "keras3", Keras 3 through kolo.keras; with "tf-keras", tf-keras through
-kolo.tensorflow.keras:
+With argument "keras3", Keras 3 through kolo.keras; "keras2", standalone Keras 2 (TensorFlow
+before 2.16) through kolo.keras; "tf-keras", Keras 2 as tf.keras (tf-keras, or TensorFlow's own
+before 2.16) through kolo.tensorflow.keras:
 
     bin/kolo run -np 2 --min-np 1 -H localhost:1,127.0.0.1:1 .venv/tf/bin/python \\
         python/tests/kolo_tensorflow/tf_keras_elastic_worker.py keras3
@@ -26,12 +27,13 @@ if MODE == "tf-keras":
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-if MODE == "keras3":
+if MODE in ("keras3", "keras2"):
     import keras  # noqa: E402
     import kolo.keras as hvd  # noqa: E402
 else:
     keras = tf.keras
     import kolo.tensorflow.keras as hvd  # noqa: E402
+assert hasattr(keras, "ops") == (MODE == "keras3"), (MODE, keras.__name__)  # keras.ops: Keras 3's
 
 EPOCHS, KILL_EPOCH, KILL_BATCH = 3, 1, 2
 START_RANK = int(os.environ["KOLO_RANK"])

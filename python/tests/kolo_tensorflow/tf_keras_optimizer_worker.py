@@ -1,5 +1,6 @@
 """The distributed Keras optimizer's gradients, for test_tensorflow.py. With argument "keras3",
-Keras 3 through kolo.keras; with "tf-keras", tf-keras (Keras 2) as tf.keras through
+Keras 3 through kolo.keras; "keras2", standalone Keras 2 (TensorFlow before 2.16) through kolo.keras;
+"tf-keras", Keras 2 as tf.keras (tf-keras, or TensorFlow's own before 2.16) through
 kolo.tensorflow.keras:
 
     bin/kolo run -np 2 .venv/tf/bin/python python/tests/kolo_tensorflow/tf_keras_optimizer_worker.py keras3
@@ -27,15 +28,14 @@ if MODE == "tf-keras":
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-if MODE == "keras3":
+if MODE in ("keras3", "keras2"):
     import keras  # noqa: E402
     import kolo.keras as hvd  # noqa: E402
-    Variable = keras.Variable
 else:
     keras = tf.keras
     import kolo.tensorflow.keras as hvd  # noqa: E402
-    assert keras.__name__.startswith("tf_keras"), keras.__name__
-    Variable = tf.Variable
+assert hasattr(keras, "ops") == (MODE == "keras3"), (MODE, keras.__name__)  # keras.ops: Keras 3's
+Variable = keras.Variable if MODE == "keras3" else tf.Variable
 import kolo.tensorflow  # noqa: E402  (DistributedGradientTape)
 
 tf.get_logger().setLevel("ERROR")

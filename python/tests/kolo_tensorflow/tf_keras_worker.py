@@ -1,6 +1,7 @@
 """Keras training with kolo's Keras API, for test_tensorflow.py. With argument "keras3", standalone
-Keras 3 through kolo.keras; with "tf-keras", tf-keras (Keras 2) as tf.keras (TF_USE_LEGACY_KERAS=1)
-through kolo.tensorflow.keras:
+Keras 3 through kolo.keras; "keras2", standalone Keras 2 (``import keras`` before TensorFlow 2.16)
+through kolo.keras; "tf-keras", Keras 2 as tf.keras through kolo.tensorflow.keras (tf-keras where
+TF_USE_LEGACY_KERAS=1 makes it tf.keras, or TensorFlow's own Keras before 2.16):
 
     bin/kolo run -np 2 .venv/tf/bin/python python/tests/kolo_tensorflow/tf_keras_worker.py keras3
 
@@ -24,13 +25,13 @@ if MODE == "tf-keras":
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-if MODE == "keras3":
+if MODE in ("keras3", "keras2"):
     import keras  # noqa: E402
     import kolo.keras as hvd  # noqa: E402
 else:
     keras = tf.keras
     import kolo.tensorflow.keras as hvd  # noqa: E402
-    assert keras.__name__.startswith("tf_keras"), keras.__name__
+assert hasattr(keras, "ops") == (MODE == "keras3"), (MODE, keras.__name__)  # keras.ops: Keras 3's
 
 tf.config.threading.set_inter_op_parallelism_threads(2)
 tf.config.threading.set_intra_op_parallelism_threads(1)
