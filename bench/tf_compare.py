@@ -15,7 +15,12 @@ warm-up steps, then --steps timed steps; img/s counts every worker's images. The
 turn, --repeats times, so slow drift on a shared machine hits all of them alike; the table gives
 the median and the range, and each setup's ratio to kolo's median.
 
-Worker mode (what the jobs run): --worker single|kolo|mwms.
+With --horovod-python PY (an interpreter whose TensorFlow has Horovod 0.28.1 built in, its
+horovodrun beside it) the setup horovod runs the same step with `import horovod.tensorflow as hvd`
+under `horovodrun --gloo`; run this script with the same TensorFlow (e.g. .venv/tf-oldest for
+TensorFlow 2.12) so that only the data-parallel layer differs.
+
+Worker mode (what the jobs run): --worker single|kolo|mwms|horovod.
 """
 import argparse
 import json
@@ -60,9 +65,12 @@ def worker(args):
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.random.set_seed(1)
 
-    if args.worker == "kolo":
-        sys.path.insert(0, os.path.join(ROOT, "python"))
-        import kolo.tensorflow as hvd
+    if args.worker in ("kolo", "horovod"):
+        if args.worker == "kolo":
+            sys.path.insert(0, os.path.join(ROOT, "python"))
+            import kolo.tensorflow as hvd
+        else:
+            import horovod.tensorflow as hvd
         hvd.init()
         rank, size = hvd.rank(), hvd.size()
     elif args.worker == "mwms":
@@ -101,12 +109,12 @@ def worker(args):
             with tf.GradientTape() as tape:
                 probs = model(data, training=True)
                 loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(target, probs))
-            if args.worker == "kolo":
+            if args.worker in ("kolo", "horovod"):
                 tape = hvd.DistributedGradientTape(tape)
             grads = tape.gradient(loss, model.trainable_variables)
             opt.apply_gradients(zip(grads, model.trainable_variables))
 
-        if args.worker == "kolo":
+        if args.worker in ("kolo", "horovod"):
             step()
             hvd.broadcast_variables(model.variables, root_rank=0)
             hvd.broadcast_variables(opt.variables, root_rank=0)
@@ -129,6 +137,9 @@ def barrier(kind, tf, scope):
     if kind == "kolo":
         import kolo.tensorflow as hvd
         hvd.barrier()
+    elif kind == "horovod":
+        import horovod.tensorflow as hvd
+        hvd.allreduce(tf.constant(1.0), name="barrier")
     elif kind == "mwms":
         strategy = scope["strategy"]
         strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)), axis=None)
@@ -144,6 +155,11 @@ def run_setup(args, setup):
     elif setup == "kolo":
         procs = [subprocess.Popen([KOLO, "run", "-np", str(args.np), "--oversubscribe"] + base, env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
+    elif setup == "horovod":
+        py = args.horovod_python
+        run = [os.path.join(os.path.dirname(py), "horovodrun"), "-np", str(args.np), "-H", "localhost:%d" % args.np,
+               "--gloo", py] + base[1:]
+        procs = [subprocess.Popen(run, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
     else:
         ports = [free_port() for _ in range(args.np)]
         procs = []
@@ -171,7 +187,7 @@ def run_setup(args, setup):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--worker", choices=["single", "kolo", "mwms"])
+    ap.add_argument("--worker", choices=["single", "kolo", "mwms", "horovod"])
     ap.add_argument("--np", type=int, default=2)
     ap.add_argument("--model", default="cnn", help="cnn, or a keras.applications name (ResNet50, MobileNetV2, ...)")
     ap.add_argument("--image-size", type=int, default=64)
@@ -182,7 +198,10 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--setups", default="single,kolo,mwms")
     ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--horovod-python", help="an interpreter with Horovod built for its TensorFlow: adds the setup horovod")
     args = ap.parse_args()
+    if args.horovod_python and args.setups == ap.get_default("setups"):
+        args.setups += ",horovod"
     if args.threads <= 0:
         args.threads = max(1, (os.cpu_count() or 1) // max(1, args.np))
     if args.worker:
@@ -208,7 +227,8 @@ def main():
     print("| setup | workers | img/s median | range | vs kolo |")
     print("|---|---|---|---|---|")
     ref = statistics.median(rates["kolo"]) if "kolo" in rates else None
-    names = {"single": "one process", "kolo": "kolo.tensorflow (kolo run)", "mwms": "MultiWorkerMirroredStrategy"}
+    names = {"single": "one process", "kolo": "kolo.tensorflow (kolo run)", "mwms": "MultiWorkerMirroredStrategy",
+             "horovod": "Horovod 0.28.1 (horovodrun --gloo)"}
     for s in setups:
         med = statistics.median(rates[s])
         ratio = "%.2fx" % (med / ref) if ref else "-"

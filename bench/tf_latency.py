@@ -11,7 +11,13 @@ form once as a fresh `kolo run -np N` job, in turn, so machine noise hits them a
 rank 0. The table gives each form's median over rounds, its range, and its ratio to kolo.torch's
 (the issue's target: within 2x).
 
-Worker mode (what the jobs run): --worker tf-eager|tf-function|torch.
+With --horovod-python PY (an interpreter whose TensorFlow has Horovod 0.28.1 built in, and its
+horovodrun beside it), the forms hvd-eager and hvd-function run the same calls with
+`import horovod.tensorflow as hvd` under `horovodrun --gloo`: Horovod's compiled op beside
+kolo's. Compare kolo there with the same TensorFlow (run this script with that TensorFlow's
+interpreter, e.g. .venv/tf-oldest for TensorFlow 2.12).
+
+Worker mode (what the jobs run): --worker tf-eager|tf-function|torch|hvd-eager|hvd-function.
 """
 import argparse
 import json
@@ -56,10 +62,13 @@ def worker(args):
             hvd.allreduce(t, op=hvd.Sum, name="lat")
     else:
         import tensorflow as tf
-        import kolo.tensorflow as hvd
+        if args.worker.startswith("hvd-"):
+            import horovod.tensorflow as hvd
+        else:
+            import kolo.tensorflow as hvd
         hvd.init()
         t = tf.ones([n])
-        if args.worker == "tf-eager":
+        if args.worker in ("tf-eager", "hvd-eager"):
             def op(i):
                 hvd.allreduce(t, op=hvd.Sum, name="lat")
         else:
@@ -82,8 +91,13 @@ def worker(args):
 
 def run(args, form, nbytes):
     py = TORCH_PY if form == "torch" else sys.executable
-    cmd = [KOLO, "run", "-np", str(args.np), "--oversubscribe", py, os.path.abspath(__file__), "--worker", form,
-           "--bytes", str(nbytes), "--iters", str(args.iters), "--warmup", str(args.warmup)]
+    launch = [KOLO, "run", "-np", str(args.np), "--oversubscribe"]
+    if form.startswith("hvd-"):
+        py = args.horovod_python
+        launch = [os.path.join(os.path.dirname(py), "horovodrun"), "-np", str(args.np), "-H",
+                  "localhost:%d" % args.np, "--gloo"]
+    cmd = launch + [py, os.path.abspath(__file__), "--worker", form,
+                    "--bytes", str(nbytes), "--iters", str(args.iters), "--warmup", str(args.warmup)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="-1")
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=args.timeout)
     if p.returncode != 0:
@@ -100,7 +114,7 @@ def fmt(s):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--worker", choices=["tf-eager", "tf-function", "torch"])
+    ap.add_argument("--worker", choices=["tf-eager", "tf-function", "torch", "hvd-eager", "hvd-function"])
     ap.add_argument("--bytes", type=int, default=4)
     ap.add_argument("--np", type=int, default=2)
     ap.add_argument("--sizes", default="4,4MiB")
@@ -109,7 +123,11 @@ def main():
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--horovod-python", help="an interpreter with Horovod built for its TensorFlow: adds the forms "
+                                              "hvd-eager and hvd-function")
     args = ap.parse_args()
+    if args.horovod_python and args.forms == ap.get_default("forms"):
+        args.forms += ",hvd-eager,hvd-function"
     if args.worker:
         worker(args)
         return
@@ -129,7 +147,7 @@ def main():
     print("| form | size | median | range | vs kolo.torch |")
     print("|---|---|---|---|---|")
     names = {"tf-eager": "kolo.tensorflow, eager", "tf-function": "kolo.tensorflow, tf.function",
-             "torch": "kolo.torch"}
+             "torch": "kolo.torch", "hvd-eager": "Horovod 0.28.1, eager", "hvd-function": "Horovod 0.28.1, tf.function"}
     for s in sizes:
         for f in forms:
             v = res[(f, s)]
