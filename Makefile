@@ -15,6 +15,10 @@ PYLIB   := python/kolo/lib
 # and Keras in a virtual environment of their own, without TensorFlow (scripts/jax_venv.sh, run by
 # make deps). test-python leaves them out of the system Python's run.
 JAX_PYTHON ?= .venv/jax/bin/python
+# The interpreter of kolo.keras's tests on Keras 3's PyTorch backend (python/tests/kolo_keras_torch):
+# PyPI's torch 2.15 and Keras in a virtual environment of their own, without TensorFlow or JAX
+# (scripts/keras_torch_venv.sh, run by make deps).
+KERAS_TORCH_PYTHON ?= .venv/keras-torch/bin/python
 
 .PHONY: help deps demo-go build lib wheel demo test test-python test-deploy test-race lint bench clean docker-e2e gpu-check
 
@@ -73,8 +77,10 @@ test: deps lint
 # kolo.tensorflow's (python/tests/kolo_tensorflow) run with the newest TensorFlow's interpreter and
 # the oldest's (docs/tensorflow.md, "Install and run").
 test-python: build lib
-	$(PYTHON) -m pytest -q python/tests --ignore=python/tests/kolo_tensorflow --ignore=python/tests/kolo_keras_jax
+	$(PYTHON) -m pytest -q python/tests --ignore=python/tests/kolo_tensorflow --ignore=python/tests/kolo_keras_jax \
+		--ignore=python/tests/kolo_keras_torch
 	$(JAX_PYTHON) -m pytest -q python/tests/kolo_keras_jax
+	$(KERAS_TORCH_PYTHON) -m pytest -q python/tests/kolo_keras_torch
 	$(TF_PYTHON) -m pytest -q python/tests/kolo_tensorflow
 	$(TF_OLDEST_PYTHON) -m pytest -q python/tests/kolo_tensorflow
 

@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
-"""Keras 3 model.fit throughput with kolo.keras on the JAX and the TensorFlow backends, side by side
-in one run, each with one plain process (no kolo) as its baseline.
+"""Keras 3 model.fit throughput with kolo.keras on the JAX, TensorFlow and PyTorch backends, side by
+side in one run, each with one plain process (no kolo) as its baseline.
 
-    make build lib && scripts/jax_venv.sh && scripts/tf_venv.sh
-    python3 bench/keras_backends.py --np 2 --repeats 3
+    make build lib && scripts/jax_venv.sh && scripts/tf_venv.sh && scripts/keras_torch_venv.sh
+    python3 bench/keras_backends.py --np 2 --repeats 3 --backends jax,tensorflow,torch
 
-The same script trains on both backends: an MLP (--depth hidden layers of --width units on 784
+The same script trains on every backend: an MLP (--depth hidden layers of --width units on 784
 inputs and 10 classes; by default 2 of 256: 0.27 M parameters in 6 arrays, 1.1 MB of float32
 gradients; --depth 40 --width 64 makes 82 small arrays) on synthetic data with SGD, model.fit with hvd.DistributedOptimizer and BroadcastGlobalVariablesCallback under
 `kolo run -np N`. Setups per backend: plain Keras in one process; kolo.keras at -np 1 (the
 reduction's fixed cost: on JAX an io_callback out of the compiled step, on TensorFlow a
-tf.numpy_function, each into the engine); kolo.keras at -np N. Each measurement is one fresh job:
+tf.numpy_function, on torch none: the step is eager, kolo.torch's grouped op;
+each into the engine); kolo.keras at -np N. Each measurement is one fresh job:
 --warmup steps (compilation), then one fit of --steps timed steps on every rank; steps/s is one
 rank's (every rank steps together), samples/s counts every rank's. Every process gets the CPUs
 divided among the ranks as its threads. The setups run in turn, --repeats times, so drift on a
@@ -37,6 +38,9 @@ def worker(args):
         import tensorflow as tf
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(1)
+    elif args.backend == "torch":
+        import torch
+        torch.set_num_threads(args.threads)
     import keras
     import numpy as np
     hvd = None
@@ -67,7 +71,7 @@ def worker(args):
 
 
 def run_job(args, backend, np_, kolo):
-    py = args.jax_python if backend == "jax" else args.tf_python
+    py = {"jax": args.jax_python, "torch": args.torch_python}.get(backend, args.tf_python)
     threads = max(1, (os.cpu_count() or 1) // np_)
     cmd = [py, os.path.abspath(__file__), "--worker", "--backend", backend, "--kolo", str(int(kolo)),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
@@ -102,6 +106,7 @@ def main():
     p.add_argument("--backends", default="jax,tensorflow")
     p.add_argument("--jax-python", default=os.path.join(ROOT, ".venv", "jax", "bin", "python"))
     p.add_argument("--tf-python", default=os.path.join(ROOT, ".venv", "tf", "bin", "python"))
+    p.add_argument("--torch-python", default=os.path.join(ROOT, ".venv", "keras-torch", "bin", "python"))
     p.add_argument("--timeout", type=int, default=600)
     args = p.parse_args()
     if args.worker:

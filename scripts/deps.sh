@@ -5,7 +5,8 @@
 # traffic through a FORWARD policy Docker set to DROP); the
 # example's data; the Python packaging tools; and the C compiler cgo needs to build the library Python
 # loads (go build -buildmode=c-shared). Then, from PyPI, NCCL and the CUDA runtime (scripts/nvidia_deps.sh) and
-# TensorFlow's virtual environments, the newest TensorFlow and the oldest (scripts/tf_venv.sh).
+# TensorFlow's virtual environments, the newest TensorFlow and the oldest (scripts/tf_venv.sh), and
+# those of Keras 3's JAX and PyTorch backends (scripts/jax_venv.sh, scripts/keras_torch_venv.sh).
 # Does nothing when all are there.
 set -euo pipefail
 pkgs=(gcc libc6-dev iproute2 iptables make python3-torch python3-numpy python3-pytest python3-yaml python3-setuptools
@@ -32,6 +33,10 @@ fi
 # From PyPI: JAX and Keras in a virtual environment of their own, for kolo.keras's tests on the JAX
 # backend (scripts/jax_venv.sh; does nothing when its versions are there).
 "$(dirname "$0")/jax_venv.sh"
+# From PyPI: torch 2.15 and Keras in another, for kolo.keras's tests on the PyTorch backend
+# (scripts/keras_torch_venv.sh; about 3 GB, torch's CUDA libraries, which it needs to import even on
+# a CPU-only machine; does nothing when its versions are there).
+"$(dirname "$0")/keras_torch_venv.sh"
 # Then from PyPI: NCCL's and the CUDA runtime's headers and libraries, for internal/gpu/nccl's tests
 # (scripts/nvidia_deps.sh), and TensorFlow and Keras in virtual environments of their own, the newest
 # and the oldest TensorFlow kolo supports, for kolo.tensorflow's (scripts/tf_venv.sh). Each does

@@ -4,10 +4,14 @@ layers, load_model, broadcast of variables, and the callbacks (horovod's names).
 
 A binding supplies what depends on the framework, the reduction of a step's gradients (and the
 aggregation of backward_passes_per_step), as a mixin class put in front of the user's optimizer
-class: kolo.tensorflow.keras's for TensorFlow, kolo.keras._jax's for JAX. Everything else here works
-on numpy arrays through kolo._ops, so it serves tf.keras and tf-keras (kolo.tensorflow.keras) and
-Keras 3 on the TensorFlow and JAX backends (kolo.keras) alike. It imports no framework and no
-Keras: callers pass their keras module.
+class: kolo.tensorflow.keras's for TensorFlow. On Keras 3's JAX and torch backends the mixin is
+Keras3DistributedOptimizer below (local variables, backward_passes_per_step on Keras's gradient
+accumulation, the reduction's arguments), and the binding (kolo.keras._jax, kolo.keras._torch)
+adds only how the gradients cross to the engine (_hvd_allreduce_grads); keras3_api makes the
+DistributedOptimizer, PartialDistributedOptimizer and load_model of such a binding. Everything
+else here works on numpy arrays through kolo._ops, so it serves tf.keras and tf-keras
+(kolo.tensorflow.keras) and Keras 3 on every backend kolo.keras serves alike. It imports no
+framework and no Keras: callers pass their keras module.
 
 Keras 3 on JAX keeps a model's state outside its variables while fit runs; a callback's
 self.model (Keras 3's Callback.model) puts that state back into the variables first and makes the
@@ -119,6 +123,164 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set):
     outs = _ops.run_many(np, _ops.BROADCAST, sent, [None] * len(sent), root=root_rank, psid=psid)
     for v, a, o in zip(variables, arrays, outs):
         v.assign(o.view(a.dtype))
+
+
+class _Sources(object):
+    """The worker-local variables of a distributed optimizer and the variables of the gradients
+    its current step reduces. A plain object: Keras's optimizer tracks the variables in a list or
+    a dict set as its attribute as its own."""
+
+    def __init__(self):
+        self.local = {}  # id(variable) -> variable, kept so that its id stays its own
+        self.step = None
+
+
+class Keras3DistributedOptimizer(object):
+    """What a distributed optimizer's class adds to a Keras 3 optimizer on the JAX and torch
+    backends: its step's gradients reduced across ranks before Keras clips and applies them (in
+    _clip_gradients, which Keras runs on the gradients just before the update, after its gradient
+    accumulation); worker-local variables (register_local_var), whose gradients stay this rank's
+    (divided by the set's size with scale_local_gradients); backward_passes_per_step.
+
+    A binding's subclass defines _hvd_allreduce_grads(grads, name, op, prescale, postscale,
+    process_set): the gradients (compressed) reduced as one grouped op named name, on the steps
+    that update (Keras on JAX runs _clip_gradients on every step of an accumulation inside the
+    compiled step, and keeps the old state on those that do not; on torch it runs it on the
+    updating steps only).
+
+    backward_passes_per_step N > 1 runs on Keras 3's gradient accumulation (the optimizer's
+    gradient_accumulation_steps, whose sums are optimizer variables): Keras averages the N passes'
+    gradients, _hvd_scale makes that Horovod's sum again (the mean with
+    average_aggregated_gradients), and iterations counts every pass, as Horovod's and
+    kolo.tensorflow's do (Keras's own counts updates)."""
+
+    def __init__(self, *args, **kwargs):
+        super(Keras3DistributedOptimizer, self).__init__(*args, **kwargs)
+        s = self._hvd_settings
+        n = s.backward_passes_per_step
+        self._hvd_scale = 1 if n <= 1 or s.average_aggregated_gradients else n
+        self._hvd_sources = _Sources()
+
+    @property
+    def iterations(self):
+        if self._hvd_settings.backward_passes_per_step > 1:
+            return self._iterations
+        return super(Keras3DistributedOptimizer, self).iterations
+
+    def register_local_var(self, var):
+        """Registers var as worker-local: its gradient is not reduced across ranks (and is
+        divided by the size, with scale_local_gradients)."""
+        self._hvd_sources.local[id(var)] = var
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        # The variables of the gradients _clip_gradients gets (Keras filtered out those without).
+        self._hvd_sources.step = list(trainable_variables)
+        try:
+            return super(Keras3DistributedOptimizer, self)._backend_apply_gradients(grads, trainable_variables)
+        finally:
+            self._hvd_sources.step = None
+
+    def _clip_gradients(self, grads):
+        compression, _, op, predivide, process_set, scale_local = self._hvd_settings.reduction
+        prescale, postscale = _ops.scale_factors(op, predivide)
+        grads = list(grads)
+        variables = self._hvd_sources.step or [None] * len(grads)
+        local = {i for i, v in enumerate(variables) if v is not None and id(v) in self._hvd_sources.local}
+        if self._hvd_scale != 1:
+            grads = [g * self._hvd_scale if g is not None else g for g in grads]
+        shared = [i for i, g in enumerate(grads) if g is not None and i not in local]
+        # As Horovod's: a rank outside the set, or a set of one, keeps its gradients.
+        if shared and process_set.included() and process_set.size() > 1:
+            sent, ctxs = [], []
+            for i in shared:
+                x, c = compression.compress(grads[i])
+                sent.append(x)
+                ctxs.append(c)
+            reduced = self._hvd_allreduce_grads(sent, "%s.grads" % self.name, op, prescale, postscale, process_set)
+            for i, r, c in zip(shared, reduced, ctxs):
+                grads[i] = compression.decompress(r, c)
+        if scale_local:
+            n = float(process_set.size())
+            for i in local:
+                if grads[i] is not None:
+                    grads[i] = grads[i] / n
+        return super(Keras3DistributedOptimizer, self)._clip_gradients(grads)
+
+
+def keras3_api(mixin, compression_none, framework):
+    """DistributedOptimizer, PartialDistributedOptimizer and load_model (a dict by name), with
+    Horovod's signatures, of a Keras 3 binding whose mixin is a Keras3DistributedOptimizer
+    (framework names the backend in errors)."""
+    from kolo._ops import Average
+
+    def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=compression_none,
+                             sparse_as_dense=False, gradient_predivide_factor=1.0, op=None,
+                             backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0,
+                             groups=None, process_set=global_process_set, scale_local_gradients=True):
+        """A copy of optimizer (a Keras 3 optimizer, built from its config) whose updates use the
+        gradients reduced across ranks (Average by default) as one grouped op per step.
+        backward_passes_per_step N > 1 sums N passes' gradients locally and updates every Nth
+        pass with the reduced sum (its mean with average_aggregated_gradients), reducing only on
+        those passes; iterations counts every pass, as in Horovod. Gradients are dense:
+        sparse_as_dense changes nothing; num_groups and groups are accepted (every gradient goes
+        in one group)."""
+        op = Average if op is None else _ops.check_reduce_op(op)
+        _ops.scale_factors(op, gradient_predivide_factor)  # its ValueError, now
+        if not is_keras3(optimizer):
+            raise ValueError("kolo.keras on %s wraps Keras 3 optimizers (keras.optimizers.*); got %r"
+                             % (framework, type(optimizer).__name__))
+        settings = Settings(compression or compression_none, sparse_as_dense, op, gradient_predivide_factor,
+                            process_set, scale_local_gradients, backward_passes_per_step,
+                            average_aggregated_gradients)
+        config = optimizer.get_config()
+        if settings.backward_passes_per_step > 1:
+            config["gradient_accumulation_steps"] = settings.backward_passes_per_step
+        return distributed_optimizer(optimizer, mixin, settings, name, config)
+
+    def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                    compression=compression_none, sparse_as_dense=False,
+                                    gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
+                                    average_aggregated_gradients=False, groups=None,
+                                    process_set=global_process_set, local_layers=None, scale_local_gradients=True):
+        """DistributedOptimizer whose local_layers (a Keras layer or a list of them) keep their
+        gradients worker-local: their trainable weights are registered with register_local_var."""
+        local_vars = local_layer_variables(local_layers)
+        opt = DistributedOptimizer(optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+                                   gradient_predivide_factor=gradient_predivide_factor, op=op,
+                                   backward_passes_per_step=backward_passes_per_step,
+                                   average_aggregated_gradients=average_aggregated_gradients,
+                                   process_set=process_set, scale_local_gradients=scale_local_gradients)
+        for var in local_vars:
+            opt.register_local_var(var)
+        return opt
+
+    def load_model_(filepath, custom_optimizers=None, custom_objects=None, compression=compression_none):
+        """keras.models.load_model with the model's optimizer made a DistributedOptimizer, its
+        state (iterations, slots) carried over. An optimizer saved with backward_passes_per_step
+        N > 1 has Keras's gradient accumulation in its config and its sums among its variables: it
+        is loaded with backward_passes_per_step N again."""
+        import keras
+
+        def distribute(opt):
+            return DistributedOptimizer(opt, compression=compression,
+                                        backward_passes_per_step=opt.gradient_accumulation_steps or 1)
+        return load_model(keras, filepath, custom_optimizers, custom_objects, distribute)
+    load_model_.__name__ = "load_model"
+
+    api = {"DistributedOptimizer": DistributedOptimizer, "PartialDistributedOptimizer": PartialDistributedOptimizer,
+           "load_model": load_model_}
+    for fn in api.values():
+        fn.__module__ = mixin.__module__  # where help() and tracebacks' readers look for them
+    return api
+
+
+def broadcast_global_variables(root_rank):
+    """Horovod's TensorFlow 1 broadcast of the session's variables: Keras 3 keeps no list of
+    global variables; hvd.callbacks.BroadcastGlobalVariablesCallback or broadcast_variables does
+    the job."""
+    raise RuntimeError("hvd.broadcast_global_variables() needs TensorFlow 1's global variables, which Keras 3 "
+                       "does not have; use hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank) with fit, or "
+                       "hvd.broadcast_variables(model.variables, root_rank)")
 
 
 def _value(x):

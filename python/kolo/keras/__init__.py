@@ -1,5 +1,5 @@
 """horovod.keras on kolo, for standalone Keras 3 (``import keras``): ``import kolo.keras as hvd``
-on the TensorFlow or the JAX backend (KERAS_BACKEND), with the same lines on either::
+on the TensorFlow, JAX or PyTorch backend (KERAS_BACKEND), with the same lines on each::
 
     hvd.init()
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()))
@@ -7,10 +7,11 @@ on the TensorFlow or the JAX backend (KERAS_BACKEND), with the same lines on eit
     model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 
 On TensorFlow the optimizer and the ops are kolo.tensorflow.keras's (kolo.keras._tensorflow); on
-JAX they are kolo.keras._jax's, which never imports TensorFlow. The callbacks and load_model's
-handling are the same on both (kolo._keras). hvd.elastic (KerasState and the elastic callbacks)
-is TensorFlow's only. Other backends (torch, numpy, openvino) raise ImportError: docs/keras.md
-says why.
+JAX they are kolo.keras._jax's, which never imports TensorFlow; on torch kolo.keras._torch's (the
+ops kolo.torch's), which imports neither TensorFlow nor JAX. The callbacks and load_model's
+handling are the same on all three (kolo._keras), and so is the distributed optimizer on JAX and
+torch. hvd.elastic (KerasState and the elastic callbacks) is TensorFlow's only. Other backends
+(numpy, openvino) raise ImportError: docs/keras.md says why.
 """
 
 from importlib import import_module as _import_module
@@ -28,8 +29,13 @@ elif _backend == "jax":
     from kolo.keras._jax import (  # noqa: F401
         DistributedOptimizer, PartialDistributedOptimizer, broadcast_global_variables, load_model,
     )
+elif _backend == "torch":
+    from kolo.keras._torch import *  # noqa: F401,F403
+    from kolo.keras._torch import (  # noqa: F401
+        DistributedOptimizer, PartialDistributedOptimizer, broadcast_global_variables, load_model,
+    )
 else:
-    raise ImportError("kolo.keras supports Keras 3 on the tensorflow and jax backends; this Keras runs on %r "
+    raise ImportError("kolo.keras supports Keras 3 on the tensorflow, jax and torch backends; this Keras runs on %r "
                       "(KERAS_BACKEND). See docs/keras.md." % _backend)
 
 # The submodules themselves: "from kolo.keras import callbacks" would return the attribute that

@@ -11,8 +11,9 @@ waiting for an op that never comes. Ops are matched across ranks by name; an unn
 numbered by the engine in the order this rank submits unnamed ops of its kind (its place in the
 program, inside jit as outside).
 
-DistributedOptimizer reduces a step's gradients in the optimizer's _clip_gradients, which Keras 3
-runs inside the compiled step before the update: one callback per step, the gradients packed into
+DistributedOptimizer (kolo._keras's Keras 3 optimizer, shared with the torch backend) reduces a
+step's gradients in the optimizer's _clip_gradients, which Keras 3 runs inside the compiled step
+before the update: one callback per step, the gradients packed into
 one buffer per dtype for the crossing, reduced as one grouped op named "<optimizer name>.grads"
 whose members are the gradients (each one's shape checked across ranks). Keras on JAX runs
 _clip_gradients on every step, also under gradient accumulation (it computes the update and keeps
@@ -335,150 +336,26 @@ def join():
 # ----------------------------------------------------------------------------------------------
 # Keras
 
-class _Sources(object):
-    """The worker-local variables of a distributed optimizer and the variables of the gradients
-    its current step reduces. A plain object: Keras's optimizer tracks the variables in a list or
-    a dict set as its attribute as its own."""
+class _JaxDistributedOptimizer(_keras.Keras3DistributedOptimizer):
+    """kolo._keras's Keras 3 distributed optimizer on JAX: the step's gradients cross to the
+    engine inside the compiled step, as one ordered callback (_grouped), and on a step of an
+    accumulation that does not update the callback skips the collective (Keras on JAX runs
+    _clip_gradients on every step there)."""
 
-    def __init__(self):
-        self.local = {}  # id(variable) -> variable, kept so that its id stays its own
-        self.step = None
-
-
-class _JaxDistributedOptimizer(object):
-    """What a distributed optimizer's class adds to a Keras 3 optimizer on JAX: its step's
-    gradients reduced across ranks before Keras clips and applies them, inside the compiled step;
-    worker-local variables (register_local_var), whose gradients stay this rank's (divided by the
-    set's size with scale_local_gradients); backward_passes_per_step.
-
-    backward_passes_per_step N > 1 runs on Keras 3's gradient accumulation (the optimizer's
-    gradient_accumulation_steps, whose sums are optimizer variables, so that the compiled step
-    carries them): Keras averages the N passes' gradients, _hvd_scale makes that Horovod's sum
-    again (the mean with average_aggregated_gradients), and iterations counts every pass, as
-    Horovod's and kolo.tensorflow's do (Keras's own counts updates)."""
-
-    def __init__(self, *args, **kwargs):
-        super(_JaxDistributedOptimizer, self).__init__(*args, **kwargs)
-        s = self._hvd_settings
-        n = s.backward_passes_per_step
-        self._hvd_scale = 1 if n <= 1 or s.average_aggregated_gradients else n
-        self._hvd_sources = _Sources()
-
-    @property
-    def iterations(self):
-        if self._hvd_settings.backward_passes_per_step > 1:
-            return self._iterations
-        return super(_JaxDistributedOptimizer, self).iterations
-
-    def register_local_var(self, var):
-        """Registers var as worker-local: its gradient is not reduced across ranks (and is
-        divided by the size, with scale_local_gradients)."""
-        self._hvd_sources.local[id(var)] = var
-
-    def _backend_apply_gradients(self, grads, trainable_variables):
-        # The variables of the gradients _clip_gradients gets (Keras filtered out those without).
-        self._hvd_sources.step = list(trainable_variables)
-        try:
-            return super(_JaxDistributedOptimizer, self)._backend_apply_gradients(grads, trainable_variables)
-        finally:
-            self._hvd_sources.step = None
-
-    def _clip_gradients(self, grads):
-        compression, _, op, predivide, process_set, scale_local = self._hvd_settings.reduction
-        prescale, postscale = _ops.scale_factors(op, predivide)
-        grads = list(grads)
-        variables = self._hvd_sources.step or [None] * len(grads)
-        local = {i for i, v in enumerate(variables) if v is not None and id(v) in self._hvd_sources.local}
-        if self._hvd_scale != 1:
-            grads = [g * self._hvd_scale if g is not None else g for g in grads]
-        shared = [i for i, g in enumerate(grads) if g is not None and i not in local]
-        # As Horovod's: a rank outside the set, or a set of one, keeps its gradients.
-        if shared and process_set.included() and process_set.size() > 1:
-            sent, ctxs = [], []
-            for i in shared:
-                x, c = compression.compress(grads[i])
-                sent.append(x)
-                ctxs.append(c)
-            update = None
-            if self.gradient_accumulation_steps:
-                update = (self._iterations + 1) % self.gradient_accumulation_steps == 0
-            reduced = _grouped(sent, "%s.grads" % self.name, op, prescale, postscale, process_set_id(process_set),
-                               update, step=True)
-            for i, r, c in zip(shared, reduced, ctxs):
-                grads[i] = compression.decompress(r, c)
-        if scale_local:
-            n = float(process_set.size())
-            for i in local:
-                if grads[i] is not None:
-                    grads[i] = grads[i] / n
-        return super(_JaxDistributedOptimizer, self)._clip_gradients(grads)
+    def _hvd_allreduce_grads(self, grads, name, op, prescale, postscale, process_set):
+        update = None
+        if self.gradient_accumulation_steps:
+            update = (self._iterations + 1) % self.gradient_accumulation_steps == 0
+        return _grouped(grads, name, op, prescale, postscale, process_set_id(process_set), update, step=True)
 
 
-def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
-                         sparse_as_dense=False, gradient_predivide_factor=1.0, op=None,
-                         backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0,
-                         groups=None, process_set=global_process_set, scale_local_gradients=True):
-    """A copy of optimizer (a Keras 3 optimizer, built from its config) whose updates use the
-    gradients reduced across ranks (Average by default), inside the compiled train step.
-    backward_passes_per_step N > 1 sums N passes' gradients locally and updates every Nth pass
-    with the reduced sum (its mean with average_aggregated_gradients), reducing only on those
-    passes; iterations counts every pass, as in Horovod. JAX has no sparse gradients:
-    sparse_as_dense changes nothing; num_groups and groups are accepted (every gradient goes in
-    one group)."""
-    op = Average if op is None else _ops.check_reduce_op(op)
-    _ops.scale_factors(op, gradient_predivide_factor)  # its ValueError, now
-    if not _keras.is_keras3(optimizer):
-        raise ValueError("kolo.keras on JAX wraps Keras 3 optimizers (keras.optimizers.*); got %r"
-                         % type(optimizer).__name__)
-    settings = _keras.Settings(compression or Compression.none, sparse_as_dense, op, gradient_predivide_factor,
-                               process_set, scale_local_gradients, backward_passes_per_step,
-                               average_aggregated_gradients)
-    config = optimizer.get_config()
-    if settings.backward_passes_per_step > 1:
-        config["gradient_accumulation_steps"] = settings.backward_passes_per_step
-    return _keras.distributed_optimizer(optimizer, _JaxDistributedOptimizer, settings, name, config)
-
-
-def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
-                                compression=Compression.none, sparse_as_dense=False, gradient_predivide_factor=1.0,
-                                op=Average, backward_passes_per_step=1, average_aggregated_gradients=False,
-                                groups=None, process_set=global_process_set, local_layers=None,
-                                scale_local_gradients=True):
-    """DistributedOptimizer whose local_layers (a Keras layer or a list of them) keep their
-    gradients worker-local: their trainable weights are registered with register_local_var."""
-    local_vars = _keras.local_layer_variables(local_layers)
-    opt = DistributedOptimizer(optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
-                               gradient_predivide_factor=gradient_predivide_factor, op=op,
-                               backward_passes_per_step=backward_passes_per_step,
-                               average_aggregated_gradients=average_aggregated_gradients, process_set=process_set,
-                               scale_local_gradients=scale_local_gradients)
-    for var in local_vars:
-        opt.register_local_var(var)
-    return opt
+_api = _keras.keras3_api(_JaxDistributedOptimizer, Compression.none, "JAX")
+DistributedOptimizer = _api["DistributedOptimizer"]
+PartialDistributedOptimizer = _api["PartialDistributedOptimizer"]
+load_model = _api["load_model"]
+broadcast_global_variables = _keras.broadcast_global_variables
 
 
 def broadcast_variables(variables, root_rank, process_set=global_process_set):
     """Assigns root_rank's values to variables (Keras variables) on every rank, outside jit."""
     _keras.broadcast_variables(variables, root_rank, process_set)
-
-
-def broadcast_global_variables(root_rank):
-    """Horovod's TensorFlow 1 broadcast of the session's variables: Keras 3 keeps no list of
-    global variables; hvd.callbacks.BroadcastGlobalVariablesCallback or broadcast_variables does
-    the job."""
-    raise RuntimeError("hvd.broadcast_global_variables() needs TensorFlow 1's global variables, which Keras 3 "
-                       "does not have; use hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank) with fit, or "
-                       "hvd.broadcast_variables(model.variables, root_rank)")
-
-
-def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none):
-    """keras.models.load_model with the model's optimizer made a DistributedOptimizer, its state
-    (iterations, slots) carried over. An optimizer saved with backward_passes_per_step N > 1
-    has Keras's gradient accumulation in its config and its sums among its variables: it is
-    loaded with backward_passes_per_step N again."""
-    import keras
-
-    def distribute(opt):
-        return DistributedOptimizer(opt, compression=compression,
-                                    backward_passes_per_step=opt.gradient_accumulation_steps or 1)
-    return _keras.load_model(keras, filepath, custom_optimizers, custom_objects, distribute)
