@@ -11,11 +11,11 @@ TF_PYTHON ?= .venv/tf/bin/python
 TF_OLDEST_PYTHON ?= .venv/tf-oldest/bin/python
 # The engine as the Python package loads it (capi/), and the kolo command a wheel ships beside it.
 PYLIB   := python/kolo/lib
-# The interpreter of kolo.keras's tests on Keras 3's JAX backend (python/tests/kolo_keras_jax): JAX
+# The interpreter of kolo.keras's tests on Keras 3's JAX backend (python/tests/kolo_keras): JAX
 # and Keras in a virtual environment of their own, without TensorFlow (scripts/jax_venv.sh, run by
 # make deps). test-python leaves them out of the system Python's run.
 JAX_PYTHON ?= .venv/jax/bin/python
-# The interpreter of kolo.keras's tests on Keras 3's PyTorch backend (python/tests/kolo_keras_torch):
+# The interpreter of kolo.keras's tests on Keras 3's PyTorch backend (python/tests/kolo_keras):
 # PyPI's torch 2.15 and Keras in a virtual environment of their own, without TensorFlow or JAX
 # (scripts/keras_torch_venv.sh, run by make deps).
 KERAS_TORCH_PYTHON ?= .venv/keras-torch/bin/python
@@ -77,10 +77,9 @@ test: deps lint
 # kolo.tensorflow's (python/tests/kolo_tensorflow) run with the newest TensorFlow's interpreter and
 # the oldest's (docs/tensorflow.md, "Install and run").
 test-python: build lib
-	$(PYTHON) -m pytest -q python/tests --ignore=python/tests/kolo_tensorflow --ignore=python/tests/kolo_keras_jax \
-		--ignore=python/tests/kolo_keras_torch
-	$(JAX_PYTHON) -m pytest -q python/tests/kolo_keras_jax
-	$(KERAS_TORCH_PYTHON) -m pytest -q python/tests/kolo_keras_torch
+	$(PYTHON) -m pytest -q python/tests --ignore=python/tests/kolo_tensorflow --ignore=python/tests/kolo_keras
+	KERAS_BACKEND=jax $(JAX_PYTHON) -m pytest -q python/tests/kolo_keras
+	KERAS_BACKEND=torch $(KERAS_TORCH_PYTHON) -m pytest -q python/tests/kolo_keras
 	$(TF_PYTHON) -m pytest -q python/tests/kolo_tensorflow
 	$(TF_OLDEST_PYTHON) -m pytest -q python/tests/kolo_tensorflow
 
