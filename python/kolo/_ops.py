@@ -8,6 +8,7 @@ uses for every op. Nothing here imports a framework; numpy is imported by run's 
 
 import ctypes
 import struct
+import warnings
 
 from kolo import _lib
 from kolo._lib import KoloInternalError
@@ -83,7 +84,16 @@ def refuse(kind, name, psid, exc, group_size=0):
     raise exc
 
 
-def check_reduce_op(op):
+def check_reduce_op(op, average=None):
+    """The reduction op of Horovod's op and deprecated average arguments (average=True is Average,
+    False Sum; neither given: Average), refusing an unknown op or both arguments at once."""
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed", DeprecationWarning)
+        op = Average if average else Sum
+    elif op is None:
+        op = Average
     if op not in REDUCE_OPS:
         raise ValueError("unknown reduction op %r (want Average, Sum, Adasum, Min, Max or Product)" % (op,))
     return op

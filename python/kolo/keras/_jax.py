@@ -109,16 +109,6 @@ def _on_host(fn, arrays, results):
     return list(io_callback(fn, list(results), *arrays, ordered=True))
 
 
-def _check_op(op, average):
-    if op is not None and average is not None:
-        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-    if average is not None:
-        op = Average if average else Sum
-    elif op is None:
-        op = Average
-    return _ops.check_reduce_op(op)
-
-
 def _bytes_view(kind, a, name, psid):
     """Booleans moved as bytes (broadcast, allgather); the engine has no boolean type."""
     if a.dtype != np.bool_:
@@ -169,7 +159,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     """Returns tensor (a jax or numpy array) reduced across ranks (Average by default), as a jax
     array; inside jax.jit too. Its gradient (jax.grad) is the same allreduce of the output's
     gradient, as Horovod's. device_dense and device_sparse are accepted for Horovod's signature."""
-    op = _check_op(op, average)
+    op = _ops.check_reduce_op(op, average)
     psid = process_set_id(process_set)
     x, ctx = (compression or Compression.none).compress(jnp.asarray(tensor))
     params = (name or None, op, float(prescale_factor), float(postscale_factor), psid)
@@ -184,7 +174,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
                       op=None, prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set):
     """Every tensor reduced across ranks, as one grouped op (Horovod's: released together on every
     rank); inside jax.jit one callback. No gradient."""
-    op = _check_op(op, average)
+    op = _ops.check_reduce_op(op, average)
     compression = compression or Compression.none
     psid = process_set_id(process_set)
     sent, ctxs = [], []

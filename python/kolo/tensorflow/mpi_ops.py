@@ -377,16 +377,6 @@ def _allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=
     return _with_grad(tensor, forward, backward)
 
 
-def _check_op(op, average):
-    if op is not None and average is not None:
-        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-    if average is not None:
-        op = Average if average else Sum
-    elif op is None:
-        op = Average
-    return _ops.check_reduce_op(op)
-
-
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=None, op=None,
               prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set,
               ignore_name_scope=False):
@@ -396,7 +386,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     host memory."""
     from kolo.tensorflow.compression import Compression
     compression = compression or Compression.none
-    op = _check_op(op, average)
+    op = _ops.check_reduce_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
         if op == Adasum:
             raise NotImplementedError("The Adasum reduction does not currently support sparse tensors. As a "
@@ -423,7 +413,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
     them); gradients as allreduce's."""
     from kolo.tensorflow.compression import Compression
     compression = compression or Compression.none
-    op = _check_op(op, average)
+    op = _ops.check_reduce_op(op, average)
     tensors = list(tensors)
     if not tensors:
         return []

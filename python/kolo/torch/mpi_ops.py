@@ -18,7 +18,6 @@ import ctypes
 import os
 import struct
 import sys
-import warnings
 
 import torch
 
@@ -35,7 +34,7 @@ from kolo._ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-
 from kolo._ops import (
     ALLGATHER as _ALLGATHER, ALLREDUCE as _ALLREDUCE, ALLTOALL as _ALLTOALL, BARRIER as _BARRIER,
     BROADCAST as _BROADCAST, JOIN as _JOIN, REDUCE_OPS as _REDUCE_OPS, REDUCESCATTER as _REDUCESCATTER,
-    name_arg as _name_arg, op_block as _op_block,
+    check_reduce_op as _check_reduce_op, name_arg as _name_arg, op_block as _op_block,
 )
 from kolo.torch.compression import Compression
 from kolo.process_sets import _init_process_sets
@@ -205,21 +204,6 @@ def _reduce_op(op, average, kind=None, name=None, process_set=None, group_size=N
         if kind is None or group_size == 0:
             raise
         _refuse(kind, name, process_set, e, group_size or 0)
-
-
-def _check_reduce_op(op, average):
-    if op is not None and average is not None:
-        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed",
-                      DeprecationWarning)
-        op = Average if average else Sum
-    elif op is None:
-        op = Average
-    if op not in _REDUCE_OPS:
-        raise ValueError("unknown reduction op %r (want Average, Sum, Adasum, Min, Max or Product)"
-                         % (op,))
-    return op
 
 
 def _process_set_id(process_set):
