@@ -62,22 +62,16 @@ type elasticSettings struct {
 }
 
 func (s *elasticSettings) fill() {
-	def := func(d *time.Duration, v time.Duration) {
+	for d, v := range map[*time.Duration]time.Duration{
+		&s.discoverEvery: time.Second, &s.discoverTimeout: 30 * time.Second, &s.tick: 100 * time.Millisecond,
+		&s.batch: 100 * time.Millisecond, &s.reinitGrace: 30 * time.Second, &s.stopGrace: 3 * time.Second,
+		&s.streamWait: 5 * time.Second, &s.beat: time.Second, &s.nodeSilence: 10 * time.Second,
+		&s.stoppingSilence: 3 * time.Second, &s.finishWait: 5 * time.Second,
+	} {
 		if *d <= 0 {
 			*d = v
 		}
 	}
-	def(&s.discoverEvery, time.Second)
-	def(&s.discoverTimeout, 30*time.Second)
-	def(&s.tick, 100*time.Millisecond)
-	def(&s.batch, 100*time.Millisecond)
-	def(&s.reinitGrace, 30*time.Second)
-	def(&s.stopGrace, 3*time.Second)
-	def(&s.streamWait, 5*time.Second)
-	def(&s.beat, time.Second)
-	def(&s.nodeSilence, 10*time.Second)
-	def(&s.stoppingSilence, 3*time.Second)
-	def(&s.finishWait, 5*time.Second)
 }
 
 // RunElastic runs an elastic job: workers on the hosts the --host-discovery-script lists (or the
@@ -156,20 +150,15 @@ func runElastic(ctx context.Context, opts *flags.Options, set elasticSettings, s
 		}
 	}
 
-	starter := set.starter
-	if starter == nil && slurm != nil {
-		guard := startGuard(opts.AfterOrphans)
-		defer guard.Close()
-		starter = &proc.SlurmStarter{JobID: slurm.JobID, Local: proc.LocalStarter{Guard: guard}}
-	}
-	if starter == nil {
-		guard := startGuard(opts.AfterOrphans)
-		defer guard.Close()
-		ssh := &proc.SSHStarter{
+	starter, closeGuard := set.localStarter(opts, nil)
+	defer closeGuard()
+	if local, ok := starter.(proc.LocalStarter); ok && slurm != nil {
+		starter = &proc.SlurmStarter{JobID: slurm.JobID, Local: local}
+	} else if ok { // other hosts' workers over ssh
+		starter = proc.HostStarter{Local: local, Remote: &proc.SSHStarter{
 			Port: opts.SSHPort, IdentityFile: opts.SSHIdentityFile, Options: opts.SSHOptions,
 			ConnectTimeout: connectTimeout(opts.StartTimeout), Forward: opts.Env,
-		}
-		starter = proc.HostStarter{Local: proc.LocalStarter{Guard: guard}, Remote: ssh}
+		}}
 	}
 	j = newElasticJob(opts, set, planner, srv, starter, secret, NewJobID(), stdout, stderr)
 	if slurm != nil {
@@ -193,6 +182,7 @@ func newElasticJob(opts *flags.Options, set elasticSettings, planner *elastic.Pl
 		errw:    proc.NewLineWriter(stderr, opts.Timestamps),
 		stdout:  stdout, stderr: stderr,
 		procs:   map[elastic.Worker]*elasticProc{},
+		rounds:  map[int]jobenv.Round{},
 		exits:   make(chan elasticExit),
 		started: make(chan struct{}),
 	}
@@ -202,6 +192,26 @@ func newElasticJob(opts *flags.Options, set elasticSettings, planner *elastic.Pl
 // ends: the --host-discovery-script (discover), the fixed -H hosts, or in no-ssh mode the nodes
 // that have joined (nodeRegistry.listings). It must not block on anything the loop waits for.
 type hostSource func(ctx context.Context, out chan<- discovery)
+
+// localStarter is the settings' starter, else local processes under an orphan guard
+// (startGuard), bound per bind; closeGuard closes the guard.
+func (s elasticSettings) localStarter(o *flags.Options, bind *proc.Binding) (_ proc.Starter, closeGuard func()) {
+	if s.starter != nil {
+		return s.starter, func() {}
+	}
+	guard := startGuard(o.AfterOrphans)
+	return proc.LocalStarter{Guard: guard, Bind: bind}, func() { guard.Close() }
+}
+
+// workerSupervisor is the one supervisor of the workers of an elastic job, or of a no-ssh node;
+// log says when a worker's output outlives it.
+func workerSupervisor(o *flags.Options, set elasticSettings, starter proc.Starter, out, errw *proc.LineWriter, log func(string, ...any)) *proc.Supervisor {
+	return &proc.Supervisor{Starter: starter, Stdout: out, Stderr: errw, OutputDir: o.OutputDir, AppendFiles: true,
+		Plain: o.PlainOutput, Grace: set.stopGrace, StreamWait: set.streamWait,
+		HeldOpen: func(c *proc.Child) {
+			log("%s has ended, but a process it started still holds its output open; not waiting for it", c.Label)
+		}}
+}
 
 // fixedHosts lists hosts once.
 func fixedHosts(hosts []elastic.Host) hostSource {
@@ -309,6 +319,11 @@ type elasticProc struct {
 	failedAs string          // "rank 1 of round 3", set when reported
 }
 
+// String names p in log lines: "host[0] (started for round 2 as rank 1)".
+func (p *elasticProc) String() string {
+	return fmt.Sprintf("%s (started for round %d as rank %d)", p.place, p.round, p.rank)
+}
+
 type elasticExit struct {
 	p    *elasticProc
 	exit proc.Exit
@@ -334,11 +349,7 @@ func (j *elasticJob) run(ctx context.Context, source hostSource) (code int, err 
 	}
 	j.view = view
 	j.out, j.errw = proc.NewLineWriter(outW, j.opts.Timestamps), proc.NewLineWriter(errW, j.opts.Timestamps)
-	j.sup = &proc.Supervisor{Starter: j.starter, Stdout: j.out, Stderr: j.errw, OutputDir: j.opts.OutputDir, AppendFiles: true,
-		Plain: j.opts.PlainOutput, Grace: j.set.stopGrace, StreamWait: j.set.streamWait,
-		HeldOpen: func(c *proc.Child) {
-			j.log("%s has ended, but a process it started still holds its output open; not waiting for it", c.Label)
-		}}
+	j.sup = workerSupervisor(j.opts, j.set, j.starter, j.out, j.errw, j.log)
 	close(j.started)
 	defer func() {
 		view.stop()
@@ -362,11 +373,7 @@ func (j *elasticJob) run(ctx context.Context, source hostSource) (code int, err 
 		j.stopAndAwait(j.all)
 		j.sup.Close()
 	}()
-	discoverer.Add(1)
-	go func() {
-		defer discoverer.Done()
-		source(dctx, discoveries)
-	}()
+	discoverer.Go(func() { source(dctx, discoveries) })
 
 	ticker := time.NewTicker(j.set.tick)
 	defer ticker.Stop()
@@ -394,11 +401,7 @@ func (j *elasticJob) run(ctx context.Context, source hostSource) (code int, err 
 			}
 		}
 		if o == nil && j.succeeded() {
-			n := j.round.Number
-			if j.done != nil {
-				n = j.done.Number
-			}
-			j.log("every worker of round %d exited 0: the job is done", n)
+			j.log("every worker of round %d exited 0: the job is done", j.last().Number)
 			o = &elasticEnd{}
 		}
 		if o != nil {
@@ -474,9 +477,13 @@ func (j *elasticJob) reset(d elastic.Decision) *elasticEnd {
 	}
 	// Only a place of the new world can be claimed by its old worker: the rest are stopped
 	// without waiting for them (a cut-off host's workers cannot even be told).
+	n := j.round.Number + 1
+	r := jobenv.Round{Number: n, Generation: d.World.Number}
 	inWorld := map[elastic.Worker]bool{}
 	for _, k := range d.World.Ranks {
-		inWorld[elastic.Worker{Host: k.Host, Slot: k.Slot}] = true
+		inWorld[k.Worker] = true
+		r.Ranks = append(r.Ranks, jobenv.RoundRank{Place: jobenv.Place(k.Worker),
+			LocalRank: k.LocalRank, LocalSize: k.LocalSize, CrossRank: k.CrossRank, CrossSize: k.CrossSize})
 	}
 	var await, release []*elasticProc
 	for _, p := range stop {
@@ -501,13 +508,6 @@ func (j *elasticJob) reset(d elastic.Decision) *elasticEnd {
 	j.pending = keep
 	for w := range lost {
 		delete(j.procs, w)
-	}
-
-	n := j.round.Number + 1
-	r := jobenv.Round{Number: n, Generation: d.World.Number, Ranks: make([]jobenv.RoundRank, len(d.World.Ranks))}
-	for i, k := range d.World.Ranks {
-		r.Ranks[i] = jobenv.RoundRank{Place: jobenv.Place{Host: k.Host, Slot: k.Slot},
-			LocalRank: k.LocalRank, LocalSize: k.LocalSize, CrossRank: k.CrossRank, CrossSize: k.CrossSize}
 	}
 	if err := j.publish(r); err != nil {
 		return j.fail(err.Error(), 1)
@@ -536,9 +536,6 @@ func (j *elasticJob) publish(r jobenv.Round) error {
 			j.view.setWorld(r.JobID(j.jobID), len(r.Ranks))
 		}
 		j.round = r
-		if j.rounds == nil {
-			j.rounds = map[int]jobenv.Round{}
-		}
 		j.rounds[r.Number] = r
 	} else {
 		j.ended = true
@@ -563,13 +560,11 @@ func (j *elasticJob) start(world *elastic.Generation, newcomers []elastic.Worker
 		p := &elasticProc{place: w, round: j.round.Number, rank: r.Rank}
 		procs[i] = p
 		worker := proc.Worker{Slot: s, Argv: j.opts.Command, Env: j.workerEnv(s, w)}
-		starting.Add(1)
-		go func() {
-			defer starting.Done()
+		starting.Go(func() {
 			p.child, errs[i] = j.sup.Start(j.startCtx, worker, w.String(), w.String(), func(e proc.Exit) {
 				j.exits <- elasticExit{p, e} // the loop drains exits until every worker has ended
 			})
-		}()
+		})
 	}
 	starting.Wait()
 	for i, p := range procs {
@@ -615,14 +610,13 @@ func (j *elasticJob) onExit(e elasticExit) {
 		}
 	case errors.Is(e.exit.Err, errNodeLeft) && !j.finishing:
 		// No-ssh mode: the listing without its node, which follows, makes the next round.
-		j.log("%s (started for round %d as rank %d): %s", p.place, p.round, p.rank, e.exit)
+		j.log("%s: %s", p, e.exit)
 	case e.exit.Failed():
-		p.record = j.failureRecord(p)
-		if p.record != nil {
-			j.log("%s (started for round %d as rank %d) %s: rank %d of round %d reported %s", p.place, p.round, p.rank, e.exit, p.record.Rank, p.record.Round, p.record)
-		} else {
-			j.log("%s (started for round %d as rank %d) %s", p.place, p.round, p.rank, e.exit)
+		reported := ""
+		if p.record = j.failureRecord(p); p.record != nil {
+			reported = fmt.Sprintf(": rank %d of round %d reported %s", p.record.Rank, p.record.Round, p.record)
 		}
+		j.log("%s %s%s", p, e.exit, reported)
 		j.pending = append(j.pending, p)
 		if j.batchC == nil {
 			j.batchC = time.After(j.set.batch)
@@ -643,7 +637,7 @@ func (j *elasticJob) onExit(e elasticExit) {
 func (j *elasticJob) failureRecord(p *elasticProc) *report.Failure {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	f, ok, err := relay.Failure(ctx, relay.Local{S: j.srv.Store}, j.jobID, jobenv.Place{Host: p.place.Host, Slot: p.place.Slot}.String())
+	f, ok, err := relay.Failure(ctx, relay.Local{S: j.srv.Store}, j.jobID, jobenv.Place(p.place).String())
 	if err != nil {
 		slog.Debug("kolo run: failure record", "place", p.place, "err", err)
 	}
@@ -663,13 +657,13 @@ func (j *elasticJob) finishedIn(p *elasticProc) {
 		if !ok {
 			continue
 		}
-		if _, joined, err := j.srv.TryGet(jobenv.JoinedKey(n, jobenv.Place{Host: p.place.Host, Slot: p.place.Slot})); err != nil || !joined {
+		if _, joined, err := j.srv.TryGet(jobenv.JoinedKey(n, jobenv.Place(p.place))); err != nil || !joined {
 			continue
 		}
 		j.done = &r
 		in := map[elastic.Worker]bool{}
 		for _, k := range r.Ranks {
-			in[elastic.Worker{Host: k.Host, Slot: k.Slot}] = true
+			in[elastic.Worker(k.Place)] = true
 		}
 		var idle []*elasticProc
 		for w, q := range j.procs {
@@ -678,11 +672,7 @@ func (j *elasticJob) finishedIn(p *elasticProc) {
 			}
 		}
 		if len(idle) > 0 {
-			ws := make([]elastic.Worker, len(idle))
-			for i, q := range idle {
-				ws[i] = q.place
-			}
-			j.log("training finished in round %d; %s, started for a later round, stopped", n, elasticPlaces(ws))
+			j.log("training finished in round %d; %s, started for a later round, stopped", n, elasticPlaces(idle))
 			j.stopAndAwait(idle)
 		}
 		return
@@ -693,21 +683,26 @@ func (j *elasticJob) finishedIn(p *elasticProc) {
 func (j *elasticJob) reportFailures(now time.Time) *elasticEnd {
 	batch := j.pending
 	j.pending = nil
-	var ws []elastic.Worker
-	j.lastBatch = j.lastBatch[:0]
-	for _, p := range batch {
-		p.reported, p.failedAs = true, j.placeIn(p.place)
-		j.failures = append(j.failures, p)
-		j.lastBatch = append(j.lastBatch, p)
-		ws = append(ws, p.place)
-	}
-	if len(ws) == 0 {
+	ws := j.blame(batch)
+	switch {
+	case len(ws) == 0:
 		return nil
-	}
-	if j.finishing {
-		return j.fail(fmt.Sprintf("%s failed after other workers had finished", elasticPlaces(ws)), batch[0].exit.ShellCode())
+	case j.finishing:
+		return j.fail(fmt.Sprintf("%s failed after other workers had finished", elasticPlaces(batch)), batch[0].exit.ShellCode())
 	}
 	return j.act(j.planner.Failed(now, ws...))
+}
+
+// blame makes ps the last failures reported (lastBatch) and returns their places for the planner.
+func (j *elasticJob) blame(ps []*elasticProc) []elastic.Worker {
+	j.lastBatch = append(j.lastBatch[:0], ps...)
+	ws := make([]elastic.Worker, len(ps))
+	for i, p := range ps {
+		p.reported, p.failedAs = true, j.placeIn(p.place)
+		j.failures = append(j.failures, p)
+		ws[i] = p.place
+	}
+	return ws
 }
 
 // checkReinit re-forms the current round when all its workers ask for it, and stops as stuck those
@@ -722,7 +717,7 @@ func (j *elasticJob) checkReinit(now time.Time) *elasticEnd {
 	var waiting []*elasticProc
 	suspect := map[jobenv.Place]bool{} // named stuck by a worker that asked
 	for _, k := range j.round.Ranks {
-		p := j.procs[elastic.Worker{Host: k.Host, Slot: k.Slot}]
+		p := j.procs[elastic.Worker(k.Place)]
 		if p == nil || p.exited || p.reported || p.stopped {
 			j.reinitSince = time.Time{}
 			return nil
@@ -754,7 +749,7 @@ func (j *elasticJob) checkReinit(now time.Time) *elasticEnd {
 	// the grace.
 	var named, unreachable []*elasticProc
 	for _, p := range waiting {
-		pl := jobenv.Place{Host: p.place.Host, Slot: p.place.Slot}
+		pl := jobenv.Place(p.place)
 		switch {
 		case suspect[pl] && !j.left(n, pl):
 			named = append(named, p)
@@ -817,31 +812,30 @@ func (j *elasticJob) unreachable(n int, pl jobenv.Place) bool {
 // stopStuck kills workers of the round that will not move to the next one and reports them to
 // the planner as failed.
 func (j *elasticJob) stopStuck(now time.Time, stuck []*elasticProc, why string) *elasticEnd {
-	ws := make([]elastic.Worker, len(stuck))
-	j.lastBatch = j.lastBatch[:0]
-	for i, p := range stuck {
-		ws[i] = p.place
-		p.stuck, p.reported, p.failedAs = true, true, j.placeIn(p.place)
+	for _, p := range stuck {
+		p.stuck = true
 		p.child.Kill()
-		j.failures = append(j.failures, p)
-		j.lastBatch = append(j.lastBatch, p)
 	}
 	j.reinitSince = time.Time{}
-	j.log("%s %s: stopped as stuck", elasticPlaces(ws), why)
-	return j.act(j.planner.Failed(now, ws...))
+	j.log("%s %s: stopped as stuck", elasticPlaces(stuck), why)
+	return j.act(j.planner.Failed(now, j.blame(stuck)...))
 }
 
-// succeeded reports whether the job is done: every worker of the current round exited 0.
+// last is the round the job finished training in, once settled (done), else the newest.
+func (j *elasticJob) last() jobenv.Round {
+	if j.done != nil {
+		return *j.done
+	}
+	return j.round
+}
+
+// succeeded reports whether the job is done: every worker of its last round exited 0.
 func (j *elasticJob) succeeded() bool {
 	if !j.finishing || j.round.Number == 0 || len(j.pending) > 0 {
 		return false
 	}
-	r := j.round
-	if j.done != nil {
-		r = *j.done
-	}
-	for _, k := range r.Ranks {
-		p := j.procs[elastic.Worker{Host: k.Host, Slot: k.Slot}]
+	for _, k := range j.last().Ranks {
+		p := j.procs[elastic.Worker(k.Place)]
 		if p == nil || !p.exited || p.stopped || p.exit.Failed() {
 			return false
 		}
@@ -852,10 +846,7 @@ func (j *elasticJob) succeeded() bool {
 // fail ends the job: the end record for workers waiting for a round, every worker stopped, the
 // summary. code 0 takes the code of the last failures reported (every rank failed).
 func (j *elasticJob) fail(reason string, code int) *elasticEnd {
-	if err := j.publish(jobenv.Round{Number: j.round.Number + 1, End: reason}); err != nil {
-		slog.Warn("cannot publish the end of the job", "err", err)
-	}
-	j.stopAndAwait(j.all)
+	j.end(reason)
 	// The summary quotes the failed workers' last stderr lines: let their output end first.
 	late := make(chan struct{})
 	defer time.AfterFunc(time.Second, func() { close(late) }).Stop()
@@ -879,11 +870,16 @@ func (j *elasticJob) fail(reason string, code int) *elasticEnd {
 
 func (j *elasticJob) interrupted() *elasticEnd {
 	j.endNote = "kolo run: elastic: the job was interrupted: stopped every worker"
-	if err := j.publish(jobenv.Round{Number: j.round.Number + 1, End: "kolo run was interrupted"}); err != nil {
+	j.end("kolo run was interrupted")
+	return &elasticEnd{code: ExitInterrupted, err: errors.New("interrupted: stopped every worker")}
+}
+
+// end publishes the end record, reason, for workers waiting for a round, and stops every worker.
+func (j *elasticJob) end(reason string) {
+	if err := j.publish(jobenv.Round{Number: j.round.Number + 1, End: reason}); err != nil {
 		slog.Warn("cannot publish the end of the job", "err", err)
 	}
 	j.stopAndAwait(j.all)
-	return &elasticEnd{code: ExitInterrupted, err: errors.New("interrupted: stopped every worker")}
 }
 
 // stopping stops the workers of ps that still run and were not stopped yet (StopSignal; the
@@ -955,7 +951,7 @@ func (j *elasticJob) summary(reason string) string {
 	}
 	var others []string
 	for _, k := range j.round.Ranks {
-		p := j.procs[elastic.Worker{Host: k.Host, Slot: k.Slot}]
+		p := j.procs[elastic.Worker(k.Place)]
 		if p == nil || isFailed[p] {
 			continue
 		}
@@ -976,10 +972,10 @@ func (j *elasticJob) log(format string, args ...any) {
 	j.errw.WriteLine("", "kolo run: elastic: "+fmt.Sprintf(format, args...)+"\n")
 }
 
-func elasticPlaces(ws []elastic.Worker) string {
-	s := make([]string, len(ws))
-	for i, w := range ws {
-		s[i] = w.String()
+func elasticPlaces(ps []*elasticProc) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.place.String()
 	}
 	return strings.Join(s, ", ")
 }

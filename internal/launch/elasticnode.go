@@ -3,11 +3,8 @@ package launch
 import (
 	"context"
 	"fmt"
-	"os"
-	"time"
 
 	"github.com/kolo-dl/kolo/internal/launch/elastic"
-	"github.com/kolo-dl/kolo/internal/launch/proc"
 )
 
 // Elastic mode without ssh: every node runs `kolo run --rendezvous HOST:PORT` with the elastic
@@ -28,24 +25,15 @@ func serveElastic(ctx context.Context, n *node, set elasticSettings) (int, error
 	if err != nil {
 		return ExitUsage, err
 	}
-	hn, err := os.Hostname()
-	if err != nil {
-		return 1, fmt.Errorf("this node's host name: %w", err)
-	}
 	nodes := n.newRegistry(set, func(join NodeJoin) string {
 		if join.Static || join.Flags != o.ElasticNodeFlags() {
 			return fmt.Sprintf("node on %s was started with %s, the serving node with %s: give every node the same elastic flags", join.Hostname, orDash(join.Flags), o.ElasticNodeFlags())
 		}
 		return ""
-	})
+	}, NodeJoin{})
 	nodes.timeout = planner.Config().Timeout
-	nodes.add(&jobNode{host: hn, slots: n.slots}, time.Now())
-	local := set.starter
-	if local == nil {
-		guard := startGuard(o.AfterOrphans)
-		defer guard.Close()
-		local = proc.LocalStarter{Guard: guard}
-	}
+	local, closeGuard := set.localStarter(o, nil)
+	defer closeGuard()
 	j := newElasticJob(o, set, planner, n.srv, nodeStarter{local: local, nodes: nodes}, string(n.secret), n.jobID, n.stdout, n.stderr)
 	rv, err := n.localRendezvous(nodes)
 	if err != nil {
@@ -53,22 +41,11 @@ func serveElastic(ctx context.Context, n *node, set elasticSettings) (int, error
 	}
 	j.workerRendezvous = func(string) string { return rv() }
 	nodes.log = j.log
-	j.log("serving the rendezvous at %s: host %s (%s); the first round waits for %s (--nnodes)", o.Rendezvous, hn, countOf(n.slots, "slot"), countOf(nodes.nnodes, "node"))
+	j.log("serving the rendezvous at %s: host %s (%s); the first round waits for %s (--nnodes)", o.Rendezvous, n.host, countOf(n.slots, "slot"), countOf(nodes.nnodes, "node"))
 
-	pctx, stopPolling := context.WithCancel(context.Background())
-	polled := make(chan struct{})
-	go func() {
-		defer close(polled)
-		select {
-		case <-j.started:
-		case <-pctx.Done():
-			return
-		}
-		nodes.poll(pctx)
-	}()
+	stopPolling := nodes.polling(j.started)
 	code, err := j.run(ctx, nodes.listings)
 	stopPolling()
-	<-polled
 	note := j.endNote
 	switch {
 	case note == "" && err != nil:
@@ -76,8 +53,7 @@ func serveElastic(ctx context.Context, n *node, set elasticSettings) (int, error
 	case note == "" && code == 0:
 		note = fmt.Sprintf("kolo run: elastic: the job is done: every worker of round %d exited 0", j.round.Number)
 	}
-	whole := j.outcome(code, err, code == ExitInterrupted)
-	n.outcome = &whole
-	nodes.end(code, note, whole)
+	n.outcome = new(j.outcome(code, err, code == ExitInterrupted))
+	nodes.end(code, note, *n.outcome)
 	return code, err
 }

@@ -50,7 +50,8 @@ func NodeSecret(o *flags.Options) ([]byte, error) {
 	return secret, nil
 }
 
-// nodeSlots is how many ranks this node runs.
+// nodeSlots is how many ranks (workers) this node runs. In elastic mode -np counts the job's ranks,
+// so it says nothing about a node's.
 func nodeSlots(o *flags.Options) (int, error) {
 	switch {
 	case o.NprocPerNode > 0:
@@ -64,6 +65,8 @@ func nodeSlots(o *flags.Options) (int, error) {
 			return 0, fmt.Errorf("with --rendezvous each node starts only its own ranks: -H names this node only (-H localhost:N), got %q", o.Hosts)
 		}
 		return hosts[0].Slots, nil
+	case o.Elastic():
+		return 0, errors.New("say how many workers this node runs: --nproc-per-node N or -H localhost:N (in elastic mode -np, --min-np and --max-np count the job's ranks)")
 	case o.NP > 0:
 		if o.NP%o.NNodes != 0 {
 			return 0, fmt.Errorf("-np %d does not split evenly over --nnodes %d: give each node --nproc-per-node", o.NP, o.NNodes)
@@ -71,15 +74,6 @@ func nodeSlots(o *flags.Options) (int, error) {
 		return o.NP / o.NNodes, nil
 	}
 	return 0, errors.New("say how many ranks this node runs: --nproc-per-node N, -H localhost:N, or -np TOTAL (split evenly over --nnodes)")
-}
-
-// elasticNodeSlots is how many workers this node of a no-ssh elastic job runs: -np counts the
-// job's ranks there, so it says nothing about a node's.
-func elasticNodeSlots(o *flags.Options) (int, error) {
-	if o.NprocPerNode == 0 && o.Hosts == "" {
-		return 0, errors.New("say how many workers this node runs: --nproc-per-node N or -H localhost:N (in elastic mode -np, --min-np and --max-np count the job's ranks)")
-	}
-	return nodeSlots(o)
 }
 
 // RunNode runs this node's part of a no-ssh job, static or elastic (see the comment at the top of
@@ -105,12 +99,7 @@ func runNode(ctx context.Context, opts *flags.Options, set elasticSettings, stdo
 		return ExitUsage, err
 	}
 	n = &node{opts: opts, secret: secret, stdout: stdout, stderr: stderr}
-	if opts.Elastic() {
-		n.slots, err = elasticNodeSlots(opts)
-	} else {
-		n.slots, err = nodeSlots(opts)
-	}
-	if err != nil {
+	if n.slots, err = nodeSlots(opts); err != nil {
 		return ExitUsage, err
 	}
 	if opts.BindTo == flags.BindCore {
@@ -128,6 +117,9 @@ func runNode(ctx context.Context, opts *flags.Options, set elasticSettings, stdo
 		}
 		return code, err
 	}
+	if n.host, err = os.Hostname(); err != nil {
+		return 1, fmt.Errorf("this node's host name: %w", err)
+	}
 	switch {
 	case n.srv == nil:
 		return joinJob(ctx, n, set)
@@ -143,6 +135,7 @@ type node struct {
 	opts           *flags.Options
 	bind           *proc.Binding // --bind-to core: this node's ranks' CPUs; nil: no binding
 	secret         []byte
+	host           string // this machine's name (os.Hostname)
 	slots          int
 	stdout, stderr io.Writer
 
@@ -315,11 +308,13 @@ func (n *node) listenAt(addr string) string {
 }
 
 // newRegistry is the registry of the nodes of the job this node serves, admit saying which
-// newcomers it refuses; the serving node is to be added first.
-func (n *node) newRegistry(set elasticSettings, admit func(NodeJoin) string) *nodeRegistry {
-	return &nodeRegistry{
-		st: n.srv, set: set, jobID: n.jobID, admit: admit,
+// newcomers it refuses; this node, which registered self, is its first.
+func (n *node) newRegistry(set elasticSettings, admit func(NodeJoin) string, self NodeJoin) *nodeRegistry {
+	e := &nodeRegistry{
+		st: n.srv, set: set, self: n.host, jobID: n.jobID, admit: admit,
 		nnodes: max(n.opts.NNodes, 1), startTimeout: n.opts.StartTimeout, startBy: time.Now().Add(n.opts.StartTimeout),
-		byHost: map[string]*jobNode{}, changed: make(chan struct{}, 1),
+		byHost: map[string]*jobNode{}, handled: map[int]bool{}, changed: make(chan struct{}, 1),
 	}
+	e.add(&jobNode{host: n.host, slots: n.slots, join: self}, time.Now())
+	return e
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -34,17 +33,13 @@ const reportTimeout = 5 * time.Second
 // the node's part of the job.
 func joinJob(ctx context.Context, n *node, set elasticSettings) (int, error) {
 	o, rv := n.opts, n.rv
-	hn, err := os.Hostname()
-	if err != nil {
-		return 1, fmt.Errorf("this node's host name: %w", err)
-	}
 	ip := ""
 	if ta, ok := rv.LocalAddr().(*net.TCPAddr); ok {
 		ip = ta.IP.String()
 	}
 	jctx, cancel := context.WithTimeout(ctx, o.StartTimeout)
 	defer cancel()
-	join := NodeJoin{Hostname: hn, Slots: n.slots, Addr: ip, NodeRank: -1}
+	join := NodeJoin{Hostname: n.host, Slots: n.slots, Addr: ip, NodeRank: -1}
 	if o.Elastic() {
 		join.Flags = o.ElasticNodeFlags()
 	} else {
@@ -61,9 +56,7 @@ func joinJob(ctx context.Context, n *node, set elasticSettings) (int, error) {
 	if err != nil {
 		if ctx.Err() != nil {
 			// The welcome may still come: then the node is in the job, and leaves at once.
-			lctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			rv.Set(lctx, NodeLeftKey(int(num)), []byte("its kolo run was interrupted before it was welcomed"))
-			cancel()
+			n.tell(NodeLeftKey(int(num)), []byte("its kolo run was interrupted before it was welcomed"), time.Second)
 			return ExitInterrupted, errors.New("interrupted while waiting for the serving node's welcome")
 		}
 		return 1, fmt.Errorf("waited up to %s (--start-timeout) at %s for the serving node to welcome this node (node %d): %w", o.StartTimeout, o.Rendezvous, num, err)
@@ -74,20 +67,14 @@ func joinJob(ctx context.Context, n *node, set elasticSettings) (int, error) {
 	}
 	if w.Refused != "" {
 		// Read: the serving node, which may be ending because of this node, need not wait for it.
-		dctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		rv.Set(dctx, NodeDoneKey(int(num)), []byte("refused"))
-		cancel()
+		n.tell(NodeDoneKey(int(num)), []byte("refused"), time.Second)
 		return ExitUsage, fmt.Errorf("the serving node at %s refused this node: %s", o.Rendezvous, w.Refused)
 	}
 	if o.MetricsAddr != "" {
 		fmt.Fprintln(n.stderr, "kolo run: --metrics-addr: the node that serves the rendezvous serves the metrics")
 	}
-	starter := set.starter
-	if starter == nil {
-		guard := startGuard(o.AfterOrphans)
-		defer guard.Close()
-		starter = proc.LocalStarter{Guard: guard, Bind: n.bind}
-	}
+	starter, closeGuard := set.localStarter(o, n.bind)
+	defer closeGuard()
 	a := &elasticAgent{
 		n: n, set: set, num: int(num), welcome: w, extra: workerExtraEnv(o),
 		out:   proc.NewLineWriter(n.stdout, o.Timestamps),
@@ -95,13 +82,16 @@ func joinJob(ctx context.Context, n *node, set elasticSettings) (int, error) {
 		procs: map[int]*elasticProc{},
 		exits: make(chan agentExit),
 	}
-	a.sup = &proc.Supervisor{Starter: starter, Stdout: a.out, Stderr: a.errw, OutputDir: o.OutputDir, AppendFiles: true,
-		Plain: o.PlainOutput, Grace: set.stopGrace, StreamWait: set.streamWait,
-		HeldOpen: func(c *proc.Child) {
-			a.log("%s has ended, but a process it started still holds its output open; not waiting for it", c.Label)
-		}}
+	a.sup = workerSupervisor(o, set, starter, a.out, a.errw, a.log)
 	a.log("joined the job at %s as host %s (node %d, %s)", o.Rendezvous, w.Host, num, countOf(n.slots, "slot"))
 	return a.run(ctx)
+}
+
+// tell sets key to v at the rendezvous, waiting up to d.
+func (n *node) tell(key string, v []byte, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return n.rv.Set(ctx, key, v)
 }
 
 // elasticAgent is a joined node's state; only run's goroutine touches it.
@@ -137,7 +127,12 @@ func (a *elasticAgent) run(ctx context.Context) (int, error) {
 	orders := make(chan NodeOrder)
 	lost := make(chan error, 2)
 	go a.readOrders(bg, orders, lost)
-	go a.heartbeat(bg, lost)
+	go func() {
+		// Tells the serving node this node is alive, and notices when the serving node is not.
+		if err := sendBeats(bg, a.n.rv, NodeBeatKey(a.num), a.set.beat, a.set.nodeSilence); err != nil {
+			lost <- err
+		}
+	}()
 	for {
 		select {
 		case <-ctx.Done():
@@ -194,14 +189,6 @@ func (a *elasticAgent) readOrders(ctx context.Context, out chan<- NodeOrder, los
 	}
 }
 
-// heartbeat tells the serving node this node is alive, and notices when the serving node is not:
-// a closed connection, or no answer for nodeSilence (sendBeats).
-func (a *elasticAgent) heartbeat(ctx context.Context, lost chan<- error) {
-	if err := sendBeats(ctx, a.n.rv, NodeBeatKey(a.num), a.set.beat, a.set.nodeSilence); err != nil {
-		lost <- err
-	}
-}
-
 // start starts the worker an order asks for. A worker that cannot be started is reported as an
 // exit.
 func (a *elasticAgent) start(o NodeOrder) error {
@@ -245,13 +232,11 @@ func (a *elasticAgent) report(x agentExit, leaving bool) error {
 	if x.exit.Failed() {
 		rec.Tail = p.child.Tail(time.Second)
 		if !leaving && !p.stopped {
-			a.log("%s (started for round %d as rank %d) %s", p.place, p.round, p.rank, x.exit)
+			a.log("%s %s", p, x.exit)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), reportTimeout)
-	defer cancel()
 	a.reported++
-	if err := a.n.rv.Set(ctx, NodeExitKey(a.num, a.reported), rec.Encode()); err != nil {
+	if err := a.n.tell(NodeExitKey(a.num, a.reported), rec.Encode(), reportTimeout); err != nil {
 		return fmt.Errorf("report how %s ended: %w", p.place, err)
 	}
 	return nil
@@ -278,9 +263,7 @@ func (a *elasticAgent) end(o NodeOrder) (int, error) {
 // leave takes this node out of the job when its kolo run is interrupted: the serving node first
 // learns that the node leaves, so that its workers' ends are no failures, then they are stopped.
 func (a *elasticAgent) leave() (int, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), reportTimeout)
-	err := a.n.rv.Set(ctx, NodeLeftKey(a.num), []byte("its kolo run was interrupted"))
-	cancel()
+	err := a.n.tell(NodeLeftKey(a.num), []byte("its kolo run was interrupted"), reportTimeout)
 	a.stopAll(err == nil)
 	if a.welcome.Static {
 		return ExitInterrupted, fmt.Errorf("interrupted: this node (host %s) left the job and stopped its ranks; the job stops on every node", a.welcome.Host)

@@ -11,11 +11,8 @@ import (
 	"github.com/kolo-dl/kolo/internal/jobenv"
 )
 
-// No-ssh mode (kolo run --rendezvous HOST:PORT): every node runs kolo run itself. The node serving
-// the rendezvous runs the job (an elastic job's planner, or a static job's plan); every other node
-// joins it as a host, starts and stops its own workers when the serving node orders it to, and
-// reports how they ended. A static job is an elastic job whose hosts cannot change: a node leaving
-// or falling silent ends it. Keys (J: the node's number, K: 1, 2, ... in order; every record is text):
+// The no-ssh node protocol's keys and records (node.go has the protocol). Keys (J: the node's
+// number, K: 1, 2, ... in order; every record is text):
 //
 //	elastic/nodes              counter: a joining node takes its number J (1, 2, ...)
 //	elastic/node/J             the node's NodeJoin
@@ -29,26 +26,14 @@ import (
 // The serving node is a host too, with no number: it starts its own workers without orders.
 const NodesKey = "elastic/nodes"
 
-// NodeKey is where node j registers (NodeJoin).
-func NodeKey(j int) string { return "elastic/node/" + strconv.Itoa(j) }
-
-// NodeWelcomeKey is where the serving node answers node j's registration (NodeWelcome).
-func NodeWelcomeKey(j int) string { return NodeKey(j) + "/welcome" }
-
-// NodeOrderKey is where the k-th order for node j is published (NodeOrder).
+// Node j's keys, as the table above lists them.
+func NodeKey(j int) string         { return "elastic/node/" + strconv.Itoa(j) }
+func NodeWelcomeKey(j int) string  { return NodeKey(j) + "/welcome" }
 func NodeOrderKey(j, k int) string { return NodeKey(j) + "/order/" + strconv.Itoa(k) }
-
-// NodeExitKey is where node j reports the k-th exit of its workers (NodeExit).
-func NodeExitKey(j, k int) string { return NodeKey(j) + "/exit/" + strconv.Itoa(k) }
-
-// NodeBeatKey is node j's heartbeat counter.
-func NodeBeatKey(j int) string { return NodeKey(j) + "/beat" }
-
-// NodeLeftKey is set by node j when it leaves the job; its value says why.
-func NodeLeftKey(j int) string { return NodeKey(j) + "/left" }
-
-// NodeDoneKey is set by node j once it has read the end order, or the welcome that refused it.
-func NodeDoneKey(j int) string { return NodeKey(j) + "/done" }
+func NodeExitKey(j, k int) string  { return NodeKey(j) + "/exit/" + strconv.Itoa(k) }
+func NodeBeatKey(j int) string     { return NodeKey(j) + "/beat" }
+func NodeLeftKey(j int) string     { return NodeKey(j) + "/left" }
+func NodeDoneKey(j int) string     { return NodeKey(j) + "/done" }
 
 // NodeOutcomeKey is where the serving node puts the job's outcome (kolo run --outcome-file's JSON
 // document) before it sends the end orders, so that every node can write the same file.
@@ -240,11 +225,9 @@ func DecodeNodeOrder(data []byte) (NodeOrder, error) {
 	if len(f) == 0 {
 		return o, errors.New("node order: empty header")
 	}
-	nums := make([]int, len(f)-1)
-	for i, s := range f[1:] {
-		if nums[i], err = strconv.Atoi(s); err != nil {
-			return o, fmt.Errorf("node order: bad number in %q", head)
-		}
+	nums, ok := numbers(f[1:])
+	if !ok {
+		return o, fmt.Errorf("node order: bad number in %q", head)
 	}
 	switch {
 	case f[0] == "start" && len(nums) == 9:
@@ -314,11 +297,9 @@ func DecodeNodeExit(data []byte) (NodeExit, error) {
 	if (len(f) != 4 && !(len(f) == 5 && f[4] == "leaving")) || f[0] != "exit" {
 		return e, fmt.Errorf("worker exit: bad header %q", head)
 	}
-	nums := make([]int, 3)
-	for i, s := range f[1:4] {
-		if nums[i], err = strconv.Atoi(s); err != nil {
-			return e, fmt.Errorf("worker exit: bad number in %q", head)
-		}
+	nums, ok := numbers(f[1:4])
+	if !ok {
+		return e, fmt.Errorf("worker exit: bad number in %q", head)
 	}
 	e = NodeExit{Worker: nums[0], Code: nums[1], Signal: nums[2], Leaving: len(f) == 5}
 	if e.Worker < 1 || e.Code < -1 || e.Code > 255 || e.Signal < 0 || e.Signal > 64 {
@@ -348,6 +329,19 @@ func splitRecord(data []byte, what string) (head, rest string, err error) {
 	}
 	h, r, _ := strings.Cut(string(data), "\n")
 	return h, r, nil
+}
+
+// numbers parses every field of f as a decimal number.
+func numbers(f []string) ([]int, bool) {
+	nums := make([]int, len(f))
+	for i, s := range f {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			return nil, false
+		}
+		nums[i] = n
+	}
+	return nums, true
 }
 
 // isWord reports whether s can stand as one field of a record: not empty, no space, printable.

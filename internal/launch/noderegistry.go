@@ -6,7 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,6 +29,7 @@ import (
 type nodeRegistry struct {
 	st           *rendezvous.Server
 	set          elasticSettings
+	self         string // the serving node's host
 	jobID        string
 	timeout      time.Duration // the elastic timeout the welcomes give; 0 in a static job
 	static       bool          // a static job: welcomes say so
@@ -98,13 +100,6 @@ func (e *nodeRegistry) uniqueHost(name string) string {
 	}
 }
 
-// self is the serving node's host.
-func (e *nodeRegistry) self() string {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.nodes[0].host
-}
-
 // addrs are the addresses the other nodes in the job reach the rendezvous from.
 func (e *nodeRegistry) addrs() []string {
 	e.mu.Lock()
@@ -141,18 +136,33 @@ func (e *nodeRegistry) listings(ctx context.Context, out chan<- discovery) {
 	}
 }
 
-// poll reads the nodes' records every tick until ctx ends.
-func (e *nodeRegistry) poll(ctx context.Context) {
-	t := time.NewTicker(e.set.tick)
-	defer t.Stop()
-	e.pollOnce(time.Now())
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			e.pollOnce(now)
+// polling reads the nodes' records every tick, from when start is closed (nil: now), until the
+// stop it returns, which waits for it to end.
+func (e *nodeRegistry) polling(start <-chan struct{}) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		if start != nil {
+			select {
+			case <-start:
+			case <-ctx.Done():
+				return
+			}
 		}
+		t := time.NewTicker(e.set.tick)
+		defer t.Stop()
+		for now := time.Now(); ctx.Err() == nil; {
+			e.pollOnce(now)
+			select {
+			case <-ctx.Done():
+			case now = <-t.C:
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-polled
 	}
 }
 
@@ -167,7 +177,7 @@ func (e *nodeRegistry) pollOnce(now time.Time) {
 	}
 	var d *discovery
 	switch {
-	case !e.listed && e.live() >= e.nnodes:
+	case !e.listed && len(e.hosts()) >= e.nnodes:
 		e.listed = true
 		d = &discovery{at: now, hosts: e.hosts()}
 	case !e.listed && now.After(e.startBy):
@@ -198,28 +208,23 @@ func (e *nodeRegistry) readJoins(now time.Time) bool {
 		if !ok {
 			continue // it has its number, not yet its record
 		}
-		if e.handled == nil {
-			e.handled = map[int]bool{}
-		}
 		e.handled[num] = true
 		join, err := DecodeNodeJoin(b)
 		var w NodeWelcome
-		switch {
-		case err != nil:
+		if err != nil {
 			w.Refused = err.Error()
-		default:
+		} else {
 			w.Refused = e.admit(join)
 		}
-		if w.Refused == "" {
+		if w.Refused != "" {
+			e.log("node %d refused: %s", num, w.Refused)
+			e.refused = append(e.refused, num)
+		} else {
 			nd := &jobNode{num: num, host: e.uniqueHost(join.Hostname), slots: join.Slots, addr: join.Addr, join: join}
 			e.add(nd, now)
 			w = NodeWelcome{Host: nd.host, JobID: e.jobID, Timeout: e.timeout, Static: e.static}
 			e.log("node %d joined from %s: host %s with %s", num, orDash(join.Addr), nd.host, countOf(nd.slots, "slot"))
 			joined = true
-		}
-		if w.Refused != "" {
-			e.log("node %d refused: %s", num, w.Refused)
-			e.refused = append(e.refused, num)
 		}
 		e.st.Set(NodeWelcomeKey(num), w.Encode())
 	}
@@ -296,20 +301,9 @@ func (e *nodeRegistry) leave(nd *jobNode, how departure, why string) {
 	if e.left != nil {
 		e.left(nd, how, why)
 	}
-	for _, num := range sortedNums(nd.workers) {
-		w := nd.workers[num]
-		w.finish(proc.Exit{Code: -1, Err: fmt.Errorf("%w (node %d, host %s: %s)", errNodeLeft, nd.num, nd.host, why)})
+	for _, num := range slices.Sorted(maps.Keys(nd.workers)) {
+		nd.workers[num].finish(proc.Exit{Code: -1, Err: fmt.Errorf("%w (node %d, host %s: %s)", errNodeLeft, nd.num, nd.host, why)})
 	}
-}
-
-func (e *nodeRegistry) live() int {
-	n := 0
-	for _, nd := range e.nodes {
-		if nd.gone == "" {
-			n++
-		}
-	}
-	return n
 }
 
 // members lists the nodes in the job, in the order they joined.
@@ -339,10 +333,8 @@ func (e *nodeRegistry) hosts() []elastic.Host {
 // arrivalError says, at --start-timeout, which nodes came.
 func (e *nodeRegistry) arrivalError() error {
 	var here []string
-	for _, nd := range e.nodes {
-		if nd.gone == "" {
-			here = append(here, fmt.Sprintf("%s with %s", nd.host, countOf(nd.slots, "slot")))
-		}
+	for _, h := range e.hosts() {
+		here = append(here, fmt.Sprintf("%s with %s", h.Name, countOf(h.Slots, "slot")))
 	}
 	return fmt.Errorf("waited %s (--start-timeout) for %d nodes (--nnodes): %d joined (%s)",
 		e.startTimeout, e.nnodes, len(here), strings.Join(here, ", "))
@@ -440,7 +432,7 @@ type nodeStarter struct {
 }
 
 func (s nodeStarter) Start(ctx context.Context, w proc.Worker) (proc.Process, error) {
-	if w.Slot.Host == s.nodes.self() {
+	if w.Slot.Host == s.nodes.self {
 		return s.local.Start(ctx, w)
 	}
 	return s.nodes.start(w)
@@ -502,14 +494,4 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
-}
-
-// sortedNums lists the keys of m in order.
-func sortedNums[V any](m map[int]V) []int {
-	ks := make([]int, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Ints(ks)
-	return ks
 }

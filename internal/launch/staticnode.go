@@ -6,11 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/kolo-dl/kolo/internal/launch/layout"
 	"github.com/kolo-dl/kolo/internal/launch/proc"
@@ -50,41 +48,28 @@ type staticNode struct {
 // serveStatic runs the static job on the serving node, with the nodes that join as its hosts.
 func serveStatic(ctx context.Context, n *node, set elasticSettings) (int, error) {
 	o := n.opts
-	hn, err := os.Hostname()
-	if err != nil {
-		return 1, fmt.Errorf("this node's host name: %w", err)
-	}
-	s := &staticNode{n: n, host: hn, claimed: map[int]string{}, failed: make(chan struct{})}
-	s.nodes = n.newRegistry(set, s.admit)
+	s := &staticNode{n: n, host: n.host, claimed: map[int]string{}, failed: make(chan struct{})}
+	self := NodeJoin{Hostname: n.host, Slots: n.slots, Static: true, NNodes: o.NNodes, NP: o.NP, NodeRank: o.NodeRank}
+	s.admit(self)
+	s.nodes = n.newRegistry(set, s.admit, self)
 	s.nodes.static, s.nodes.left = true, s.left
 	s.nodes.log = func(format string, args ...any) {
 		if o.Verbose {
 			slog.Info(fmt.Sprintf(format, args...))
 		}
 	}
-	self := NodeJoin{Hostname: hn, Slots: n.slots, Static: true, NNodes: o.NNodes, NP: o.NP, NodeRank: o.NodeRank}
-	s.admit(self)
-	s.nodes.add(&jobNode{host: hn, slots: n.slots, join: self}, time.Now())
 	if o.Verbose {
 		slog.Info("serving the rendezvous", "at", o.Rendezvous, "nodes", o.NNodes)
 	}
-
-	pctx, stopPolling := context.WithCancel(context.Background())
-	polled := make(chan struct{})
-	go func() {
-		defer close(polled)
-		s.nodes.poll(pctx)
-	}()
+	stopPolling := s.nodes.polling(nil)
 	var end bytes.Buffer // what every node prints at the end
 	code, err := s.run(ctx, set, &end)
 	stopPolling()
-	<-polled
 	if err != nil {
 		fmt.Fprintf(&end, "kolo run: %v\n", err)
 	}
-	whole := s.ran.outcome(code, err, code == ExitInterrupted && s.ran.first == nil)
-	n.outcome = &whole
-	s.nodes.end(code, end.String(), whole)
+	n.outcome = new(s.ran.outcome(code, err, code == ExitInterrupted && s.ran.first == nil))
+	s.nodes.end(code, end.String(), *n.outcome)
 	return code, err
 }
 
@@ -138,12 +123,8 @@ func (s *staticNode) run(ctx context.Context, set elasticSettings, end *bytes.Bu
 	for i, sl := range slots {
 		workers[i] = proc.Worker{Slot: sl, Argv: o.Command, Env: WorkerEnv(sl, rvAddr, n.jobID, string(n.secret), extra, o.Env)}
 	}
-	local := set.starter
-	if local == nil {
-		guard := startGuard(o.AfterOrphans)
-		defer guard.Close()
-		local = proc.LocalStarter{Guard: guard, Bind: n.bind}
-	}
+	local, closeGuard := set.localStarter(o, n.bind)
+	defer closeGuard()
 	if o.Verbose {
 		slog.Info("starting the ranks", "ranks", len(slots), "nodes", len(hosts), "rendezvous", rvAddr)
 	}
