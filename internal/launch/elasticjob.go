@@ -308,6 +308,7 @@ type elasticProc struct {
 	place elastic.Worker
 	round int // the round it was started for
 	rank  int // its rank in that round
+	num   int // on a joined node: the number of the order that started it
 	child *proc.Child
 
 	exited   bool

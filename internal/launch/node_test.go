@@ -567,8 +567,7 @@ func TestStaticNodeAdmit(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			self := tc.joins[0]
-			s := &staticNode{n: &node{opts: &flags.Options{Rendezvous: "r:1", NNodes: self.NNodes, NP: self.NP, NodeRank: self.NodeRank}},
-				claimed: map[int]string{}, failed: make(chan struct{})}
+			s := newStaticNode(&node{opts: &flags.Options{Rendezvous: "r:1", NNodes: self.NNodes, NP: self.NP, NodeRank: self.NodeRank}})
 			var refused string
 			for i, j := range tc.joins {
 				refused = s.admit(j)
@@ -580,10 +579,10 @@ func TestStaticNodeAdmit(t *testing.T) {
 				t.Errorf("refused %q, want %q", refused, tc.refused)
 			}
 			switch {
-			case tc.failure == "" && s.failure != nil:
-				t.Errorf("the job failed: %v", *s.failure)
-			case tc.failure != "" && (s.failure == nil || !strings.Contains(s.failure.why, tc.failure) || s.failure.code != tc.failCode):
-				t.Errorf("failure %+v, want code %d and %q", s.failure, tc.failCode, tc.failure)
+			case tc.failure == "" && s.failure() != nil:
+				t.Errorf("the job failed: %v", *s.failure())
+			case tc.failure != "" && (s.failure() == nil || !strings.Contains(s.failure().why, tc.failure) || s.failure().code != tc.failCode):
+				t.Errorf("failure %+v, want code %d and %q", s.failure(), tc.failCode, tc.failure)
 			}
 		})
 	}

@@ -80,7 +80,7 @@ func joinJob(ctx context.Context, n *node, set elasticSettings) (int, error) {
 		out:   proc.NewLineWriter(n.stdout, o.Timestamps),
 		errw:  proc.NewLineWriter(n.stderr, o.Timestamps),
 		procs: map[int]*elasticProc{},
-		exits: make(chan agentExit),
+		exits: make(chan elasticExit),
 	}
 	a.sup = workerSupervisor(o, set, starter, a.out, a.errw, a.log)
 	a.log("joined the job at %s as host %s (node %d, %s)", o.Rendezvous, w.Host, num, countOf(n.slots, "slot"))
@@ -105,14 +105,8 @@ type elasticAgent struct {
 
 	out, errw *proc.LineWriter
 	procs     map[int]*elasticProc // by worker number (the order that started it), until it exits
-	exits     chan agentExit
+	exits     chan elasticExit
 	reported  int // exit records written
-}
-
-type agentExit struct {
-	num  int
-	p    *elasticProc
-	exit proc.Exit
 }
 
 // errRendezvousLost wraps why a joined node lost the rendezvous.
@@ -195,7 +189,7 @@ func (a *elasticAgent) start(o NodeOrder) error {
 	opts, w := a.n.opts, a.welcome
 	s := layout.Slot{Rank: o.Rank, Size: o.Size, Host: w.Host, LocalRank: o.LocalRank, LocalSize: o.LocalSize,
 		CrossRank: o.CrossRank, CrossSize: o.CrossSize}
-	p := &elasticProc{place: elastic.Worker{Host: w.Host, Slot: o.Slot}, round: o.Round, rank: o.Rank}
+	p := &elasticProc{place: elastic.Worker{Host: w.Host, Slot: o.Slot}, round: o.Round, rank: o.Rank, num: o.Worker}
 	// A static job's workers get the static contract, and their output is known by rank, as
 	// that of a job started from one machine.
 	env := WorkerEnv(s, opts.Rendezvous, w.JobID, string(a.n.secret), a.extra, opts.Env)
@@ -205,12 +199,12 @@ func (a *elasticAgent) start(o NodeOrder) error {
 		label, dir = p.place.String(), p.place.String()
 	}
 	child, err := a.sup.Start(context.Background(), proc.Worker{Slot: s, Argv: opts.Command, Env: env}, label, dir, func(e proc.Exit) {
-		a.exits <- agentExit{num: o.Worker, p: p, exit: e} // run drains exits until every worker has ended
+		a.exits <- elasticExit{p, e} // run drains exits until every worker has ended
 	})
 	p.child = child
 	if err != nil {
 		a.log("%s could not be started: %v", p.place, err)
-		return a.report(agentExit{num: o.Worker, p: p, exit: proc.Exit{Code: -1, Err: fmt.Errorf("start %s: %w", p.place, err)}}, false)
+		return a.report(elasticExit{p, proc.Exit{Code: -1, Err: fmt.Errorf("start %s: %w", p.place, err)}}, false)
 	}
 	a.procs[o.Worker] = p
 	if opts.Verbose {
@@ -221,11 +215,11 @@ func (a *elasticAgent) start(o NodeOrder) error {
 
 // report tells the serving node that a worker ended, with the last lines of its stderr when it
 // failed.
-func (a *elasticAgent) report(x agentExit, leaving bool) error {
+func (a *elasticAgent) report(x elasticExit, leaving bool) error {
 	p := x.p
 	p.exited, p.exit = true, x.exit
-	delete(a.procs, x.num)
-	rec := NodeExit{Worker: x.num, Code: x.exit.Code, Signal: int(x.exit.Signal), Leaving: leaving}
+	delete(a.procs, p.num)
+	rec := NodeExit{Worker: p.num, Code: x.exit.Code, Signal: int(x.exit.Signal), Leaving: leaving}
 	if x.exit.Err != nil {
 		rec.Err = x.exit.Err.Error()
 	}
@@ -293,7 +287,7 @@ func (a *elasticAgent) stopAll(report bool) {
 			}
 		} else {
 			x.p.exited = true
-			delete(a.procs, x.num)
+			delete(a.procs, x.p.num)
 		}
 	}
 }

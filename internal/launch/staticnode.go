@@ -32,23 +32,37 @@ const nodeRankAdvice = "give --node-rank to every node, each its own, or to none
 type staticNode struct {
 	n     *node
 	nodes *nodeRegistry
-	host  string // this node's
+	// stopped ends at the first reason (a jobStop) the job cannot start, or is stopped: the wait
+	// for the nodes and the ranks run under it.
+	stopped context.Context
+	stop    context.CancelCauseFunc
 
 	mu      sync.Mutex
 	joined  int            // nodes admitted, this one included
 	claimed map[int]string // node ranks claimed with --node-rank: the host of the node holding it
 	np      int            // -np, from the first node that gave it
 	ranks   map[string]int // each host's node rank, once planned
-	failure *jobStop       // why the job cannot start, or was stopped (first cause)
-	failed  chan struct{}  // closed when failure is set
-	stopRun context.CancelCauseFunc
-	ran     staticRan // how the ranks ended
+	ran     staticRan      // how the ranks ended
+}
+
+func newStaticNode(n *node) *staticNode {
+	s := &staticNode{n: n, claimed: map[int]string{}}
+	s.stopped, s.stop = context.WithCancelCause(context.Background())
+	return s
+}
+
+// failure is why the job cannot start, or was stopped; nil while it can run.
+func (s *staticNode) failure() *jobStop {
+	if why, ok := context.Cause(s.stopped).(jobStop); ok {
+		return &why
+	}
+	return nil
 }
 
 // serveStatic runs the static job on the serving node, with the nodes that join as its hosts.
 func serveStatic(ctx context.Context, n *node, set elasticSettings) (int, error) {
 	o := n.opts
-	s := &staticNode{n: n, host: n.host, claimed: map[int]string{}, failed: make(chan struct{})}
+	s := newStaticNode(n)
 	self := NodeJoin{Hostname: n.host, Slots: n.slots, Static: true, NNodes: o.NNodes, NP: o.NP, NodeRank: o.NodeRank}
 	s.admit(self)
 	s.nodes = n.newRegistry(set, s.admit, self)
@@ -83,24 +97,20 @@ func (s *staticNode) run(ctx context.Context, set elasticSettings, end *bytes.Bu
 	select {
 	case <-ctx.Done():
 		return ExitInterrupted, errors.New("interrupted while the nodes met")
-	case <-s.failed:
-		return s.failure.code, *s.failure
+	case <-s.stopped.Done():
+		return s.failure().code, *s.failure()
 	case d := <-listed:
 		if d.err != nil {
 			return 1, s.arrivalError()
 		}
 	}
 
-	members := s.nodes.members()
-	claims := make([]int, len(members))
-	for i, m := range members {
-		claims[i] = m.join.NodeRank
-	}
+	members, ranks := s.members()
 	hosts := make([]layout.Host, len(members))
 	total := 0
 	s.mu.Lock()
 	s.ranks = map[string]int{}
-	for i, r := range nodeRanks(claims) {
+	for i, r := range ranks {
 		hosts[r] = layout.Host{Name: members[i].host, Slots: members[i].slots}
 		s.ranks[members[i].host] = r
 		total += members[i].slots
@@ -129,24 +139,17 @@ func (s *staticNode) run(ctx context.Context, set elasticSettings, end *bytes.Bu
 		slog.Info("starting the ranks", "ranks", len(slots), "nodes", len(hosts), "rendezvous", rvAddr)
 	}
 
-	runCtx, stopRun := context.WithCancelCause(context.Background())
-	defer stopRun(nil)
-	s.mu.Lock()
-	s.stopRun = stopRun
-	if s.failure != nil { // a node left while the ranks were planned
-		stopRun(*s.failure)
-	}
-	s.mu.Unlock()
+	defer s.stop(nil)
 	go func() {
 		select {
 		case <-ctx.Done():
-			s.stop(jobStop{code: ExitInterrupted, why: fmt.Sprintf("interrupted on node %d (%s): stopped every rank", s.rankOf(s.host), s.host)})
-		case <-runCtx.Done():
+			s.stop(jobStop{code: ExitInterrupted, why: fmt.Sprintf("interrupted on node %d (%s): stopped every rank", s.rankOf(s.n.host), s.n.host)})
+		case <-s.stopped.Done():
 		}
 	}()
-	return runStatic(runCtx, o, staticRun{
+	return runStatic(s.stopped, o, staticRun{
 		workers: workers, starter: nodeStarter{local: local, nodes: s.nodes},
-		store: relay.Local{S: n.srv.Store}, jobID: n.jobID, onFailure: s.nodes.hurry, end: end, host: s.host, ran: &s.ran,
+		store: relay.Local{S: n.srv.Store}, jobID: n.jobID, onFailure: s.nodes.hurry, end: end, host: s.n.host, ran: &s.ran,
 	}, n.stdout, n.stderr)
 }
 
@@ -167,7 +170,7 @@ func (s *staticNode) admit(j NodeJoin) string {
 	case j.NP != 0 && s.np != 0 && j.NP != s.np:
 		return s.refuse(fmt.Sprintf("node on %s was started with -np %d, another node with -np %d", j.Hostname, j.NP, s.np))
 	case j.NodeRank >= 0 && s.claimed[j.NodeRank] != "":
-		s.fail(jobStop{code: ExitUsage, why: fmt.Sprintf("node rank %d was claimed by two nodes (the second on %s): %s", j.NodeRank, j.Hostname, nodeRankAdvice)})
+		s.stop(jobStop{code: ExitUsage, why: fmt.Sprintf("node rank %d was claimed by two nodes (the second on %s): %s", j.NodeRank, j.Hostname, nodeRankAdvice)})
 		return fmt.Sprintf("node rank %d is taken by another node: %s", j.NodeRank, nodeRankAdvice)
 	}
 	if j.NodeRank >= 0 {
@@ -182,7 +185,7 @@ func (s *staticNode) admit(j NodeJoin) string {
 
 // refuse fails the job with why (a usage error) and returns it: the refused node says it too.
 func (s *staticNode) refuse(why string) string {
-	s.fail(jobStop{code: ExitUsage, why: why})
+	s.stop(jobStop{code: ExitUsage, why: why})
 	return why
 }
 
@@ -213,35 +216,13 @@ func (s *staticNode) rankOf(host string) int {
 	return -1
 }
 
-// stop stops the job with why: the running ranks, or the wait for the nodes.
-func (s *staticNode) stop(why jobStop) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.fail(why)
-	if s.stopRun != nil {
-		s.stopRun(why)
-	}
-}
-
-// fail records the first reason the job fails; s.mu is held.
-func (s *staticNode) fail(why jobStop) {
-	if s.failure == nil {
-		s.failure = &why
-		close(s.failed)
-	}
-}
-
 // arrivalError says, at --start-timeout, which nodes came and which did not.
 func (s *staticNode) arrivalError() error {
 	o := s.n.opts
-	members := s.nodes.members()
-	claims := make([]int, len(members))
-	for i, m := range members {
-		claims[i] = m.join.NodeRank
-	}
+	members, ranks := s.members()
 	var here []string
 	taken := map[int]bool{}
-	for i, r := range nodeRanks(claims) {
+	for i, r := range ranks {
 		here = append(here, fmt.Sprintf("node %d on %s with %s", r, members[i].host, countOf(members[i].slots, "slot")))
 		taken[r] = true
 	}
@@ -253,6 +234,16 @@ func (s *staticNode) arrivalError() error {
 	}
 	return fmt.Errorf("waited %s (--start-timeout) at %s for %d nodes: %d arrived (%s); no sign of node %s",
 		o.StartTimeout, o.Rendezvous, o.NNodes, len(members), strings.Join(here, ", "), strings.Join(missing, ", "))
+}
+
+// members lists the nodes in the job, in the order they joined, and their node ranks.
+func (s *staticNode) members() ([]jobNode, []int) {
+	members := s.nodes.members()
+	claims := make([]int, len(members))
+	for i, m := range members {
+		claims[i] = m.join.NodeRank
+	}
+	return members, nodeRanks(claims)
 }
 
 // nodeRanks gives each node, in the order they joined, its node rank: the one it claimed
