@@ -90,8 +90,7 @@ func runElastic(ctx context.Context, opts *flags.Options, set elasticSettings, s
 	defer func() {
 		var whole *Outcome
 		if j != nil { // it ran
-			o := j.outcome(code, err, code == ExitInterrupted)
-			whole = &o
+			whole = new(j.outcome(code, err, code == ExitInterrupted))
 		}
 		writeOutcome(opts.OutcomeFile, finalOutcome(code, err, ctx.Err() != nil, whole), stderr)
 	}()
@@ -243,20 +242,15 @@ func progressTimeout(o *flags.Options) time.Duration {
 // fixedElasticHosts are the hosts of an elastic job without a discovery script: -H, --hostfile,
 // or this machine with as many slots as the job may use.
 func fixedElasticHosts(o *flags.Options) ([]elastic.Host, error) {
-	var hosts []layout.Host
-	if o.Hosts != "" || o.Hostfile != "" {
-		var err error
-		if hosts, err = o.ResolveHosts(); err != nil {
-			return nil, err
-		}
-	} else {
-		hosts = []layout.Host{{Name: "localhost", Slots: max(o.NP, o.MinNP, o.MaxNP)}}
+	if o.Hosts == "" && o.Hostfile == "" {
+		return []elastic.Host{{Name: "localhost", Slots: max(o.NP, o.MinNP, o.MaxNP)}}, nil
 	}
+	hosts, err := o.ResolveHosts()
 	out := make([]elastic.Host, len(hosts))
 	for i, h := range hosts {
-		out[i] = elastic.Host{Name: h.Name, Slots: h.Slots}
+		out[i] = elastic.Host(h)
 	}
-	return out, nil
+	return out, err
 }
 
 // elasticJob is the event loop's state. Only the loop's goroutine touches it.
@@ -1013,35 +1007,29 @@ func newElasticAddrs(iface string, discovery bool, fixed []elastic.Host) (*elast
 	return a, nil
 }
 
-// dial is the HOST:PORT the workers of host dial (forHost's address), where the rendezvous now
-// listens. Should it fail to listen there, the workers' dial fails and says so.
+// dial is the HOST:PORT the workers of host dial (hosts: the current discovery), where the
+// rendezvous now listens; should it fail to listen there, the workers' dial fails and says so. A
+// worker tells its peers the address it reaches the rendezvous from: a worker of this machine
+// gets the address other hosts reach it at, when there are other hosts.
 func (a *elasticAddrs) dial(host string, hosts []elastic.Host) string {
-	ip := a.forHost(host, hosts)
+	ip := a.fixed
+	if ip == "" && !layout.IsLocal(host) {
+		ip = a.remoteAddr(host)
+	}
+	for _, h := range hosts {
+		if ip == "" && !layout.IsLocal(h.Name) {
+			ip = a.remoteAddr(h.Name)
+		}
+	}
+	if ip == "" {
+		a.loopback, ip = true, "127.0.0.1"
+	}
 	addr, err := a.lns.at(ip)
 	if err != nil {
 		slog.Warn("the rendezvous cannot listen where the workers of a host dial it", "host", host, "addr", ip, "err", err)
 		return net.JoinHostPort(ip, "0")
 	}
 	return addr
-}
-
-// forHost is the address the workers of host dial; hosts is the current discovery.
-func (a *elasticAddrs) forHost(host string, hosts []elastic.Host) string {
-	if a.fixed != "" {
-		return a.fixed
-	}
-	if !layout.IsLocal(host) {
-		return a.remoteAddr(host)
-	}
-	// A worker tells its peers the address it reaches the rendezvous from: a worker of this
-	// machine gets the address other hosts reach it at, when there are other hosts.
-	for _, h := range hosts {
-		if !layout.IsLocal(h.Name) {
-			return a.remoteAddr(h.Name)
-		}
-	}
-	a.loopback = true
-	return "127.0.0.1"
 }
 
 func (a *elasticAddrs) remoteAddr(host string) string {

@@ -313,7 +313,7 @@ func (n *node) newRegistry(set elasticSettings, admit func(NodeJoin) string, sel
 	e := &nodeRegistry{
 		st: n.srv, set: set, self: n.host, jobID: n.jobID, admit: admit,
 		nnodes: max(n.opts.NNodes, 1), startTimeout: n.opts.StartTimeout, startBy: time.Now().Add(n.opts.StartTimeout),
-		byHost: map[string]*jobNode{}, handled: map[int]bool{}, changed: make(chan struct{}, 1),
+		byHost: map[string]*jobNode{}, handled: map[int]bool{}, newest: make(chan discovery, 1),
 	}
 	e.add(&jobNode{host: n.host, slots: n.slots, join: self}, time.Now())
 	return e

@@ -24,7 +24,7 @@ import (
 // every tick, what the nodes wrote at the rendezvous (registrations, exits, heartbeats,
 // departures), welcomes or refuses newcomers and hands the job the hosts available; the job
 // starts and signals other nodes' workers through it (nodeStarter, remoteWorker). It never
-// waits for the job, and the job never waits for it: a listing waits in pending, an exit in
+// waits for the job, and the job never waits for it: a listing waits in newest, an exit in
 // the worker's channel.
 type nodeRegistry struct {
 	st           *rendezvous.Server
@@ -47,12 +47,11 @@ type nodeRegistry struct {
 	mu      sync.Mutex
 	nodes   []*jobNode // in order of joining; nodes[0] is the serving node
 	byHost  map[string]*jobNode
-	handled map[int]bool // node numbers whose registration has been answered
-	refused []int        // node numbers refused: the end waits for them to read why, as for the others
-	listed  bool         // the first listing is out
-	pending *discovery   // the newest listing the loop has not taken
-	changed chan struct{}
-	hurried bool // a node silent for set.stoppingSilence is gone (hurry)
+	handled map[int]bool   // node numbers whose registration has been answered
+	refused []int          // node numbers refused: the end waits for them to read why, as for the others
+	listed  bool           // the first listing is out
+	newest  chan discovery // capacity 1: the newest listing the job has not taken
+	hurried bool           // a node silent for set.stoppingSilence is gone (hurry)
 }
 
 // departure is how a node left the job.
@@ -119,19 +118,12 @@ func (e *nodeRegistry) listings(ctx context.Context, out chan<- discovery) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-e.changed:
-		}
-		e.mu.Lock()
-		d := e.pending
-		e.pending = nil
-		e.mu.Unlock()
-		if d == nil {
-			continue
-		}
-		select {
-		case out <- *d:
-		case <-ctx.Done():
-			return
+		case d := <-e.newest:
+			select {
+			case out <- d:
+			case <-ctx.Done():
+				return
+			}
 		}
 	}
 }
@@ -187,11 +179,11 @@ func (e *nodeRegistry) pollOnce(now time.Time) {
 		d = &discovery{at: now, hosts: e.hosts()}
 	}
 	if d != nil {
-		e.pending = d
 		select {
-		case e.changed <- struct{}{}:
+		case <-e.newest: // replaced: only the poller sends
 		default:
 		}
+		e.newest <- *d
 	}
 }
 

@@ -90,16 +90,12 @@ func serveStatic(ctx context.Context, n *node, set elasticSettings) (int, error)
 // run waits for the nodes, plans and runs the ranks; end gets what the job's end prints.
 func (s *staticNode) run(ctx context.Context, set elasticSettings, end *bytes.Buffer) (int, error) {
 	n, o := s.n, s.n.opts
-	lctx, stopListing := context.WithCancel(ctx)
-	defer stopListing()
-	listed := make(chan discovery)
-	go s.nodes.listings(lctx, listed)
 	select {
 	case <-ctx.Done():
 		return ExitInterrupted, errors.New("interrupted while the nodes met")
 	case <-s.stopped.Done():
 		return s.failure().code, *s.failure()
-	case d := <-listed:
+	case d := <-s.nodes.newest:
 		if d.err != nil {
 			return 1, s.arrivalError()
 		}
