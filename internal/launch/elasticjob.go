@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -721,17 +722,17 @@ func (j *elasticJob) checkReinit(now time.Time) *elasticEnd {
 		if err != nil {
 			return nil
 		}
-		if ok {
-			asked++
-			names, err := jobenv.DecodeReinit(v)
-			if err != nil {
-				j.log("%s asked for a new round with a bad record: %v", k.Place, err)
-			}
-			for _, s := range names {
-				suspect[s] = true
-			}
-		} else {
+		if !ok {
 			waiting = append(waiting, p)
+			continue
+		}
+		asked++
+		names, err := jobenv.DecodeReinit(v)
+		if err != nil {
+			j.log("%s asked for a new round with a bad record: %v", k.Place, err)
+		}
+		for _, s := range names {
+			suspect[s] = true
 		}
 	}
 	// A worker its peers found stuck (a progress deadline: stopped, cut off) will not ask: it
@@ -787,12 +788,10 @@ func (j *elasticJob) checkReinit(now time.Time) *elasticEnd {
 // left reports whether the worker at pl said that it left round n on purpose: it asked for the
 // next round, or left without an error (jobenv.LeftKey).
 func (j *elasticJob) left(n int, pl jobenv.Place) bool {
-	for _, key := range []string{jobenv.ReinitKey(n, pl), jobenv.LeftKey(n, pl)} {
-		if _, ok, err := j.srv.TryGet(key); err == nil && ok {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc([]string{jobenv.ReinitKey(n, pl), jobenv.LeftKey(n, pl)}, func(key string) bool {
+		_, ok, err := j.srv.TryGet(key)
+		return err == nil && ok
+	})
 }
 
 // unreachable reports whether the worker at pl joined round n and has lost its presence record.

@@ -7,16 +7,13 @@ import (
 	"github.com/kolo-dl/kolo/internal/launch/elastic"
 )
 
-// Elastic mode without ssh: every node runs `kolo run --rendezvous HOST:PORT` with the elastic
-// flags (--min-np, --max-np, ...).
-//
-// The node that serves the rendezvous (node.go) also runs the elastic event loop (elasticJob) and
-// its planner; the hosts it plans with are the nodes in the job: itself, and every node that
-// joined at the rendezvous and has not left. A node joining is a host becoming available, with
-// its slots (--nproc-per-node, -H localhost:N); a node whose kolo run stops (it says so) or that
-// stops heartbeating is a host leaving, and its workers are lost. The loop takes the exit of
-// another node's worker (NodeExit) as it takes a local worker's. The rendezvous and the
-// planner live on the serving node: when it dies, the job ends on every node.
+// Elastic mode without ssh (node.go): the serving node runs the elastic event loop (elasticJob) and
+// its planner over the nodes in the job as hosts: itself, and every node that joined and has not
+// left. A node joining is a host becoming available with its slots (--nproc-per-node, -H
+// localhost:N); a node whose kolo run stops (it says so) or that stops heartbeating is a host
+// leaving, and its workers are lost. The loop takes the exit of another node's worker (NodeExit)
+// as a local worker's. The rendezvous and the planner live on the serving node: when it dies, the
+// job ends on every node.
 
 // serveElastic runs the job's event loop on the serving node, with the nodes as its hosts.
 func serveElastic(ctx context.Context, n *node, set elasticSettings) (int, error) {

@@ -16,15 +16,11 @@ import (
 	"github.com/kolo-dl/kolo/internal/launch/proc"
 )
 
-// The joining side of a no-ssh job, static or elastic (node.go has the protocol, staticnode.go and
-// elasticnode.go the serving side): a node that does not serve the rendezvous joins the job as a
-// host, starts and stops its own workers when the serving node orders it to (NodeOrder,
-// read in order with blocking Gets, as workers read rounds), prints their output prefixed with
-// their rank (static) or place (elastic), reports each exit (NodeExit) and heartbeats. It
-// ends when the serving node sends the end, printing what it says and exiting with the job's
-// code; when its own kolo run is interrupted, it leaves the job (its host leaves: an elastic job
-// goes on, a static one stops); when the rendezvous is gone, the job has ended with the serving
-// node.
+// The joining side of a no-ssh job, static or elastic (node.go): it reads its orders in order with
+// blocking Gets, as workers read rounds, and prefixes its workers' output with their rank (static)
+// or place (elastic). It ends at the serving node's end order, printing what it says and exiting
+// with the job's code; when its own kolo run is interrupted, it leaves the job (an elastic job goes
+// on, a static one stops); when the rendezvous is gone, the job has ended with the serving node.
 
 // reportTimeout bounds each write of a joined node to the rendezvous.
 const reportTimeout = 5 * time.Second

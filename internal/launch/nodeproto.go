@@ -63,10 +63,6 @@ type NodeJoin struct {
 // Encode writes "join SLOTS HOSTNAME ADDR" (ADDR "-" when empty), for a static job followed by
 // " static NNODES NP NODERANK" (NODERANK "-" when none), and the flags on the next line.
 func (n NodeJoin) Encode() []byte {
-	addr := n.Addr
-	if addr == "" {
-		addr = "-"
-	}
 	static := ""
 	if n.Static {
 		rank := "-"
@@ -75,7 +71,7 @@ func (n NodeJoin) Encode() []byte {
 		}
 		static = fmt.Sprintf(" static %d %d %s", n.NNodes, n.NP, rank)
 	}
-	return fmt.Appendf(nil, "join %d %s %s%s\n%s", n.Slots, n.Hostname, addr, static, n.Flags)
+	return fmt.Appendf(nil, "join %d %s %s%s\n%s", n.Slots, n.Hostname, orDash(n.Addr), static, n.Flags)
 }
 
 // DecodeNodeJoin reads what NodeJoin.Encode wrote.

@@ -15,15 +15,12 @@ import (
 	"github.com/kolo-dl/kolo/internal/observe/relay"
 )
 
-// A static job without ssh: the node serving the rendezvous waits (--start-timeout) for --nnodes
-// nodes, gives each its node rank (the one it claimed with --node-rank, else the lowest free one
-// in the order the nodes joined, the serving node first), plans the ranks over the nodes in
-// node-rank order (layout.Plan: -np ranks, or every node's slots) and runs them as a job started
-// from one machine is run (runStatic), its own as child processes and the others' through their
-// nodes (nodeStarter). A node the job cannot have (it disagrees on --nnodes or -np, or claims a
-// node rank another node holds) fails the job before it starts; a node that leaves (its kolo run
-// was interrupted) or falls silent stops it. The exit code and what the serving node printed at
-// the end (the summary, the end table) go to every node.
+// A static job without ssh (node.go): the serving node waits (--start-timeout) for --nnodes nodes,
+// gives each its node rank (nodeRanks), plans the ranks over the nodes in node-rank order
+// (layout.Plan: -np ranks, or every node's slots) and runs them with runStatic. A node the job
+// cannot have (it disagrees on --nnodes or -np, or claims a node rank another node holds) fails
+// the job before it starts. What the serving node printed at the end (the summary, the end
+// table) goes to every node.
 
 // nodeRankAdvice ends every node rank conflict error.
 const nodeRankAdvice = "give --node-rank to every node, each its own, or to none"
