@@ -54,17 +54,14 @@ func RunDiscoveryScript(ctx context.Context, script string, timeout time.Duratio
 	if err != nil {
 		return nil, fmt.Errorf("--host-discovery-script %q: %w", script, err)
 	}
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
+	tctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	var e proc.Exit
 	timedOut := false
 	select {
 	case e = <-exited:
-	case <-timer.C:
-		timedOut = true
-		c.Kill()
-		e = <-exited
-	case <-ctx.Done():
+	case <-tctx.Done():
+		timedOut = ctx.Err() == nil
 		c.Kill()
 		e = <-exited
 	}

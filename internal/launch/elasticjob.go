@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -653,7 +652,7 @@ func (j *elasticJob) finishedIn(p *elasticProc) {
 		if !ok {
 			continue
 		}
-		if _, joined, err := j.srv.TryGet(jobenv.JoinedKey(n, jobenv.Place(p.place))); err != nil || !joined {
+		if !stored(j.srv, jobenv.JoinedKey(n, jobenv.Place(p.place))) {
 			continue
 		}
 		j.done = &r
@@ -788,15 +787,12 @@ func (j *elasticJob) checkReinit(now time.Time) *elasticEnd {
 // left reports whether the worker at pl said that it left round n on purpose: it asked for the
 // next round, or left without an error (jobenv.LeftKey).
 func (j *elasticJob) left(n int, pl jobenv.Place) bool {
-	return slices.ContainsFunc([]string{jobenv.ReinitKey(n, pl), jobenv.LeftKey(n, pl)}, func(key string) bool {
-		_, ok, err := j.srv.TryGet(key)
-		return err == nil && ok
-	})
+	return stored(j.srv, jobenv.ReinitKey(n, pl)) || stored(j.srv, jobenv.LeftKey(n, pl))
 }
 
 // unreachable reports whether the worker at pl joined round n and has lost its presence record.
 func (j *elasticJob) unreachable(n int, pl jobenv.Place) bool {
-	if _, joined, err := j.srv.TryGet(jobenv.JoinedKey(n, pl)); err != nil || !joined {
+	if !stored(j.srv, jobenv.JoinedKey(n, pl)) {
 		return false
 	}
 	_, alive, err := j.srv.TryGet(jobenv.AliveKey(pl))
@@ -856,9 +852,8 @@ func (j *elasticJob) fail(reason string, code int) *elasticEnd {
 	if code == 0 {
 		code = 1
 	}
-	summary := j.summary(reason)
-	j.endNote = summary
-	j.errw.WriteBlock(summary)
+	j.endNote = j.summary(reason)
+	j.errw.WriteBlock(j.endNote)
 	return &elasticEnd{code: code}
 }
 

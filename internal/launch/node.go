@@ -86,19 +86,11 @@ func RunNode(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer)
 
 func runNode(ctx context.Context, opts *flags.Options, set elasticSettings, stdout, stderr io.Writer) (code int, err error) {
 	set.fill()
-	var n *node
-	defer func() {
-		var whole *Outcome
-		if n != nil {
-			whole = n.outcome
-		}
-		writeOutcome(opts.OutcomeFile, finalOutcome(code, err, ctx.Err() != nil, whole), stderr)
-	}()
-	secret, err := NodeSecret(opts)
-	if err != nil {
+	n := &node{opts: opts, stdout: stdout, stderr: stderr}
+	defer func() { writeOutcome(opts.OutcomeFile, finalOutcome(code, err, ctx.Err() != nil, n.outcome), stderr) }()
+	if n.secret, err = NodeSecret(opts); err != nil {
 		return ExitUsage, err
 	}
-	n = &node{opts: opts, secret: secret, stdout: stdout, stderr: stderr}
 	if n.slots, err = nodeSlots(opts); err != nil {
 		return ExitUsage, err
 	}

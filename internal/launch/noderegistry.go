@@ -387,33 +387,29 @@ func (e *nodeRegistry) end(code int, note string, outcome Outcome) {
 		e.st.Set(NodeOutcomeKey, b)
 	}
 	e.mu.Lock()
-	var told []*jobNode
+	var wait []int // the nodes told, then those refused
 	for _, nd := range e.nodes[1:] {
 		if nd.gone != "" {
 			continue
 		}
 		if _, err := e.orderLocked(nd, NodeOrder{Kind: OrderEnd, Code: min(max(code, 0), 255), Reason: note}); err == nil {
-			told = append(told, nd)
+			wait = append(wait, nd.num)
 		}
-	}
-	wait := make([]int, 0, len(told)+len(e.refused))
-	for _, nd := range told {
-		wait = append(wait, nd.num)
 	}
 	wait = append(wait, e.refused...)
 	e.mu.Unlock()
 	deadline := time.Now().Add(e.set.finishWait)
 	for _, num := range wait {
-		for time.Now().Before(deadline) {
-			if _, ok, _ := e.st.TryGet(NodeDoneKey(num)); ok {
-				break
-			}
-			if _, ok, _ := e.st.TryGet(NodeLeftKey(num)); ok {
-				break
-			}
+		for time.Now().Before(deadline) && !stored(e.st, NodeDoneKey(num)) && !stored(e.st, NodeLeftKey(num)) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+}
+
+// stored reports whether st holds key.
+func stored(st *rendezvous.Server, key string) bool {
+	_, ok, err := st.TryGet(key)
+	return ok && err == nil
 }
 
 // nodeStarter starts the serving node's own workers itself and orders the other nodes to start
