@@ -15,13 +15,11 @@ import (
 // discover runs the --host-discovery-script, then again discoverEvery after each run ends, and
 // sends every result to out until ctx ends.
 func (j *elasticJob) discover(ctx context.Context, out chan<- discovery) {
-	pause := time.NewTimer(0)
-	defer pause.Stop()
-	for {
+	for pause := time.Duration(0); ; pause = j.set.discoverEvery {
 		select {
 		case <-ctx.Done():
 			return
-		case <-pause.C:
+		case <-time.After(pause):
 		}
 		hosts, err := RunDiscoveryScript(ctx, j.opts.DiscoveryScript, j.set.discoverTimeout, j.opts.SlotsPerHost)
 		if ctx.Err() != nil {
@@ -32,7 +30,6 @@ func (j *elasticJob) discover(ctx context.Context, out chan<- discovery) {
 		case <-ctx.Done():
 			return
 		}
-		pause.Reset(j.set.discoverEvery)
 	}
 }
 

@@ -28,7 +28,7 @@ func serveElastic(ctx context.Context, n *node, set elasticSettings) (int, error
 		}
 		return ""
 	}, NodeJoin{})
-	nodes.timeout = planner.Config().Timeout
+	nodes.welcome.Timeout = planner.Config().Timeout
 	local, closeGuard := set.localStarter(o, nil)
 	defer closeGuard()
 	j := newElasticJob(o, set, planner, n.srv, nodeStarter{local: local, nodes: nodes}, string(n.secret), n.jobID, n.stdout, n.stderr)

@@ -303,7 +303,7 @@ func (n *node) listenAt(addr string) string {
 // newcomers it refuses; this node, which registered self, is its first.
 func (n *node) newRegistry(set elasticSettings, admit func(NodeJoin) string, self NodeJoin) *nodeRegistry {
 	e := &nodeRegistry{
-		st: n.srv, set: set, self: n.host, jobID: n.jobID, admit: admit,
+		st: n.srv, set: set, self: n.host, welcome: NodeWelcome{JobID: n.jobID}, admit: admit,
 		nnodes: max(n.opts.NNodes, 1), startTimeout: n.opts.StartTimeout, startBy: time.Now().Add(n.opts.StartTimeout),
 		byHost: map[string]*jobNode{}, handled: map[int]bool{}, newest: make(chan discovery, 1),
 	}

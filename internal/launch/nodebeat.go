@@ -51,8 +51,6 @@ type beatWatch struct {
 	at   time.Time // when it last moved (or the watch began)
 }
 
-func newBeatWatch(now time.Time) beatWatch { return beatWatch{at: now} }
-
 // silent takes the counter's value read at now and returns how long it has not moved.
 func (w *beatWatch) silent(beat []byte, now time.Time) time.Duration {
 	if string(beat) != w.beat {

@@ -29,11 +29,9 @@ import (
 type nodeRegistry struct {
 	st           *rendezvous.Server
 	set          elasticSettings
-	self         string // the serving node's host
-	jobID        string
-	timeout      time.Duration // the elastic timeout the welcomes give; 0 in a static job
-	static       bool          // a static job: welcomes say so
-	nnodes       int           // nodes the first listing waits for
+	self         string      // the serving node's host
+	welcome      NodeWelcome // every welcome, but for the host: the job id, and the elastic timeout or Static
+	nnodes       int         // nodes the first listing waits for
 	startTimeout time.Duration
 	startBy      time.Time // when the first listing stops waiting for them
 	log          func(format string, args ...any)
@@ -77,7 +75,7 @@ type jobNode struct {
 }
 
 func (e *nodeRegistry) add(nd *jobNode, now time.Time) {
-	nd.beat = newBeatWatch(now)
+	nd.beat = beatWatch{at: now}
 	nd.workers = map[int]*remoteWorker{}
 	e.nodes = append(e.nodes, nd)
 	e.byHost[nd.host] = nd
@@ -214,7 +212,8 @@ func (e *nodeRegistry) readJoins(now time.Time) bool {
 		} else {
 			nd := &jobNode{num: num, host: e.uniqueHost(join.Hostname), slots: join.Slots, addr: join.Addr, join: join}
 			e.add(nd, now)
-			w = NodeWelcome{Host: nd.host, JobID: e.jobID, Timeout: e.timeout, Static: e.static}
+			w = e.welcome
+			w.Host = nd.host
 			e.log("node %d joined from %s: host %s with %s", num, orDash(join.Addr), nd.host, countOf(nd.slots, "slot"))
 			joined = true
 		}
@@ -264,7 +263,7 @@ func (e *nodeRegistry) readNode(nd *jobNode, now time.Time) bool {
 		e.leave(nd, nodeSilent, why)
 		// Alive but cut off or stopped, it learns that it is out when it reads again.
 		prefix := "kolo run: elastic: "
-		if e.static {
+		if e.welcome.Static {
 			prefix = "kolo run: "
 		}
 		e.orderLocked(nd, NodeOrder{Kind: OrderEnd, Code: 1,

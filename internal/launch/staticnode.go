@@ -63,7 +63,7 @@ func serveStatic(ctx context.Context, n *node, set elasticSettings) (int, error)
 	self := NodeJoin{Hostname: n.host, Slots: n.slots, Static: true, NNodes: o.NNodes, NP: o.NP, NodeRank: o.NodeRank}
 	s.admit(self)
 	s.nodes = n.newRegistry(set, s.admit, self)
-	s.nodes.static, s.nodes.left = true, s.left
+	s.nodes.welcome.Static, s.nodes.left = true, s.left
 	s.nodes.log = func(format string, args ...any) {
 		if o.Verbose {
 			slog.Info(fmt.Sprintf(format, args...))
