@@ -29,9 +29,10 @@ func serveElastic(ctx context.Context, n *node, set elasticSettings) (int, error
 		return ""
 	}, NodeJoin{})
 	nodes.welcome.Timeout = planner.Config().Timeout
-	local, closeGuard := set.localStarter(o, nil)
+	var closeGuard func()
+	nodes.local, closeGuard = set.localStarter(o, nil)
 	defer closeGuard()
-	j := newElasticJob(o, set, planner, n.srv, nodeStarter{local: local, nodes: nodes}, string(n.secret), n.jobID, n.stdout, n.stderr)
+	j := newElasticJob(o, set, planner, n.srv, nodes, string(n.secret), n.jobID, n.stdout, n.stderr)
 	rv, err := n.localRendezvous(nodes)
 	if err != nil {
 		return ExitUsage, err

@@ -27,7 +27,7 @@ import (
 // (nodeagent.go), starts and stops its own workers when the serving node orders it to, reports
 // how they ended and heartbeats (nodebeat.go). The serving node keeps the registry of the nodes
 // (noderegistry.go) and starts its own workers itself and the others' through their nodes
-// (nodeStarter). A static job (staticnode.go) waits for --nnodes nodes, plans its ranks over them
+// (nodeRegistry.Start). A static job (staticnode.go) waits for --nnodes nodes, plans its ranks over them
 // in node-rank order and runs them once, as a job started from one machine does; a node leaving
 // or falling silent stops it. An elastic job (elasticnode.go) hands the nodes to the elastic
 // driver as its hosts. Either way the job ends on the serving node, which sends every node the

@@ -23,15 +23,16 @@ import (
 // nodeRegistry is the serving node's registry of the nodes of a no-ssh job. Its poller reads,
 // every tick, what the nodes wrote at the rendezvous (registrations, exits, heartbeats,
 // departures), welcomes or refuses newcomers and hands the job the hosts available; the job
-// starts and signals other nodes' workers through it (nodeStarter, remoteWorker). It never
+// starts and signals other nodes' workers through it (Start, remoteWorker). It never
 // waits for the job, and the job never waits for it: a listing waits in newest, an exit in
 // the worker's channel.
 type nodeRegistry struct {
 	st           *rendezvous.Server
 	set          elasticSettings
-	self         string      // the serving node's host
-	welcome      NodeWelcome // every welcome, but for the host: the job id, and the elastic timeout or Static
-	nnodes       int         // nodes the first listing waits for
+	self         string       // the serving node's host
+	local        proc.Starter // starts the serving node's own workers
+	welcome      NodeWelcome  // every welcome, but for the host: the job id, and the elastic timeout or Static
+	nnodes       int          // nodes the first listing waits for
 	startTimeout time.Duration
 	startBy      time.Time // when the first listing stops waiting for them
 	log          func(format string, args ...any)
@@ -343,9 +344,13 @@ func (e *nodeRegistry) orderLocked(nd *jobNode, o NodeOrder) (int, error) {
 	return nd.orders, nil
 }
 
-// start orders the worker w on its node. A worker of a static job (no elastic place in its
-// environment) is at the slot of its local rank, and has no round.
-func (e *nodeRegistry) start(w proc.Worker) (proc.Process, error) {
+// Start starts the serving node's own workers itself (local) and orders the other nodes to start
+// theirs. A worker of a static job (no elastic place in its environment) is at the slot of its
+// local rank, and has no round.
+func (e *nodeRegistry) Start(ctx context.Context, w proc.Worker) (proc.Process, error) {
+	if w.Slot.Host == e.self {
+		return e.local.Start(ctx, w)
+	}
 	place, round, ok, err := jobenv.ElasticPlace(jobenv.FromEnviron(w.Env))
 	if err != nil {
 		return nil, fmt.Errorf("worker of host %s has no place (%v)", w.Slot.Host, err)
@@ -409,20 +414,6 @@ func (e *nodeRegistry) end(code int, note string, outcome Outcome) {
 func stored(st *rendezvous.Server, key string) bool {
 	_, ok, err := st.TryGet(key)
 	return ok && err == nil
-}
-
-// nodeStarter starts the serving node's own workers itself and orders the other nodes to start
-// theirs.
-type nodeStarter struct {
-	local proc.Starter
-	nodes *nodeRegistry
-}
-
-func (s nodeStarter) Start(ctx context.Context, w proc.Worker) (proc.Process, error) {
-	if w.Slot.Host == s.nodes.self {
-		return s.local.Start(ctx, w)
-	}
-	return s.nodes.start(w)
 }
 
 // remoteWorker is, on the serving node, a worker another node runs: its output is printed there,

@@ -126,7 +126,8 @@ func (s *staticNode) run(ctx context.Context, set elasticSettings, end *bytes.Bu
 	for i, sl := range slots {
 		workers[i] = proc.Worker{Slot: sl, Argv: o.Command, Env: WorkerEnv(sl, rvAddr, n.jobID, string(n.secret), extra, o.Env)}
 	}
-	local, closeGuard := set.localStarter(o, n.bind)
+	var closeGuard func()
+	s.nodes.local, closeGuard = set.localStarter(o, n.bind)
 	defer closeGuard()
 	if o.Verbose {
 		slog.Info("starting the ranks", "ranks", len(slots), "nodes", len(hosts), "rendezvous", rvAddr)
@@ -141,7 +142,7 @@ func (s *staticNode) run(ctx context.Context, set elasticSettings, end *bytes.Bu
 		}
 	}()
 	return runStatic(s.stopped, o, staticRun{
-		workers: workers, starter: nodeStarter{local: local, nodes: s.nodes},
+		workers: workers, starter: s.nodes,
 		store: relay.Local{S: n.srv.Store}, jobID: n.jobID, onFailure: s.nodes.hurry, end: end, host: s.n.host, ran: &s.ran,
 	}, n.stdout, n.stderr)
 }
