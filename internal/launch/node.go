@@ -307,6 +307,7 @@ func (n *node) newRegistry(set elasticSettings, admit func(NodeJoin) string, sel
 		nnodes: max(n.opts.NNodes, 1), startTimeout: n.opts.StartTimeout, startBy: time.Now().Add(n.opts.StartTimeout),
 		byHost: map[string]*jobNode{}, handled: map[int]bool{}, newest: make(chan discovery, 1),
 	}
-	e.add(&jobNode{host: n.host, slots: n.slots, join: self}, time.Now())
+	self.Slots = n.slots
+	e.add(&jobNode{host: n.host, join: self}, time.Now())
 	return e
 }

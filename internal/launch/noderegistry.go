@@ -63,12 +63,10 @@ const (
 
 // jobNode is a node of the job, as the serving node sees it.
 type jobNode struct {
-	num   int    // its number at the rendezvous (NodeKey); 0: the serving node
-	host  string // the host its workers are in
-	slots int
-	addr  string   // the address it reaches the rendezvous from
-	join  NodeJoin // what it registered
-	gone  string   // why it left the job; "" while in it
+	num  int      // its number at the rendezvous (NodeKey); 0: the serving node
+	host string   // the host its workers are in
+	join NodeJoin // what it registered: its slots, the address it reaches the rendezvous from
+	gone string   // why it left the job; "" while in it
 
 	orders, exits int // orders published, exit records read
 	beat          beatWatch
@@ -104,8 +102,8 @@ func (e *nodeRegistry) addrs() []string {
 	defer e.mu.Unlock()
 	var out []string
 	for _, nd := range e.nodes[1:] {
-		if nd.gone == "" && nd.addr != "" {
-			out = append(out, nd.addr)
+		if nd.gone == "" && nd.join.Addr != "" {
+			out = append(out, nd.join.Addr)
 		}
 	}
 	return out
@@ -211,11 +209,11 @@ func (e *nodeRegistry) readJoins(now time.Time) bool {
 			e.log("node %d refused: %s", num, w.Refused)
 			e.refused = append(e.refused, num)
 		} else {
-			nd := &jobNode{num: num, host: e.uniqueHost(join.Hostname), slots: join.Slots, addr: join.Addr, join: join}
+			nd := &jobNode{num: num, host: e.uniqueHost(join.Hostname), join: join}
 			e.add(nd, now)
 			w = e.welcome
 			w.Host = nd.host
-			e.log("node %d joined from %s: host %s with %s", num, orDash(join.Addr), nd.host, countOf(nd.slots, "slot"))
+			e.log("node %d joined from %s: host %s with %s", num, orDash(join.Addr), nd.host, countOf(join.Slots, "slot"))
 			joined = true
 		}
 		e.st.Set(NodeWelcomeKey(num), w.Encode())
@@ -316,7 +314,7 @@ func (e *nodeRegistry) hosts() []elastic.Host {
 	var hs []elastic.Host
 	for _, nd := range e.nodes {
 		if nd.gone == "" {
-			hs = append(hs, elastic.Host{Name: nd.host, Slots: nd.slots})
+			hs = append(hs, elastic.Host{Name: nd.host, Slots: nd.join.Slots})
 		}
 	}
 	return hs

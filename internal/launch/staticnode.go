@@ -104,9 +104,9 @@ func (s *staticNode) run(ctx context.Context, set elasticSettings, end *bytes.Bu
 	s.mu.Lock()
 	s.ranks = map[string]int{}
 	for i, r := range ranks {
-		hosts[r] = layout.Host{Name: members[i].host, Slots: members[i].slots}
+		hosts[r] = layout.Host{Name: members[i].host, Slots: members[i].join.Slots}
 		s.ranks[members[i].host] = r
-		total += members[i].slots
+		total += members[i].join.Slots
 	}
 	np := s.np
 	s.mu.Unlock()
@@ -217,7 +217,7 @@ func (s *staticNode) arrivalError() error {
 	var here []string
 	taken := map[int]bool{}
 	for i, r := range ranks {
-		here = append(here, fmt.Sprintf("node %d on %s with %s", r, members[i].host, countOf(members[i].slots, "slot")))
+		here = append(here, fmt.Sprintf("node %d on %s with %s", r, members[i].host, countOf(members[i].join.Slots, "slot")))
 		taken[r] = true
 	}
 	var missing []string
