@@ -171,9 +171,6 @@ func Interface(env map[string]string) (ifaces, name string) {
 	return v, k
 }
 
-// TCPFullMesh is the setting that connects every rank of another host at start-up (world.Options.FullMesh).
-var TCPFullMesh = settings.TCPFullMesh.Name
-
 // Oversubscribe is kolo run's --oversubscribe as a setting of its environment: start more local
 // ranks than this machine has CPUs. Read by kolo run, not by ranks.
 var Oversubscribe = settings.Oversubscribe.Name
@@ -191,7 +188,3 @@ func ReportsFrom(env map[string]string) (bool, error) {
 	}
 	return on, err
 }
-
-// ParseSwitch reads an on/off setting: 1, true, on, yes or 0, false, off, no (any case); empty is
-// off. Anything else is an error naming the setting (settings.ParseSwitch).
-func ParseSwitch(name, v string) (bool, error) { return settings.ParseSwitch(name, v) }

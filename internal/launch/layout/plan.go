@@ -81,14 +81,3 @@ func describe(hosts []Host) string {
 	}
 	return strings.Join(parts, ",")
 }
-
-// Homogeneous reports whether every host in the plan runs the same number of ranks, the
-// precondition for hierarchical allreduce.
-func Homogeneous(slots []Slot) bool {
-	for _, s := range slots {
-		if s.LocalSize != slots[0].LocalSize {
-			return false
-		}
-	}
-	return true
-}
