@@ -95,23 +95,14 @@ func Present(env map[string]string) bool {
 // Decode reads a Job written by Encode and checks it for consistency; errors name the variable.
 func Decode(env map[string]string) (Job, error) {
 	var j Job
-	ints := []struct {
-		name string
-		dst  *int
-	}{
+	if err := readInts(env, []intVar{
 		{Rank, &j.Rank}, {Size, &j.Size}, {LocalRank, &j.LocalRank}, {LocalSize, &j.LocalSize},
 		{CrossRank, &j.CrossRank}, {CrossSize, &j.CrossSize},
-	}
-	for _, v := range ints {
-		s, ok := env[v.name]
-		if !ok {
-			return Job{}, fmt.Errorf("environment: %s is not set (is this process started by kolo run?)", v.name)
+	}); err != nil {
+		if errors.Is(err, errUnset) {
+			return Job{}, fmt.Errorf("environment: %w (is this process started by kolo run?)", err)
 		}
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil {
-			return Job{}, fmt.Errorf("environment: %s=%q is not an integer", v.name, s)
-		}
-		*v.dst = n
+		return Job{}, fmt.Errorf("environment: %w", err)
 	}
 	j.Hostname = env[Hostname]
 	j.Rendezvous = env[Rendezvous]

@@ -1,6 +1,7 @@
 package jobenv
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -211,6 +212,8 @@ func CrossFromHosts(hosts []string, host string, localRank int) (crossRank, cros
 	return crossRank, crossSize
 }
 
+var errUnset = errors.New("is not set")
+
 type intVar struct {
 	name string
 	dst  *int
@@ -220,7 +223,7 @@ func readInts(env map[string]string, vars []intVar) error {
 	for _, v := range vars {
 		s, ok := env[v.name]
 		if !ok {
-			return fmt.Errorf("%s is not set", v.name)
+			return fmt.Errorf("%s %w", v.name, errUnset)
 		}
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil {
