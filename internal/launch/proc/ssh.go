@@ -272,37 +272,20 @@ func (s *SSHStarter) start(host, payload string, release func()) (*sshProcess, e
 	// Its own process group, so that the terminal's Ctrl-C reaches only the launcher, which then
 	// stops ranks in order (TERM, grace, KILL) instead of every ssh dropping its session at once.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	inR, inW, err := os.Pipe()
+	r, w, err := pipes(3) // stdin, stdout, ssh's own stderr
 	if err != nil {
 		return nil, err
 	}
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		inR.Close()
-		inW.Close()
-		return nil, err
-	}
-	rawErrR, rawErrW, err := os.Pipe()
-	if err != nil {
-		inR.Close()
-		inW.Close()
-		outR.Close()
-		outW.Close()
-		return nil, err
-	}
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, rawErrW
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = r[0], w[1], w[2]
 	err = cmd.Start()
-	inR.Close()
-	outW.Close()
-	rawErrW.Close()
+	closeAll(r[0], w[1], w[2])
 	if err != nil {
-		inW.Close()
-		outR.Close()
-		rawErrR.Close()
+		closeAll(w[0], r[1], r[2])
 		return nil, fmt.Errorf("start %s: %w", s.program(), err)
 	}
+	inW, rawErrR := w[0], r[2]
 	errR, errW := io.Pipe()
-	p := &sshProcess{host: host, cmd: cmd, stdin: inW, stdout: outR, stderr: errR,
+	p := &sshProcess{host: host, cmd: cmd, stdin: inW, stdout: r[1], stderr: errR,
 		filterDone: make(chan struct{}), exited: make(chan struct{})}
 	// The payload may exceed a pipe's buffer and ssh reads stdin only once the session is open.
 	go func() {
@@ -417,19 +400,16 @@ func (p *sshProcess) Wait() Exit {
 	p.stdinGone = true
 	p.mu.Unlock()
 	p.stdin.Close()
-	var ee *exec.ExitError
+	e := exitOf(err)
 	switch {
-	case err == nil:
-		return Exit{Code: 0}
-	case !errors.As(err, &ee):
+	case e.Err != nil:
 		return Exit{Code: -1, Err: fmt.Errorf("ssh to %s: %w", p.host, err)}
+	case e.Signal != 0 || e.Code == 0:
+		// A signal: the local ssh was killed (a session that would not end), and the remote side
+		// killed its group.
+		return e
 	}
-	ws, _ := ee.Sys().(syscall.WaitStatus)
-	if ws.Signaled() {
-		// The local ssh was killed (a session that would not end): the remote side killed its group.
-		return Exit{Code: -1, Signal: ws.Signal()}
-	}
-	code := ee.ExitCode()
+	code := e.Code
 	if !started {
 		if last == "" {
 			last = "no message"
