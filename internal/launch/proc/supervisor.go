@@ -153,13 +153,7 @@ func (c *Child) Stop(sig syscall.Signal) {
 
 // Kill ends a child that still runs at once, with SIGKILL: the only place the launcher kills
 // one.
-func (c *Child) Kill() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.exited && c.proc != nil {
-		_ = c.proc.Signal(syscall.SIGKILL)
-	}
-}
+func (c *Child) Kill() { c.Signal(syscall.SIGKILL) }
 
 // Drained is closed once the child's output has reached its end (at once for one never started).
 func (c *Child) Drained() <-chan struct{} { return c.drained }
