@@ -73,11 +73,7 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 		// Every slot is local here. Plan counts local ranks per host name, so two names for this
 		// machine (localhost and its hostname) would give two ranks the same CPUs.
 		if len(seen) > 1 {
-			names := make([]string, 0, len(seen))
-			for h := range seen {
-				names = append(names, h)
-			}
-			slices.Sort(names)
+			names := slices.Sorted(maps.Keys(seen))
 			return ExitUsage, fmt.Errorf("--bind-to core: the ranks of this machine are under %d host names (%s): give them under one", len(names), strings.Join(names, ", "))
 		}
 		if bind, err = proc.NewBinding(len(slots), opts.BindOverload); err != nil {
@@ -172,8 +168,7 @@ type staticRun struct {
 	// where the flight-recorder file is.
 	end  io.Writer
 	host string
-	// ran, when set, gets how the ranks ended, for the outcome file.
-	ran *staticRan
+	ran *staticRan // gets how the ranks ended, for the outcome file
 }
 
 // staticRan is how a static job's ranks ended: every rank's result, the rank the failure traces
@@ -230,16 +225,12 @@ func runStatic(ctx context.Context, opts *flags.Options, r staticRun, stdout, st
 	if ctx.Err() != nil && !errors.As(context.Cause(ctx), &stop) {
 		stop = jobStop{code: ExitInterrupted, why: "interrupted: stopped every rank"}
 	}
-	if r.ran != nil {
-		r.ran.results = results
-	}
+	r.ran.results = results
 	if first := firstFailure(ctx, results); first != nil {
 		records := view.failures(size)
 		code := failureCode(first)
 		first = proc.Blame(results, first, records)
-		if r.ran != nil {
-			r.ran.first, r.ran.records = first, records
-		}
+		r.ran.first, r.ran.records = first, records
 		fmt.Fprint(report, proc.Summary(results, first, records))
 		view.end(fmt.Sprintf("rank %d on %s: %s", first.Slot.Rank, first.Slot.Host, first.Exit), opts.OutputDir)
 		if stop.code != 0 && stop.code != ExitInterrupted {
@@ -287,10 +278,8 @@ func failureCode(cause *proc.Result, fallback ...int) int {
 
 // workerExtraEnv is the engine tuning of opts plus the network interface workers must use.
 func workerExtraEnv(opts *flags.Options) map[string]string {
-	extra := make(map[string]string, len(opts.EngineEnv)+1)
-	for k, v := range opts.EngineEnv {
-		extra[k] = v
-	}
+	extra := map[string]string{}
+	maps.Copy(extra, opts.EngineEnv)
 	if opts.NetworkInterface != "" {
 		extra[jobenv.NetworkInterface] = opts.NetworkInterface
 	}

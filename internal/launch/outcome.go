@@ -57,13 +57,19 @@ func rankOutcome(r proc.Result, rec report.Failure, ok bool) RankOutcome {
 	return o
 }
 
-// staticOutcome is the outcome of a job of fixed ranks (from one machine, or without ssh): code and
-// err are kolo run's, first the rank Blame traced the failure to (nil: none failed).
-func staticOutcome(code int, err error, interrupted bool, results []proc.Result, first *proc.Result, records map[int]report.Failure) Outcome {
+// newOutcome is the outcome of a job that ended with code and err, its ranks yet to add.
+func newOutcome(code int, err error, interrupted bool) Outcome {
 	o := Outcome{ExitCode: code, Succeeded: code == 0 && err == nil, Interrupted: interrupted, Ranks: []RankOutcome{}}
 	if err != nil {
 		o.Error = err.Error()
 	}
+	return o
+}
+
+// staticOutcome is the outcome of a job of fixed ranks (from one machine, or without ssh): code and
+// err are kolo run's, first the rank Blame traced the failure to (nil: none failed).
+func staticOutcome(code int, err error, interrupted bool, results []proc.Result, first *proc.Result, records map[int]report.Failure) Outcome {
+	o := newOutcome(code, err, interrupted)
 	for _, r := range results {
 		// A job that succeeded blames nobody, though a rank may have reported a failure it
 		// recovered from.
@@ -130,10 +136,7 @@ func replaceFile(path string, v any) error {
 // last round (the one it finished training in, if it did) ended, by their rank in it, and, when
 // it failed, the first worker of the failures that ended it, with its rank in the round it failed in.
 func (j *elasticJob) outcome(code int, err error, interrupted bool) Outcome {
-	o := Outcome{ExitCode: code, Succeeded: code == 0 && err == nil, Interrupted: interrupted, Ranks: []RankOutcome{}}
-	if err != nil {
-		o.Error = err.Error()
-	}
+	o := newOutcome(code, err, interrupted)
 	entry := func(p *elasticProc, rank int) RankOutcome {
 		r := proc.Result{Slot: layout.Slot{Rank: rank, Host: p.place.Host}, Exit: p.exit, Stopped: p.stopped}
 		if p.record != nil {

@@ -390,10 +390,7 @@ type cooldownFlag struct {
 func (c *cooldownFlag) String() string { return c.min + "," + c.max }
 
 func (c *cooldownFlag) Set(s string) error {
-	c.min, c.max, c.comma = s, "", false
-	if lo, hi, ok := strings.Cut(s, ","); ok {
-		c.min, c.max, c.comma = lo, hi, true
-	}
+	c.min, c.max, c.comma = strings.Cut(s, ",")
 	return nil
 }
 

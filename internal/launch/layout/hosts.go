@@ -29,7 +29,7 @@ func ParseHosts(spec string) ([]Host, error) {
 	if len(hosts) == 0 {
 		return nil, fmt.Errorf("-H %q names no hosts", spec)
 	}
-	return mergeDuplicates(hosts)
+	return mergeDuplicates(hosts), nil
 }
 
 func parseHostSlots(item string) (Host, error) {
@@ -64,10 +64,10 @@ func parseHostSlots(item string) (Host, error) {
 // ssh would read as an option) or an IP address; anything else (spaces, a second ':', a user@) is
 // an error saying what is wrong.
 func CheckHostName(name string) error {
-	switch {
+	switch _, ipErr := netip.ParseAddr(name); {
 	case name == "":
 		return errors.New("empty host name")
-	case isIP(name):
+	case ipErr == nil:
 		return nil
 	case name[0] == '-':
 		return fmt.Errorf("host name %q starts with '-'", name)
@@ -128,11 +128,7 @@ func ParseHostfile(name string, r io.Reader) ([]Host, error) {
 	if len(hosts) == 0 {
 		return nil, fmt.Errorf("%s: no hosts listed", name)
 	}
-	merged, err := mergeDuplicates(hosts)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	return merged, nil
+	return mergeDuplicates(hosts), nil
 }
 
 // ReadHostfile opens and parses a hostfile.
@@ -146,7 +142,7 @@ func ReadHostfile(path string) ([]Host, error) {
 }
 
 // mergeDuplicates adds the slots of a host listed twice, keeping first-seen order, as OpenMPI does.
-func mergeDuplicates(hosts []Host) ([]Host, error) {
+func mergeDuplicates(hosts []Host) []Host {
 	idx := map[string]int{}
 	var out []Host
 	for _, h := range hosts {
@@ -157,7 +153,7 @@ func mergeDuplicates(hosts []Host) ([]Host, error) {
 		idx[h.Name] = len(out)
 		out = append(out, h)
 	}
-	return out, nil
+	return out
 }
 
 // IsLocal reports whether a host name designates the launching machine.
@@ -170,9 +166,4 @@ func IsLocal(name string) bool {
 		return true
 	}
 	return false
-}
-
-func isIP(s string) bool {
-	_, err := netip.ParseAddr(s)
-	return err == nil
 }

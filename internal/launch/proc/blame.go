@@ -146,18 +146,12 @@ func Summary(results []Result, first *Result, records map[int]report.Failure) st
 // kolo run's outcome file carries it.
 func Explaining(results []Result, first *Result, records map[int]report.Failure) (by int, rec report.Failure, ok bool) {
 	own, ok := records[first.Slot.Rank]
-	if by, rec, named := namedBy(results, first.Slot.Rank, records); named && !(ok && own.Own()) {
-		return by, rec, true
-	}
-	return first.Slot.Rank, own, ok
-}
-
-// namedBy returns the lowest rank whose record blames rank, and that record.
-func namedBy(results []Result, rank int, records map[int]report.Failure) (int, report.Failure, bool) {
-	for _, r := range results {
-		if rec, ok := records[r.Slot.Rank]; ok && !rec.Own() && rec.Blames == rank {
-			return r.Slot.Rank, rec, true
+	if !ok || !own.Own() {
+		for _, r := range results { // results are in rank order: the lowest rank that names first
+			if rec, named := records[r.Slot.Rank]; named && !rec.Own() && rec.Blames == first.Slot.Rank {
+				return r.Slot.Rank, rec, true
+			}
 		}
 	}
-	return 0, report.Failure{}, false
+	return first.Slot.Rank, own, ok
 }
