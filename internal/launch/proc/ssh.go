@@ -3,6 +3,7 @@ package proc
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -190,9 +191,10 @@ func (s *SSHStarter) program() string {
 	return "ssh"
 }
 
-func (s *SSHStarter) dir() (string, error) {
-	if s.Dir != "" {
-		return s.Dir, nil
+// dir is the working directory on the hosts: the worker's, else s.Dir, else the launcher's.
+func (s *SSHStarter) dir(worker string) (string, error) {
+	if d := cmp.Or(worker, s.Dir); d != "" {
+		return d, nil
 	}
 	d, err := os.Getwd()
 	if err != nil {
@@ -227,12 +229,9 @@ func (s *SSHStarter) Start(ctx context.Context, w Worker) (Process, error) {
 	if len(w.Argv) == 0 {
 		return nil, errors.New("no command to run")
 	}
-	dir := w.Dir
-	if dir == "" {
-		var err error
-		if dir, err = s.dir(); err != nil {
-			return nil, err
-		}
+	dir, err := s.dir(w.Dir)
+	if err != nil {
+		return nil, err
 	}
 	payload, err := workerScript(dir, ForwardedEnv(w.Env, s.Forward), w.Argv)
 	if err != nil {
@@ -349,15 +348,8 @@ func (p *sshProcess) Signal(sig syscall.Signal) error {
 	if !started || gone {
 		return p.killLocal(sig)
 	}
-	var line string
-	switch sig {
-	case syscall.SIGTERM:
-		line = "TERM\n"
-	case syscall.SIGINT:
-		line = "INT\n"
-	case syscall.SIGKILL:
-		line = "KILL\n"
-	default:
+	line, ok := map[syscall.Signal]string{syscall.SIGTERM: "TERM\n", syscall.SIGINT: "INT\n", syscall.SIGKILL: "KILL\n"}[sig]
+	if !ok {
 		return fmt.Errorf("ssh worker on %s: signal %v is not forwarded", p.host, sig)
 	}
 	_, err := io.WriteString(p.stdin, line)
@@ -426,7 +418,7 @@ func (p *sshProcess) Wait() Exit {
 // key that is refused or a working directory that does not exist there is reported (naming the
 // host and quoting ssh) before any rank starts. ctx bounds the whole check (--start-timeout).
 func (s *SSHStarter) Check(ctx context.Context, hosts []string) error {
-	dir, err := s.dir()
+	dir, err := s.dir("")
 	if err != nil {
 		return err
 	}
