@@ -168,7 +168,7 @@ type staticRun struct {
 	// where the flight-recorder file is.
 	end  io.Writer
 	host string
-	ran *staticRan // gets how the ranks ended, for the outcome file
+	ran  *staticRan // gets how the ranks ended, for the outcome file
 }
 
 // staticRan is how a static job's ranks ended: every rank's result, the rank the failure traces

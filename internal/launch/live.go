@@ -275,10 +275,8 @@ func slowestLine(s *view.State) string {
 }
 
 func writeFlightFile(name string, f view.FlightFile) error {
-	if dir := filepath.Dir(name); dir != "." {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return err
-		}
+	if err := os.MkdirAll(filepath.Dir(name), 0o755); err != nil {
+		return err
 	}
 	out, err := os.Create(name)
 	if err != nil {

@@ -1,6 +1,7 @@
 package launch
 
 import (
+	"cmp"
 	"fmt"
 
 	"github.com/kolo-dl/kolo/internal/jobenv"
@@ -24,11 +25,11 @@ type slurmAlloc struct {
 // for per node (SLURM_TASKS_PER_NODE, from -n/--ntasks-per-node), else its CPUs per node; a
 // positive slotsPerHost (--slots-per-host) overrides both.
 func slurmAllocation(env map[string]string, slotsPerHost int) (slurmAlloc, bool, error) {
-	id := firstOf(env, "SLURM_JOB_ID", "SLURM_JOBID")
-	if id == "" || firstOf(env, "SLURM_STEP_ID", "SLURM_STEPID") != "" {
+	id := cmp.Or(env["SLURM_JOB_ID"], env["SLURM_JOBID"])
+	if id == "" || cmp.Or(env["SLURM_STEP_ID"], env["SLURM_STEPID"]) != "" {
 		return slurmAlloc{}, false, nil
 	}
-	nl := firstOf(env, "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+	nl := cmp.Or(env["SLURM_JOB_NODELIST"], env["SLURM_NODELIST"])
 	if nl == "" {
 		return slurmAlloc{}, false, fmt.Errorf("inside Slurm job %s, but SLURM_JOB_NODELIST is not set", id)
 	}
@@ -63,13 +64,4 @@ func slurmAllocation(env map[string]string, slotsPerHost int) (slurmAlloc, bool,
 		a.Hosts = append(a.Hosts, elastic.Host{Name: n, Slots: slots[i]})
 	}
 	return a, true, nil
-}
-
-func firstOf(env map[string]string, keys ...string) string {
-	for _, k := range keys {
-		if v := env[k]; v != "" {
-			return v
-		}
-	}
-	return ""
 }
