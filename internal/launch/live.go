@@ -93,23 +93,20 @@ func startLive(ctx context.Context, opts *flags.Options, store relay.Store, job 
 	}
 	if opts.MetricsAddr != "" {
 		served := make(chan error, 1)
-		l.wg.Add(1)
-		go func() {
-			defer l.wg.Done()
+		l.wg.Go(func() {
 			err := metrics.Serve(ctx, opts.MetricsAddr, metrics.New(l.shared, l.silent, time.Now), func(a net.Addr) {
 				fmt.Fprintf(stderr, "kolo run: metrics at http://%s/metrics\n", a)
 				served <- nil
 			})
 			served <- err
-		}()
+		})
 		if err := <-served; err != nil {
 			l.cancel()
 			l.wg.Wait()
 			return nil, nil, nil, fmt.Errorf("--metrics-addr: %w", err)
 		}
 	}
-	l.wg.Add(1)
-	go l.run(ctx)
+	l.wg.Go(func() { l.run(ctx) })
 	return l, outW, errW, nil
 }
 
@@ -136,7 +133,6 @@ type forcedTerminal struct{ io.Writer }
 func (forcedTerminal) Width() (int, bool) { return 100, true }
 
 func (l *live) run(ctx context.Context) {
-	defer l.wg.Done()
 	t := time.NewTicker(collectEvery)
 	defer t.Stop()
 	for {

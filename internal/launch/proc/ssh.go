@@ -429,11 +429,7 @@ func (s *SSHStarter) Check(ctx context.Context, hosts []string) error {
 	errs := make([]error, len(hosts))
 	var wg sync.WaitGroup
 	for i, h := range hosts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = s.checkHostRetrying(ctx, h, payload)
-		}()
+		wg.Go(func() { errs[i] = s.checkHostRetrying(ctx, h, payload) })
 	}
 	wg.Wait()
 	return errors.Join(errs...)

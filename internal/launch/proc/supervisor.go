@@ -94,36 +94,31 @@ func (s *Supervisor) Start(ctx context.Context, w Worker, label, dir string, exi
 		c.mu.Unlock()
 		return e
 	}
-	s.waiters.Add(1)
 	if ro, ok := p.(RemoteOutput); ok {
-		go func() {
-			defer s.waiters.Done()
+		s.waiters.Go(func() {
 			e := wait()
 			for _, l := range ro.StderrTail() {
 				c.tail.Add(l)
 			}
 			close(c.drained)
 			exited(e)
-		}()
+		})
 		return c, nil
 	}
 	files := s.files(dir)
 	var open atomic.Int32 // streams not yet at their end
 	open.Store(2)
-	pump := func(r io.Reader, w *LineWriter, stream string, file io.Writer, tail *Tail) {
-		defer s.pumps.Done()
-		Pump(r, w, s.prefix(label, stream), file, tail)
-		if open.Add(-1) == 0 {
-			close(c.drained)
+	pump := func(r io.Reader, w *LineWriter, stream string, file io.Writer, tail *Tail) func() {
+		return func() {
+			Pump(r, w, s.prefix(label, stream), file, tail)
+			if open.Add(-1) == 0 {
+				close(c.drained)
+			}
 		}
 	}
-	s.pumps.Add(2)
-	go pump(p.Stdout(), s.Stdout, "stdout", files[0], nil)
-	go pump(p.Stderr(), s.Stderr, "stderr", files[1], c.tail)
-	go func() {
-		defer s.waiters.Done()
-		exited(wait())
-	}()
+	s.pumps.Go(pump(p.Stdout(), s.Stdout, "stdout", files[0], nil))
+	s.pumps.Go(pump(p.Stderr(), s.Stderr, "stderr", files[1], c.tail))
+	s.waiters.Go(func() { exited(wait()) })
 	return c, nil
 }
 
