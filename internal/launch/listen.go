@@ -1,6 +1,7 @@
 package launch
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"net"
@@ -66,11 +67,7 @@ func (l *rendezvousListeners) at(host string) (string, error) {
 		bind = ""
 	}
 	if !l.on[bind] && !l.on[""] && (bind != "" || len(l.on) == 0) {
-		port := l.port
-		if port == "" {
-			port = "0"
-		}
-		addr, err := l.srv.Listen(net.JoinHostPort(bind, port))
+		addr, err := l.srv.Listen(net.JoinHostPort(bind, cmp.Or(l.port, "0")))
 		if err != nil {
 			return "", fmt.Errorf("rendezvous: %w", err)
 		}

@@ -1,6 +1,7 @@
 package proc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -28,11 +29,7 @@ type SlurmStarter struct {
 
 // slurmArgs is the srun command line that starts w.
 func (s *SlurmStarter) slurmArgs(w Worker) []string {
-	prog := s.Program
-	if prog == "" {
-		prog = "srun"
-	}
-	args := []string{prog,
+	args := []string{cmp.Or(s.Program, "srun"),
 		"--jobid=" + s.JobID,
 		"--nodes=1", "--ntasks=1", "--nodelist=" + w.Slot.Host,
 		"--overlap", "--kill-on-bad-exit=0", "--cpu-bind=none", "--mpi=none",

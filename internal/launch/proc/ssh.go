@@ -73,10 +73,7 @@ func perHost(k string) bool {
 	case "OLDPWD", "PWD", "HOSTNAME", "SHLVL", "_", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK":
 		return true
 	}
-	if slices.Contains(settings.Secret.Horovod, k) {
-		return true
-	}
-	return strings.HasPrefix(k, "BASH_FUNC_") || strings.Contains(k, "CUDA_VISIBLE_DEVICES")
+	return slices.Contains(settings.Secret.Horovod, k) || strings.HasPrefix(k, "BASH_FUNC_") || strings.Contains(k, "CUDA_VISIBLE_DEVICES")
 }
 
 // ForwardedEnv keeps the entries of env ("K=V") that a remote worker gets, as horovodrun does:
@@ -94,10 +91,7 @@ func ForwardedEnv(env []string, extra []string) []string {
 	var out []string
 	for _, kv := range env {
 		k, _, ok := strings.Cut(kv, "=")
-		if !ok || !shellName.MatchString(k) {
-			continue
-		}
-		if perHost(k) && !allowed[k] {
+		if !ok || !shellName.MatchString(k) || perHost(k) && !allowed[k] {
 			continue
 		}
 		if i, seen := idx[k]; seen {
@@ -155,10 +149,8 @@ func checkScript(dir string) (string, error) {
 }
 
 func finishPayload(script string) (string, error) {
-	for _, l := range strings.Split(script, "\n") {
-		if l == payloadEnd {
-			return "", fmt.Errorf("an environment value or argument contains the line %q, which kolo uses as a marker", payloadEnd)
-		}
+	if slices.Contains(strings.Split(script, "\n"), payloadEnd) {
+		return "", fmt.Errorf("an environment value or argument contains the line %q, which kolo uses as a marker", payloadEnd)
 	}
 	return script + payloadEnd + "\n", nil
 }
@@ -184,12 +176,7 @@ func (s *SSHStarter) args(host string) []string {
 	return append(a, "--", host, bootstrap)
 }
 
-func (s *SSHStarter) program() string {
-	if s.Program != "" {
-		return s.Program
-	}
-	return "ssh"
-}
+func (s *SSHStarter) program() string { return cmp.Or(s.Program, "ssh") }
 
 // dir is the working directory on the hosts: the worker's, else s.Dir, else the launcher's.
 func (s *SSHStarter) dir(worker string) (string, error) {
@@ -403,10 +390,7 @@ func (p *sshProcess) Wait() Exit {
 	}
 	code := e.Code
 	if !started {
-		if last == "" {
-			last = "no message"
-		}
-		return Exit{Code: code, Err: fmt.Errorf("ssh to %s failed before the program started (exit %d): %s", p.host, code, last)}
+		return Exit{Code: code, Err: fmt.Errorf("ssh to %s failed before the program started (exit %d): %s", p.host, code, cmp.Or(last, "no message"))}
 	}
 	if code > 128 && code <= 128+64 {
 		return Exit{Code: -1, Signal: syscall.Signal(code - 128)}
@@ -476,10 +460,7 @@ func (s *SSHStarter) checkHost(ctx context.Context, host, payload string) error 
 	if err == nil && strings.Contains(out.String(), checkedMarker) {
 		return nil
 	}
-	said := strings.TrimSpace(errb.String())
-	if said == "" {
-		said = "no message"
-	}
+	said := cmp.Or(strings.TrimSpace(errb.String()), "no message")
 	port := "ssh's default port"
 	if s.Port > 0 {
 		port = "port " + strconv.Itoa(s.Port)
