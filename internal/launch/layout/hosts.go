@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -158,12 +159,6 @@ func mergeDuplicates(hosts []Host) []Host {
 
 // IsLocal reports whether a host name designates the launching machine.
 func IsLocal(name string) bool {
-	switch name {
-	case "localhost", "127.0.0.1", "::1", "localhost.localdomain":
-		return true
-	}
-	if hn, err := os.Hostname(); err == nil && hn == name {
-		return true
-	}
-	return false
+	hn, err := os.Hostname()
+	return slices.Contains([]string{"localhost", "127.0.0.1", "::1", "localhost.localdomain"}, name) || err == nil && hn == name
 }
