@@ -157,29 +157,25 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 
 // staticRun is a static job's ranks, every one started once, and what runStatic needs to run them.
 type staticRun struct {
-	workers []proc.Worker
-	starter proc.Starter
-	store   relay.Store // where the ranks' reports arrive: the rendezvous this launcher serves
-	jobID   string
-	// onFailure, when set, is told when the first rank to fail stops the others.
-	onFailure func()
-	// end, when set, gets a copy of what the job's end prints (the failure summary, the end
-	// table): the node serving a no-ssh job sends it to every node, and names itself (host) as
-	// where the flight-recorder file is.
+	workers   []proc.Worker
+	starter   proc.Starter
+	store     relay.Store // where the ranks' reports arrive: the rendezvous this launcher serves
+	jobID     string
+	onFailure func() // when set, told when the first rank to fail stops the others
+	// end, when set, gets a copy of what the job's end prints: the node serving a no-ssh job sends
+	// it to every node, and names itself (host) as where the flight-recorder file is.
 	end  io.Writer
 	host string
 	ran  *staticRan // gets how the ranks ended, for the outcome file
 }
 
-// staticRan is how a static job's ranks ended: every rank's result, the rank the failure traces
-// back to (nil: none failed) and the ranks' failure records.
+// staticRan is how a static job's ranks ended, for its outcome (first nil: none failed).
 type staticRan struct {
 	results []proc.Result
 	first   *proc.Result
 	records map[int]report.Failure
 }
 
-// outcome is the job's outcome for the exit code and error kolo run ends with.
 func (r *staticRan) outcome(code int, err error, interrupted bool) Outcome {
 	return staticOutcome(code, err, interrupted, r.results, r.first, r.records)
 }
@@ -292,11 +288,9 @@ func connectTimeout(start time.Duration) time.Duration {
 }
 
 // rendezvousAddrs says, per host of a plan that spans hosts or names --network-interface, the IP
-// that host's workers dial, where the launcher's rendezvous listens: the --network-interface
-// address; otherwise the address this machine reaches each remote host from (so a namespace or a
-// second network gets an address it can route to, not a name only this machine resolves). Local
-// ranks of a job that spans hosts advertise themselves from the address they dial, so they get the
-// one of the first remote host.
+// its workers dial the rendezvous at: the --network-interface address, else the address this
+// machine reaches that host from (one it can route to, not a name only this machine resolves).
+// Local ranks advertise themselves from the address they dial: they get the first remote host's.
 func rendezvousAddrs(slots []layout.Slot, remote []string, iface string) (advertise map[string]string, err error) {
 	advertise = map[string]string{}
 	if iface != "" {

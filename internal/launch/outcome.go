@@ -1,9 +1,7 @@
 package launch
 
-// The job's outcome as data (--outcome-file): how the job ended, the rank its failure traces back
-// to and why, and how every rank ended, written as one JSON document when the job ends, for the
-// program that started kolo run (kolo.run in Python) to read instead of parsing the summary on
-// stderr. Every kind of job writes it with writeOutcome; what goes in it is each job's own.
+// The job's outcome as data (--outcome-file), one JSON document for the program that started kolo
+// run (kolo.run in Python) to read instead of parsing the summary on stderr.
 
 import (
 	"encoding/json"
@@ -20,16 +18,12 @@ import (
 
 // Outcome is the document --outcome-file receives (docs/launcher.md, "The outcome file").
 type Outcome struct {
-	ExitCode    int  `json:"exit_code"` // kolo run's own exit status
-	Succeeded   bool `json:"succeeded"`
-	Interrupted bool `json:"interrupted"` // Ctrl-C or SIGTERM stopped the job
-	// Error is what kolo run printed as its own error ("kolo run: ..."), if anything.
-	Error string `json:"error,omitempty"`
-	// FirstFailed is the rank the job's failure traces back to (what the summary names first);
-	// nil when no rank failed.
-	FirstFailed *RankOutcome `json:"first_failed"`
-	// Ranks is how every rank ended, by rank; an elastic job lists its last round's.
-	Ranks []RankOutcome `json:"ranks"`
+	ExitCode    int           `json:"exit_code"` // kolo run's own exit status
+	Succeeded   bool          `json:"succeeded"`
+	Interrupted bool          `json:"interrupted"`     // Ctrl-C or SIGTERM stopped the job
+	Error       string        `json:"error,omitempty"` // kolo run's own error ("kolo run: ..."), if any
+	FirstFailed *RankOutcome  `json:"first_failed"`    // the rank the failure traces back to; nil: none failed
+	Ranks       []RankOutcome `json:"ranks"`           // by rank; an elastic job lists its last round's
 }
 
 // RankOutcome is how one rank ended.

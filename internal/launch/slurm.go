@@ -8,11 +8,10 @@ import (
 	"github.com/kolo-dl/kolo/internal/launch/elastic"
 )
 
-// An elastic kolo run inside a Slurm allocation (a batch script, or salloc's shell) takes its
-// hosts from the allocation and starts each worker as a job step of its own (srun on one node,
-// one task), not over ssh: Slurm places, accounts for and cleans up every worker, and a node that
-// fails ends only the steps on it, which the launcher sees as those workers failing. Everything
-// else (rounds, blacklisting, the rendezvous) is as over ssh.
+// An elastic kolo run inside a Slurm allocation takes its hosts from it and starts each worker as
+// a job step of its own (srun, one task on one node), not over ssh: Slurm places, accounts for and
+// cleans up every worker, and a failed node ends only its steps, which the launcher sees as those
+// workers failing.
 
 // slurmAlloc is the allocation a launcher runs in, read from the variables sbatch and salloc set.
 type slurmAlloc struct {
