@@ -90,10 +90,9 @@ func withoutSlurmLayout(env []string) []string {
 }
 
 // intEvery is the gap between the SIGINTs that stop a step: well within srun's second, and long
-// enough for a loaded srun to have taken the one before, since a signal sent while the same one is
-// still pending merges with it and srun would see one (which only makes it print the step's
-// status). They go on until srun ends: a pair that merged anyway is followed by another, and a
-// third SIGINT to an srun already ending its step changes nothing.
+// enough for a loaded srun to have taken the one before (a signal sent while the same one is
+// pending merges with it, and one SIGINT only makes srun print the step's status). They go on
+// until srun ends: a third one to an srun already ending its step changes nothing.
 const intEvery = 250 * time.Millisecond
 
 // slurmProcess is srun running one worker's step. srun forwards SIGTERM and SIGINT to the task;

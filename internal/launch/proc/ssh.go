@@ -62,12 +62,10 @@ const bootstrap = `sh -c 'nl=$(printf "\nx"); nl=${nl%x}; s=; while IFS= read -r
 var shellName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // perHost reports whether the variable k describes the launcher's own host or shell session, and
-// so is not sent to a remote worker. horovodrun forwards the whole environment except BASH_FUNC_*,
-// OLDPWD, *CUDA_VISIBLE_DEVICES* (each host has its own GPUs) and its secret (HOROVOD_SECRET_KEY,
-// which kolo reads as a second spelling of its own); kolo's secret travels
-// as KOLO_SECRET on ssh's stdin and must reach the worker, so it stays, and so does kolo's file
-// path for it. Beyond Horovod's list: the shell's and sshd's own per-host names, which a worker's
-// shell sets for itself on its host.
+// so is not sent to a remote worker: horovodrun's list (BASH_FUNC_*, OLDPWD, *CUDA_VISIBLE_DEVICES*,
+// as each host has its own GPUs, and HOROVOD_SECRET_KEY, which kolo reads as its secret's second
+// spelling; KOLO_SECRET and its file must reach the worker), and the names the remote shell and
+// sshd set for themselves.
 func perHost(k string) bool {
 	switch k {
 	case "OLDPWD", "PWD", "HOSTNAME", "SHLVL", "_", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK":
@@ -127,12 +125,10 @@ func workerScript(dir string, env, argv []string) (string, error) {
 	for _, a := range argv {
 		b.WriteString(" " + shellQuote(a))
 	}
-	b.WriteString(" </dev/null 2>&4 3<&- 4>&- &\n")
-	b.WriteString("pid=$!\n")
+	b.WriteString(" </dev/null 2>&4 3<&- 4>&- &\npid=$!\n")
 	// The watcher owns the session's stdin from here on.
 	b.WriteString(`{ while IFS= read -r c; do case $c in TERM|INT|KILL) kill -"$c" -"$pid";; esac; done; kill -KILL -"$pid"; } <&3 >/dev/null 4>&- &` + "\n")
-	b.WriteString("w=$!\nexec 3<&-\n")
-	b.WriteString("wait \"$pid\"; rc=$?\n")
+	b.WriteString("w=$!\nexec 3<&-\nwait \"$pid\"; rc=$?\n")
 	// Whatever the program left in its group goes with it.
 	b.WriteString("kill -KILL -\"$pid\"; kill \"$w\"; exit \"$rc\"\n")
 	return finishPayload(b.String())
