@@ -150,12 +150,6 @@ func (l *live) setWorld(world string, size int) {
 	})
 }
 
-func (l *live) current() (world string, size int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.world, l.size
-}
-
 // collect folds the ranks' latest reports and redraws the status lines.
 func (l *live) collect(ctx context.Context, now time.Time) {
 	l.mu.Lock()
@@ -196,7 +190,9 @@ func (l *live) end(failure, dir string) {
 		var err error
 		// Ranks whose engine failed sent their whole recorder as they left; the others' report
 		// tails stand in for theirs.
-		world, size := l.current()
+		l.mu.Lock()
+		world, size := l.world, l.size
+		l.mu.Unlock()
 		if flights, err = relay.Flights(ctx, l.store, world, size); err != nil {
 			slog.Debug("kolo run: flight recorders", "err", err)
 		}
