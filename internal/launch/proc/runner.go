@@ -138,9 +138,6 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 	for i := range results {
 		results[i].StderrTail = children[i].Tail(0)
 	}
-	if first == nil && ctx.Err() == nil {
-		return results, nil
-	}
 	return results, first // nil when cancelled: the cancellation is reported rather than a rank
 }
 
