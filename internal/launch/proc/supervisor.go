@@ -15,11 +15,10 @@ import (
 	"time"
 )
 
-// Supervisor owns the child processes of a job, whatever the job (static, elastic, a node of a
-// no-ssh job): it starts them, pumps their output (prefixed, to per-child files, a tail of
-// stderr kept), stops them (a signal, then SIGKILL after Grace), reports each exit and, at
-// Close, bounds the wait for output a child's own children hold open. What to start and what an
-// exit means is the caller's: the Supervisor never decides to stop a child on its own.
+// Supervisor owns the child processes of a job, whatever the job: it starts them, pumps their
+// output (prefixed, to per-child files, a tail of stderr kept), stops them (a signal, then SIGKILL
+// after Grace), reports each exit and, at Close, bounds the wait for output a child's own children
+// hold open. What to start and what an exit means is the caller's: it never stops a child itself.
 type Supervisor struct {
 	Starter Starter
 	Stdout  *LineWriter // every child's stdout, prefixed with its label
