@@ -77,15 +77,11 @@ func toBlame(kind report.Kind, next, first *Result) bool {
 		if !next.Exit.Failed() {
 			return !next.Ended.IsZero() && next.Ended.Before(first.Ended)
 		}
-		return !stoppedByLauncher(next)
+		// Not one that ended of the launcher's own stop signal: its loss is a consequence of the
+		// failure rather than its cause.
+		return !(next.Stopped && next.Exit.Signal == StopSignal)
 	}
 	return false
-}
-
-// stoppedByLauncher reports whether r ended of the launcher's own stop signal, so that its loss is
-// a consequence of the failure rather than its cause.
-func stoppedByLauncher(r *Result) bool {
-	return r.Stopped && r.Exit.Signal == StopSignal
 }
 
 // Summary renders the report the launcher prints when a job fails: the rank the failure traces
