@@ -95,23 +95,14 @@ func Present(env map[string]string) bool {
 // Decode reads a Job written by Encode and checks it for consistency; errors name the variable.
 func Decode(env map[string]string) (Job, error) {
 	var j Job
-	ints := []struct {
-		name string
-		dst  *int
-	}{
+	if err := readInts(env, []intVar{
 		{Rank, &j.Rank}, {Size, &j.Size}, {LocalRank, &j.LocalRank}, {LocalSize, &j.LocalSize},
 		{CrossRank, &j.CrossRank}, {CrossSize, &j.CrossSize},
-	}
-	for _, v := range ints {
-		s, ok := env[v.name]
-		if !ok {
-			return Job{}, fmt.Errorf("environment: %s is not set (is this process started by kolo run?)", v.name)
+	}); err != nil {
+		if errors.Is(err, errUnset) {
+			return Job{}, fmt.Errorf("environment: %w (is this process started by kolo run?)", err)
 		}
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil {
-			return Job{}, fmt.Errorf("environment: %s=%q is not an integer", v.name, s)
-		}
-		*v.dst = n
+		return Job{}, fmt.Errorf("environment: %w", err)
 	}
 	j.Hostname = env[Hostname]
 	j.Rendezvous = env[Rendezvous]
@@ -171,9 +162,6 @@ func Interface(env map[string]string) (ifaces, name string) {
 	return v, k
 }
 
-// TCPFullMesh is the setting that connects every rank of another host at start-up (world.Options.FullMesh).
-var TCPFullMesh = settings.TCPFullMesh.Name
-
 // Oversubscribe is kolo run's --oversubscribe as a setting of its environment: start more local
 // ranks than this machine has CPUs. Read by kolo run, not by ranks.
 var Oversubscribe = settings.Oversubscribe.Name
@@ -191,7 +179,3 @@ func ReportsFrom(env map[string]string) (bool, error) {
 	}
 	return on, err
 }
-
-// ParseSwitch reads an on/off setting: 1, true, on, yes or 0, false, off, no (any case); empty is
-// off. Anything else is an error naming the setting (settings.ParseSwitch).
-func ParseSwitch(name, v string) (bool, error) { return settings.ParseSwitch(name, v) }

@@ -1,6 +1,8 @@
 package jobenv
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -69,6 +71,14 @@ func has(env map[string]string, k string) bool {
 	return ok
 }
 
+// present is name if env has it, else otherwise.
+func present(env map[string]string, name, otherwise string) string {
+	if has(env, name) {
+		return name
+	}
+	return otherwise
+}
+
 // fromOpenMPI reads the ranks mpirun gives every process. OpenMPI says nothing about which hosts
 // hold which ranks except through LOCAL_SIZE, so the cross rank is left to world.Connect unless
 // every rank is on this host.
@@ -102,19 +112,13 @@ func fromOpenMPI(env map[string]string, hostname string) (Job, error) {
 func fromSlurm(env map[string]string, hostname string) (Job, error) {
 	var j Job
 	var nodeID int
-	sizeVar := "SLURM_STEP_NUM_TASKS"
-	if !has(env, sizeVar) {
-		sizeVar = "SLURM_NTASKS"
-	}
+	sizeVar := present(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
 	if err := readInts(env, []intVar{
 		{"SLURM_PROCID", &j.Rank}, {sizeVar, &j.Size}, {"SLURM_LOCALID", &j.LocalRank}, {"SLURM_NODEID", &nodeID},
 	}); err != nil {
 		return Job{}, err
 	}
-	tpnVar := "SLURM_STEP_TASKS_PER_NODE"
-	if !has(env, tpnVar) {
-		tpnVar = "SLURM_TASKS_PER_NODE"
-	}
+	tpnVar := present(env, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
 	perNode, err := ParseTasksPerNode(env[tpnVar])
 	if err != nil {
 		return Job{}, fmt.Errorf("%s: %w", tpnVar, err)
@@ -150,10 +154,7 @@ func fromSlurm(env map[string]string, hostname string) (Job, error) {
 		}
 	}
 	j.Rendezvous = env[Rendezvous]
-	jobID, step := env["SLURM_JOB_ID"], firstSet(env, "SLURM_STEP_ID", "SLURM_STEPID")
-	if jobID == "" {
-		jobID = env["SLURM_JOBID"]
-	}
+	jobID, step := cmp.Or(env["SLURM_JOB_ID"], env["SLURM_JOBID"]), firstSet(env, "SLURM_STEP_ID", "SLURM_STEPID")
 	switch {
 	case firstSet(env, JobID) != "": // an exported but empty KOLO_JOB_ID would give every job one name
 		j.JobID = safeID(firstSet(env, JobID))
@@ -211,6 +212,8 @@ func CrossFromHosts(hosts []string, host string, localRank int) (crossRank, cros
 	return crossRank, crossSize
 }
 
+var errUnset = errors.New("is not set")
+
 type intVar struct {
 	name string
 	dst  *int
@@ -220,7 +223,7 @@ func readInts(env map[string]string, vars []intVar) error {
 	for _, v := range vars {
 		s, ok := env[v.name]
 		if !ok {
-			return fmt.Errorf("%s is not set", v.name)
+			return fmt.Errorf("%s %w", v.name, errUnset)
 		}
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil {

@@ -15,19 +15,11 @@ var LogLevel = settings.LogLevel.Name
 // ParseLogLevel reads Horovod's level names (TRACE, DEBUG, INFO, WARNING, ERROR, FATAL) and slog's
 // (WARN), in any case. TRACE maps below slog's Debug and FATAL above its Error.
 func ParseLogLevel(s string) (slog.Level, error) {
-	switch strings.ToUpper(strings.TrimSpace(s)) {
-	case "TRACE":
-		return slog.LevelDebug - 4, nil
-	case "DEBUG":
-		return slog.LevelDebug, nil
-	case "INFO":
-		return slog.LevelInfo, nil
-	case "WARNING", "WARN":
-		return slog.LevelWarn, nil
-	case "ERROR":
-		return slog.LevelError, nil
-	case "FATAL":
-		return slog.LevelError + 4, nil
+	if l, ok := logLevels[strings.ToUpper(strings.TrimSpace(s))]; ok {
+		return l, nil
 	}
 	return 0, fmt.Errorf("log level %q: want one of TRACE, DEBUG, INFO, WARNING, ERROR, FATAL", s)
 }
+
+var logLevels = map[string]slog.Level{"TRACE": slog.LevelDebug - 4, "DEBUG": slog.LevelDebug, "INFO": slog.LevelInfo,
+	"WARNING": slog.LevelWarn, "WARN": slog.LevelWarn, "ERROR": slog.LevelError, "FATAL": slog.LevelError + 4}

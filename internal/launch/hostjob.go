@@ -73,11 +73,7 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 		// Every slot is local here. Plan counts local ranks per host name, so two names for this
 		// machine (localhost and its hostname) would give two ranks the same CPUs.
 		if len(seen) > 1 {
-			names := make([]string, 0, len(seen))
-			for h := range seen {
-				names = append(names, h)
-			}
-			slices.Sort(names)
+			names := slices.Sorted(maps.Keys(seen))
 			return ExitUsage, fmt.Errorf("--bind-to core: the ranks of this machine are under %d host names (%s): give them under one", len(names), strings.Join(names, ", "))
 		}
 		if bind, err = proc.NewBinding(len(slots), opts.BindOverload); err != nil {
@@ -161,30 +157,25 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 
 // staticRun is a static job's ranks, every one started once, and what runStatic needs to run them.
 type staticRun struct {
-	workers []proc.Worker
-	starter proc.Starter
-	store   relay.Store // where the ranks' reports arrive: the rendezvous this launcher serves
-	jobID   string
-	// onFailure, when set, is told when the first rank to fail stops the others.
-	onFailure func()
-	// end, when set, gets a copy of what the job's end prints (the failure summary, the end
-	// table): the node serving a no-ssh job sends it to every node, and names itself (host) as
-	// where the flight-recorder file is.
+	workers   []proc.Worker
+	starter   proc.Starter
+	store     relay.Store // where the ranks' reports arrive: the rendezvous this launcher serves
+	jobID     string
+	onFailure func() // when set, told when the first rank to fail stops the others
+	// end, when set, gets a copy of what the job's end prints: the node serving a no-ssh job sends
+	// it to every node, and names itself (host) as where the flight-recorder file is.
 	end  io.Writer
 	host string
-	// ran, when set, gets how the ranks ended, for the outcome file.
-	ran *staticRan
+	ran  *staticRan // gets how the ranks ended, for the outcome file
 }
 
-// staticRan is how a static job's ranks ended: every rank's result, the rank the failure traces
-// back to (nil: none failed) and the ranks' failure records.
+// staticRan is how a static job's ranks ended, for its outcome (first nil: none failed).
 type staticRan struct {
 	results []proc.Result
 	first   *proc.Result
 	records map[int]report.Failure
 }
 
-// outcome is the job's outcome for the exit code and error kolo run ends with.
 func (r *staticRan) outcome(code int, err error, interrupted bool) Outcome {
 	return staticOutcome(code, err, interrupted, r.results, r.first, r.records)
 }
@@ -230,16 +221,12 @@ func runStatic(ctx context.Context, opts *flags.Options, r staticRun, stdout, st
 	if ctx.Err() != nil && !errors.As(context.Cause(ctx), &stop) {
 		stop = jobStop{code: ExitInterrupted, why: "interrupted: stopped every rank"}
 	}
-	if r.ran != nil {
-		r.ran.results = results
-	}
+	r.ran.results = results
 	if first := firstFailure(ctx, results); first != nil {
 		records := view.failures(size)
 		code := failureCode(first)
 		first = proc.Blame(results, first, records)
-		if r.ran != nil {
-			r.ran.first, r.ran.records = first, records
-		}
+		r.ran.first, r.ran.records = first, records
 		fmt.Fprint(report, proc.Summary(results, first, records))
 		view.end(fmt.Sprintf("rank %d on %s: %s", first.Slot.Rank, first.Slot.Host, first.Exit), opts.OutputDir)
 		if stop.code != 0 && stop.code != ExitInterrupted {
@@ -287,10 +274,8 @@ func failureCode(cause *proc.Result, fallback ...int) int {
 
 // workerExtraEnv is the engine tuning of opts plus the network interface workers must use.
 func workerExtraEnv(opts *flags.Options) map[string]string {
-	extra := make(map[string]string, len(opts.EngineEnv)+1)
-	for k, v := range opts.EngineEnv {
-		extra[k] = v
-	}
+	extra := map[string]string{}
+	maps.Copy(extra, opts.EngineEnv)
 	if opts.NetworkInterface != "" {
 		extra[jobenv.NetworkInterface] = opts.NetworkInterface
 	}
@@ -303,11 +288,9 @@ func connectTimeout(start time.Duration) time.Duration {
 }
 
 // rendezvousAddrs says, per host of a plan that spans hosts or names --network-interface, the IP
-// that host's workers dial, where the launcher's rendezvous listens: the --network-interface
-// address; otherwise the address this machine reaches each remote host from (so a namespace or a
-// second network gets an address it can route to, not a name only this machine resolves). Local
-// ranks of a job that spans hosts advertise themselves from the address they dial, so they get the
-// one of the first remote host.
+// its workers dial the rendezvous at: the --network-interface address, else the address this
+// machine reaches that host from (one it can route to, not a name only this machine resolves).
+// Local ranks advertise themselves from the address they dial: they get the first remote host's.
 func rendezvousAddrs(slots []layout.Slot, remote []string, iface string) (advertise map[string]string, err error) {
 	advertise = map[string]string{}
 	if iface != "" {

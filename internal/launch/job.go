@@ -3,13 +3,11 @@ package launch
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"os"
 	"strings"
 
 	"github.com/kolo-dl/kolo/internal/jobenv"
 	"github.com/kolo-dl/kolo/internal/launch/layout"
-	"github.com/kolo-dl/kolo/internal/launch/proc"
 	"github.com/kolo-dl/kolo/internal/version"
 )
 
@@ -38,34 +36,9 @@ func WorkerEnv(s layout.Slot, rendezvous, jobID, secret string, extraEnv map[str
 	return append(env, jobenv.Secret+"="+secret)
 }
 
-// LocalWorkers builds the Workers of a plan whose every rank runs on this machine.
-func LocalWorkers(slots []layout.Slot, argv []string, rendezvous, jobID, secret string, extraEnv map[string]string, forward []string) ([]proc.Worker, error) {
-	ws := make([]proc.Worker, len(slots))
-	for i, s := range slots {
-		if !layout.IsLocal(s.Host) {
-			return nil, fmt.Errorf("host %q is not this machine; launching on other hosts (ssh or --rendezvous) is not available yet", s.Host)
-		}
-		ws[i] = proc.Worker{Slot: s, Argv: argv, Env: WorkerEnv(s, rendezvous, jobID, secret, extraEnv, forward)}
-	}
-	return ws, nil
-}
-
 // NewJobID returns a random identifier for one job.
 func NewJobID() string {
 	b := make([]byte, 8)
 	rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-// RendezvousHost picks the address workers dial to reach the launcher's rendezvous: loopback when
-// every rank is local.
-func RendezvousHost(slots []layout.Slot) string {
-	for _, s := range slots {
-		if !layout.IsLocal(s.Host) {
-			if hn, err := os.Hostname(); err == nil {
-				return hn
-			}
-		}
-	}
-	return "127.0.0.1"
 }

@@ -1,6 +1,7 @@
 package launch
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"net"
@@ -14,12 +15,10 @@ import (
 	"github.com/kolo-dl/kolo/internal/rendezvous"
 )
 
-// listenOneHost makes the rendezvous of a job whose every rank runs on this machine listen on a
-// Unix socket in a new directory only this user may enter (endpoint.Dir), where the ranks put
-// their own sockets too (world.Connect): another user's process cannot even connect, and costs
-// the job nothing, where on loopback every stranger's connection costs an accept and a handshake.
-// It returns the socket's path and the directory, which the caller removes when the job ends; claim
-// is told the directory's path before it exists (endpoint.Dir).
+// listenOneHost makes the rendezvous of a job all on this machine listen on a Unix socket in a new
+// directory only this user may enter (endpoint.Dir, where the ranks put their sockets too): another
+// user's process cannot even connect, where on loopback each costs an accept and a handshake. It
+// returns the socket and the directory, which the caller removes; claim is told the directory first.
 func listenOneHost(srv *rendezvous.Server, claim func(dir string)) (sock, dir string, err error) {
 	dir, err = endpoint.Dir(claim)
 	if err != nil {
@@ -47,8 +46,7 @@ type rendezvousListeners struct {
 	on   map[string]bool // hosts listened on ("" for every interface)
 }
 
-// newRendezvousListeners returns srv's listeners, none yet; port is the one they will share, or
-// "" to take the one the first gets.
+// newRendezvousListeners returns srv's listeners, none yet, sharing port ("": the first one's).
 func newRendezvousListeners(srv *rendezvous.Server, port string) *rendezvousListeners {
 	return &rendezvousListeners{srv: srv, port: port, on: map[string]bool{}}
 }
@@ -66,11 +64,7 @@ func (l *rendezvousListeners) at(host string) (string, error) {
 		bind = ""
 	}
 	if !l.on[bind] && !l.on[""] && (bind != "" || len(l.on) == 0) {
-		port := l.port
-		if port == "" {
-			port = "0"
-		}
-		addr, err := l.srv.Listen(net.JoinHostPort(bind, port))
+		addr, err := l.srv.Listen(net.JoinHostPort(bind, cmp.Or(l.port, "0")))
 		if err != nil {
 			return "", fmt.Errorf("rendezvous: %w", err)
 		}

@@ -1,15 +1,10 @@
 package launch
 
-// The launcher's side of the ranks' report channel (package observe), one piece for every kind of
-// job (static from one machine, no-ssh, elastic): it collects the ranks' reports from the job's
-// rendezvous a few times a second (the store this launcher serves, or a connection to another
-// node's), keeps the status lines under the ranks' output on a terminal, serves the figures to
-// Prometheus (--metrics-addr), reads the ranks' failure records (which rank failed, how, and whom
-// it blames) and when the job ends prints the end table or, on a failure, what each rank was in,
-// with every rank's flight recorder written to a file. An elastic job moves the view to each new
-// round's world (setWorld), and the re-forms are counted. The ranks' output is unchanged on a
-// pipe: status lines are drawn only on a terminal (or with --status on), and the end table and
-// failure text go to stderr.
+// The launcher's side of the ranks' report channel (package observe), for every kind of job: it
+// collects the ranks' reports from the job's rendezvous a few times a second, draws status lines
+// under the ranks' output on a terminal (or with --status on: a pipe's output stays unchanged),
+// serves --metrics-addr, reads the failure records and, at the end, prints the end table or what
+// each rank was in, with the flight recorders in a file. An elastic job moves it to each new world.
 
 import (
 	"context"
@@ -45,19 +40,15 @@ type live struct {
 
 	// mu holds world and size, which change when an elastic job re-forms, for the whole of a
 	// collect: a report of the old world must not be folded into the new one.
-	mu     sync.Mutex
-	world  string // whose reports are collected: the job id, or an elastic round's
-	size   int
-	shared *view.Shared
-	con    *console.Console // nil: no status lines
-	silent time.Duration    // a rank not heard from for this long is silent
-	// flightFile: end writes the flight-recorder file (every launcher but the no-ssh nodes that
-	// do not serve the rendezvous).
-	flightFile bool
-	// flightHost, when set, is named where the file is written: the end is printed on other
-	// machines too (a no-ssh job's nodes).
-	flightHost string
-	stderr     io.Writer // the launcher's own (not the console's writer): for the end texts
+	mu         sync.Mutex
+	world      string // whose reports are collected: the job id, or an elastic round's
+	size       int
+	shared     *view.Shared
+	con        *console.Console // nil: no status lines
+	silent     time.Duration    // a rank not heard from for this long is silent
+	flightFile bool             // end writes the flight-recorder file (not the no-ssh nodes that do not serve)
+	flightHost string           // named where the file is written: the end is printed on other nodes too
+	stderr     io.Writer        // the launcher's own (not the console's writer): for the end texts
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -65,11 +56,9 @@ type live struct {
 
 // startLive starts the view of job (its id) of size ranks whose reports arrive in store (size 0:
 // an elastic job, whose worlds setWorld gives), and returns the writers the ranks' stdout and
-// stderr must go through (stdout and stderr themselves when no status lines are drawn). With
-// watch false it reads the reports once, when the job ends (for the end table and the failure
-// text), and draws and serves nothing meanwhile: a no-ssh node that does not serve the rendezvous,
-// which the serving node watches (N nodes reading every rank's report over the network, a few
-// times a second, would load it N times). It fails only when --metrics-addr cannot be served.
+// stderr must go through. With watch false it reads the reports only when the job ends: a no-ssh
+// node that does not serve the rendezvous, which the serving node watches (N nodes reading every
+// report over the network would load it N times). It fails only when --metrics-addr cannot be served.
 func startLive(ctx context.Context, opts *flags.Options, store relay.Store, job string, size int, watch bool,
 	stdout, stderr io.Writer) (l *live, outW, errW io.Writer, err error) {
 	l = &live{
@@ -93,23 +82,20 @@ func startLive(ctx context.Context, opts *flags.Options, store relay.Store, job 
 	}
 	if opts.MetricsAddr != "" {
 		served := make(chan error, 1)
-		l.wg.Add(1)
-		go func() {
-			defer l.wg.Done()
+		l.wg.Go(func() {
 			err := metrics.Serve(ctx, opts.MetricsAddr, metrics.New(l.shared, l.silent, time.Now), func(a net.Addr) {
 				fmt.Fprintf(stderr, "kolo run: metrics at http://%s/metrics\n", a)
 				served <- nil
 			})
 			served <- err
-		}()
+		})
 		if err := <-served; err != nil {
 			l.cancel()
 			l.wg.Wait()
 			return nil, nil, nil, fmt.Errorf("--metrics-addr: %w", err)
 		}
 	}
-	l.wg.Add(1)
-	go l.run(ctx)
+	l.wg.Go(func() { l.run(ctx) })
 	return l, outW, errW, nil
 }
 
@@ -136,7 +122,6 @@ type forcedTerminal struct{ io.Writer }
 func (forcedTerminal) Width() (int, bool) { return 100, true }
 
 func (l *live) run(ctx context.Context) {
-	defer l.wg.Done()
 	t := time.NewTicker(collectEvery)
 	defer t.Stop()
 	for {
@@ -163,12 +148,6 @@ func (l *live) setWorld(world string, size int) {
 			s.Reset(size)
 		}
 	})
-}
-
-func (l *live) current() (world string, size int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.world, l.size
 }
 
 // collect folds the ranks' latest reports and redraws the status lines.
@@ -199,10 +178,9 @@ func (l *live) stop() {
 	}
 }
 
-// end writes to stderr what the job leaves: the end table of a job that ran a step or, when
-// failure (why the job failed) is not empty and some rank reported, what each rank involved was
-// in, with every rank's flight recorder written to kolo-flight-<job id>.json in dir (empty: the
-// current directory).
+// end writes to stderr the end table of a job that ran a step or, when failure (why the job failed)
+// is not empty and some rank reported, what each rank was in, with every rank's flight recorder
+// in dir/kolo-flight-<job id>.json.
 func (l *live) end(failure, dir string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
@@ -212,7 +190,9 @@ func (l *live) end(failure, dir string) {
 		var err error
 		// Ranks whose engine failed sent their whole recorder as they left; the others' report
 		// tails stand in for theirs.
-		world, size := l.current()
+		l.mu.Lock()
+		world, size := l.world, l.size
+		l.mu.Unlock()
 		if flights, err = relay.Flights(ctx, l.store, world, size); err != nil {
 			slog.Debug("kolo run: flight recorders", "err", err)
 		}
@@ -275,10 +255,8 @@ func slowestLine(s *view.State) string {
 }
 
 func writeFlightFile(name string, f view.FlightFile) error {
-	if dir := filepath.Dir(name); dir != "." {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return err
-		}
+	if err := os.MkdirAll(filepath.Dir(name), 0o755); err != nil {
+		return err
 	}
 	out, err := os.Create(name)
 	if err != nil {

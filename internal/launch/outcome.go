@@ -1,9 +1,7 @@
 package launch
 
-// The job's outcome as data (--outcome-file): how the job ended, the rank its failure traces back
-// to and why, and how every rank ended, written as one JSON document when the job ends, for the
-// program that started kolo run (kolo.run in Python) to read instead of parsing the summary on
-// stderr. Every kind of job writes it with writeOutcome; what goes in it is each job's own.
+// The job's outcome as data (--outcome-file), one JSON document for the program that started kolo
+// run (kolo.run in Python) to read instead of parsing the summary on stderr.
 
 import (
 	"encoding/json"
@@ -20,16 +18,12 @@ import (
 
 // Outcome is the document --outcome-file receives (docs/launcher.md, "The outcome file").
 type Outcome struct {
-	ExitCode    int  `json:"exit_code"` // kolo run's own exit status
-	Succeeded   bool `json:"succeeded"`
-	Interrupted bool `json:"interrupted"` // Ctrl-C or SIGTERM stopped the job
-	// Error is what kolo run printed as its own error ("kolo run: ..."), if anything.
-	Error string `json:"error,omitempty"`
-	// FirstFailed is the rank the job's failure traces back to (what the summary names first);
-	// nil when no rank failed.
-	FirstFailed *RankOutcome `json:"first_failed"`
-	// Ranks is how every rank ended, by rank; an elastic job lists its last round's.
-	Ranks []RankOutcome `json:"ranks"`
+	ExitCode    int           `json:"exit_code"` // kolo run's own exit status
+	Succeeded   bool          `json:"succeeded"`
+	Interrupted bool          `json:"interrupted"`     // Ctrl-C or SIGTERM stopped the job
+	Error       string        `json:"error,omitempty"` // kolo run's own error ("kolo run: ..."), if any
+	FirstFailed *RankOutcome  `json:"first_failed"`    // the rank the failure traces back to; nil: none failed
+	Ranks       []RankOutcome `json:"ranks"`           // by rank; an elastic job lists its last round's
 }
 
 // RankOutcome is how one rank ended.
@@ -57,13 +51,19 @@ func rankOutcome(r proc.Result, rec report.Failure, ok bool) RankOutcome {
 	return o
 }
 
-// staticOutcome is the outcome of a job of fixed ranks (from one machine, or without ssh): code and
-// err are kolo run's, first the rank Blame traced the failure to (nil: none failed).
-func staticOutcome(code int, err error, interrupted bool, results []proc.Result, first *proc.Result, records map[int]report.Failure) Outcome {
+// newOutcome is the outcome of a job that ended with code and err, its ranks yet to add.
+func newOutcome(code int, err error, interrupted bool) Outcome {
 	o := Outcome{ExitCode: code, Succeeded: code == 0 && err == nil, Interrupted: interrupted, Ranks: []RankOutcome{}}
 	if err != nil {
 		o.Error = err.Error()
 	}
+	return o
+}
+
+// staticOutcome is the outcome of a job of fixed ranks (from one machine, or without ssh): code and
+// err are kolo run's, first the rank Blame traced the failure to (nil: none failed).
+func staticOutcome(code int, err error, interrupted bool, results []proc.Result, first *proc.Result, records map[int]report.Failure) Outcome {
+	o := newOutcome(code, err, interrupted)
 	for _, r := range results {
 		// A job that succeeded blames nobody, though a rank may have reported a failure it
 		// recovered from.
@@ -130,10 +130,7 @@ func replaceFile(path string, v any) error {
 // last round (the one it finished training in, if it did) ended, by their rank in it, and, when
 // it failed, the first worker of the failures that ended it, with its rank in the round it failed in.
 func (j *elasticJob) outcome(code int, err error, interrupted bool) Outcome {
-	o := Outcome{ExitCode: code, Succeeded: code == 0 && err == nil, Interrupted: interrupted, Ranks: []RankOutcome{}}
-	if err != nil {
-		o.Error = err.Error()
-	}
+	o := newOutcome(code, err, interrupted)
 	entry := func(p *elasticProc, rank int) RankOutcome {
 		r := proc.Result{Slot: layout.Slot{Rank: rank, Host: p.place.Host}, Exit: p.exit, Stopped: p.stopped}
 		if p.record != nil {

@@ -7,12 +7,10 @@ import (
 	"github.com/kolo-dl/kolo/internal/launch/flags"
 )
 
-// checkOversubscribe refuses a job of this machine alone (kolo run found no hosts in -H, a
-// hostfile, a discovery script or a Slurm allocation) that would start more ranks here than the
-// machine has cpus, unless asked (--oversubscribe, KOLO_OVERSUBSCRIBE=1): each rank would get a
-// share of a CPU, and a typo (-np 999) would start hundreds of processes without a word. Hosts a
-// user lists are trusted with their slots, as mpirun does; --bind-to core checks its own split.
-// local is the most ranks the job may start here, and flag the flag that asked for them.
+// checkOversubscribe refuses a job of this machine alone (no -H, hostfile, discovery script or
+// Slurm allocation) of more ranks (local, asked for by flag) than cpus, unless --oversubscribe:
+// a typo (-np 999) would start hundreds of processes without a word. Hosts a user lists are
+// trusted with their slots, as mpirun does; --bind-to core checks its own split.
 func checkOversubscribe(opts *flags.Options, local int, flag string, cpus int) error {
 	if opts.Oversubscribe || opts.BindTo == flags.BindCore || local <= cpus {
 		return nil

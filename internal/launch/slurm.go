@@ -1,17 +1,17 @@
 package launch
 
 import (
+	"cmp"
 	"fmt"
 
 	"github.com/kolo-dl/kolo/internal/jobenv"
 	"github.com/kolo-dl/kolo/internal/launch/elastic"
 )
 
-// An elastic kolo run inside a Slurm allocation (a batch script, or salloc's shell) takes its
-// hosts from the allocation and starts each worker as a job step of its own (srun on one node,
-// one task), not over ssh: Slurm places, accounts for and cleans up every worker, and a node that
-// fails ends only the steps on it, which the launcher sees as those workers failing. Everything
-// else (rounds, blacklisting, the rendezvous) is as over ssh.
+// An elastic kolo run inside a Slurm allocation takes its hosts from it and starts each worker as
+// a job step of its own (srun, one task on one node), not over ssh: Slurm places, accounts for and
+// cleans up every worker, and a failed node ends only its steps, which the launcher sees as those
+// workers failing.
 
 // slurmAlloc is the allocation a launcher runs in, read from the variables sbatch and salloc set.
 type slurmAlloc struct {
@@ -24,11 +24,11 @@ type slurmAlloc struct {
 // for per node (SLURM_TASKS_PER_NODE, from -n/--ntasks-per-node), else its CPUs per node; a
 // positive slotsPerHost (--slots-per-host) overrides both.
 func slurmAllocation(env map[string]string, slotsPerHost int) (slurmAlloc, bool, error) {
-	id := firstOf(env, "SLURM_JOB_ID", "SLURM_JOBID")
-	if id == "" || firstOf(env, "SLURM_STEP_ID", "SLURM_STEPID") != "" {
+	id := cmp.Or(env["SLURM_JOB_ID"], env["SLURM_JOBID"])
+	if id == "" || cmp.Or(env["SLURM_STEP_ID"], env["SLURM_STEPID"]) != "" {
 		return slurmAlloc{}, false, nil
 	}
-	nl := firstOf(env, "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+	nl := cmp.Or(env["SLURM_JOB_NODELIST"], env["SLURM_NODELIST"])
 	if nl == "" {
 		return slurmAlloc{}, false, fmt.Errorf("inside Slurm job %s, but SLURM_JOB_NODELIST is not set", id)
 	}
@@ -63,13 +63,4 @@ func slurmAllocation(env map[string]string, slotsPerHost int) (slurmAlloc, bool,
 		a.Hosts = append(a.Hosts, elastic.Host{Name: n, Slots: slots[i]})
 	}
 	return a, true, nil
-}
-
-func firstOf(env map[string]string, keys ...string) string {
-	for _, k := range keys {
-		if v := env[k]; v != "" {
-			return v
-		}
-	}
-	return ""
 }

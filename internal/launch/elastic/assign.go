@@ -2,6 +2,7 @@ package elastic
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -86,39 +87,33 @@ func Assign(survivors []Worker, hosts []Host, maxNP int) ([]Rank, error) {
 	return layout(workers), nil
 }
 
-// layout numbers workers given in rank order.
+// layout numbers workers given in rank order. Local ranks go by slot; a host's cross rank at local
+// rank l is the number of hosts before it (by first rank) that have local rank l (next[l], as it
+// goes), and the cross size all of them.
 func layout(workers []Worker) []Rank {
 	ranks := make([]Rank, len(workers))
 	var hostOrder []string // by first rank
-	onHost := map[string][]int{}
+	onHost := map[string][]*Rank{}
 	for i, w := range workers {
 		ranks[i] = Rank{Worker: w, Rank: i, Size: len(workers)}
 		if _, ok := onHost[w.Host]; !ok {
 			hostOrder = append(hostOrder, w.Host)
 		}
-		onHost[w.Host] = append(onHost[w.Host], i)
+		onHost[w.Host] = append(onHost[w.Host], &ranks[i])
 	}
-	for _, idx := range onHost {
-		for _, i := range idx {
-			r := &ranks[i]
-			r.LocalSize = len(idx)
-			for _, j := range idx {
-				if ranks[j].Slot < r.Slot {
-					r.LocalRank++
-				}
+	var next []int
+	for _, h := range hostOrder {
+		bySlot := slices.SortedFunc(slices.Values(onHost[h]), func(a, b *Rank) int { return a.Slot - b.Slot })
+		for l, r := range bySlot {
+			if l == len(next) {
+				next = append(next, 0)
 			}
+			r.LocalRank, r.LocalSize, r.CrossRank = l, len(bySlot), next[l]
+			next[l]++
 		}
 	}
 	for i := range ranks {
-		r := &ranks[i]
-		for _, h := range hostOrder {
-			if len(onHost[h]) > r.LocalRank {
-				if h == r.Host {
-					r.CrossRank = r.CrossSize
-				}
-				r.CrossSize++
-			}
-		}
+		ranks[i].CrossSize = next[ranks[i].LocalRank]
 	}
 	return ranks
 }

@@ -93,10 +93,7 @@ func (b *Blacklist) Add(host string, now time.Time) bool {
 // Blocked reports whether host may not run ranks at now. A cooldown is over at Until exactly.
 func (b *Blacklist) Blocked(host string, now time.Time) bool {
 	e := b.hosts[host]
-	if e == nil {
-		return false
-	}
-	return e.Until.IsZero() || now.Before(e.Until)
+	return e != nil && (e.Until.IsZero() || now.Before(e.Until))
 }
 
 // Entries lists every host that was ever blacklisted, by name, including those whose cooldown is

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -70,19 +71,7 @@ const (
 	Fail                  // stop every worker; Decision.Err says why
 )
 
-func (a Action) String() string {
-	switch a {
-	case Nothing:
-		return "nothing"
-	case Wait:
-		return "wait"
-	case Reset:
-		return "reset"
-	case Fail:
-		return "fail"
-	}
-	return fmt.Sprintf("action(%d)", int(a))
-}
+func (a Action) String() string { return name(int(a), "action", "nothing", "wait", "reset", "fail") }
 
 // Cause is why a worker is not in the next generation.
 type Cause int
@@ -95,17 +84,15 @@ const (
 )
 
 func (c Cause) String() string {
-	switch c {
-	case Exited:
-		return "failed"
-	case HostBlacklisted:
-		return "host blacklisted"
-	case HostRemoved:
-		return "host left discovery"
-	case SlotRemoved:
-		return "slot no longer listed"
+	return name(int(c), "cause", "", "failed", "host blacklisted", "host left discovery", "slot no longer listed")
+}
+
+// name is names[i], or kind(i) for a value without one.
+func name(i int, kind string, names ...string) string {
+	if i >= 0 && i < len(names) && names[i] != "" {
+		return names[i]
 	}
-	return fmt.Sprintf("cause(%d)", int(c))
+	return fmt.Sprintf("%s(%d)", kind, i)
 }
 
 // Loss is a worker of the current generation that the next one does not have.
@@ -121,10 +108,11 @@ type Generation struct {
 }
 
 // Workers lists the generation's workers in rank order.
-func (g *Generation) Workers() []Worker {
-	ws := make([]Worker, len(g.Ranks))
-	for i, r := range g.Ranks {
-		ws[i] = r.Worker
+func (g *Generation) Workers() []Worker { return workers(g.Ranks) }
+
+func workers(ranks []Rank) (ws []Worker) {
+	for _, r := range ranks {
+		ws = append(ws, r.Worker)
 	}
 	return ws
 }
@@ -248,7 +236,7 @@ func (p *Planner) DiscoveryFailed(now time.Time, err error) Decision {
 func (p *Planner) Failed(now time.Time, workers ...Worker) Decision {
 	var stray []Worker
 	for _, w := range workers {
-		if p.gen == nil || !p.inWorld(w) {
+		if !p.inWorld(w) {
 			stray = append(stray, w)
 			continue
 		}
@@ -278,12 +266,7 @@ func (p *Planner) worldRanks() []Rank {
 }
 
 func (p *Planner) inWorld(w Worker) bool {
-	for _, r := range p.worldRanks() {
-		if r.Worker == w {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(p.worldRanks(), func(r Rank) bool { return r.Worker == w })
 }
 
 // decide is the whole policy, in the order Horovod applies it.
@@ -318,7 +301,7 @@ func (p *Planner) decide(now time.Time) Decision {
 		p.waitingSince = time.Time{}
 		return Decision{Action: Nothing, Reason: p.unchanged(slots)}
 	}
-	start := ranks[len(survivors):]
+	start := workers(ranks[len(survivors):])
 	if p.gen != nil && p.cfg.ResetLimit >= 0 && p.resets >= p.cfg.ResetLimit {
 		return p.fail(fmt.Errorf("%w: %s done, --reset-limit %d; generation %d was needed: %s",
 			ErrResetLimit, plural(p.resets, "reset"), p.cfg.ResetLimit, p.gen.Number+1, changes(lost, start)))
@@ -351,10 +334,7 @@ func (p *Planner) decide(now time.Time) Decision {
 		reason = fmt.Sprintf("generation %d (reset %d%s): %s; %s on %s", next.Number, p.resets, limit,
 			changes(lost, start), plural(len(ranks), "rank"), plural(countHosts(ranks), "host"))
 	}
-	d := Decision{Action: Reset, Reason: reason, World: next, Lost: lost}
-	for _, r := range start {
-		d.Start = append(d.Start, r.Worker)
-	}
+	d := Decision{Action: Reset, Reason: reason, World: next, Lost: lost, Start: start}
 	p.gen, p.out, p.waitingSince = next, map[Worker]Cause{}, time.Time{}
 	return d
 }
@@ -455,17 +435,13 @@ func (p *Planner) unchanged(slots int) string {
 }
 
 // changes describes a reset: "lost a[0-1] (host left discovery); started b[0-1]".
-func changes(lost []Loss, start []Rank) string {
+func changes(lost []Loss, start []Worker) string {
 	var parts []string
 	if len(lost) > 0 {
 		parts = append(parts, "lost "+formatLosses(lost))
 	}
 	if len(start) > 0 {
-		ws := make([]Worker, len(start))
-		for i, r := range start {
-			ws[i] = r.Worker
-		}
-		parts = append(parts, "started "+formatWorkers(ws))
+		parts = append(parts, "started "+formatWorkers(start))
 	}
 	return strings.Join(parts, "; ")
 }

@@ -75,14 +75,9 @@ type Options struct {
 	SSHOptions       []string // --ssh-option, passed to ssh as -o
 	NetworkInterface string   // --network-interface: what workers and the rendezvous advertise
 
-	// BindTo is --bind-to: "core" binds each rank kolo run starts to cores of its own (internal/launch/proc/bind.go),
-	// "none" (the default) leaves placement to the kernel.
-	BindTo string
-	// BindOverload: --bind-to core:overload-allowed, more ranks than CPUs bound round robin.
-	BindOverload bool
-	// Oversubscribe: --oversubscribe (or KOLO_OVERSUBSCRIBE=1), start a job on this machine alone
-	// with more ranks than it has CPUs; launch refuses that otherwise.
-	Oversubscribe bool
+	BindTo        string // --bind-to: BindNone or BindCore (internal/launch/proc/bind.go)
+	BindOverload  bool   // --bind-to core:overload-allowed
+	Oversubscribe bool   // --oversubscribe, or KOLO_OVERSUBSCRIBE=1
 
 	// No ssh: every node runs kolo run and they meet at a rendezvous (internal/launch/node.go).
 	Rendezvous   string // --rendezvous HOST:PORT
@@ -99,10 +94,7 @@ type Options struct {
 	SlotsPerHost      int              // --slots-per-host: slots of a discovered host listed without ":N"
 	ResetLimit        int              // --reset-limit; -1 (the default): no limit
 	BlacklistCooldown elastic.Cooldown // --blacklist-cooldown-range MIN MAX; zero: a failed host is out for good
-	// ElasticTimeout is --elastic-timeout: how long the job may be short of slots before it fails,
-	// and how long workers wait for their next round; default KOLO_ELASTIC_TIMEOUT, else
-	// HOROVOD_ELASTIC_TIMEOUT, else 600 s.
-	ElasticTimeout time.Duration
+	ElasticTimeout    time.Duration    // --elastic-timeout, else KOLO_ELASTIC_TIMEOUT, HOROVOD_ELASTIC_TIMEOUT, 600 s
 }
 
 // Elastic reports whether opts asks for elastic mode.
@@ -136,15 +128,13 @@ func Parse(args []string, stderr io.Writer) (*Options, error) {
 	fs.StringVar(&o.Status, "status", StatusAuto, "live status lines under the ranks' output: auto (when stdout is a terminal), on, off")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve the job's metrics for Prometheus at http://HOST:PORT/metrics while it runs (a loopback HOST, 127.0.0.1, keeps them on this machine; port 0 picks one)")
 	fs.BoolVar(&o.Timestamps, "prefix-output-with-timestamp", false, "prefix every output line with the time")
-	var env multiFlag
-	fs.Var(&env, "x", "forward an environment variable to workers: NAME or NAME=VALUE (repeatable)")
+	fs.Var((*multiFlag)(&o.Env), "x", "forward an environment variable to workers: NAME or NAME=VALUE (repeatable)")
 
 	fs.IntVar(&o.SSHPort, "p", 0, "ssh port of the other hosts (default: ssh's config, else 22)")
 	fs.IntVar(&o.SSHPort, "ssh-port", 0, "same as -p")
 	fs.StringVar(&o.SSHIdentityFile, "i", "", "ssh private key for the other hosts")
 	fs.StringVar(&o.SSHIdentityFile, "ssh-identity-file", "", "same as -i")
-	var sshOpts multiFlag
-	fs.Var(&sshOpts, "ssh-option", "pass -o OPTION to ssh, e.g. StrictHostKeyChecking=accept-new (repeatable)")
+	fs.Var((*multiFlag)(&o.SSHOptions), "ssh-option", "pass -o OPTION to ssh, e.g. StrictHostKeyChecking=accept-new (repeatable)")
 	fs.StringVar(&o.NetworkInterface, "network-interface", "", "interface(s) whose address workers and the rendezvous use, e.g. eth0 or ib0,eth0 (the first present on a host); workers get KOLO_NETWORK_INTERFACE")
 	fs.StringVar(&o.BindTo, "bind-to", BindNone, "core: bind each rank to cores of its own, this machine's CPUs split evenly among its ranks, whole cores first (as mpirun --bind-to core; torch's default thread count then follows); core:overload-allowed: the same, and with more ranks than CPUs each rank gets one CPU, round robin; none: no binding")
 	fs.BoolVar(&o.Oversubscribe, "oversubscribe", false, "start more ranks than this machine has CPUs, in a job without -H or --hostfile (as mpirun's --oversubscribe; also KOLO_OVERSUBSCRIBE=1); refused otherwise")
@@ -185,8 +175,6 @@ func Parse(args []string, stderr io.Writer) (*Options, error) {
 			return nil, err
 		}
 	}
-	o.Env = env
-	o.SSHOptions = sshOpts
 	o.Command = fs.Args()
 	o.LogLevel = o.EngineEnv[jobenv.LogLevel]
 	if o.CheckBuild || o.Version {
@@ -198,37 +186,28 @@ func Parse(args []string, stderr io.Writer) (*Options, error) {
 			npErr = fmt.Errorf("-%s %s: must be a positive integer (the number of ranks to start)", f.Name, f.Value)
 		}
 	})
-	if npErr != nil {
-		return nil, npErr
-	}
-	if len(o.Command) == 0 {
-		return nil, errors.New("no command given: kolo run -np N COMMAND [ARGS...]")
-	}
-	if o.Hosts != "" && o.Hostfile != "" {
-		return nil, errors.New("-H and --hostfile are mutually exclusive")
-	}
 	if o.BindTo == BindCoreOverload {
 		o.BindTo, o.BindOverload = BindCore, true
 	}
-	if o.BindTo != BindNone && o.BindTo != BindCore {
+	metricsHost, _, metricsErr := net.SplitHostPort(o.MetricsAddr)
+	switch {
+	case npErr != nil:
+		return nil, npErr
+	case len(o.Command) == 0:
+		return nil, errors.New("no command given: kolo run -np N COMMAND [ARGS...]")
+	case o.Hosts != "" && o.Hostfile != "":
+		return nil, errors.New("-H and --hostfile are mutually exclusive")
+	case o.BindTo != BindNone && o.BindTo != BindCore:
 		return nil, fmt.Errorf("--bind-to %q: want %s, %s or %s", o.BindTo, BindCore, BindCoreOverload, BindNone)
-	}
-	if o.Status != StatusAuto && o.Status != StatusOn && o.Status != StatusOff {
+	case o.Status != StatusAuto && o.Status != StatusOn && o.Status != StatusOff:
 		return nil, fmt.Errorf("--status %q: want %s, %s or %s", o.Status, StatusAuto, StatusOn, StatusOff)
+	case o.MetricsAddr != "" && (metricsErr != nil || metricsHost == ""):
+		return nil, fmt.Errorf("--metrics-addr %q: want HOST:PORT with a host (127.0.0.1:9400 serves this machine only)", o.MetricsAddr)
 	}
-	if o.MetricsAddr != "" {
-		if host, _, err := net.SplitHostPort(o.MetricsAddr); err != nil || host == "" {
-			return nil, fmt.Errorf("--metrics-addr %q: want HOST:PORT with a host (127.0.0.1:9400 serves this machine only)", o.MetricsAddr)
+	for _, check := range []func() error{o.checkOutcomeFile, o.checkNodeFlags, func() error { return o.checkElasticFlags(fs, &cooldown) }} {
+		if err := check(); err != nil {
+			return nil, err
 		}
-	}
-	if err := o.checkOutcomeFile(); err != nil {
-		return nil, err
-	}
-	if err := o.checkNodeFlags(); err != nil {
-		return nil, err
-	}
-	if err := o.checkElasticFlags(fs, &cooldown); err != nil {
-		return nil, err
 	}
 	var err error
 	if o.Oversubscribe, err = Oversubscribing(o.Oversubscribe); err != nil {
@@ -291,20 +270,16 @@ func (o *Options) checkNodeFlags() error {
 	if _, _, err := net.SplitHostPort(o.Rendezvous); err != nil {
 		return fmt.Errorf("--rendezvous %q: want HOST:PORT: %w", o.Rendezvous, err)
 	}
-	if o.Elastic() {
-		// Nodes come and go: --nnodes is how many the first round waits for (default 1), and
-		// ranks are the planner's, round by round.
-		switch {
-		case o.NNodes < 0:
-			return fmt.Errorf("--nnodes %d must be positive", o.NNodes)
-		case o.NodeRank >= 0:
-			return errors.New("--node-rank has no meaning in elastic mode: nodes join in any order, and each round numbers the ranks anew")
-		}
-	}
-	switch {
-	case o.NNodes < 1 && !o.Elastic():
+	// Elastic: nodes come and go, --nnodes is how many the first round waits for (default 1), and
+	// ranks are the planner's, round by round.
+	switch el := o.Elastic(); {
+	case el && o.NNodes < 0:
+		return fmt.Errorf("--nnodes %d must be positive", o.NNodes)
+	case el && o.NodeRank >= 0:
+		return errors.New("--node-rank has no meaning in elastic mode: nodes join in any order, and each round numbers the ranks anew")
+	case o.NNodes < 1 && !el:
 		return errors.New("--rendezvous needs --nnodes N (how many nodes run kolo run for this job)")
-	case o.NodeRank >= o.NNodes && !o.Elastic():
+	case o.NodeRank >= o.NNodes && !el:
 		return fmt.Errorf("--node-rank %d is outside 0..%d (--nnodes %d)", o.NodeRank, o.NNodes-1, o.NNodes)
 	case o.Hostfile != "":
 		return errors.New("--hostfile cannot be used with --rendezvous: each node runs its own ranks (-H localhost:N or --nproc-per-node N)")
@@ -390,10 +365,7 @@ type cooldownFlag struct {
 func (c *cooldownFlag) String() string { return c.min + "," + c.max }
 
 func (c *cooldownFlag) Set(s string) error {
-	c.min, c.max, c.comma = s, "", false
-	if lo, hi, ok := strings.Cut(s, ","); ok {
-		c.min, c.max, c.comma = lo, hi, true
-	}
+	c.min, c.max, c.comma = strings.Cut(s, ",")
 	return nil
 }
 

@@ -10,21 +10,6 @@ import (
 	"github.com/kolo-dl/kolo/internal/settings"
 )
 
-// Variables the worker flags set, beside the engine's (KOLO_FUSION_THRESHOLD and the rest, read by
-// engine.ConfigFromEnv). The timeline and autotune names are the contract with the engine code that
-// reads them; Horovod's HOROVOD_* spellings of the same settings are read there too.
-var (
-	EnvTimeline               = settings.Timeline.Name
-	EnvTimelineMarkCycles     = settings.TimelineMarkCycles.Name
-	EnvAutotune               = settings.Autotune.Name
-	EnvAutotuneLog            = settings.AutotuneLog.Name
-	EnvAutotuneWarmupSamples  = settings.AutotuneWarmupSamples.Name
-	EnvAutotuneStepsPerSample = settings.AutotuneStepsPerSample.Name
-	EnvAutotuneBayesOptMax    = settings.AutotuneMaxSamples.Name
-	EnvAutotuneGaussianNoise  = settings.AutotuneNoise.Name
-	EnvHierarchicalAllgather  = settings.HierarchicalAllgather.Name
-)
-
 // envFlag is a flag whose value, once checked, becomes one environment variable of every worker.
 // Setting it again (a later flag, or --config-file) overwrites the variable, so the last one wins.
 type envFlag struct {
@@ -111,9 +96,9 @@ func addWorkerFlags(fs *flag.FlagSet, env map[string]string) {
 		"two-level allreduce: shared memory within a host, TCP across hosts (default on where every host runs the same number of ranks)")
 	add("no-hierarchical-allreduce", settings.HierarchicalAllreduce.Name, true, boolTo("0", "1"),
 		"flat allreduce across all ranks")
-	add("hierarchical-allgather", EnvHierarchicalAllgather, true, boolTo("1", "0"),
+	add("hierarchical-allgather", settings.HierarchicalAllgather.Name, true, boolTo("1", "0"),
 		"accepted for horovodrun compatibility: kolo's allgather has no hierarchical variant yet")
-	add("no-hierarchical-allgather", EnvHierarchicalAllgather, true, boolTo("0", "1"),
+	add("no-hierarchical-allgather", settings.HierarchicalAllgather.Name, true, boolTo("0", "1"),
 		"accepted for horovodrun compatibility (see --hierarchical-allgather)")
 	add("no-stall-check", settings.StallCheckDisable.Name, true, boolTo("1", "0"),
 		"do not report ops that some ranks submitted and others did not")
@@ -125,21 +110,21 @@ func addWorkerFlags(fs *flag.FlagSet, env map[string]string) {
 		"fail sooner an op whose missing ranks wait on other ops of their own: calls that went different ways on different ranks (default 30; 0: never)")
 	add("progress-timeout-seconds", settings.ProgressTimeout.Name, false, nonNegFloat(1, "%g"),
 		"fail a collective on every rank, and stop the job, when a rank waits this many seconds inside it on a peer that moves no byte (stopped, hung, cut off), naming that peer (default 60; 0: never)")
-	add("timeline-filename", EnvTimeline, false, anyString,
+	add("timeline-filename", settings.Timeline.Name, false, anyString,
 		"record a timeline of the job's ops (Chrome trace format) in this file")
-	add("timeline-mark-cycles", EnvTimelineMarkCycles, true, boolTo("1", "0"),
+	add("timeline-mark-cycles", settings.TimelineMarkCycles.Name, true, boolTo("1", "0"),
 		"mark the engine's cycles in the timeline")
-	add("autotune", EnvAutotune, true, boolTo("1", "0"),
+	add("autotune", settings.Autotune.Name, true, boolTo("1", "0"),
 		"tune the fusion threshold and cycle time while the job runs, keeping the defaults unless a candidate is faster with 95% confidence (docs/launcher.md)")
-	add("autotune-log-file", EnvAutotuneLog, false, anyString,
+	add("autotune-log-file", settings.AutotuneLog.Name, false, anyString,
 		"rank 0's CSV log of every autotune sample; a log that holds a decision is read back, so the next run starts tuned")
-	add("autotune-warmup-samples", EnvAutotuneWarmupSamples, false, nonNegInt,
+	add("autotune-warmup-samples", settings.AutotuneWarmupSamples.Name, false, nonNegInt,
 		"autotune samples discarded at the start (default 3)")
-	add("autotune-steps-per-sample", EnvAutotuneStepsPerSample, false, nonNegInt,
+	add("autotune-steps-per-sample", settings.AutotuneStepsPerSample.Name, false, nonNegInt,
 		"optimizer steps per autotune sample (default: sized by time, at least 1 s and 5 steps, at most what still decides within 300 steps, 10 at the defaults)")
-	add("autotune-bayes-opt-max-samples", EnvAutotuneBayesOptMax, false, nonNegInt,
+	add("autotune-bayes-opt-max-samples", settings.AutotuneMaxSamples.Name, false, nonNegInt,
 		"measured autotune samples (the defaults' and candidates') before it must decide (default 20)")
-	add("autotune-gaussian-process-noise", EnvAutotuneGaussianNoise, false, unitInterval,
+	add("autotune-gaussian-process-noise", settings.AutotuneNoise.Name, false, unitInterval,
 		"the autotuner's Gaussian-process noise, in [0, 1] (default 0.8)")
 	add("log-level", jobenv.LogLevel, false, logLevel,
 		"TRACE, DEBUG, INFO, WARNING, ERROR or FATAL: the launcher's and the workers' log level (default INFO)")

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kolo-dl/kolo/internal/settings"
 )
 
 func writeConfig(t *testing.T, text string) string {
@@ -56,7 +58,7 @@ func TestWorkerFlags(t *testing.T) {
 		err  string
 	}{
 		{"nothing set: workers get the engine's defaults", []string{"prog"}, map[string]string{},
-			[]string{"KOLO_FUSION_THRESHOLD", "KOLO_HIERARCHICAL_ALLREDUCE", "KOLO_STALL_CHECK_DISABLE", "KOLO_LOG_LEVEL", EnvAutotune}, ""},
+			[]string{"KOLO_FUSION_THRESHOLD", "KOLO_HIERARCHICAL_ALLREDUCE", "KOLO_STALL_CHECK_DISABLE", "KOLO_LOG_LEVEL", settings.Autotune.Name}, ""},
 		{"tuning flags", []string{"--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5", "--cache-capacity", "0",
 			"--no-stall-check", "--stall-check-warning-time-seconds", "5", "--stall-check-shutdown-time-seconds", "30",
 			"--stall-check-crossed-time-seconds", "2.5", "--progress-timeout-seconds", "7.5", "prog"},
@@ -70,8 +72,8 @@ func TestWorkerFlags(t *testing.T) {
 		{"timeline and autotune", []string{"--timeline-filename", "/tmp/t.json", "--timeline-mark-cycles", "--autotune",
 			"--autotune-log-file", "at.csv", "--autotune-warmup-samples", "3", "--autotune-steps-per-sample", "10",
 			"--autotune-bayes-opt-max-samples", "20", "--autotune-gaussian-process-noise", "0.8", "prog"},
-			map[string]string{EnvTimeline: "/tmp/t.json", EnvTimelineMarkCycles: "1", EnvAutotune: "1", EnvAutotuneLog: "at.csv",
-				EnvAutotuneWarmupSamples: "3", EnvAutotuneStepsPerSample: "10", EnvAutotuneBayesOptMax: "20", EnvAutotuneGaussianNoise: "0.8"}, nil, ""},
+			map[string]string{settings.Timeline.Name: "/tmp/t.json", settings.TimelineMarkCycles.Name: "1", settings.Autotune.Name: "1", settings.AutotuneLog.Name: "at.csv",
+				settings.AutotuneWarmupSamples.Name: "3", settings.AutotuneStepsPerSample.Name: "10", settings.AutotuneMaxSamples.Name: "20", settings.AutotuneNoise.Name: "0.8"}, nil, ""},
 		{"log level", []string{"--log-level", "WARNING", "prog"}, map[string]string{"KOLO_LOG_LEVEL": "WARNING"}, nil, ""},
 		{"bad log level", []string{"--log-level", "LOUD", "prog"}, nil, nil, "TRACE, DEBUG"},
 		{"negative fusion", []string{"--fusion-threshold-mb", "-1", "prog"}, nil, nil, "want a number >= 0"},
@@ -80,9 +82,9 @@ func TestWorkerFlags(t *testing.T) {
 
 		{"config file", []string{"--config-file", full, "prog"},
 			map[string]string{"KOLO_FUSION_THRESHOLD": "33554432", "KOLO_CYCLE_TIME": "2.5ms", "KOLO_CACHE_CAPACITY": "512",
-				"KOLO_HIERARCHICAL_ALLREDUCE": "0", EnvHierarchicalAllgather: "1", EnvAutotune: "1", EnvAutotuneLog: "/tmp/autotune.csv",
-				EnvAutotuneWarmupSamples: "3", EnvAutotuneStepsPerSample: "10", EnvAutotuneBayesOptMax: "20", EnvAutotuneGaussianNoise: "0.8",
-				EnvTimeline: "/tmp/timeline.json", EnvTimelineMarkCycles: "1", "KOLO_STALL_CHECK_DISABLE": "1",
+				"KOLO_HIERARCHICAL_ALLREDUCE": "0", settings.HierarchicalAllgather.Name: "1", settings.Autotune.Name: "1", settings.AutotuneLog.Name: "/tmp/autotune.csv",
+				settings.AutotuneWarmupSamples.Name: "3", settings.AutotuneStepsPerSample.Name: "10", settings.AutotuneMaxSamples.Name: "20", settings.AutotuneNoise.Name: "0.8",
+				settings.Timeline.Name: "/tmp/timeline.json", settings.TimelineMarkCycles.Name: "1", "KOLO_STALL_CHECK_DISABLE": "1",
 				"KOLO_STALL_CHECK_TIME_SECONDS": "30", "KOLO_STALL_SHUTDOWN_TIME_SECONDS": "120", "KOLO_PROGRESS_TIMEOUT_SECONDS": "90",
 				"KOLO_LOG_LEVEL": "DEBUG"}, nil, ""},
 		{"flags after the config file win", []string{"--config-file", full, "--fusion-threshold-mb", "1", "--log-level", "ERROR", "prog"},

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -29,7 +30,7 @@ func ParseHosts(spec string) ([]Host, error) {
 	if len(hosts) == 0 {
 		return nil, fmt.Errorf("-H %q names no hosts", spec)
 	}
-	return mergeDuplicates(hosts)
+	return mergeDuplicates(hosts), nil
 }
 
 func parseHostSlots(item string) (Host, error) {
@@ -64,10 +65,10 @@ func parseHostSlots(item string) (Host, error) {
 // ssh would read as an option) or an IP address; anything else (spaces, a second ':', a user@) is
 // an error saying what is wrong.
 func CheckHostName(name string) error {
-	switch {
+	switch _, ipErr := netip.ParseAddr(name); {
 	case name == "":
 		return errors.New("empty host name")
-	case isIP(name):
+	case ipErr == nil:
 		return nil
 	case name[0] == '-':
 		return fmt.Errorf("host name %q starts with '-'", name)
@@ -128,11 +129,7 @@ func ParseHostfile(name string, r io.Reader) ([]Host, error) {
 	if len(hosts) == 0 {
 		return nil, fmt.Errorf("%s: no hosts listed", name)
 	}
-	merged, err := mergeDuplicates(hosts)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	return merged, nil
+	return mergeDuplicates(hosts), nil
 }
 
 // ReadHostfile opens and parses a hostfile.
@@ -146,7 +143,7 @@ func ReadHostfile(path string) ([]Host, error) {
 }
 
 // mergeDuplicates adds the slots of a host listed twice, keeping first-seen order, as OpenMPI does.
-func mergeDuplicates(hosts []Host) ([]Host, error) {
+func mergeDuplicates(hosts []Host) []Host {
 	idx := map[string]int{}
 	var out []Host
 	for _, h := range hosts {
@@ -157,22 +154,11 @@ func mergeDuplicates(hosts []Host) ([]Host, error) {
 		idx[h.Name] = len(out)
 		out = append(out, h)
 	}
-	return out, nil
+	return out
 }
 
 // IsLocal reports whether a host name designates the launching machine.
 func IsLocal(name string) bool {
-	switch name {
-	case "localhost", "127.0.0.1", "::1", "localhost.localdomain":
-		return true
-	}
-	if hn, err := os.Hostname(); err == nil && hn == name {
-		return true
-	}
-	return false
-}
-
-func isIP(s string) bool {
-	_, err := netip.ParseAddr(s)
-	return err == nil
+	hn, err := os.Hostname()
+	return slices.Contains([]string{"localhost", "127.0.0.1", "::1", "localhost.localdomain"}, name) || err == nil && hn == name
 }

@@ -47,29 +47,22 @@ func Plan(hosts []Host, np int) ([]Slot, error) {
 		return nil, fmt.Errorf("-np %d exceeds the %d slots available: %s", np, total, describe(hosts))
 	}
 
+	// Hosts are filled in order, so a host's cross rank at local rank l is the number of hosts
+	// before it that have local rank l (next[l], as it goes), and the cross size all of them.
 	slots := make([]Slot, 0, np)
-	var used []Host // hosts that received ranks, with the number received
+	var next []int
 	for _, h := range hosts {
-		if len(slots) == np {
-			break
-		}
 		n := min(h.Slots, np-len(slots))
-		for l := 0; l < n; l++ {
-			slots = append(slots, Slot{Rank: len(slots), Size: np, Host: h.Name, LocalRank: l, LocalSize: n})
-		}
-		used = append(used, Host{Name: h.Name, Slots: n})
-	}
-	// Cross rank: among hosts that have local rank l, the position of this host.
-	for i := range slots {
-		s := &slots[i]
-		for _, h := range used {
-			if h.Slots > s.LocalRank {
-				if h.Name == s.Host {
-					s.CrossRank = s.CrossSize
-				}
-				s.CrossSize++
+		for l := range n {
+			if l == len(next) {
+				next = append(next, 0)
 			}
+			slots = append(slots, Slot{Rank: len(slots), Size: np, Host: h.Name, LocalRank: l, LocalSize: n, CrossRank: next[l]})
+			next[l]++
 		}
+	}
+	for i := range slots {
+		slots[i].CrossSize = next[slots[i].LocalRank]
 	}
 	return slots, nil
 }
@@ -80,15 +73,4 @@ func describe(hosts []Host) string {
 		parts[i] = fmt.Sprintf("%s:%d", h.Name, h.Slots)
 	}
 	return strings.Join(parts, ",")
-}
-
-// Homogeneous reports whether every host in the plan runs the same number of ranks, the
-// precondition for hierarchical allreduce.
-func Homogeneous(slots []Slot) bool {
-	for _, s := range slots {
-		if s.LocalSize != slots[0].LocalSize {
-			return false
-		}
-	}
-	return true
 }

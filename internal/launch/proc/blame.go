@@ -77,15 +77,11 @@ func toBlame(kind report.Kind, next, first *Result) bool {
 		if !next.Exit.Failed() {
 			return !next.Ended.IsZero() && next.Ended.Before(first.Ended)
 		}
-		return !stoppedByLauncher(next)
+		// Not one that ended of the launcher's own stop signal: its loss is a consequence of the
+		// failure rather than its cause.
+		return !(next.Stopped && next.Exit.Signal == StopSignal)
 	}
 	return false
-}
-
-// stoppedByLauncher reports whether r ended of the launcher's own stop signal, so that its loss is
-// a consequence of the failure rather than its cause.
-func stoppedByLauncher(r *Result) bool {
-	return r.Stopped && r.Exit.Signal == StopSignal
 }
 
 // Summary renders the report the launcher prints when a job fails: the rank the failure traces
@@ -146,18 +142,12 @@ func Summary(results []Result, first *Result, records map[int]report.Failure) st
 // kolo run's outcome file carries it.
 func Explaining(results []Result, first *Result, records map[int]report.Failure) (by int, rec report.Failure, ok bool) {
 	own, ok := records[first.Slot.Rank]
-	if by, rec, named := namedBy(results, first.Slot.Rank, records); named && !(ok && own.Own()) {
-		return by, rec, true
-	}
-	return first.Slot.Rank, own, ok
-}
-
-// namedBy returns the lowest rank whose record blames rank, and that record.
-func namedBy(results []Result, rank int, records map[int]report.Failure) (int, report.Failure, bool) {
-	for _, r := range results {
-		if rec, ok := records[r.Slot.Rank]; ok && !rec.Own() && rec.Blames == rank {
-			return r.Slot.Rank, rec, true
+	if !ok || !own.Own() {
+		for _, r := range results { // results are in rank order: the lowest rank that names first
+			if rec, named := records[r.Slot.Rank]; named && !rec.Own() && rec.Blames == first.Slot.Rank {
+				return r.Slot.Rank, rec, true
+			}
 		}
 	}
-	return 0, report.Failure{}, false
+	return first.Slot.Rank, own, ok
 }

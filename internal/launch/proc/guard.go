@@ -24,11 +24,9 @@ type OrphanGuard struct {
 
 // guardScript keeps the set of live groups in $g; "+ N" adds, "- N" removes, "rm PATH" names a
 // directory to remove, "exit" leaves without killing, and end of input kills every group left,
-// then, once no process of those groups runs (zombies aside; at most 5 s), removes the directory
-// and runs its arguments, if any (a dead launcher cannot clean up after its ranks: kolo run has it
-// remove the shared-memory segments they left and the job's socket directory). It waits for the
-// processes, not for a time: on a loaded machine a killed rank can take a while to exit, and the
-// sweep leaves a segment whose creator still runs.
+// then, once no process of those groups runs (zombies aside; at most 5 s: a killed rank can take a
+// while to exit, and the sweep leaves a segment whose creator still runs), removes the directory
+// and runs its arguments (kolo run's sweep of the shared memory a dead launcher's ranks left).
 const guardScript = `g= d=
 live() {
   for f in /proc/[0-9]*/stat; do

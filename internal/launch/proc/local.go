@@ -35,31 +35,23 @@ func (l LocalStarter) Start(ctx context.Context, w Worker) (Process, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	// Our own pipes rather than StdoutPipe: Wait closes those at exit and can drop a rank's last
 	// lines, which are exactly the lines the failure summary needs.
-	outR, outW, err := os.Pipe()
+	pr, pw, err := pipes(2)
 	if err != nil {
 		return nil, err
 	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
-		return nil, err
-	}
-	cmd.Stdout, cmd.Stderr = outW, errW
+	cmd.Stdout, cmd.Stderr = pw[0], pw[1]
 	if l.Bind != nil {
 		err = l.Bind.start(cmd, w.Slot)
 	} else {
 		err = cmd.Start()
 	}
-	outW.Close()
-	errW.Close()
+	closeAll(pw...)
 	if err != nil {
-		outR.Close()
-		errR.Close()
+		closeAll(pr...)
 		return nil, err
 	}
 	l.Guard.Add(cmd.Process.Pid)
-	return &localProcess{cmd: cmd, stdout: outR, stderr: errR, guard: l.Guard}, nil
+	return &localProcess{cmd: cmd, stdout: pr[0], stderr: pr[1], guard: l.Guard}, nil
 }
 
 func (p *localProcess) Stdout() io.Reader { return p.stdout }
@@ -77,15 +69,39 @@ func (p *localProcess) Wait() Exit {
 	if p.guard != nil {
 		p.guard.Remove(p.cmd.Process.Pid)
 	}
-	if err == nil {
-		return Exit{Code: 0}
-	}
+	return exitOf(err)
+}
+
+// exitOf is the Exit of a process whose Wait returned err.
+func exitOf(err error) Exit {
 	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return Exit{Code: -1, Signal: ws.Signal()}
-		}
-		return Exit{Code: ee.ExitCode()}
+	switch {
+	case err == nil:
+		return Exit{Code: 0}
+	case !errors.As(err, &ee):
+		return Exit{Code: -1, Err: err}
 	}
-	return Exit{Code: -1, Err: err}
+	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return Exit{Code: -1, Signal: ws.Signal()}
+	}
+	return Exit{Code: ee.ExitCode()}
+}
+
+// pipes returns the read and write ends of n new pipes, or none and the error.
+func pipes(n int) (r, w []*os.File, err error) {
+	for range n {
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			closeAll(append(r, w...)...)
+			return nil, nil, err
+		}
+		r, w = append(r, pr), append(w, pw)
+	}
+	return r, w, nil
+}
+
+func closeAll(fs ...*os.File) {
+	for _, f := range fs {
+		f.Close()
+	}
 }

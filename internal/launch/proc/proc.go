@@ -1,11 +1,8 @@
 // Package proc starts, supervises and stops the processes of kolo run's ranks: a Starter starts a
-// Worker locally (its own process group, an orphan guard, optionally bound to cores), over ssh (a
-// small sh wrapper, no kolo needed on the host) or as a Slurm job step (srun); the Supervisor owns
-// every child of every job kind (output pumps, per-child files, stop signal, grace, SIGKILL, the
-// deadline for their output, exit events); a Runner is the static job's policy above it (stop
-// every rank when one fails) and names the rank the failure traces back to (Blame, Summary). It
-// must not plan ranks, host a rendezvous or know what a job is (static, no-ssh, elastic): those
-// are launch's; a Starter gets a complete Worker and only runs it.
+// Worker locally (its own process group, an orphan guard, optionally bound to cores), over ssh or
+// as a Slurm job step; the Supervisor owns every child of every job kind; a Runner is the static
+// job's policy above it, and Blame and Summary name the rank a failure traces back to. It must not
+// plan ranks, host a rendezvous or know what a job is: a Starter gets a complete Worker and runs it.
 package proc
 
 import (

@@ -43,10 +43,7 @@ type Runner struct {
 	// its own exit status and last output say more than the launcher's stop. Ctrl-C stops every
 	// rank at once. Default 2 s; negative: stop at once.
 	SettleWait time.Duration
-	// StreamWait bounds how long Run waits, once every rank has ended, for the ranks' output to
-	// reach its end: a process a rank started in a session of its own (setsid, a daemon) escapes
-	// the rank's process group and may hold the pipes open for ever. Default 5 s.
-	StreamWait time.Duration
+	StreamWait time.Duration // Supervisor.StreamWait: for the ranks' output once they have ended; default 5 s
 }
 
 // Run starts every worker and waits for all of them. When one fails (SettleWait later) or ctx
@@ -99,12 +96,11 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 	failed := func() {
 		stop()
 		if r.OnFailure != nil {
-			others.Add(1)
-			go func(res Result, c *Child) {
-				defer others.Done()
+			res, c := *first, children[firstAt]
+			others.Go(func() {
 				res.StderrTail = c.Tail(time.Second)
 				r.OnFailure(res)
-			}(*first, children[firstAt])
+			})
 		}
 	}
 	ctxDone := ctx.Done()
@@ -141,9 +137,6 @@ func (r *Runner) Run(ctx context.Context, workers []Worker) ([]Result, *Result) 
 	sup.Close()
 	for i := range results {
 		results[i].StderrTail = children[i].Tail(0)
-	}
-	if first == nil && ctx.Err() == nil {
-		return results, nil
 	}
 	return results, first // nil when cancelled: the cancellation is reported rather than a rank
 }

@@ -1,6 +1,7 @@
 package proc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -28,11 +29,7 @@ type SlurmStarter struct {
 
 // slurmArgs is the srun command line that starts w.
 func (s *SlurmStarter) slurmArgs(w Worker) []string {
-	prog := s.Program
-	if prog == "" {
-		prog = "srun"
-	}
-	args := []string{prog,
+	args := []string{cmp.Or(s.Program, "srun"),
 		"--jobid=" + s.JobID,
 		"--nodes=1", "--ntasks=1", "--nodelist=" + w.Slot.Host,
 		"--overlap", "--kill-on-bad-exit=0", "--cpu-bind=none", "--mpi=none",
@@ -93,10 +90,9 @@ func withoutSlurmLayout(env []string) []string {
 }
 
 // intEvery is the gap between the SIGINTs that stop a step: well within srun's second, and long
-// enough for a loaded srun to have taken the one before, since a signal sent while the same one is
-// still pending merges with it and srun would see one (which only makes it print the step's
-// status). They go on until srun ends: a pair that merged anyway is followed by another, and a
-// third SIGINT to an srun already ending its step changes nothing.
+// enough for a loaded srun to have taken the one before (a signal sent while the same one is
+// pending merges with it, and one SIGINT only makes srun print the step's status). They go on
+// until srun ends: a third one to an srun already ending its step changes nothing.
 const intEvery = 250 * time.Millisecond
 
 // slurmProcess is srun running one worker's step. srun forwards SIGTERM and SIGINT to the task;

@@ -3,6 +3,7 @@ package proc
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -61,21 +62,16 @@ const bootstrap = `sh -c 'nl=$(printf "\nx"); nl=${nl%x}; s=; while IFS= read -r
 var shellName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // perHost reports whether the variable k describes the launcher's own host or shell session, and
-// so is not sent to a remote worker. horovodrun forwards the whole environment except BASH_FUNC_*,
-// OLDPWD, *CUDA_VISIBLE_DEVICES* (each host has its own GPUs) and its secret (HOROVOD_SECRET_KEY,
-// which kolo reads as a second spelling of its own); kolo's secret travels
-// as KOLO_SECRET on ssh's stdin and must reach the worker, so it stays, and so does kolo's file
-// path for it. Beyond Horovod's list: the shell's and sshd's own per-host names, which a worker's
-// shell sets for itself on its host.
+// so is not sent to a remote worker: horovodrun's list (BASH_FUNC_*, OLDPWD, *CUDA_VISIBLE_DEVICES*,
+// as each host has its own GPUs, and HOROVOD_SECRET_KEY, which kolo reads as its secret's second
+// spelling; KOLO_SECRET and its file must reach the worker), and the names the remote shell and
+// sshd set for themselves.
 func perHost(k string) bool {
 	switch k {
 	case "OLDPWD", "PWD", "HOSTNAME", "SHLVL", "_", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK":
 		return true
 	}
-	if slices.Contains(settings.Secret.Horovod, k) {
-		return true
-	}
-	return strings.HasPrefix(k, "BASH_FUNC_") || strings.Contains(k, "CUDA_VISIBLE_DEVICES")
+	return slices.Contains(settings.Secret.Horovod, k) || strings.HasPrefix(k, "BASH_FUNC_") || strings.Contains(k, "CUDA_VISIBLE_DEVICES")
 }
 
 // ForwardedEnv keeps the entries of env ("K=V") that a remote worker gets, as horovodrun does:
@@ -93,10 +89,7 @@ func ForwardedEnv(env []string, extra []string) []string {
 	var out []string
 	for _, kv := range env {
 		k, _, ok := strings.Cut(kv, "=")
-		if !ok || !shellName.MatchString(k) {
-			continue
-		}
-		if perHost(k) && !allowed[k] {
+		if !ok || !shellName.MatchString(k) || perHost(k) && !allowed[k] {
 			continue
 		}
 		if i, seen := idx[k]; seen {
@@ -132,12 +125,10 @@ func workerScript(dir string, env, argv []string) (string, error) {
 	for _, a := range argv {
 		b.WriteString(" " + shellQuote(a))
 	}
-	b.WriteString(" </dev/null 2>&4 3<&- 4>&- &\n")
-	b.WriteString("pid=$!\n")
+	b.WriteString(" </dev/null 2>&4 3<&- 4>&- &\npid=$!\n")
 	// The watcher owns the session's stdin from here on.
 	b.WriteString(`{ while IFS= read -r c; do case $c in TERM|INT|KILL) kill -"$c" -"$pid";; esac; done; kill -KILL -"$pid"; } <&3 >/dev/null 4>&- &` + "\n")
-	b.WriteString("w=$!\nexec 3<&-\n")
-	b.WriteString("wait \"$pid\"; rc=$?\n")
+	b.WriteString("w=$!\nexec 3<&-\nwait \"$pid\"; rc=$?\n")
 	// Whatever the program left in its group goes with it.
 	b.WriteString("kill -KILL -\"$pid\"; kill \"$w\"; exit \"$rc\"\n")
 	return finishPayload(b.String())
@@ -154,10 +145,8 @@ func checkScript(dir string) (string, error) {
 }
 
 func finishPayload(script string) (string, error) {
-	for _, l := range strings.Split(script, "\n") {
-		if l == payloadEnd {
-			return "", fmt.Errorf("an environment value or argument contains the line %q, which kolo uses as a marker", payloadEnd)
-		}
+	if slices.Contains(strings.Split(script, "\n"), payloadEnd) {
+		return "", fmt.Errorf("an environment value or argument contains the line %q, which kolo uses as a marker", payloadEnd)
 	}
 	return script + payloadEnd + "\n", nil
 }
@@ -183,16 +172,12 @@ func (s *SSHStarter) args(host string) []string {
 	return append(a, "--", host, bootstrap)
 }
 
-func (s *SSHStarter) program() string {
-	if s.Program != "" {
-		return s.Program
-	}
-	return "ssh"
-}
+func (s *SSHStarter) program() string { return cmp.Or(s.Program, "ssh") }
 
-func (s *SSHStarter) dir() (string, error) {
-	if s.Dir != "" {
-		return s.Dir, nil
+// dir is the working directory on the hosts: the worker's, else s.Dir, else the launcher's.
+func (s *SSHStarter) dir(worker string) (string, error) {
+	if d := cmp.Or(worker, s.Dir); d != "" {
+		return d, nil
 	}
 	d, err := os.Getwd()
 	if err != nil {
@@ -227,12 +212,9 @@ func (s *SSHStarter) Start(ctx context.Context, w Worker) (Process, error) {
 	if len(w.Argv) == 0 {
 		return nil, errors.New("no command to run")
 	}
-	dir := w.Dir
-	if dir == "" {
-		var err error
-		if dir, err = s.dir(); err != nil {
-			return nil, err
-		}
+	dir, err := s.dir(w.Dir)
+	if err != nil {
+		return nil, err
 	}
 	payload, err := workerScript(dir, ForwardedEnv(w.Env, s.Forward), w.Argv)
 	if err != nil {
@@ -272,37 +254,20 @@ func (s *SSHStarter) start(host, payload string, release func()) (*sshProcess, e
 	// Its own process group, so that the terminal's Ctrl-C reaches only the launcher, which then
 	// stops ranks in order (TERM, grace, KILL) instead of every ssh dropping its session at once.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	inR, inW, err := os.Pipe()
+	r, w, err := pipes(3) // stdin, stdout, ssh's own stderr
 	if err != nil {
 		return nil, err
 	}
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		inR.Close()
-		inW.Close()
-		return nil, err
-	}
-	rawErrR, rawErrW, err := os.Pipe()
-	if err != nil {
-		inR.Close()
-		inW.Close()
-		outR.Close()
-		outW.Close()
-		return nil, err
-	}
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, rawErrW
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = r[0], w[1], w[2]
 	err = cmd.Start()
-	inR.Close()
-	outW.Close()
-	rawErrW.Close()
+	closeAll(r[0], w[1], w[2])
 	if err != nil {
-		inW.Close()
-		outR.Close()
-		rawErrR.Close()
+		closeAll(w[0], r[1], r[2])
 		return nil, fmt.Errorf("start %s: %w", s.program(), err)
 	}
+	inW, rawErrR := w[0], r[2]
 	errR, errW := io.Pipe()
-	p := &sshProcess{host: host, cmd: cmd, stdin: inW, stdout: outR, stderr: errR,
+	p := &sshProcess{host: host, cmd: cmd, stdin: inW, stdout: r[1], stderr: errR,
 		filterDone: make(chan struct{}), exited: make(chan struct{})}
 	// The payload may exceed a pipe's buffer and ssh reads stdin only once the session is open.
 	go func() {
@@ -366,15 +331,8 @@ func (p *sshProcess) Signal(sig syscall.Signal) error {
 	if !started || gone {
 		return p.killLocal(sig)
 	}
-	var line string
-	switch sig {
-	case syscall.SIGTERM:
-		line = "TERM\n"
-	case syscall.SIGINT:
-		line = "INT\n"
-	case syscall.SIGKILL:
-		line = "KILL\n"
-	default:
+	line, ok := map[syscall.Signal]string{syscall.SIGTERM: "TERM\n", syscall.SIGINT: "INT\n", syscall.SIGKILL: "KILL\n"}[sig]
+	if !ok {
 		return fmt.Errorf("ssh worker on %s: signal %v is not forwarded", p.host, sig)
 	}
 	_, err := io.WriteString(p.stdin, line)
@@ -417,24 +375,18 @@ func (p *sshProcess) Wait() Exit {
 	p.stdinGone = true
 	p.mu.Unlock()
 	p.stdin.Close()
-	var ee *exec.ExitError
+	e := exitOf(err)
 	switch {
-	case err == nil:
-		return Exit{Code: 0}
-	case !errors.As(err, &ee):
+	case e.Err != nil:
 		return Exit{Code: -1, Err: fmt.Errorf("ssh to %s: %w", p.host, err)}
+	case e.Signal != 0 || e.Code == 0:
+		// A signal: the local ssh was killed (a session that would not end), and the remote side
+		// killed its group.
+		return e
 	}
-	ws, _ := ee.Sys().(syscall.WaitStatus)
-	if ws.Signaled() {
-		// The local ssh was killed (a session that would not end): the remote side killed its group.
-		return Exit{Code: -1, Signal: ws.Signal()}
-	}
-	code := ee.ExitCode()
+	code := e.Code
 	if !started {
-		if last == "" {
-			last = "no message"
-		}
-		return Exit{Code: code, Err: fmt.Errorf("ssh to %s failed before the program started (exit %d): %s", p.host, code, last)}
+		return Exit{Code: code, Err: fmt.Errorf("ssh to %s failed before the program started (exit %d): %s", p.host, code, cmp.Or(last, "no message"))}
 	}
 	if code > 128 && code <= 128+64 {
 		return Exit{Code: -1, Signal: syscall.Signal(code - 128)}
@@ -446,7 +398,7 @@ func (p *sshProcess) Wait() Exit {
 // key that is refused or a working directory that does not exist there is reported (naming the
 // host and quoting ssh) before any rank starts. ctx bounds the whole check (--start-timeout).
 func (s *SSHStarter) Check(ctx context.Context, hosts []string) error {
-	dir, err := s.dir()
+	dir, err := s.dir("")
 	if err != nil {
 		return err
 	}
@@ -457,11 +409,7 @@ func (s *SSHStarter) Check(ctx context.Context, hosts []string) error {
 	errs := make([]error, len(hosts))
 	var wg sync.WaitGroup
 	for i, h := range hosts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = s.checkHostRetrying(ctx, h, payload)
-		}()
+		wg.Go(func() { errs[i] = s.checkHostRetrying(ctx, h, payload) })
 	}
 	wg.Wait()
 	return errors.Join(errs...)
@@ -508,10 +456,7 @@ func (s *SSHStarter) checkHost(ctx context.Context, host, payload string) error 
 	if err == nil && strings.Contains(out.String(), checkedMarker) {
 		return nil
 	}
-	said := strings.TrimSpace(errb.String())
-	if said == "" {
-		said = "no message"
-	}
+	said := cmp.Or(strings.TrimSpace(errb.String()), "no message")
 	port := "ssh's default port"
 	if s.Port > 0 {
 		port = "port " + strconv.Itoa(s.Port)

@@ -15,11 +15,10 @@ import (
 	"time"
 )
 
-// Supervisor owns the child processes of a job, whatever the job (static, elastic, a node of a
-// no-ssh job): it starts them, pumps their output (prefixed, to per-child files, a tail of
-// stderr kept), stops them (a signal, then SIGKILL after Grace), reports each exit and, at
-// Close, bounds the wait for output a child's own children hold open. What to start and what an
-// exit means is the caller's: the Supervisor never decides to stop a child on its own.
+// Supervisor owns the child processes of a job, whatever the job: it starts them, pumps their
+// output (prefixed, to per-child files, a tail of stderr kept), stops them (a signal, then SIGKILL
+// after Grace), reports each exit and, at Close, bounds the wait for output a child's own children
+// hold open. What to start and what an exit means is the caller's: it never stops a child itself.
 type Supervisor struct {
 	Starter Starter
 	Stdout  *LineWriter // every child's stdout, prefixed with its label
@@ -94,36 +93,31 @@ func (s *Supervisor) Start(ctx context.Context, w Worker, label, dir string, exi
 		c.mu.Unlock()
 		return e
 	}
-	s.waiters.Add(1)
 	if ro, ok := p.(RemoteOutput); ok {
-		go func() {
-			defer s.waiters.Done()
+		s.waiters.Go(func() {
 			e := wait()
 			for _, l := range ro.StderrTail() {
 				c.tail.Add(l)
 			}
 			close(c.drained)
 			exited(e)
-		}()
+		})
 		return c, nil
 	}
 	files := s.files(dir)
 	var open atomic.Int32 // streams not yet at their end
 	open.Store(2)
-	pump := func(r io.Reader, w *LineWriter, stream string, file io.Writer, tail *Tail) {
-		defer s.pumps.Done()
-		Pump(r, w, s.prefix(label, stream), file, tail)
-		if open.Add(-1) == 0 {
-			close(c.drained)
+	pump := func(r io.Reader, w *LineWriter, stream string, file io.Writer, tail *Tail) func() {
+		return func() {
+			Pump(r, w, s.prefix(label, stream), file, tail)
+			if open.Add(-1) == 0 {
+				close(c.drained)
+			}
 		}
 	}
-	s.pumps.Add(2)
-	go pump(p.Stdout(), s.Stdout, "stdout", files[0], nil)
-	go pump(p.Stderr(), s.Stderr, "stderr", files[1], c.tail)
-	go func() {
-		defer s.waiters.Done()
-		exited(wait())
-	}()
+	s.pumps.Go(pump(p.Stdout(), s.Stdout, "stdout", files[0], nil))
+	s.pumps.Go(pump(p.Stderr(), s.Stderr, "stderr", files[1], c.tail))
+	s.waiters.Go(func() { exited(wait()) })
 	return c, nil
 }
 
@@ -153,13 +147,7 @@ func (c *Child) Stop(sig syscall.Signal) {
 
 // Kill ends a child that still runs at once, with SIGKILL: the only place the launcher kills
 // one.
-func (c *Child) Kill() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.exited && c.proc != nil {
-		_ = c.proc.Signal(syscall.SIGKILL)
-	}
-}
+func (c *Child) Kill() { c.Signal(syscall.SIGKILL) }
 
 // Drained is closed once the child's output has reached its end (at once for one never started).
 func (c *Child) Drained() <-chan struct{} { return c.drained }
