@@ -17,7 +17,11 @@ horovodrun beside it), the forms hvd-eager and hvd-function run the same calls w
 kolo's. Compare kolo there with the same TensorFlow (run this script with that TensorFlow's
 interpreter, e.g. .venv/tf-oldest for TensorFlow 2.12).
 
-Worker mode (what the jobs run): --worker tf-eager|tf-function|torch|hvd-eager|hvd-function.
+The forms tf-eager-floor and tf-function-floor time the same loop with no collective in it (an
+eager `x + 1`, and a tf.function returning `x + 1`): TensorFlow's own cost per call on the same
+machine and load, the floor under any op reached from TensorFlow.
+
+Worker mode (what the jobs run): --worker FORM, one of FORMS.
 """
 import argparse
 import json
@@ -68,7 +72,17 @@ def worker(args):
             import kolo.tensorflow as hvd
         hvd.init()
         t = tf.ones([n])
-        if args.worker in ("tf-eager", "hvd-eager"):
+        if args.worker == "tf-eager-floor":
+            def op(i):
+                return t + 1
+        elif args.worker == "tf-function-floor":
+            @tf.function
+            def fn(x):
+                return x + 1
+
+            def op(i):
+                fn(t)
+        elif args.worker in ("tf-eager", "hvd-eager"):
             def op(i):
                 hvd.allreduce(t, op=hvd.Sum, name="lat")
         else:
@@ -108,17 +122,21 @@ def run(args, form, nbytes):
     raise SystemExit("%s printed no result:\n%s" % (form, p.stdout[-3000:]))
 
 
+FORMS = ["tf-eager-floor", "tf-eager", "tf-function-floor", "tf-function", "torch", "hvd-eager", "hvd-function"]
+
+
 def fmt(s):
     return "%.0f µs" % (s * 1e6) if s < 1e-3 else "%.2f ms" % (s * 1e3)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--worker", choices=["tf-eager", "tf-function", "torch", "hvd-eager", "hvd-function"])
+    ap.add_argument("--worker", choices=FORMS)
     ap.add_argument("--bytes", type=int, default=4)
     ap.add_argument("--np", type=int, default=2)
     ap.add_argument("--sizes", default="4,4MiB")
-    ap.add_argument("--forms", default="tf-eager,tf-function,torch")
+    ap.add_argument("--forms", default="tf-eager-floor,tf-eager,tf-function-floor,tf-function,torch",
+                    help="comma-separated, of " + ",".join(FORMS))
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
@@ -133,6 +151,9 @@ def main():
         return
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     forms = args.forms.split(",")
+    unknown = [f for f in forms if f not in FORMS]
+    if unknown:
+        ap.error("unknown form(s) %s: the forms are %s" % (",".join(unknown), ",".join(FORMS)))
     res = {(f, s): [] for f in forms for s in sizes}
     for r in range(args.rounds):
         for s in sizes:
@@ -146,7 +167,8 @@ def main():
     print()
     print("| form | size | median | range | vs kolo.torch |")
     print("|---|---|---|---|---|")
-    names = {"tf-eager": "kolo.tensorflow, eager", "tf-function": "kolo.tensorflow, tf.function",
+    names = {"tf-eager-floor": "TensorFlow alone, eager `x + 1`",
+             "tf-function-floor": "TensorFlow alone, tf.function `x + 1`", "tf-eager": "kolo.tensorflow, eager", "tf-function": "kolo.tensorflow, tf.function",
              "torch": "kolo.torch", "hvd-eager": "Horovod 0.28.1, eager", "hvd-function": "Horovod 0.28.1, tf.function"}
     for s in sizes:
         for f in forms:
