@@ -20,12 +20,13 @@ JAX_PYTHON ?= .venv/jax/bin/python
 # (scripts/keras_torch_venv.sh, run by make deps).
 KERAS_TORCH_PYTHON ?= .venv/keras-torch/bin/python
 
-.PHONY: help deps demo-go build lib wheel demo test test-python test-deploy test-race lint bench clean docker-e2e gpu-check
+.PHONY: help deps demo-go build lib wheel demo test test-go test-race test-python test-torch test-tf test-tf-oldest test-keras-jax test-keras-torch test-deploy lint bench clean docker-e2e gpu-check
 
 help:
 	@echo "make demo   - build kolo and train a CNN on Fashion-MNIST with kolo.torch on 2 local ranks"
 	@echo "make demo-go - the Go example: softmax regression on 4 local ranks"
-	@echo "make test   - everything CI runs: lint, unit, race, multi-process tests"
+	@echo "make test   - everything CI runs: lint, then every suite below side by side"
+	@echo "              (test-go, test-race, test-torch, test-tf, test-tf-oldest, test-keras-jax, test-keras-torch, test-deploy)"
 	@echo "make bench  - kolo bench allreduce side by side with the peers (see docs/benchmarks.md)"
 	@echo "make lib    - build the engine library for the Python package ($(PYLIB)/libkolo.so)"
 	@echo "make wheel  - dist/kolo-*.whl: kolo.torch, the engine and the kolo command (no Go needed to install);"
@@ -64,28 +65,48 @@ lint:
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 
+# The suites run side by side, the longest started first: much of each is waiting (a rank stopped
+# until a deadline, a job starting), which the others fill. -Otarget prints each suite's output
+# whole when it ends, and scripts/timed.sh says how long it took. bin/ and the engine library are
+# built first: the Python suites need them, and would otherwise all build them at once.
+TEST_SUITES := test-torch test-race test-go test-tf test-tf-oldest test-keras-jax test-keras-torch test-deploy
 test: deps lint
-	$(GO) test -count=1 -timeout 30m ./...
-	$(GO) test -count=1 -timeout 30m -race $(RACE_PKGS)
-	# The TCP transport's tests again with lazy meshes (what worlds use): every connection is
-	# then made by the call that first needs it, on both ends at once.
-	KOLO_TCP_TEST_LAZY=1 $(GO) test -count=1 -race ./internal/transport/tcp/
-	$(MAKE) test-python
-	$(MAKE) test-deploy
+	$(MAKE) --no-print-directory build lib
+	$(MAKE) --no-print-directory -j4 -Otarget $(TEST_SUITES)
+
+test-go:
+	@scripts/timed.sh $@ $(GO) test -count=1 -timeout 30m ./...
+
+test-race:
+	@scripts/timed.sh $@ $(GO) test -count=1 -timeout 30m -race $(RACE_PKGS)
+	@# The TCP transport's tests again with lazy meshes (what worlds use): every connection is
+	@# then made by the call that first needs it, on both ends at once.
+	@KOLO_TCP_TEST_LAZY=1 scripts/timed.sh "$@ (lazy TCP meshes)" $(GO) test -count=1 -race ./internal/transport/tcp/
 
 # Every Python test starts real ranks with bin/kolo run; test_wheel.py builds and installs a wheel.
 # kolo.tensorflow's (python/tests/kolo_tensorflow) run with the newest TensorFlow's interpreter and
-# the oldest's (docs/tensorflow.md, "Install and run").
-test-python: build lib
-	$(PYTHON) -m pytest -q python/tests --ignore=python/tests/kolo_tensorflow --ignore=python/tests/kolo_keras
-	KERAS_BACKEND=jax $(JAX_PYTHON) -m pytest -q python/tests/kolo_keras
-	KERAS_BACKEND=torch $(KERAS_TORCH_PYTHON) -m pytest -q python/tests/kolo_keras
-	$(TF_PYTHON) -m pytest -q python/tests/kolo_tensorflow
-	$(TF_OLDEST_PYTHON) -m pytest -q python/tests/kolo_tensorflow
+# the oldest's (docs/tensorflow.md, "Install and run"); kolo.keras's on Keras 3's JAX and PyTorch
+# backends with theirs (docs/keras.md).
+test-python: test-torch test-tf test-tf-oldest test-keras-jax test-keras-torch
+
+test-torch: build lib
+	@scripts/timed.sh $@ $(PYTHON) -m pytest -q python/tests --ignore=python/tests/kolo_tensorflow --ignore=python/tests/kolo_keras
+
+test-tf: build lib
+	@scripts/timed.sh $@ $(TF_PYTHON) -m pytest -q python/tests/kolo_tensorflow
+
+test-tf-oldest: build lib
+	@scripts/timed.sh $@ $(TF_OLDEST_PYTHON) -m pytest -q python/tests/kolo_tensorflow
+
+test-keras-jax: build lib
+	@KERAS_BACKEND=jax scripts/timed.sh $@ $(JAX_PYTHON) -m pytest -q python/tests/kolo_keras
+
+test-keras-torch: build lib
+	@KERAS_BACKEND=torch scripts/timed.sh $@ $(KERAS_TORCH_PYTHON) -m pytest -q python/tests/kolo_keras
 
 # Structure of the Kubernetes, compose and apptainer files that CI cannot run (docs/containers.md).
 test-deploy:
-	$(PYTHON) -m unittest discover -s deploy -p 'test_*.py'
+	@scripts/timed.sh $@ $(PYTHON) -m unittest discover -s deploy -p 'test_*.py'
 
 # Needs a Docker engine; builds images from source (see docs/containers.md for its duration).
 docker-e2e:
