@@ -67,12 +67,13 @@ lint:
 
 # The suites run side by side, the longest started first: much of each is waiting (a rank stopped
 # until a deadline, a job starting), which the others fill. -Otarget prints each suite's output
-# whole when it ends, and scripts/timed.sh says how long it took. bin/ and the engine library are
-# built first: the Python suites need them, and would otherwise all build them at once.
+# whole when it ends, and scripts/timed.sh its wall-clock and CPU time; -k: a failed suite does not
+# stop the others, so one run shows every failure. bin/ and the engine library are built first:
+# the Python suites need them, and would otherwise all build them at once.
 TEST_SUITES := test-torch test-race test-go test-tf test-tf-oldest test-keras-jax test-keras-torch test-deploy
 test: deps lint
 	$(MAKE) --no-print-directory build lib
-	$(MAKE) --no-print-directory -j4 -Otarget $(TEST_SUITES)
+	$(MAKE) --no-print-directory -k -j4 -Otarget $(TEST_SUITES)
 
 test-go:
 	@scripts/timed.sh $@ $(GO) test -count=1 -timeout 30m ./...
