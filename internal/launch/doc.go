@@ -6,8 +6,8 @@
 // runStatic the static runner every static job uses; elasticjob.go is the elastic driver (ranks
 // local, over ssh or as Slurm job steps). No-ssh jobs, whose nodes each run kolo run and meet at a
 // rendezvous, have one node protocol (node.go; its keys and records, nodeproto.go): the serving node keeps a registry of the nodes
-// (noderegistry.go) and runs a static job (staticnode.go: an elastic job whose hosts cannot
-// change) or the elastic driver (elasticnode.go) over them; every other node runs the node agent
+// (noderegistry.go) and runs a static job (staticnode.go: the static runner over the nodes that
+// joined) or the elastic driver (elasticnode.go) over them; every other node runs the node agent
 // (nodeagent.go); nodebeat.go is the heartbeat the serving node watches them with. Where ranks go
 // is internal/launch/layout's; what an elastic job does next is internal/launch/elastic's pure planner; starting,
 // supervising and stopping processes (locally, over ssh, with srun) and blaming the failed rank is
