@@ -125,8 +125,11 @@ func allreduceReq(name string, n int) negotiate.Request {
 	return negotiate.Request{Name: name, Kind: negotiate.Allreduce, DType: dtype.Float32, Shape: []int64{int64(n)}, ReduceOp: uint8(reduce.Sum)}
 }
 
+// waitCtx bounds a test's waits: a hang fails the test instead of the run. It is a whole test's
+// budget (many ops share it), so it is long enough for a 2-core machine running other suites too,
+// where 10 s was once missed by a healthy run.
 func waitCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
 }
