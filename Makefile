@@ -66,7 +66,7 @@ lint:
 	$(GO) vet ./...
 
 # The suites, one after another by default; TEST_JOBS=4 runs four at a time (the longest first),
-# which on 2 cores took 13 min instead of 19 but loads the machine enough (load average 10) for
+# which on 2 cores took 13.3 min instead of 20.6 but loads the machine enough (load average 10) for
 # tests with a fixed time budget to miss it, so CI runs them in turn. -Otarget prints each suite's
 # output whole when it ends, and scripts/timed.sh its wall-clock and CPU time; -k: a failed suite
 # does not stop the others, so one run shows every failure. bin/ and the engine library are built
