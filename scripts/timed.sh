@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # timed.sh NAME COMMAND...: runs COMMAND, then says how NAME ended, its wall-clock time and the CPU
-# time it and its children used (make test's suites run side by side: each says its own).
+# time it and its children used: make test's suites each say their own, in turn or side by side
+# (TEST_JOBS).
 name=$1
 shift
 echo "== $name: $*"
