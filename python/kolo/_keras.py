@@ -10,8 +10,9 @@ accumulation, the reduction's arguments), and the binding (kolo.keras._jax, kolo
 adds only how the gradients cross to the engine (_hvd_allreduce_grads); keras3_api makes the
 DistributedOptimizer, PartialDistributedOptimizer and load_model of such a binding. Everything
 else here works on numpy arrays through kolo._ops, so it serves tf.keras and tf-keras
-(kolo.tensorflow.keras) and Keras 3 on every backend kolo.keras serves alike. It imports no
-framework and no Keras: callers pass their keras module.
+(kolo.tensorflow.keras) and Keras 3 on every backend kolo.keras serves alike: the callbacks, and
+the elastic ones (make_elastic_callbacks). It imports no framework and no Keras: callers pass
+their keras module.
 
 Keras 3 on JAX keeps a model's state outside its variables while fit runs; a callback's
 self.model (Keras 3's Callback.model) puts that state back into the variables first and makes the
@@ -261,10 +262,14 @@ def keras3_api(mixin, compression_none, framework):
         is loaded with backward_passes_per_step N again."""
         import keras
 
+        from kolo.keras.sync_batch_norm import SyncBatchNormalization
+
         def distribute(opt):
             return DistributedOptimizer(opt, compression=compression,
                                         backward_passes_per_step=opt.gradient_accumulation_steps or 1)
-        return load_model(keras, filepath, custom_optimizers, custom_objects, distribute)
+        objects = dict(custom_objects or {})
+        objects.setdefault("SyncBatchNormalization", SyncBatchNormalization)  # kolo's own layer
+        return load_model(keras, filepath, custom_optimizers, objects, distribute)
     load_model_.__name__ = "load_model"
 
     api = {"DistributedOptimizer": DistributedOptimizer, "PartialDistributedOptimizer": PartialDistributedOptimizer,
@@ -407,3 +412,77 @@ def make_callbacks(keras):
 
     return {c.__name__: c for c in (BroadcastGlobalVariablesCallback, MetricAverageCallback,
                                     LearningRateScheduleCallback, LearningRateWarmupCallback)}
+
+
+def make_elastic_callbacks(keras):
+    """Horovod's elastic Keras callback classes on keras (a module with keras.callbacks.Callback),
+    as a dict by name: they keep an elastic state's batch and epoch current during model.fit and
+    commit it. They only count and call state.commit(); the state knows how to read the model
+    (kolo.keras.elastic.KerasState syncs Keras's JAX state into the variables first)."""
+
+    class CommitStateCallback(keras.callbacks.Callback):
+        """Commits state every batches_per_commit batches (at the batch's end) and at the end of
+        every epoch."""
+
+        def __init__(self, state, batches_per_commit=1):
+            super(CommitStateCallback, self).__init__()
+            self.state = state
+            self.batches_per_commit = batches_per_commit
+            self.batches_remaining = batches_per_commit
+
+        def on_train_begin(self, logs=None):
+            # Every rank counts from here after a reset, so that they commit at the same batches.
+            self.batches_remaining = self.batches_per_commit
+
+        def on_batch_end(self, batch, logs=None):
+            self.batches_remaining -= 1
+            if self.batches_remaining == 0:
+                self.state.commit()
+                self.batches_remaining = self.batches_per_commit
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.state.commit()
+
+    class UpdateBatchStateCallback(keras.callbacks.Callback):
+        """Keeps state.batch at the number of the batch last finished in this epoch (0 at an
+        epoch's end). With steps_per_epoch, the first epoch after a reset runs only the batches
+        the state had not done."""
+
+        def __init__(self, state):
+            super(UpdateBatchStateCallback, self).__init__()
+            self.state = state
+            self.steps_per_epoch = None
+
+        def on_train_begin(self, logs=None):
+            self.steps_per_epoch = None
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if self.params.get("steps"):
+                if self.steps_per_epoch is None:
+                    self.steps_per_epoch = self.params.get("steps")
+                self.params["steps"] = self.steps_per_epoch - self.state.batch
+
+        def on_batch_end(self, batch, logs=None):
+            self.state.batch = batch
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.state.batch = 0
+
+    class UpdateEpochStateCallback(keras.callbacks.Callback):
+        """Keeps state.epoch at the number of epochs finished, counted across resets: the epochs
+        of each fit (numbered from 0, as fit numbers them without initial_epoch) after those the
+        state had when it began. Fit the remaining ones: epochs=total - state.epoch."""
+
+        def __init__(self, state):
+            super(UpdateEpochStateCallback, self).__init__()
+            self.state = state
+            self.initial_epoch = self.state.epoch
+
+        def on_train_begin(self, logs=None):
+            self.initial_epoch = self.state.epoch
+
+        def on_epoch_end(self, epoch, logs=None):
+            # + 1: the epoch is done, and a reset after state.batch went back to 0 must not run it again
+            self.state.epoch = self.initial_epoch + epoch + 1
+
+    return {c.__name__: c for c in (CommitStateCallback, UpdateBatchStateCallback, UpdateEpochStateCallback)}

@@ -10,8 +10,10 @@ On TensorFlow the optimizer and the ops are kolo.tensorflow.keras's (kolo.keras.
 JAX they are kolo.keras._jax's, which never imports TensorFlow; on torch kolo.keras._torch's (the
 ops kolo.torch's), which imports neither TensorFlow nor JAX. The callbacks and load_model's
 handling are the same on all three (kolo._keras), and so is the distributed optimizer on JAX and
-torch. hvd.elastic (KerasState and the elastic callbacks) is TensorFlow's only. Other backends
-(numpy, openvino) raise ImportError: docs/keras.md says why.
+torch. hvd.elastic (KerasState, the elastic callbacks, run) is kolo.keras.elastic on every backend
+(on TensorFlow with kolo.tensorflow's state, on JAX and torch with one state of Keras variables);
+SyncBatchNormalization is kolo.tensorflow's on TensorFlow and kolo.keras.sync_batch_norm's on JAX
+and torch. Other backends (numpy, openvino) raise ImportError: docs/keras.md says why.
 """
 
 from importlib import import_module as _import_module
@@ -41,5 +43,15 @@ else:
 # The submodules themselves: "from kolo.keras import callbacks" would return the attribute that
 # the star import above brought (kolo.tensorflow.keras's, made on tf.keras).
 callbacks = _import_module("kolo.keras.callbacks")
-if _backend == "tensorflow":
-    elastic = _import_module("kolo.keras.elastic")
+elastic = _import_module("kolo.keras.elastic")
+
+
+def __getattr__(name):
+    # SyncBatchNormalization, as kolo.tensorflow's: made on first use.
+    if name == "SyncBatchNormalization":
+        if _backend == "tensorflow":
+            from kolo.tensorflow.sync_batch_norm import SyncBatchNormalization
+        else:
+            from kolo.keras.sync_batch_norm import SyncBatchNormalization
+        return SyncBatchNormalization
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

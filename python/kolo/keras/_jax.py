@@ -22,7 +22,8 @@ skips the collective when it does not.
 
 A collective that fails inside the compiled step reaches the script as jax.errors.JaxRuntimeError
 ("CpuCallback error"), whose message ends with kolo's error, as a tf.errors.OpError does for
-kolo.tensorflow inside tf.function. Needs one JAX device per process (ordered callbacks run on
+kolo.tensorflow inside tf.function; the typed error is kept for hvd.elastic.run
+(_take_step_error). Needs one JAX device per process (ordered callbacks run on
 one device).
 """
 
@@ -100,13 +101,33 @@ def _traced(arrays):
     return any(isinstance(a, jax.core.Tracer) for a in arrays)
 
 
+# The last KoloInternalError a kolo op inside a compiled step raised: JAX reports it as a
+# jax.errors.JaxRuntimeError, and hvd.elastic.run takes the typed error back from here
+# (_take_step_error) rather than reading the JaxRuntimeError's message.
+_step_error = [None]
+
+
+def _take_step_error():
+    """The KoloInternalError that the last failed kolo op inside a compiled step raised (None if
+    none did since the last call), which JAX reported as a JaxRuntimeError."""
+    e, _step_error[0] = _step_error[0], None
+    return e
+
+
 def _on_host(fn, arrays, results):
     """fn(*numpy arrays) -> list of numpy arrays, on arrays (jax or numpy), returning jax arrays:
     at once when every array is concrete, else as an ordered io_callback whose results have the
     shapes and dtypes of results (jax.ShapeDtypeStruct)."""
     if not _traced(arrays):
         return [jnp.asarray(o) for o in fn(*[np.asarray(a) for a in arrays])]
-    return list(io_callback(fn, list(results), *arrays, ordered=True))
+
+    def recorded(*a):
+        try:
+            return fn(*a)
+        except KoloInternalError as e:
+            _step_error[0] = e
+            raise
+    return list(io_callback(recorded, list(results), *arrays, ordered=True))
 
 
 def _bytes_view(kind, a, name, psid):

@@ -9,9 +9,12 @@ scripts/keras_torch_venv.sh make. KERAS_BACKEND picks the backend where both imp
 Three jobs of the backend's worker (jax_keras_worker.py, torch_keras_worker.py): train (the ops,
 at once and, on JAX, inside jax.jit; model.fit with the DistributedOptimizer and the callbacks,
 from different weights on different data shards, against a single-process reference; gradient
-accumulation; worker-local layers; compression or run_eagerly; load_model; hvd.elastic refused),
-mismatch (ranks whose models differ fail with the shapes each sent) and kill (a rank SIGKILLed
-mid-fit fails the other, naming it, well before the progress deadline). Where the backend or Keras
+accumulation; worker-local layers; compression or run_eagerly; load_model), mismatch (ranks whose
+models differ fail with the shapes each sent) and kill (a rank SIGKILLed mid-fit fails the other,
+naming it, well before the progress deadline). Two jobs of workers written for both backends: an
+elastic model.fit that loses one of 3 workers and finishes on the 2 survivors from the last commit
+(keras_elastic_worker.py), and SyncBatchNormalization against BatchNormalization over the global
+batch (keras_sync_bn_worker.py). Where the backend or Keras
 does not import the tests skip, unless KOLO_REQUIRE_TESTBEDS=1 (CI), where they fail.
 """
 
@@ -115,6 +118,42 @@ def test_killed_rank_fails_the_other_naming_it(tmp_path):
     assert r == "0" and typ != "none", out[-4000:]
     assert int(ms) < PROGRESS * 1000, "failed after %s ms, past the %d s progress deadline" % (ms, PROGRESS)
     assert "rank 1" in err, "the error does not name rank 1: %s" % err
+
+
+def test_elastic_fit_loses_a_worker_and_finishes_on_the_survivors_from_the_commit(tmp_path):
+    """hvd.elastic.run around model.fit with a KerasState and the elastic callbacks, 3 workers on two
+    host names (keras_elastic_worker.py): the one on 127.0.0.1 is SIGKILLed at the end of batch 2
+    of epoch 1, one batch after the last commit; the two survivors keep their processes, restore
+    that commit (epoch 1, batch 1: the variables bit for bit as committed, batch 2's update
+    undone), re-form as 2 ranks and fit the remaining 2 epochs: 6 + 2 steps before, 12 after,
+    and the same model and optimizer variables on both at the end."""
+    assert os.path.exists(KOLO), "run `make build lib` first"
+    t0 = time.monotonic()
+    rc, out = _run([KOLO, "run", "-np", "3", "--min-np", "2", "--max-np", "3", "-H", "localhost:2,127.0.0.1:1",
+                    sys.executable, os.path.join(HERE, "keras_elastic_worker.py")], _env(), timeout=300, cwd=tmp_path)
+    print("elastic job: %.1f s" % (time.monotonic() - t0))
+    done = re.findall(r"KERAS-ELASTIC-DONE start_rank=(\d+) size=(\d+) epoch=(\d+) resets=(\d+) restored=(\S+) "
+                      r"restored_equal=(\S+) iterations=(\d+) checksum=(\S+)", out)
+    assert rc == 0 and "round 2: generation 2 (reset 1): lost 127.0.0.1[0] (failed); 2 ranks on 1 host" in out, \
+        out[-6000:]
+    assert sorted(d[:7] for d in done) == [(r, "2", "3", "1", "1.1", "OK", "20") for r in ("0", "1")], done
+    assert done[0][7] == done[1][7], "the survivors' variables differ: %s" % done
+
+
+def test_sync_batch_normalization_matches_batch_normalization_over_the_global_batch(tmp_path):
+    """hvd.SyncBatchNormalization at 2 ranks holding 3 and 5 samples of one batch
+    (keras_sync_bn_worker.py): outputs, moving statistics and gradients (the input's rows, gamma's
+    and beta's summed across ranks) equal keras.layers.BatchNormalization's over the whole batch in
+    one process, eagerly and (JAX) inside jax.jit; model.fit with the layer leaves the same
+    weights and moving statistics on both ranks."""
+    assert os.path.exists(KOLO), "run `make build lib` first"
+    t0 = time.monotonic()
+    rc, out = _run([KOLO, "run", "-np", "2", sys.executable, os.path.join(HERE, "keras_sync_bn_worker.py")], _env(),
+                   timeout=300, cwd=tmp_path)
+    print("SyncBatchNormalization job: %.1f s" % (time.monotonic() - t0))
+    ok = re.findall(r"KERAS-SYNCBN-OK rank=(\d+) checks=(\d+)", out)
+    assert rc == 0 and sorted(r for r, _ in ok) == ["0", "1"], out[-6000:]
+    assert all(int(n) >= 15 for _, n in ok), ok
 
 
 def test_kolo_keras_picks_the_backends_binding_and_no_other_framework():
