@@ -96,6 +96,8 @@ def train(state):
 
 train(state)
 assert all(np.isfinite(keras.ops.convert_to_numpy(v)).all() for v in model.weights), "weights not finite"
+restored += ["none", "none"]
+steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
 print("KERAS-ELASTIC-DONE start_rank=%d size=%d epoch=%d resets=%d restored=%s restored_equal=%s iterations=%d "
-      "checksum=%s" % (START_RANK, hvd.size(), state.epoch, len(resets), (restored or ["none"])[0],
-                       (restored + ["none", "none"])[1], int(keras.ops.convert_to_numpy(model.optimizer.iterations)), checksum()), flush=True)
+      "checksum=%s" % (START_RANK, hvd.size(), state.epoch, len(resets), restored[0], restored[1], steps, checksum()),
+      flush=True)
