@@ -333,7 +333,7 @@ type elasticEnd struct {
 
 func (j *elasticJob) run(ctx context.Context, source hostSource) (code int, err error) {
 	j.startCtx = ctx
-	view, outW, errW, err := startLive(ctx, j.opts, relay.Local{S: j.srv.Store}, j.jobID, 0, true, j.stdout, j.stderr)
+	view, outW, errW, err := startLive(ctx, j.opts, relay.Local{S: j.srv.Store}, j.jobID, 0, j.stdout, j.stderr)
 	if err != nil {
 		return ExitUsage, err
 	}

@@ -200,7 +200,7 @@ func (s jobStop) Error() string { return s.why }
 // cause when it is a jobStop, else, when ctx ended, that the job was interrupted.
 func runStatic(ctx context.Context, opts *flags.Options, r staticRun, stdout, stderr io.Writer) (int, error) {
 	size := len(r.workers)
-	view, rankOut, rankErr, err := startLive(ctx, opts, r.store, r.jobID, size, true, stdout, stderr)
+	view, rankOut, rankErr, err := startLive(ctx, opts, r.store, r.jobID, size, stdout, stderr)
 	if err != nil {
 		return ExitUsage, err
 	}
