@@ -29,9 +29,8 @@ var (
 	ElasticSlot  = settings.ElasticSlot.Name  // the worker's slot on that host, 0-based
 	ElasticRound = settings.ElasticRound.Name // the round the worker was started for
 	// ElasticTimeout is how long (seconds) a worker waits at the rendezvous for a round that has
-	// its place (kolo run --elastic-timeout); HorovodElasticTimeout is read when it is unset.
-	ElasticTimeout        = settings.ElasticTimeout.Name
-	HorovodElasticTimeout = settings.ElasticTimeout.Horovod[0]
+	// its place (kolo run --elastic-timeout); its Horovod name is read when it is unset.
+	ElasticTimeout = settings.ElasticTimeout.Name
 )
 
 // DefaultElasticTimeout is Horovod's default elastic timeout.

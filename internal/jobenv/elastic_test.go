@@ -91,6 +91,7 @@ func TestElasticPlace(t *testing.T) {
 }
 
 func TestElasticTimeoutFrom(t *testing.T) {
+	const HorovodElasticTimeout = "HOROVOD_ELASTIC_TIMEOUT"
 	for _, tc := range []struct {
 		env  map[string]string
 		want time.Duration

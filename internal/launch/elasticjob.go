@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"runtime"
 	"strconv"
@@ -20,7 +19,6 @@ import (
 	"github.com/kolo-dl/kolo/internal/launch/flags"
 	"github.com/kolo-dl/kolo/internal/launch/layout"
 	"github.com/kolo-dl/kolo/internal/launch/proc"
-	"github.com/kolo-dl/kolo/internal/netif"
 	"github.com/kolo-dl/kolo/internal/observe/relay"
 	"github.com/kolo-dl/kolo/internal/observe/report"
 	"github.com/kolo-dl/kolo/internal/rendezvous"
@@ -125,7 +123,7 @@ func runElastic(ctx context.Context, opts *flags.Options, set elasticSettings, s
 			return ExitUsage, err
 		}
 	}
-	addrs, err := newElasticAddrs(opts.NetworkInterface, opts.DiscoveryScript != "", fixed)
+	addrs, err := newRendezvousAddrs(opts.NetworkInterface, opts.DiscoveryScript != "", fixed)
 	if err != nil {
 		return ExitUsage, err
 	}
@@ -154,10 +152,7 @@ func runElastic(ctx context.Context, opts *flags.Options, set elasticSettings, s
 	if local, ok := starter.(proc.LocalStarter); ok && slurm != nil {
 		starter = &proc.SlurmStarter{JobID: slurm.JobID, Local: local}
 	} else if ok { // other hosts' workers over ssh
-		starter = proc.HostStarter{Local: local, Remote: &proc.SSHStarter{
-			Port: opts.SSHPort, IdentityFile: opts.SSHIdentityFile, Options: opts.SSHOptions,
-			ConnectTimeout: connectTimeout(opts.StartTimeout), Forward: opts.Env,
-		}}
+		starter = proc.HostStarter{Local: local, Remote: sshStarter(opts)}
 	}
 	j = newElasticJob(opts, set, planner, srv, starter, secret, NewJobID(), stdout, stderr)
 	if slurm != nil {
@@ -338,7 +333,7 @@ type elasticEnd struct {
 
 func (j *elasticJob) run(ctx context.Context, source hostSource) (code int, err error) {
 	j.startCtx = ctx
-	view, outW, errW, err := startLive(ctx, j.opts, relay.Local{S: j.srv.Store}, j.jobID, 0, true, j.stdout, j.stderr)
+	view, outW, errW, err := startLive(ctx, j.opts, relay.Local{S: j.srv.Store}, j.jobID, 0, j.stdout, j.stderr)
 	if err != nil {
 		return ExitUsage, err
 	}
@@ -967,84 +962,4 @@ func elasticPlaces(ps []*elasticProc) string {
 		s[i] = p.place.String()
 	}
 	return strings.Join(s, ", ")
-}
-
-// elasticAddrs says which of the launcher's addresses each host's workers dial, and has the
-// rendezvous listen there (rendezvousListeners). Hosts come and go, so unlike rendezvousAddrs it
-// decides per host, when a worker starts there.
-type elasticAddrs struct {
-	lns    *rendezvousListeners
-	fixed  string            // every host's: --network-interface's address, or loopback when every host is this machine
-	remote map[string]string // per other host: the address this machine reaches it from
-
-	loopback bool // workers of this machine were given loopback, no other host being listed
-	warned   bool
-}
-
-func newElasticAddrs(iface string, discovery bool, fixed []elastic.Host) (*elasticAddrs, error) {
-	a := &elasticAddrs{remote: map[string]string{}}
-	if iface != "" {
-		ip, _, err := netif.InterfaceIP(iface)
-		if err != nil {
-			return nil, fmt.Errorf("--network-interface: %w", err)
-		}
-		a.fixed = ip.String()
-		return a, nil
-	}
-	allLocal := !discovery
-	for _, h := range fixed {
-		allLocal = allLocal && layout.IsLocal(h.Name)
-	}
-	if allLocal {
-		a.fixed = "127.0.0.1"
-	}
-	return a, nil
-}
-
-// dial is the HOST:PORT the workers of host dial (hosts: the current discovery), where the
-// rendezvous now listens; should it fail to listen there, the workers' dial fails and says so. A
-// worker tells its peers the address it reaches the rendezvous from: a worker of this machine
-// gets the address other hosts reach it at, when there are other hosts.
-func (a *elasticAddrs) dial(host string, hosts []elastic.Host) string {
-	ip := a.fixed
-	if ip == "" && !layout.IsLocal(host) {
-		ip = a.remoteAddr(host)
-	}
-	for _, h := range hosts {
-		if ip == "" && !layout.IsLocal(h.Name) {
-			ip = a.remoteAddr(h.Name)
-		}
-	}
-	if ip == "" {
-		a.loopback, ip = true, "127.0.0.1"
-	}
-	addr, err := a.lns.at(ip)
-	if err != nil {
-		slog.Warn("the rendezvous cannot listen where the workers of a host dial it", "host", host, "addr", ip, "err", err)
-		return net.JoinHostPort(ip, "0")
-	}
-	return addr
-}
-
-func (a *elasticAddrs) remoteAddr(host string) string {
-	if v, ok := a.remote[host]; ok {
-		return v
-	}
-	if a.loopback && !a.warned {
-		a.warned = true
-		slog.Warn("workers of this machine were started on loopback, when no other host was listed; the workers of other hosts may not reach them: give --network-interface", "host", host)
-	}
-	ip, err := netif.SourceIP(host)
-	if err == nil {
-		a.remote[host] = ip.String()
-		return a.remote[host]
-	}
-	// ssh may know the host by a name only its config resolves: give the workers our name.
-	hn, herr := os.Hostname()
-	if herr != nil {
-		hn = "127.0.0.1" // the worker's dial fails and says so
-	}
-	slog.Warn("cannot tell which address of this machine host reaches; giving its workers this machine's name (use --network-interface to choose)", "host", host, "err", err, "name", hn)
-	a.remote[host] = hn
-	return hn
 }

@@ -30,7 +30,7 @@ func serveElastic(ctx context.Context, n *node, set elasticSettings) (int, error
 	}, NodeJoin{})
 	nodes.welcome.Timeout = planner.Config().Timeout
 	var closeGuard func()
-	nodes.local, closeGuard = set.localStarter(o, nil)
+	nodes.local, closeGuard = set.localStarter(o, n.bind)
 	defer closeGuard()
 	j := newElasticJob(o, set, planner, n.srv, nodes, string(n.secret), n.jobID, n.stdout, n.stderr)
 	rv, err := n.localRendezvous(nodes)

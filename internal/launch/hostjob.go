@@ -15,10 +15,10 @@ import (
 
 	"github.com/kolo-dl/kolo/internal/auth"
 	"github.com/kolo-dl/kolo/internal/jobenv"
+	"github.com/kolo-dl/kolo/internal/launch/elastic"
 	"github.com/kolo-dl/kolo/internal/launch/flags"
 	"github.com/kolo-dl/kolo/internal/launch/layout"
 	"github.com/kolo-dl/kolo/internal/launch/proc"
-	"github.com/kolo-dl/kolo/internal/netif"
 	"github.com/kolo-dl/kolo/internal/observe/relay"
 	"github.com/kolo-dl/kolo/internal/observe/report"
 	"github.com/kolo-dl/kolo/internal/rendezvous"
@@ -82,17 +82,22 @@ func RunHosts(ctx context.Context, opts *flags.Options, stdout, stderr io.Writer
 	}
 	// A job all on this machine meets at Unix sockets (listenOneHost); any other over TCP.
 	oneHost := len(remote) == 0 && opts.NetworkInterface == ""
-	var advertise map[string]string
+	advertise := map[string]string{} // by host: the IP its workers dial the rendezvous at
 	if !oneHost {
-		if advertise, err = rendezvousAddrs(slots, remote, opts.NetworkInterface); err != nil {
+		others := make([]elastic.Host, len(remote))
+		for i, h := range remote {
+			others[i].Name = h
+		}
+		addrs, err := newRendezvousAddrs(opts.NetworkInterface, false, others)
+		if err != nil {
 			return ExitUsage, err
+		}
+		for h := range seen {
+			advertise[h] = addrs.ip(h, others)
 		}
 	}
 
-	ssh := &proc.SSHStarter{
-		Port: opts.SSHPort, IdentityFile: opts.SSHIdentityFile, Options: opts.SSHOptions,
-		ConnectTimeout: connectTimeout(opts.StartTimeout), Forward: opts.Env,
-	}
+	ssh := sshStarter(opts)
 	if len(remote) > 0 {
 		if opts.Verbose {
 			slog.Info("checking ssh to every host", "hosts", remote)
@@ -195,7 +200,7 @@ func (s jobStop) Error() string { return s.why }
 // cause when it is a jobStop, else, when ctx ended, that the job was interrupted.
 func runStatic(ctx context.Context, opts *flags.Options, r staticRun, stdout, stderr io.Writer) (int, error) {
 	size := len(r.workers)
-	view, rankOut, rankErr, err := startLive(ctx, opts, r.store, r.jobID, size, true, stdout, stderr)
+	view, rankOut, rankErr, err := startLive(ctx, opts, r.store, r.jobID, size, stdout, stderr)
 	if err != nil {
 		return ExitUsage, err
 	}
@@ -287,46 +292,12 @@ func connectTimeout(start time.Duration) time.Duration {
 	return max(time.Second, start-time.Second)
 }
 
-// rendezvousAddrs says, per host of a plan that spans hosts or names --network-interface, the IP
-// its workers dial the rendezvous at: the --network-interface address, else the address this
-// machine reaches that host from (one it can route to, not a name only this machine resolves).
-// Local ranks advertise themselves from the address they dial: they get the first remote host's.
-func rendezvousAddrs(slots []layout.Slot, remote []string, iface string) (advertise map[string]string, err error) {
-	advertise = map[string]string{}
-	if iface != "" {
-		ip, _, err := netif.InterfaceIP(iface)
-		if err != nil {
-			return nil, fmt.Errorf("--network-interface: %w", err)
-		}
-		for _, s := range slots {
-			advertise[s.Host] = ip.String()
-		}
-		return advertise, nil
+// sshStarter starts the ranks of other hosts over ssh, as the flags say.
+func sshStarter(opts *flags.Options) *proc.SSHStarter {
+	return &proc.SSHStarter{
+		Port: opts.SSHPort, IdentityFile: opts.SSHIdentityFile, Options: opts.SSHOptions,
+		ConnectTimeout: connectTimeout(opts.StartTimeout), Forward: opts.Env,
 	}
-	fallback := ""
-	for _, h := range remote {
-		ip, err := netif.SourceIP(h)
-		if err != nil {
-			// ssh may know the host by a name only its config resolves: give the workers our name.
-			hn, herr := os.Hostname()
-			if herr != nil {
-				return nil, fmt.Errorf("no address for %s to reach this machine at: %v; and no host name: %w", h, err, herr)
-			}
-			slog.Warn("cannot tell which address of this machine host reaches; giving its workers this machine's name (use --network-interface to choose)", "host", h, "err", err, "name", hn)
-			advertise[h] = hn
-		} else {
-			advertise[h] = ip.String()
-		}
-		if fallback == "" {
-			fallback = advertise[h]
-		}
-	}
-	for _, s := range slots {
-		if _, ok := advertise[s.Host]; !ok {
-			advertise[s.Host] = fallback
-		}
-	}
-	return advertise, nil
 }
 
 // startGuard starts an OrphanGuard that runs then after it killed the ranks of a launcher that

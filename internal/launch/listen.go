@@ -12,6 +12,9 @@ import (
 	"sync"
 
 	"github.com/kolo-dl/kolo/internal/endpoint"
+	"github.com/kolo-dl/kolo/internal/launch/elastic"
+	"github.com/kolo-dl/kolo/internal/launch/layout"
+	"github.com/kolo-dl/kolo/internal/netif"
 	"github.com/kolo-dl/kolo/internal/rendezvous"
 )
 
@@ -97,4 +100,93 @@ func (l *rendezvousListeners) atAll(hosts []string) (map[string]string, error) {
 		addrs[h] = a
 	}
 	return addrs, nil
+}
+
+// rendezvousAddrs says which of the launcher's addresses each host's workers dial: the same for
+// every host (--network-interface's address, or loopback when every host is this machine), else
+// per other host the address this machine reaches it from (one it can route to, not a name only
+// this machine resolves), and for this machine's workers the first other host's. An elastic
+// job's hosts come and go, so it decides per host, when a worker starts there.
+type rendezvousAddrs struct {
+	lns    *rendezvousListeners
+	fixed  string            // every host's: --network-interface's address, or loopback when every host is this machine
+	remote map[string]string // per other host: the address this machine reaches it from
+
+	loopback bool // workers of this machine were given loopback, no other host being listed
+	warned   bool
+}
+
+func newRendezvousAddrs(iface string, discovery bool, fixed []elastic.Host) (*rendezvousAddrs, error) {
+	a := &rendezvousAddrs{remote: map[string]string{}}
+	if iface != "" {
+		ip, _, err := netif.InterfaceIP(iface)
+		if err != nil {
+			return nil, fmt.Errorf("--network-interface: %w", err)
+		}
+		a.fixed = ip.String()
+		return a, nil
+	}
+	allLocal := !discovery
+	for _, h := range fixed {
+		allLocal = allLocal && layout.IsLocal(h.Name)
+	}
+	if allLocal {
+		a.fixed = "127.0.0.1"
+	}
+	return a, nil
+}
+
+// dial is the HOST:PORT the workers of host dial (hosts: the current discovery), where the
+// rendezvous now listens (lns); should it fail to listen there, the workers' dial fails and says
+// so.
+func (a *rendezvousAddrs) dial(host string, hosts []elastic.Host) string {
+	ip := a.ip(host, hosts)
+	addr, err := a.lns.at(ip)
+	if err != nil {
+		slog.Warn("the rendezvous cannot listen where the workers of a host dial it", "host", host, "addr", ip, "err", err)
+		return net.JoinHostPort(ip, "0")
+	}
+	return addr
+}
+
+// ip is the address the workers of host dial the rendezvous at (hosts: every host now). A worker
+// tells its peers the address it reaches the rendezvous from: a worker of this machine gets the
+// address other hosts reach it at, when there are other hosts.
+func (a *rendezvousAddrs) ip(host string, hosts []elastic.Host) string {
+	ip := a.fixed
+	if ip == "" && !layout.IsLocal(host) {
+		ip = a.remoteAddr(host)
+	}
+	for _, h := range hosts {
+		if ip == "" && !layout.IsLocal(h.Name) {
+			ip = a.remoteAddr(h.Name)
+		}
+	}
+	if ip == "" {
+		a.loopback, ip = true, "127.0.0.1"
+	}
+	return ip
+}
+
+func (a *rendezvousAddrs) remoteAddr(host string) string {
+	if v, ok := a.remote[host]; ok {
+		return v
+	}
+	if a.loopback && !a.warned {
+		a.warned = true
+		slog.Warn("workers of this machine were started on loopback, when no other host was listed; the workers of other hosts may not reach them: give --network-interface", "host", host)
+	}
+	ip, err := netif.SourceIP(host)
+	if err == nil {
+		a.remote[host] = ip.String()
+		return a.remote[host]
+	}
+	// ssh may know the host by a name only its config resolves: give the workers our name.
+	hn, herr := os.Hostname()
+	if herr != nil {
+		hn = "127.0.0.1" // the worker's dial fails and says so
+	}
+	slog.Warn("cannot tell which address of this machine host reaches; giving its workers this machine's name (use --network-interface to choose)", "host", host, "err", err, "name", hn)
+	a.remote[host] = hn
+	return hn
 }

@@ -46,7 +46,6 @@ type live struct {
 	shared     *view.Shared
 	con        *console.Console // nil: no status lines
 	silent     time.Duration    // a rank not heard from for this long is silent
-	flightFile bool             // end writes the flight-recorder file (not the no-ssh nodes that do not serve)
 	flightHost string           // named where the file is written: the end is printed on other nodes too
 	stderr     io.Writer        // the launcher's own (not the console's writer): for the end texts
 
@@ -56,24 +55,18 @@ type live struct {
 
 // startLive starts the view of job (its id) of size ranks whose reports arrive in store (size 0:
 // an elastic job, whose worlds setWorld gives), and returns the writers the ranks' stdout and
-// stderr must go through. With watch false it reads the reports only when the job ends: a no-ssh
-// node that does not serve the rendezvous, which the serving node watches (N nodes reading every
-// report over the network would load it N times). It fails only when --metrics-addr cannot be served.
-func startLive(ctx context.Context, opts *flags.Options, store relay.Store, job string, size int, watch bool,
+// stderr must go through. Only the launcher that hosts the rendezvous watches a job: a no-ssh node
+// that joined one does not (N nodes reading every report over the network would load it N
+// times). It fails only when --metrics-addr cannot be served.
+func startLive(ctx context.Context, opts *flags.Options, store relay.Store, job string, size int,
 	stdout, stderr io.Writer) (l *live, outW, errW io.Writer, err error) {
 	l = &live{
-		store: store, job: job, world: job, size: size, flightFile: true,
+		store: store, job: job, world: job, size: size,
 		shared: view.NewShared(view.New(size)),
 		silent: max(5*time.Second, 8*report.Interval(size)),
 		stderr: stderr,
 	}
 	ctx, l.cancel = context.WithCancel(ctx)
-	if !watch {
-		if opts.MetricsAddr != "" {
-			fmt.Fprintln(stderr, "kolo run: --metrics-addr: the node that serves the rendezvous serves the metrics")
-		}
-		return l, stdout, stderr, nil
-	}
 	if t := statusTerminal(opts.Status, stdout); t != nil {
 		l.con = console.New(t)
 		outW, errW = l.con.Writer(stdout), l.con.Writer(stderr)
@@ -212,9 +205,6 @@ func (l *live) end(failure, dir string) {
 		}
 		if text := s.StallText(now, 0, stallLines); text != "" {
 			fmt.Fprint(l.stderr, text)
-		}
-		if !l.flightFile {
-			return
 		}
 		name := filepath.Join(dir, "kolo-flight-"+l.job+".json")
 		if err := writeFlightFile(name, s.FlightFile(now, failure, flights)); err != nil {

@@ -143,6 +143,8 @@ func TestParseElasticFlags(t *testing.T) {
 		{"--rendezvous and --node-rank", "", []string{"--min-np", "2", "--rendezvous", "h:1", "--nnodes", "2", "--node-rank", "0", "prog"}, nil,
 			"--node-rank has no meaning in elastic mode"},
 		{"with --bind-to core", "", []string{"--min-np", "2", "--bind-to", "core", "prog"}, nil, "--bind-to core is not available in elastic mode"},
+		{"with --bind-to core, no ssh", "", []string{"--min-np", "2", "--rendezvous", "h:1", "--nproc-per-node", "2", "--bind-to", "core", "prog"}, nil,
+			"--bind-to core is not available in elastic mode"},
 		{"script and -H", "", []string{"--min-np", "2", "--host-discovery-script", "d.sh", "-H", "a:2", "prog"}, nil, "mutually exclusive"},
 		{"script and hostfile", "", []string{"--min-np", "2", "--host-discovery-script", "d.sh", "--hostfile", "f", "prog"}, nil, "mutually exclusive"},
 		{"negative reset limit", "", []string{"--min-np", "2", "--reset-limit", "-2", "prog"}, nil, "--reset-limit -2"},
