@@ -22,7 +22,7 @@ from kolo.tensorflow.mpi_ops import (  # noqa: F401
     cuda_built, ddl_built, gloo_built, gloo_enabled, grouped_allgather, grouped_allreduce,
     grouped_reducescatter, init, is_homogeneous, is_initialized, join, local_rank, local_rank_op,
     local_size, local_size_op, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
-    process_set_included_op, rank, rank_op, reducescatter, rocm_built, shutdown, size, size_op,
+    process_set_included_op, rank, rank_op, rank_stats, reducescatter, rocm_built, shutdown, size, size_op,
     start_timeline, stop_timeline,
 )
 
@@ -41,13 +41,35 @@ def tensorflow_built():
     return True
 
 
-def broadcast_global_variables(root_rank):
+def broadcast_global_variables(root_rank, process_set=global_process_set):
     """Broadcasts tf.compat.v1's global variables from root_rank (graph-mode scripts); TF2 code
     passes its variables to broadcast_variables instead."""
     if tf.executing_eagerly():
         raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. "
                            "Please use `hvd.broadcast_variables(<model/optimizer variables>)` instead.")
-    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank, process_set=process_set)
+
+
+class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
+    """A SessionRunHook (tf.compat.v1.train.MonitoredTrainingSession's hooks) that broadcasts
+    every global variable from root_rank once the session is made, as Horovod's: the ranks start
+    from the same weights, whether they initialized them or restored a checkpoint. device is
+    accepted for Horovod's signature (kolo stages every tensor through host memory)."""
+
+    def __init__(self, root_rank, device="", process_set=global_process_set):
+        super(BroadcastGlobalVariablesHook, self).__init__()
+        self.root_rank = root_rank
+        self.device = device
+        self.process_set = process_set
+        self.bcast_op = None
+
+    def begin(self):
+        # The graph is final after begin: the op is made here, once per graph.
+        if self.bcast_op is None or self.bcast_op.graph is not tf.compat.v1.get_default_graph():
+            self.bcast_op = broadcast_global_variables(self.root_rank, process_set=self.process_set)
+
+    def after_create_session(self, session, coord):
+        session.run(self.bcast_op)
 
 
 def _allreduce_grads(grads, compression, sparse_as_dense, op, gradient_predivide_factor, process_set):

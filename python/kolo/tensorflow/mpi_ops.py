@@ -255,13 +255,21 @@ def _mismatch_check(flag, name):
     return tf.cond(flag, fail, lambda: flag, name="kolo_mismatch_check")
 
 
-def _numpy_function(fn, inputs, touts, name=None):
+def _numpy_function(fn, inputs, touts, name=None, ordered=True):
     """fn as a stateful numpy function of inputs returning dtypes touts (a list, or one dtype for
-    one output), with its mismatch check (_flagging) before its outputs; name: the op's."""
+    one output), with its mismatch check (_flagging) before its outputs; name: the op's.
+
+    In a graph outside tf.function the op runs after the graph's previous kolo op (_graph_last)
+    unless ordered is false. The order costs something: fetching an op runs every kolo op made
+    before it, whatever it was made for. So an op that a script fetches on its own, once, and
+    that is one op whatever it covers (broadcast_variables' group) is made with ordered=False:
+    it neither waits for the ops before it (a broadcast made after the training op would
+    otherwise run the training step's allreduces, and need its placeholders fed) nor makes the
+    ops after it run it again (a broadcast made first would rerun at every step)."""
     one = not isinstance(touts, (list, tuple))
     touts = [touts] if one else list(touts)
     g = tf.compat.v1.get_default_graph()
-    if getattr(g, "_add_control_dependencies", False):  # tf.function: ordered already
+    if getattr(g, "_add_control_dependencies", False) or not ordered:  # tf.function: ordered already
         *outs, flag = tf.numpy_function(_flagging(fn, touts), inputs, touts + [tf.bool], stateful=True)
         check = _mismatch_check(flag, name)
     else:

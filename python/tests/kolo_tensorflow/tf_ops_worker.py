@@ -280,6 +280,49 @@ for where in ("eager", "graph"):
     except ValueError as e:
         check("99" in str(e), "the unknown set's error names it (%s): %s" % (where, e))
 
+# ---- A TensorFlow 1 training loop as Horovod's TF1 examples write it: placeholders fed at every
+# step, and the broadcast of the global variables made after the training op (run by
+# BroadcastGlobalVariablesHook in MonitoredTrainingSession, or by hand) or before it. The
+# broadcast is one op outside the order of the graph's other kolo ops: run on its own it needs no
+# feed (it would run the step's allreduce, and so need the placeholders, if it came after them in
+# that order), and a step does not run it again (a broadcast made first would otherwise be sent
+# again at every step: as many ops a step whichever came first).
+step_ops = {}
+for when in ("hook", "after", "before"):
+    with tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4])
+        y = tf.compat.v1.placeholder(tf.float32, [None, 1])
+        w = tf.compat.v1.get_variable("w", [4, 1], initializer=tf.compat.v1.random_normal_initializer(seed=R))
+        bcast = hvd.broadcast_global_variables(0) if when == "before" else None
+        opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+        step = tf.compat.v1.train.get_or_create_global_step()
+        train = opt.minimize(tf.reduce_mean(tf.square(tf.matmul(x, w) - y)), global_step=step)
+        hooks = [hvd.BroadcastGlobalVariablesHook(0)] if when == "hook" else []
+        if when == "after":
+            bcast = hvd.broadcast_global_variables(0)
+        shift_w = w.assign_add(tf.fill([4, 1], float(R)))  # the ranks' weights then differ by R
+        feed_rng = np.random.default_rng(R)
+        with tf.compat.v1.train.MonitoredTrainingSession(hooks=hooks) as sess:
+            if bcast is not None:
+                sess.run(bcast)
+            w0 = sess.run(w)
+            if when == "before":
+                sess.run(shift_w)
+            done = hvd.rank_stats()["ops_done"]
+            for _ in range(5):
+                sess.run(train, feed_dict={x: feed_rng.normal(size=(8, 4)), y: feed_rng.normal(size=(8, 1))})
+            step_ops[when] = hvd.rank_stats()["ops_done"] - done
+            w5, steps = sess.run([w, step])
+    check(steps == 5, "TF1 loop (%s): 5 steps, global step %s" % (when, steps))
+    first = hvd.allgather(tf.constant(w0.reshape(1, 4))).numpy()
+    close(first, np.tile(first[0], (N, 1)), "TF1 loop (%s): rank 0's weights after the broadcast" % when)
+    last = hvd.allgather(tf.constant(w5.reshape(1, 4))).numpy()
+    shift = 1.0 if when == "before" else 0.0  # the same averaged updates on weights shifted by R
+    close(last - last[0], np.outer(np.arange(N) * shift, np.ones(4)),
+          "TF1 loop (%s): the weights after 5 steps, less rank 0's" % when, tol=1e-4)
+check(step_ops["before"] == step_ops["after"] == step_ops["hook"] > 0,
+      "TF1 loop: the ops of 5 steps, whenever the broadcast was made: %s" % step_ops)
+
 # ---- DistributedGradientTape: a manual loop, every rank its own data, same weights after
 tf.keras.utils.set_random_seed(1 + R)  # different initial weights: the broadcast must fix them
 model = tf.keras.Sequential([tf.keras.Input([4]), tf.keras.layers.Dense(8, activation="relu"),
