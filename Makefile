@@ -71,7 +71,7 @@ lint:
 # output whole when it ends, and scripts/timed.sh its wall-clock and CPU time; -k: a failed suite
 # does not stop the others, so one run shows every failure. bin/ and the engine library are built
 # first: the Python suites need them.
-TEST_SUITES := test-torch test-race test-go test-tf test-tf-oldest test-keras-jax test-keras-torch test-deploy
+TEST_SUITES := test-torch test-go test-race test-tf test-tf-oldest test-keras-jax test-keras-torch test-deploy
 TEST_JOBS ?= 1
 test: deps lint
 	$(MAKE) --no-print-directory build lib
