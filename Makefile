@@ -25,7 +25,7 @@ KERAS_TORCH_PYTHON ?= .venv/keras-torch/bin/python
 help:
 	@echo "make demo   - build kolo and train a CNN on Fashion-MNIST with kolo.torch on 2 local ranks"
 	@echo "make demo-go - the Go example: softmax regression on 4 local ranks"
-	@echo "make test   - everything CI runs: lint, then every suite below (TEST_JOBS=4: four at a time)"
+	@echo "make test   - everything CI runs: lint, then every suite below, two at a time (TEST_JOBS=1: in turn)"
 	@echo "              (test-go, test-race, test-torch, test-tf, test-tf-oldest, test-keras-jax, test-keras-torch, test-deploy)"
 	@echo "make bench  - kolo bench allreduce side by side with the peers (see docs/benchmarks.md)"
 	@echo "make lib    - build the engine library for the Python package ($(PYLIB)/libkolo.so)"
@@ -65,14 +65,16 @@ lint:
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 
-# The suites, one after another by default; TEST_JOBS=4 runs four at a time (the longest first),
-# which on 2 cores took 13.3 min instead of 20.6 but loads the machine enough (load average 10) for
-# tests with a fixed time budget to miss it, so CI runs them in turn. -Otarget prints each suite's
+# The suites, two at a time (TEST_JOBS): most spend much of their time waiting (a stopped rank
+# until its deadline, ranks starting up), so two fill a 2-core machine (11.8 min on a clean clone
+# there, load average up to 6); four at a time loaded one to 10, where tests with a fixed time
+# budget missed it; TEST_JOBS=1 runs them in turn. test-torch and test-go, the two that wait most,
+# start first. -Otarget prints each suite's
 # output whole when it ends, and scripts/timed.sh its wall-clock and CPU time; -k: a failed suite
 # does not stop the others, so one run shows every failure. bin/ and the engine library are built
 # first: the Python suites need them.
 TEST_SUITES := test-torch test-go test-race test-tf test-tf-oldest test-keras-jax test-keras-torch test-deploy
-TEST_JOBS ?= 1
+TEST_JOBS ?= 2
 test: deps lint
 	$(MAKE) --no-print-directory build lib
 	$(MAKE) --no-print-directory -k -j$(TEST_JOBS) -Otarget $(TEST_SUITES)
