@@ -164,11 +164,31 @@ class ObjectState(State):
             setattr(self, name, value)
 
 
-def run_fn(func, reset):
+def run_fn(func, shutdown, init, take_error=None):
     """Wraps func(state, ...) in Horovod's elastic loop: sync the state, run func; on
     HorovodInternalError restore the last commit, on HostsUpdatedInterrupt keep the state; then
-    reset() (leave this world, join the next), state.on_reset(), and again. func's return value
-    is returned; any other exception propagates."""
+    leave this world (the binding's shutdown; an engine that had already failed is gone either
+    way), join the next (init), state.on_reset(), and again. func's return value is returned; any
+    other exception propagates.
+
+    take_error is for a binding whose failed collective can reach the caller as the framework's
+    own exception (TensorFlow's OpError out of a graph, JAX's runtime error out of a compiled
+    step): it returns and forgets the kolo error the failed op left, or None. Such an exception
+    counts as that kolo error; one no kolo op left propagates, as the script's own."""
+
+    def call(state, *args, **kwargs):
+        if take_error is None:
+            return func(state, *args, **kwargs)
+        take_error()  # one left from before belongs to no call of func
+        try:
+            return func(state, *args, **kwargs)
+        except (HorovodInternalError, HostsUpdatedInterrupt):
+            raise
+        except Exception as e:
+            err = take_error()
+            if err is None:
+                raise
+            raise err from e
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
@@ -177,13 +197,17 @@ def run_fn(func, reset):
             try:
                 if not skip_sync:
                     state.sync()
-                return func(state, *args, **kwargs)
+                return call(state, *args, **kwargs)
             except HorovodInternalError:
                 state.restore()
                 skip_sync = False
             except HostsUpdatedInterrupt as e:
                 skip_sync = e.skip_sync
-            reset()
+            try:
+                shutdown()
+            except KoloInternalError:
+                pass
+            init()
             state.on_reset()
 
     return wrapper

@@ -411,7 +411,7 @@ def test_run_loop_control_flow():
             raise e
         return x * 2
 
-    train = common.run_fn(train, reset)
+    train = common.run_fn(train, reset, lambda: None)  # shutdown logs the reset; init does nothing
     assert train(state, 21) == 42
     assert state.log == [
         "sync", "train",                                   # HorovodInternalError:
@@ -424,9 +424,35 @@ def test_run_loop_control_flow():
 
 def test_run_loop_lets_other_errors_through():
     state = _Recorder()
-    train = common.run_fn(lambda s: 1 / 0, lambda: None)
+    train = common.run_fn(lambda s: 1 / 0, lambda: None, lambda: None)
     with pytest.raises(ZeroDivisionError):
         train(state)
+
+
+def test_run_loop_takes_the_kolo_error_behind_a_framework_error():
+    """take_error: a framework's exception (TensorFlow's OpError, JAX's runtime error) counts as
+    the kolo error a failed op left behind; with none left it is the script's own, and
+    propagates. An error left before func ran belongs to no call of it."""
+    state = _Recorder()
+    left = [hvd.HorovodInternalError("stale")]
+    raised = [RuntimeError("a compiled step failed"), None]
+
+    def take_error():
+        return left.pop() if left else None
+
+    def train(s):
+        s.log.append("train")
+        e = raised.pop(0)
+        if e is not None:
+            left.append(hvd.HorovodInternalError("rank 1 lost"))
+            raise e
+        return "done"
+
+    assert common.run_fn(train, lambda: state.log.append("reset"), lambda: None, take_error)(state) == "done"
+    assert state.log == ["sync", "train", "restore", "reset", "reset-state", "callback", "sync", "train"]
+    with pytest.raises(RuntimeError, match="the script's own"):
+        common.run_fn(lambda s: (_ for _ in ()).throw(RuntimeError("the script's own")),
+                      lambda: None, lambda: None, take_error)(_Recorder())
 
 
 def test_run_with_a_real_reset_restores_the_commit():

@@ -19,7 +19,6 @@ The callbacks are kolo._keras's (make_elastic_callbacks), the same on every back
 works is kolo.elastic's (run_fn).
 """
 
-import functools
 from importlib import import_module
 
 import keras
@@ -53,27 +52,7 @@ elif _backend in ("jax", "torch"):
         worker leaves its world, joins the next, and calls func again. A collective that failed
         inside JAX's compiled step (a JaxRuntimeError to the caller) counts as failed when a kolo
         op raised it."""
-
-        @functools.wraps(func)
-        def typed(state, *args, **kwargs):
-            _binding._take_step_error()  # one left from before belongs to no call of func
-            try:
-                return func(state, *args, **kwargs)
-            except (HorovodInternalError, HostsUpdatedInterrupt):
-                raise
-            except Exception as e:
-                err = _binding._take_step_error()
-                if err is None:
-                    raise
-                raise err from e
-        return run_fn(typed, _reset)
-
-    def _reset():
-        try:
-            _binding.shutdown()
-        except KoloInternalError:
-            pass  # the engine had already failed: it is gone either way
-        _binding.init()
+        return run_fn(func, _binding.shutdown, _binding.init, _binding._take_step_error)
 
     class KerasState(ObjectState):
         """State of a Keras model, its optimizer (the model's compiled one if not given) and any

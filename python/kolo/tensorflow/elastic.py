@@ -4,7 +4,6 @@ docs/elastic.md how to launch). As Horovod's, a commit copies the variables' val
 memory, a restore assigns them back, and a sync broadcasts rank 0's state.
 """
 
-import functools
 
 import numpy as np
 import tensorflow as tf
@@ -22,26 +21,7 @@ def run(func):
     of workers (HostsUpdatedInterrupt, raised by state.commit()) keeps it; then this worker leaves
     its world, joins the next, and calls func again. A collective that failed inside tf.function
     (a tf.errors.OpError to the caller) counts as failed when a kolo op raised it."""
-
-    @functools.wraps(func)
-    def typed(state, *args, **kwargs):
-        take_graph_error()  # one left from before belongs to no call of func
-        try:
-            return func(state, *args, **kwargs)
-        except tf.errors.OpError as e:
-            err = take_graph_error()
-            if err is None:
-                raise
-            raise err from e
-    return run_fn(typed, _reset)
-
-
-def _reset():
-    try:
-        shutdown()
-    except KoloInternalError:
-        pass  # the engine had already failed: it is gone either way
-    init()
+    return run_fn(func, shutdown, init, take_graph_error)
 
 
 class ObjectState(_ObjectState):

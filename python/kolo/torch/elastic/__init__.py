@@ -17,15 +17,7 @@ def run(func):
 
     func must not start with a collective of its own: a newcomer could be running it while the
     survivors sync the state, and the two would wait on each other."""
-    return run_fn(func, _reset)
-
-
-def _reset():
-    try:
-        shutdown()
-    except KoloInternalError:
-        pass  # the engine had already failed: it is gone either way
-    init()
+    return run_fn(func, shutdown, init)
 
 
 __all__ = [
