@@ -66,7 +66,7 @@ lint:
 	$(GO) vet ./...
 
 # The suites, two at a time (TEST_JOBS): most spend much of their time waiting (a stopped rank
-# until its deadline, ranks starting up), so two fill a 2-core machine (11.8 min on a clean clone
+# until its deadline, ranks starting up), so two fill a 2-core machine (11-12 min on a clean clone
 # there, load average up to 6); four at a time loaded one to 10, where tests with a fixed time
 # budget missed it; TEST_JOBS=1 runs them in turn. test-torch and test-go, the two that wait most,
 # start first. -Otarget prints each suite's
