@@ -126,12 +126,6 @@ load_model = _api["load_model"]
 broadcast_global_variables = _keras.broadcast_global_variables
 
 
-def _take_step_error():
-    """None: on torch a failed collective raises its own HorovodInternalError from model.fit (the
-    JAX binding's _take_step_error recovers it from JAX's error)."""
-    return None
-
-
 def broadcast_variables(variables, root_rank, process_set=global_process_set):
     """Assigns root_rank's values to variables (Keras variables) on every rank."""
     _keras.broadcast_variables(variables, root_rank, process_set)

@@ -52,7 +52,8 @@ elif _backend in ("jax", "torch"):
         worker leaves its world, joins the next, and calls func again. A collective that failed
         inside JAX's compiled step (a JaxRuntimeError to the caller) counts as failed when a kolo
         op raised it."""
-        return run_fn(func, _binding.shutdown, _binding.init, _binding._take_step_error)
+        # On torch a failed collective raises its own HorovodInternalError: nothing to take back.
+        return run_fn(func, _binding.shutdown, _binding.init, getattr(_binding, "_take_step_error", None))
 
     class KerasState(ObjectState):
         """State of a Keras model, its optimizer (the model's compiled one if not given) and any
